@@ -1,0 +1,55 @@
+"""`roofline` command line: a registry of subcommands, one module each.
+
+Each module `roofline.cli.<name>` defines `NAME`, `HELP`, `add_arguments(parser)` and
+`run(args) -> int`. Commands are thin shells: parse, call one library function, render.
+User errors (`RooflineError`) print as one paragraph on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from roofline.errors import RooflineError
+
+# Order is the order shown in --help (data flow: specs, ledger, roofline, comms, training, verify).
+COMMANDS = ("chips", "chip", "models", "model", "op", "system", "collective", "matmul", "train", "verify")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="roofline",
+        description="Compute, don't guess: rooflines, sharding, communication and training plans for Transformers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        modname = f"roofline.cli.{name}_cmd"
+        if importlib.util.find_spec(modname) is None:
+            continue
+        mod = importlib.import_module(modname)
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except RooflineError as e:
+        print(f"roofline {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Presentation only: text tables, versioned JSON, plots. No formulas here."""

@@ -1,0 +1,1 @@
+"""Inputs as validated frozen records: chips, models, systems. Data files, no formulas."""
