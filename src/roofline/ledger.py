@@ -1,0 +1,505 @@
+"""The ledger: a model as itemised einsum ops over named dimensions, unsharded.
+
+Every op is one row (`attn/q`, `attn/scores`, `mlp/up`, `moe/experts`, `unembed`, ...)
+standing for `count` identical layers. Each row knows its operands' logical dims and
+dtypes, so FLOPs, HBM bytes and parameters follow from the shapes; the sharding algebra
+reads the same rows. Book: transformers.md ("Counting parameters and FLOPs").
+
+Letters: B batch (sequences), T query length, S key length, D d_model, F d_ff, N heads,
+K kv heads, G = N/K, H head dim, V vocab, E experts, k experts per token, L layers.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from roofline.errors import SpecError
+from roofline.specs.model import MLPKind, ModelSpec
+from roofline.units import dtype_bytes, parse_dtype
+
+
+class OpKind(enum.StrEnum):
+    MATMUL = "matmul"  # contraction with a weight: 2·prod(dims) FLOPs forward
+    ATTENTION = "attention"  # activation×activation contraction (scores, context)
+    ELEMENTWISE = "elementwise"  # norms, activations, softmax: memory-bound, ~few FLOPs/element
+    GATHER = "gather"  # embedding lookup: reads B·T rows of the table
+
+
+class Phase(enum.StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+class Causal(enum.StrEnum):
+    """How causal attention FLOPs are counted: FULL (dense kernel, book's 12BT²NH) or HALF (useful work)."""
+
+    FULL = "full"
+    HALF = "half"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An operand: a name, its logical dims (in order) and dtype."""
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: str = "bf16"
+    is_param: bool = False
+
+    def elements(self, sizes: Mapping[str, float]) -> float:
+        return math.prod(sizes[d] for d in self.dims)
+
+    def nbytes(self, sizes: Mapping[str, float]) -> float:
+        return self.elements(sizes) * dtype_bytes(self.dtype)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(self.dims)}]"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One ledger row: `out = lhs · rhs` contracted over shared dims absent from `out`.
+
+    `count` is how many identical copies (layers) the row stands for; every total is
+    already multiplied by it. `flop_factor` scales FLOPs for causal masks and windows.
+    """
+
+    name: str
+    kind: OpKind
+    inputs: tuple[Tensor, ...]
+    out: Tensor
+    sizes: Mapping[str, float]
+    count: float = 1
+    flop_factor: float = 1.0
+    flops_per_element: float = 0.0  # elementwise ops only
+
+    @property
+    def contracting(self) -> tuple[str, ...]:
+        if len(self.inputs) < 2:
+            return ()
+        a, b = self.inputs[0].dims, self.inputs[1].dims
+        return tuple(d for d in a if d in b and d not in self.out.dims)
+
+    @property
+    def all_dims(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for t in (*self.inputs, self.out):
+            seen += [d for d in t.dims if d not in seen]
+        return tuple(seen)
+
+    @property
+    def einsum(self) -> str:
+        return ", ".join(f"{t.name}[{','.join(t.dims)}]" for t in self.inputs) + f" -> {self.out.name}[{','.join(self.out.dims)}]"
+
+    # -- per-row totals (forward, all `count` copies) ---------------------------------
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs: 2 × (output dims) × (contracting dims) (book transformers.md).
+
+        Dims of one input that are neither contracted nor in the output are broadcast
+        (GQA: a KV head serves N/K query heads), so they add no FLOPs.
+        """
+        if self.kind in (OpKind.MATMUL, OpKind.ATTENTION):
+            dims = (*self.out.dims, *self.contracting)
+            return 2.0 * math.prod(self.sizes[d] for d in dims) * self.flop_factor * self.count
+        if self.kind == OpKind.ELEMENTWISE:
+            return self.flops_per_element * self.out.elements(self.sizes) * self.count
+        return 0.0
+
+    @property
+    def backward_flops(self) -> float:
+        """dL/dlhs and dL/drhs: two contractions of the same size (book: 4NPM); none for gathers."""
+        if self.kind in (OpKind.MATMUL, OpKind.ATTENTION):
+            return 2.0 * self.flops
+        return self.flops
+
+    @property
+    def bytes(self) -> float:
+        """HBM bytes read and written once: every operand read plus the output written."""
+        return (sum(t.nbytes(self.sizes) for t in self.inputs) + self.out.nbytes(self.sizes)) * self.count if self.kind != OpKind.GATHER else (
+            self.out.nbytes(self.sizes) * 2 * self.count
+        )
+
+    @property
+    def weight(self) -> Tensor | None:
+        return next((t for t in self.inputs if t.is_param), None)
+
+    @property
+    def params(self) -> float:
+        w = self.weight
+        return 0.0 if w is None else w.elements(self.sizes) * self.count
+
+    @property
+    def weight_bytes(self) -> float:
+        w = self.weight
+        return 0.0 if w is None else w.nbytes(self.sizes) * self.count
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else math.inf
+
+    def with_sizes(self, **sizes: float) -> Op:
+        s = dict(self.sizes)
+        s.update(sizes)
+        return replace(self, sizes=MappingProxyType(s))
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """An ordered tuple of Op rows with totals and prefix grouping."""
+
+    ops: tuple[Op, ...]
+    model: ModelSpec | None = None
+    sizes: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __getitem__(self, name: str) -> Op:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise KeyError(name)
+
+    def select(self, prefix: str) -> Ledger:
+        return replace(self, ops=tuple(o for o in self.ops if o.name == prefix or o.name.startswith(prefix + "/")))
+
+    @property
+    def flops(self) -> float:
+        return sum(o.flops for o in self.ops)
+
+    @property
+    def backward_flops(self) -> float:
+        return sum(o.backward_flops for o in self.ops)
+
+    @property
+    def bytes(self) -> float:
+        return sum(o.bytes for o in self.ops)
+
+    @property
+    def params(self) -> float:
+        return sum(o.params for o in self.ops)
+
+    def rows(self) -> list[dict]:
+        return [
+            {"name": o.name, "kind": o.kind.value, "einsum": o.einsum, "count": o.count, "flops": o.flops,
+             "bytes": o.bytes, "params": o.params, "intensity": o.intensity}
+            for o in self.ops
+        ]
+
+
+# --------------------------------------------------------------------------------------
+# Building the ledger of a Transformer
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DtypePolicy:
+    """Storage dtypes: weights, activations, KV cache; compute follows the wider input."""
+
+    weights: str = "bf16"
+    activations: str = "bf16"
+    kv: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for f in ("weights", "activations", "kv"):
+            object.__setattr__(self, f, parse_dtype(getattr(self, f)))
+
+
+def _t(name: str, dims: str, dtype: str, param: bool = False) -> Tensor:
+    return Tensor(name, tuple(dims.split()), dtype, param)
+
+
+def _mm(name: str, x: Tensor, w: Tensor, out: Tensor, sizes: Mapping[str, float], count: float, factor: float = 1.0) -> Op:
+    return Op(name, OpKind.MATMUL, (x, w), out, sizes, count, factor)
+
+
+def build_ledger(
+    model: ModelSpec,
+    *,
+    batch: float = 1,
+    seq: float = 1,
+    kv_seq: float | None = None,
+    dtypes: DtypePolicy | None = None,
+    causal: Causal | str = Causal.HALF,
+    include_elementwise: bool = True,
+) -> Ledger:
+    """The forward pass of `model` over `batch` sequences of `seq` query tokens.
+
+    `kv_seq` (S) defaults to `seq` (training/prefill); decode uses seq=1, kv_seq=context.
+    `causal` = HALF counts only the unmasked half of the score/context FLOPs when S == T
+    (maxtext/Megatron convention); FULL counts the dense 12BT²NH of the book.
+    """
+    if batch <= 0 or seq <= 0 or (kv_seq is not None and kv_seq <= 0):
+        raise SpecError(f"batch={batch}, seq={seq}, kv_seq={kv_seq}", rule="batch and sequence lengths are positive",
+                        fix="give positive sizes")
+    dt = dtypes or DtypePolicy()
+    causal = Causal(causal)
+    m = model
+    S = float(kv_seq if kv_seq is not None else seq)
+    T = float(seq)
+    wd, ad = dt.weights, dt.activations
+    sizes: dict[str, float] = {
+        "batch": float(batch), "seq": T, "kv_seq": S, "embed": m.d_model, "mlp": m.d_ff, "heads": m.n_heads,
+        "kv_heads": m.n_kv_heads, "head_dim": m.d_head, "vocab": m.vocab,
+    }
+    ops: list[Op] = []
+    L = m.n_layers
+    x = _t("x", "batch seq embed", ad)
+    S_ = MappingProxyType(sizes)
+
+    # embedding lookup: reads B·T rows of [V, D]
+    ops.append(Op("embed", OpKind.GATHER, (_t("W_emb", "vocab embed", wd, True),), x, S_, 1))
+
+    # ---- attention ------------------------------------------------------------------
+    ops += _attention_ops(m, sizes, T, S, wd, ad, dt.kv, causal)
+
+    # ---- MLP / MoE --------------------------------------------------------------------
+    ops += _mlp_ops(m, sizes, wd, ad)
+
+    if include_elementwise:
+        # RMSNorm/LayerNorm: a weight vector of size D; ~4 FLOPs per element (book: O(BTD))
+        norm_w = _t("w_norm", "embed", wd, True)
+        ops.append(Op("norms", OpKind.ELEMENTWISE, (x, norm_w), x, S_, L * m.norms_per_layer + 1, 1.0, 4.0))
+    # ---- unembedding ----------------------------------------------------------------
+    ops.append(_mm("unembed", x, _t("W_unemb", "embed vocab", wd, True), _t("logits", "batch seq vocab", ad), S_, 1))
+    if m.tied_embeddings:
+        # tied: the embedding table is the unembedding weight; count its parameters once
+        emb = ops[0]
+        ops[0] = replace(emb, inputs=(replace(emb.inputs[0], is_param=False),))
+    return Ledger(tuple(ops), model, MappingProxyType(dict(sizes)))
+
+
+def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: str, kvd: str, causal: Causal) -> list[Op]:
+    L = m.n_layers
+    x = _t("x", "batch seq embed", ad)
+    ops: list[Op] = []
+    if m.mla is not None:
+        a = m.mla
+        sizes.update(q_lora=a.q_lora_rank or 0, kv_lora=a.kv_lora_rank, qk_dim=a.qk_nope_head_dim + a.qk_rope_head_dim,
+                     rope_dim=a.qk_rope_head_dim, v_dim=a.v_head_dim, kv_b_dim=a.qk_nope_head_dim + a.v_head_dim,
+                     kv_a_dim=a.kv_lora_rank + a.qk_rope_head_dim)
+        S_ = MappingProxyType(sizes)
+        if a.q_lora_rank:
+            ops.append(_mm("attn/q_a", x, _t("W_qa", "embed q_lora", wd, True), _t("cq", "batch seq q_lora", ad), S_, L))
+            ops.append(_mm("attn/q_b", _t("cq", "batch seq q_lora", ad), _t("W_qb", "q_lora heads qk_dim", wd, True),
+                           _t("q", "batch seq heads qk_dim", ad), S_, L))
+        else:
+            ops.append(_mm("attn/q", x, _t("W_q", "embed heads qk_dim", wd, True), _t("q", "batch seq heads qk_dim", ad), S_, L))
+        ops.append(_mm("attn/kv_a", x, _t("W_kva", "embed kv_a_dim", wd, True), _t("ckv", "batch seq kv_a_dim", kvd), S_, L))
+        ops.append(_mm("attn/kv_b", _t("ckv", "batch kv_seq kv_lora", kvd), _t("W_kvb", "kv_lora heads kv_b_dim", wd, True),
+                       _t("kv", "batch kv_seq heads kv_b_dim", ad), S_, L))
+        f = _causal_factor(T, S, None, causal)
+        ops.append(Op("attn/scores", OpKind.ATTENTION, (_t("q", "batch seq heads qk_dim", ad), _t("k", "batch kv_seq heads qk_dim", ad)),
+                      _t("s", "batch heads seq kv_seq", ad), S_, L, f))
+        ops.append(Op("attn/context", OpKind.ATTENTION, (_t("p", "batch heads seq kv_seq", ad), _t("v", "batch kv_seq heads v_dim", ad)),
+                      _t("ctx", "batch seq heads v_dim", ad), S_, L, f))
+        ops.append(_mm("attn/out", _t("ctx", "batch seq heads v_dim", ad), _t("W_o", "heads v_dim embed", wd, True), x, S_, L))
+        return ops
+
+    S_ = MappingProxyType(sizes)
+    qkv_bias = 1  # bias vectors are counted under attn/bias below
+    ops.append(_mm("attn/q", x, _t("W_q", "embed heads head_dim", wd, True), _t("q", "batch seq heads head_dim", ad), S_, L))
+    ops.append(_mm("attn/k", x, _t("W_k", "embed kv_heads head_dim", wd, True), _t("k", "batch seq kv_heads head_dim", kvd), S_, L))
+    ops.append(_mm("attn/v", x, _t("W_v", "embed kv_heads head_dim", wd, True), _t("v", "batch seq kv_heads head_dim", kvd), S_, L))
+    # score and context rows: one per distinct key length (sliding-window layers see min(S, W))
+    groups: dict[float, float] = {}
+    for i in range(L):
+        s_eff = min(S, float(m.sliding_window)) if m.is_local_layer(i) else S
+        groups[s_eff] = groups.get(s_eff, 0) + 1
+    for s_eff, n in groups.items():
+        suffix = "" if len(groups) == 1 else ("_local" if s_eff < S else "_global")
+        sz = dict(sizes)
+        sz["kv_seq"] = s_eff
+        f = _causal_factor(T, S, s_eff if s_eff < S else None, causal)
+        sz_ = MappingProxyType(sz)
+        q = _t("q", "batch seq heads head_dim", ad)
+        k = _t("k", "batch kv_seq kv_heads head_dim", kvd)
+        ops.append(Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), _t("s", "batch heads seq kv_seq", ad), sz_, n, f))
+        ops.append(Op(f"attn/context{suffix}", OpKind.ATTENTION, (_t("p", "batch heads seq kv_seq", ad), _t("v", "batch kv_seq kv_heads head_dim", kvd)),
+                      _t("ctx", "batch seq heads head_dim", ad), sz_, n, f))
+    ops.append(_mm("attn/out", _t("ctx", "batch seq heads head_dim", ad), _t("W_o", "heads head_dim embed", wd, True), x, S_, L))
+    if m.qkv_bias:
+        b = Op("attn/bias", OpKind.ELEMENTWISE, (_t("q", "batch seq heads head_dim", ad), _t("b_qkv", "qkv_bias", wd, True)),
+               _t("q", "batch seq heads head_dim", ad), MappingProxyType({**sizes, "qkv_bias": (m.n_heads + 2 * m.n_kv_heads) * m.d_head}),
+               L * qkv_bias, 1.0, 1.0)
+        ops.append(b)
+    return ops
+
+
+def _causal_factor(T: float, S: float, window: float | None, causal: Causal) -> float:
+    """Fraction of the T×S score matrix that is computed.
+
+    Causal self-attention (T == S) keeps ~(T+1)/(2T) of it; a window W keeps ~W/S.
+    Decode (T == 1) or cross attention keeps everything. FULL counts the dense matrix.
+    """
+    if causal == Causal.FULL or T != S:
+        return 1.0 if window is None else 1.0  # window already shrank S
+    if window is None:
+        return (T + 1) / (2 * T)
+    # rows attend to min(i, W) keys; the sizes already use kv_seq = W
+    W = window
+    return 1.0 - (W - 1) / (2 * T) if W < T else (T + 1) / (2 * T)
+
+
+def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str) -> list[Op]:
+    x = _t("x", "batch seq embed", ad)
+    h = _t("h", "batch seq mlp", ad)
+    ops: list[Op] = []
+    S_ = MappingProxyType(sizes)
+    n_dense = m.n_dense_layers
+    gated = m.mlp == MLPKind.GATED
+    if n_dense:
+        ops += _ffn("mlp", x, h, S_, n_dense, gated, wd, ad, expert_dim=None)
+    if m.moe is not None and m.n_moe_layers:
+        mo = m.moe
+        nl = m.n_moe_layers
+        sz = dict(sizes)
+        sz.update(experts=mo.n_experts, expert_mlp=mo.d_ff_expert, top_k=mo.top_k)
+        sz_ = MappingProxyType(sz)
+        ops.append(_mm("moe/router", x, _t("W_router", "embed experts", wd, True), _t("logits", "batch seq experts", "fp32"), sz_, nl))
+        # routed experts: each token visits top_k experts; weights [E, D, F]. FLOPs use the
+        # routed token count B·T·k (tokens × top_k), parameters all E experts.
+        ops += _experts(sz_, nl, gated, wd, ad)
+        if mo.n_shared_experts:
+            F_sh = (mo.d_ff_shared or mo.d_ff_expert) * mo.n_shared_experts
+            sz2 = dict(sizes)
+            sz2["mlp"] = F_sh
+            ops += _ffn("moe/shared", x, h, MappingProxyType(sz2), nl, gated, wd, ad, expert_dim=None)
+    return ops
+
+
+def _ffn(prefix: str, x: Tensor, h: Tensor, sizes: Mapping, n: float, gated: bool, wd: str, ad: str, expert_dim: str | None) -> list[Op]:
+    ops = []
+    if gated:
+        ops.append(_mm(f"{prefix}/gate", x, _t("W_gate", "embed mlp", wd, True), h, sizes, n))
+    ops.append(_mm(f"{prefix}/up", x, _t("W_up", "embed mlp", wd, True), h, sizes, n))
+    ops.append(Op(f"{prefix}/act", OpKind.ELEMENTWISE, (h,), h, sizes, n, 1.0, 4.0 if gated else 3.0))
+    ops.append(_mm(f"{prefix}/down", h, _t("W_down", "mlp embed", wd, True), x, sizes, n))
+    return ops
+
+
+def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op]:
+    """Routed experts as einsums over [experts, tokens-per-expert, ...].
+
+    The dispatched activation is xe[experts, batch, seq, top_k?]: we model it as
+    xe[experts, capacity, embed] with capacity = B·T·k/E tokens per expert (balanced
+    routing), so FLOPs = 2·B·T·k·D·F per matrix and weights are [E, D, F].
+    """
+    E, k = sizes["experts"], sizes["top_k"]
+    sz = dict(sizes)
+    sz["capacity"] = sizes["batch"] * sizes["seq"] * k / E
+    sz["mlp"] = sizes["expert_mlp"]
+    sz_ = MappingProxyType(sz)
+    xe = _t("xe", "experts capacity embed", ad)
+    he = _t("he", "experts capacity mlp", ad)
+    ops = []
+    if gated:
+        ops.append(_mm("moe/gate", xe, _t("W_gate", "experts embed mlp", wd, True), he, sz_, n))
+    ops.append(_mm("moe/up", xe, _t("W_up", "experts embed mlp", wd, True), he, sz_, n))
+    ops.append(Op("moe/act", OpKind.ELEMENTWISE, (he,), he, sz_, n, 1.0, 4.0 if gated else 3.0))
+    ops.append(_mm("moe/down", he, _t("W_down", "experts mlp embed", wd, True), xe, sz_, n))
+    return ops
+
+
+# --------------------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: float
+    active: float
+    breakdown: Mapping[str, float]
+
+    def to_dict(self) -> dict:
+        return {"total": self.total, "active": self.active, "breakdown": dict(self.breakdown)}
+
+
+def _group(name: str) -> str:
+    if name in ("embed", "unembed", "norms"):
+        return name
+    head, _, tail = name.partition("/")
+    if head == "attn":
+        return "attn/" + tail.replace("_local", "").replace("_global", "")
+    return head if head in ("mlp",) else name
+
+
+def count_params(model: ModelSpec) -> ParamCount:
+    """Total and active (per-token) parameters, itemised by ledger row.
+
+    Active counts top_k of the E routed experts (plus shared experts and everything else).
+    DeepSeek-V3's multi-token-prediction module is not counted (as in the published 671B).
+    """
+    led = build_ledger(model)
+    breakdown: dict[str, float] = {}
+    active = 0.0
+    for op in led:
+        p = op.params
+        if not p:
+            continue
+        key = op.name if op.name.startswith("moe/") else _group(op.name)
+        breakdown[key] = breakdown.get(key, 0.0) + p
+        if op.name in ("moe/gate", "moe/up", "moe/down"):
+            active += p * model.moe.top_k / model.moe.n_experts  # type: ignore[union-attr]
+        else:
+            active += p
+    return ParamCount(sum(breakdown.values()), active, MappingProxyType(breakdown))
+
+
+def matmul_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the weight matmuls alone: 2 × active matmul params."""
+    return 2 * count_params(model).active - 2 * _nonmatmul_params(model)
+
+
+def _nonmatmul_params(model: ModelSpec) -> float:
+    led = build_ledger(model)
+    return sum(o.params for o in led if o.kind != OpKind.MATMUL)
+
+
+def forward_flops(model: ModelSpec, seq: float, *, batch: float = 1, causal: Causal | str = Causal.HALF,
+                  include_attention: bool = True) -> float:
+    """FLOPs of one forward pass over batch × seq tokens (matmuls + attention; elementwise excluded)."""
+    led = build_ledger(model, batch=batch, seq=seq, causal=causal, include_elementwise=False)
+    return sum(o.flops for o in led if include_attention or o.kind != OpKind.ATTENTION)
+
+
+def flops_per_token(model: ModelSpec, seq: float, *, training: bool = True, causal: Causal | str = Causal.HALF,
+                    include_attention: bool = True) -> float:
+    """Per-token FLOPs at sequence length `seq`: forward, or forward + backward (×3) for training."""
+    f = forward_flops(model, seq, causal=causal, include_attention=include_attention) / seq
+    return 3 * f if training else f
+
+
+def kv_cache_bytes_per_token(model: ModelSpec, kv_dtype: str = "bf16", context: float | None = None) -> float:
+    """KV-cache bytes per token of context, all layers: 2·K·H·L·bytes for GQA/MHA/MQA.
+
+    MLA caches the latent (kv_lora_rank + rope dim) once per layer. Sliding-window layers
+    keep at most W tokens, so with a `context` longer than W their per-token share is W/context.
+    Book: transformers.md "KV caching", inference.md.
+    """
+    b = dtype_bytes(kv_dtype)
+    if model.mla is not None:
+        per_layer = (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * b
+    else:
+        per_layer = 2 * model.n_kv_heads * model.d_head * b
+    total = 0.0
+    for i in range(model.n_layers):
+        share = 1.0
+        if context is not None and model.is_local_layer(i):
+            share = min(1.0, model.sliding_window / context)  # type: ignore[operator]
+        total += per_layer * share
+    return total
+
+
+def iter_rows(ledgers: Iterable[Ledger]) -> Iterator[Op]:
+    for led in ledgers:
+        yield from led
