@@ -377,11 +377,16 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str) -> list[Op]:
 
 
 def _ffn(prefix: str, x: Tensor, h: Tensor, sizes: Mapping, n: float, gated: bool, wd: str, ad: str, expert_dim: str | None) -> list[Op]:
+    # gated: g = x·W_gate, u = x·W_up, h = silu(g)·u, y = h·W_down; plain: u = x·W_up, h = gelu(u)
+    u = replace(h, name="u")
     ops = []
+    acts: tuple[Tensor, ...] = (u,)
     if gated:
-        ops.append(_mm(f"{prefix}/gate", x, _t("W_gate", "embed mlp", wd, True), h, sizes, n))
-    ops.append(_mm(f"{prefix}/up", x, _t("W_up", "embed mlp", wd, True), h, sizes, n))
-    ops.append(Op(f"{prefix}/act", OpKind.ELEMENTWISE, (h,), h, sizes, n, 1.0, 4.0 if gated else 3.0))
+        g = replace(h, name="g")
+        ops.append(_mm(f"{prefix}/gate", x, _t("W_gate", "embed mlp", wd, True), g, sizes, n))
+        acts = (g, u)
+    ops.append(_mm(f"{prefix}/up", x, _t("W_up", "embed mlp", wd, True), u, sizes, n))
+    ops.append(Op(f"{prefix}/act", OpKind.ELEMENTWISE, acts, h, sizes, n, 1.0, 4.0 if gated else 3.0))
     ops.append(_mm(f"{prefix}/down", h, _t("W_down", "mlp embed", wd, True), x, sizes, n))
     return ops
 
@@ -400,12 +405,16 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
     sz_ = MappingProxyType(sz)
     xe = _t("xe", "experts capacity embed", ad)
     he = _t("he", "experts capacity mlp", ad)
+    ue = replace(he, name="ue")
     ops = []
+    acts: tuple[Tensor, ...] = (ue,)
     if gated:
-        ops.append(_mm("moe/gate", xe, _t("W_gate", "experts embed mlp", wd, True), he, sz_, n))
-    ops.append(_mm("moe/up", xe, _t("W_up", "experts embed mlp", wd, True), he, sz_, n))
-    ops.append(Op("moe/act", OpKind.ELEMENTWISE, (he,), he, sz_, n, 1.0, 4.0 if gated else 3.0))
-    ops.append(_mm("moe/down", he, _t("W_down", "experts mlp embed", wd, True), xe, sz_, n))
+        ge = replace(he, name="ge")
+        ops.append(_mm("moe/gate", xe, _t("W_gate", "experts embed mlp", wd, True), ge, sz_, n))
+        acts = (ge, ue)
+    ops.append(_mm("moe/up", xe, _t("W_up", "experts embed mlp", wd, True), ue, sz_, n))
+    ops.append(Op("moe/act", OpKind.ELEMENTWISE, acts, he, sz_, n, 1.0, 4.0 if gated else 3.0))
+    ops.append(_mm("moe/down", he, _t("W_down", "experts mlp embed", wd, True), replace(xe, name="ye"), sz_, n))
     return ops
 
 
