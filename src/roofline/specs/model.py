@@ -68,6 +68,7 @@ class ModelSpec:
     mlp: MLPKind = MLPKind.GATED
     tied_embeddings: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3): 2·H weights per layer
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     sliding_window: int | None = None  # tokens, for layers marked local
