@@ -123,11 +123,22 @@ class Chip:
         return out
 
 
-def _positive(chip: str, key: str, v: Any) -> None:
+def _positive(chip: str, key: str, v: Any, origin: str | None = None) -> None:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-        raise SpecError(f"chip {chip!r}: {key} = {v!r}", rule=f"{key} is a positive finite number",
+        where = f"chip {chip!r}" + (f" (file {origin})" if origin else "")
+        raise SpecError(f"{where}: {key} = {v!r}", rule=f"{key} is a positive finite number",
                         fix="correct the value in the chip file")
 
+
+# Optional numbers that, when present, must be positive and finite (checked with the file named).
+_POSITIVE_FIELDS = {
+    "vmem_bytes", "vmem_bw_bytes_per_s", "smem_bytes_per_sm", "register_bytes_per_sm", "l2_bytes",
+    "l2_bw_bytes_per_s", "cores_per_chip", "sm_count", "mxus_per_core", "tensor_cores", "clock_hz",
+    "boost_clock_hz", "ici_link_bw_bytes_per_s", "ici_links_per_axis", "ici_hop_latency_s",
+    "nvlink_bw_bytes_per_s", "nvlink_domain", "node_egress_bytes_per_s", "pcie_bw_bytes_per_s",
+    "dcn_bw_bytes_per_s", "usd_per_hour", "hbm_bytes", "hbm_bw_bytes_per_s",
+}
+_WRAPAROUND = ("multiple_of_4", "size_16", "none")
 
 _INT_FIELDS = {"cores_per_chip", "sm_count", "mxus_per_core", "tensor_cores", "ici_links_per_axis", "ici_axes", "nvlink_domain"}
 
@@ -150,11 +161,21 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
                             fix=f"add `{req} = ...`")
     if not isinstance(data["peak_flops_per_s"], dict):
         raise SpecError(f"chip file {origin}: peak_flops_per_s must be a table", fix="write [peak_flops_per_s] with bf16 = ...")
+    name = str(data["name"])
     peaks = {}
     for k, v in data["peak_flops_per_s"].items():
         dt = parse_dtype(k)
-        _positive(data["name"], f"peak_flops_per_s.{k}", v)
+        _positive(name, f"peak_flops_per_s.{k}", v, origin)
         peaks[dt] = float(v)
+    for k in sorted(_POSITIVE_FIELDS & set(data)):
+        _positive(name, k, data[k], origin)
+    axes = data.get("ici_axes", 0)
+    if isinstance(axes, bool) or axes not in (0, 1, 2, 3):
+        raise SpecError(f"chip {name!r} (file {origin}): ici_axes = {axes!r}", rule="ici_axes is 0 (no ICI), 1, 2 or 3",
+                        fix="correct the value in the chip file")
+    if data.get("wraparound", "none") not in _WRAPAROUND:
+        raise SpecError(f"chip {name!r} (file {origin}): wraparound = {data['wraparound']!r}",
+                        rule="wraparound is one of " + ", ".join(_WRAPAROUND), fix="correct the value in the chip file")
     data["peak_flops_per_s"] = MappingProxyType(peaks)
     data["sources"] = MappingProxyType(dict(data.get("sources", {})))
     for k in ("aliases", "pod_topology", "host_topology"):
