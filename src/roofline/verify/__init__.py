@@ -10,7 +10,25 @@ JAX is imported lazily: importing this package does not need it.
 from __future__ import annotations
 
 from roofline.verify.hlo import Observed, ObservedCollective, observe, observe_text, summarize
-from roofline.verify.program import MatmulSpec, Optimizer, Program, build_matmul, build_train_step, make_mesh
+from roofline.verify.program import (
+    MatmulSpec,
+    Optimizer,
+    Program,
+    build_matmul,
+    build_train_step,
+    make_mesh,
+)
 
-__all__ = ["Observed", "ObservedCollective", "observe", "observe_text", "summarize", "Program", "MatmulSpec",
-           "Optimizer", "build_matmul", "build_train_step", "make_mesh"]
+__all__ = [
+    "Observed",
+    "ObservedCollective",
+    "observe",
+    "observe_text",
+    "summarize",
+    "Program",
+    "MatmulSpec",
+    "Optimizer",
+    "build_matmul",
+    "build_train_step",
+    "make_mesh",
+]

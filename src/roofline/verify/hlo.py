@@ -47,10 +47,34 @@ from typing import Any
 from roofline.errors import VerifyError
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
-                "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1,
-                "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "f4e2m1fn": 0.5,
-                "tf32": 4, "token": 0}
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e3m4": 1,
+    "f4e2m1fn": 0.5,
+    "tf32": 4,
+    "token": 0,
+}
 _SHAPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 _PASS_THROUGH = {"bitcast", "copy", "convert", "reshape"}
 
@@ -100,14 +124,20 @@ class ObservedCollective:
     bytes_per_device: float  # one execution, see module table
     group_size: int
     n_groups: int
-    mesh_axes: tuple[str, ...]  # program mesh axes varying inside a group (permute: between src and dst)
+    mesh_axes: tuple[
+        str, ...
+    ]  # program mesh axes varying inside a group (permute: between src and dst)
     axes_complete: bool  # group covers every device along mesh_axes (False: a sub-group)
     count: int  # executions per step (product of enclosing loop trip counts)
     instruction: str
     computation: str
     source: str  # the HLO line (truncated), for error messages
-    op_name: str = ""  # jax op_name from metadata (e.g. 'jit(step)/transpose(jvp(btd,df->btf))/dot_general')
-    normalized_from: str | None = None  # "all-reduce" when an AR+dynamic-slice became a reduce-scatter
+    op_name: str = (
+        ""  # jax op_name from metadata (e.g. 'jit(step)/transpose(jvp(btd,df->btf))/dot_general')
+    )
+    normalized_from: str | None = (
+        None  # "all-reduce" when an AR+dynamic-slice became a reduce-scatter
+    )
     tuple_index: int | None = None
     tuple_size: int = 1
     replica_groups: tuple[tuple[int, ...], ...] = ()
@@ -148,9 +178,18 @@ def summarize(colls: Iterable[ObservedCollective]) -> list[dict[str, Any]]:
     agg: dict[tuple, dict[str, Any]] = {}
     for c in colls:
         k = (c.kind, c.mesh_axes, c.dtype, c.bytes_per_device, c.normalized_from)
-        row = agg.setdefault(k, {"kind": c.kind, "mesh_axes": c.mesh_axes, "dtype": c.dtype,
-                                 "bytes_per_device": c.bytes_per_device, "normalized_from": c.normalized_from,
-                                 "count": 0, "total_bytes_per_device": 0.0})
+        row = agg.setdefault(
+            k,
+            {
+                "kind": c.kind,
+                "mesh_axes": c.mesh_axes,
+                "dtype": c.dtype,
+                "bytes_per_device": c.bytes_per_device,
+                "normalized_from": c.normalized_from,
+                "count": 0,
+                "total_bytes_per_device": 0.0,
+            },
+        )
         row["count"] += c.count
         row["total_bytes_per_device"] += c.total_bytes_per_device
     return sorted(agg.values(), key=lambda r: (r["kind"], r["mesh_axes"], -r["bytes_per_device"]))
@@ -181,8 +220,11 @@ def _match_close(s: str, i: int) -> int:
             if not stack:
                 return j + 1
         j += 1
-    raise VerifyError(f"unbalanced brackets in HLO line {s[:200]!r}", rule="HLO text from XLA",
-                      fix="pass the text of an HLO module (compiled.as_text() or an xla_dump_to file)")
+    raise VerifyError(
+        f"unbalanced brackets in HLO line {s[:200]!r}",
+        rule="HLO text from XLA",
+        fix="pass the text of an HLO module (compiled.as_text() or an xla_dump_to file)",
+    )
 
 
 def _split_top(s: str, sep: str = ",") -> list[str]:
@@ -212,11 +254,16 @@ def _split_top(s: str, sep: str = ",") -> list[str]:
 def parse_shapes(text: str) -> tuple[Shape, ...]:
     text = re.sub(r"/\*.*?\*/", "", text)
     text = re.sub(r"\{[^{}]*\}", "", text)  # layouts
-    return tuple(Shape(m.group(1), tuple(int(x) for x in m.group(2).split(",") if x)) for m in _SHAPE.finditer(text))
+    return tuple(
+        Shape(m.group(1), tuple(int(x) for x in m.group(2).split(",") if x))
+        for m in _SHAPE.finditer(text)
+    )
 
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
-_COMP = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*->.*\{\s*$|^\s*(ENTRY\s+)?%?([\w.\-]+)\s*\{\s*$")
+_COMP = re.compile(
+    r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*->.*\{\s*$|^\s*(ENTRY\s+)?%?([\w.\-]+)\s*\{\s*$"
+)
 
 
 @dataclass
@@ -261,8 +308,11 @@ def parse_module(text: str) -> Module:
             comps[cur].append(ins)
             by_name[ins.name] = ins
     if not comps:
-        raise VerifyError("no HLO computations found in the text", rule="HLO module text, as printed by XLA",
-                          fix="pass compiled.as_text() or a *.txt file from xla_dump_to")
+        raise VerifyError(
+            "no HLO computations found in the text",
+            rule="HLO module text, as printed by XLA",
+            fix="pass compiled.as_text() or a *.txt file from xla_dump_to",
+        )
     if not entry:
         entry = next(reversed(comps))
     return Module(comps, entry, by_name)
@@ -288,7 +338,7 @@ def _parse_instruction(line: str, comp: str) -> Instruction | None:
         return None
     opcode = rest[:k].strip()
     e = _match_close(rest, k)
-    ops_text = rest[k + 1:e - 1]
+    ops_text = rest[k + 1 : e - 1]
     attrs = rest[e:]
     operands: list[str] = []
     op_shapes: list[Shape | None] = []
@@ -306,8 +356,17 @@ def _parse_instruction(line: str, comp: str) -> Instruction | None:
             operands.append(nm[-1])
             sh = parse_shapes(part[: part.rfind(nm[-1])]) if " " in part else ()
             op_shapes.append(sh[0] if sh else None)
-    return Instruction(name, comp, opcode, parse_shapes(type_text), is_tuple, tuple(operands), tuple(op_shapes),
-                       attrs, line.strip())
+    return Instruction(
+        name,
+        comp,
+        opcode,
+        parse_shapes(type_text),
+        is_tuple,
+        tuple(operands),
+        tuple(op_shapes),
+        attrs,
+        line.strip(),
+    )
 
 
 # ----------------------------------------------------------------------------- replica groups
@@ -333,7 +392,7 @@ def parse_replica_groups(attrs: str, n_devices: int) -> tuple[tuple[int, ...], .
     m = re.search(r"replica_groups=", attrs)
     if not m:
         return (tuple(range(n_devices)),)
-    s = attrs[m.end():]
+    s = attrs[m.end() :]
     if s.startswith("{"):
         body = s[: _match_close(s, 0)]
         groups = re.findall(r"\{([0-9,\s]*)\}", body[1:-1])
@@ -350,25 +409,29 @@ def parse_replica_groups(attrs: str, n_devices: int) -> tuple[tuple[int, ...], .
         axes = re.findall(r"'([^']+)'\s*=\s*(\d+)", mm.group(1))
         names = [a for a, _ in axes]
         sizes = [int(n) for _, n in axes]
-        tail = s[mm.end():]
+        tail = s[mm.end() :]
         devs = np.arange(math.prod(sizes))
         md = re.match(r",?\s*device_ids=\(", tail)
         if md:
             st = md.end() - 1
-            inner = tail[st + 1: _match_close(tail, st) - 1]
-            tail = tail[_match_close(tail, st):]
+            inner = tail[st + 1 : _match_close(tail, st) - 1]
+            tail = tail[_match_close(tail, st) :]
             mi2 = re.match(r"\s*\[([0-9,]+)\](?:T\(([0-9,]+)\))?\s*$", inner)
             if mi2:
-                devs = _iota(_ints(mi2.group(1)), _ints(mi2.group(2)) if mi2.group(2) else None).reshape(-1)
+                devs = _iota(
+                    _ints(mi2.group(1)), _ints(mi2.group(2)) if mi2.group(2) else None
+                ).reshape(-1)
             else:
                 devs = np.array(_ints(inner))
         devs = devs.reshape(sizes)
         mb = re.match(r"\s*\{([^}]*)\}", tail)
         if mb:
             if ":" in mb.group(1) or "(" in mb.group(1):
-                raise VerifyError(f"sub-axis replica groups are not supported: {s[:120]!r}",
-                                  rule="roofline reads whole mesh axes in Shardy replica groups",
-                                  fix="report the HLO line so the parser can learn this form")
+                raise VerifyError(
+                    f"sub-axis replica groups are not supported: {s[:120]!r}",
+                    rule="roofline reads whole mesh axes in Shardy replica groups",
+                    fix="report the HLO line so the parser can learn this form",
+                )
             inside = re.findall(r"'([^']+)'", mb.group(1))
         else:
             inside = list(names)
@@ -377,8 +440,11 @@ def parse_replica_groups(attrs: str, n_devices: int) -> tuple[tuple[int, ...], .
         g = math.prod(sizes[names.index(a)] for a in inside)
         a = devs.transpose(perm).reshape(-1, g)
         return tuple(tuple(int(x) for x in row) for row in a)
-    raise VerifyError(f"cannot read replica_groups {s[:120]!r}", rule="explicit, iota or mesh replica groups",
-                      fix="report the HLO line so the parser can learn this form")
+    raise VerifyError(
+        f"cannot read replica_groups {s[:120]!r}",
+        rule="explicit, iota or mesh replica groups",
+        fix="report the HLO line so the parser can learn this form",
+    )
 
 
 def parse_source_target_pairs(attrs: str) -> tuple[tuple[int, int], ...]:
@@ -386,11 +452,15 @@ def parse_source_target_pairs(attrs: str) -> tuple[tuple[int, int], ...]:
     if not m:
         return ()
     st = m.end() - 1
-    body = attrs[st: _match_close(attrs, st)]
-    return tuple((a, b) for a, b in (tuple(_ints(p)) for p in re.findall(r"\{(\s*\d+\s*,\s*\d+\s*)\}", body)))
+    body = attrs[st : _match_close(attrs, st)]
+    return tuple(
+        (a, b) for a, b in (tuple(_ints(p)) for p in re.findall(r"\{(\s*\d+\s*,\s*\d+\s*)\}", body))
+    )
 
 
-def mesh_axes_of_groups(groups: Sequence[Sequence[int]], mesh_shape: Sequence[tuple[str, int]]) -> tuple[tuple[str, ...], bool]:
+def mesh_axes_of_groups(
+    groups: Sequence[Sequence[int]], mesh_shape: Sequence[tuple[str, int]]
+) -> tuple[tuple[str, ...], bool]:
     """Which mesh axes vary inside the groups; and whether groups cover those axes fully."""
     import numpy as np
 
@@ -411,7 +481,9 @@ def mesh_axes_of_groups(groups: Sequence[Sequence[int]], mesh_shape: Sequence[tu
     return axes, complete
 
 
-def mesh_axes_of_pairs(pairs: Sequence[tuple[int, int]], mesh_shape: Sequence[tuple[str, int]]) -> tuple[str, ...]:
+def mesh_axes_of_pairs(
+    pairs: Sequence[tuple[int, int]], mesh_shape: Sequence[tuple[str, int]]
+) -> tuple[str, ...]:
     import numpy as np
 
     names = [a for a, _ in mesh_shape]
@@ -517,12 +589,21 @@ def _is_convert_fusion(mod: Module, ins: Instruction) -> bool:
     """A fusion that only converts/copies/reshapes its one operand (CPU's `wrapped_convert`)."""
     mc = re.search(r"calls=%?([\w.\-]+)", ins.attrs)
     body = mod.computations.get(mc.group(1), []) if mc else []
-    return bool(body) and len(ins.operands) == 1 and all(
-        i.opcode in _PASS_THROUGH or i.opcode in ("parameter", "transpose") for i in body)
+    return (
+        bool(body)
+        and len(ins.operands) == 1
+        and all(i.opcode in _PASS_THROUGH or i.opcode in ("parameter", "transpose") for i in body)
+    )
 
 
-def _is_sliced_by_all_users(mod: Module, users: Mapping[str, list[Instruction]], name: str, tuple_index: int | None,
-                            buf_elems: int, g: int) -> bool:
+def _is_sliced_by_all_users(
+    mod: Module,
+    users: Mapping[str, list[Instruction]],
+    name: str,
+    tuple_index: int | None,
+    buf_elems: int,
+    g: int,
+) -> bool:
     """True if every use of the all-reduce (element) is a 1/g dynamic-slice (possibly fused)."""
     if g <= 1:
         return False
@@ -549,7 +630,9 @@ def _is_sliced_by_all_users(mod: Module, users: Mapping[str, list[Instruction]],
                 continue
             if u.opcode == "fusion" and out_elems == target:
                 mc = re.search(r"calls=%?([\w.\-]+)", u.attrs)
-                if mc and any(i.opcode == "dynamic-slice" for i in mod.computations.get(mc.group(1), [])):
+                if mc and any(
+                    i.opcode == "dynamic-slice" for i in mod.computations.get(mc.group(1), [])
+                ):
                     continue
                 return False
             if u.opcode in _PASS_THROUGH or (u.opcode == "fusion" and _is_convert_fusion(mod, u)):
@@ -564,8 +647,9 @@ def _is_sliced_by_all_users(mod: Module, users: Mapping[str, list[Instruction]],
     return not frontier
 
 
-def collectives_in(text_or_module: str | Module, mesh_shape: Sequence[tuple[str, int]], *,
-                   normalize: bool = True) -> tuple[ObservedCollective, ...]:
+def collectives_in(
+    text_or_module: str | Module, mesh_shape: Sequence[tuple[str, int]], *, normalize: bool = True
+) -> tuple[ObservedCollective, ...]:
     """Every collective in an HLO module, with per-device bytes, groups, mesh axes, count."""
     mod = parse_module(text_or_module) if isinstance(text_or_module, str) else text_or_module
     mesh_shape = tuple((str(a), int(n)) for a, n in mesh_shape)
@@ -601,10 +685,15 @@ def collectives_in(text_or_module: str | Module, mesh_shape: Sequence[tuple[str,
             if kind == "collective-permute":
                 op_shapes = op_shapes[:1]
             res = list(ins.shapes)
-            if is_async and kind in ("all-gather", "collective-permute", "all-to-all", "reduce-scatter"):
+            if is_async and kind in (
+                "all-gather",
+                "collective-permute",
+                "all-to-all",
+                "reduce-scatter",
+            ):
                 # -start results are (operands..., outputs..., [scratch]); keep the outputs
                 k = len(op_shapes)
-                res = res[k:2 * k] if len(res) >= 2 * k else res[-k:]
+                res = res[k : 2 * k] if len(res) >= 2 * k else res[-k:]
             elems = max(len(op_shapes), len(res), 1)
             for idx in range(elems):
                 osh = op_shapes[idx] if idx < len(op_shapes) else None
@@ -630,14 +719,34 @@ def collectives_in(text_or_module: str | Module, mesh_shape: Sequence[tuple[str,
                 k2 = kind
                 norm = None
                 if normalize and kind == "all-reduce" and not is_async:
-                    if _is_sliced_by_all_users(mod, users, ins.name, tidx if ins.is_tuple else None, buf.elements, g):
+                    if _is_sliced_by_all_users(
+                        mod, users, ins.name, tidx if ins.is_tuple else None, buf.elements, g
+                    ):
                         k2, norm = "reduce-scatter", "all-reduce"
-                out.append(ObservedCollective(
-                    kind=k2, dtype=buf.dtype, shape=buf.dims, operand_shape=osh.dims, result_shape=rsh.dims,
-                    bytes_per_device=float(nbytes), group_size=g, n_groups=n_groups, mesh_axes=axes,
-                    axes_complete=complete, count=count, instruction=ins.name, computation=comp,
-                    source=ins.line[:400], op_name=op_name, normalized_from=norm, tuple_index=tidx,
-                    tuple_size=elems, replica_groups=groups, async_pair=is_async))
+                out.append(
+                    ObservedCollective(
+                        kind=k2,
+                        dtype=buf.dtype,
+                        shape=buf.dims,
+                        operand_shape=osh.dims,
+                        result_shape=rsh.dims,
+                        bytes_per_device=float(nbytes),
+                        group_size=g,
+                        n_groups=n_groups,
+                        mesh_axes=axes,
+                        axes_complete=complete,
+                        count=count,
+                        instruction=ins.name,
+                        computation=comp,
+                        source=ins.line[:400],
+                        op_name=op_name,
+                        normalized_from=norm,
+                        tuple_index=tidx,
+                        tuple_size=elems,
+                        replica_groups=groups,
+                        async_pair=is_async,
+                    )
+                )
     return tuple(out)
 
 
@@ -667,7 +776,16 @@ def dot_flops(mod: Module) -> tuple[float, dict[str, float]]:
 
 def _bytes_estimate(mod: Module, comp: str) -> float:
     """Bytes read + written by the top-level instructions of a computation (cost-model-like)."""
-    skip = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional"}
+    skip = {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "while",
+        "call",
+        "conditional",
+    }
     tot = 0.0
     for ins in mod.computations.get(comp, []):
         if ins.opcode in skip:
@@ -677,7 +795,9 @@ def _bytes_estimate(mod: Module, comp: str) -> float:
     return tot
 
 
-def _inclusive(mod: Module, comp: str, per: Mapping[str, float], seen: set[str] | None = None) -> float:
+def _inclusive(
+    mod: Module, comp: str, per: Mapping[str, float], seen: set[str] | None = None
+) -> float:
     """Value of a computation including what it calls (nested loops times their trips)."""
     seen = set() if seen is None else seen
     if comp in seen:
@@ -726,8 +846,34 @@ def _cost_dict(compiled: Any) -> dict[str, float]:
 def scrub(text: str) -> str:
     """Remove machine paths (source file names, dump dirs, home dirs) from HLO text."""
     text = re.sub(r'source_file="[^"]*"', 'source_file="<scrubbed>"', text)
-    text = re.sub(r"(/(?:home|Users|tmp|work|private|var|root|opt|usr)/[^\s\"',)]*)", "<path>", text)
+    text = re.sub(
+        r"(/(?:home|Users|tmp|work|private|var|root|opt|usr)/[^\s\"',)]*)", "<path>", text
+    )
     return text
+
+
+def compact(text: str, *, keep_op_name: bool = False) -> str:
+    """Scrubbed HLO without stack-frame tables and metadata (for test fixtures)."""
+    text = scrub(text)
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.strip() in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            skipping = True
+            continue
+        if skipping:
+            if not line.startswith(("%", "ENTRY")):
+                continue
+            skipping = False
+        if keep_op_name:
+            line = re.sub(
+                r", metadata=\{(?:[^{}\"]|\"[^\"]*\")*?(op_name=\"[^\"]*\")?(?:[^{}\"]|\"[^\"]*\")*\}",
+                lambda m: f", metadata={{{m.group(1)}}}" if m.group(1) else "",
+                line,
+            )
+        else:
+            line = re.sub(r", metadata=\{(?:[^{}\"]|\"[^\"]*\")*\}", "", line)
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def observe(program: Any, *, keep_dump: str | Path | None = None) -> Observed:
@@ -748,22 +894,33 @@ def observe(program: Any, *, keep_dump: str | Path | None = None) -> Observed:
         name = program.name
     with tempfile.TemporaryDirectory(prefix="roofline-hlo-") as tmp:
         dump = Path(keep_dump) if keep_dump else Path(tmp)
-        opts = {"xla_dump_to": str(dump), "xla_dump_hlo_pass_re": "spmd-partitioning",
-                "xla_dump_hlo_as_text": True}
+        opts = {
+            "xla_dump_to": str(dump),
+            "xla_dump_hlo_pass_re": "spmd-partitioning",
+            "xla_dump_hlo_as_text": True,
+        }
         compiled = lowered.compile(compiler_options=opts)
         files = sorted(dump.glob("*after_spmd-partitioning*.txt"))
         if not files:
-            raise VerifyError("XLA wrote no post-SPMD-partitioning HLO dump",
-                              rule="observe() reads the module after the spmd-partitioning pass",
-                              fix=f"check that this jaxlib supports xla_dump_hlo_pass_re; files: "
-                                  f"{[p.name for p in dump.iterdir()][:5]}")
+            raise VerifyError(
+                "XLA wrote no post-SPMD-partitioning HLO dump",
+                rule="observe() reads the module after the spmd-partitioning pass",
+                fix=f"check that this jaxlib supports xla_dump_hlo_pass_re; files: "
+                f"{[p.name for p in dump.iterdir()][:5]}",
+            )
         post = files[-1].read_text()
     final = compiled.as_text()
     return observe_text(post, final, mesh_shape, cost=_cost_dict(compiled), program=name)
 
 
-def observe_text(post_spmd: str, final: str, mesh_shape: Sequence[tuple[str, int]], *,
-                 cost: Mapping[str, float] | None = None, program: str = "") -> Observed:
+def observe_text(
+    post_spmd: str,
+    final: str,
+    mesh_shape: Sequence[tuple[str, int]],
+    *,
+    cost: Mapping[str, float] | None = None,
+    program: str = "",
+) -> Observed:
     """`observe` from texts already in hand (fixtures, saved dumps)."""
     mesh_shape = tuple((str(a), int(n)) for a, n in mesh_shape)
     mod_post = parse_module(post_spmd)
@@ -779,26 +936,60 @@ def observe_text(post_spmd: str, final: str, mesh_shape: Sequence[tuple[str, int
     if any(t < 0 for _, t in loops):
         notes.append("a while loop's trip count could not be read; its body is counted once")
     if extra_f:
-        notes.append("loop-corrected flops/bytes add (trip-1) x body dot FLOPs / estimated body bytes")
-    return Observed(collectives=colls, collectives_final=colls_final, flops_per_device=raw_f + extra_f,
-                    bytes_accessed_per_device=raw_b + extra_b, flops_per_device_raw=raw_f,
-                    bytes_accessed_per_device_raw=raw_b, dot_flops_per_device=dflops, hlo_text_post_spmd=post_spmd,
-                    hlo_text_final=final, mesh_shape=mesh_shape, loops=loops, program=program, notes=tuple(notes))
+        notes.append(
+            "loop-corrected flops/bytes add (trip-1) x body dot FLOPs / estimated body bytes"
+        )
+    return Observed(
+        collectives=colls,
+        collectives_final=colls_final,
+        flops_per_device=raw_f + extra_f,
+        bytes_accessed_per_device=raw_b + extra_b,
+        flops_per_device_raw=raw_f,
+        bytes_accessed_per_device_raw=raw_b,
+        dot_flops_per_device=dflops,
+        hlo_text_post_spmd=post_spmd,
+        hlo_text_final=final,
+        mesh_shape=mesh_shape,
+        loops=loops,
+        program=program,
+        notes=tuple(notes),
+    )
 
 
 def to_json(obs: Observed, *, include_hlo: bool = False) -> dict[str, Any]:
     def c(x: ObservedCollective) -> dict[str, Any]:
-        d = {k: getattr(x, k) for k in ("kind", "dtype", "shape", "bytes_per_device", "group_size", "mesh_axes",
-                                        "count", "instruction", "op_name", "normalized_from", "tuple_index")}
+        d = {
+            k: getattr(x, k)
+            for k in (
+                "kind",
+                "dtype",
+                "shape",
+                "bytes_per_device",
+                "group_size",
+                "mesh_axes",
+                "count",
+                "instruction",
+                "op_name",
+                "normalized_from",
+                "tuple_index",
+            )
+        }
         d["shape"] = list(d["shape"])
         d["mesh_axes"] = list(d["mesh_axes"])
         return d
 
-    out = {"program": obs.program, "mesh": dict(obs.mesh_shape), "flops_per_device": obs.flops_per_device,
-           "bytes_accessed_per_device": obs.bytes_accessed_per_device, "flops_per_device_raw": obs.flops_per_device_raw,
-           "dot_flops_per_device": obs.dot_flops_per_device, "loops": [list(x) for x in obs.loops],
-           "collectives": [c(x) for x in obs.collectives], "collectives_final": [c(x) for x in obs.collectives_final],
-           "notes": list(obs.notes)}
+    out = {
+        "program": obs.program,
+        "mesh": dict(obs.mesh_shape),
+        "flops_per_device": obs.flops_per_device,
+        "bytes_accessed_per_device": obs.bytes_accessed_per_device,
+        "flops_per_device_raw": obs.flops_per_device_raw,
+        "dot_flops_per_device": obs.dot_flops_per_device,
+        "loops": [list(x) for x in obs.loops],
+        "collectives": [c(x) for x in obs.collectives],
+        "collectives_final": [c(x) for x in obs.collectives_final],
+        "notes": list(obs.notes),
+    }
     if include_hlo:
         out["hlo_post_spmd"] = obs.hlo_text_post_spmd
         out["hlo_final"] = obs.hlo_text_final
@@ -807,7 +998,28 @@ def to_json(obs: Observed, *, include_hlo: bool = False) -> dict[str, Any]:
 
 
 _ = replace
-__all__ = ["Shape", "Instruction", "ObservedCollective", "Observed", "Module", "parse_module", "parse_shapes",
-           "parse_replica_groups", "parse_source_target_pairs", "mesh_axes_of_groups", "mesh_axes_of_pairs",
-           "collectives_in", "dot_flops", "loop_corrections", "multiplicities", "trip_count", "observe",
-           "observe_text", "scrub", "summarize", "to_json", "COLLECTIVES"]
+__all__ = [
+    "Shape",
+    "Instruction",
+    "ObservedCollective",
+    "Observed",
+    "Module",
+    "parse_module",
+    "parse_shapes",
+    "parse_replica_groups",
+    "parse_source_target_pairs",
+    "mesh_axes_of_groups",
+    "mesh_axes_of_pairs",
+    "collectives_in",
+    "dot_flops",
+    "loop_corrections",
+    "multiplicities",
+    "trip_count",
+    "observe",
+    "observe_text",
+    "scrub",
+    "compact",
+    "summarize",
+    "to_json",
+    "COLLECTIVES",
+]

@@ -43,8 +43,11 @@ def _jax():
         import jax
         import jax.numpy as jnp
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise VerifyError("JAX is not installed", rule="`roofline verify` compiles the plan with JAX",
-                          fix="pip install 'roofline[jax]'") from e
+        raise VerifyError(
+            "JAX is not installed",
+            rule="`roofline verify` compiles the plan with JAX",
+            fix="pip install 'roofline[jax]'",
+        ) from e
     return jax, jnp
 
 
@@ -69,16 +72,25 @@ def make_mesh(degrees: Degrees, devices: Sequence[Any] | None = None):
     n = math.prod(s for _, s in axes)
     devs = list(jax.devices() if devices is None else devices)
     if len(devs) < n:
-        raise VerifyError(f"the plan needs {n} devices, JAX sees {len(devs)}",
-                          rule="the compiled program runs one SPMD partition per mesh device",
-                          fix=f"set XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax "
-                              f"(or jax.config.update('jax_num_cpu_devices', {n}))")
+        raise VerifyError(
+            f"the plan needs {n} devices, JAX sees {len(devs)}",
+            rule="the compiled program runs one SPMD partition per mesh device",
+            fix=f"set XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax "
+            f"(or jax.config.update('jax_num_cpu_devices', {n}))",
+        )
     arr = np.array(devs[:n], dtype=object).reshape([s for _, s in axes])
     return jax.sharding.Mesh(arr, tuple(a for a, _ in axes))
 
 
-def _pspec(mesh, dims: Sequence[str | None], shape: Sequence[int], rules: Rules, is_param: bool,
-           notes: list[str], what: str):
+def _pspec(
+    mesh,
+    dims: Sequence[str | None],
+    shape: Sequence[int],
+    rules: Rules,
+    is_param: bool,
+    notes: list[str],
+    what: str,
+):
     """PartitionSpec from the rules; an axis that does not divide its dim is dropped (noted)."""
     jax, _ = _jax()
     entries = partition_spec(tuple(d or "_none" for d in dims), rules, is_param)
@@ -90,7 +102,9 @@ def _pspec(mesh, dims: Sequence[str | None], shape: Sequence[int], rules: Rules,
         axes = (e,) if isinstance(e, str) else tuple(e)
         size = math.prod(mesh.shape[a] for a in axes)
         if n % size:
-            notes.append(f"{what}: {d}={n} is not divisible by mesh axes {axes} (size {size}); replicated")
+            notes.append(
+                f"{what}: {d}={n} is not divisible by mesh axes {axes} (size {size}); replicated"
+            )
             out.append(None)
         else:
             out.append(e)
@@ -148,10 +162,20 @@ def _dtype(name: str | Any):
     _, jnp = _jax()
     if not isinstance(name, str):
         return jnp.dtype(name)
-    table = {"bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16, "f32": jnp.float32, "float32": jnp.float32,
-             "fp32": jnp.float32, "f16": jnp.float16, "fp16": jnp.float16, "float16": jnp.float16}
+    table = {
+        "bf16": jnp.bfloat16,
+        "bfloat16": jnp.bfloat16,
+        "f32": jnp.float32,
+        "float32": jnp.float32,
+        "fp32": jnp.float32,
+        "f16": jnp.float16,
+        "fp16": jnp.float16,
+        "float16": jnp.float16,
+    }
     if name.lower() not in table:
-        raise VerifyError(f"dtype {name!r}", rule="verify programs use bf16, f16 or f32", fix="use --dtype bf16")
+        raise VerifyError(
+            f"dtype {name!r}", rule="verify programs use bf16, f16 or f32", fix="use --dtype bf16"
+        )
     return jnp.dtype(table[name.lower()])
 
 
@@ -243,10 +267,14 @@ def build_train_step(
     opt = Optimizer(optimizer)
     notes: list[str] = []
     if n_layers < 1:
-        raise VerifyError(f"n_layers={n_layers}", rule="a program has at least one layer", fix="use n_layers=1")
+        raise VerifyError(
+            f"n_layers={n_layers}", rule="a program has at least one layer", fix="use n_layers=1"
+        )
     D, N, K, H = model.d_model, model.n_heads, model.n_kv_heads, model.d_head
     if fused_qkv and N % K:
-        raise VerifyError(f"fused QKV with N={N}, K={K}", rule="K divides N", fix="use separate Q/K/V")
+        raise VerifyError(
+            f"fused QKV with N={N}, K={K}", rule="K divides N", fix="use separate Q/K/V"
+        )
     G = N // K
     stacked = n_layers > 1
 
@@ -255,22 +283,34 @@ def build_train_step(
     if stacked:
         pdims = {k: ("layers", *v) for k, v in pdims.items()}
         pshapes = {k: (n_layers, *v) for k, v in pshapes.items()}
-    pspecs = {k: _pspec(mesh, pdims[k], pshapes[k], rules, True, notes, f"param {k}") for k in pdims}
+    pspecs = {
+        k: _pspec(mesh, pdims[k], pshapes[k], rules, True, notes, f"param {k}") for k in pdims
+    }
 
     def act_spec(dims: tuple[str | None, ...], shape: tuple[int, ...], what: str):
         return _pspec(mesh, dims, shape, rules, False, notes, what)
 
     x_dims = ("batch", "seq", "embed")
     x_spec = act_spec(x_dims, (batch, seq, D), "activation x")
-    q_spec = act_spec(("batch", "seq", "kv_heads", None, "head_dim"), (batch, seq, K, G, H), "activation q")
-    kv_spec = act_spec(("batch", "kv_seq", "kv_heads", "head_dim"), (batch, seq, K, H), "activation k/v")
-    attn_spec = act_spec(("batch", "seq", "heads", "head_dim"), (batch, seq, N, H), "activation attn")
+    q_spec = act_spec(
+        ("batch", "seq", "kv_heads", None, "head_dim"), (batch, seq, K, G, H), "activation q"
+    )
+    kv_spec = act_spec(
+        ("batch", "kv_seq", "kv_heads", "head_dim"), (batch, seq, K, H), "activation k/v"
+    )
+    attn_spec = act_spec(
+        ("batch", "seq", "heads", "head_dim"), (batch, seq, N, H), "activation attn"
+    )
     h_spec = act_spec(("batch", "seq", "mlp"), (batch, seq, model.d_ff), "activation mlp hidden")
     if model.moe is not None:
         E, Fe = model.moe.n_experts, model.moe.d_ff_expert
         C = moe_capacity(model, seq, capacity_factor)
-        disp_spec = act_spec(("experts", "batch", None, "embed"), (E, batch, C, D), "activation dispatched")
-        eh_spec = act_spec(("experts", "batch", None, "mlp"), (E, batch, C, Fe), "activation expert hidden")
+        disp_spec = act_spec(
+            ("experts", "batch", None, "embed"), (E, batch, C, D), "activation dispatched"
+        )
+        eh_spec = act_spec(
+            ("experts", "batch", None, "mlp"), (E, batch, C, Fe), "activation expert hidden"
+        )
 
     def wsc(a, spec):
         if not constrain_activations:
@@ -347,6 +387,7 @@ def build_train_step(
 
     def forward(params, x):
         if stacked:
+
             def body(carry, p):
                 return layer_fn(p, carry), None
 
@@ -359,15 +400,22 @@ def build_train_step(
         loss, grads = jax.value_and_grad(forward)(params, x)
         lr = jnp.float32(learning_rate)
         if opt == Optimizer.SGD:
-            new = jax.tree.map(lambda p, g: (p.astype(jnp.float32) - lr * g.astype(jnp.float32)).astype(p.dtype),
-                               params, grads)
+            new = jax.tree.map(
+                lambda p, g: (p.astype(jnp.float32) - lr * g.astype(jnp.float32)).astype(p.dtype),
+                params,
+                grads,
+            )
             return new, opt_state, loss
         m, v = opt_state
         g32 = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
         m = jax.tree.map(lambda a, g: 0.9 * a + 0.1 * g, m, g32)
         v = jax.tree.map(lambda a, g: 0.999 * a + 0.001 * g * g, v, g32)
-        new = jax.tree.map(lambda p, a, b: (p.astype(jnp.float32) - lr * a / (jnp.sqrt(b) + 1e-8)).astype(p.dtype),
-                           params, m, v)
+        new = jax.tree.map(
+            lambda p, a, b: (p.astype(jnp.float32) - lr * a / (jnp.sqrt(b) + 1e-8)).astype(p.dtype),
+            params,
+            m,
+            v,
+        )
         return new, (m, v), loss
 
     p_sh = {k: NS(mesh, s) for k, s in pspecs.items()}
@@ -381,22 +429,56 @@ def build_train_step(
     x_sh = NS(mesh, x_spec)
     x = jax.ShapeDtypeStruct((batch, seq, D), dt, sharding=x_sh)
     replicated = NS(mesh, P())
-    fn = jax.jit(step, in_shardings=(p_sh, opt_sh, x_sh), out_shardings=(p_sh, opt_sh, replicated),
-                 donate_argnums=(0, 1))
-    name = f"{model.name}:{_plan_str(deg)}" + (f":L{n_layers}" if stacked else "") + (":remat" if remat else "") + \
-        (":fusedqkv" if fused_qkv else "") + f":{dt.name}"
-    info = {"model": model.name, "plan": _plan_str(deg), "batch": batch, "seq": seq, "dtype": dt.name,
-            "n_layers": n_layers, "remat": remat, "fused_qkv": fused_qkv, "optimizer": opt.value,
-            "param_shapes": pshapes, "param_specs": {k: tuple(s) for k, s in pspecs.items()},
-            "x_spec": tuple(x_spec), "mesh": dict(mesh.shape)}
+    fn = jax.jit(
+        step,
+        in_shardings=(p_sh, opt_sh, x_sh),
+        out_shardings=(p_sh, opt_sh, replicated),
+        donate_argnums=(0, 1),
+    )
+    name = (
+        f"{model.name}:{_plan_str(deg)}"
+        + (f":L{n_layers}" if stacked else "")
+        + (":remat" if remat else "")
+        + (":fusedqkv" if fused_qkv else "")
+        + f":{dt.name}"
+    )
+    info = {
+        "model": model.name,
+        "plan": _plan_str(deg),
+        "batch": batch,
+        "seq": seq,
+        "dtype": dt.name,
+        "n_layers": n_layers,
+        "remat": remat,
+        "fused_qkv": fused_qkv,
+        "optimizer": opt.value,
+        "param_shapes": pshapes,
+        "param_specs": {k: tuple(s) for k, s in pspecs.items()},
+        "x_spec": tuple(x_spec),
+        "mesh": dict(mesh.shape),
+    }
     if model.moe is not None:
         info["moe_capacity"] = C
-    return Program(name=name, fn=fn, args=(params, opt_state, x), mesh=mesh, degrees=deg, rules=rules,
-                   kind="train_step", info=info, notes=tuple(dict.fromkeys(notes)), raw_fn=step)
+    return Program(
+        name=name,
+        fn=fn,
+        args=(params, opt_state, x),
+        mesh=mesh,
+        degrees=deg,
+        rules=rules,
+        kind="train_step",
+        info=info,
+        notes=tuple(dict.fromkeys(notes)),
+        raw_fn=step,
+    )
 
 
 def _plan_str(deg: Degrees) -> str:
-    parts = [f"{s}={getattr(deg, s)}" for s in ("dp", "fsdp", "tp", "sp", "ep", "pp") if getattr(deg, s) > 1]
+    parts = [
+        f"{s}={getattr(deg, s)}"
+        for s in ("dp", "fsdp", "tp", "sp", "ep", "pp")
+        if getattr(deg, s) > 1
+    ]
     return ",".join(parts) or "single"
 
 
@@ -422,8 +504,11 @@ class MatmulSpec:
             ins, out = s, ""
         parts = [p for p in ins.split("*")]
         if len(parts) != 2:
-            raise VerifyError(f"matmul {text!r}", rule="two operands: 'A[I_X,J] * B[J,K_Y] -> C[I_X,K_Y]'",
-                              fix="write the book's notation with '*' between operands")
+            raise VerifyError(
+                f"matmul {text!r}",
+                rule="two operands: 'A[I_X,J] * B[J,K_Y] -> C[I_X,K_Y]'",
+                fix="write the book's notation with '*' between operands",
+            )
         lhs, rhs = (_parse_operand(p, text) for p in parts)
         lhs_d, rhs_d = [d for d, _ in lhs], [d for d, _ in rhs]
         contracted = [d for d in lhs_d if d in rhs_d]
@@ -431,8 +516,11 @@ class MatmulSpec:
         if out.strip():
             o = _parse_operand(out, text)
             if sorted(d for d, _ in o) != sorted(free):
-                raise VerifyError(f"matmul {text!r}: output dims {[d for d, _ in o]} but free dims are {free}",
-                                  rule="the output has the non-contracted dims", fix="fix the output")
+                raise VerifyError(
+                    f"matmul {text!r}: output dims {[d for d, _ in o]} but free dims are {free}",
+                    rule="the output has the non-contracted dims",
+                    fix="fix the output",
+                )
         else:  # default output: free dims keep their input sharding, axes used twice dropped
             used: set[str] = set()
             o_list = []
@@ -452,7 +540,9 @@ class MatmulSpec:
         return f"{f(self.lhs)},{f(self.rhs)}->{f(self.out)}"
 
     def mesh_axes(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(a for op in (self.lhs, self.rhs, self.out) for _, ax in op for a in ax))
+        return tuple(
+            dict.fromkeys(a for op in (self.lhs, self.rhs, self.out) for _, ax in op for a in ax)
+        )
 
     def invalid_reason(self) -> str | None:
         """The book's case 4: a mesh axis shards two dims of one operand, or both the
@@ -467,8 +557,11 @@ class MatmulSpec:
 def _parse_operand(text: str, whole: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     m = _OPERAND.fullmatch(text)
     if not m:
-        raise VerifyError(f"cannot read operand {text.strip()!r} of {whole!r}", rule="operands look like A[I_X,J_YZ]",
-                          fix="write e.g. 'A[I_X,J] * B[J,K_Y]'")
+        raise VerifyError(
+            f"cannot read operand {text.strip()!r} of {whole!r}",
+            rule="operands look like A[I_X,J_YZ]",
+            fix="write e.g. 'A[I_X,J] * B[J,K_Y]'",
+        )
     out = []
     for item in m.group(2).split(","):
         item = item.strip()
@@ -499,21 +592,36 @@ def build_matmul(
     ms = spec if isinstance(spec, MatmulSpec) else MatmulSpec.parse(spec)
     axes = ms.mesh_axes()
     if mesh_shape is None:
-        mesh_shape = {axes[0]: 8} if len(axes) == 1 else {a: (4 if i == len(axes) - 1 else 2) for i, a in enumerate(axes)}
+        mesh_shape = (
+            {axes[0]: 8}
+            if len(axes) == 1
+            else {a: (4 if i == len(axes) - 1 else 2) for i, a in enumerate(axes)}
+        )
         if len(axes) > 2:
-            raise VerifyError(f"matmul {spec!r} uses {len(axes)} mesh axes", rule="give mesh_shape for 3+ axes",
-                              fix="pass mesh_shape={'X': 2, 'Y': 2, 'Z': 2}")
+            raise VerifyError(
+                f"matmul {spec!r} uses {len(axes)} mesh axes",
+                rule="give mesh_shape for 3+ axes",
+                fix="pass mesh_shape={'X': 2, 'Y': 2, 'Z': 2}",
+            )
     missing = [a for a in axes if a not in mesh_shape]
     if missing:
-        raise VerifyError(f"mesh axes {missing} have no size", rule="every axis in the notation needs a size",
-                          fix="add them to mesh_shape")
+        raise VerifyError(
+            f"mesh axes {missing} have no size",
+            rule="every axis in the notation needs a size",
+            fix="add them to mesh_shape",
+        )
     names = tuple(mesh_shape) or ("X",)
     n = math.prod(mesh_shape.values()) if mesh_shape else 1
     devs = list(jax.devices() if devices is None else devices)
     if len(devs) < n:
-        raise VerifyError(f"the matmul needs {n} devices, JAX sees {len(devs)}", rule="one partition per device",
-                          fix=f"set XLA_FLAGS=--xla_force_host_platform_device_count={n}")
-    mesh = jax.sharding.Mesh(np.array(devs[:n], dtype=object).reshape([mesh_shape[a] for a in names] or [1]), names)
+        raise VerifyError(
+            f"the matmul needs {n} devices, JAX sees {len(devs)}",
+            rule="one partition per device",
+            fix=f"set XLA_FLAGS=--xla_force_host_platform_device_count={n}",
+        )
+    mesh = jax.sharding.Mesh(
+        np.array(devs[:n], dtype=object).reshape([mesh_shape[a] for a in names] or [1]), names
+    )
     sizes = dict(sizes or {})
     dims = {d for op in (ms.lhs, ms.rhs) for d, _ in op}
     for d in dims:
@@ -526,9 +634,12 @@ def build_matmul(
     notes = []
     reason = ms.invalid_reason()
     if reason:
-        raise VerifyError(f"matmul {spec!r}: {reason}", rule="JAX forbids a mesh axis twice in one PartitionSpec "
-                          "(book sharding.md case 4: gather one operand first)", fix="give an output sharding that "
-                          "uses each axis once, e.g. '-> C[I_X,K]'")
+        raise VerifyError(
+            f"matmul {spec!r}: {reason}",
+            rule="JAX forbids a mesh axis twice in one PartitionSpec "
+            "(book sharding.md case 4: gather one operand first)",
+            fix="give an output sharding that uses each axis once, e.g. '-> C[I_X,K]'",
+        )
     eq = ms.einsum()
     a = jax.ShapeDtypeStruct(tuple(sizes[d] for d, _ in ms.lhs), dt, sharding=NS(mesh, ps(ms.lhs)))
     b = jax.ShapeDtypeStruct(tuple(sizes[d] for d, _ in ms.rhs), dt, sharding=NS(mesh, ps(ms.rhs)))
@@ -538,12 +649,37 @@ def build_matmul(
 
     fn = jax.jit(mm, in_shardings=(a.sharding, b.sharding), out_shardings=NS(mesh, ps(ms.out)))
     text = spec if isinstance(spec, str) else eq
-    info = {"spec": text, "einsum": eq, "sizes": sizes, "mesh": dict(mesh_shape), "dtype": dt.name,
-            "out": tuple((d, ax) for d, ax in ms.out)}
+    info = {
+        "spec": text,
+        "einsum": eq,
+        "sizes": sizes,
+        "mesh": dict(mesh_shape),
+        "dtype": dt.name,
+        "out": tuple((d, ax) for d, ax in ms.out),
+    }
     deg = Degrees()
-    return Program(name=f"matmul:{text}", fn=fn, args=(a, b), mesh=mesh, degrees=deg, rules=rules_for(deg),
-                   kind="matmul", info=info, notes=tuple(notes), raw_fn=mm)
+    return Program(
+        name=f"matmul:{text}",
+        fn=fn,
+        args=(a, b),
+        mesh=mesh,
+        degrees=deg,
+        rules=rules_for(deg),
+        kind="matmul",
+        info=info,
+        notes=tuple(notes),
+        raw_fn=mm,
+    )
 
 
-__all__ = ["Program", "Optimizer", "MatmulSpec", "make_mesh", "build_train_step", "build_matmul", "param_dims",
-           "param_shapes", "moe_capacity"]
+__all__ = [
+    "Program",
+    "Optimizer",
+    "MatmulSpec",
+    "make_mesh",
+    "build_train_step",
+    "build_matmul",
+    "param_dims",
+    "param_shapes",
+    "moe_capacity",
+]
