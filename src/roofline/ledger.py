@@ -478,7 +478,7 @@ def forward_flops(model: ModelSpec, seq: float, *, batch: float = 1, causal: Cau
                   include_attention: bool = True) -> float:
     """FLOPs of one forward pass over batch × seq tokens (matmuls + attention; elementwise excluded)."""
     led = build_ledger(model, batch=batch, seq=seq, causal=causal, include_elementwise=False)
-    return sum(o.flops for o in led if include_attention or o.kind != OpKind.ATTENTION)
+    return sum(o.flops for o in led if o.kind != OpKind.ELEMENTWISE and (include_attention or o.kind != OpKind.ATTENTION))
 
 
 def flops_per_token(model: ModelSpec, seq: float, *, training: bool = True, causal: Causal | str = Causal.HALF,
