@@ -1003,6 +1003,7 @@ __all__ = [
     "Instruction",
     "ObservedCollective",
     "Observed",
+    "describe",
     "Module",
     "parse_module",
     "parse_shapes",
@@ -1023,3 +1024,27 @@ __all__ = [
     "to_json",
     "COLLECTIVES",
 ]
+
+
+def describe(obs: Observed, *, final: bool = False) -> str:
+    """A markdown table of the observed collectives (aggregated) and the FLOPs."""
+    rows = summarize(obs.collectives_final if final else obs.collectives)
+    lines = [
+        "| kind | mesh axes | dtype | bytes/device | count | total bytes/device | note |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        note = "AR+dynamic-slice" if r["normalized_from"] else ""
+        lines.append(
+            f"| {r['kind']} | {','.join(r['mesh_axes']) or '-'} | {r['dtype']} | {r['bytes_per_device']:,.0f} "
+            f"| {r['count']} | {r['total_bytes_per_device']:,.0f} | {note} |"
+        )
+    if not rows:
+        lines.append("| (none) | | | | | | |")
+    lines.append("")
+    lines.append(
+        f"FLOPs/device: cost_analysis {obs.flops_per_device_raw:,.0f}"
+        + (f" (loop-corrected {obs.flops_per_device:,.0f})" if obs.loops else "")
+        + f"; dot FLOPs from HLO {obs.dot_flops_per_device:,.0f}"
+    )
+    return "\n".join(lines)
