@@ -1,0 +1,360 @@
+"""The training planner: a declared search space, named filters with reasons, vectorised evaluation.
+
+Search space (every legal combination): system or sub-slices × mesh factorisation
+dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule ×
+Megatron sequence parallelism × collective matmul. Each factor's domain is declared with
+the rule that bounds it (`SearchSpace.domains`); combinations are then rejected by named
+filters (batch not divisible, mesh does not fit the topology, does not fit HBM), each
+counted. Survivors are grouped by structure (which strategies are active) and costed by
+`training.evaluate_plans` on numpy arrays: one algebra pass per structure, not per plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from roofline.errors import PlanError
+from roofline.memory import Remat, RematKind, parse_optimizer
+from roofline.rules import Degrees, Strategy
+from roofline.specs.efficiency import Efficiency, default_efficiency
+from roofline.specs.model import ModelSpec
+from roofline.specs.system import System, parse_system
+from roofline.training import (
+    Candidates,
+    Plan,
+    Schedule,
+    StepCost,
+    Structure,
+    Workload,
+    evaluate_plan,
+    evaluate_plans,
+)
+
+MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the planner may choose. `None` for a strategy list means all that apply to the model."""
+
+    strategies: tuple[Strategy, ...] = tuple(Strategy)
+    microbatches: tuple[int, ...] = MICROBATCHES
+    remats: tuple[Remat, ...] = REMATS
+    zero_stages: tuple[int, ...] = (1, 2)
+    schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
+    max_sp: int = 16
+    max_pp: int = 64
+    megatron_sp: tuple[bool, ...] = (False, True)
+    collective_matmul: tuple[bool, ...] = (False, True)
+
+    def domains(self, model: ModelSpec, workload: Workload, chips: int) -> dict[Strategy, tuple[list[int], str]]:
+        """Allowed degrees per strategy with the rule that bounds each (named, for the report)."""
+        seqs = int(workload.sequences)
+        on = set(self.strategies)
+        dom: dict[Strategy, tuple[list[int], str]] = {}
+        dom[Strategy.DP] = ([d for d in divisors(math.gcd(chips, seqs))] if Strategy.DP in on else [1],
+                            f"divides the {seqs} sequences of the batch")
+        dom[Strategy.FSDP] = ([d for d in divisors(math.gcd(chips, seqs))] if Strategy.FSDP in on else [1],
+                              f"divides the {seqs} sequences of the batch")
+        tp_lim = math.gcd(math.gcd(model.n_heads, model.d_ff if model.moe is None or model.n_dense_layers else model.moe.d_ff_expert), chips)
+        dom[Strategy.TP] = (divisors(tp_lim) if Strategy.TP in on else [1],
+                            f"divides heads={model.n_heads} and d_ff")
+        dom[Strategy.SP] = ([d for d in divisors(math.gcd(workload.seq_len, chips)) if d <= self.max_sp] if Strategy.SP in on else [1],
+                            f"divides seq={workload.seq_len}, at most {self.max_sp}")
+        experts = model.moe.n_experts if model.moe else 1
+        dom[Strategy.EP] = (divisors(math.gcd(experts, chips)) if Strategy.EP in on and model.moe else [1],
+                            f"divides experts={experts}" if model.moe else "dense model: no experts")
+        dom[Strategy.PP] = ([d for d in divisors(math.gcd(model.n_layers, chips)) if d <= self.max_pp] if Strategy.PP in on else [1],
+                            f"divides layers={model.n_layers}, at most {self.max_pp}")
+        return dom
+
+
+@dataclass(frozen=True)
+class Ranked:
+    cost: StepCost
+    score: float
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What the search found: top-k plans, rejection counts by reason, Pareto set, timing."""
+
+    top: tuple[StepCost, ...]
+    candidates_evaluated: int
+    candidates_enumerated: int
+    rejected: dict[str, int]
+    domains: dict[str, str]
+    pareto: tuple[dict[str, Any], ...]
+    objective: str
+    search_time_s: float
+    why: str
+    systems: tuple[str, ...]
+
+    @property
+    def best(self) -> StepCost:
+        return self.top[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.best.to_dict()
+        return {**b, "candidates_evaluated": self.candidates_evaluated, "candidates_enumerated": self.candidates_enumerated,
+                "rejected": dict(self.rejected), "domains": self.domains, "objective": self.objective, "why": self.why,
+                "top": [c.to_dict() for c in self.top], "pareto": list(self.pareto), "search_time_s": self.search_time_s,
+                "systems_considered": list(self.systems)}
+
+
+def sub_slices(system: System, max_count: int = 8) -> list[System]:
+    """The system plus its largest sub-slices of distinct chip counts (TPU pods only).
+
+    A batch of 2^k sequences rarely divides a 16x20x28 pod (8960 = 2^8·5·7), so the planner
+    also considers slices like 16x16x16; each keeps the wraparound rules of its shape.
+    """
+    if not system.is_tpu or system.n_slices > 1 or len(system.topology) < 2:
+        return [system]
+    dims = system.topology
+    choices = [sorted({d for d in (1, 2, *range(4, full + 1, 4)) if d <= full} | {full}) for full in dims]
+    best: dict[int, tuple[int, ...]] = {}
+    for shape in itertools.product(*choices):
+        n = math.prod(shape)
+        if n < system.n_chips // 8:
+            continue
+        cur = best.get(n)
+        if cur is None or max(shape) - min(shape) < max(cur) - min(cur):
+            best[n] = shape
+    # for each odd part o (n = 2^a·o) keep the largest count; small odd parts factor best
+    def odd(n: int) -> int:
+        while n % 2 == 0:
+            n //= 2
+        return n
+    by_odd: dict[int, int] = {}
+    for n in best:
+        o = odd(n)
+        by_odd[o] = max(by_odd.get(o, 0), n)
+    keep = sorted(by_odd.items())[:max_count]
+    if system.n_chips not in {n for _, n in keep}:
+        keep.append((odd(system.n_chips), system.n_chips))
+    chosen = sorted(((n, best.get(n, dims)) for _, n in keep), reverse=True)
+    out = []
+    for n, shape in chosen:
+        if n == system.n_chips:
+            out.append(system)
+            continue
+        chip_name = system.chip.name
+        try:
+            out.append(parse_system(f"{chip_name}:{'x'.join(map(str, shape))}", usd_per_chip_hour=system.usd_per_chip_hour))
+        except Exception:  # noqa: BLE001 - a shape the system parser refuses is simply not offered
+            continue
+    return out
+
+
+def plan_training(model: ModelSpec, system: System, workload: Workload, *, space: SearchSpace | None = None,
+                  objective: str = "time", top_k: int = 5, efficiency: Efficiency | None = None, optimizer: str = "adam-bf16",
+                  allow_sub_slices: bool = True, chips: Sequence[int] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> PlanResult:
+    """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token)."""
+    t0 = time.perf_counter()
+    space = space or SearchSpace()
+    eff = efficiency or default_efficiency(system.chip.vendor)
+    opt = parse_optimizer(optimizer)
+    if objective not in ("time", "cost"):
+        raise PlanError(f"objective {objective!r}", rule="objective is 'time' or 'cost'", fix="write --objective time")
+    systems = sub_slices(system) if allow_sub_slices else [system]
+    if chips:
+        systems = [s for s in systems if s.n_chips in set(chips)] or [system]
+    rejected: Counter[str] = Counter()
+    domains_txt: dict[str, str] = {}
+    seqs = int(workload.sequences)
+    order = (Strategy.DP, Strategy.FSDP, Strategy.TP, Strategy.SP, Strategy.EP, Strategy.PP)
+    facts = []
+    for si, sysm in enumerate(systems):
+        dom = space.domains(model, workload, sysm.n_chips)
+        for st_, (vals, why) in dom.items():
+            domains_txt[st_.value] = f"{vals[:12]}{'...' if len(vals) > 12 else ''}: {why}"
+        facts += [(si, *f) for f in _factorisations(sysm.n_chips, dom)]
+    if not facts:
+        raise PlanError(f"no mesh factorisation of {system.n_chips} chips satisfies the divisibility rules",
+                        rule="; ".join(f"{k}: {v}" for k, v in domains_txt.items()), fix="try another chip count (--chips) or batch size")
+    F = np.array(facts, dtype=np.int64)  # columns: system, dp, fsdp, tp, sp, ep, pp
+    # cross product with the per-candidate choices, as index grids (no Python loop per candidate)
+    mbs = np.array(space.microbatches)
+    scheds = np.array([list(Schedule).index(x) for x in space.schedules])
+    grids = np.meshgrid(np.arange(len(F)), mbs, scheds, np.array(space.megatron_sp), np.arange(len(space.remats)),
+                        np.array(space.collective_matmul), np.array(space.zero_stages), indexing="ij")
+    fi, mb, sc, msp, ri, cmv, zv = (x.reshape(-1) for x in grids)
+    rows = F[fi]
+    dp, fsdp, tp, sp_, ep, pp = (rows[:, 1 + j] for j in range(6))
+    # choices that only matter when their strategy is on collapse to one value (not counted twice)
+    keep = ((pp > 1) | (sc == scheds[0])) & ((tp > 1) | (~msp & (~cmv if False in space.collective_matmul else True)))
+    keep &= (tp > 1) | (msp == space.megatron_sp[0])
+    keep &= (tp > 1) | (cmv == space.collective_matmul[0])
+    keep &= (dp > 1) | (zv == space.zero_stages[0])
+    fi, mb, sc, msp, ri, cmv, zv, rows = fi[keep], mb[keep], sc[keep], msp[keep], ri[keep], cmv[keep], zv[keep], rows[keep]
+    dp, fsdp, tp, sp_, ep, pp = (rows[:, 1 + j] for j in range(6))
+    enumerated = len(fi)
+    filters = [
+        ("batch not divisible by dp·fsdp·ep·microbatches", seqs % (dp * fsdp * ep * mb) != 0),
+        ("fewer microbatches than pipeline stages", (pp > 1) & (mb < pp)),
+        ("layers not divisible by pp·virtual stages", (sc == list(Schedule).index(Schedule.INTERLEAVED)) & (model.n_layers % (pp * 2) != 0)),
+    ]
+    ok = np.ones(enumerated, dtype=bool)
+    for name, bad in filters:
+        bad = bad & ok
+        if bad.any():
+            rejected[name] += int(bad.sum())
+        ok &= ~bad
+    fi, mb, sc, msp, ri, cmv, zv, rows = fi[ok], mb[ok], sc[ok], msp[ok], ri[ok], cmv[ok], zv[ok], rows[ok]
+    dp, fsdp, tp, sp_, ep, pp = (rows[:, 1 + j] for j in range(6))
+    kv_rep = (tp > 1) & (model.mla is None) & (model.n_kv_heads % np.maximum(tp, 1) != 0)
+    active_bits = sum(((rows[:, 1 + j] > 1).astype(np.int64) << j) for j in range(6))
+    gkey = active_bits * 4 + msp.astype(np.int64) * 2 + kv_rep.astype(np.int64)
+    results = []
+    total = len(gkey)
+    done = 0
+    for key in np.unique(gkey):
+        sel = gkey == key
+        bits = int(key) // 4
+        active = frozenset(order[j] for j in range(6) if bits >> j & 1)
+        cand = Candidates({order[j]: rows[sel, 1 + j] for j in range(6)}, mb[sel], zv[sel], sc[sel],
+                          np.where(sc[sel] == list(Schedule).index(Schedule.INTERLEAVED), 2, 1),
+                          system_idx=rows[sel, 0], remat_idx=ri[sel], collective_matmul=cmv[sel])
+        st = Structure(active, space.remats[0], bool(int(key) >> 1 & 1), False, bool(int(key) & 1))
+        r = evaluate_plans(model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=list(space.remats))
+        results.append((st, cand, r))
+        done += int(sel.sum())
+        if progress:
+            progress(done, total)
+    # ---- rank -----------------------------------------------------------------------------
+    flat = []
+    for gi, (_st, cand, r) in enumerate(results):
+        for reason in r.reason[r.infeasible]:
+            rejected[_reason_key(str(reason))] += 1
+        price = np.array([s.usd_per_chip_hour or np.nan for s in systems])[cand.system_idx]
+        n_chips = np.array([s.n_chips for s in systems], dtype=float)[cand.system_idx]
+        usd_per_token = r.step_time_s * n_chips * price / 3600 / workload.batch_tokens
+        score = r.step_time_s if objective == "time" else usd_per_token
+        for i in np.nonzero(~r.infeasible)[0]:
+            flat.append((float(score[i]), gi, int(i), float(r.step_time_s[i]), float(n_chips[i]), float(usd_per_token[i])))
+    evaluated = sum(len(c) for _, c, _ in results)
+    if not flat:
+        top_reason = rejected.most_common(1)[0][0] if rejected else "no candidates"
+        raise PlanError(f"no plan fits: {evaluated} candidates evaluated, most rejected because {top_reason}",
+                        rule="a plan must divide the batch, fit the topology and fit HBM",
+                        fix="use more chips, a smaller batch or sequence, or a smaller model")
+    flat.sort(key=lambda x: (x[0], x[3]))
+    top: list[StepCost] = []
+    seen: set[str] = set()
+    for _score, gi, i, *_ in flat:
+        st, cand, _r = results[gi]
+        plan = _plan_from(st, cand, i, space, opt)
+        sysm = systems[int(cand.system_idx[i])]
+        spec = plan.describe() + f"@{sysm.n_chips}"
+        if spec in seen:
+            continue
+        seen.add(spec)
+        top.append(evaluate_plan(model, sysm, workload, plan, efficiency=eff))
+        if len(top) >= top_k:
+            break
+    pareto = _pareto(flat, results, systems, space, opt)
+    why = _why(top)
+    return PlanResult(tuple(top), evaluated, enumerated, dict(rejected), domains_txt, pareto, objective,
+                      time.perf_counter() - t0, why, tuple(f"{s.name} ({s.n_chips} chips)" for s in systems))
+
+
+def _factorisations(n: int, dom: dict[Strategy, tuple[list[int], str]]) -> Iterable[tuple[int, ...]]:
+    """All (dp, fsdp, tp, sp, ep, pp) from the domains whose product is n."""
+    order = (Strategy.TP, Strategy.PP, Strategy.SP, Strategy.EP, Strategy.DP)
+    fs = set(dom[Strategy.FSDP][0])
+
+    def rec(i: int, rest: int, acc: dict[Strategy, int]) -> Iterable[tuple[int, ...]]:
+        if i == len(order):
+            if rest in fs:
+                yield (acc[Strategy.DP], rest, acc[Strategy.TP], acc[Strategy.SP], acc[Strategy.EP], acc[Strategy.PP])
+            return
+        s = order[i]
+        for v in dom[s][0]:
+            if rest % v == 0:
+                acc[s] = v
+                yield from rec(i + 1, rest // v, acc)
+        acc.pop(s, None)
+
+    yield from rec(0, n, {})
+
+
+def _reason_key(reason: str) -> str:
+    if reason.startswith("does not fit HBM"):
+        return "does not fit HBM"
+    if reason.startswith("mesh does not fit"):
+        return "mesh does not fit the topology"
+    return reason
+
+
+def _plan_from(st: Structure, cand: Candidates, i: int, space: SearchSpace, opt) -> Plan:
+    deg = Degrees(**{s.value: int(cand.deg[s][i]) for s in Strategy})
+    return Plan(deg, int(cand.microbatches[i]), space.remats[int(cand.remat_idx[i])], int(cand.zero[i]),
+                list(Schedule)[int(cand.schedule[i])], int(cand.virtual[i]), st.sequence_parallel,
+                bool(cand.collective_matmul[i]), opt)
+
+
+def _pareto(flat, results, systems, space, opt) -> tuple[dict[str, Any], ...]:
+    """Plans not beaten on all of chips, step time and $ per token."""
+    pts = sorted(flat, key=lambda x: (x[4], x[3]))
+    out = []
+    best_t = math.inf
+    best_c = math.inf
+    for p in pts:
+        _, gi, i, step, chips, usd = p
+        if step < best_t - 1e-12 or (not math.isnan(usd) and usd < best_c - 1e-15):
+            best_t = min(best_t, step)
+            best_c = min(best_c, usd) if not math.isnan(usd) else best_c
+            st, cand, _ = results[gi]
+            out.append({"chips": int(chips), "step_time_s": step, "usd_per_million_tokens": usd * 1e6,
+                        "plan": _plan_from(st, cand, i, space, opt).describe()})
+    return tuple(out[:20])
+
+
+def _why(top: Sequence[StepCost]) -> str:
+    if len(top) < 2:
+        return "only one feasible plan"
+    a, b = top[0], top[1]
+    da, db = a.to_dict(), b.to_dict()
+    diffs = []
+    for k in ("compute_time_s", "exposed_comm_time_s", "bubble_time_s", "optimizer_time_s"):
+        if abs(da[k] - db[k]) > 1e-9:
+            diffs.append((abs(da[k] - db[k]), k, da[k], db[k]))
+    diffs.sort(reverse=True)
+    main = diffs[0] if diffs else None
+    s = (f"{a.plan.describe()} ({a.system.n_chips} chips) takes {a.step_time_s:.3g} s/step vs "
+         f"{b.step_time_s:.3g} s for the runner-up {b.plan.describe()} ({b.system.n_chips} chips); "
+         f"the winner is limited by {a.bottleneck}, the runner-up by {b.bottleneck}")
+    if main:
+        s += f"; the biggest difference is {main[1].replace('_s', '').replace('_', ' ')} ({main[2]:.3g} s vs {main[3]:.3g} s)"
+    return s
+
+
+def terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:
+    if not stream.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        stream.write(f"\r  evaluated {done}/{total} candidates")
+        if done == total:
+            stream.write("\n")
+        stream.flush()
+    return show
+
+
+_ = (field, replace, Efficiency)
