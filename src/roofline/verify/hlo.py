@@ -40,7 +40,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -997,7 +997,6 @@ def to_json(obs: Observed, *, include_hlo: bool = False) -> dict[str, Any]:
     return out
 
 
-_ = replace
 __all__ = [
     "Shape",
     "Instruction",
