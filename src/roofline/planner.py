@@ -123,13 +123,14 @@ def sub_slices(system: System, max_count: int = 8) -> list[System]:
     A batch of 2^k sequences rarely divides a 16x20x28 pod (8960 = 2^8·5·7), so the planner
     also considers slices like 16x16x16; each keeps the wraparound rules of its shape.
     """
-    if not system.is_tpu or system.n_slices > 1 or len(system.topology) < 2:
+    if not system.is_tpu or len(system.topology) < 2:
         return [system]
+    slices = system.n_slices
     dims = system.topology
     choices = [sorted({d for d in (1, 2, *range(4, full + 1, 4)) if d <= full} | {full}) for full in dims]
     best: dict[int, tuple[int, ...]] = {}
     for shape in itertools.product(*choices):
-        n = math.prod(shape)
+        n = math.prod(shape) * slices
         if n < system.n_chips // 8:
             continue
         cur = best.get(n)
@@ -155,7 +156,8 @@ def sub_slices(system: System, max_count: int = 8) -> list[System]:
             continue
         chip_name = system.chip.name
         try:
-            out.append(parse_system(f"{chip_name}:{'x'.join(map(str, shape))}", usd_per_chip_hour=system.usd_per_chip_hour))
+            prefix = f"{slices}x" if slices > 1 else ""
+            out.append(parse_system(f"{prefix}{chip_name}:{'x'.join(map(str, shape))}", usd_per_chip_hour=system.usd_per_chip_hour))
         except Exception:  # noqa: BLE001 - a shape the system parser refuses is simply not offered
             continue
     return out
@@ -163,7 +165,7 @@ def sub_slices(system: System, max_count: int = 8) -> list[System]:
 
 def plan_training(model: ModelSpec, system: System, workload: Workload, *, space: SearchSpace | None = None,
                   objective: str = "time", top_k: int = 5, efficiency: Efficiency | None = None, optimizer: str = "adam-bf16",
-                  allow_sub_slices: bool = True, chips: Sequence[int] | None = None,
+                  allow_sub_slices: bool = True, chips: Sequence[int] | None = None, tie_tolerance: float = 0.01,
                   progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token)."""
     t0 = time.perf_counter()
@@ -189,34 +191,53 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         raise PlanError(f"no mesh factorisation of {system.n_chips} chips satisfies the divisibility rules",
                         rule="; ".join(f"{k}: {v}" for k, v in domains_txt.items()), fix="try another chip count (--chips) or batch size")
     F = np.array(facts, dtype=np.int64)  # columns: system, dp, fsdp, tp, sp, ep, pp
-    # cross product with the per-candidate choices, as index grids (no Python loop per candidate)
+    IL = list(Schedule).index(Schedule.INTERLEAVED)
+    # stage 1: mesh × microbatches × schedule, where the divisibility rules act
     mbs = np.array(space.microbatches)
     scheds = np.array([list(Schedule).index(x) for x in space.schedules])
-    grids = np.meshgrid(np.arange(len(F)), mbs, scheds, np.array(space.megatron_sp), np.arange(len(space.remats)),
-                        np.array(space.collective_matmul), np.array(space.zero_stages), indexing="ij")
-    fi, mb, sc, msp, ri, cmv, zv = (x.reshape(-1) for x in grids)
+    g1 = np.meshgrid(np.arange(len(F)), mbs, scheds, indexing="ij")
+    fi, mb, sc = (x.reshape(-1) for x in g1)
     rows = F[fi]
     dp, fsdp, tp, sp_, ep, pp = (rows[:, 1 + j] for j in range(6))
-    # choices that only matter when their strategy is on collapse to one value (not counted twice)
-    keep = ((pp > 1) | (sc == scheds[0])) & ((tp > 1) | (~msp & (~cmv if False in space.collective_matmul else True)))
-    keep &= (tp > 1) | (msp == space.megatron_sp[0])
-    keep &= (tp > 1) | (cmv == space.collective_matmul[0])
-    keep &= (dp > 1) | (zv == space.zero_stages[0])
-    fi, mb, sc, msp, ri, cmv, zv, rows = fi[keep], mb[keep], sc[keep], msp[keep], ri[keep], cmv[keep], zv[keep], rows[keep]
+    keep = (pp > 1) | (sc == scheds[0])  # the schedule matters only with a pipeline
+    fi, mb, sc, rows = fi[keep], mb[keep], sc[keep], rows[keep]
     dp, fsdp, tp, sp_, ep, pp = (rows[:, 1 + j] for j in range(6))
-    enumerated = len(fi)
+    # how many full candidates each stage-1 row stands for (choices that apply to it)
+    n_msp = np.where(tp > 1, len(space.megatron_sp), 1)
+    n_cm = np.where(tp > 1, len(space.collective_matmul), 1)
+    n_z = np.where(dp > 1, len(space.zero_stages), 1)
+    weight = n_msp * n_cm * n_z * len(space.remats)
+    enumerated = int(weight.sum())
     filters = [
         ("batch not divisible by dp·fsdp·ep·microbatches", seqs % (dp * fsdp * ep * mb) != 0),
         ("fewer microbatches than pipeline stages", (pp > 1) & (mb < pp)),
-        ("layers not divisible by pp·virtual stages", (sc == list(Schedule).index(Schedule.INTERLEAVED)) & (model.n_layers % (pp * 2) != 0)),
+        ("layers not divisible by pp·virtual stages", (sc == IL) & (model.n_layers % (pp * 2) != 0)),
     ]
-    ok = np.ones(enumerated, dtype=bool)
+    ok = np.ones(len(fi), dtype=bool)
     for name, bad in filters:
         bad = bad & ok
         if bad.any():
-            rejected[name] += int(bad.sum())
+            rejected[name] += int(weight[bad].sum())
         ok &= ~bad
-    fi, mb, sc, msp, ri, cmv, zv, rows = fi[ok], mb[ok], sc[ok], msp[ok], ri[ok], cmv[ok], zv[ok], rows[ok]
+    fi, mb, sc, rows = fi[ok], mb[ok], sc[ok], rows[ok]
+    # stage 2: expand the survivors with the choices that apply to each
+    tp1 = rows[:, 3] > 1
+    dp1 = rows[:, 1] > 1
+    exp = []
+    for msp_v in space.megatron_sp:
+        for cm_v in space.collective_matmul:
+            for z_v in space.zero_stages:
+                m_ok = tp1 | ((msp_v == space.megatron_sp[0]) & (cm_v == space.collective_matmul[0]))
+                m_ok &= dp1 | (z_v == space.zero_stages[0])
+                for ri_v in range(len(space.remats)):
+                    idx = np.nonzero(m_ok)[0]
+                    exp.append((idx, msp_v, cm_v, z_v, ri_v))
+    sel_idx = np.concatenate([e[0] for e in exp])
+    msp = np.concatenate([np.full(len(e[0]), e[1]) for e in exp]).astype(bool)
+    cmv = np.concatenate([np.full(len(e[0]), e[2]) for e in exp]).astype(bool)
+    zv = np.concatenate([np.full(len(e[0]), e[3]) for e in exp])
+    ri = np.concatenate([np.full(len(e[0]), e[4]) for e in exp])
+    fi, mb, sc, rows = fi[sel_idx], mb[sel_idx], sc[sel_idx], rows[sel_idx]
     dp, fsdp, tp, sp_, ep, pp = (rows[:, 1 + j] for j in range(6))
     kv_rep = (tp > 1) & (model.mla is None) & (model.n_kv_heads % np.maximum(tp, 1) != 0)
     active_bits = sum(((rows[:, 1 + j] > 1).astype(np.int64) << j) for j in range(6))
@@ -224,8 +245,11 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     results = []
     total = len(gkey)
     done = 0
-    for key in np.unique(gkey):
-        sel = gkey == key
+    by_key = np.argsort(gkey, kind="stable")
+    keys, starts = np.unique(gkey[by_key], return_index=True)
+    ends = np.append(starts[1:], len(gkey))
+    for key, a0, a1 in zip(keys, starts, ends, strict=True):
+        sel = by_key[a0:a1]
         bits = int(key) // 4
         active = frozenset(order[j] for j in range(6) if bits >> j & 1)
         cand = Candidates({order[j]: rows[sel, 1 + j] for j in range(6)}, mb[sel], zv[sel], sc[sel],
@@ -234,27 +258,50 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         st = Structure(active, space.remats[0], bool(int(key) >> 1 & 1), False, bool(int(key) & 1))
         r = evaluate_plans(model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=list(space.remats))
         results.append((st, cand, r))
-        done += int(sel.sum())
+        done += len(sel)
         if progress:
             progress(done, total)
-    # ---- rank -----------------------------------------------------------------------------
-    flat = []
+    # ---- rank (vectorised: one array over all groups) -----------------------------------
+    price_s = np.array([sy.usd_per_chip_hour or np.nan for sy in systems])
+    chips_s = np.array([sy.n_chips for sy in systems], dtype=float)
+    cols = {k: [] for k in ("score", "g", "i", "step", "chips", "usd", "comm")}
     for gi, (_st, cand, r) in enumerate(results):
-        for reason in r.reason[r.infeasible]:
-            rejected[_reason_key(str(reason))] += 1
-        price = np.array([s.usd_per_chip_hour or np.nan for s in systems])[cand.system_idx]
-        n_chips = np.array([s.n_chips for s in systems], dtype=float)[cand.system_idx]
-        usd_per_token = r.step_time_s * n_chips * price / 3600 / workload.batch_tokens
-        score = r.step_time_s if objective == "time" else usd_per_token
-        for i in np.nonzero(~r.infeasible)[0]:
-            flat.append((float(score[i]), gi, int(i), float(r.step_time_s[i]), float(n_chips[i]), float(usd_per_token[i])))
+        vals, cnts = np.unique(r.reason[r.infeasible].astype(str), return_counts=True)
+        for reason, cnt in zip(vals, cnts, strict=True):
+            rejected[_reason_key(str(reason))] += int(cnt)
+        ok = ~r.infeasible
+        n_chips = chips_s[cand.system_idx][ok]
+        usd = (r.step_time_s[ok] * n_chips * price_s[cand.system_idx][ok] / 3600 / workload.batch_tokens)
+        step = r.step_time_s[ok]
+        cols["score"].append(step if objective == "time" else usd)
+        cols["g"].append(np.full(int(ok.sum()), gi))
+        cols["i"].append(np.nonzero(ok)[0])
+        cols["step"].append(step)
+        cols["chips"].append(n_chips)
+        cols["usd"].append(usd)
+        cols["comm"].append(sum(r.comm.values())[ok])
+    A = {k: np.concatenate(v) if v else np.array([]) for k, v in cols.items()}
     evaluated = sum(len(c) for _, c, _ in results)
-    if not flat:
+    if not len(A["score"]):
         top_reason = rejected.most_common(1)[0][0] if rejected else "no candidates"
         raise PlanError(f"no plan fits: {evaluated} candidates evaluated, most rejected because {top_reason}",
                         rule="a plan must divide the batch, fit the topology and fit HBM",
                         fix="use more chips, a smaller batch or sequence, or a smaller model")
-    flat.sort(key=lambda x: (x[0], x[3]))
+    if objective == "cost" and np.all(np.isnan(A["score"])):
+        raise PlanError(f"objective 'cost' needs a price, and {system.name} has none", rule="prices come from the chip file or --price",
+                        fix="give --price USD_PER_CHIP_HOUR or use --objective time")
+    score = np.nan_to_num(A["score"], nan=np.inf)
+    # Rank by the objective; plans within `tie_tolerance` of the best are equivalent within the
+    # model's accuracy, and among those the one moving fewer bytes (less reliance on perfect
+    # overlap) ranks first.
+    best_score = score.min()
+    near = score <= best_score * (1 + tie_tolerance)
+    order_idx = np.lexsort((A["step"], score, ~near))  # near first, then by score
+    near_idx = order_idx[: int(near.sum())]
+    near_idx = near_idx[np.lexsort((score[near_idx], A["comm"][near_idx]))]
+    ranked = np.concatenate([near_idx, order_idx[int(near.sum()):][:200]])
+    flat = [(float(score[j]), int(A["g"][j]), int(A["i"][j]), float(A["step"][j]), float(A["chips"][j]), float(A["usd"][j]),
+             float(A["comm"][j])) for j in ranked[:400]]
     top: list[StepCost] = []
     seen: set[str] = set()
     for _score, gi, i, *_ in flat:
@@ -268,7 +315,7 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         top.append(evaluate_plan(model, sysm, workload, plan, efficiency=eff))
         if len(top) >= top_k:
             break
-    pareto = _pareto(flat, results, systems, space, opt)
+    pareto = _pareto(A, results, space, opt)
     why = _why(top)
     return PlanResult(tuple(top), evaluated, enumerated, dict(rejected), domains_txt, pareto, objective,
                       time.perf_counter() - t0, why, tuple(f"{s.name} ({s.n_chips} chips)" for s in systems))
@@ -309,21 +356,22 @@ def _plan_from(st: Structure, cand: Candidates, i: int, space: SearchSpace, opt)
                 bool(cand.collective_matmul[i]), opt)
 
 
-def _pareto(flat, results, systems, space, opt) -> tuple[dict[str, Any], ...]:
-    """Plans not beaten on all of chips, step time and $ per token."""
-    pts = sorted(flat, key=lambda x: (x[4], x[3]))
+def _pareto(A: dict[str, np.ndarray], results, space, opt) -> tuple[dict[str, Any], ...]:
+    """Plans not beaten on all of chips, step time and $ per token (vectorised sweep by chip count)."""
     out = []
-    best_t = math.inf
-    best_c = math.inf
-    for p in pts:
-        _, gi, i, step, chips, usd = p
-        if step < best_t - 1e-12 or (not math.isnan(usd) and usd < best_c - 1e-15):
-            best_t = min(best_t, step)
-            best_c = min(best_c, usd) if not math.isnan(usd) else best_c
-            st, cand, _ = results[gi]
-            out.append({"chips": int(chips), "step_time_s": step, "usd_per_million_tokens": usd * 1e6,
-                        "plan": _plan_from(st, cand, i, space, opt).describe()})
-    return tuple(out[:20])
+    for chips in np.unique(A["chips"]):
+        sel = np.nonzero(A["chips"] == chips)[0]
+        j = sel[np.argmin(A["step"][sel])]
+        if out and A["step"][j] >= out[-1][1]:
+            continue
+        out.append((j, float(A["step"][j])))
+    rows = []
+    for j, step in out:
+        st, cand, _ = results[int(A["g"][j])]
+        usd = float(A["usd"][j])
+        rows.append({"chips": int(A["chips"][j]), "step_time_s": step, "usd_per_million_tokens": usd * 1e6,
+                     "plan": _plan_from(st, cand, int(A["i"][j]), space, opt).describe()})
+    return tuple(rows)
 
 
 def _why(top: Sequence[StepCost]) -> str:

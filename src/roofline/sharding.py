@@ -67,18 +67,26 @@ class Spec:
         i = self.dims.index(dim)
         return replace(self, axes=self.axes[:i] + (tuple(axes),) + self.axes[i + 1:])
 
-    @property
+    @functools.cached_property
     def used_axes(self) -> tuple[str, ...]:
         return tuple(a for ax in self.axes for a in ax)
 
+    @functools.cached_property
+    def itemsize(self) -> float:
+        return dtype_bytes(self.dtype)
+
     def local_elements(self, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> Any:
-        n: Any = 1.0
-        for d, ax in zip(self.dims, self.axes, strict=True):
-            n = n * sizes[d] / _prod(mesh[a] for a in ax)
-        return n
+        """Elements per chip: product of the dims over product of the mesh axes splitting them."""
+        num: Any = 1.0
+        for d in self.dims:
+            num = num * sizes[d]
+        den: Any = 1.0
+        for a in self.used_axes:
+            den = den * mesh[a]
+        return num / den
 
     def local_bytes(self, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> Any:
-        return self.local_elements(sizes, mesh) * dtype_bytes(self.dtype)
+        return self.local_elements(sizes, mesh) * self.itemsize
 
     def local_shape(self, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(sizes[d] / _prod(mesh[a] for a in ax) for d, ax in zip(self.dims, self.axes, strict=True))
@@ -237,8 +245,10 @@ class EinsumPlan:
         return self.options[int(np.asarray(self.choice).flat[0])]
 
     def pick(self, attr: str) -> Any:
+        if np.ndim(self.choice) == 0:
+            return getattr(self.best, attr)
         vals = [np.broadcast_to(np.asarray(getattr(o, attr), float), np.shape(self.choice)) for o in self.options]
-        return np.choose(self.choice, vals) if np.ndim(self.choice) else getattr(self.best, attr)
+        return np.choose(self.choice, vals)
 
     @property
     def flops_per_chip(self) -> Any:
@@ -351,6 +361,7 @@ def plan_einsum(
     phase: str = "forward",
     check_divisible: bool = True,
     allow_conflict: bool = True,
+    trusted: bool = False,
 ) -> EinsumPlan:
     """Cost every legal way to compute `out = lhs · rhs` with the given shardings; pick the cheapest.
 
@@ -358,6 +369,8 @@ def plan_einsum(
     `allow_conflict=False` turns the book's case 4 (an axis on a free dim of both
     operands) into a ShardingError listing the two legal fixes instead of resolving it.
     """
+    if trusted:  # specs generated from rules by the planner: already valid, skip the checks
+        return _plan_trusted(lhs, rhs, out, sizes, mesh, comm_fn, peak_flops_per_s, hbm_bw_bytes_per_s, phase)
     for s in (lhs, rhs):
         validate_spec(s, sizes, mesh, check_divisible=check_divisible)
     expr = f"{lhs} * {rhs} -> {out}"
@@ -416,6 +429,24 @@ def plan_einsum(
     return EinsumPlan(expr, lhs, rhs, out, case, tuple(options), choice, compute_t, mem_t, rep, dict(sizes), dict(mesh))
 
 
+def _plan_trusted(lhs, rhs, out, sizes, mesh, comm_fn, peak, hbm, phase) -> EinsumPlan:
+    contracting = tuple(d for d in lhs.dims if d in rhs.dims and d not in out.dims)
+    sym = _symbolic_options(lhs, rhs, out, phase)
+    options = [_numeric(o, contracting, sizes, mesh, comm_fn) for o in sym]
+    if len(options) == 1:
+        o = options[0]
+        return EinsumPlan("", lhs, rhs, out, "", tuple(options), 0, o.flops_per_chip / peak, o.hbm_bytes_per_chip / hbm)
+    comp = [o.flops_per_chip / peak for o in options]
+    memt = [o.hbm_bytes_per_chip / hbm for o in options]
+    totals = [np.maximum(np.maximum(c, m), o.comm_time_s) + 1e-3 * (c + m + o.comm_time_s) for c, m, o in zip(comp, memt, options, strict=True)]
+    choice = np.argmin(np.stack(np.broadcast_arrays(*totals)), axis=0)
+    if np.ndim(choice) == 0:
+        choice = int(choice)
+        return EinsumPlan("", lhs, rhs, out, "", tuple(options), choice, comp[choice], memt[choice])
+    return EinsumPlan("", lhs, rhs, out, "", tuple(options), choice, np.choose(choice, np.broadcast_arrays(*comp)),
+                      np.choose(choice, np.broadcast_arrays(*memt)))
+
+
 def _case_name(lhs: Spec, rhs: Spec, contracting: list[str], conflict: list[str]) -> str:
     if conflict:
         return "4: an axis splits a free dim of both operands (gather one first)"
@@ -447,12 +478,12 @@ def _numeric(o: Option, contracting: list[str], sizes, mesh, comm_fn) -> Option:
     comms = []
     for c in o.comms:
         b = c.bytes_per_chip.local_bytes(sizes, mesh)
-        comms.append(replace(c, bytes_per_chip=b, time_s=comm_fn(c.kind, b, c.axes)))
+        comms.append(Comm(c.kind, c.axes, c.tensor, b, comm_fn(c.kind, b, c.axes), c.before, c.after, c.why, c.phase))
     L, R, nat = o.lhs, o.rhs, o.natural_out
     flops = 2.0 * nat.local_elements(sizes, mesh) * _prod(sizes[d] / _prod(mesh[a] for a in L.axes_of(d)) for d in contracting)
     hbm = L.local_bytes(sizes, mesh) + R.local_bytes(sizes, mesh) + nat.local_bytes(sizes, mesh)
     t = sum((c.time_s for c in comms), start=0.0)
-    return replace(o, comms=tuple(comms), flops_per_chip=flops, hbm_bytes_per_chip=hbm, comm_time_s=t)
+    return Option(o.label, L, R, nat, o.out, tuple(comms), flops, hbm, t)
 
 
 def _enumerate_options(lhs, rhs, out, contracting, batch_dims, free_l, free_r, sizes, mesh, comm_fn, phase) -> list[Option]:
@@ -617,10 +648,15 @@ def backward_specs(lhs: Spec, rhs: Spec, out: Spec) -> tuple[tuple[Spec, Spec, S
     return (d_out, rhs, d_lhs), (lhs, d_out, d_rhs)
 
 
+@functools.lru_cache(maxsize=8192)
+def _backward_specs_cached(lhs: Spec, rhs: Spec, out: Spec):
+    return backward_specs(lhs, rhs, out)
+
+
 def plan_training_einsum(lhs: Spec, rhs: Spec, out: Spec, sizes, mesh, comm_fn, **kw) -> tuple[EinsumPlan, EinsumPlan, EinsumPlan]:
     """Forward plus both backward einsums, each planned by the same algebra."""
     fwd = plan_einsum(lhs, rhs, out, sizes, mesh, comm_fn, phase="forward", **kw)
-    (a1, b1, c1), (a2, b2, c2) = backward_specs(lhs, rhs, out)
+    (a1, b1, c1), (a2, b2, c2) = _backward_specs_cached(lhs, rhs, out)
     bl = plan_einsum(a1, b1, c1, sizes, mesh, comm_fn, phase="backward", **kw)
     br = plan_einsum(a2, b2, c2, sizes, mesh, comm_fn, phase="backward", **kw)
     return fwd, bl, br

@@ -226,6 +226,9 @@ class _CommModel:
                  meshes: list[Mesh | None], eff: Efficiency) -> None:
         self.system, self.keys, self.inv, self.meshes, self.eff = system, mesh_keys, inverse, meshes, eff
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
+        # a cheap signature of where each axis sits (the cost depends on nothing else)
+        self.sigs = [None if m is None else (id(m.system), {a: tuple((g.dim.name, g.size, g.full, g.stride) for g in segs)
+                                                            for a, segs in m.placement.items()}) for m in meshes]
 
     def coef(self, kind: CollectiveKind, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
         key = (kind, axes)
@@ -235,7 +238,11 @@ class _CommModel:
             for i, m in enumerate(self.meshes):
                 if m is None:
                     continue
-                c = _cost_unit(kind, axes, m)
+                sys_id, sig = self.sigs[i]
+                ukey = (kind, sys_id, tuple(sig.get(a, ()) for a in axes))
+                c = _UNIT_CACHE.get(ukey)
+                if c is None:
+                    c = _UNIT_CACHE[ukey] = _cost_unit(kind, axes, m)
                 lat[i], spb[i] = c
             self.cache[key] = (lat[self.inv], spb[self.inv] / self.eff.link)
         return self.cache[key]
@@ -253,12 +260,9 @@ _MESH_CACHE: dict[tuple, tuple[System, Mesh | str]] = {}
 
 
 def _cost_unit(kind: CollectiveKind, axes: tuple[str, ...], mesh: Mesh) -> tuple[float, float]:
-    # the cost depends only on where these axes sit on the system, not on the other axes
-    key = (kind, id(mesh.system), tuple(mesh.placement[a] for a in axes if a in mesh.placement))
-    if key not in _UNIT_CACHE:
-        c = collective_cost(kind, 1.0e6, axes, mesh)
-        _UNIT_CACHE[key] = (0.0, 0.0) if c.group_size == 1 else (float(c.latency_s), float(c.seconds_per_byte))
-    return _UNIT_CACHE[key]
+    """(latency, seconds per byte) of a collective over `axes`; time = max(latency, spb · bytes)."""
+    c = collective_cost(kind, 1.0e6, axes, mesh)
+    return (0.0, 0.0) if c.group_size == 1 else (float(c.latency_s), float(c.seconds_per_byte))
 
 
 def _mesh_for(system: System, axes: tuple[tuple[str, int], ...]) -> Mesh | str:
@@ -362,7 +366,13 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     cm = cand.collective_matmul if cand.collective_matmul is not None else np.full(n, structure.collective_matmul)
     order = (Strategy.DP, Strategy.FSDP, Strategy.TP, Strategy.SP, Strategy.EP, Strategy.PP)
     key_mat = np.column_stack([sys_idx] + [cand.deg.get(s, ones) for s in order] + [cand.microbatches]).astype(np.int64)
-    uniq, inv = np.unique(key_mat, axis=0, return_inverse=True)
+    # distinct rows via one mixed-radix integer per row (much faster than unique(axis=0))
+    radix = key_mat.max(axis=0) + 1
+    flat_key = np.zeros(n, dtype=np.int64)
+    for j in range(key_mat.shape[1]):
+        flat_key = flat_key * int(radix[j]) + key_mat[:, j]
+    _, first, inv = np.unique(flat_key, return_index=True, return_inverse=True)
+    uniq = key_mat[first]
     inv = inv.reshape(-1)
     core = _core(model, systems, workload, structure, uniq, eff, keep_einsums, merge_reductions, remat_list)
 
@@ -474,6 +484,7 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
                                                  "grad_step")}
     counted: dict[tuple, np.ndarray] = {}
     einsums = []
+    same: dict[tuple, tuple] = {}  # identical einsums (gate and up) are planned once
     for op in led:
         layer_op = op.name not in ("embed", "unembed")
         copies = op.count / pp if layer_op else ones
@@ -481,8 +492,11 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
         block = op.name.rsplit("/", 1)[0]
         if op.kind == OpKind.MATMUL:
             lhs, rhs, out_s = _op_specs(op, rules)
-            fwd, bl, br = plan_training_einsum(lhs, rhs, out_s, sizes, mesh_sizes, comm, peak_flops_per_s=peak,
-                                               hbm_bw_bytes_per_s=hbm, check_divisible=False)
+            skey = (lhs, rhs, out_s, tuple(sorted((k, v) for k, v in op.sizes.items() if k != "batch")))
+            if skey not in same:
+                same[skey] = plan_training_einsum(lhs, rhs, out_s, sizes, mesh_sizes, comm, peak_flops_per_s=peak,
+                                                  hbm_bw_bytes_per_s=hbm, check_divisible=False, trusted=not keep_einsums)
+            fwd, bl, br = same[skey]
             t_f = np.maximum(fwd.compute_time_s, fwd.memory_time_s)
             t_b = np.maximum(bl.compute_time_s, bl.memory_time_s) + np.maximum(br.compute_time_s, br.memory_time_s)
             out["tf_mm" if layer_op else "tf_other"] += copies * t_f
