@@ -79,8 +79,8 @@ class SearchSpace:
         experts = model.moe.n_experts if model.moe else 1
         dom[Strategy.EP] = (divisors(math.gcd(experts, chips)) if Strategy.EP in on and model.moe else [1],
                             f"divides experts={experts}" if model.moe else "dense model: no experts")
-        dom[Strategy.PP] = ([d for d in divisors(math.gcd(model.n_layers, chips)) if d <= self.max_pp] if Strategy.PP in on else [1],
-                            f"divides layers={model.n_layers}, at most {self.max_pp}")
+        dom[Strategy.PP] = ([d for d in divisors(chips) if d <= min(self.max_pp, model.n_layers)] if Strategy.PP in on else [1],
+                            f"at most min(layers={model.n_layers}, {self.max_pp}); uneven stages hold ceil(L/pp) layers")
         return dom
 
 
@@ -104,14 +104,32 @@ class PlanResult:
     search_time_s: float
     why: str
     systems: tuple[str, ...]
+    requested_system: str = ""
+    requested_chips: int = 0
+    feasible_per_system: dict[str, int] = field(default_factory=dict)
 
     @property
     def best(self) -> StepCost:
         return self.top[0]
 
+    @property
+    def sub_slice_note(self) -> str:
+        """Why the best plan does not use the whole requested system (empty if it does)."""
+        b = self.best.system
+        if b.n_chips == self.requested_chips:
+            return ""
+        full = self.feasible_per_system.get(self.requested_system, 0)
+        if full == 0:
+            return (f"no legal plan uses all {self.requested_chips} chips of {self.requested_system} (every factorisation fails a "
+                    f"divisibility rule or HBM), so its sub-slices were searched; the best runs on {b.name} ({b.n_chips} chips)")
+        return (f"a {b.n_chips}-chip sub-slice ({b.name}) scores better on '{self.objective}' than the plans using all "
+                f"{self.requested_chips} chips")
+
     def to_dict(self) -> dict[str, Any]:
         b = self.best.to_dict()
-        return {**b, "candidates_evaluated": self.candidates_evaluated, "candidates_enumerated": self.candidates_enumerated,
+        return {**b, "system_used": self.best.system.name, "chips_used": self.best.system.n_chips,
+                "sub_slice_note": self.sub_slice_note, "feasible_per_system": dict(self.feasible_per_system),
+                "candidates_evaluated": self.candidates_evaluated, "candidates_enumerated": self.candidates_enumerated,
                 "rejected": dict(self.rejected), "domains": self.domains, "objective": self.objective, "why": self.why,
                 "top": [c.to_dict() for c in self.top], "pareto": list(self.pareto), "search_time_s": self.search_time_s,
                 "systems_considered": list(self.systems)}
@@ -302,23 +320,27 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     ranked = np.concatenate([near_idx, order_idx[int(near.sum()):][:200]])
     flat = [(float(score[j]), int(A["g"][j]), int(A["i"][j]), float(A["step"][j]), float(A["chips"][j]), float(A["usd"][j]),
              float(A["comm"][j])) for j in ranked[:400]]
+    # top-k distinct meshes (variants of one mesh that differ only in ZeRO stage or a flag
+    # are not listed twice; the best variant of each mesh is kept)
     top: list[StepCost] = []
-    seen: set[str] = set()
+    seen: set[tuple] = set()
     for _score, gi, i, *_ in flat:
         st, cand, _r = results[gi]
         plan = _plan_from(st, cand, i, space, opt)
         sysm = systems[int(cand.system_idx[i])]
-        spec = plan.describe() + f"@{sysm.n_chips}"
-        if spec in seen:
+        key = (plan.degrees.mesh_axes(), sysm.n_chips)
+        if key in seen:
             continue
-        seen.add(spec)
+        seen.add(key)
         top.append(evaluate_plan(model, sysm, workload, plan, efficiency=eff))
         if len(top) >= top_k:
             break
     pareto = _pareto(A, results, space, opt)
     why = _why(top)
+    feasible = {sy.name: int(np.sum(A["chips"] == sy.n_chips)) for sy in systems}
     return PlanResult(tuple(top), evaluated, enumerated, dict(rejected), domains_txt, pareto, objective,
-                      time.perf_counter() - t0, why, tuple(f"{s.name} ({s.n_chips} chips)" for s in systems))
+                      time.perf_counter() - t0, why, tuple(f"{s.name} ({s.n_chips} chips)" for s in systems),
+                      system.name, system.n_chips, feasible)
 
 
 def _factorisations(n: int, dom: dict[Strategy, tuple[list[int], str]]) -> Iterable[tuple[int, ...]]:
@@ -376,7 +398,7 @@ def _pareto(A: dict[str, np.ndarray], results, space, opt) -> tuple[dict[str, An
 
 def _why(top: Sequence[StepCost]) -> str:
     if len(top) < 2:
-        return "only one feasible plan"
+        return "only one feasible mesh"
     a, b = top[0], top[1]
     da, db = a.to_dict(), b.to_dict()
     diffs = []

@@ -202,6 +202,7 @@ class StepArrays:
     infeasible: np.ndarray  # bool
     reason: np.ndarray  # object array of str ("" if feasible)
     einsums: tuple = ()  # (op name, forward, d_lhs, d_rhs) EinsumPlans — kept for single plans
+    terms: Mapping[str, np.ndarray] = field(default_factory=dict)  # raw per-step terms by phase (see step_terms)
 
 
 def _bucket(c: Comm, block: str) -> str:
@@ -282,9 +283,11 @@ def _rules(structure: Structure, model: ModelSpec) -> Rules:
     r = rules_for(d, sequence_parallel=structure.sequence_parallel)
     act = dict(r.activations)
     par = dict(r.params)
-    if Strategy.EP in structure.active:
-        # inside the MoE block tokens are grouped by expert: capacity keeps the non-expert batch axes
-        act["capacity"] = tuple(a for a in act.get("batch", ()) if a != "expert")
+    # inside the MoE block tokens are grouped by expert: the per-expert token slots ("capacity")
+    # keep the batch axes except the expert axis, which now splits the experts
+    cap = tuple(a for a in act.get("batch", ()) if a != "expert")
+    if cap:
+        act["capacity"] = cap
     if Strategy.TP in structure.active and model.moe is not None:
         act["expert_mlp"] = ("tensor",)
         par["expert_mlp"] = ("tensor",)
@@ -342,7 +345,8 @@ def _shard(dims: tuple[str, ...], rules: Rules, is_param: bool, mesh: Mapping[st
 
 def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Workload, structure: Structure, cand: Candidates,
                    *, eff: Efficiency | None = None, optimizer: OptimizerPolicy | None = None, keep_einsums: bool = False,
-                   merge_reductions: bool = True, remats: list[Remat] | None = None) -> StepArrays:
+                   merge_reductions: bool = True, remats: list[Remat] | None = None,
+                   ops: tuple[str, ...] | None = None) -> StepArrays:
     """Evaluate every candidate of one Structure at once (numpy arrays in, arrays out).
 
     `system` may be a list (sub-slices of one pod, same chip): `cand.system_idx` picks one
@@ -374,7 +378,7 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     _, first, inv = np.unique(flat_key, return_index=True, return_inverse=True)
     uniq = key_mat[first]
     inv = inv.reshape(-1)
-    core = _core(model, systems, workload, structure, uniq, eff, keep_einsums, merge_reductions, remat_list)
+    core = _core(model, systems, workload, structure, uniq, eff, keep_einsums, merge_reductions, remat_list, ops)
 
     def g(name: str) -> np.ndarray:
         return core[name][inv]
@@ -419,7 +423,7 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     o_bytes = params_local * opt.state_bytes / np.where(z >= 1, dp, 1)
     act_layer = np.choose(r_idx, [core[f"saved_{i}"][inv] for i in range(len(remat_list))])
     in_flight = np.where(pp > 1, np.where(cand.schedule == 0, M, np.minimum(M, pp)), 1.0)
-    acts = act_layer * model.n_layers / pp * in_flight
+    acts = act_layer * np.ceil(model.n_layers / pp) * in_flight  # the fullest stage
     temps = np.where(reuse, 0.0, g("one_layer")) + g("logits") + g("gathered")
     mem = {"params": p_bytes, "grads": g_bytes, "optimizer": o_bytes, "activations": acts, "temporaries": temps}
     mem_total = p_bytes + g_bytes + o_bytes + acts + temps
@@ -443,12 +447,25 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     for i in np.nonzero(over & ~infeasible)[0]:
         reason[i] = f"does not fit HBM: needs {mem_total[i] / 1e9:.1f} GB per chip, chip has {chip.hbm_bytes / 1e9:.1f} GB"
     infeasible = infeasible | over
+    pk = chip.peak("bf16") * eff.matmul
+    terms = {
+        "t_math_forward_s": (g("ff_mm") + g("ff_ae") + g("ff_other")) * M / pk,
+        "t_math_backward_s": g("fb") * M / pk,
+        "t_math_recompute_s": (g("ff_mm") * rc_all + g("ff_ae") * rc_ae) * M / pk,
+        "fsdp_forward_s": g("fsdp_f") * M,
+        "tp_forward_s": g("tp_f") * M,
+        # the first forward pass; remat's second forward runs inside the backward pass
+        "comm_forward_s": (g("tp_f") + g("fsdp_f") + g("act_f") + 2 * g("sp_base") + 2 * g("ep_base")) * M,
+        "comm_backward_s": (g("tp_f") * rc_all + g("act_f") * rc_all + 2 * g("sp_base") * (1 + rc_ae) + 2 * g("ep_base") * (1 + rc_all)
+                            + g("tp_b") + g("act_b") + g("grad_mb")) * M
+                           + (g("fsdp_b") - np.where(reuse, g("fsdp_b_dup"), 0.0)) * M + g("grad_step"),
+    }
     return StepArrays(step, compute * M, exposed_comm, bubble_t, bubble_frac, opt_t, comm_step, exposed, mem, mem_total,
-                      flops_mb * M, model_flops, mfu, hfu, workload.batch_tokens / step, infeasible, reason, core["einsums"])
+                      flops_mb * M, model_flops, mfu, hfu, workload.batch_tokens / step, infeasible, reason, core["einsums"], terms)
 
 
 def _core(model: ModelSpec, systems: list[System], workload: Workload, structure: Structure, uniq: np.ndarray, eff: Efficiency,
-          keep_einsums: bool, merge_reductions: bool, remat_list: list[Remat]) -> dict[str, Any]:
+          keep_einsums: bool, merge_reductions: bool, remat_list: list[Remat], ops: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The algebra over every ledger row for each distinct (system, degrees, microbatch) row of `uniq`."""
     chip = systems[0].chip
     n = len(uniq)
@@ -475,6 +492,8 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
 
     seqs_mb = workload.sequences / M
     led = build_ledger(model, batch=1, seq=workload.seq_len, causal=workload.causal)
+    if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
+        led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))
     peak = chip.peak("bf16") * eff.matmul
     vec_peak = peak * 0.05  # elementwise work runs on the vector units (~1/20 of the MXU; book tpus.md)
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm
@@ -487,7 +506,7 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
     same: dict[tuple, tuple] = {}  # identical einsums (gate and up) are planned once
     for op in led:
         layer_op = op.name not in ("embed", "unembed")
-        copies = op.count / pp if layer_op else ones
+        copies = np.ceil(op.count / pp) if layer_op else ones  # stages may be uneven: the fullest one binds
         sizes = _sizes(op, seqs_mb)
         block = op.name.rsplit("/", 1)[0]
         if op.kind == OpKind.MATMUL:
@@ -552,7 +571,7 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
             continue
         layer_op = op.name not in ("embed", "unembed")
         per = w.elements(op.sizes) / _shard(w.dims, rules, True, mesh_sizes)
-        params_local = params_local + per * (op.count / pp if layer_op else 1)
+        params_local = params_local + per * (np.ceil(op.count / pp) if layer_op else 1)
         if layer_op:
             weight_gathered = weight_gathered + per * mesh_sizes["fsdp"] * dtype_bytes(w.dtype) * op.count
     out["params_local"] = params_local
@@ -718,13 +737,66 @@ def check_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan)
         out.append(f"heads={model.n_heads} are not divisible by tp={d.tp}")
     if model.d_ff % d.tp:
         out.append(f"d_ff={model.d_ff} is not divisible by tp={d.tp}")
-    if model.n_layers % d.pp:
-        out.append(f"layers={model.n_layers} are not divisible by pp={d.pp}")
+    if d.pp > model.n_layers:
+        out.append(f"pp={d.pp} is more pipeline stages than layers={model.n_layers}")
     if d.ep > 1 and (model.moe is None or model.moe.n_experts % d.ep):
         out.append("ep>1 needs a MoE model" if model.moe is None else f"experts={model.moe.n_experts} are not divisible by ep={d.ep}")
     if d.pp > 1 and plan.schedule == Schedule.INTERLEAVED and model.n_layers % (d.pp * plan.virtual_stages):
         out.append(f"layers={model.n_layers} are not divisible by pp·virtual={d.pp * plan.virtual_stages}")
     return out
+
+
+def step_terms(model: ModelSpec, system: System, workload: Workload, plan: Plan, *, efficiency: Efficiency | None = None,
+               ops: tuple[str, ...] | None = None) -> dict[str, float]:
+    """Raw per-step terms of one plan, before any overlap: `t_math_s` (FLOPs / peak, the book's
+    T_math) and the communication time of each bucket (fsdp, grad_mb, grad_step, tp, sp, ep, act, pp).
+
+    No divisibility checks: the book's closed forms are continuous in the batch.
+    """
+    from roofline.specs.efficiency import PEAK
+
+    eff = efficiency or PEAK
+    r = evaluate_plans(model, system, workload, structure_of(plan, model), candidates_of(plan), eff=eff,
+                       optimizer=plan.optimizer, ops=ops)
+    out = {"t_math_s": float(r.flops_per_chip[0]) / (system.chip.peak("bf16") * eff.matmul),
+           "compute_time_s": float(r.compute_time_s[0])}
+    out.update({k: float(v[0]) for k, v in r.terms.items()})
+    out.update({k: float(v[0]) for k, v in r.comm.items()})
+    out["comm_time_s"] = sum(float(v[0]) for v in r.comm.values())
+    return out
+
+
+def balance_batch(model: ModelSpec, system: System, plan: Plan, *, seq: int = 1, buckets: tuple[str, ...] | None = None,
+                  phase: str = "step", ops: tuple[str, ...] | None = None, efficiency: Efficiency | None = None,
+                  probe_tokens: float = 2.0**20) -> float:
+    """Global batch (tokens) at which T_math equals the communication time (below it: comms-bound).
+
+    `phase`: "forward" compares forward FLOPs with forward collectives (the book's FSDP and TP
+    rooflines), "backward" backward FLOPs with backward collectives incl. gradient reductions
+    (the book's DP roofline), "step" the whole step; `buckets` restricts the communication to
+    some buckets (e.g. ("grad_step",) for the DCN data-parallel reduction). Both sides are
+    affine in the batch for the book's strategies (weights move a fixed amount, activations an
+    amount ∝ B), so two evaluations of the algebra give the crossing exactly.
+    """
+    if phase not in ("forward", "backward", "step"):
+        raise PlanError(f"phase {phase!r}", rule="phase is forward, backward or step", fix="write phase='forward'")
+
+    def terms(b: float) -> tuple[float, float]:
+        t = step_terms(model, system, Workload(b, seq), plan, efficiency=efficiency, ops=ops)
+        if buckets is not None:
+            comm = sum(t[k] for k in buckets)
+        else:
+            comm = t["comm_time_s"] if phase == "step" else t[f"comm_{phase}_s"]
+        math_t = t["t_math_s"] if phase == "step" else t[f"t_math_{phase}_s"]
+        return math_t, comm
+
+    b1, b2 = probe_tokens, 2 * probe_tokens
+    m1, c1 = terms(b1)
+    m2, c2 = terms(b2)
+    dm, dc = (m2 - m1) / (b2 - b1), (c2 - c1) / (b2 - b1)
+    if dm <= dc:
+        return math.inf  # communication grows as fast as compute: never compute-bound
+    return max(0.0, (c1 - m1) / (dm - dc) + b1)
 
 
 def evaluate_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan, *, efficiency: Efficiency | None = None,
