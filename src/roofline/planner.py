@@ -260,12 +260,10 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     kv_rep = (tp > 1) & (model.mla is None) & (model.n_kv_heads % np.maximum(tp, 1) != 0)
     active_bits = sum(((rows[:, 1 + j] > 1).astype(np.int64) << j) for j in range(6))
     gkey = active_bits * 4 + msp.astype(np.int64) * 2 + kv_rep.astype(np.int64)
-    results = []
-    total = len(gkey)
-    done = 0
     by_key = np.argsort(gkey, kind="stable")
     keys, starts = np.unique(gkey[by_key], return_index=True)
     ends = np.append(starts[1:], len(gkey))
+    groups = []
     for key, a0, a1 in zip(keys, starts, ends, strict=True):
         sel = by_key[a0:a1]
         bits = int(key) // 4
@@ -274,19 +272,16 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
                           np.where(sc[sel] == list(Schedule).index(Schedule.INTERLEAVED), 2, 1),
                           system_idx=rows[sel, 0], remat_idx=ri[sel], collective_matmul=cmv[sel])
         st = Structure(active, space.remats[0], bool(int(key) >> 1 & 1), False, bool(int(key) & 1))
-        r = evaluate_plans(model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=list(space.remats))
-        results.append((st, cand, r))
-        done += len(sel)
-        if progress:
-            progress(done, total)
+        groups.append((st, cand))
+    summaries = _evaluate_groups(groups, model, systems, workload, eff, opt, list(space.remats), progress)
+    results = [(st, cand, sm) for (st, cand), sm in zip(groups, summaries, strict=True)]
     # ---- rank (vectorised: one array over all groups) -----------------------------------
     price_s = np.array([sy.usd_per_chip_hour or np.nan for sy in systems])
     chips_s = np.array([sy.n_chips for sy in systems], dtype=float)
     cols = {k: [] for k in ("score", "g", "i", "step", "chips", "usd", "comm")}
     for gi, (_st, cand, r) in enumerate(results):
-        vals, cnts = np.unique(r.reason[r.infeasible].astype(str), return_counts=True)
-        for reason, cnt in zip(vals, cnts, strict=True):
-            rejected[_reason_key(str(reason))] += int(cnt)
+        for reason, cnt in r.rejected.items():
+            rejected[reason] += cnt
         ok = ~r.infeasible
         n_chips = chips_s[cand.system_idx][ok]
         usd = (r.step_time_s[ok] * n_chips * price_s[cand.system_idx][ok] / 3600 / workload.batch_tokens)
@@ -297,7 +292,7 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         cols["step"].append(step)
         cols["chips"].append(n_chips)
         cols["usd"].append(usd)
-        cols["comm"].append(sum(r.comm.values())[ok])
+        cols["comm"].append(r.comm_total[ok])
     A = {k: np.concatenate(v) if v else np.array([]) for k, v in cols.items()}
     evaluated = sum(len(c) for _, c, _ in results)
     if not len(A["score"]):
@@ -341,6 +336,37 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     return PlanResult(tuple(top), evaluated, enumerated, dict(rejected), domains_txt, pareto, objective,
                       time.perf_counter() - t0, why, tuple(f"{s.name} ({s.n_chips} chips)" for s in systems),
                       system.name, system.n_chips, feasible)
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What ranking needs from one structure's evaluation (small enough to send between processes)."""
+
+    step_time_s: np.ndarray
+    comm_total: np.ndarray
+    infeasible: np.ndarray
+    rejected: dict[str, int]
+
+
+def _summarise(r) -> _Summary:
+    return _Summary(r.step_time_s, sum(r.comm.values()), r.infeasible, r.reason.counts())
+
+
+def _evaluate_groups(groups, model, systems, workload, eff, opt, remats, progress) -> list[_Summary]:
+    """Evaluate every structure group: one vectorised algebra pass each.
+
+    (Splitting the groups over processes was measured slower on the 2-core target, because
+    each process rebuilds the shared caches; see benchmarks/.)
+    """
+    total = sum(len(c) for _, c in groups)
+    out = []
+    done = 0
+    for st, cand in groups:
+        out.append(_summarise(evaluate_plans(model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=remats)))
+        done += len(cand)
+        if progress:
+            progress(done, total)
+    return out
 
 
 def _factorisations(n: int, dom: dict[Strategy, tuple[list[int], str]]) -> Iterable[tuple[int, ...]]:

@@ -132,7 +132,7 @@ def parse_spec(text: str, mesh_axes: Sequence[str] | None = None, *, dtype: str 
                             fix="check brackets and commas")
     nm = m.group(1) or name
     dims, axes = [], []
-    for part in m.group(2).split(","):
+    for part in re.split(r",(?![^{]*\})", m.group(2)):  # commas inside B_{data,fsdp} are not separators
         part = part.strip()
         if not part:
             raise ShardingError(f"empty dimension in {text!r}", rule="dimensions are separated by single commas", fix="remove the extra comma")
@@ -375,7 +375,6 @@ def plan_einsum(
         validate_spec(s, sizes, mesh, check_divisible=check_divisible)
     expr = f"{lhs} * {rhs} -> {out}"
     contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
-    batch_dims = [d for d in lhs.dims if d in rhs.dims and d in out.dims]
     free_l = [d for d in lhs.dims if d not in rhs.dims]
     free_r = [d for d in rhs.dims if d not in lhs.dims]
     for d in out.dims:
@@ -488,7 +487,7 @@ def _numeric(o: Option, contracting: list[str], sizes, mesh, comm_fn) -> Option:
 
 def _enumerate_options(lhs, rhs, out, contracting, batch_dims, free_l, free_r, sizes, mesh, comm_fn, phase) -> list[Option]:
     options: list[Option] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     # targets for each contracting/batch dim: the lhs sharding, the rhs sharding, or none
     shared = contracting + batch_dims
     choices = []
@@ -510,10 +509,24 @@ def _enumerate_options(lhs, rhs, out, contracting, batch_dims, free_l, free_r, s
         for side_bits in itertools.product((0, 1), repeat=len(conflict)):
             opt = _build_option(lhs, rhs, out, tmap, contracting, batch_dims, free_l, free_r, dict(zip(conflict, side_bits, strict=True)),
                                 sizes, mesh, comm_fn, phase)
-            if opt is not None and opt.describe() not in seen:
-                seen.add(opt.describe())
+            if opt is None:
+                continue
+            key = opt.describe()
+            if key not in seen:
+                seen[key] = len(options)
                 options.append(opt)
+            elif _more_sliced(opt, options[seen[key]]):
+                # same collectives, operands split further (a batch dim sliced before the
+                # matmul): fewer FLOPs and bytes, so it replaces the other
+                options[seen[key]] = opt
     return options
+
+
+def _more_sliced(a: Option, b: Option) -> bool:
+    """True if a's local operands are b's split over more mesh axes (a does less local work)."""
+    la, lb = set(a.lhs.used_axes) | set(a.rhs.used_axes), set(b.lhs.used_axes) | set(b.rhs.used_axes)
+    return (la > lb and set(a.lhs.used_axes) >= set(b.lhs.used_axes)
+            and set(a.rhs.used_axes) >= set(b.rhs.used_axes))
 
 
 def _to_target(s: Spec, dim: str, target: tuple[str, ...], sizes, mesh, comm_fn, phase, comms: list[Comm], why: str) -> Spec | None:
@@ -564,6 +577,21 @@ def _build_option(lhs, rhs, out, tmap, contracting, batch_dims, free_l, free_r, 
         if L2 is None or R2 is None:
             return None
         L, R = L2, R2
+    # 3b. a free dim the output wants split over an axis no operand uses: slice it locally
+    # first (free), so each chip computes only its output block (A[I,J]·B[J,K] -> C[I_X,K_Y]
+    # is 1/(|X||Y|) of the FLOPs, not a full product sliced afterwards)
+    busy = set(L.used_axes) | set(R.used_axes) | target_axes | set(lhs.unreduced) | set(rhs.unreduced)
+    for S_, free in ((0, free_l), (1, free_r)):
+        for d in free:
+            s = L if S_ == 0 else R
+            have, want = s.axes_of(d), out.axes_of(d)
+            add = want[len(have):]
+            if add and want[:len(have)] == have and not busy & set(add):
+                busy |= set(add)
+                if S_ == 0:
+                    L = s.with_axes(d, want)
+                else:
+                    R = s.with_axes(d, want)
     # 4. local matmul -> natural output
     nat_dims = tuple(out.dims)
     nat_axes = []
@@ -629,6 +657,11 @@ def _reshard_output(cur: Spec, out: Spec, sizes, mesh, comm_fn, phase) -> tuple[
         if add:
             if any(a in cur.used_axes or a in cur.unreduced for a in add):
                 return None
+            have = cur.axes_of(d)
+            if out.axes_of(d)[:len(have)] != have:
+                # I_Y -> I_XY is no local slice (the rows a chip needs live on other chips)
+                cur, c = _gather(cur, d, have, sizes, mesh, comm_fn, "output splits the dim in another order: AllGather, then slice", phase)
+                comms.append(c)
             cur = cur.with_axes(d, out.axes_of(d))  # slicing a replicated dim is free
     if cur.axes != out.axes:
         return None

@@ -200,9 +200,34 @@ class StepArrays:
     hfu: np.ndarray
     tokens_per_s: np.ndarray
     infeasible: np.ndarray  # bool
-    reason: np.ndarray  # object array of str ("" if feasible)
+    reason: Any  # reason[i] -> str ("" if feasible); .counts() -> {reason: count}
     einsums: tuple = ()  # (op name, forward, d_lhs, d_rhs) EinsumPlans — kept for single plans
     terms: Mapping[str, np.ndarray] = field(default_factory=dict)  # raw per-step terms by phase (see step_terms)
+
+
+class _Reasons:
+    """Why each candidate is infeasible, rendered lazily (most candidates never need the text)."""
+
+    def __init__(self, mesh_reason: np.ndarray, inv: np.ndarray, mesh_bad: np.ndarray, over: np.ndarray, mem: np.ndarray, cap: float):
+        self.mesh_reason, self.inv, self.mesh_bad, self.over, self.mem, self.cap = mesh_reason, inv, mesh_bad, over, mem, cap
+
+    def __getitem__(self, i: int) -> str:
+        if self.mesh_bad[i]:
+            return str(self.mesh_reason[self.inv[i]])
+        if self.over[i]:
+            return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB"
+        return ""
+
+    def counts(self) -> dict[str, int]:
+        """Rejections by reason (HBM counted as one reason, each mesh error as its own)."""
+        out: dict[str, int] = {}
+        n_over = int(self.over.sum())
+        if n_over:
+            out["does not fit HBM"] = n_over
+        n_mesh = int(self.mesh_bad.sum())
+        if n_mesh:
+            out["mesh does not fit the topology"] = n_mesh
+        return out
 
 
 def _bucket(c: Comm, block: str) -> str:
@@ -221,30 +246,64 @@ def _bucket(c: Comm, block: str) -> str:
 
 
 class _CommModel:
-    """comm_fn for the algebra: per-candidate collective times from each candidate's mesh."""
+    """comm_fn for the algebra: per-candidate collective times from each candidate's mesh.
 
-    def __init__(self, system: System, mesh_keys: list[tuple[tuple[str, int], ...]], inverse: np.ndarray,
-                 meshes: list[Mesh | None], eff: Efficiency) -> None:
+    A collective's cost depends only on where its axes sit on the system, so meshes are
+    grouped by that placement (interned per axis as an integer) and `collective_cost` runs once
+    per distinct placement, not once per mesh.
+    """
+
+    def __init__(self, system: System, mesh_keys: list, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency) -> None:
         self.system, self.keys, self.inv, self.meshes, self.eff = system, mesh_keys, inverse, meshes, eff
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
-        # a cheap signature of where each axis sits (the cost depends on nothing else)
-        self.sigs = [None if m is None else (id(m.system), {a: tuple((g.dim.name, g.size, g.full, g.stride) for g in segs)
-                                                            for a, segs in m.placement.items()}) for m in meshes]
+        self.pid: dict[str, np.ndarray] = {}
+        self.sig_of: list[tuple] = []
+        intern: dict[tuple, int] = {}
+        axes = sorted({a for m in meshes if m is not None for a in m.placement})
+        for a in axes:
+            ids = np.full(len(meshes), -1, dtype=np.int64)
+            for i, m in enumerate(meshes):
+                if m is None or a not in m.placement:
+                    continue
+                sig = (id(m.system), tuple((g.dim.name, g.size, g.full, g.stride) for g in m.placement[a]))
+                j = intern.get(sig)
+                if j is None:
+                    j = intern[sig] = len(self.sig_of)
+                    self.sig_of.append(sig)
+                ids[i] = j
+            self.pid[a] = ids
 
     def coef(self, kind: CollectiveKind, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
         key = (kind, axes)
         if key not in self.cache:
-            lat = np.zeros(len(self.meshes))
-            spb = np.zeros(len(self.meshes))
-            for i, m in enumerate(self.meshes):
-                if m is None:
-                    continue
-                sys_id, sig = self.sigs[i]
-                ukey = (kind, sys_id, tuple(sig.get(a, ()) for a in axes))
-                c = _UNIT_CACHE.get(ukey)
-                if c is None:
-                    c = _UNIT_CACHE[ukey] = _cost_unit(kind, axes, m)
-                lat[i], spb[i] = c
+            n = len(self.meshes)
+            lat = np.zeros(n)
+            spb = np.zeros(n)
+            if all(a in self.pid for a in axes):
+                cols = np.stack([self.pid[a] for a in axes], axis=1)
+                valid = np.all(cols >= 0, axis=1)
+                combos, where = np.unique(cols[valid], axis=0, return_inverse=True)
+                vals = np.zeros((len(combos), 2))
+                vidx = np.nonzero(valid)[0]
+                first = np.zeros(len(combos), dtype=int)
+                first[where.reshape(-1)[::-1]] = vidx[::-1]
+                for c, combo in enumerate(combos):
+                    ukey = (kind, tuple(self.sig_of[j] for j in combo))
+                    hit = _UNIT_CACHE.get(ukey)
+                    if hit is None:
+                        m = self.meshes[first[c]]
+                        if kind in _DERIVED and not m.system.sharp:
+                            agkey = (CollectiveKind.ALL_GATHER, ukey[1])
+                            ag = _UNIT_CACHE.get(agkey)
+                            if ag is None:
+                                ag = _UNIT_CACHE[agkey] = _cost_unit(CollectiveKind.ALL_GATHER, axes, m)
+                            hit = (ag[0] * _DERIVED[kind], ag[1] * _DERIVED[kind])
+                        else:
+                            hit = _cost_unit(kind, axes, m)
+                        _UNIT_CACHE[ukey] = hit
+                    vals[c] = hit
+                lat[vidx] = vals[where.reshape(-1), 0]
+                spb[vidx] = vals[where.reshape(-1), 1]
             self.cache[key] = (lat[self.inv], spb[self.inv] / self.eff.link)
         return self.cache[key]
 
@@ -264,6 +323,9 @@ def _cost_unit(kind: CollectiveKind, axes: tuple[str, ...], mesh: Mesh) -> tuple
     """(latency, seconds per byte) of a collective over `axes`; time = max(latency, spb · bytes)."""
     c = collective_cost(kind, 1.0e6, axes, mesh)
     return (0.0, 0.0) if c.group_size == 1 else (float(c.latency_s), float(c.seconds_per_byte))
+
+
+_DERIVED = {CollectiveKind.REDUCE_SCATTER: 1.0, CollectiveKind.ALL_REDUCE: 2.0}  # × AllGather (book: AR = RS + AG)
 
 
 def _mesh_for(system: System, axes: tuple[tuple[str, int], ...]) -> Mesh | str:
@@ -441,12 +503,10 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     exposed = {"fsdp+grad": fsdp_exposed * M, "grad_step": grad_step_exposed, "tp": tp_exposed * M, "sp": sp * M, "ep": ep * M,
                "act": act * M, "pp": p2p}
 
-    reason = np.array(core["reason"], dtype=object)[inv]
-    infeasible = reason != ""
-    over = mem_total > chip.hbm_bytes
-    for i in np.nonzero(over & ~infeasible)[0]:
-        reason[i] = f"does not fit HBM: needs {mem_total[i] / 1e9:.1f} GB per chip, chip has {chip.hbm_bytes / 1e9:.1f} GB"
-    infeasible = infeasible | over
+    mesh_bad = core["mesh_bad"][inv]
+    over = (mem_total > chip.hbm_bytes) & ~mesh_bad
+    infeasible = mesh_bad | over
+    reason = _Reasons(core["reason"], inv, mesh_bad, over, mem_total, chip.hbm_bytes)
     pk = chip.peak("bf16") * eff.matmul
     terms = {
         "t_math_forward_s": (g("ff_mm") + g("ff_ae") + g("ff_other")) * M / pk,
@@ -477,17 +537,17 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
     mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
     rules = _rules(structure, model)
 
-    # meshes on the physical systems: one per distinct (system, degrees)
-    mkeys: dict[tuple, int] = {}
-    minv = np.empty(n, dtype=int)
-    for i in range(n):
-        row = uniq[i]
+    # meshes on the physical systems: one per distinct (system, degrees) — microbatches do not matter
+    mesh_rows, minv = np.unique(uniq[:, :7], axis=0, return_inverse=True)
+    minv = minv.reshape(-1)
+    mkeys = []
+    for row in mesh_rows:
         d = Degrees(**{s.value: int(row[1 + j]) for j, s in enumerate(order)})
-        minv[i] = mkeys.setdefault((int(row[0]), d.mesh_axes()), len(mkeys))
+        mkeys.append((int(row[0]), d.mesh_axes()))
     meshes_or_err = [_mesh_for(systems[k[0]], k[1]) for k in mkeys]
     meshes = [m if isinstance(m, Mesh) else None for m in meshes_or_err]
-    reason = [(m if isinstance(m, str) else "") for m in meshes_or_err]
-    reason_rows = [reason[minv[i]] for i in range(n)]
+    mesh_reason = np.array([(m if isinstance(m, str) else "") for m in meshes_or_err], dtype=object)
+    reason_rows = mesh_reason[minv]
     comm = _CommModel(systems[0], list(mkeys), minv, meshes, eff)
 
     seqs_mb = workload.sequences / M
@@ -581,6 +641,7 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
     out["one_layer"] = np.broadcast_to(np.asarray(_saved_local_bytes(led, Remat(RematKind.NONE), rules, seqs_mb, mesh_sizes, model), float), (n,))
     out["logits"] = seqs_mb * workload.seq_len * model.vocab * 4.0 / _shard(("batch", "seq", "vocab"), rules, False, mesh_sizes)
     out["reason"] = reason_rows
+    out["mesh_bad"] = reason_rows != ""
     out["einsums"] = tuple(einsums)
     return out
 
@@ -824,7 +885,7 @@ def evaluate_plan(model: ModelSpec, system: System, workload: Workload, plan: Pl
         tokens_s = workload.batch_tokens / step
         mfu = assume_mfu
     colls = _collective_rows(r.einsums)
-    reason = str(r.reason[0])
+    reason = r.reason[0]
     return StepCost(plan, system, workload, step, f(r.compute_time_s), f(r.exposed_comm_time_s), f(r.bubble_time_s),
                     f(r.bubble_fraction), f(r.optimizer_time_s), MappingProxyType({k: f(v) for k, v in r.comm.items()}),
                     MappingProxyType({k: f(v) for k, v in r.exposed.items()}), f(r.memory_total),

@@ -26,7 +26,14 @@ from roofline.memory import Remat, RematKind, parse_optimizer, saved_activation_
 from roofline.mesh import make_mesh
 from roofline.specs.model import MLPKind, ModelSpec, MoESpec, load_model
 from roofline.specs.system import parse_system
-from roofline.training import Workload, assumed_mfu_run, balance_batch, evaluate_plan, parse_plan, step_terms
+from roofline.training import (
+    Workload,
+    assumed_mfu_run,
+    balance_batch,
+    evaluate_plan,
+    parse_plan,
+    step_terms,
+)
 
 CASES = {c["id"]: c for c in yaml.safe_load((Path(__file__).parents[1] / "data" / "book_cases_training.yaml").read_text())}
 BOOK_OPS = ("mlp/up", "mlp/down")
