@@ -46,7 +46,7 @@ AXIS_OF = {Strategy.DP: "data", Strategy.FSDP: "fsdp", Strategy.TP: "tensor", St
 # Mesh axis order, outermost first (JAX convention: the last axis is innermost, so tensor
 # parallelism lands on the fastest links — the NVLink domain or the innermost ICI dims).
 AXIS_ORDER = ("data", "stage", "fsdp", "expert", "seq", "tensor")
-_ALIASES = {"dp": "dp", "data": "dp", "fsdp": "fsdp", "zero": "fsdp", "zero3": "fsdp", "tp": "tp", "tensor": "tp",
+_ALIASES = {"dp": "dp", "data": "dp", "fsdp": "fsdp", "zero3": "fsdp", "tp": "tp", "tensor": "tp",
             "mp": "tp", "model": "tp", "sp": "sp", "cp": "sp", "seq": "sp", "sequence": "sp", "context": "sp",
             "ep": "ep", "expert": "ep", "pp": "pp", "pipeline": "pp", "stage": "pp"}
 
