@@ -22,6 +22,8 @@ STAGES = {
     "training": 5, "planner": 5,
     "verify": 6,
     "report": 7,
+    # plain formatting helpers that import nothing from roofline: usable at any stage
+    "report.table": 0, "report.jsonout": 0,
     "cli": 8, "__main__": 8, "__init__": 9,
 }
 

@@ -49,12 +49,16 @@ class Tensor:
     dims: tuple[str, ...]
     dtype: str = "bf16"
     is_param: bool = False
+    on_chip: bool = False  # never written to HBM (flash attention's score/probability tiles)
 
     def elements(self, sizes: Mapping[str, float]) -> float:
         return math.prod(sizes[d] for d in self.dims)
 
     def nbytes(self, sizes: Mapping[str, float]) -> float:
         return self.elements(sizes) * dtype_bytes(self.dtype)
+
+    def hbm_bytes(self, sizes: Mapping[str, float]) -> float:
+        return 0.0 if self.on_chip else self.nbytes(sizes)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(self.dims)}]"
@@ -119,8 +123,11 @@ class Op:
 
     @property
     def bytes(self) -> float:
-        """HBM bytes read and written once: every operand read plus the output written."""
-        return (sum(t.nbytes(self.sizes) for t in self.inputs) + self.out.nbytes(self.sizes)) * self.count if self.kind != OpKind.GATHER else (
+        """HBM bytes read and written once: every operand read plus the output written.
+
+        Tensors kept on chip (flash attention's scores) move no HBM bytes.
+        """
+        return (sum(t.hbm_bytes(self.sizes) for t in self.inputs) + self.out.hbm_bytes(self.sizes)) * self.count if self.kind != OpKind.GATHER else (
             self.out.nbytes(self.sizes) * 2 * self.count
         )
 
@@ -230,12 +237,15 @@ def build_ledger(
     dtypes: DtypePolicy | None = None,
     causal: Causal | str = Causal.HALF,
     include_elementwise: bool = True,
+    flash: bool = True,
 ) -> Ledger:
     """The forward pass of `model` over `batch` sequences of `seq` query tokens.
 
     `kv_seq` (S) defaults to `seq` (training/prefill); decode uses seq=1, kv_seq=context.
     `causal` = HALF counts only the unmasked half of the score/context FLOPs when S == T
     (maxtext/Megatron convention); FULL counts the dense 12BT²NH of the book.
+    `flash` (default): the B·N·T·S score and probability matrices stay on chip, so attention
+    reads Q, K, V and writes O (book inference.md: intensity ST/(S+T)); False materialises them.
     """
     if batch <= 0 or seq <= 0 or (kv_seq is not None and kv_seq <= 0):
         raise SpecError(f"batch={batch}, seq={seq}, kv_seq={kv_seq}", rule="batch and sequence lengths are positive",
@@ -259,7 +269,7 @@ def build_ledger(
     ops.append(Op("embed", OpKind.GATHER, (_t("W_emb", "vocab embed", wd, True),), x, S_, 1))
 
     # ---- attention ------------------------------------------------------------------
-    ops += _attention_ops(m, sizes, T, S, wd, ad, dt.kv, causal)
+    ops += _attention_ops(m, sizes, T, S, wd, ad, dt.kv, causal, flash)
 
     # ---- MLP / MoE --------------------------------------------------------------------
     ops += _mlp_ops(m, sizes, wd, ad)
@@ -277,7 +287,10 @@ def build_ledger(
     return Ledger(tuple(ops), model, MappingProxyType(dict(sizes)))
 
 
-def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: str, kvd: str, causal: Causal) -> list[Op]:
+def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: str, kvd: str, causal: Causal, flash: bool = True) -> list[Op]:
+    def sc(name: str) -> Tensor:  # the score / probability matrix
+        return Tensor(name, ("batch", "heads", "seq", "kv_seq"), ad, False, flash)
+
     L = m.n_layers
     x = _t("x", "batch seq embed", ad)
     ops: list[Op] = []
@@ -298,8 +311,8 @@ def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: s
                        _t("kv", "batch kv_seq heads kv_b_dim", ad), S_, L))
         f = _causal_factor(T, S, None, causal)
         ops.append(Op("attn/scores", OpKind.ATTENTION, (_t("q", "batch seq heads qk_dim", ad), _t("k", "batch kv_seq heads qk_dim", ad)),
-                      _t("s", "batch heads seq kv_seq", ad), S_, L, f))
-        ops.append(Op("attn/context", OpKind.ATTENTION, (_t("p", "batch heads seq kv_seq", ad), _t("v", "batch kv_seq heads v_dim", ad)),
+                      sc("s"), S_, L, f))
+        ops.append(Op("attn/context", OpKind.ATTENTION, (sc("p"), _t("v", "batch kv_seq heads v_dim", ad)),
                       _t("ctx", "batch seq heads v_dim", ad), S_, L, f))
         ops.append(_mm("attn/out", _t("ctx", "batch seq heads v_dim", ad), _t("W_o", "heads v_dim embed", wd, True), x, S_, L))
         return ops
@@ -322,8 +335,8 @@ def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: s
         sz_ = MappingProxyType(sz)
         q = _t("q", "batch seq heads head_dim", ad)
         k = _t("k", "batch kv_seq kv_heads head_dim", kvd)
-        ops.append(Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), _t("s", "batch heads seq kv_seq", ad), sz_, n, f))
-        ops.append(Op(f"attn/context{suffix}", OpKind.ATTENTION, (_t("p", "batch heads seq kv_seq", ad), _t("v", "batch kv_seq kv_heads head_dim", kvd)),
+        ops.append(Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), sc("s"), sz_, n, f))
+        ops.append(Op(f"attn/context{suffix}", OpKind.ATTENTION, (sc("p"), _t("v", "batch kv_seq kv_heads head_dim", kvd)),
                       _t("ctx", "batch seq heads head_dim", ad), sz_, n, f))
     ops.append(_mm("attn/out", _t("ctx", "batch seq heads head_dim", ad), _t("W_o", "heads head_dim embed", wd, True), x, S_, L))
     if m.qkv_bias:

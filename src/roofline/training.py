@@ -591,7 +591,7 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
             # (GQA: each chip reads only the KV heads its query heads need); book inference.md
             sh = _shard(op.out.dims, rules, False, mesh_sizes)
             fl = op.flops / op.count * seqs_mb / op.sizes["batch"] / sh
-            by = sum(_spec(t, rules).local_bytes(sizes, mesh_sizes) for t in (*op.inputs, op.out))
+            by = sum(_spec(t, rules).local_bytes(sizes, mesh_sizes) for t in (*op.inputs, op.out) if not t.on_chip)
             t = np.maximum(fl / peak, by / hbm)
             out["tf_ae"] += copies * t
             out["ff_ae"] += copies * fl
