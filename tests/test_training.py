@@ -209,3 +209,30 @@ def test_train_bad_input_is_one_paragraph(capsys):
     assert main(["train", "--model", "llama-3-8b", "--system", "h100:64", "--plan", "fsdp=7"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "cannot run" in err and len(err.strip().splitlines()) == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["dp=1024,fsdp=2,tp=8", "dp=512,fsdp=2,tp=8,sp=2", "fsdp=2048,tp=8", "dp=64,tp=16,pp=16,microbatch=16",
+                        "fsdp=256,sp=8,tp=8", "dp=16384"]),
+       st.sampled_from(["none", "full", "matmuls"]), st.booleans())
+def test_planner_single_structure_equals_each_plans_own(plan, remat, msp):
+    """The planner costs all meshes in one structure (absent strategies = axes of size 1);
+    that must give exactly what each plan's own minimal structure gives."""
+    import numpy as np
+
+    from roofline.rules import Strategy
+    from roofline.training import Structure, candidates_of, evaluate_plans, structure_of
+
+    m = load_model("llama-3.1-405b")
+    s = parse_system("h100:16384")
+    w = Workload(16 * 2**20, 8192)
+    p = parse_plan(f"{plan},remat={remat}" + (",megatron_sp=1" if msp and "tp=" in plan else ""))
+    own = structure_of(p, m)
+    everything = Structure(frozenset({Strategy.DP, Strategy.FSDP, Strategy.TP, Strategy.SP, Strategy.PP}), own.remat,
+                           own.sequence_parallel, own.collective_matmul, own.kv_replicated)
+    a = evaluate_plans(m, s, w, own, candidates_of(p), optimizer=p.optimizer)
+    b = evaluate_plans(m, s, w, everything, candidates_of(p), optimizer=p.optimizer)
+    np.testing.assert_allclose(a.step_time_s, b.step_time_s, rtol=1e-12)
+    np.testing.assert_allclose(a.memory_total, b.memory_total, rtol=1e-12)
+    for k in a.comm:
+        np.testing.assert_allclose(a.comm[k], b.comm[k], rtol=1e-12, atol=1e-15)

@@ -59,6 +59,7 @@ class SearchSpace:
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
     max_sp: int = 16
     max_pp: int = 64
+    max_stage_imbalance: float = 1.10  # uneven pipeline stages: fullest / average layers per stage
     megatron_sp: tuple[bool, ...] = (False, True)
     collective_matmul: tuple[bool, ...] = (False, True)
 
@@ -79,8 +80,11 @@ class SearchSpace:
         experts = model.moe.n_experts if model.moe else 1
         dom[Strategy.EP] = (divisors(math.gcd(experts, chips)) if Strategy.EP in on and model.moe else [1],
                             f"divides experts={experts}" if model.moe else "dense model: no experts")
-        dom[Strategy.PP] = ([d for d in divisors(chips) if d <= min(self.max_pp, model.n_layers)] if Strategy.PP in on else [1],
-                            f"at most min(layers={model.n_layers}, {self.max_pp}); uneven stages hold ceil(L/pp) layers")
+        L = model.n_layers
+        dom[Strategy.PP] = ([d for d in divisors(chips) if d <= min(self.max_pp, L) and math.ceil(L / d) <= self.max_stage_imbalance * L / d]
+                            if Strategy.PP in on else [1],
+                            f"at most min(layers={L}, {self.max_pp}); the fullest stage (ceil(L/pp) layers) at most "
+                            f"{self.max_stage_imbalance - 1:.0%} above the average")
         return dom
 
 
@@ -258,7 +262,12 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     fi, mb, sc, rows = fi[sel_idx], mb[sel_idx], sc[sel_idx], rows[sel_idx]
     dp, fsdp, tp, sp_, ep, pp = (rows[:, 1 + j] for j in range(6))
     kv_rep = (tp > 1) & (model.mla is None) & (model.n_kv_heads % np.maximum(tp, 1) != 0)
-    active_bits = sum(((rows[:, 1 + j] > 1).astype(np.int64) << j) for j in range(6))
+    # One structure for every mesh: a strategy of degree 1 is a mesh axis of size 1, which the
+    # algebra already prices at zero (no split, no communication), so all candidates that share
+    # the Megatron-SP flag and the KV-head replication are costed in one vectorised pass.
+    # (tests/test_planner_equivalence checks this against the minimal structure of each plan.)
+    present = [j for j in range(6) if (rows[:, 1 + j] > 1).any()]
+    active_bits = np.full(len(rows), sum(1 << j for j in present), dtype=np.int64)
     gkey = active_bits * 4 + msp.astype(np.int64) * 2 + kv_rep.astype(np.int64)
     by_key = np.argsort(gkey, kind="stable")
     keys, starts = np.unique(gkey[by_key], return_index=True)

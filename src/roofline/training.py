@@ -279,16 +279,19 @@ class _CommModel:
             n = len(self.meshes)
             lat = np.zeros(n)
             spb = np.zeros(n)
-            if all(a in self.pid for a in axes):
-                cols = np.stack([self.pid[a] for a in axes], axis=1)
-                valid = np.all(cols >= 0, axis=1)
+            # an axis of size 1 is absent from a mesh (pid -1): it adds nothing to the group
+            cols = np.stack([self.pid.get(a, np.full(n, -1, dtype=np.int64)) for a in axes], axis=1)
+            valid = np.any(cols >= 0, axis=1)
+            if valid.any():
                 combos, where = np.unique(cols[valid], axis=0, return_inverse=True)
-                vals = np.zeros((len(combos), 2))
+                where = where.reshape(-1)
                 vidx = np.nonzero(valid)[0]
                 first = np.zeros(len(combos), dtype=int)
-                first[where.reshape(-1)[::-1]] = vidx[::-1]
+                first[where[::-1]] = vidx[::-1]
+                vals = np.zeros((len(combos), 2))
                 for c, combo in enumerate(combos):
-                    ukey = (kind, tuple(self.sig_of[j] for j in combo))
+                    present = tuple(a for a, j in zip(axes, combo, strict=True) if j >= 0)
+                    ukey = (kind, tuple(self.sig_of[j] for j in combo if j >= 0))
                     hit = _UNIT_CACHE.get(ukey)
                     if hit is None:
                         m = self.meshes[first[c]]
@@ -296,14 +299,14 @@ class _CommModel:
                             agkey = (CollectiveKind.ALL_GATHER, ukey[1])
                             ag = _UNIT_CACHE.get(agkey)
                             if ag is None:
-                                ag = _UNIT_CACHE[agkey] = _cost_unit(CollectiveKind.ALL_GATHER, axes, m)
+                                ag = _UNIT_CACHE[agkey] = _cost_unit(CollectiveKind.ALL_GATHER, present, m)
                             hit = (ag[0] * _DERIVED[kind], ag[1] * _DERIVED[kind])
                         else:
-                            hit = _cost_unit(kind, axes, m)
+                            hit = _cost_unit(kind, present, m)
                         _UNIT_CACHE[ukey] = hit
                     vals[c] = hit
-                lat[vidx] = vals[where.reshape(-1), 0]
-                spb[vidx] = vals[where.reshape(-1), 1]
+                lat[vidx] = vals[where, 0]
+                spb[vidx] = vals[where, 1]
             self.cache[key] = (lat[self.inv], spb[self.inv] / self.eff.link)
         return self.cache[key]
 
