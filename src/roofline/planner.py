@@ -287,7 +287,7 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     # ---- rank (vectorised: one array over all groups) -----------------------------------
     price_s = np.array([sy.usd_per_chip_hour or np.nan for sy in systems])
     chips_s = np.array([sy.n_chips for sy in systems], dtype=float)
-    cols = {k: [] for k in ("score", "g", "i", "step", "chips", "usd", "comm")}
+    cols = {k: [] for k in ("score", "g", "i", "step", "chips", "usd", "comm", "nstrat")}
     for gi, (_st, cand, r) in enumerate(results):
         for reason, cnt in r.rejected.items():
             rejected[reason] += cnt
@@ -302,6 +302,10 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         cols["chips"].append(n_chips)
         cols["usd"].append(usd)
         cols["comm"].append(r.comm_total[ok])
+        d = cand.deg
+        n_strat = (((d[Strategy.DP] > 1) | (d[Strategy.FSDP] > 1)).astype(int) + (d[Strategy.TP] > 1) + (d[Strategy.SP] > 1)
+                   + (d[Strategy.PP] > 1) + (d[Strategy.EP] > 1))
+        cols["nstrat"].append(np.asarray(n_strat)[ok])
     A = {k: np.concatenate(v) if v else np.array([]) for k, v in cols.items()}
     evaluated = sum(len(c) for _, c, _ in results)
     if not len(A["score"]):
@@ -314,13 +318,14 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
                         fix="give --price USD_PER_CHIP_HOUR or use --objective time")
     score = np.nan_to_num(A["score"], nan=np.inf)
     # Rank by the objective; plans within `tie_tolerance` of the best are equivalent within the
-    # model's accuracy, and among those the one moving fewer bytes (less reliance on perfect
-    # overlap) ranks first.
+    # model's accuracy, and among those the simpler one (fewer parallelism strategies; DP and
+    # FSDP count as one) ranks first, then the one whose collectives take less time if nothing
+    # overlapped (less reliance on perfect overlap).
     best_score = score.min()
     near = score <= best_score * (1 + tie_tolerance)
     order_idx = np.lexsort((A["step"], score, ~near))  # near first, then by score
     near_idx = order_idx[: int(near.sum())]
-    near_idx = near_idx[np.lexsort((score[near_idx], A["comm"][near_idx]))]
+    near_idx = near_idx[np.lexsort((score[near_idx], A["comm"][near_idx], A["nstrat"][near_idx]))]
     ranked = np.concatenate([near_idx, order_idx[int(near.sum()):][:200]])
     flat = [(float(score[j]), int(A["g"][j]), int(A["i"][j]), float(A["step"][j]), float(A["chips"][j]), float(A["usd"][j]),
              float(A["comm"][j])) for j in ranked[:400]]
@@ -340,7 +345,24 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         if len(top) >= top_k:
             break
     pareto = _pareto(A, results, space, opt)
-    why = _why(top)
+    # the runner-up worth explaining: the best plan with another set of strategies or chip count
+    # (variants of the winner's mesh differ by noise, not by a reason a user can act on)
+    def shape(c: StepCost) -> tuple:
+        # DP and FSDP are one family here (HSDP is a split of the same batch axis)
+        d = c.plan.degrees
+        return (d.tp > 1, d.sp > 1, d.pp > 1, d.ep > 1, c.system.n_chips)
+
+    runner = next((c for c in top[1:] if shape(c) != shape(top[0])), None)
+    if runner is None:
+        for _score, gi, i, *_ in flat[len(top):]:
+            st, cand, _r = results[gi]
+            plan = _plan_from(st, cand, i, space, opt)
+            sysm = systems[int(cand.system_idx[i])]
+            c = evaluate_plan(model, sysm, workload, plan, efficiency=eff)
+            if shape(c) != shape(top[0]):
+                runner = c
+                break
+    why = _why(top[0], runner, objective, tie_tolerance)
     feasible = {sy.name: int(np.sum(A["chips"] == sy.n_chips)) for sy in systems}
     return PlanResult(tuple(top), evaluated, enumerated, dict(rejected), domains_txt, pareto, objective,
                       time.perf_counter() - t0, why, tuple(f"{s.name} ({s.n_chips} chips)" for s in systems),
@@ -431,22 +453,31 @@ def _pareto(A: dict[str, np.ndarray], results, space, opt) -> tuple[dict[str, An
     return tuple(rows)
 
 
-def _why(top: Sequence[StepCost]) -> str:
-    if len(top) < 2:
-        return "only one feasible mesh"
-    a, b = top[0], top[1]
-    da, db = a.to_dict(), b.to_dict()
-    diffs = []
-    for k in ("compute_time_s", "exposed_comm_time_s", "bubble_time_s", "optimizer_time_s"):
-        if abs(da[k] - db[k]) > 1e-9:
-            diffs.append((abs(da[k] - db[k]), k, da[k], db[k]))
-    diffs.sort(reverse=True)
-    main = diffs[0] if diffs else None
-    s = (f"{a.plan.describe()} ({a.system.n_chips} chips) takes {a.step_time_s:.3g} s/step vs "
-         f"{b.step_time_s:.3g} s for the runner-up {b.plan.describe()} ({b.system.n_chips} chips); "
-         f"the winner is limited by {a.bottleneck}, the runner-up by {b.bottleneck}")
-    if main:
-        s += f"; the biggest difference is {main[1].replace('_s', '').replace('_', ' ')} ({main[2]:.3g} s vs {main[3]:.3g} s)"
+def _why(a: StepCost, b: StepCost | None, objective: str, tie: float = 0.01) -> str:
+    """One paragraph: the winner against the best plan of a different shape, term by term."""
+    if b is None:
+        return "no plan of a different shape is feasible"
+
+    def score(c: StepCost) -> float:
+        return c.step_time_s if objective == "time" or c.run_cost_usd is None else c.step_time_s * c.system.n_chips
+    terms = [("compute", a.compute_time_s, b.compute_time_s), ("exposed communication", a.exposed_comm_time_s, b.exposed_comm_time_s),
+             ("pipeline bubble", a.bubble_time_s, b.bubble_time_s), ("optimizer update", a.optimizer_time_s, b.optimizer_time_s)]
+    terms = [t for t in terms if abs(t[1] - t[2]) > 1e-9]
+    terms.sort(key=lambda t: -abs(t[1] - t[2]))
+    cost = ""
+    if objective == "cost" and a.run_cost_usd is not None and b.run_cost_usd is not None and a.workload.total_tokens:
+        cost = f" and ${a.run_cost_usd / 1e6:.3g}M vs ${b.run_cost_usd / 1e6:.3g}M for the run"
+    s = (f"{a.plan.describe()} on {a.system.n_chips} chips takes {a.step_time_s:.3g} s/step{cost}; the best plan of another "
+         f"shape, {b.plan.describe()} on {b.system.n_chips} chips (runner-up), takes {b.step_time_s:.3g} s. The winner is limited by "
+         f"{a.bottleneck}, the runner-up by {b.bottleneck}")
+    if terms:
+        name, x, y = terms[0]
+        s += f"; the biggest difference is {name} ({x:.3g} s vs {y:.3g} s per step)"
+    if score(b) < score(a):
+        ca, cb = sum(a.comm_time_s.values()), sum(b.comm_time_s.values())
+        s += (f". The runner-up scores {1 - score(b) / score(a):.1%} better, within the model's {tie:.0%} tie tolerance, where the "
+              f"simpler plan ranks first (then the one whose collectives would take less time without overlap: "
+              f"{ca:.3g} s vs {cb:.3g} s)")
     return s
 
 
