@@ -1,0 +1,761 @@
+"""What the algebra predicts for a `roofline verify` program: collectives and FLOPs per device.
+
+The prediction is read off the *same* ledger rows, rules and sharded-einsum algebra the
+training cost uses (`roofline.training`): for every matmul row of `build_ledger(model)` the
+specs come from `training._op_specs` under `training._rules(structure_of(plan))`, and
+`sharding.plan_training_einsum` picks the forward, d_lhs and d_rhs options. Which of the
+chosen options' collectives are counted once (x gathered once for Q, K and V; the partial
+dx of one block reduced once; an FSDP weight gathered once per step when nothing is
+rematerialised) is decided by `training._add_comms` itself, called one collective at a
+time. The extra collectives `_core` adds outside the einsums are mirrored with the same
+tensors: context-parallel K/V gathers (`sp_base`) and MoE dispatch/combine all-to-alls
+(`ep_base`), with the multiplicities `evaluate_plans` gives them (forward + remat +
+backward). Nothing here re-derives a formula; the only arithmetic is the multiplicity of
+each collective per step.
+
+Differences from the training cost, all because the verify program is one Transformer
+layer (or a scanned stack) and nothing else:
+
+* the `embed` and `unembed` rows are left out (the program's input is the layer input x,
+  its loss is mean(out²));
+* attention FLOPs are counted dense (`Causal.FULL`): the program computes the whole T×T
+  score matrix and masks it;
+* dtypes of weights, activations and K/V are the program's dtype (the training cost's
+  ledger is bf16);
+* the algebra prices collectives with bandwidth only (no latency floor) on an 8-GPU
+  NVLink node (`h100:N`) by default: the program's dims are tiny, and a latency floor
+  would make every option cost the same.
+
+Bytes follow the shared convention: all-gather = gathered output per device,
+reduce-scatter = unreduced input per device, all-reduce / all-to-all = the buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from roofline.collectives import CollectiveKind, collective_cost
+from roofline.errors import SpecError, VerifyError
+from roofline.ledger import Causal, DtypePolicy, OpKind, Tensor, build_ledger
+from roofline.memory import Remat, RematKind
+from roofline.mesh import make_mesh as make_cost_mesh
+from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees
+from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training_einsum
+from roofline.specs.model import ModelSpec
+from roofline.specs.system import System, parse_system
+from roofline.training import (
+    Plan,
+    _add_comms,
+    _op_specs,
+    _rules,
+    _shard,
+    _sizes,
+    _spec,
+    structure_of,
+)
+
+# CollectiveKind (algebra) -> HLO opcode name (observed side)
+HLO_KIND = {
+    CollectiveKind.ALL_GATHER: "all-gather",
+    CollectiveKind.REDUCE_SCATTER: "reduce-scatter",
+    CollectiveKind.ALL_REDUCE: "all-reduce",
+    CollectiveKind.ALL_TO_ALL: "all-to-all",
+    CollectiveKind.PERMUTE: "collective-permute",
+}
+
+# the buckets `training._add_comms` adds time to (all start at zero)
+_BUCKET_KEYS = (
+    "fsdp_f",
+    "fsdp_b",
+    "fsdp_b_dup",
+    "tp_f",
+    "tp_b",
+    "act_f",
+    "act_b",
+    "grad_mb",
+    "grad_step",
+)
+_SKIPPED_ROWS = ("embed", "unembed")
+
+
+@dataclass(frozen=True)
+class PredictedCollective:
+    """One collective of the prediction: which ledger row and einsum it comes from, and how often."""
+
+    op: str  # ledger row ("attn/q", "mlp/down", "moe/up", "attn/scores", or "matmul")
+    einsum: str  # "forward" | "d_lhs" | "d_rhs" | "kv-gather" | "dispatch" | ...
+    phase: str  # "forward" | "backward"
+    kind: (
+        str  # HLO name: all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute
+    )
+    axes: tuple[str, ...]  # mesh axes, in mesh order
+    tensor: str
+    dtype: str
+    bytes_per_device: float  # one execution (shared convention)
+    count: float  # executions per step
+    before: str = ""
+    after: str = ""
+    why: str = ""
+
+    @property
+    def total_bytes_per_device(self) -> float:
+        return self.bytes_per_device * self.count
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "einsum": self.einsum,
+            "phase": self.phase,
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "tensor": self.tensor,
+            "dtype": self.dtype,
+            "bytes_per_device": self.bytes_per_device,
+            "count": self.count,
+            "total_bytes_per_device": self.total_bytes_per_device,
+            "before": self.before,
+            "after": self.after,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted collectives and FLOPs per device for one verify program."""
+
+    name: str
+    kind: str  # "train_step" | "matmul"
+    mesh: Mapping[str, int]
+    collectives: tuple[PredictedCollective, ...]
+    flops_per_device: float  # matmul + attention FLOPs per device per step (dot FLOPs)
+    flops_by_op: Mapping[str, float]
+    counted_once: tuple[
+        PredictedCollective, ...
+    ] = ()  # chosen by the algebra, counted once with another row
+    einsums: tuple[tuple[str, EinsumPlan, ...], ...] = ()  # (op, fwd[, d_lhs, d_rhs]) EinsumPlans
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    repredict: Callable[[Mapping[Any, int]], Prediction] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def totals(self) -> dict[tuple[str, tuple[str, ...]], float]:
+        """Total bytes per device per step by (kind, mesh axes)."""
+        out: dict[tuple[str, tuple[str, ...]], float] = {}
+        for c in self.collectives:
+            k = (c.kind, c.axes)
+            out[k] = out.get(k, 0.0) + c.total_bytes_per_device
+        return out
+
+    def counts(self) -> dict[tuple[str, tuple[str, ...]], float]:
+        out: dict[tuple[str, tuple[str, ...]], float] = {}
+        for c in self.collectives:
+            k = (c.kind, c.axes)
+            out[k] = out.get(k, 0.0) + c.count
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "mesh": dict(self.mesh),
+            "flops_per_device": self.flops_per_device,
+            "flops_by_op": dict(self.flops_by_op),
+            "collectives": [c.to_dict() for c in self.collectives],
+            "counted_once": [c.to_dict() for c in self.counted_once],
+            "inputs": dict(self.inputs),
+            "notes": list(self.notes),
+        }
+
+
+# ----------------------------------------------------------------------------- pricing
+
+
+class BandwidthCost:
+    """comm_fn for the algebra: bytes x seconds-per-byte of `collective_cost` on a system mesh.
+
+    No latency floor (the verify dims are tiny, so every option would cost the latency).
+    `scale` multiplies every time (compute-first pricing uses 1e12: picoseconds).
+    """
+
+    def __init__(self, system: System, mesh_axes: Mapping[str, int], scale: float = 1.0) -> None:
+        live = {a: int(n) for a, n in mesh_axes.items() if int(n) > 1} or {"X": 1}
+        self.mesh = make_cost_mesh(system, live)
+        self.live = set(live)
+        self.scale = scale
+        self._spb: dict[tuple[CollectiveKind, tuple[str, ...]], float] = {}
+
+    def __call__(self, kind: CollectiveKind, nbytes: Any, axes: tuple[str, ...]) -> Any:
+        axes = tuple(a for a in axes if a in self.live)
+        if not axes:
+            return 0.0 * np.asarray(nbytes, float)
+        key = (kind, axes)
+        if key not in self._spb:
+            c = collective_cost(kind, 1.0e6, axes, self.mesh)
+            self._spb[key] = 0.0 if c.group_size == 1 else float(c.seconds_per_byte) * self.scale
+        return self._spb[key] * np.asarray(nbytes, float)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How the algebra ranks an einsum's options here: comm_fn, peak FLOP/s, HBM bytes/s.
+
+    `compute-first` (default): FLOPs per chip decide first (1 FLOP/s), then collective
+    bandwidth time (bytes x seconds-per-byte on an 8-GPU NVLink node, in picoseconds), HBM
+    bytes not at all. That is the regime of the training sizes the cost model is for: at
+    the verify program's tiny dims a real chip is communication-bound, and the algebra
+    would rather gather an activation and a weight and compute the whole matmul on every
+    device than all-reduce its output (the option XLA's partitioner never takes for a
+    layer). `system=` prices on that system's chip instead (bandwidth only, no latency).
+    """
+
+    comm: BandwidthCost
+    peak_flops_per_s: float
+    hbm_bw_bytes_per_s: float
+    label: str
+
+
+def make_pricing(
+    mesh_axes: Mapping[str, int], dtype: str, system: str | System | None = None
+) -> Pricing:
+    """The Pricing for a mesh (see `Pricing`); `system` None = compute-first."""
+    n = math.prod(int(v) for v in mesh_axes.values()) or 1
+    if system is None:
+        sys_ = parse_system(f"h100:{n}")
+        return Pricing(
+            BandwidthCost(sys_, mesh_axes, 1e12),
+            1.0,
+            1e300,
+            f"compute-first (collectives priced on {sys_.name})",
+        )
+    sys_ = _system_for(n, system)
+    return Pricing(
+        BandwidthCost(sys_, mesh_axes),
+        _peak(sys_, dtype),
+        sys_.chip.hbm_bw_bytes_per_s,
+        f"{sys_.name} (bandwidth only)",
+    )
+
+
+def _system_for(n_devices: int, system: str | System | None) -> System:
+    if isinstance(system, System):
+        return system
+    return parse_system(system or f"h100:{n_devices}")
+
+
+def _f(x: Any) -> float:
+    return float(np.asarray(x, float).reshape(-1)[0])
+
+
+def _mesh_axes_order(axes: tuple[str, ...], order: tuple[str, ...]) -> tuple[str, ...]:
+    rank = {a: i for i, a in enumerate(order)}
+    return tuple(sorted(dict.fromkeys(axes), key=lambda a: rank.get(a, len(rank))))
+
+
+# ----------------------------------------------------------------------------- train step
+
+
+def _as_degrees(plan: str | Degrees | Mapping[str, int]) -> Degrees:
+    if isinstance(plan, Degrees):
+        return plan
+    deg, rest = parse_degrees(plan)
+    if rest:
+        raise VerifyError(
+            f"plan keys {sorted(rest)} are not strategies",
+            rule="verify compiles degrees only: dp, fsdp, tp, sp, ep",
+            fix='write e.g. --plan "fsdp=4,tp=2" (use --remat for rematerialisation)',
+        )
+    return deg
+
+
+def predict_train_step(
+    model: ModelSpec,
+    plan: str | Degrees | Mapping[str, int],
+    *,
+    batch: int = 8,
+    seq: int = 64,
+    dtype: str = "bf16",
+    n_layers: int = 1,
+    remat: bool = False,
+    fused_qkv: bool = False,
+    capacity_factor: float = 1.0,
+    system: str | None = None,
+    choices: Mapping[tuple[str, str], int] | None = None,
+) -> Prediction:
+    """Collectives and FLOPs per device the training cost predicts for `build_train_step(...)`.
+
+    Same arguments as `roofline.verify.program.build_train_step` (the optimizer does not
+    matter: its update is local). `fused_qkv` changes nothing here: the training cost
+    already reduces the partial dx of Q, K and V once (`_add_comms`, merge_reductions).
+    `system`: see `Pricing`. `choices` overrides the algebra's pick for some einsums,
+    {(ledger row, "forward" | "d_lhs" | "d_rhs"): option index} (how `diff` tests whether
+    XLA took one of the alternatives the algebra costed).
+    """
+    deg = _as_degrees(plan)
+    if deg.pp > 1:
+        raise VerifyError(
+            f"pp={deg.pp}",
+            rule="the verify program is one layer (or a scanned stack) without pipeline stages",
+            fix="verify dp, fsdp, tp, sp and ep; pipeline costs are bubbles and hops, not collectives of a layer",
+        )
+    if model.mla is not None:
+        raise VerifyError(
+            f"model {model.name!r} uses MLA",
+            rule="the verify program builds GQA/MHA layers",
+            fix="use a GQA model",
+        )
+    if int(n_layers) < 1:
+        raise VerifyError(
+            f"n_layers={n_layers}", rule="a program has at least one layer", fix="use --layers 1"
+        )
+    dt = _dtype_name(dtype)
+    rows, structure, rules, mesh_sizes, pricing_label = _planned_rows(
+        model, deg.mesh_axes(), int(batch), int(seq), dt, int(n_layers), bool(remat), system
+    )
+    choices = dict(choices or {})
+    rk = structure.remat
+    rc_all = 1.0 if rk.kind in (RematKind.FULL, RematKind.CHECKPOINTS) else 0.0
+    rc_ae = 1.0 if rk.kind in (RematKind.FULL, RematKind.CHECKPOINTS, RematKind.MATMULS) else 0.0
+    reuse = rk.kind == RematKind.NONE
+    m = model.with_(n_layers=int(n_layers))
+    B = float(batch)
+    counted: dict[tuple, Any] = {}
+    colls: list[PredictedCollective] = []
+    once: list[PredictedCollective] = []
+    einsums: list[tuple[str, EinsumPlan, EinsumPlan, EinsumPlan]] = []
+    flops: dict[str, float] = {}
+    notes: list[str] = [
+        "ledger rows embed and unembed left out: the program is the layer stack only",
+        "norm scales (ledger row 'norms', elementwise) carry no predicted collectives",
+    ]
+    if structure.kv_replicated:
+        notes.append(
+            f"kv_heads={m.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (training._rules)"
+        )
+
+    for op, sizes, planned in rows:
+        copies = float(op.count)
+        block = op.name.rsplit("/", 1)[0]
+        if op.kind == OpKind.MATMUL:
+            assert planned is not None
+            fwd, bl, br = (
+                _override(e, choices.get((op.name, lab)))
+                for e, lab in zip(planned, _LABELS, strict=True)
+            )
+            einsums.append((op.name, fwd, bl, br))
+            flops[op.name] = copies * (
+                _f(fwd.flops_per_chip) * (1 + rc_all)
+                + _f(bl.flops_per_chip)
+                + _f(br.flops_per_chip)
+            )
+            for label, ep in zip(_LABELS, (fwd, bl, br), strict=True):
+                for c in ep.best.comms:
+                    added, dup = _counted(ep, c, block, counted)
+                    mult = copies
+                    if c.phase == "forward" and any(k in added for k in ("tp_f", "act_f")):
+                        mult *= (
+                            1 + rc_all
+                        )  # the remat recompute repeats forward activation collectives
+                    if not added:
+                        once.append(
+                            _pc(
+                                op.name,
+                                label,
+                                c,
+                                mult,
+                                ep,
+                                why=_ONCE_WHY.get(c.kind, "counted once"),
+                            )
+                        )
+                    elif dup and reuse:
+                        once.append(
+                            _pc(
+                                op.name,
+                                label,
+                                c,
+                                mult,
+                                ep,
+                                why="gathered weight kept from the forward pass (no remat)",
+                            )
+                        )
+                    else:
+                        colls.append(_pc(op.name, label, c, mult, ep))
+        elif op.kind == OpKind.ATTENTION:
+            sh = _f(_shard(op.out.dims, rules, False, mesh_sizes))
+            fl = op.flops / op.count * B / op.sizes["batch"] / sh
+            flops[op.name] = copies * fl * (1 + rc_ae + 2)
+            if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
+                # training._core sp_base: K and V gathered along the sequence (forward + remat),
+                # reduce-scattered in the backward pass
+                for t in (op.inputs[1], replace(op.inputs[1], name="v")):
+                    s = _spec(t, rules)
+                    b = _f(s.local_bytes(sizes, mesh_sizes))
+                    shard = str(replace(s, axes=_with_seq(s)))
+                    colls.append(
+                        PredictedCollective(
+                            op.name,
+                            "kv-gather",
+                            "forward",
+                            "all-gather",
+                            ("seq",),
+                            t.name,
+                            hlo_dtype(t.dtype),
+                            b,
+                            copies * (1 + rc_ae),
+                            shard,
+                            str(s),
+                            "context parallelism: K/V gathered along the sequence (training._core sp_base)",
+                        )
+                    )
+                    colls.append(
+                        PredictedCollective(
+                            op.name,
+                            "kv-gather",
+                            "backward",
+                            "reduce-scatter",
+                            ("seq",),
+                            "d" + t.name,
+                            hlo_dtype(t.dtype),
+                            b,
+                            copies,
+                            str(s),
+                            shard,
+                            "context parallelism: dK/dV reduce-scattered along the sequence (training._core sp_base)",
+                        )
+                    )
+        if op.name == "moe/up" and Strategy.EP in structure.active:
+            # training._core ep_base: dispatch and combine AllToAll over the expert axis,
+            # forward (+ remat) and backward: ep_base * (2 * (1 + rc_all) + 2)
+            xe = Tensor("xe", ("experts", "capacity", "embed"), op.inputs[0].dtype)
+            s = _spec(xe, rules)
+            b = _f(s.local_bytes(sizes, mesh_sizes))
+            for label, phase, n in (
+                ("dispatch", "forward", 1 + rc_all),
+                ("combine", "forward", 1 + rc_all),
+                ("dispatch", "backward", 1.0),
+                ("combine", "backward", 1.0),
+            ):
+                colls.append(
+                    PredictedCollective(
+                        op.name,
+                        label,
+                        phase,
+                        "all-to-all",
+                        ("expert",),
+                        "xe",
+                        hlo_dtype(xe.dtype),
+                        b,
+                        copies * n,
+                        "[tokens, embed] sharded over the batch axes",
+                        str(s),
+                        "MoE dispatch/combine over the expert axis (training._core ep_base)",
+                    )
+                )
+
+    mesh_int = dict(deg.mesh_axes())
+    order = tuple(a for a in AXIS_ORDER if a in mesh_int)
+    colls = [replace(c, axes=_mesh_axes_order(c.axes, order)) for c in colls]
+    once = [replace(c, axes=_mesh_axes_order(c.axes, order)) for c in once]
+    inputs = {
+        "model": model.name,
+        "plan": _plan_str(deg),
+        "batch": batch,
+        "seq": seq,
+        "dtype": dt,
+        "n_layers": n_layers,
+        "remat": remat,
+        "fused_qkv": fused_qkv,
+        "capacity_factor": capacity_factor,
+        "pricing": pricing_label,
+        "d_model": model.d_model,
+        "moe": model.moe is not None,
+        "choices": {f"{k[0]}:{k[1]}": v for k, v in choices.items()},
+    }
+    name = (
+        f"{model.name}:{_plan_str(deg)}"
+        + (f":L{n_layers}" if n_layers > 1 else "")
+        + (":remat" if remat else "")
+        + (":fusedqkv" if fused_qkv else "")
+        + f":{dt}"
+    )
+
+    def again(ch: Mapping[tuple[str, str], int]) -> Prediction:
+        return predict_train_step(
+            model,
+            plan,
+            batch=batch,
+            seq=seq,
+            dtype=dtype,
+            n_layers=n_layers,
+            remat=remat,
+            fused_qkv=fused_qkv,
+            capacity_factor=capacity_factor,
+            system=system,
+            choices=ch,
+        )
+
+    return Prediction(
+        name,
+        "train_step",
+        mesh_int,
+        tuple(colls),
+        float(sum(flops.values())),
+        flops,
+        tuple(once),
+        tuple(einsums),
+        inputs,
+        tuple(notes),
+        again,
+    )
+
+
+_LABELS = ("forward", "d_lhs", "d_rhs")
+_ONCE_WHY = {
+    CollectiveKind.ALL_GATHER: "the same array gathered the same way once per phase (training._add_comms)",
+    CollectiveKind.ALL_REDUCE: "partial input-gradients of one block summed, then reduced once (training._add_comms)",
+    CollectiveKind.REDUCE_SCATTER: "partial input-gradients of one block summed, then reduced once (training._add_comms)",
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _planned_rows(
+    model: ModelSpec,
+    mesh_axes: tuple[tuple[str, int], ...],
+    batch: int,
+    seq: int,
+    dt: str,
+    n_layers: int,
+    remat: bool,
+    system: str | None,
+):
+    """Ledger rows with their sizes and (for matmuls) the three planned einsums; cached per program."""
+    deg = Degrees(**{s.value: dict(mesh_axes).get(AXIS_OF[s], 1) for s in Strategy})
+    m = model.with_(n_layers=n_layers)
+    rk = Remat(RematKind.FULL) if remat else Remat(RematKind.NONE)
+    structure = structure_of(Plan(deg, remat=rk), m)
+    rules = _rules(structure, m)
+    mesh_sizes = {AXIS_OF[s]: float(getattr(deg, s.value)) for s in Strategy}
+    pricing = make_pricing(dict(mesh_axes), dt, system)
+    led = build_ledger(m, batch=1, seq=seq, causal=Causal.FULL, dtypes=DtypePolicy(dt, dt, dt))
+    rows = []
+    for op in led:
+        if op.name in _SKIPPED_ROWS:
+            continue
+        sizes = {k: _f(v) for k, v in _sizes(op, np.asarray(float(batch))).items()}
+        planned = None
+        if op.kind == OpKind.MATMUL:
+            lhs, rhs, out_s = _op_specs(op, rules)
+            planned = plan_training_einsum(
+                lhs,
+                rhs,
+                out_s,
+                sizes,
+                mesh_sizes,
+                pricing.comm,
+                peak_flops_per_s=pricing.peak_flops_per_s,
+                hbm_bw_bytes_per_s=pricing.hbm_bw_bytes_per_s,
+                check_divisible=False,
+            )
+        rows.append((op, sizes, planned))
+    return tuple(rows), structure, rules, mesh_sizes, pricing.label
+
+
+def _override(ep: EinsumPlan, index: int | None) -> EinsumPlan:
+    if index is None:
+        return ep
+    if not 0 <= index < len(ep.options):
+        raise VerifyError(
+            f"option {index} of {ep.expr}",
+            rule=f"the algebra costed {len(ep.options)} options",
+            fix="pick an index from EinsumPlan.options",
+        )
+    return replace(ep, choice=index)
+
+
+def _peak(system: System, dt: str) -> float:
+    try:
+        return system.chip.peak(dt)
+    except SpecError:  # a chip without this dtype's peak (fp32 on some GPUs): price at bf16
+        return system.chip.peak("bf16")
+
+
+def _with_seq(s: Spec) -> tuple[tuple[str, ...], ...]:
+    """The axes of `s` with kv_seq split over `seq` (the K/V shard before the gather)."""
+    return tuple((("seq",) if d == "kv_seq" else ax) for d, ax in zip(s.dims, s.axes, strict=True))
+
+
+def _counted(ep: EinsumPlan, c: Comm, block: str, counted: dict) -> tuple[dict[str, float], bool]:
+    """Ask `training._add_comms` whether this one collective is counted, in which bucket, and
+    whether it is a backward re-gather of a forward FSDP gather (`fsdp_b_dup`).
+
+    The collective is priced at 1 (a marker) so that a zero-cost collective still shows up.
+    """
+    out = {k: np.zeros(1) for k in _BUCKET_KEYS}
+    o = replace(ep.best, comms=(replace(c, time_s=1.0),))
+    single = replace(ep, options=(o,), choice=0)
+    _add_comms(single, block, 1.0, out, counted, True)
+    added = {k: _f(v) for k, v in out.items() if k != "fsdp_b_dup" and _f(v) != 0.0}
+    return added, _f(out["fsdp_b_dup"]) > 0
+
+
+def _pc(
+    op: str, label: str, c: Comm, count: float, ep: EinsumPlan, why: str = ""
+) -> PredictedCollective:
+    return PredictedCollective(
+        op,
+        label,
+        c.phase,
+        HLO_KIND[c.kind],
+        tuple(c.axes),
+        c.tensor,
+        _dtype_of(c, ep),
+        _f(c.bytes_per_chip),
+        count,
+        c.before,
+        c.after,
+        why or c.why,
+    )
+
+
+def _dtype_of(c: Comm, ep: EinsumPlan) -> str:
+    """The dtype of the collective's array: the einsum operand or output it names."""
+    for s in (ep.lhs, ep.rhs, ep.out):
+        if s.name == c.tensor:
+            return hlo_dtype(s.dtype)
+    return hlo_dtype(ep.out.dtype)
+
+
+def hlo_dtype(name: str) -> str:
+    """Ledger dtype name -> HLO element type (fp32 -> f32, fp16 -> f16, bf16 stays)."""
+    return {"fp32": "f32", "fp16": "f16", "fp8": "f8e4m3fn", "int8": "s8"}.get(name, name)
+
+
+def _plan_str(deg: Degrees) -> str:
+    parts = [
+        f"{s}={getattr(deg, s)}"
+        for s in ("dp", "fsdp", "tp", "sp", "ep", "pp")
+        if getattr(deg, s) > 1
+    ]
+    return ",".join(parts) or "single"
+
+
+def _dtype_name(dtype: Any) -> str:
+    s = str(getattr(dtype, "name", dtype)).lower()
+    table = {
+        "bf16": "bf16",
+        "bfloat16": "bf16",
+        "f32": "fp32",
+        "float32": "fp32",
+        "fp32": "fp32",
+        "f16": "fp16",
+        "fp16": "fp16",
+        "float16": "fp16",
+    }
+    if s not in table:
+        raise VerifyError(
+            f"dtype {dtype!r}", rule="verify programs use bf16, f16 or f32", fix="use --dtype bf16"
+        )
+    return table[s]
+
+
+# ----------------------------------------------------------------------------- matmul
+
+
+def predict_matmul(
+    expr: str,
+    *,
+    sizes: Mapping[str, int] | None = None,
+    mesh_shape: Mapping[str, int] | None = None,
+    dtype: str = "bf16",
+    system: str | None = None,
+    choices: Mapping[tuple[str, str], int] | None = None,
+) -> Prediction:
+    """The algebra's plan for one of the book's sharded matmuls (`build_matmul`'s arguments).
+
+    The output defaults as in `build_matmul` (free dims keep their input sharding, an
+    axis used twice is dropped). Every option the algebra costed is kept in `einsums`.
+    """
+    from roofline.verify.program import MatmulSpec
+
+    ms = MatmulSpec.parse(expr)
+    axes = ms.mesh_axes()
+    if mesh_shape is None:
+        mesh_shape = (
+            {axes[0]: 8}
+            if len(axes) == 1
+            else {a: (4 if i == len(axes) - 1 else 2) for i, a in enumerate(axes)}
+        )
+    mesh_int = {a: int(n) for a, n in mesh_shape.items()}
+    missing = [a for a in axes if a not in mesh_int]
+    if missing:
+        raise VerifyError(
+            f"mesh axes {missing} have no size",
+            rule="every axis in the notation needs a size",
+            fix="add them to --mesh, e.g. --mesh X=8",
+        )
+    dims = {d for op in (ms.lhs, ms.rhs) for d, _ in op}
+    sz = {d: float((sizes or {}).get(d, 256)) for d in dims}
+    dt = _dtype_name(dtype)
+
+    def spec(name: str, op: tuple) -> Spec:
+        return Spec(name, tuple(d for d, _ in op), tuple(tuple(a) for _, a in op), (), dt)
+
+    lhs, rhs, out = spec("A", ms.lhs), spec("B", ms.rhs), spec("C", ms.out)
+    pricing = make_pricing(mesh_int, dt, system)
+    ep = plan_einsum(
+        lhs,
+        rhs,
+        out,
+        sz,
+        {a: float(v) for a, v in mesh_int.items()},
+        pricing.comm,
+        peak_flops_per_s=pricing.peak_flops_per_s,
+        hbm_bw_bytes_per_s=pricing.hbm_bw_bytes_per_s,
+    )
+    ep = _override(ep, dict(choices or {}).get(("matmul", "forward")))
+    order = tuple(mesh_int)
+    colls = tuple(
+        replace(_pc("matmul", "forward", c, 1.0, ep), axes=_mesh_axes_order(tuple(c.axes), order))
+        for c in ep.best.comms
+    )
+    fl = _f(ep.flops_per_chip)
+    return Prediction(
+        f"matmul:{expr}",
+        "matmul",
+        mesh_int,
+        colls,
+        fl,
+        {"matmul": fl},
+        (),
+        (("matmul", ep),),
+        {
+            "expr": expr,
+            "sizes": {k: int(v) for k, v in sz.items()},
+            "mesh": mesh_int,
+            "dtype": dt,
+            "pricing": pricing.label,
+            "case": ep.case,
+            "strategy": ep.best.describe(),
+            "choices": {f"{k[0]}:{k[1]}": v for k, v in dict(choices or {}).items()},
+        },
+        (f"book case {ep.case}",),
+        lambda ch: predict_matmul(
+            expr, sizes=sizes, mesh_shape=mesh_shape, dtype=dtype, system=system, choices=ch
+        ),
+    )
+
+
+__all__ = [
+    "BandwidthCost",
+    "HLO_KIND",
+    "PredictedCollective",
+    "Prediction",
+    "predict_matmul",
+    "predict_train_step",
+]
