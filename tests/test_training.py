@@ -236,3 +236,30 @@ def test_planner_single_structure_equals_each_plans_own(plan, remat, msp):
     np.testing.assert_allclose(a.memory_total, b.memory_total, rtol=1e-12)
     for k in a.comm:
         np.testing.assert_allclose(a.comm[k], b.comm[k], rtol=1e-12, atol=1e-15)
+
+
+def test_deadline_finds_the_fewest_chips_that_finish_in_time(capsys):
+    from roofline.planner import chips_for_deadline
+
+    work = Workload(2**22, 4096, 1e12)
+    res = chips_for_deadline(MODEL, parse_system("h100:64"), work, 7 * 86400)
+    assert res.result is not None
+    n = res.result.best.system.n_chips
+    assert res.result.best.run_time_s <= 7 * 86400
+    # the next smaller size tried (if any) misses the deadline
+    smaller = [t for s, c, t in res.tried if c == n // 2]
+    assert not smaller or smaller[0] > 7 * 86400
+    d = _json(capsys, ["train", "--model", "llama-3-8b", "--system", "h100:64", "--tokens", "1T", "--deadline", "7d", "--json"])
+    assert d["chips_needed"] == n and d["run_time_s"] <= 7 * 86400
+
+
+@pytest.mark.parametrize("text,seconds", [("30d", 30 * 86400), ("720h", 720 * 3600), ("45min", 2700), ("2w", 14 * 86400), ("1e6", 1e6)])
+def test_durations(text, seconds):
+    from roofline.cli.train_cmd import parse_duration
+
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_bad_deadline(capsys):
+    assert main(["train", "--model", "llama-3-8b", "--system", "h100:64", "--deadline", "soon"]) == 2
+    assert "cannot read duration" in capsys.readouterr().err

@@ -494,3 +494,81 @@ def terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:
 
 
 _ = (field, replace, Efficiency)
+
+
+@dataclass(frozen=True)
+class DeadlineResult:
+    """The smallest system (of the family searched) whose best plan finishes the run in time."""
+
+    deadline_s: float
+    result: PlanResult | None  # the plan on the chosen system (None if even the largest misses)
+    tried: tuple[tuple[str, int, float], ...]  # (system, chips, best run time s) in the order searched
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"deadline_s": self.deadline_s, "chips_needed": None if self.result is None else self.result.best.system.n_chips,
+                "system_needed": None if self.result is None else self.result.best.system.name,
+                "tried": [{"system": s, "chips": n, "run_time_s": t} for s, n, t in self.tried]}
+
+
+def scale_family(system: System, max_factor: int = 8) -> list[System]:
+    """Systems of the same chip, smallest first: GPU clusters of node·2^k GPUs up to `max_factor`
+    × the given one; TPU sub-slices of the pod, then 2, 4, ... pods over DCN."""
+    out: list[System] = []
+    if system.is_tpu:
+        base = sub_slices(system if system.n_slices == 1 else parse_system(f"{system.chip.name}:{'x'.join(map(str, system.topology))}"),
+                          max_count=64)
+        pod = "x".join(map(str, system.topology))
+        out = sorted(base, key=lambda s: s.n_chips)
+        k = 2
+        while k <= max_factor:
+            out.append(parse_system(f"{k}x{system.chip.name}:{pod}", usd_per_chip_hour=system.usd_per_chip_hour))
+            k *= 2
+        return out
+    node = system.chip.nvlink_domain or 8
+    n = node
+    while n <= system.n_chips * max_factor:
+        out.append(parse_system(f"{system.chip.name}:{n}", usd_per_chip_hour=system.usd_per_chip_hour, sharp=system.sharp))
+        n *= 2
+    return out
+
+
+def chips_for_deadline(model: ModelSpec, system: System, workload: Workload, deadline_s: float, **kw: Any) -> DeadlineResult:
+    """Bisect the system's scale family for the fewest chips whose fastest plan meets the deadline.
+
+    Run time falls as chips grow (more chips never make the best plan slower, since a larger
+    system can always run a smaller plan's mesh with wider data parallelism), so a bisection
+    over the sorted family finds the boundary with a few planner calls.
+    """
+    if not (deadline_s > 0 and math.isfinite(deadline_s)):
+        raise PlanError(f"deadline {deadline_s!r} s", rule="a deadline is a positive duration", fix="write e.g. --deadline 30d")
+    if not workload.total_tokens:
+        raise PlanError("a deadline needs the run length", rule="run time = tokens / throughput", fix="give --tokens, e.g. 15T")
+    family = scale_family(system)
+    tried: list[tuple[str, int, float]] = []
+    cache: dict[int, PlanResult | None] = {}
+
+    def best(i: int) -> PlanResult | None:
+        if i not in cache:
+            try:
+                r = plan_training(model, family[i], workload, objective="time", allow_sub_slices=False, **kw)
+                tried.append((family[i].name, family[i].n_chips, r.best.run_time_s))
+            except PlanError:
+                r = None
+                tried.append((family[i].name, family[i].n_chips, math.inf))
+            cache[i] = r
+        return cache[i]
+
+    def ok(i: int) -> bool:
+        r = best(i)
+        return r is not None and r.best.run_time_s <= deadline_s
+
+    lo, hi = 0, len(family) - 1
+    if not ok(hi):
+        return DeadlineResult(deadline_s, None, tuple(tried))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return DeadlineResult(deadline_s, best(lo), tuple(tried))

@@ -43,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adam-bf16", help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32, sgd-bf16")
     p.add_argument("--price", type=float, help="override USD per chip-hour")
     p.add_argument("--no-sub-slices", action="store_true", help="use exactly the given system, never a TPU sub-slice")
+    p.add_argument("--deadline", help="find the fewest chips (of the system's chip type) that finish --tokens by then, e.g. 30d, 720h")
     add_json(p)
 
 
@@ -72,11 +73,43 @@ def run(args: argparse.Namespace) -> int:
         result = cost.to_dict()
         return emit(args, NAME, inputs, {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]},
                     _render_one(model, work, cost, header=f"Plan {plan.describe()}"))
+    if args.deadline:
+        return _deadline(args, model, system, work, eff, inputs)
     chips = [int(parse_quantity(c, what="chips")) for c in args.chips.split(",")] if args.chips else None
     res = plan_training(model, system, work, objective=args.objective, top_k=args.top, efficiency=eff, optimizer=args.optimizer,
                         allow_sub_slices=not args.no_sub_slices, chips=chips,
                         progress=None if args.json else terminal_progress(sys.stderr), space=SearchSpace())
     return emit(args, NAME, inputs, res.to_dict(), _render_search(model, system, work, res))
+
+
+def parse_duration(text: str) -> float:
+    """'30d', '720h', '45min', '1e6s', '2w' -> seconds."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|sec|min|m|h|d|w|days?|hours?|weeks?)?\s*", str(text))
+    if not m:
+        raise PlanError(f"cannot read duration {text!r}", rule="a number with s, min, h, d or w", fix="write e.g. --deadline 30d")
+    unit = (m.group(2) or "s").rstrip("s") or "s"
+    mult = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hour": 3600, "d": DAY, "day": DAY, "w": 7 * DAY, "week": 7 * DAY}[unit]
+    return float(m.group(1)) * mult
+
+
+def _deadline(args, model, system, work: Workload, eff, inputs) -> int:
+    from roofline.planner import chips_for_deadline
+
+    dl = parse_duration(args.deadline)
+    res = chips_for_deadline(model, system, work, dl, efficiency=eff, optimizer=args.optimizer, top_k=args.top)
+    tried = table([[s, n, "-" if t == float("inf") else f"{t / DAY:.1f}"] for s, n, t in res.tried], ["system", "chips", "best days"],
+                  align="lrr")
+    if res.result is None:
+        text = (f"No system of {system.chip.name} up to {res.tried[-1][1] if res.tried else '?'} chips finishes "
+                f"{fmt_count(work.total_tokens)} tokens in {dl / DAY:.1f} days.\n\nTried (bisection):\n{tried}")
+        return emit(args, NAME, {**inputs, "deadline": args.deadline}, res.to_dict(), text)
+    b = res.result.best
+    head = (f"Fewest {system.chip.name} chips to train {model.name} on {fmt_count(work.total_tokens)} tokens within "
+            f"{dl / DAY:.1f} days: {b.system.n_chips} ({b.system.name}), {b.run_time_s / DAY:.1f} days.")
+    text = head + "\n\n" + _render_one(model, work, b, header="Fastest plan there:") + "\n\nTried (bisection):\n" + tried
+    return emit(args, NAME, {**inputs, "deadline": args.deadline}, {**res.result.to_dict(), **res.to_dict()}, text)
 
 
 def _system_for_plan(system, n: int):
