@@ -27,7 +27,12 @@ CASES = (
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--loop-sample", type=int, default=40, help="plans timed one by one for the Python-loop baseline")
+    ap.add_argument(
+        "--loop-sample",
+        type=int,
+        default=40,
+        help="plans timed one by one for the Python-loop baseline",
+    )
     args = ap.parse_args()
     # warm caches that any first call pays (module imports, chip/model catalogs)
     load_model("llama-3-8b")
@@ -47,9 +52,11 @@ def main() -> None:
             evaluate_plan(model, sysm, work, plan)
         loop_rate = len(plans) / (time.perf_counter() - t1)
         best = result.best
-        print(f"{model_name} on {system_name}: {dt:.2f} s end to end, {n} configurations evaluated "
-              f"({n / dt:,.0f}/s vectorised vs {loop_rate:,.0f}/s one plan at a time, {n / dt / loop_rate:,.0f}x); "
-              f"best {best.plan.describe()} on {best.system.n_chips} chips, step {best.step_time_s:.2f} s, MFU {best.mfu:.1%}")
+        print(
+            f"{model_name} on {system_name}: {dt:.2f} s end to end, {n} configurations evaluated "
+            f"({n / dt:,.0f}/s vectorised vs {loop_rate:,.0f}/s one plan at a time, {n / dt / loop_rate:,.0f}x); "
+            f"best {best.plan.describe()} on {best.system.n_chips} chips, step {best.step_time_s:.2f} s, MFU {best.mfu:.1%}"
+        )
 
 
 if __name__ == "__main__":

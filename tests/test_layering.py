@@ -14,17 +14,27 @@ SRC = Path(__file__).parents[1] / "src" / "roofline"
 
 # stage of each module (dotted name under roofline); subpackages inherit their prefix's stage
 STAGES = {
-    "units": 0, "errors": 0,
+    "units": 0,
+    "errors": 0,
     "specs": 1,
-    "ledger": 2, "memory": 2,
-    "roofline": 3, "opexpr": 3,
-    "rules": 4, "mesh": 4, "collectives": 4, "sharding": 4,
-    "training": 5, "planner": 5,
+    "ledger": 2,
+    "memory": 2,
+    "roofline": 3,
+    "opexpr": 3,
+    "rules": 4,
+    "mesh": 4,
+    "collectives": 4,
+    "sharding": 4,
+    "training": 5,
+    "planner": 5,
     "verify": 6,
     "report": 7,
     # plain formatting helpers that import nothing from roofline: usable at any stage
-    "report.table": 0, "report.jsonout": 0,
-    "cli": 8, "__main__": 8, "__init__": 9,
+    "report.table": 0,
+    "report.jsonout": 0,
+    "cli": 8,
+    "__main__": 8,
+    "__init__": 9,
 }
 
 
@@ -53,11 +63,11 @@ def imports_of(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("roofline"):
-            found.add(node.module[len("roofline."):] if node.module != "roofline" else "__init__")
+            found.add(node.module[len("roofline.") :] if node.module != "roofline" else "__init__")
         elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("roofline."):
-                    found.add(a.name[len("roofline."):])
+                    found.add(a.name[len("roofline.") :])
     return found
 
 
@@ -66,7 +76,9 @@ def test_no_upward_import(dotted, path):
     mine = stage_of(dotted)
     for imp in imports_of(path):
         theirs = stage_of(imp)
-        assert theirs <= mine, f"roofline.{dotted} (stage {mine}) imports roofline.{imp} (stage {theirs}): a lower stage may not import a higher one"
+        assert theirs <= mine, (
+            f"roofline.{dotted} (stage {mine}) imports roofline.{imp} (stage {theirs}): a lower stage may not import a higher one"
+        )
 
 
 def test_every_module_has_a_stage():

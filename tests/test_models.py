@@ -26,10 +26,26 @@ def arch(m: ModelSpec) -> dict:
 # ---------------------------------------------------------------------------------------
 
 EXPECTED_PRESETS = {
-    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-8b",
-    "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "gemma-2-9b",
-    "gemma-2-27b", "qwen2.5-72b", "qwen3-8b", "gpt-3-175b", "book-tf-q1", "book-inference-q1",
-    "book-inference-moe", "tiny-llama",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "deepseek-v3",
+    "gemma-2-9b",
+    "gemma-2-27b",
+    "qwen2.5-72b",
+    "qwen3-8b",
+    "gpt-3-175b",
+    "book-tf-q1",
+    "book-inference-q1",
+    "book-inference-moe",
+    "tiny-llama",
 }
 
 
@@ -67,33 +83,36 @@ def test_aliases_do_not_collide():
             assert seen.setdefault(k, name) == name, f"{a!r} names both {seen[k]} and {name}"
 
 
-@pytest.mark.parametrize("alias, name", [
-    ("llama3-70b", "llama-3-70b"),
-    ("meta-llama/Meta-Llama-3-70B", "llama-3-70b"),
-    ("Meta-Llama-3-70B", "llama-3-70b"),
-    ("LLaMA-3-70B", "llama-3-70b"),
-    ("llama_3_70b", "llama-3-70b"),
-    ("llama-3.1-70b", "llama-3.1-70b"),
-    ("meta-llama/Llama-3.1-70B", "llama-3.1-70b"),
-    ("meta-llama/Meta-Llama-3.1-405B", "llama-3.1-405b"),
-    ("llama-3-405b", "llama-3.1-405b"),
-    ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),
-    ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
-    ("meta-llama/Llama-2-13b-hf", "llama-2-13b"),
-    ("llama2-7b", "llama-2-7b"),
-    ("Llama-2-70b-chat-hf", "llama-2-70b"),
-    ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
-    ("Mixtral-8x22B", "mixtral-8x22b"),
-    ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
-    ("DeepSeek V3", "deepseek-v3"),
-    ("google/gemma-2-9b", "gemma-2-9b"),
-    ("gemma2-27b", "gemma-2-27b"),
-    ("Qwen/Qwen2.5-72B", "qwen2.5-72b"),
-    ("Qwen/Qwen3-8B", "qwen3-8b"),
-    ("GPT-3", "gpt-3-175b"),
-    ("tiny", "tiny-llama"),
-    ("inference-moe", "book-inference-moe"),
-])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("llama3-70b", "llama-3-70b"),
+        ("meta-llama/Meta-Llama-3-70B", "llama-3-70b"),
+        ("Meta-Llama-3-70B", "llama-3-70b"),
+        ("LLaMA-3-70B", "llama-3-70b"),
+        ("llama_3_70b", "llama-3-70b"),
+        ("llama-3.1-70b", "llama-3.1-70b"),
+        ("meta-llama/Llama-3.1-70B", "llama-3.1-70b"),
+        ("meta-llama/Meta-Llama-3.1-405B", "llama-3.1-405b"),
+        ("llama-3-405b", "llama-3.1-405b"),
+        ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),
+        ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+        ("meta-llama/Llama-2-13b-hf", "llama-2-13b"),
+        ("llama2-7b", "llama-2-7b"),
+        ("Llama-2-70b-chat-hf", "llama-2-70b"),
+        ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+        ("Mixtral-8x22B", "mixtral-8x22b"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+        ("DeepSeek V3", "deepseek-v3"),
+        ("google/gemma-2-9b", "gemma-2-9b"),
+        ("gemma2-27b", "gemma-2-27b"),
+        ("Qwen/Qwen2.5-72B", "qwen2.5-72b"),
+        ("Qwen/Qwen3-8B", "qwen3-8b"),
+        ("GPT-3", "gpt-3-175b"),
+        ("tiny", "tiny-llama"),
+        ("inference-moe", "book-inference-moe"),
+    ],
+)
 def test_aliases_resolve(alias, name):
     assert load_model(alias).name == name
 
@@ -118,7 +137,14 @@ def test_llama3_and_31_differ_only_in_context():
 def test_preset_architectures():
     m = load_model("llama-3.1-405b")
     assert (m.n_layers, m.d_model, m.d_ff, m.n_heads, m.n_kv_heads, m.d_head, m.vocab) == (
-        126, 16384, 53248, 128, 8, 128, 128256)
+        126,
+        16384,
+        53248,
+        128,
+        8,
+        128,
+        128256,
+    )
     assert m.attention == AttentionKind.GQA
     assert load_model("llama-2-13b").attention == AttentionKind.MHA
 
@@ -127,8 +153,13 @@ def test_preset_architectures():
     assert ds.n_dense_layers == 3 and ds.n_moe_layers == 58
     assert ds.moe.n_experts == 256 and ds.moe.top_k == 8 and ds.moe.d_ff_expert == 2048
     assert ds.moe.n_shared_experts == 1 and ds.d_ff == 18432
-    assert (ds.mla.q_lora_rank, ds.mla.kv_lora_rank, ds.mla.qk_nope_head_dim,
-            ds.mla.qk_rope_head_dim, ds.mla.v_head_dim) == (1536, 512, 128, 64, 128)
+    assert (
+        ds.mla.q_lora_rank,
+        ds.mla.kv_lora_rank,
+        ds.mla.qk_nope_head_dim,
+        ds.mla.qk_rope_head_dim,
+        ds.mla.v_head_dim,
+    ) == (1536, 512, 128, 64, 128)
 
     g9, g27 = load_model("gemma-2-9b"), load_model("gemma-2-27b")
     assert g9.d_head == 256 and g27.d_head == 128
@@ -139,7 +170,11 @@ def test_preset_architectures():
 
     assert load_model("qwen2.5-72b").qkv_bias
     gpt = load_model("gpt-3-175b")
-    assert gpt.mlp == MLPKind.PLAIN and gpt.d_ff == 4 * gpt.d_model and gpt.attention == AttentionKind.MHA
+    assert (
+        gpt.mlp == MLPKind.PLAIN
+        and gpt.d_ff == 4 * gpt.d_model
+        and gpt.attention == AttentionKind.MHA
+    )
 
     moe = load_model("book-inference-moe")
     assert moe.n_moe_layers == 64 and moe.moe.n_experts == 16 and moe.moe.top_k == 2
@@ -147,23 +182,34 @@ def test_preset_architectures():
     assert arch(q1) | {"moe": None} == arch(moe) | {"moe": None}
 
     tiny = load_model("tiny-llama")
-    assert (tiny.n_layers, tiny.d_model, tiny.d_ff, tiny.n_heads, tiny.n_kv_heads, tiny.d_head, tiny.vocab) == (
-        2, 256, 1024, 8, 4, 32, 1024)
+    assert (
+        tiny.n_layers,
+        tiny.d_model,
+        tiny.d_ff,
+        tiny.n_heads,
+        tiny.n_kv_heads,
+        tiny.d_head,
+        tiny.vocab,
+    ) == (2, 256, 1024, 8, 4, 32, 1024)
 
 
 # ---------------------------------------------------------------------------------------
 # Hugging Face config.json
 # ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fixture, preset", [
-    ("llama-2-13b.json", "llama-2-13b"),
-    ("llama-3-8b.json", "llama-3-8b"),
-    ("mixtral-8x7b.json", "mixtral-8x7b"),
-    ("qwen2.5-72b.json", "qwen2.5-72b"),
-    ("gemma-2-9b.json", "gemma-2-9b"),
-    ("deepseek-v3.json", "deepseek-v3"),
-    ("qwen3-8b.json", "qwen3-8b"),
-])
+
+@pytest.mark.parametrize(
+    "fixture, preset",
+    [
+        ("llama-2-13b.json", "llama-2-13b"),
+        ("llama-3-8b.json", "llama-3-8b"),
+        ("mixtral-8x7b.json", "mixtral-8x7b"),
+        ("qwen2.5-72b.json", "qwen2.5-72b"),
+        ("gemma-2-9b.json", "gemma-2-9b"),
+        ("deepseek-v3.json", "deepseek-v3"),
+        ("qwen3-8b.json", "qwen3-8b"),
+    ],
+)
 def test_hf_config_matches_preset(fixture, preset):
     m = load_hf_config(HF / fixture)
     assert arch(m) == arch(load_model(preset))
@@ -174,7 +220,9 @@ def test_hf_config_matches_preset(fixture, preset):
 
 
 def test_hf_name():
-    assert load_hf_config(HF / "llama-2-13b.json").name == "meta-llama/Llama-2-13b-hf"  # _name_or_path
+    assert (
+        load_hf_config(HF / "llama-2-13b.json").name == "meta-llama/Llama-2-13b-hf"
+    )  # _name_or_path
     assert load_hf_config(HF / "llama-3-8b.json").name == "llama-3-8b"  # file stem
 
 
@@ -191,7 +239,14 @@ def test_hf_directory(tmp_path):
 def test_hf_head_dim_and_tying():
     m = load_hf_config(HF / "qwen3-0.6b.json")  # Qwen/Qwen3-0.6B: head_dim 128 != 1024/16
     assert (m.n_layers, m.d_model, m.d_ff, m.n_heads, m.n_kv_heads, m.d_head, m.vocab) == (
-        28, 1024, 3072, 16, 8, 128, 151936)
+        28,
+        1024,
+        3072,
+        16,
+        8,
+        128,
+        151936,
+    )
     assert m.tied_embeddings and m.qk_norm and not m.qkv_bias and m.sliding_window is None
 
 
@@ -236,8 +291,11 @@ def test_hf_defaults(tmp_path):
 
 def test_hf_qwen2_sliding_window_ignored_unless_used(tmp_path):
     assert load_hf_config(HF / "qwen2.5-72b.json").sliding_window is None
-    d = json.loads((HF / "qwen2.5-72b.json").read_text()) | {"use_sliding_window": True, "max_window_layers": 0,
-                                                              "sliding_window": 32768}
+    d = json.loads((HF / "qwen2.5-72b.json").read_text()) | {
+        "use_sliding_window": True,
+        "max_window_layers": 0,
+        "sliding_window": 32768,
+    }
     m = load_hf_config(_write(tmp_path, d))
     assert m.sliding_window == 32768 and m.n_local_layers == 80
     d["max_window_layers"] = 40
@@ -257,6 +315,7 @@ def test_hf_layer_types(tmp_path):
 
 
 # ---- errors -----------------------------------------------------------------------------
+
 
 def test_hf_malformed_json(tmp_path):
     p = _write(tmp_path, '{\n  "model_type": "llama",\n  "hidden_size": 4096,,\n}')
@@ -287,13 +346,23 @@ def test_hf_unknown_model_type(tmp_path):
     assert "gpt_neox" in msg and str(p) in msg
     for mt in ("llama", "mixtral", "qwen2", "qwen3", "gemma2", "deepseek_v3"):
         assert mt in msg
-    assert set(SUPPORTED_MODEL_TYPES) >= {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2", "deepseek_v3"}
+    assert set(SUPPORTED_MODEL_TYPES) >= {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+        "deepseek_v3",
+    }
     with pytest.raises(SpecError, match="'model_type' is missing"):
         load_hf_config(_write(tmp_path, _llama3(model_type=None)))
 
 
-@pytest.mark.parametrize("field", ["hidden_size", "num_hidden_layers", "intermediate_size",
-                                   "num_attention_heads", "vocab_size"])
+@pytest.mark.parametrize(
+    "field",
+    ["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size"],
+)
 def test_hf_missing_field(tmp_path, field):
     p = _write(tmp_path, _llama3(**{field: None}))
     with pytest.raises(SpecError) as e:
@@ -313,12 +382,22 @@ def test_hf_missing_moe_field(tmp_path):
         load_hf_config(_write(tmp_path, d))
 
 
-@pytest.mark.parametrize("field, value", [
-    ("hidden_size", 0), ("num_hidden_layers", -2), ("intermediate_size", 0), ("vocab_size", -1),
-    ("num_attention_heads", 0), ("num_key_value_heads", 0), ("head_dim", -128),
-    ("max_position_embeddings", 0), ("hidden_size", 40.5), ("num_hidden_layers", "32"),
-    ("num_hidden_layers", True),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("hidden_size", 0),
+        ("num_hidden_layers", -2),
+        ("intermediate_size", 0),
+        ("vocab_size", -1),
+        ("num_attention_heads", 0),
+        ("num_key_value_heads", 0),
+        ("head_dim", -128),
+        ("max_position_embeddings", 0),
+        ("hidden_size", 40.5),
+        ("num_hidden_layers", "32"),
+        ("num_hidden_layers", True),
+    ],
+)
 def test_hf_non_positive(tmp_path, field, value):
     p = _write(tmp_path, _llama3(**{field: value}))
     with pytest.raises(SpecError) as e:
@@ -397,7 +476,9 @@ PUBLISHED = [
 ]
 
 
-@pytest.mark.parametrize("name, total, active, tol, tol_active", PUBLISHED, ids=[p[0] for p in PUBLISHED])
+@pytest.mark.parametrize(
+    "name, total, active, tol, tol_active", PUBLISHED, ids=[p[0] for p in PUBLISHED]
+)
 def test_param_counts(name, total, active, tol, tol_active):
     from roofline.ledger import count_params
 
@@ -441,11 +522,15 @@ def test_param_counts_via_hf_json():
     ds = count_params(load_hf_config(HF / "deepseek-v3.json"))
     assert ds.total == pytest.approx(671e9, rel=0.02) and ds.active == pytest.approx(37e9, rel=0.02)
     mx = count_params(load_hf_config(HF / "mixtral-8x7b.json"))
-    assert mx.total == pytest.approx(46.7e9, rel=0.005) and mx.active == pytest.approx(12.9e9, rel=0.005)
+    assert mx.total == pytest.approx(46.7e9, rel=0.005) and mx.active == pytest.approx(
+        12.9e9, rel=0.005
+    )
     # Qwen/Qwen3-0.6B model card: 0.6B total, 0.44B non-embedding (tied: one 151936×1024 table)
     q = count_params(load_hf_config(HF / "qwen3-0.6b.json"))
     assert q.total == pytest.approx(0.596e9, rel=0.01)
     # Mistral-7B-v0.1: 7,241,732,096 (HF safetensors metadata)
     assert count_params(load_hf_config(HF / "mistral-7b-v0.1.json")).total == 7_241_732_096
     # DeepSeek-V2-Lite model card: 15.7B total
-    assert count_params(load_hf_config(HF / "deepseek-v2-lite.json")).total == pytest.approx(15.7e9, rel=0.005)
+    assert count_params(load_hf_config(HF / "deepseek-v2-lite.json")).total == pytest.approx(
+        15.7e9, rel=0.005
+    )

@@ -22,8 +22,10 @@ MODEL = load_model("llama-3-8b")
 
 
 def test_parse_plan_reads_every_key():
-    p = parse_plan("fsdp=64,tp=4,sp=2,pp=2,microbatch=8,remat=ckpt4,schedule=interleaved,virtual=2,megatron_sp=1,"
-                   "collective_matmul=1,optimizer=adam-fp32-master")
+    p = parse_plan(
+        "fsdp=64,tp=4,sp=2,pp=2,microbatch=8,remat=ckpt4,schedule=interleaved,virtual=2,megatron_sp=1,"
+        "collective_matmul=1,optimizer=adam-fp32-master"
+    )
     d = p.degrees
     assert (d.fsdp, d.tp, d.sp, d.pp, d.n_chips) == (64, 4, 2, 2, 1024)
     assert p.microbatches == 8 and str(p.remat) == "ckpt4" and p.virtual_stages == 2
@@ -35,29 +37,35 @@ def test_zero3_over_data_is_fsdp():
     assert parse_plan("dp=8,zero=3").degrees.fsdp == 8
 
 
-@pytest.mark.parametrize("text,match", [
-    ("fsdp=abc", "not a whole number"),
-    ("zero=two", "cannot be read"),
-    ("fsdp=0", "positive integers"),
-    ("tp=2,bogus=1", "unknown plan key 'bogus'"),
-    ("zero=7", "ZeRO stages"),
-    ("microbatch=0", "at least one microbatch"),
-    ("remat=sometimes", "unknown remat policy"),
-    ("schedule=zigzag", "schedule is gpipe, 1f1b or interleaved"),
-    ("fsdp", "comma-separated list"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("fsdp=abc", "not a whole number"),
+        ("zero=two", "cannot be read"),
+        ("fsdp=0", "positive integers"),
+        ("tp=2,bogus=1", "unknown plan key 'bogus'"),
+        ("zero=7", "ZeRO stages"),
+        ("microbatch=0", "at least one microbatch"),
+        ("remat=sometimes", "unknown remat policy"),
+        ("schedule=zigzag", "schedule is gpipe, 1f1b or interleaved"),
+        ("fsdp", "comma-separated list"),
+    ],
+)
 def test_bad_plan_strings_say_what_and_how(text, match):
     with pytest.raises(RooflineError, match=match) as e:
         parse_plan(text)
     assert "Fix:" in str(e.value) or "Rule:" in str(e.value)
 
 
-@pytest.mark.parametrize("plan,match", [
-    ("fsdp=16", "uses 16 chips"),
-    ("fsdp=16,tp=3", "not divisible by tp=3"),
-    ("pp=64", "more pipeline stages than layers"),
-    ("ep=8", "needs a MoE model"),
-])
+@pytest.mark.parametrize(
+    "plan,match",
+    [
+        ("fsdp=16", "uses 16 chips"),
+        ("fsdp=16,tp=3", "not divisible by tp=3"),
+        ("pp=64", "more pipeline stages than layers"),
+        ("ep=8", "needs a MoE model"),
+    ],
+)
 def test_impossible_plans_are_rejected_with_the_reason(plan, match):
     system = parse_system("h100:64") if plan != "fsdp=16,tp=3" else parse_system("h100:48")
     if plan == "pp=64":
@@ -69,8 +77,15 @@ def test_impossible_plans_are_rejected_with_the_reason(plan, match):
 
 
 def test_does_not_fit_is_data_not_an_error():
-    c = evaluate_plan(load_model("llama-3-70b"), parse_system("h100:8"), Workload(2**20, 4096), parse_plan("dp=8,remat=none"))
-    assert not c.fits and c.reason.startswith("does not fit HBM: needs") and "chip has 80" in c.reason
+    c = evaluate_plan(
+        load_model("llama-3-70b"),
+        parse_system("h100:8"),
+        Workload(2**20, 4096),
+        parse_plan("dp=8,remat=none"),
+    )
+    assert (
+        not c.fits and c.reason.startswith("does not fit HBM: needs") and "chip has 80" in c.reason
+    )
 
 
 # ----------------------------------------------------------------------------- properties
@@ -82,10 +97,22 @@ def _chips(n: int) -> str:
 
 @settings(max_examples=8, deadline=None)
 @given(st.sampled_from([8, 16, 32, 64]), st.sampled_from([1024, 2048, 4096]))
-def test_more_chips_at_fixed_per_chip_batch_never_lowers_per_chip_compute_throughput(n, tokens_per_chip):
+def test_more_chips_at_fixed_per_chip_batch_never_lowers_per_chip_compute_throughput(
+    n, tokens_per_chip
+):
     """Data parallelism: doubling chips and batch keeps each chip's FLOPs and T_math."""
-    small = step_terms(MODEL, parse_system(_chips(n)), Workload(n * tokens_per_chip, 1024), parse_plan(f"dp={n},remat=none"))
-    big = step_terms(MODEL, parse_system(_chips(2 * n)), Workload(2 * n * tokens_per_chip, 1024), parse_plan(f"dp={2 * n},remat=none"))
+    small = step_terms(
+        MODEL,
+        parse_system(_chips(n)),
+        Workload(n * tokens_per_chip, 1024),
+        parse_plan(f"dp={n},remat=none"),
+    )
+    big = step_terms(
+        MODEL,
+        parse_system(_chips(2 * n)),
+        Workload(2 * n * tokens_per_chip, 1024),
+        parse_plan(f"dp={2 * n},remat=none"),
+    )
     per_chip_tps_small = tokens_per_chip / small["t_math_s"]
     per_chip_tps_big = tokens_per_chip / big["t_math_s"]
     assert per_chip_tps_big >= per_chip_tps_small * (1 - 1e-9)
@@ -102,7 +129,10 @@ def test_memory_per_chip_never_grows_when_a_sharded_axis_grows(axis, remat_i):
         deg = dict(base)
         deg[axis] = max(base[axis], 1) * k
         n = deg["fsdp"] * deg["tp"] * deg["pp"] * deg["dp"]
-        spec = ",".join(f"{a}={v}" for a, v in deg.items() if v > 1) + f",microbatch=2,remat={remat},zero=2"
+        spec = (
+            ",".join(f"{a}={v}" for a, v in deg.items() if v > 1)
+            + f",microbatch=2,remat={remat},zero=2"
+        )
         c = evaluate_plan(MODEL, parse_system(f"h100:{n}"), w, parse_plan(spec))
         # memory that the axis shards: everything but the pipeline's in-flight activations under GPipe-like schedules
         mems.append(c.memory_per_chip_bytes)
@@ -110,16 +140,31 @@ def test_memory_per_chip_never_grows_when_a_sharded_axis_grows(axis, remat_i):
 
 
 @settings(max_examples=12, deadline=None)
-@given(st.sampled_from(["fsdp=64", "dp=8,fsdp=8", "fsdp=16,tp=4", "tp=8,pp=8,microbatch=16", "fsdp=32,sp=2",
-                        "dp=16,tp=4,collective_matmul=1", "fsdp=8,tp=8,megatron_sp=1"]),
-       st.sampled_from(["none", "matmuls", "full"]))
+@given(
+    st.sampled_from(
+        [
+            "fsdp=64",
+            "dp=8,fsdp=8",
+            "fsdp=16,tp=4",
+            "tp=8,pp=8,microbatch=16",
+            "fsdp=32,sp=2",
+            "dp=16,tp=4,collective_matmul=1",
+            "fsdp=8,tp=8,megatron_sp=1",
+        ]
+    ),
+    st.sampled_from(["none", "matmuls", "full"]),
+)
 def test_step_time_is_at_least_each_of_its_parts(plan, remat):
-    c = evaluate_plan(MODEL, parse_system("h100:64"), Workload(2**21, 4096), parse_plan(f"{plan},remat={remat}"))
+    c = evaluate_plan(
+        MODEL, parse_system("h100:64"), Workload(2**21, 4096), parse_plan(f"{plan},remat={remat}")
+    )
     assert c.step_time_s >= c.compute_time_s - 1e-12
     assert c.step_time_s >= c.exposed_comm_time_s - 1e-12
     for v in c.exposed_time_s.values():
         assert c.step_time_s >= v - 1e-12
-    assert c.step_time_s == pytest.approx(c.compute_time_s + c.exposed_comm_time_s + c.bubble_time_s + c.optimizer_time_s, rel=1e-9)
+    assert c.step_time_s == pytest.approx(
+        c.compute_time_s + c.exposed_comm_time_s + c.bubble_time_s + c.optimizer_time_s, rel=1e-9
+    )
 
 
 def test_full_remat_costs_a_forward_pass():
@@ -132,7 +177,9 @@ def test_full_remat_costs_a_forward_pass():
     full = step_terms(MODEL, s, w, parse_plan("dp=8,remat=full"), ops=layers)
     assert full["t_math_recompute_s"] == pytest.approx(none["t_math_forward_s"], rel=1e-9)
     # matmuls only (the 6 -> 8 rule counts weight matmuls): recompute adds a third to 6·N·tokens
-    mm = tuple(n for n in layers if not n.startswith(("attn/scores", "attn/context", "norms", "mlp/act")))
+    mm = tuple(
+        n for n in layers if not n.startswith(("attn/scores", "attn/context", "norms", "mlp/act"))
+    )
     n6 = step_terms(MODEL, s, w, parse_plan("dp=8,remat=none"), ops=mm)["t_math_s"]
     n8 = step_terms(MODEL, s, w, parse_plan("dp=8,remat=full"), ops=mm)["t_math_s"]
     assert n8 / n6 == pytest.approx(8 / 6, rel=1e-9)
@@ -153,11 +200,18 @@ def test_planner_reports_counts_reasons_and_a_pareto_set():
     res = plan_training(MODEL, parse_system("h100:64"), Workload(2**20, 4096, 1e12), top_k=3)
     assert res.candidates_evaluated > 100 and res.candidates_enumerated >= res.candidates_evaluated
     assert sum(res.rejected.values()) > 0
-    assert len(res.top) == 3 and res.top[0].step_time_s <= res.top[-1].step_time_s * 1.01 + 1e-9 or res.objective == "cost"
+    assert (
+        len(res.top) == 3
+        and res.top[0].step_time_s <= res.top[-1].step_time_s * 1.01 + 1e-9
+        or res.objective == "cost"
+    )
     assert res.pareto and all("plan" in p for p in res.pareto)
     assert "runner-up" in res.why
     d = res.to_dict()
-    assert d["candidates_evaluated"] == res.candidates_evaluated and d["top"][0]["plan"]["spec"] == res.best.plan.describe()
+    assert (
+        d["candidates_evaluated"] == res.candidates_evaluated
+        and d["top"][0]["plan"]["spec"] == res.best.plan.describe()
+    )
 
 
 def test_planner_search_space_can_be_restricted():
@@ -184,9 +238,24 @@ def _json(capsys, argv):
 def test_train_default_plans_fsdp_with_tp_on_a_v5p_pod(capsys):
     """Issue 4: defaults = LLaMA-3 70B, 15T tokens, 4M-token batch of 4096, tpu-v5p:16x20x28."""
     d = _json(capsys, ["train", "--json"])
-    for k in ("plan", "step_time_s", "mfu", "tokens_per_s", "memory_per_chip_bytes", "memory_breakdown", "compute_time_s",
-              "exposed_comm_time_s", "bubble_fraction", "bottleneck", "run_time_s", "run_cost_usd", "candidates_evaluated",
-              "rejected", "top", "schema_version"):
+    for k in (
+        "plan",
+        "step_time_s",
+        "mfu",
+        "tokens_per_s",
+        "memory_per_chip_bytes",
+        "memory_breakdown",
+        "compute_time_s",
+        "exposed_comm_time_s",
+        "bubble_fraction",
+        "bottleneck",
+        "run_time_s",
+        "run_cost_usd",
+        "candidates_evaluated",
+        "rejected",
+        "top",
+        "schema_version",
+    ):
         assert k in d, k
     assert d["inputs"]["model"] == "llama-3-70b" and d["inputs"]["system"] == "tpu-v5p:16x20x28"
     assert d["plan"]["fsdp"] > 1 and 2 <= d["plan"]["tp"] <= 8
@@ -200,7 +269,20 @@ def test_train_assume_mfu_reproduces_the_books_44_days(capsys):
 
 
 def test_train_one_plan_text(capsys):
-    assert main(["train", "--model", "llama-3-8b", "--system", "h100:64", "--plan", "fsdp=8,tp=8,remat=full"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "llama-3-8b",
+                "--system",
+                "h100:64",
+                "--plan",
+                "fsdp=8,tp=8,remat=full",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "step time" in out and "MFU" in out and "memory per chip" in out and "Assumptions" in out
 
@@ -212,9 +294,20 @@ def test_train_bad_input_is_one_paragraph(capsys):
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.sampled_from(["dp=1024,fsdp=2,tp=8", "dp=512,fsdp=2,tp=8,sp=2", "fsdp=2048,tp=8", "dp=64,tp=16,pp=16,microbatch=16",
-                        "fsdp=256,sp=8,tp=8", "dp=16384"]),
-       st.sampled_from(["none", "full", "matmuls"]), st.booleans())
+@given(
+    st.sampled_from(
+        [
+            "dp=1024,fsdp=2,tp=8",
+            "dp=512,fsdp=2,tp=8,sp=2",
+            "fsdp=2048,tp=8",
+            "dp=64,tp=16,pp=16,microbatch=16",
+            "fsdp=256,sp=8,tp=8",
+            "dp=16384",
+        ]
+    ),
+    st.sampled_from(["none", "full", "matmuls"]),
+    st.booleans(),
+)
 def test_planner_single_structure_equals_each_plans_own(plan, remat, msp):
     """The planner costs all meshes in one structure (absent strategies = axes of size 1);
     that must give exactly what each plan's own minimal structure gives."""
@@ -228,8 +321,13 @@ def test_planner_single_structure_equals_each_plans_own(plan, remat, msp):
     w = Workload(16 * 2**20, 8192)
     p = parse_plan(f"{plan},remat={remat}" + (",megatron_sp=1" if msp and "tp=" in plan else ""))
     own = structure_of(p, m)
-    everything = Structure(frozenset({Strategy.DP, Strategy.FSDP, Strategy.TP, Strategy.SP, Strategy.PP}), own.remat,
-                           own.sequence_parallel, own.collective_matmul, own.kv_replicated)
+    everything = Structure(
+        frozenset({Strategy.DP, Strategy.FSDP, Strategy.TP, Strategy.SP, Strategy.PP}),
+        own.remat,
+        own.sequence_parallel,
+        own.collective_matmul,
+        own.kv_replicated,
+    )
     a = evaluate_plans(m, s, w, own, candidates_of(p), optimizer=p.optimizer)
     b = evaluate_plans(m, s, w, everything, candidates_of(p), optimizer=p.optimizer)
     np.testing.assert_allclose(a.step_time_s, b.step_time_s, rtol=1e-12)
@@ -249,11 +347,28 @@ def test_deadline_finds_the_fewest_chips_that_finish_in_time(capsys):
     # the next smaller size tried (if any) misses the deadline
     smaller = [t for s, c, t in res.tried if c == n // 2]
     assert not smaller or smaller[0] > 7 * 86400
-    d = _json(capsys, ["train", "--model", "llama-3-8b", "--system", "h100:64", "--tokens", "1T", "--deadline", "7d", "--json"])
+    d = _json(
+        capsys,
+        [
+            "train",
+            "--model",
+            "llama-3-8b",
+            "--system",
+            "h100:64",
+            "--tokens",
+            "1T",
+            "--deadline",
+            "7d",
+            "--json",
+        ],
+    )
     assert d["chips_needed"] == n and d["run_time_s"] <= 7 * 86400
 
 
-@pytest.mark.parametrize("text,seconds", [("30d", 30 * 86400), ("720h", 720 * 3600), ("45min", 2700), ("2w", 14 * 86400), ("1e6", 1e6)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("30d", 30 * 86400), ("720h", 720 * 3600), ("45min", 2700), ("2w", 14 * 86400), ("1e6", 1e6)],
+)
 def test_durations(text, seconds):
     from roofline.cli.train_cmd import parse_duration
 
@@ -261,5 +376,7 @@ def test_durations(text, seconds):
 
 
 def test_bad_deadline(capsys):
-    assert main(["train", "--model", "llama-3-8b", "--system", "h100:64", "--deadline", "soon"]) == 2
+    assert (
+        main(["train", "--model", "llama-3-8b", "--system", "h100:64", "--deadline", "soon"]) == 2
+    )
     assert "cannot read duration" in capsys.readouterr().err

@@ -97,7 +97,10 @@ class Op:
 
     @property
     def einsum(self) -> str:
-        return ", ".join(f"{t.name}[{','.join(t.dims)}]" for t in self.inputs) + f" -> {self.out.name}[{','.join(self.out.dims)}]"
+        return (
+            ", ".join(f"{t.name}[{','.join(t.dims)}]" for t in self.inputs)
+            + f" -> {self.out.name}[{','.join(self.out.dims)}]"
+        )
 
     # -- per-row totals (forward, all `count` copies) ---------------------------------
     @property
@@ -127,8 +130,11 @@ class Op:
 
         Tensors kept on chip (flash attention's scores) move no HBM bytes.
         """
-        return (sum(t.hbm_bytes(self.sizes) for t in self.inputs) + self.out.hbm_bytes(self.sizes)) * self.count if self.kind != OpKind.GATHER else (
-            self.out.nbytes(self.sizes) * 2 * self.count
+        return (
+            (sum(t.hbm_bytes(self.sizes) for t in self.inputs) + self.out.hbm_bytes(self.sizes))
+            * self.count
+            if self.kind != OpKind.GATHER
+            else (self.out.nbytes(self.sizes) * 2 * self.count)
         )
 
     @property
@@ -176,7 +182,10 @@ class Ledger:
         raise KeyError(name)
 
     def select(self, prefix: str) -> Ledger:
-        return replace(self, ops=tuple(o for o in self.ops if o.name == prefix or o.name.startswith(prefix + "/")))
+        return replace(
+            self,
+            ops=tuple(o for o in self.ops if o.name == prefix or o.name.startswith(prefix + "/")),
+        )
 
     @property
     def flops(self) -> float:
@@ -196,8 +205,16 @@ class Ledger:
 
     def rows(self) -> list[dict]:
         return [
-            {"name": o.name, "kind": o.kind.value, "einsum": o.einsum, "count": o.count, "flops": o.flops,
-             "bytes": o.bytes, "params": o.params, "intensity": o.intensity}
+            {
+                "name": o.name,
+                "kind": o.kind.value,
+                "einsum": o.einsum,
+                "count": o.count,
+                "flops": o.flops,
+                "bytes": o.bytes,
+                "params": o.params,
+                "intensity": o.intensity,
+            }
             for o in self.ops
         ]
 
@@ -224,7 +241,15 @@ def _t(name: str, dims: str, dtype: str, param: bool = False) -> Tensor:
     return Tensor(name, tuple(dims.split()), dtype, param)
 
 
-def _mm(name: str, x: Tensor, w: Tensor, out: Tensor, sizes: Mapping[str, float], count: float, factor: float = 1.0) -> Op:
+def _mm(
+    name: str,
+    x: Tensor,
+    w: Tensor,
+    out: Tensor,
+    sizes: Mapping[str, float],
+    count: float,
+    factor: float = 1.0,
+) -> Op:
     return Op(name, OpKind.MATMUL, (x, w), out, sizes, count, factor)
 
 
@@ -248,8 +273,11 @@ def build_ledger(
     reads Q, K, V and writes O (book inference.md: intensity ST/(S+T)); False materialises them.
     """
     if batch <= 0 or seq <= 0 or (kv_seq is not None and kv_seq <= 0):
-        raise SpecError(f"batch={batch}, seq={seq}, kv_seq={kv_seq}", rule="batch and sequence lengths are positive",
-                        fix="give positive sizes")
+        raise SpecError(
+            f"batch={batch}, seq={seq}, kv_seq={kv_seq}",
+            rule="batch and sequence lengths are positive",
+            fix="give positive sizes",
+        )
     dt = dtypes or DtypePolicy()
     causal = Causal(causal)
     m = model
@@ -257,8 +285,15 @@ def build_ledger(
     T = float(seq)
     wd, ad = dt.weights, dt.activations
     sizes: dict[str, float] = {
-        "batch": float(batch), "seq": T, "kv_seq": S, "embed": m.d_model, "mlp": m.d_ff, "heads": m.n_heads,
-        "kv_heads": m.n_kv_heads, "head_dim": m.d_head, "vocab": m.vocab,
+        "batch": float(batch),
+        "seq": T,
+        "kv_seq": S,
+        "embed": m.d_model,
+        "mlp": m.d_ff,
+        "heads": m.n_heads,
+        "kv_heads": m.n_kv_heads,
+        "head_dim": m.d_head,
+        "vocab": m.vocab,
     }
     ops: list[Op] = []
     L = m.n_layers
@@ -277,9 +312,20 @@ def build_ledger(
     if include_elementwise:
         # RMSNorm/LayerNorm: a weight vector of size D; ~4 FLOPs per element (book: O(BTD))
         norm_w = _t("w_norm", "embed", wd, True)
-        ops.append(Op("norms", OpKind.ELEMENTWISE, (x, norm_w), x, S_, L * m.norms_per_layer + 1, 1.0, 4.0))
+        ops.append(
+            Op("norms", OpKind.ELEMENTWISE, (x, norm_w), x, S_, L * m.norms_per_layer + 1, 1.0, 4.0)
+        )
     # ---- unembedding ----------------------------------------------------------------
-    ops.append(_mm("unembed", x, _t("W_unemb", "embed vocab", wd, True), _t("logits", "batch seq vocab", ad), S_, 1))
+    ops.append(
+        _mm(
+            "unembed",
+            x,
+            _t("W_unemb", "embed vocab", wd, True),
+            _t("logits", "batch seq vocab", ad),
+            S_,
+            1,
+        )
+    )
     if m.tied_embeddings:
         # tied: the embedding table is the unembedding weight; count its parameters once
         emb = ops[0]
@@ -287,7 +333,17 @@ def build_ledger(
     return Ledger(tuple(ops), model, MappingProxyType(dict(sizes)))
 
 
-def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: str, kvd: str, causal: Causal, flash: bool = True) -> list[Op]:
+def _attention_ops(
+    m: ModelSpec,
+    sizes: dict,
+    T: float,
+    S: float,
+    wd: str,
+    ad: str,
+    kvd: str,
+    causal: Causal,
+    flash: bool = True,
+) -> list[Op]:
     def sc(name: str) -> Tensor:  # the score / probability matrix
         return Tensor(name, ("batch", "heads", "seq", "kv_seq"), ad, False, flash)
 
@@ -296,32 +352,135 @@ def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: s
     ops: list[Op] = []
     if m.mla is not None:
         a = m.mla
-        sizes.update(q_lora=a.q_lora_rank or 0, kv_lora=a.kv_lora_rank, qk_dim=a.qk_nope_head_dim + a.qk_rope_head_dim,
-                     rope_dim=a.qk_rope_head_dim, v_dim=a.v_head_dim, kv_b_dim=a.qk_nope_head_dim + a.v_head_dim,
-                     kv_a_dim=a.kv_lora_rank + a.qk_rope_head_dim)
+        sizes.update(
+            q_lora=a.q_lora_rank or 0,
+            kv_lora=a.kv_lora_rank,
+            qk_dim=a.qk_nope_head_dim + a.qk_rope_head_dim,
+            rope_dim=a.qk_rope_head_dim,
+            v_dim=a.v_head_dim,
+            kv_b_dim=a.qk_nope_head_dim + a.v_head_dim,
+            kv_a_dim=a.kv_lora_rank + a.qk_rope_head_dim,
+        )
         S_ = MappingProxyType(sizes)
         if a.q_lora_rank:
-            ops.append(_mm("attn/q_a", x, _t("W_qa", "embed q_lora", wd, True), _t("cq", "batch seq q_lora", ad), S_, L))
-            ops.append(_mm("attn/q_b", _t("cq", "batch seq q_lora", ad), _t("W_qb", "q_lora heads qk_dim", wd, True),
-                           _t("q", "batch seq heads qk_dim", ad), S_, L))
+            ops.append(
+                _mm(
+                    "attn/q_a",
+                    x,
+                    _t("W_qa", "embed q_lora", wd, True),
+                    _t("cq", "batch seq q_lora", ad),
+                    S_,
+                    L,
+                )
+            )
+            ops.append(
+                _mm(
+                    "attn/q_b",
+                    _t("cq", "batch seq q_lora", ad),
+                    _t("W_qb", "q_lora heads qk_dim", wd, True),
+                    _t("q", "batch seq heads qk_dim", ad),
+                    S_,
+                    L,
+                )
+            )
         else:
-            ops.append(_mm("attn/q", x, _t("W_q", "embed heads qk_dim", wd, True), _t("q", "batch seq heads qk_dim", ad), S_, L))
-        ops.append(_mm("attn/kv_a", x, _t("W_kva", "embed kv_a_dim", wd, True), _t("ckv", "batch seq kv_a_dim", kvd), S_, L))
-        ops.append(_mm("attn/kv_b", _t("ckv", "batch kv_seq kv_lora", kvd), _t("W_kvb", "kv_lora heads kv_b_dim", wd, True),
-                       _t("kv", "batch kv_seq heads kv_b_dim", ad), S_, L))
+            ops.append(
+                _mm(
+                    "attn/q",
+                    x,
+                    _t("W_q", "embed heads qk_dim", wd, True),
+                    _t("q", "batch seq heads qk_dim", ad),
+                    S_,
+                    L,
+                )
+            )
+        ops.append(
+            _mm(
+                "attn/kv_a",
+                x,
+                _t("W_kva", "embed kv_a_dim", wd, True),
+                _t("ckv", "batch seq kv_a_dim", kvd),
+                S_,
+                L,
+            )
+        )
+        ops.append(
+            _mm(
+                "attn/kv_b",
+                _t("ckv", "batch kv_seq kv_lora", kvd),
+                _t("W_kvb", "kv_lora heads kv_b_dim", wd, True),
+                _t("kv", "batch kv_seq heads kv_b_dim", ad),
+                S_,
+                L,
+            )
+        )
         f = _causal_factor(T, S, None, causal)
-        ops.append(Op("attn/scores", OpKind.ATTENTION, (_t("q", "batch seq heads qk_dim", ad), _t("k", "batch kv_seq heads qk_dim", ad)),
-                      sc("s"), S_, L, f))
-        ops.append(Op("attn/context", OpKind.ATTENTION, (sc("p"), _t("v", "batch kv_seq heads v_dim", ad)),
-                      _t("ctx", "batch seq heads v_dim", ad), S_, L, f))
-        ops.append(_mm("attn/out", _t("ctx", "batch seq heads v_dim", ad), _t("W_o", "heads v_dim embed", wd, True), x, S_, L))
+        ops.append(
+            Op(
+                "attn/scores",
+                OpKind.ATTENTION,
+                (_t("q", "batch seq heads qk_dim", ad), _t("k", "batch kv_seq heads qk_dim", ad)),
+                sc("s"),
+                S_,
+                L,
+                f,
+            )
+        )
+        ops.append(
+            Op(
+                "attn/context",
+                OpKind.ATTENTION,
+                (sc("p"), _t("v", "batch kv_seq heads v_dim", ad)),
+                _t("ctx", "batch seq heads v_dim", ad),
+                S_,
+                L,
+                f,
+            )
+        )
+        ops.append(
+            _mm(
+                "attn/out",
+                _t("ctx", "batch seq heads v_dim", ad),
+                _t("W_o", "heads v_dim embed", wd, True),
+                x,
+                S_,
+                L,
+            )
+        )
         return ops
 
     S_ = MappingProxyType(sizes)
     qkv_bias = 1  # bias vectors are counted under attn/bias below
-    ops.append(_mm("attn/q", x, _t("W_q", "embed heads head_dim", wd, True), _t("q", "batch seq heads head_dim", ad), S_, L))
-    ops.append(_mm("attn/k", x, _t("W_k", "embed kv_heads head_dim", wd, True), _t("k", "batch seq kv_heads head_dim", kvd), S_, L))
-    ops.append(_mm("attn/v", x, _t("W_v", "embed kv_heads head_dim", wd, True), _t("v", "batch seq kv_heads head_dim", kvd), S_, L))
+    ops.append(
+        _mm(
+            "attn/q",
+            x,
+            _t("W_q", "embed heads head_dim", wd, True),
+            _t("q", "batch seq heads head_dim", ad),
+            S_,
+            L,
+        )
+    )
+    ops.append(
+        _mm(
+            "attn/k",
+            x,
+            _t("W_k", "embed kv_heads head_dim", wd, True),
+            _t("k", "batch seq kv_heads head_dim", kvd),
+            S_,
+            L,
+        )
+    )
+    ops.append(
+        _mm(
+            "attn/v",
+            x,
+            _t("W_v", "embed kv_heads head_dim", wd, True),
+            _t("v", "batch seq kv_heads head_dim", kvd),
+            S_,
+            L,
+        )
+    )
     # score and context rows: one per distinct key length (sliding-window layers see min(S, W))
     groups: dict[float, float] = {}
     for i in range(L):
@@ -336,13 +495,38 @@ def _attention_ops(m: ModelSpec, sizes: dict, T: float, S: float, wd: str, ad: s
         q = _t("q", "batch seq heads head_dim", ad)
         k = _t("k", "batch kv_seq kv_heads head_dim", kvd)
         ops.append(Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), sc("s"), sz_, n, f))
-        ops.append(Op(f"attn/context{suffix}", OpKind.ATTENTION, (sc("p"), _t("v", "batch kv_seq kv_heads head_dim", kvd)),
-                      _t("ctx", "batch seq heads head_dim", ad), sz_, n, f))
-    ops.append(_mm("attn/out", _t("ctx", "batch seq heads head_dim", ad), _t("W_o", "heads head_dim embed", wd, True), x, S_, L))
+        ops.append(
+            Op(
+                f"attn/context{suffix}",
+                OpKind.ATTENTION,
+                (sc("p"), _t("v", "batch kv_seq kv_heads head_dim", kvd)),
+                _t("ctx", "batch seq heads head_dim", ad),
+                sz_,
+                n,
+                f,
+            )
+        )
+    ops.append(
+        _mm(
+            "attn/out",
+            _t("ctx", "batch seq heads head_dim", ad),
+            _t("W_o", "heads head_dim embed", wd, True),
+            x,
+            S_,
+            L,
+        )
+    )
     if m.qkv_bias:
-        b = Op("attn/bias", OpKind.ELEMENTWISE, (_t("q", "batch seq heads head_dim", ad), _t("b_qkv", "qkv_bias", wd, True)),
-               _t("q", "batch seq heads head_dim", ad), MappingProxyType({**sizes, "qkv_bias": (m.n_heads + 2 * m.n_kv_heads) * m.d_head}),
-               L * qkv_bias, 1.0, 1.0)
+        b = Op(
+            "attn/bias",
+            OpKind.ELEMENTWISE,
+            (_t("q", "batch seq heads head_dim", ad), _t("b_qkv", "qkv_bias", wd, True)),
+            _t("q", "batch seq heads head_dim", ad),
+            MappingProxyType({**sizes, "qkv_bias": (m.n_heads + 2 * m.n_kv_heads) * m.d_head}),
+            L * qkv_bias,
+            1.0,
+            1.0,
+        )
         ops.append(b)
     return ops
 
@@ -377,7 +561,16 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str) -> list[Op]:
         sz = dict(sizes)
         sz.update(experts=mo.n_experts, expert_mlp=mo.d_ff_expert, top_k=mo.top_k)
         sz_ = MappingProxyType(sz)
-        ops.append(_mm("moe/router", x, _t("W_router", "embed experts", wd, True), _t("logits", "batch seq experts", "fp32"), sz_, nl))
+        ops.append(
+            _mm(
+                "moe/router",
+                x,
+                _t("W_router", "embed experts", wd, True),
+                _t("logits", "batch seq experts", "fp32"),
+                sz_,
+                nl,
+            )
+        )
         # routed experts: each token visits top_k experts; weights [E, D, F]. FLOPs use the
         # routed token count B·T·k (tokens × top_k), parameters all E experts.
         ops += _experts(sz_, nl, gated, wd, ad)
@@ -385,11 +578,23 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str) -> list[Op]:
             F_sh = (mo.d_ff_shared or mo.d_ff_expert) * mo.n_shared_experts
             sz2 = dict(sizes)
             sz2["mlp"] = F_sh
-            ops += _ffn("moe/shared", x, h, MappingProxyType(sz2), nl, gated, wd, ad, expert_dim=None)
+            ops += _ffn(
+                "moe/shared", x, h, MappingProxyType(sz2), nl, gated, wd, ad, expert_dim=None
+            )
     return ops
 
 
-def _ffn(prefix: str, x: Tensor, h: Tensor, sizes: Mapping, n: float, gated: bool, wd: str, ad: str, expert_dim: str | None) -> list[Op]:
+def _ffn(
+    prefix: str,
+    x: Tensor,
+    h: Tensor,
+    sizes: Mapping,
+    n: float,
+    gated: bool,
+    wd: str,
+    ad: str,
+    expert_dim: str | None,
+) -> list[Op]:
     # gated: g = x·W_gate, u = x·W_up, h = silu(g)·u, y = h·W_down; plain: u = x·W_up, h = gelu(u)
     u = replace(h, name="u")
     ops = []
@@ -399,7 +604,9 @@ def _ffn(prefix: str, x: Tensor, h: Tensor, sizes: Mapping, n: float, gated: boo
         ops.append(_mm(f"{prefix}/gate", x, _t("W_gate", "embed mlp", wd, True), g, sizes, n))
         acts = (g, u)
     ops.append(_mm(f"{prefix}/up", x, _t("W_up", "embed mlp", wd, True), u, sizes, n))
-    ops.append(Op(f"{prefix}/act", OpKind.ELEMENTWISE, acts, h, sizes, n, 1.0, 4.0 if gated else 3.0))
+    ops.append(
+        Op(f"{prefix}/act", OpKind.ELEMENTWISE, acts, h, sizes, n, 1.0, 4.0 if gated else 3.0)
+    )
     ops.append(_mm(f"{prefix}/down", h, _t("W_down", "mlp embed", wd, True), x, sizes, n))
     return ops
 
@@ -427,7 +634,16 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
         acts = (ge, ue)
     ops.append(_mm("moe/up", xe, _t("W_up", "experts embed mlp", wd, True), ue, sz_, n))
     ops.append(Op("moe/act", OpKind.ELEMENTWISE, acts, he, sz_, n, 1.0, 4.0 if gated else 3.0))
-    ops.append(_mm("moe/down", he, _t("W_down", "experts mlp embed", wd, True), replace(xe, name="ye"), sz_, n))
+    ops.append(
+        _mm(
+            "moe/down",
+            he,
+            _t("W_down", "experts mlp embed", wd, True),
+            replace(xe, name="ye"),
+            sz_,
+            n,
+        )
+    )
     return ops
 
 
@@ -487,21 +703,39 @@ def _nonmatmul_params(model: ModelSpec) -> float:
     return sum(o.params for o in led if o.kind != OpKind.MATMUL)
 
 
-def forward_flops(model: ModelSpec, seq: float, *, batch: float = 1, causal: Causal | str = Causal.HALF,
-                  include_attention: bool = True) -> float:
+def forward_flops(
+    model: ModelSpec,
+    seq: float,
+    *,
+    batch: float = 1,
+    causal: Causal | str = Causal.HALF,
+    include_attention: bool = True,
+) -> float:
     """FLOPs of one forward pass over batch × seq tokens (matmuls + attention; elementwise excluded)."""
     led = build_ledger(model, batch=batch, seq=seq, causal=causal, include_elementwise=False)
-    return sum(o.flops for o in led if o.kind != OpKind.ELEMENTWISE and (include_attention or o.kind != OpKind.ATTENTION))
+    return sum(
+        o.flops
+        for o in led
+        if o.kind != OpKind.ELEMENTWISE and (include_attention or o.kind != OpKind.ATTENTION)
+    )
 
 
-def flops_per_token(model: ModelSpec, seq: float, *, training: bool = True, causal: Causal | str = Causal.HALF,
-                    include_attention: bool = True) -> float:
+def flops_per_token(
+    model: ModelSpec,
+    seq: float,
+    *,
+    training: bool = True,
+    causal: Causal | str = Causal.HALF,
+    include_attention: bool = True,
+) -> float:
     """Per-token FLOPs at sequence length `seq`: forward, or forward + backward (×3) for training."""
     f = forward_flops(model, seq, causal=causal, include_attention=include_attention) / seq
     return 3 * f if training else f
 
 
-def kv_cache_bytes_per_token(model: ModelSpec, kv_dtype: str = "bf16", context: float | None = None) -> float:
+def kv_cache_bytes_per_token(
+    model: ModelSpec, kv_dtype: str = "bf16", context: float | None = None
+) -> float:
     """KV-cache bytes per token of context, all layers: 2·K·H·L·bytes for GQA/MHA/MQA.
 
     MLA caches the latent (kv_lora_rank + rope dim) once per layer. Sliding-window layers

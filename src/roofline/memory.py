@@ -20,7 +20,9 @@ from roofline.units import dtype_bytes
 
 class RematKind(enum.StrEnum):
     NONE = "none"  # save every intermediate the backward pass reads
-    MATMULS = "matmuls"  # save only matmul outputs (jax dots_saveable); recompute attention + elementwise
+    MATMULS = (
+        "matmuls"  # save only matmul outputs (jax dots_saveable); recompute attention + elementwise
+    )
     FULL = "full"  # one checkpoint per layer (the layer input); recompute the whole layer
     CHECKPOINTS = "checkpoints"  # N checkpoints of size D per layer (book applied-training: 4)
 
@@ -39,15 +41,26 @@ def parse_remat(text: str | Remat) -> Remat:
     if isinstance(text, Remat):
         return text
     s = str(text).strip().lower()
-    aliases = {"none": RematKind.NONE, "off": RematKind.NONE, "matmuls": RematKind.MATMULS, "dots": RematKind.MATMULS,
-               "selective": RematKind.MATMULS, "full": RematKind.FULL, "block": RematKind.FULL, "layer": RematKind.FULL}
+    aliases = {
+        "none": RematKind.NONE,
+        "off": RematKind.NONE,
+        "matmuls": RematKind.MATMULS,
+        "dots": RematKind.MATMULS,
+        "selective": RematKind.MATMULS,
+        "full": RematKind.FULL,
+        "block": RematKind.FULL,
+        "layer": RematKind.FULL,
+    }
     if s in aliases:
         return Remat(aliases[s])
     m = re.fullmatch(r"(?:ckpt|checkpoints?)[=:]?(\d+)", s)
     if m and int(m.group(1)) > 0:
         return Remat(RematKind.CHECKPOINTS, int(m.group(1)))
-    raise SpecError(f"unknown remat policy {text!r}", rule="remat is none, matmuls, full, or ckptN (N checkpoints of size D per layer)",
-                    fix="write e.g. remat=full or remat=ckpt4")
+    raise SpecError(
+        f"unknown remat policy {text!r}",
+        rule="remat is none, matmuls, full, or ckptN (N checkpoints of size D per layer)",
+        fix="write e.g. remat=full or remat=ckpt4",
+    )
 
 
 @dataclass(frozen=True)
@@ -79,15 +92,20 @@ def parse_optimizer(name: str | OptimizerPolicy) -> OptimizerPolicy:
         return name
     key = str(name).strip().lower()
     if key not in OPTIMIZERS:
-        raise SpecError(f"unknown optimizer policy {name!r}", rule="policies: " + ", ".join(OPTIMIZERS),
-                        fix="write e.g. optimizer=adam-bf16 (the book's 10 bytes/param)")
+        raise SpecError(
+            f"unknown optimizer policy {name!r}",
+            rule="policies: " + ", ".join(OPTIMIZERS),
+            fix="write e.g. optimizer=adam-bf16 (the book's 10 bytes/param)",
+        )
     return OPTIMIZERS[key]
 
 
 _ATTN_PROBS = {"s", "p"}  # score/probability matrices: never stored with flash attention
 
 
-def saved_activation_bytes_per_token(ledger: Ledger, remat: Remat, *, flash_attention: bool = True) -> float:
+def saved_activation_bytes_per_token(
+    ledger: Ledger, remat: Remat, *, flash_attention: bool = True
+) -> float:
     """Bytes per token kept for the backward pass, all layers (divide by nothing: unsharded).
 
     NONE: every distinct activation input of a per-layer row (deduplicated by block and
@@ -111,7 +129,9 @@ def saved_activation_bytes_per_token(ledger: Ledger, remat: Remat, *, flash_atte
         if remat.kind == RematKind.MATMULS:
             tensors = [op.out] if op.kind == OpKind.MATMUL else []
         else:
-            tensors = [t for t in op.inputs if not t.is_param] + ([op.out] if op.kind == OpKind.MATMUL else [])
+            tensors = [t for t in op.inputs if not t.is_param] + (
+                [op.out] if op.kind == OpKind.MATMUL else []
+            )
         for t in tensors:
             if flash_attention and t.name in _ATTN_PROBS:
                 continue

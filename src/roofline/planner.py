@@ -63,28 +63,55 @@ class SearchSpace:
     megatron_sp: tuple[bool, ...] = (False, True)
     collective_matmul: tuple[bool, ...] = (False, True)
 
-    def domains(self, model: ModelSpec, workload: Workload, chips: int) -> dict[Strategy, tuple[list[int], str]]:
+    def domains(
+        self, model: ModelSpec, workload: Workload, chips: int
+    ) -> dict[Strategy, tuple[list[int], str]]:
         """Allowed degrees per strategy with the rule that bounds each (named, for the report)."""
         seqs = int(workload.sequences)
         on = set(self.strategies)
         dom: dict[Strategy, tuple[list[int], str]] = {}
-        dom[Strategy.DP] = ([d for d in divisors(math.gcd(chips, seqs))] if Strategy.DP in on else [1],
-                            f"divides the {seqs} sequences of the batch")
-        dom[Strategy.FSDP] = ([d for d in divisors(math.gcd(chips, seqs))] if Strategy.FSDP in on else [1],
-                              f"divides the {seqs} sequences of the batch")
-        tp_lim = math.gcd(math.gcd(model.n_heads, model.d_ff if model.moe is None or model.n_dense_layers else model.moe.d_ff_expert), chips)
-        dom[Strategy.TP] = (divisors(tp_lim) if Strategy.TP in on else [1],
-                            f"divides heads={model.n_heads} and d_ff")
-        dom[Strategy.SP] = ([d for d in divisors(math.gcd(workload.seq_len, chips)) if d <= self.max_sp] if Strategy.SP in on else [1],
-                            f"divides seq={workload.seq_len}, at most {self.max_sp}")
+        dom[Strategy.DP] = (
+            [d for d in divisors(math.gcd(chips, seqs))] if Strategy.DP in on else [1],
+            f"divides the {seqs} sequences of the batch",
+        )
+        dom[Strategy.FSDP] = (
+            [d for d in divisors(math.gcd(chips, seqs))] if Strategy.FSDP in on else [1],
+            f"divides the {seqs} sequences of the batch",
+        )
+        tp_lim = math.gcd(
+            math.gcd(
+                model.n_heads,
+                model.d_ff if model.moe is None or model.n_dense_layers else model.moe.d_ff_expert,
+            ),
+            chips,
+        )
+        dom[Strategy.TP] = (
+            divisors(tp_lim) if Strategy.TP in on else [1],
+            f"divides heads={model.n_heads} and d_ff",
+        )
+        dom[Strategy.SP] = (
+            [d for d in divisors(math.gcd(workload.seq_len, chips)) if d <= self.max_sp]
+            if Strategy.SP in on
+            else [1],
+            f"divides seq={workload.seq_len}, at most {self.max_sp}",
+        )
         experts = model.moe.n_experts if model.moe else 1
-        dom[Strategy.EP] = (divisors(math.gcd(experts, chips)) if Strategy.EP in on and model.moe else [1],
-                            f"divides experts={experts}" if model.moe else "dense model: no experts")
+        dom[Strategy.EP] = (
+            divisors(math.gcd(experts, chips)) if Strategy.EP in on and model.moe else [1],
+            f"divides experts={experts}" if model.moe else "dense model: no experts",
+        )
         L = model.n_layers
-        dom[Strategy.PP] = ([d for d in divisors(chips) if d <= min(self.max_pp, L) and math.ceil(L / d) <= self.max_stage_imbalance * L / d]
-                            if Strategy.PP in on else [1],
-                            f"at most min(layers={L}, {self.max_pp}); the fullest stage (ceil(L/pp) layers) at most "
-                            f"{self.max_stage_imbalance - 1:.0%} above the average")
+        dom[Strategy.PP] = (
+            [
+                d
+                for d in divisors(chips)
+                if d <= min(self.max_pp, L) and math.ceil(L / d) <= self.max_stage_imbalance * L / d
+            ]
+            if Strategy.PP in on
+            else [1],
+            f"at most min(layers={L}, {self.max_pp}); the fullest stage (ceil(L/pp) layers) at most "
+            f"{self.max_stage_imbalance - 1:.0%} above the average",
+        )
         return dom
 
 
@@ -124,19 +151,34 @@ class PlanResult:
             return ""
         full = self.feasible_per_system.get(self.requested_system, 0)
         if full == 0:
-            return (f"no legal plan uses all {self.requested_chips} chips of {self.requested_system} (every factorisation fails a "
-                    f"divisibility rule or HBM), so its sub-slices were searched; the best runs on {b.name} ({b.n_chips} chips)")
-        return (f"a {b.n_chips}-chip sub-slice ({b.name}) scores better on '{self.objective}' than the plans using all "
-                f"{self.requested_chips} chips")
+            return (
+                f"no legal plan uses all {self.requested_chips} chips of {self.requested_system} (every factorisation fails a "
+                f"divisibility rule or HBM), so its sub-slices were searched; the best runs on {b.name} ({b.n_chips} chips)"
+            )
+        return (
+            f"a {b.n_chips}-chip sub-slice ({b.name}) scores better on '{self.objective}' than the plans using all "
+            f"{self.requested_chips} chips"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         b = self.best.to_dict()
-        return {**b, "system_used": self.best.system.name, "chips_used": self.best.system.n_chips,
-                "sub_slice_note": self.sub_slice_note, "feasible_per_system": dict(self.feasible_per_system),
-                "candidates_evaluated": self.candidates_evaluated, "candidates_enumerated": self.candidates_enumerated,
-                "rejected": dict(self.rejected), "domains": self.domains, "objective": self.objective, "why": self.why,
-                "top": [c.to_dict() for c in self.top], "pareto": list(self.pareto), "search_time_s": self.search_time_s,
-                "systems_considered": list(self.systems)}
+        return {
+            **b,
+            "system_used": self.best.system.name,
+            "chips_used": self.best.system.n_chips,
+            "sub_slice_note": self.sub_slice_note,
+            "feasible_per_system": dict(self.feasible_per_system),
+            "candidates_evaluated": self.candidates_evaluated,
+            "candidates_enumerated": self.candidates_enumerated,
+            "rejected": dict(self.rejected),
+            "domains": self.domains,
+            "objective": self.objective,
+            "why": self.why,
+            "top": [c.to_dict() for c in self.top],
+            "pareto": list(self.pareto),
+            "search_time_s": self.search_time_s,
+            "systems_considered": list(self.systems),
+        }
 
 
 def sub_slices(system: System, max_count: int = 8) -> list[System]:
@@ -149,7 +191,9 @@ def sub_slices(system: System, max_count: int = 8) -> list[System]:
         return [system]
     slices = system.n_slices
     dims = system.topology
-    choices = [sorted({d for d in (1, 2, *range(4, full + 1, 4)) if d <= full} | {full}) for full in dims]
+    choices = [
+        sorted({d for d in (1, 2, *range(4, full + 1, 4)) if d <= full} | {full}) for full in dims
+    ]
     best: dict[int, tuple[int, ...]] = {}
     for shape in itertools.product(*choices):
         n = math.prod(shape) * slices
@@ -158,11 +202,13 @@ def sub_slices(system: System, max_count: int = 8) -> list[System]:
         cur = best.get(n)
         if cur is None or max(shape) - min(shape) < max(cur) - min(cur):
             best[n] = shape
+
     # for each odd part o (n = 2^a·o) keep the largest count; small odd parts factor best
     def odd(n: int) -> int:
         while n % 2 == 0:
             n //= 2
         return n
+
     by_odd: dict[int, int] = {}
     for n in best:
         o = odd(n)
@@ -179,23 +225,43 @@ def sub_slices(system: System, max_count: int = 8) -> list[System]:
         chip_name = system.chip.name
         try:
             prefix = f"{slices}x" if slices > 1 else ""
-            out.append(parse_system(f"{prefix}{chip_name}:{'x'.join(map(str, shape))}", usd_per_chip_hour=system.usd_per_chip_hour))
+            out.append(
+                parse_system(
+                    f"{prefix}{chip_name}:{'x'.join(map(str, shape))}",
+                    usd_per_chip_hour=system.usd_per_chip_hour,
+                )
+            )
         except Exception:  # noqa: BLE001 - a shape the system parser refuses is simply not offered
             continue
     return out
 
 
-def plan_training(model: ModelSpec, system: System, workload: Workload, *, space: SearchSpace | None = None,
-                  objective: str = "time", top_k: int = 5, efficiency: Efficiency | None = None, optimizer: str = "adam-bf16",
-                  allow_sub_slices: bool = True, chips: Sequence[int] | None = None, tie_tolerance: float = 0.01,
-                  progress: Callable[[int, int], None] | None = None) -> PlanResult:
+def plan_training(
+    model: ModelSpec,
+    system: System,
+    workload: Workload,
+    *,
+    space: SearchSpace | None = None,
+    objective: str = "time",
+    top_k: int = 5,
+    efficiency: Efficiency | None = None,
+    optimizer: str = "adam-bf16",
+    allow_sub_slices: bool = True,
+    chips: Sequence[int] | None = None,
+    tie_tolerance: float = 0.01,
+    progress: Callable[[int, int], None] | None = None,
+) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token)."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
     eff = efficiency or default_efficiency(system.chip.vendor)
     opt = parse_optimizer(optimizer)
     if objective not in ("time", "cost"):
-        raise PlanError(f"objective {objective!r}", rule="objective is 'time' or 'cost'", fix="write --objective time")
+        raise PlanError(
+            f"objective {objective!r}",
+            rule="objective is 'time' or 'cost'",
+            fix="write --objective time",
+        )
     systems = sub_slices(system) if allow_sub_slices else [system]
     if chips:
         systems = [s for s in systems if s.n_chips in set(chips)] or [system]
@@ -210,8 +276,11 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
             domains_txt[st_.value] = f"{vals[:12]}{'...' if len(vals) > 12 else ''}: {why}"
         facts += [(si, *f) for f in _factorisations(sysm.n_chips, dom)]
     if not facts:
-        raise PlanError(f"no mesh factorisation of {system.n_chips} chips satisfies the divisibility rules",
-                        rule="; ".join(f"{k}: {v}" for k, v in domains_txt.items()), fix="try another chip count (--chips) or batch size")
+        raise PlanError(
+            f"no mesh factorisation of {system.n_chips} chips satisfies the divisibility rules",
+            rule="; ".join(f"{k}: {v}" for k, v in domains_txt.items()),
+            fix="try another chip count (--chips) or batch size",
+        )
     F = np.array(facts, dtype=np.int64)  # columns: system, dp, fsdp, tp, sp, ep, pp
     IL = list(Schedule).index(Schedule.INTERLEAVED)
     # stage 1: mesh × microbatches × schedule, where the divisibility rules act
@@ -233,7 +302,10 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     filters = [
         ("batch not divisible by dp·fsdp·ep·microbatches", seqs % (dp * fsdp * ep * mb) != 0),
         ("fewer microbatches than pipeline stages", (pp > 1) & (mb < pp)),
-        ("layers not divisible by pp·virtual stages", (sc == IL) & (model.n_layers % (pp * 2) != 0)),
+        (
+            "layers not divisible by pp·virtual stages",
+            (sc == IL) & (model.n_layers % (pp * 2) != 0),
+        ),
     ]
     ok = np.ones(len(fi), dtype=bool)
     for name, bad in filters:
@@ -249,7 +321,9 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     for msp_v in space.megatron_sp:
         for cm_v in space.collective_matmul:
             for z_v in space.zero_stages:
-                m_ok = tp1 | ((msp_v == space.megatron_sp[0]) & (cm_v == space.collective_matmul[0]))
+                m_ok = tp1 | (
+                    (msp_v == space.megatron_sp[0]) & (cm_v == space.collective_matmul[0])
+                )
                 m_ok &= dp1 | (z_v == space.zero_stages[0])
                 for ri_v in range(len(space.remats)):
                     idx = np.nonzero(m_ok)[0]
@@ -277,12 +351,21 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         sel = by_key[a0:a1]
         bits = int(key) // 4
         active = frozenset(order[j] for j in range(6) if bits >> j & 1)
-        cand = Candidates({order[j]: rows[sel, 1 + j] for j in range(6)}, mb[sel], zv[sel], sc[sel],
-                          np.where(sc[sel] == list(Schedule).index(Schedule.INTERLEAVED), 2, 1),
-                          system_idx=rows[sel, 0], remat_idx=ri[sel], collective_matmul=cmv[sel])
+        cand = Candidates(
+            {order[j]: rows[sel, 1 + j] for j in range(6)},
+            mb[sel],
+            zv[sel],
+            sc[sel],
+            np.where(sc[sel] == list(Schedule).index(Schedule.INTERLEAVED), 2, 1),
+            system_idx=rows[sel, 0],
+            remat_idx=ri[sel],
+            collective_matmul=cmv[sel],
+        )
         st = Structure(active, space.remats[0], bool(int(key) >> 1 & 1), False, bool(int(key) & 1))
         groups.append((st, cand))
-    summaries = _evaluate_groups(groups, model, systems, workload, eff, opt, list(space.remats), progress)
+    summaries = _evaluate_groups(
+        groups, model, systems, workload, eff, opt, list(space.remats), progress
+    )
     results = [(st, cand, sm) for (st, cand), sm in zip(groups, summaries, strict=True)]
     # ---- rank (vectorised: one array over all groups) -----------------------------------
     price_s = np.array([sy.usd_per_chip_hour or np.nan for sy in systems])
@@ -293,7 +376,13 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
             rejected[reason] += cnt
         ok = ~r.infeasible
         n_chips = chips_s[cand.system_idx][ok]
-        usd = (r.step_time_s[ok] * n_chips * price_s[cand.system_idx][ok] / 3600 / workload.batch_tokens)
+        usd = (
+            r.step_time_s[ok]
+            * n_chips
+            * price_s[cand.system_idx][ok]
+            / 3600
+            / workload.batch_tokens
+        )
         step = r.step_time_s[ok]
         cols["score"].append(step if objective == "time" else usd)
         cols["g"].append(np.full(int(ok.sum()), gi))
@@ -303,19 +392,29 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         cols["usd"].append(usd)
         cols["comm"].append(r.comm_total[ok])
         d = cand.deg
-        n_strat = (((d[Strategy.DP] > 1) | (d[Strategy.FSDP] > 1)).astype(int) + (d[Strategy.TP] > 1) + (d[Strategy.SP] > 1)
-                   + (d[Strategy.PP] > 1) + (d[Strategy.EP] > 1))
+        n_strat = (
+            ((d[Strategy.DP] > 1) | (d[Strategy.FSDP] > 1)).astype(int)
+            + (d[Strategy.TP] > 1)
+            + (d[Strategy.SP] > 1)
+            + (d[Strategy.PP] > 1)
+            + (d[Strategy.EP] > 1)
+        )
         cols["nstrat"].append(np.asarray(n_strat)[ok])
     A = {k: np.concatenate(v) if v else np.array([]) for k, v in cols.items()}
     evaluated = sum(len(c) for _, c, _ in results)
     if not len(A["score"]):
         top_reason = rejected.most_common(1)[0][0] if rejected else "no candidates"
-        raise PlanError(f"no plan fits: {evaluated} candidates evaluated, most rejected because {top_reason}",
-                        rule="a plan must divide the batch, fit the topology and fit HBM",
-                        fix="use more chips, a smaller batch or sequence, or a smaller model")
+        raise PlanError(
+            f"no plan fits: {evaluated} candidates evaluated, most rejected because {top_reason}",
+            rule="a plan must divide the batch, fit the topology and fit HBM",
+            fix="use more chips, a smaller batch or sequence, or a smaller model",
+        )
     if objective == "cost" and np.all(np.isnan(A["score"])):
-        raise PlanError(f"objective 'cost' needs a price, and {system.name} has none", rule="prices come from the chip file or --price",
-                        fix="give --price USD_PER_CHIP_HOUR or use --objective time")
+        raise PlanError(
+            f"objective 'cost' needs a price, and {system.name} has none",
+            rule="prices come from the chip file or --price",
+            fix="give --price USD_PER_CHIP_HOUR or use --objective time",
+        )
     score = np.nan_to_num(A["score"], nan=np.inf)
     # Rank by the objective; plans within `tie_tolerance` of the best are equivalent within the
     # model's accuracy, and among those the simpler one (fewer parallelism strategies; DP and
@@ -326,9 +425,19 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
     order_idx = np.lexsort((A["step"], score, ~near))  # near first, then by score
     near_idx = order_idx[: int(near.sum())]
     near_idx = near_idx[np.lexsort((score[near_idx], A["comm"][near_idx], A["nstrat"][near_idx]))]
-    ranked = np.concatenate([near_idx, order_idx[int(near.sum()):][:200]])
-    flat = [(float(score[j]), int(A["g"][j]), int(A["i"][j]), float(A["step"][j]), float(A["chips"][j]), float(A["usd"][j]),
-             float(A["comm"][j])) for j in ranked[:400]]
+    ranked = np.concatenate([near_idx, order_idx[int(near.sum()) :][:200]])
+    flat = [
+        (
+            float(score[j]),
+            int(A["g"][j]),
+            int(A["i"][j]),
+            float(A["step"][j]),
+            float(A["chips"][j]),
+            float(A["usd"][j]),
+            float(A["comm"][j]),
+        )
+        for j in ranked[:400]
+    ]
     # top-k distinct meshes (variants of one mesh that differ only in ZeRO stage or a flag
     # are not listed twice; the best variant of each mesh is kept)
     top: list[StepCost] = []
@@ -345,6 +454,7 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
         if len(top) >= top_k:
             break
     pareto = _pareto(A, results, space, opt)
+
     # the runner-up worth explaining: the best plan with another set of strategies or chip count
     # (variants of the winner's mesh differ by noise, not by a reason a user can act on)
     def shape(c: StepCost) -> tuple:
@@ -354,7 +464,7 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
 
     runner = next((c for c in top[1:] if shape(c) != shape(top[0])), None)
     if runner is None:
-        for _score, gi, i, *_ in flat[len(top):]:
+        for _score, gi, i, *_ in flat[len(top) :]:
             st, cand, _r = results[gi]
             plan = _plan_from(st, cand, i, space, opt)
             sysm = systems[int(cand.system_idx[i])]
@@ -364,9 +474,21 @@ def plan_training(model: ModelSpec, system: System, workload: Workload, *, space
                 break
     why = _why(top[0], runner, objective, tie_tolerance)
     feasible = {sy.name: int(np.sum(A["chips"] == sy.n_chips)) for sy in systems}
-    return PlanResult(tuple(top), evaluated, enumerated, dict(rejected), domains_txt, pareto, objective,
-                      time.perf_counter() - t0, why, tuple(f"{s.name} ({s.n_chips} chips)" for s in systems),
-                      system.name, system.n_chips, feasible)
+    return PlanResult(
+        tuple(top),
+        evaluated,
+        enumerated,
+        dict(rejected),
+        domains_txt,
+        pareto,
+        objective,
+        time.perf_counter() - t0,
+        why,
+        tuple(f"{s.name} ({s.n_chips} chips)" for s in systems),
+        system.name,
+        system.n_chips,
+        feasible,
+    )
 
 
 @dataclass(frozen=True)
@@ -383,7 +505,9 @@ def _summarise(r) -> _Summary:
     return _Summary(r.step_time_s, sum(r.comm.values()), r.infeasible, r.reason.counts())
 
 
-def _evaluate_groups(groups, model, systems, workload, eff, opt, remats, progress) -> list[_Summary]:
+def _evaluate_groups(
+    groups, model, systems, workload, eff, opt, remats, progress
+) -> list[_Summary]:
     """Evaluate every structure group: one vectorised algebra pass each.
 
     (Splitting the groups over processes was measured slower on the 2-core target, because
@@ -393,14 +517,22 @@ def _evaluate_groups(groups, model, systems, workload, eff, opt, remats, progres
     out = []
     done = 0
     for st, cand in groups:
-        out.append(_summarise(evaluate_plans(model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=remats)))
+        out.append(
+            _summarise(
+                evaluate_plans(
+                    model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=remats
+                )
+            )
+        )
         done += len(cand)
         if progress:
             progress(done, total)
     return out
 
 
-def _factorisations(n: int, dom: dict[Strategy, tuple[list[int], str]]) -> Iterable[tuple[int, ...]]:
+def _factorisations(
+    n: int, dom: dict[Strategy, tuple[list[int], str]]
+) -> Iterable[tuple[int, ...]]:
     """All (dp, fsdp, tp, sp, ep, pp) from the domains whose product is n."""
     order = (Strategy.TP, Strategy.PP, Strategy.SP, Strategy.EP, Strategy.DP)
     fs = set(dom[Strategy.FSDP][0])
@@ -408,7 +540,14 @@ def _factorisations(n: int, dom: dict[Strategy, tuple[list[int], str]]) -> Itera
     def rec(i: int, rest: int, acc: dict[Strategy, int]) -> Iterable[tuple[int, ...]]:
         if i == len(order):
             if rest in fs:
-                yield (acc[Strategy.DP], rest, acc[Strategy.TP], acc[Strategy.SP], acc[Strategy.EP], acc[Strategy.PP])
+                yield (
+                    acc[Strategy.DP],
+                    rest,
+                    acc[Strategy.TP],
+                    acc[Strategy.SP],
+                    acc[Strategy.EP],
+                    acc[Strategy.PP],
+                )
             return
         s = order[i]
         for v in dom[s][0]:
@@ -430,9 +569,17 @@ def _reason_key(reason: str) -> str:
 
 def _plan_from(st: Structure, cand: Candidates, i: int, space: SearchSpace, opt) -> Plan:
     deg = Degrees(**{s.value: int(cand.deg[s][i]) for s in Strategy})
-    return Plan(deg, int(cand.microbatches[i]), space.remats[int(cand.remat_idx[i])], int(cand.zero[i]),
-                list(Schedule)[int(cand.schedule[i])], int(cand.virtual[i]), st.sequence_parallel,
-                bool(cand.collective_matmul[i]), opt)
+    return Plan(
+        deg,
+        int(cand.microbatches[i]),
+        space.remats[int(cand.remat_idx[i])],
+        int(cand.zero[i]),
+        list(Schedule)[int(cand.schedule[i])],
+        int(cand.virtual[i]),
+        st.sequence_parallel,
+        bool(cand.collective_matmul[i]),
+        opt,
+    )
 
 
 def _pareto(A: dict[str, np.ndarray], results, space, opt) -> tuple[dict[str, Any], ...]:
@@ -448,8 +595,14 @@ def _pareto(A: dict[str, np.ndarray], results, space, opt) -> tuple[dict[str, An
     for j, step in out:
         st, cand, _ = results[int(A["g"][j])]
         usd = float(A["usd"][j])
-        rows.append({"chips": int(A["chips"][j]), "step_time_s": step, "usd_per_million_tokens": usd * 1e6,
-                     "plan": _plan_from(st, cand, int(A["i"][j]), space, opt).describe()})
+        rows.append(
+            {
+                "chips": int(A["chips"][j]),
+                "step_time_s": step,
+                "usd_per_million_tokens": usd * 1e6,
+                "plan": _plan_from(st, cand, int(A["i"][j]), space, opt).describe(),
+            }
+        )
     return tuple(rows)
 
 
@@ -459,25 +612,43 @@ def _why(a: StepCost, b: StepCost | None, objective: str, tie: float = 0.01) -> 
         return "no plan of a different shape is feasible"
 
     def score(c: StepCost) -> float:
-        return c.step_time_s if objective == "time" or c.run_cost_usd is None else c.step_time_s * c.system.n_chips
-    terms = [("compute", a.compute_time_s, b.compute_time_s), ("exposed communication", a.exposed_comm_time_s, b.exposed_comm_time_s),
-             ("pipeline bubble", a.bubble_time_s, b.bubble_time_s), ("optimizer update", a.optimizer_time_s, b.optimizer_time_s)]
+        return (
+            c.step_time_s
+            if objective == "time" or c.run_cost_usd is None
+            else c.step_time_s * c.system.n_chips
+        )
+
+    terms = [
+        ("compute", a.compute_time_s, b.compute_time_s),
+        ("exposed communication", a.exposed_comm_time_s, b.exposed_comm_time_s),
+        ("pipeline bubble", a.bubble_time_s, b.bubble_time_s),
+        ("optimizer update", a.optimizer_time_s, b.optimizer_time_s),
+    ]
     terms = [t for t in terms if abs(t[1] - t[2]) > 1e-9]
     terms.sort(key=lambda t: -abs(t[1] - t[2]))
     cost = ""
-    if objective == "cost" and a.run_cost_usd is not None and b.run_cost_usd is not None and a.workload.total_tokens:
+    if (
+        objective == "cost"
+        and a.run_cost_usd is not None
+        and b.run_cost_usd is not None
+        and a.workload.total_tokens
+    ):
         cost = f" and ${a.run_cost_usd / 1e6:.3g}M vs ${b.run_cost_usd / 1e6:.3g}M for the run"
-    s = (f"{a.plan.describe()} on {a.system.n_chips} chips takes {a.step_time_s:.3g} s/step{cost}; the best plan of another "
-         f"shape, {b.plan.describe()} on {b.system.n_chips} chips (runner-up), takes {b.step_time_s:.3g} s. The winner is limited by "
-         f"{a.bottleneck}, the runner-up by {b.bottleneck}")
+    s = (
+        f"{a.plan.describe()} on {a.system.n_chips} chips takes {a.step_time_s:.3g} s/step{cost}; the best plan of another "
+        f"shape, {b.plan.describe()} on {b.system.n_chips} chips (runner-up), takes {b.step_time_s:.3g} s. The winner is limited by "
+        f"{a.bottleneck}, the runner-up by {b.bottleneck}"
+    )
     if terms:
         name, x, y = terms[0]
         s += f"; the biggest difference is {name} ({x:.3g} s vs {y:.3g} s per step)"
     if score(b) < score(a):
         ca, cb = sum(a.comm_time_s.values()), sum(b.comm_time_s.values())
-        s += (f". The runner-up scores {1 - score(b) / score(a):.1%} better, within the model's {tie:.0%} tie tolerance, where the "
-              f"simpler plan ranks first (then the one whose collectives would take less time without overlap: "
-              f"{ca:.3g} s vs {cb:.3g} s)")
+        s += (
+            f". The runner-up scores {1 - score(b) / score(a):.1%} better, within the model's {tie:.0%} tie tolerance, where the "
+            f"simpler plan ranks first (then the one whose collectives would take less time without overlap: "
+            f"{ca:.3g} s vs {cb:.3g} s)"
+        )
     return s
 
 
@@ -490,6 +661,7 @@ def terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:
         if done == total:
             stream.write("\n")
         stream.flush()
+
     return show
 
 
@@ -502,12 +674,17 @@ class DeadlineResult:
 
     deadline_s: float
     result: PlanResult | None  # the plan on the chosen system (None if even the largest misses)
-    tried: tuple[tuple[str, int, float], ...]  # (system, chips, best run time s) in the order searched
+    tried: tuple[
+        tuple[str, int, float], ...
+    ]  # (system, chips, best run time s) in the order searched
 
     def to_dict(self) -> dict[str, Any]:
-        return {"deadline_s": self.deadline_s, "chips_needed": None if self.result is None else self.result.best.system.n_chips,
-                "system_needed": None if self.result is None else self.result.best.system.name,
-                "tried": [{"system": s, "chips": n, "run_time_s": t} for s, n, t in self.tried]}
+        return {
+            "deadline_s": self.deadline_s,
+            "chips_needed": None if self.result is None else self.result.best.system.n_chips,
+            "system_needed": None if self.result is None else self.result.best.system.name,
+            "tried": [{"system": s, "chips": n, "run_time_s": t} for s, n, t in self.tried],
+        }
 
 
 def scale_family(system: System, max_factor: int = 8) -> list[System]:
@@ -515,24 +692,40 @@ def scale_family(system: System, max_factor: int = 8) -> list[System]:
     × the given one; TPU sub-slices of the pod, then 2, 4, ... pods over DCN."""
     out: list[System] = []
     if system.is_tpu:
-        base = sub_slices(system if system.n_slices == 1 else parse_system(f"{system.chip.name}:{'x'.join(map(str, system.topology))}"),
-                          max_count=64)
+        base = sub_slices(
+            system
+            if system.n_slices == 1
+            else parse_system(f"{system.chip.name}:{'x'.join(map(str, system.topology))}"),
+            max_count=64,
+        )
         pod = "x".join(map(str, system.topology))
         out = sorted(base, key=lambda s: s.n_chips)
         k = 2
         while k <= max_factor:
-            out.append(parse_system(f"{k}x{system.chip.name}:{pod}", usd_per_chip_hour=system.usd_per_chip_hour))
+            out.append(
+                parse_system(
+                    f"{k}x{system.chip.name}:{pod}", usd_per_chip_hour=system.usd_per_chip_hour
+                )
+            )
             k *= 2
         return out
     node = system.chip.nvlink_domain or 8
     n = node
     while n <= system.n_chips * max_factor:
-        out.append(parse_system(f"{system.chip.name}:{n}", usd_per_chip_hour=system.usd_per_chip_hour, sharp=system.sharp))
+        out.append(
+            parse_system(
+                f"{system.chip.name}:{n}",
+                usd_per_chip_hour=system.usd_per_chip_hour,
+                sharp=system.sharp,
+            )
+        )
         n *= 2
     return out
 
 
-def chips_for_deadline(model: ModelSpec, system: System, workload: Workload, deadline_s: float, **kw: Any) -> DeadlineResult:
+def chips_for_deadline(
+    model: ModelSpec, system: System, workload: Workload, deadline_s: float, **kw: Any
+) -> DeadlineResult:
     """Bisect the system's scale family for the fewest chips whose fastest plan meets the deadline.
 
     Run time falls as chips grow (more chips never make the best plan slower, since a larger
@@ -540,9 +733,17 @@ def chips_for_deadline(model: ModelSpec, system: System, workload: Workload, dea
     over the sorted family finds the boundary with a few planner calls.
     """
     if not (deadline_s > 0 and math.isfinite(deadline_s)):
-        raise PlanError(f"deadline {deadline_s!r} s", rule="a deadline is a positive duration", fix="write e.g. --deadline 30d")
+        raise PlanError(
+            f"deadline {deadline_s!r} s",
+            rule="a deadline is a positive duration",
+            fix="write e.g. --deadline 30d",
+        )
     if not workload.total_tokens:
-        raise PlanError("a deadline needs the run length", rule="run time = tokens / throughput", fix="give --tokens, e.g. 15T")
+        raise PlanError(
+            "a deadline needs the run length",
+            rule="run time = tokens / throughput",
+            fix="give --tokens, e.g. 15T",
+        )
     family = scale_family(system)
     tried: list[tuple[str, int, float]] = []
     cache: dict[int, PlanResult | None] = {}
@@ -550,7 +751,9 @@ def chips_for_deadline(model: ModelSpec, system: System, workload: Workload, dea
     def best(i: int) -> PlanResult | None:
         if i not in cache:
             try:
-                r = plan_training(model, family[i], workload, objective="time", allow_sub_slices=False, **kw)
+                r = plan_training(
+                    model, family[i], workload, objective="time", allow_sub_slices=False, **kw
+                )
                 tried.append((family[i].name, family[i].n_chips, r.best.run_time_s))
             except PlanError:
                 r = None

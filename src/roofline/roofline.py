@@ -47,9 +47,16 @@ class RooflineResult:
 
     @property
     def intensity(self) -> Any:
-        return np.divide(self.flops, self.bytes, out=np.full_like(np.asarray(self.flops, float), np.inf),
-                         where=np.asarray(self.bytes) > 0) if np.ndim(self.flops) else (
-            self.flops / self.bytes if self.bytes else float("inf"))
+        return (
+            np.divide(
+                self.flops,
+                self.bytes,
+                out=np.full_like(np.asarray(self.flops, float), np.inf),
+                where=np.asarray(self.bytes) > 0,
+            )
+            if np.ndim(self.flops)
+            else (self.flops / self.bytes if self.bytes else float("inf"))
+        )
 
     @property
     def critical_intensity(self) -> float:
@@ -82,10 +89,16 @@ class RooflineResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "flops": self.flops, "bytes": self.bytes, "intensity": self.intensity,
-            "critical_intensity": self.critical_intensity, "compute_dtype": self.compute_dtype,
-            "bound": self.bound.value, "t_math_s": self.t_math_s, "t_mem_s": self.t_mem_s,
-            "time_lower_s": self.time_lower_s, "time_upper_s": self.time_upper_s,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "intensity": self.intensity,
+            "critical_intensity": self.critical_intensity,
+            "compute_dtype": self.compute_dtype,
+            "bound": self.bound.value,
+            "t_math_s": self.t_math_s,
+            "t_mem_s": self.t_mem_s,
+            "time_lower_s": self.time_lower_s,
+            "time_upper_s": self.time_upper_s,
             "achieved_flops_per_s": self.achieved_flops_per_s,
         }
 
@@ -116,7 +129,9 @@ def critical_batch(chip: Chip, weight_dtype: str = "bf16", activation_dtype: str
     return DTYPE_BYTES[parse_dtype(weight_dtype)] * chip.peak(cd) / (2 * chip.hbm_bw_bytes_per_s)
 
 
-def matmul_crossover_batch(chip: Chip, D: float, F: float, weight_dtype: str = "bf16", activation_dtype: str = "bf16") -> float:
+def matmul_crossover_batch(
+    chip: Chip, D: float, F: float, weight_dtype: str = "bf16", activation_dtype: str = "bf16"
+) -> float:
     """Exact B where T_math = T_mem for X[B,D]·W[D,F]→[B,F] (solves 2BDF/C = bytes/W)."""
     w, a = DTYPE_BYTES[parse_dtype(weight_dtype)], DTYPE_BYTES[parse_dtype(activation_dtype)]
     C = chip.peak(compute_dtype([weight_dtype, activation_dtype]))

@@ -28,8 +28,21 @@ from types import MappingProxyType
 
 from roofline.errors import PlanError
 
-LOGICAL_DIMS = ("batch", "seq", "kv_seq", "embed", "mlp", "heads", "kv_heads", "head_dim",
-                "vocab", "experts", "layers", "q_lora", "kv_lora")
+LOGICAL_DIMS = (
+    "batch",
+    "seq",
+    "kv_seq",
+    "embed",
+    "mlp",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "vocab",
+    "experts",
+    "layers",
+    "q_lora",
+    "kv_lora",
+)
 
 
 class Strategy(enum.StrEnum):
@@ -41,14 +54,37 @@ class Strategy(enum.StrEnum):
     PP = "pp"
 
 
-AXIS_OF = {Strategy.DP: "data", Strategy.FSDP: "fsdp", Strategy.TP: "tensor", Strategy.SP: "seq",
-           Strategy.EP: "expert", Strategy.PP: "stage"}
+AXIS_OF = {
+    Strategy.DP: "data",
+    Strategy.FSDP: "fsdp",
+    Strategy.TP: "tensor",
+    Strategy.SP: "seq",
+    Strategy.EP: "expert",
+    Strategy.PP: "stage",
+}
 # Mesh axis order, outermost first (JAX convention: the last axis is innermost, so tensor
 # parallelism lands on the fastest links — the NVLink domain or the innermost ICI dims).
 AXIS_ORDER = ("data", "stage", "fsdp", "expert", "seq", "tensor")
-_ALIASES = {"dp": "dp", "data": "dp", "fsdp": "fsdp", "zero3": "fsdp", "tp": "tp", "tensor": "tp",
-            "mp": "tp", "model": "tp", "sp": "sp", "cp": "sp", "seq": "sp", "sequence": "sp", "context": "sp",
-            "ep": "ep", "expert": "ep", "pp": "pp", "pipeline": "pp", "stage": "pp"}
+_ALIASES = {
+    "dp": "dp",
+    "data": "dp",
+    "fsdp": "fsdp",
+    "zero3": "fsdp",
+    "tp": "tp",
+    "tensor": "tp",
+    "mp": "tp",
+    "model": "tp",
+    "sp": "sp",
+    "cp": "sp",
+    "seq": "sp",
+    "sequence": "sp",
+    "context": "sp",
+    "ep": "ep",
+    "expert": "ep",
+    "pp": "pp",
+    "pipeline": "pp",
+    "stage": "pp",
+}
 
 
 @dataclass(frozen=True)
@@ -97,8 +133,11 @@ def parse_degrees(text: str | Mapping[str, int]) -> tuple[Degrees, dict[str, str
             if not part:
                 continue
             if "=" not in part:
-                raise PlanError(f"cannot read plan item {part!r}", rule="a plan is a comma-separated list of name=value",
-                                fix='write e.g. --plan "fsdp=256,tp=4,microbatch=4,remat=full"')
+                raise PlanError(
+                    f"cannot read plan item {part!r}",
+                    rule="a plan is a comma-separated list of name=value",
+                    fix='write e.g. --plan "fsdp=256,tp=4,microbatch=4,remat=full"',
+                )
             k, v = part.split("=", 1)
             items[k.strip().lower()] = v.strip()
     deg: dict[str, int] = {}
@@ -108,17 +147,26 @@ def parse_degrees(text: str | Mapping[str, int]) -> tuple[Degrees, dict[str, str
             try:
                 n = int(v)
             except ValueError:
-                raise PlanError(f"plan degree {k}={v!r} is not a whole number", rule="degrees are positive integers",
-                                fix=f"write {k}=4") from None
+                raise PlanError(
+                    f"plan degree {k}={v!r} is not a whole number",
+                    rule="degrees are positive integers",
+                    fix=f"write {k}=4",
+                ) from None
             if n < 1:
-                raise PlanError(f"plan degree {k}={n}", rule="degrees are positive integers (1 = unused)", fix=f"write {k}=1 or more")
+                raise PlanError(
+                    f"plan degree {k}={n}",
+                    rule="degrees are positive integers (1 = unused)",
+                    fix=f"write {k}=1 or more",
+                )
             deg[_ALIASES[k]] = n
         else:
             rest[k] = v
     return Degrees(**deg), rest
 
 
-def rules_for(deg: Degrees, *, sequence_parallel: bool = False, shard_params_fsdp: bool = True) -> Rules:
+def rules_for(
+    deg: Degrees, *, sequence_parallel: bool = False, shard_params_fsdp: bool = True
+) -> Rules:
     """The standard rule set of a combination of strategies (book training.md notation).
 
     DP: In[B_X]; FSDP: In[B_X], W[D_X, F]; TP: W[D, F_Y], heads_Y; SP: In[T_Z];
@@ -126,7 +174,9 @@ def rules_for(deg: Degrees, *, sequence_parallel: bool = False, shard_params_fsd
     """
     act: dict[str, tuple[str, ...]] = {}
     par: dict[str, tuple[str, ...]] = {}
-    batch_axes = tuple(a for a, n in (("data", deg.dp), ("fsdp", deg.fsdp), ("expert", deg.ep)) if n > 1)
+    batch_axes = tuple(
+        a for a, n in (("data", deg.dp), ("fsdp", deg.fsdp), ("expert", deg.ep)) if n > 1
+    )
     if batch_axes:
         act["batch"] = batch_axes
     if deg.fsdp > 1 and shard_params_fsdp:
@@ -143,10 +193,16 @@ def rules_for(deg: Degrees, *, sequence_parallel: bool = False, shard_params_fsd
     if deg.pp > 1:
         act["layers"] = ("stage",)
         par["layers"] = ("stage",)
-    return Rules(MappingProxyType(act), MappingProxyType(par), sequence_parallel=sequence_parallel and deg.tp > 1)
+    return Rules(
+        MappingProxyType(act),
+        MappingProxyType(par),
+        sequence_parallel=sequence_parallel and deg.tp > 1,
+    )
 
 
-def partition_spec(dims: tuple[str, ...], rules: Rules, is_param: bool) -> tuple[str | tuple[str, ...] | None, ...]:
+def partition_spec(
+    dims: tuple[str, ...], rules: Rules, is_param: bool
+) -> tuple[str | tuple[str, ...] | None, ...]:
     """The JAX PartitionSpec entries for an array with these logical dims (None = replicated).
 
     A mesh axis already used by an earlier dim of the same array is dropped (JAX forbids

@@ -64,13 +64,22 @@ class Plan:
 
     def describe(self) -> str:
         d = self.degrees
-        parts = [f"{s.value}={getattr(d, s.value)}" for s in Strategy if getattr(d, s.value) > 1] or ["dp=1"]
+        parts = [
+            f"{s.value}={getattr(d, s.value)}" for s in Strategy if getattr(d, s.value) > 1
+        ] or ["dp=1"]
         parts.append(f"microbatch={self.microbatches}")
         parts.append(f"remat={self.remat}")
         if d.dp > 1:
             parts.append(f"zero={self.zero}")
         if d.pp > 1:
-            parts.append(f"schedule={self.schedule.value}" + (f",virtual={self.virtual_stages}" if self.schedule == Schedule.INTERLEAVED else ""))
+            parts.append(
+                f"schedule={self.schedule.value}"
+                + (
+                    f",virtual={self.virtual_stages}"
+                    if self.schedule == Schedule.INTERLEAVED
+                    else ""
+                )
+            )
         if self.sequence_parallel:
             parts.append("megatron_sp=1")
         if self.collective_matmul:
@@ -79,10 +88,19 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.degrees
-        return {"spec": self.describe(), **{s.value: getattr(d, s.value) for s in Strategy}, "microbatches": self.microbatches,
-                "remat": str(self.remat), "zero": self.zero, "schedule": self.schedule.value, "virtual_stages": self.virtual_stages,
-                "sequence_parallel": self.sequence_parallel, "collective_matmul": self.collective_matmul,
-                "optimizer": self.optimizer.name, "mesh_axes": [list(a) for a in d.mesh_axes()]}
+        return {
+            "spec": self.describe(),
+            **{s.value: getattr(d, s.value) for s in Strategy},
+            "microbatches": self.microbatches,
+            "remat": str(self.remat),
+            "zero": self.zero,
+            "schedule": self.schedule.value,
+            "virtual_stages": self.virtual_stages,
+            "sequence_parallel": self.sequence_parallel,
+            "collective_matmul": self.collective_matmul,
+            "optimizer": self.optimizer.name,
+            "mesh_axes": [list(a) for a in d.mesh_axes()],
+        }
 
 
 def parse_plan(text: str) -> Plan:
@@ -108,16 +126,27 @@ def parse_plan(text: str) -> Plan:
             elif k in ("optimizer", "opt"):
                 kw["optimizer"] = parse_optimizer(v)
             else:
-                raise PlanError(f"unknown plan key {k!r}",
-                                rule="plan keys: dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, collective_matmul, optimizer",
-                                fix='write e.g. --plan "fsdp=256,tp=4,microbatch=4,remat=full"')
+                raise PlanError(
+                    f"unknown plan key {k!r}",
+                    rule="plan keys: dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, collective_matmul, optimizer",
+                    fix='write e.g. --plan "fsdp=256,tp=4,microbatch=4,remat=full"',
+                )
         except ValueError:
-            raise PlanError(f"plan value {k}={v!r} cannot be read", rule="numbers are integers; schedule is gpipe, 1f1b or interleaved",
-                            fix=f"correct {k}") from None
+            raise PlanError(
+                f"plan value {k}={v!r} cannot be read",
+                rule="numbers are integers; schedule is gpipe, 1f1b or interleaved",
+                fix=f"correct {k}",
+            ) from None
     if kw.get("microbatches", 1) < 1:
-        raise PlanError(f"microbatch={kw['microbatches']}", rule="at least one microbatch", fix="write microbatch=1 or more")
+        raise PlanError(
+            f"microbatch={kw['microbatches']}",
+            rule="at least one microbatch",
+            fix="write microbatch=1 or more",
+        )
     if kw.get("zero", 1) not in (0, 1, 2, 3):
-        raise PlanError(f"zero={kw['zero']}", rule="ZeRO stages are 0, 1, 2 or 3", fix="write zero=1")
+        raise PlanError(
+            f"zero={kw['zero']}", rule="ZeRO stages are 0, 1, 2 or 3", fix="write zero=1"
+        )
     if kw.get("zero") == 3 and deg.dp > 1:  # ZeRO-3 over the data axis is FSDP
         deg = replace(deg, fsdp=deg.fsdp * deg.dp, dp=1)
     return Plan(deg, **kw)
@@ -134,11 +163,17 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0 or self.batch_tokens <= 0 or self.total_tokens < 0:
-            raise RooflineError(f"batch_tokens={self.batch_tokens}, seq_len={self.seq_len}, tokens={self.total_tokens}",
-                                rule="batch and sequence length are positive, run tokens non-negative", fix="give positive sizes")
+            raise RooflineError(
+                f"batch_tokens={self.batch_tokens}, seq_len={self.seq_len}, tokens={self.total_tokens}",
+                rule="batch and sequence length are positive, run tokens non-negative",
+                fix="give positive sizes",
+            )
         if self.batch_tokens < self.seq_len:
-            raise RooflineError(f"batch of {self.batch_tokens:g} tokens is shorter than one {self.seq_len}-token sequence",
-                                rule="a batch holds at least one sequence", fix="raise --batch-tokens or lower --seq")
+            raise RooflineError(
+                f"batch of {self.batch_tokens:g} tokens is shorter than one {self.seq_len}-token sequence",
+                rule="a batch holds at least one sequence",
+                fix="raise --batch-tokens or lower --seq",
+            )
 
     @property
     def sequences(self) -> float:
@@ -160,7 +195,9 @@ class Structure:
     remat: Remat
     sequence_parallel: bool = False
     collective_matmul: bool = False
-    kv_replicated: bool = False  # tp > kv_heads: K/V projections replicated across the tensor axis (Megatron)
+    kv_replicated: bool = (
+        False  # tp > kv_heads: K/V projections replicated across the tensor axis (Megatron)
+    )
 
 
 @dataclass
@@ -172,7 +209,9 @@ class Candidates:
     zero: np.ndarray
     schedule: np.ndarray  # 0 gpipe, 1 1f1b, 2 interleaved
     virtual: np.ndarray
-    system_idx: np.ndarray | None = None  # which of several systems (sub-slices) each candidate runs on
+    system_idx: np.ndarray | None = (
+        None  # which of several systems (sub-slices) each candidate runs on
+    )
     remat_idx: np.ndarray | None = None  # index into the remat list given to evaluate_plans
     collective_matmul: np.ndarray | None = None  # bool per candidate
 
@@ -202,14 +241,31 @@ class StepArrays:
     infeasible: np.ndarray  # bool
     reason: Any  # reason[i] -> str ("" if feasible); .counts() -> {reason: count}
     einsums: tuple = ()  # (op name, forward, d_lhs, d_rhs) EinsumPlans — kept for single plans
-    terms: Mapping[str, np.ndarray] = field(default_factory=dict)  # raw per-step terms by phase (see step_terms)
+    terms: Mapping[str, np.ndarray] = field(
+        default_factory=dict
+    )  # raw per-step terms by phase (see step_terms)
 
 
 class _Reasons:
     """Why each candidate is infeasible, rendered lazily (most candidates never need the text)."""
 
-    def __init__(self, mesh_reason: np.ndarray, inv: np.ndarray, mesh_bad: np.ndarray, over: np.ndarray, mem: np.ndarray, cap: float):
-        self.mesh_reason, self.inv, self.mesh_bad, self.over, self.mem, self.cap = mesh_reason, inv, mesh_bad, over, mem, cap
+    def __init__(
+        self,
+        mesh_reason: np.ndarray,
+        inv: np.ndarray,
+        mesh_bad: np.ndarray,
+        over: np.ndarray,
+        mem: np.ndarray,
+        cap: float,
+    ):
+        self.mesh_reason, self.inv, self.mesh_bad, self.over, self.mem, self.cap = (
+            mesh_reason,
+            inv,
+            mesh_bad,
+            over,
+            mem,
+            cap,
+        )
 
     def __getitem__(self, i: int) -> str:
         if self.mesh_bad[i]:
@@ -253,8 +309,21 @@ class _CommModel:
     per distinct placement, not once per mesh.
     """
 
-    def __init__(self, system: System, mesh_keys: list, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency) -> None:
-        self.system, self.keys, self.inv, self.meshes, self.eff = system, mesh_keys, inverse, meshes, eff
+    def __init__(
+        self,
+        system: System,
+        mesh_keys: list,
+        inverse: np.ndarray,
+        meshes: list[Mesh | None],
+        eff: Efficiency,
+    ) -> None:
+        self.system, self.keys, self.inv, self.meshes, self.eff = (
+            system,
+            mesh_keys,
+            inverse,
+            meshes,
+            eff,
+        )
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self.pid: dict[str, np.ndarray] = {}
         self.sig_of: list[tuple] = []
@@ -265,7 +334,10 @@ class _CommModel:
             for i, m in enumerate(meshes):
                 if m is None or a not in m.placement:
                     continue
-                sig = (id(m.system), tuple((g.dim.name, g.size, g.full, g.stride) for g in m.placement[a]))
+                sig = (
+                    id(m.system),
+                    tuple((g.dim.name, g.size, g.full, g.stride) for g in m.placement[a]),
+                )
                 j = intern.get(sig)
                 if j is None:
                     j = intern[sig] = len(self.sig_of)
@@ -299,7 +371,9 @@ class _CommModel:
                             agkey = (CollectiveKind.ALL_GATHER, ukey[1])
                             ag = _UNIT_CACHE.get(agkey)
                             if ag is None:
-                                ag = _UNIT_CACHE[agkey] = _cost_unit(CollectiveKind.ALL_GATHER, present, m)
+                                ag = _UNIT_CACHE[agkey] = _cost_unit(
+                                    CollectiveKind.ALL_GATHER, present, m
+                                )
                             hit = (ag[0] * _DERIVED[kind], ag[1] * _DERIVED[kind])
                         else:
                             hit = _cost_unit(kind, present, m)
@@ -328,7 +402,10 @@ def _cost_unit(kind: CollectiveKind, axes: tuple[str, ...], mesh: Mesh) -> tuple
     return (0.0, 0.0) if c.group_size == 1 else (float(c.latency_s), float(c.seconds_per_byte))
 
 
-_DERIVED = {CollectiveKind.REDUCE_SCATTER: 1.0, CollectiveKind.ALL_REDUCE: 2.0}  # × AllGather (book: AR = RS + AG)
+_DERIVED = {
+    CollectiveKind.REDUCE_SCATTER: 1.0,
+    CollectiveKind.ALL_REDUCE: 2.0,
+}  # × AllGather (book: AR = RS + AG)
 
 
 def _mesh_for(system: System, axes: tuple[tuple[str, int], ...]) -> Mesh | str:
@@ -367,15 +444,31 @@ def _spec(t: Tensor, rules: Rules, *, block_io: bool = False) -> Spec:
     used: set[str] = set()
     for d in t.dims:
         a = tuple(x for x in rules.axes_for(d, t.is_param) if x not in used)
-        if block_io and rules.sequence_parallel and d == "seq" and not t.is_param and "tensor" not in used:
+        if (
+            block_io
+            and rules.sequence_parallel
+            and d == "seq"
+            and not t.is_param
+            and "tensor" not in used
+        ):
             a = a + ("tensor",)
         used.update(a)
         axes.append(a)
     return Spec(t.name, t.dims, tuple(axes), (), t.dtype)
 
 
-_BLOCK_INPUT_OPS = ("attn/q", "attn/k", "attn/v", "attn/q_a", "attn/kv_a", "mlp/gate", "mlp/up", "moe/router",
-                    "moe/shared/gate", "moe/shared/up")
+_BLOCK_INPUT_OPS = (
+    "attn/q",
+    "attn/k",
+    "attn/v",
+    "attn/q_a",
+    "attn/kv_a",
+    "mlp/gate",
+    "mlp/up",
+    "moe/router",
+    "moe/shared/gate",
+    "moe/shared/up",
+)
 _BLOCK_OUTPUT_OPS = ("attn/out", "mlp/down", "moe/shared/down")
 
 
@@ -408,10 +501,20 @@ def _shard(dims: tuple[str, ...], rules: Rules, is_param: bool, mesh: Mapping[st
     return n
 
 
-def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Workload, structure: Structure, cand: Candidates,
-                   *, eff: Efficiency | None = None, optimizer: OptimizerPolicy | None = None, keep_einsums: bool = False,
-                   merge_reductions: bool = True, remats: list[Remat] | None = None,
-                   ops: tuple[str, ...] | None = None) -> StepArrays:
+def evaluate_plans(
+    model: ModelSpec,
+    system: System | list[System],
+    workload: Workload,
+    structure: Structure,
+    cand: Candidates,
+    *,
+    eff: Efficiency | None = None,
+    optimizer: OptimizerPolicy | None = None,
+    keep_einsums: bool = False,
+    merge_reductions: bool = True,
+    remats: list[Remat] | None = None,
+    ops: tuple[str, ...] | None = None,
+) -> StepArrays:
     """Evaluate every candidate of one Structure at once (numpy arrays in, arrays out).
 
     `system` may be a list (sub-slices of one pod, same chip): `cand.system_idx` picks one
@@ -432,9 +535,15 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     sys_idx = cand.system_idx if cand.system_idx is not None else np.zeros(n, dtype=int)
     remat_list = remats or [structure.remat]
     r_idx = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
-    cm = cand.collective_matmul if cand.collective_matmul is not None else np.full(n, structure.collective_matmul)
+    cm = (
+        cand.collective_matmul
+        if cand.collective_matmul is not None
+        else np.full(n, structure.collective_matmul)
+    )
     order = (Strategy.DP, Strategy.FSDP, Strategy.TP, Strategy.SP, Strategy.EP, Strategy.PP)
-    key_mat = np.column_stack([sys_idx] + [cand.deg.get(s, ones) for s in order] + [cand.microbatches]).astype(np.int64)
+    key_mat = np.column_stack(
+        [sys_idx] + [cand.deg.get(s, ones) for s in order] + [cand.microbatches]
+    ).astype(np.int64)
     # distinct rows via one mixed-radix integer per row (much faster than unique(axis=0))
     radix = key_mat.max(axis=0) + 1
     flat_key = np.zeros(n, dtype=np.int64)
@@ -443,7 +552,18 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     _, first, inv = np.unique(flat_key, return_index=True, return_inverse=True)
     uniq = key_mat[first]
     inv = inv.reshape(-1)
-    core = _core(model, systems, workload, structure, uniq, eff, keep_einsums, merge_reductions, remat_list, ops)
+    core = _core(
+        model,
+        systems,
+        workload,
+        structure,
+        uniq,
+        eff,
+        keep_einsums,
+        merge_reductions,
+        remat_list,
+        ops,
+    )
 
     def g(name: str) -> np.ndarray:
         return core[name][inv]
@@ -452,18 +572,24 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     M = cand.microbatches.astype(float)
     pp = deg[Strategy.PP]
     dp = deg[Strategy.DP]
-    rc_all = np.array([r.kind in (RematKind.FULL, RematKind.CHECKPOINTS) for r in remat_list])[r_idx].astype(float)
+    rc_all = np.array([r.kind in (RematKind.FULL, RematKind.CHECKPOINTS) for r in remat_list])[
+        r_idx
+    ].astype(float)
     rc_mm = np.array([r.kind == RematKind.MATMULS for r in remat_list])[r_idx].astype(float)
     reuse = np.array([r.kind == RematKind.NONE for r in remat_list])[r_idx]
-    rc_ae = np.maximum(rc_all, rc_mm)  # attention + elementwise rerun under both FULL and MATMULS remat
+    rc_ae = np.maximum(
+        rc_all, rc_mm
+    )  # attention + elementwise rerun under both FULL and MATMULS remat
 
     # ---- per microbatch (one pipeline stage) ------------------------------------------
-    compute = (g("tf_mm") * (1 + rc_all) + g("tf_ae") * (1 + rc_ae) + g("tf_other") + g("tb"))
+    compute = g("tf_mm") * (1 + rc_all) + g("tf_ae") * (1 + rc_ae) + g("tf_other") + g("tb")
     compute_bwd = g("tb")
     flops_mb = g("ff_mm") * (1 + rc_all) + g("ff_ae") * (1 + rc_ae) + g("ff_other") + g("fb")
     tp = g("tp_f") * (1 + rc_all) + g("tp_b")
     act = g("act_f") * (1 + rc_all) + g("act_b")
-    sp = g("sp_base") * 2 * (2 + rc_ae)  # K and V: gathered forward (+ remat), reduce-scattered backward
+    sp = (
+        g("sp_base") * 2 * (2 + rc_ae)
+    )  # K and V: gathered forward (+ remat), reduce-scattered backward
     ep = g("ep_base") * (2 * (1 + rc_all) + 2)  # dispatch + combine, forward (+ remat) and backward
     fsdp = g("fsdp_f") + g("fsdp_b") - np.where(reuse, g("fsdp_b_dup"), 0.0)
     hidden = fsdp + g("grad_mb")
@@ -490,7 +616,13 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     in_flight = np.where(pp > 1, np.where(cand.schedule == 0, M, np.minimum(M, pp)), 1.0)
     acts = act_layer * np.ceil(model.n_layers / pp) * in_flight  # the fullest stage
     temps = np.where(reuse, 0.0, g("one_layer")) + g("logits") + g("gathered")
-    mem = {"params": p_bytes, "grads": g_bytes, "optimizer": o_bytes, "activations": acts, "temporaries": temps}
+    mem = {
+        "params": p_bytes,
+        "grads": g_bytes,
+        "optimizer": o_bytes,
+        "activations": acts,
+        "temporaries": temps,
+    }
     mem_total = p_bytes + g_bytes + o_bytes + acts + temps
     opt_t = (p_bytes * 2 + g_bytes + o_bytes * 2) / (chip.hbm_bw_bytes_per_s * eff.hbm)
 
@@ -501,10 +633,25 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
     peak = chip.peak("bf16")
     mfu = model_flops / (step * n_chips * peak)
     hfu = flops_mb * M / (step * peak)
-    comm_step = {"fsdp": fsdp * M, "grad_mb": g("grad_mb") * M, "grad_step": g("grad_step"), "tp": tp * M, "sp": sp * M,
-                 "ep": ep * M, "act": act * M, "pp": p2p}
-    exposed = {"fsdp+grad": fsdp_exposed * M, "grad_step": grad_step_exposed, "tp": tp_exposed * M, "sp": sp * M, "ep": ep * M,
-               "act": act * M, "pp": p2p}
+    comm_step = {
+        "fsdp": fsdp * M,
+        "grad_mb": g("grad_mb") * M,
+        "grad_step": g("grad_step"),
+        "tp": tp * M,
+        "sp": sp * M,
+        "ep": ep * M,
+        "act": act * M,
+        "pp": p2p,
+    }
+    exposed = {
+        "fsdp+grad": fsdp_exposed * M,
+        "grad_step": grad_step_exposed,
+        "tp": tp_exposed * M,
+        "sp": sp * M,
+        "ep": ep * M,
+        "act": act * M,
+        "pp": p2p,
+    }
 
     mesh_bad = core["mesh_bad"][inv]
     over = (mem_total > chip.hbm_bytes) & ~mesh_bad
@@ -518,17 +665,58 @@ def evaluate_plans(model: ModelSpec, system: System | list[System], workload: Wo
         "fsdp_forward_s": g("fsdp_f") * M,
         "tp_forward_s": g("tp_f") * M,
         # the first forward pass; remat's second forward runs inside the backward pass
-        "comm_forward_s": (g("tp_f") + g("fsdp_f") + g("act_f") + 2 * g("sp_base") + 2 * g("ep_base")) * M,
-        "comm_backward_s": (g("tp_f") * rc_all + g("act_f") * rc_all + 2 * g("sp_base") * (1 + rc_ae) + 2 * g("ep_base") * (1 + rc_all)
-                            + g("tp_b") + g("act_b") + g("grad_mb")) * M
-                           + (g("fsdp_b") - np.where(reuse, g("fsdp_b_dup"), 0.0)) * M + g("grad_step"),
+        "comm_forward_s": (
+            g("tp_f") + g("fsdp_f") + g("act_f") + 2 * g("sp_base") + 2 * g("ep_base")
+        )
+        * M,
+        "comm_backward_s": (
+            g("tp_f") * rc_all
+            + g("act_f") * rc_all
+            + 2 * g("sp_base") * (1 + rc_ae)
+            + 2 * g("ep_base") * (1 + rc_all)
+            + g("tp_b")
+            + g("act_b")
+            + g("grad_mb")
+        )
+        * M
+        + (g("fsdp_b") - np.where(reuse, g("fsdp_b_dup"), 0.0)) * M
+        + g("grad_step"),
     }
-    return StepArrays(step, compute * M, exposed_comm, bubble_t, bubble_frac, opt_t, comm_step, exposed, mem, mem_total,
-                      flops_mb * M, model_flops, mfu, hfu, workload.batch_tokens / step, infeasible, reason, core["einsums"], terms)
+    return StepArrays(
+        step,
+        compute * M,
+        exposed_comm,
+        bubble_t,
+        bubble_frac,
+        opt_t,
+        comm_step,
+        exposed,
+        mem,
+        mem_total,
+        flops_mb * M,
+        model_flops,
+        mfu,
+        hfu,
+        workload.batch_tokens / step,
+        infeasible,
+        reason,
+        core["einsums"],
+        terms,
+    )
 
 
-def _core(model: ModelSpec, systems: list[System], workload: Workload, structure: Structure, uniq: np.ndarray, eff: Efficiency,
-          keep_einsums: bool, merge_reductions: bool, remat_list: list[Remat], ops: tuple[str, ...] | None = None) -> dict[str, Any]:
+def _core(
+    model: ModelSpec,
+    systems: list[System],
+    workload: Workload,
+    structure: Structure,
+    uniq: np.ndarray,
+    eff: Efficiency,
+    keep_einsums: bool,
+    merge_reductions: bool,
+    remat_list: list[Remat],
+    ops: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     """The algebra over every ledger row for each distinct (system, degrees, microbatch) row of `uniq`."""
     chip = systems[0].chip
     n = len(uniq)
@@ -558,29 +746,71 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
     if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
         led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))
     peak = chip.peak("bf16") * eff.matmul
-    vec_peak = peak * 0.05  # elementwise work runs on the vector units (~1/20 of the MXU; book tpus.md)
+    vec_peak = (
+        peak * 0.05
+    )  # elementwise work runs on the vector units (~1/20 of the MXU; book tpus.md)
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm
     z = np.zeros(n)
-    out: dict[str, Any] = {k: z.copy() for k in ("tf_mm", "tf_ae", "tf_other", "tb", "ff_mm", "ff_ae", "ff_other", "fb", "tp_f", "tp_b",
-                                                 "act_f", "act_b", "sp_base", "ep_base", "fsdp_f", "fsdp_b", "fsdp_b_dup", "grad_mb",
-                                                 "grad_step")}
+    out: dict[str, Any] = {
+        k: z.copy()
+        for k in (
+            "tf_mm",
+            "tf_ae",
+            "tf_other",
+            "tb",
+            "ff_mm",
+            "ff_ae",
+            "ff_other",
+            "fb",
+            "tp_f",
+            "tp_b",
+            "act_f",
+            "act_b",
+            "sp_base",
+            "ep_base",
+            "fsdp_f",
+            "fsdp_b",
+            "fsdp_b_dup",
+            "grad_mb",
+            "grad_step",
+        )
+    }
     counted: dict[tuple, np.ndarray] = {}
     einsums = []
     same: dict[tuple, tuple] = {}  # identical einsums (gate and up) are planned once
     for op in led:
         layer_op = op.name not in ("embed", "unembed")
-        copies = np.ceil(op.count / pp) if layer_op else ones  # stages may be uneven: the fullest one binds
+        copies = (
+            np.ceil(op.count / pp) if layer_op else ones
+        )  # stages may be uneven: the fullest one binds
         sizes = _sizes(op, seqs_mb)
         block = op.name.rsplit("/", 1)[0]
         if op.kind == OpKind.MATMUL:
             lhs, rhs, out_s = _op_specs(op, rules)
-            skey = (lhs, rhs, out_s, tuple(sorted((k, v) for k, v in op.sizes.items() if k != "batch")))
+            skey = (
+                lhs,
+                rhs,
+                out_s,
+                tuple(sorted((k, v) for k, v in op.sizes.items() if k != "batch")),
+            )
             if skey not in same:
-                same[skey] = plan_training_einsum(lhs, rhs, out_s, sizes, mesh_sizes, comm, peak_flops_per_s=peak,
-                                                  hbm_bw_bytes_per_s=hbm, check_divisible=False, trusted=not keep_einsums)
+                same[skey] = plan_training_einsum(
+                    lhs,
+                    rhs,
+                    out_s,
+                    sizes,
+                    mesh_sizes,
+                    comm,
+                    peak_flops_per_s=peak,
+                    hbm_bw_bytes_per_s=hbm,
+                    check_divisible=False,
+                    trusted=not keep_einsums,
+                )
             fwd, bl, br = same[skey]
             t_f = np.maximum(fwd.compute_time_s, fwd.memory_time_s)
-            t_b = np.maximum(bl.compute_time_s, bl.memory_time_s) + np.maximum(br.compute_time_s, br.memory_time_s)
+            t_b = np.maximum(bl.compute_time_s, bl.memory_time_s) + np.maximum(
+                br.compute_time_s, br.memory_time_s
+            )
             out["tf_mm" if layer_op else "tf_other"] += copies * t_f
             out["ff_mm" if layer_op else "ff_other"] += copies * fwd.flops_per_chip
             out["tb"] += copies * t_b
@@ -594,7 +824,11 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
             # (GQA: each chip reads only the KV heads its query heads need); book inference.md
             sh = _shard(op.out.dims, rules, False, mesh_sizes)
             fl = op.flops / op.count * seqs_mb / op.sizes["batch"] / sh
-            by = sum(_spec(t, rules).local_bytes(sizes, mesh_sizes) for t in (*op.inputs, op.out) if not t.on_chip)
+            by = sum(
+                _spec(t, rules).local_bytes(sizes, mesh_sizes)
+                for t in (*op.inputs, op.out)
+                if not t.on_chip
+            )
             t = np.maximum(fl / peak, by / hbm)
             out["tf_ae"] += copies * t
             out["ff_ae"] += copies * fl
@@ -621,9 +855,14 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
             out["ep_base"] += copies * comm(CollectiveKind.ALL_TO_ALL, b, ("expert",))
 
     # pipeline hop: one microbatch's activations to the next stage
-    x_local = _spec(Tensor("x", ("batch", "seq", "embed"), "bf16"), rules, block_io=True).local_bytes(
-        {"batch": seqs_mb, "seq": workload.seq_len, "embed": model.d_model}, mesh_sizes)
-    out["hop"] = comm(CollectiveKind.PERMUTE, x_local, ("stage",)) if Strategy.PP in structure.active else z.copy()
+    x_local = _spec(
+        Tensor("x", ("batch", "seq", "embed"), "bf16"), rules, block_io=True
+    ).local_bytes({"batch": seqs_mb, "seq": workload.seq_len, "embed": model.d_model}, mesh_sizes)
+    out["hop"] = (
+        comm(CollectiveKind.PERMUTE, x_local, ("stage",))
+        if Strategy.PP in structure.active
+        else z.copy()
+    )
 
     # memory pieces that depend on the mesh
     params_local = z.copy()
@@ -636,20 +875,37 @@ def _core(model: ModelSpec, systems: list[System], workload: Workload, structure
         per = w.elements(op.sizes) / _shard(w.dims, rules, True, mesh_sizes)
         params_local = params_local + per * (np.ceil(op.count / pp) if layer_op else 1)
         if layer_op:
-            weight_gathered = weight_gathered + per * mesh_sizes["fsdp"] * dtype_bytes(w.dtype) * op.count
+            weight_gathered = (
+                weight_gathered + per * mesh_sizes["fsdp"] * dtype_bytes(w.dtype) * op.count
+            )
     out["params_local"] = params_local
     out["gathered"] = np.where(mesh_sizes["fsdp"] > 1, 2 * weight_gathered / model.n_layers, 0.0)
     for i, r in enumerate(remat_list):
-        out[f"saved_{i}"] = np.broadcast_to(np.asarray(_saved_local_bytes(led, r, rules, seqs_mb, mesh_sizes, model), float), (n,))
-    out["one_layer"] = np.broadcast_to(np.asarray(_saved_local_bytes(led, Remat(RematKind.NONE), rules, seqs_mb, mesh_sizes, model), float), (n,))
-    out["logits"] = seqs_mb * workload.seq_len * model.vocab * 4.0 / _shard(("batch", "seq", "vocab"), rules, False, mesh_sizes)
+        out[f"saved_{i}"] = np.broadcast_to(
+            np.asarray(_saved_local_bytes(led, r, rules, seqs_mb, mesh_sizes, model), float), (n,)
+        )
+    out["one_layer"] = np.broadcast_to(
+        np.asarray(
+            _saved_local_bytes(led, Remat(RematKind.NONE), rules, seqs_mb, mesh_sizes, model), float
+        ),
+        (n,),
+    )
+    out["logits"] = (
+        seqs_mb
+        * workload.seq_len
+        * model.vocab
+        * 4.0
+        / _shard(("batch", "seq", "vocab"), rules, False, mesh_sizes)
+    )
     out["reason"] = reason_rows
     out["mesh_bad"] = reason_rows != ""
     out["einsums"] = tuple(einsums)
     return out
 
 
-def _add_comms(ep: EinsumPlan, block: str, copies: Any, out: dict, counted: dict, merge: bool) -> None:
+def _add_comms(
+    ep: EinsumPlan, block: str, copies: Any, out: dict, counted: dict, merge: bool
+) -> None:
     """Add the chosen option's collectives to the step's buckets, counting shared ones once."""
     choice = np.asarray(ep.choice)
     for oi, o in enumerate(ep.options):
@@ -667,9 +923,15 @@ def _add_comms(ep: EinsumPlan, block: str, copies: Any, out: dict, counted: dict
                 counted[key] = prev | sel
                 if b == "fsdp" and c.phase == "backward":
                     # without remat the forward's gathered weights can be kept for the backward pass
-                    fwd_prev = counted.get((block, c.tensor, c.before, c.after, "forward"), np.zeros_like(sel))
+                    fwd_prev = counted.get(
+                        (block, c.tensor, c.before, c.after, "forward"), np.zeros_like(sel)
+                    )
                     out["fsdp_b_dup"] += np.where(add & fwd_prev, t, 0.0)
-            elif merge and c.tensor.startswith("dx") and c.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
+            elif (
+                merge
+                and c.tensor.startswith("dx")
+                and c.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
+            ):
                 # partial input-gradients of one block (dq, dk, dv -> dx) are summed, then reduced once
                 key = (block.split("/")[0], c.tensor, c.kind, c.axes, c.phase)
                 prev = counted.get(key, np.zeros_like(sel))
@@ -678,18 +940,31 @@ def _add_comms(ep: EinsumPlan, block: str, copies: Any, out: dict, counted: dict
             else:
                 add = sel
             phase = "f" if c.phase == "forward" else "b"
-            name = {"fsdp": f"fsdp_{phase}", "tp": f"tp_{phase}", "act": f"act_{phase}", "sp": f"act_{phase}", "ep": f"act_{phase}",
-                    "grad_mb": "grad_mb", "grad_step": "grad_step"}[b]
+            name = {
+                "fsdp": f"fsdp_{phase}",
+                "tp": f"tp_{phase}",
+                "act": f"act_{phase}",
+                "sp": f"act_{phase}",
+                "ep": f"act_{phase}",
+                "grad_mb": "grad_mb",
+                "grad_step": "grad_step",
+            }[b]
             out[name] = out[name] + np.where(add, t, 0.0)
 
 
-def _saved_local_bytes(led: Ledger, remat: Remat, rules: Rules, seqs_mb: Any, mesh: Mapping[str, Any], model: ModelSpec) -> Any:
+def _saved_local_bytes(
+    led: Ledger, remat: Remat, rules: Rules, seqs_mb: Any, mesh: Mapping[str, Any], model: ModelSpec
+) -> Any:
     """Saved activation bytes per layer per chip for one microbatch (see memory.py)."""
     kind = remat.kind
     if kind in (RematKind.FULL, RematKind.CHECKPOINTS):
         n = 1 if kind == RematKind.FULL else remat.n
-        x = _spec(Tensor("x", ("batch", "seq", "embed"), led.ops[1].out.dtype), rules, block_io=True)
-        return n * x.local_bytes({"batch": seqs_mb, "seq": led.sizes["seq"], "embed": model.d_model}, mesh)
+        x = _spec(
+            Tensor("x", ("batch", "seq", "embed"), led.ops[1].out.dtype), rules, block_io=True
+        )
+        return n * x.local_bytes(
+            {"batch": seqs_mb, "seq": led.sizes["seq"], "embed": model.d_model}, mesh
+        )
     total: Any = 0.0
     seen: set[tuple[str, str]] = set()
     for op in led:
@@ -699,12 +974,17 @@ def _saved_local_bytes(led: Ledger, remat: Remat, rules: Rules, seqs_mb: Any, me
         if kind == RematKind.MATMULS:
             ts = [op.out] if op.kind == OpKind.MATMUL else []
         else:
-            ts = [t for t in op.inputs if not t.is_param] + ([op.out] if op.kind == OpKind.MATMUL else [])
+            ts = [t for t in op.inputs if not t.is_param] + (
+                [op.out] if op.kind == OpKind.MATMUL else []
+            )
         for t in ts:
             if t.name in ("s", "p") or (blk, t.name) in seen:
                 continue
             seen.add((blk, t.name))
-            total = total + _spec(t, rules).local_bytes(_sizes(op, seqs_mb), mesh) * op.count / model.n_layers
+            total = (
+                total
+                + _spec(t, rules).local_bytes(_sizes(op, seqs_mb), mesh) * op.count / model.n_layers
+            )
     return total
 
 
@@ -743,7 +1023,11 @@ class StepCost:
     @property
     def bottleneck(self) -> str:
         """The largest term of the step: compute, a communication bucket, bubble, or optimizer."""
-        terms = {"compute": self.compute_time_s, "pipeline bubble": self.bubble_time_s, "optimizer update": self.optimizer_time_s}
+        terms = {
+            "compute": self.compute_time_s,
+            "pipeline bubble": self.bubble_time_s,
+            "optimizer update": self.optimizer_time_s,
+        }
         for k, v in self.exposed_time_s.items():
             terms[f"exposed {k} communication"] = v
         return max(terms, key=lambda k: terms[k])
@@ -759,16 +1043,36 @@ class StepCost:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "plan": self.plan.to_dict(), "step_time_s": self.step_time_s, "mfu": self.mfu, "hfu": self.hfu,
-            "tokens_per_s": self.tokens_per_s, "memory_per_chip_bytes": self.memory_per_chip_bytes,
-            "memory_breakdown": dict(self.memory_breakdown), "hbm_bytes": self.system.chip.hbm_bytes, "fits": self.fits,
-            "reason": self.reason, "compute_time_s": self.compute_time_s, "exposed_comm_time_s": self.exposed_comm_time_s,
-            "comm_time_s": dict(self.comm_time_s), "exposed_time_s": dict(self.exposed_time_s),
-            "bubble_fraction": self.bubble_fraction, "bubble_time_s": self.bubble_time_s, "optimizer_time_s": self.optimizer_time_s,
-            "bottleneck": self.bottleneck, "run_time_s": self.run_time_s, "run_time_days": self.run_time_s / DAY,
-            "run_cost_usd": self.run_cost_usd, "flops_per_chip_per_step": self.flops_per_chip, "model_flops_per_step": self.model_flops,
-            "efficiency": {"name": self.efficiency.name, "matmul": self.efficiency.matmul, "hbm": self.efficiency.hbm,
-                           "link": self.efficiency.link, "source": self.efficiency.source},
+            "plan": self.plan.to_dict(),
+            "step_time_s": self.step_time_s,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "tokens_per_s": self.tokens_per_s,
+            "memory_per_chip_bytes": self.memory_per_chip_bytes,
+            "memory_breakdown": dict(self.memory_breakdown),
+            "hbm_bytes": self.system.chip.hbm_bytes,
+            "fits": self.fits,
+            "reason": self.reason,
+            "compute_time_s": self.compute_time_s,
+            "exposed_comm_time_s": self.exposed_comm_time_s,
+            "comm_time_s": dict(self.comm_time_s),
+            "exposed_time_s": dict(self.exposed_time_s),
+            "bubble_fraction": self.bubble_fraction,
+            "bubble_time_s": self.bubble_time_s,
+            "optimizer_time_s": self.optimizer_time_s,
+            "bottleneck": self.bottleneck,
+            "run_time_s": self.run_time_s,
+            "run_time_days": self.run_time_s / DAY,
+            "run_cost_usd": self.run_cost_usd,
+            "flops_per_chip_per_step": self.flops_per_chip,
+            "model_flops_per_step": self.model_flops,
+            "efficiency": {
+                "name": self.efficiency.name,
+                "matmul": self.efficiency.matmul,
+                "hbm": self.efficiency.hbm,
+                "link": self.efficiency.link,
+                "source": self.efficiency.source,
+            },
             "collectives": list(self.collectives),
         }
 
@@ -781,8 +1085,13 @@ def structure_of(plan: Plan, model: ModelSpec) -> Structure:
 
 def candidates_of(plan: Plan) -> Candidates:
     d = plan.degrees
-    return Candidates({s: np.array([getattr(d, s.value)]) for s in Strategy}, np.array([plan.microbatches]), np.array([plan.zero]),
-                      np.array([list(Schedule).index(plan.schedule)]), np.array([plan.virtual_stages]))
+    return Candidates(
+        {s: np.array([getattr(d, s.value)]) for s in Strategy},
+        np.array([plan.microbatches]),
+        np.array([plan.zero]),
+        np.array([list(Schedule).index(plan.schedule)]),
+        np.array([plan.virtual_stages]),
+    )
 
 
 def check_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan) -> list[str]:
@@ -790,11 +1099,15 @@ def check_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan)
     d = plan.degrees
     out = []
     if d.n_chips != system.n_chips:
-        out.append(f"plan uses {d.n_chips} chips ({plan.describe()}) but the system has {system.n_chips}")
+        out.append(
+            f"plan uses {d.n_chips} chips ({plan.describe()}) but the system has {system.n_chips}"
+        )
     seqs = workload.sequences
     batch_ways = d.dp * d.fsdp * d.ep
     if seqs != int(seqs) or int(seqs) % (batch_ways * plan.microbatches):
-        out.append(f"batch of {seqs:g} sequences is not divisible by dp·fsdp·ep·microbatches = {batch_ways * plan.microbatches}")
+        out.append(
+            f"batch of {seqs:g} sequences is not divisible by dp·fsdp·ep·microbatches = {batch_ways * plan.microbatches}"
+        )
     if workload.seq_len % d.sp:
         out.append(f"sequence length {workload.seq_len} is not divisible by sp={d.sp}")
     if model.n_heads % d.tp:
@@ -804,14 +1117,31 @@ def check_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan)
     if d.pp > model.n_layers:
         out.append(f"pp={d.pp} is more pipeline stages than layers={model.n_layers}")
     if d.ep > 1 and (model.moe is None or model.moe.n_experts % d.ep):
-        out.append("ep>1 needs a MoE model" if model.moe is None else f"experts={model.moe.n_experts} are not divisible by ep={d.ep}")
-    if d.pp > 1 and plan.schedule == Schedule.INTERLEAVED and model.n_layers % (d.pp * plan.virtual_stages):
-        out.append(f"layers={model.n_layers} are not divisible by pp·virtual={d.pp * plan.virtual_stages}")
+        out.append(
+            "ep>1 needs a MoE model"
+            if model.moe is None
+            else f"experts={model.moe.n_experts} are not divisible by ep={d.ep}"
+        )
+    if (
+        d.pp > 1
+        and plan.schedule == Schedule.INTERLEAVED
+        and model.n_layers % (d.pp * plan.virtual_stages)
+    ):
+        out.append(
+            f"layers={model.n_layers} are not divisible by pp·virtual={d.pp * plan.virtual_stages}"
+        )
     return out
 
 
-def step_terms(model: ModelSpec, system: System, workload: Workload, plan: Plan, *, efficiency: Efficiency | None = None,
-               ops: tuple[str, ...] | None = None) -> dict[str, float]:
+def step_terms(
+    model: ModelSpec,
+    system: System,
+    workload: Workload,
+    plan: Plan,
+    *,
+    efficiency: Efficiency | None = None,
+    ops: tuple[str, ...] | None = None,
+) -> dict[str, float]:
     """Raw per-step terms of one plan, before any overlap: `t_math_s` (FLOPs / peak, the book's
     T_math) and the communication time of each bucket (fsdp, grad_mb, grad_step, tp, sp, ep, act, pp).
 
@@ -820,19 +1150,38 @@ def step_terms(model: ModelSpec, system: System, workload: Workload, plan: Plan,
     from roofline.specs.efficiency import PEAK
 
     eff = efficiency or PEAK
-    r = evaluate_plans(model, system, workload, structure_of(plan, model), candidates_of(plan), eff=eff,
-                       optimizer=plan.optimizer, ops=ops)
-    out = {"t_math_s": float(r.flops_per_chip[0]) / (system.chip.peak("bf16") * eff.matmul),
-           "compute_time_s": float(r.compute_time_s[0])}
+    r = evaluate_plans(
+        model,
+        system,
+        workload,
+        structure_of(plan, model),
+        candidates_of(plan),
+        eff=eff,
+        optimizer=plan.optimizer,
+        ops=ops,
+    )
+    out = {
+        "t_math_s": float(r.flops_per_chip[0]) / (system.chip.peak("bf16") * eff.matmul),
+        "compute_time_s": float(r.compute_time_s[0]),
+    }
     out.update({k: float(v[0]) for k, v in r.terms.items()})
     out.update({k: float(v[0]) for k, v in r.comm.items()})
     out["comm_time_s"] = sum(float(v[0]) for v in r.comm.values())
     return out
 
 
-def balance_batch(model: ModelSpec, system: System, plan: Plan, *, seq: int = 1, buckets: tuple[str, ...] | None = None,
-                  phase: str = "step", ops: tuple[str, ...] | None = None, efficiency: Efficiency | None = None,
-                  probe_tokens: float = 2.0**20) -> float:
+def balance_batch(
+    model: ModelSpec,
+    system: System,
+    plan: Plan,
+    *,
+    seq: int = 1,
+    buckets: tuple[str, ...] | None = None,
+    phase: str = "step",
+    ops: tuple[str, ...] | None = None,
+    efficiency: Efficiency | None = None,
+    probe_tokens: float = 2.0**20,
+) -> float:
     """Global batch (tokens) at which T_math equals the communication time (below it: comms-bound).
 
     `phase`: "forward" compares forward FLOPs with forward collectives (the book's FSDP and TP
@@ -843,7 +1192,11 @@ def balance_batch(model: ModelSpec, system: System, plan: Plan, *, seq: int = 1,
     amount ∝ B), so two evaluations of the algebra give the crossing exactly.
     """
     if phase not in ("forward", "backward", "step"):
-        raise PlanError(f"phase {phase!r}", rule="phase is forward, backward or step", fix="write phase='forward'")
+        raise PlanError(
+            f"phase {phase!r}",
+            rule="phase is forward, backward or step",
+            fix="write phase='forward'",
+        )
 
     def terms(b: float) -> tuple[float, float]:
         t = step_terms(model, system, Workload(b, seq), plan, efficiency=efficiency, ops=ops)
@@ -863,17 +1216,34 @@ def balance_batch(model: ModelSpec, system: System, plan: Plan, *, seq: int = 1,
     return max(0.0, (c1 - m1) / (dm - dc) + b1)
 
 
-def evaluate_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan, *, efficiency: Efficiency | None = None,
-                  assume_mfu: float | None = None) -> StepCost:
+def evaluate_plan(
+    model: ModelSpec,
+    system: System,
+    workload: Workload,
+    plan: Plan,
+    *,
+    efficiency: Efficiency | None = None,
+    assume_mfu: float | None = None,
+) -> StepCost:
     """Cost one plan. Raises PlanError if it cannot run at all (indivisible, wrong chip count)."""
     problems = check_plan(model, system, workload, plan)
     if problems:
-        raise PlanError(f"plan {plan.describe()} cannot run: " + "; ".join(problems),
-                        rule="every sharded dimension splits evenly and the mesh uses every chip",
-                        fix="change the degrees (e.g. run `roofline train` without --plan to search)")
+        raise PlanError(
+            f"plan {plan.describe()} cannot run: " + "; ".join(problems),
+            rule="every sharded dimension splits evenly and the mesh uses every chip",
+            fix="change the degrees (e.g. run `roofline train` without --plan to search)",
+        )
     eff = efficiency or default_efficiency(system.chip.vendor)
-    r = evaluate_plans(model, system, workload, structure_of(plan, model), candidates_of(plan), eff=eff, optimizer=plan.optimizer,
-                       keep_einsums=True)
+    r = evaluate_plans(
+        model,
+        system,
+        workload,
+        structure_of(plan, model),
+        candidates_of(plan),
+        eff=eff,
+        optimizer=plan.optimizer,
+        keep_einsums=True,
+    )
 
     def f(a: Any) -> float:
         return float(np.asarray(a).reshape(-1)[0])
@@ -883,17 +1253,40 @@ def evaluate_plan(model: ModelSpec, system: System, workload: Workload, plan: Pl
     mfu = f(r.mfu)
     if assume_mfu is not None:
         if not 0 < assume_mfu <= 1:
-            raise PlanError(f"--assume-mfu {assume_mfu}", rule="MFU is a fraction in (0, 1]", fix="write e.g. --assume-mfu 0.4")
+            raise PlanError(
+                f"--assume-mfu {assume_mfu}",
+                rule="MFU is a fraction in (0, 1]",
+                fix="write e.g. --assume-mfu 0.4",
+            )
         step = r.model_flops / (system.n_chips * system.chip.peak("bf16") * assume_mfu)
         tokens_s = workload.batch_tokens / step
         mfu = assume_mfu
     colls = _collective_rows(r.einsums)
     reason = r.reason[0]
-    return StepCost(plan, system, workload, step, f(r.compute_time_s), f(r.exposed_comm_time_s), f(r.bubble_time_s),
-                    f(r.bubble_fraction), f(r.optimizer_time_s), MappingProxyType({k: f(v) for k, v in r.comm.items()}),
-                    MappingProxyType({k: f(v) for k, v in r.exposed.items()}), f(r.memory_total),
-                    MappingProxyType({k: f(v) for k, v in r.memory.items()}), not bool(r.infeasible[0]), reason, mfu,
-                    f(r.hfu) if assume_mfu is None else assume_mfu, tokens_s, f(r.flops_per_chip), r.model_flops, eff, colls)
+    return StepCost(
+        plan,
+        system,
+        workload,
+        step,
+        f(r.compute_time_s),
+        f(r.exposed_comm_time_s),
+        f(r.bubble_time_s),
+        f(r.bubble_fraction),
+        f(r.optimizer_time_s),
+        MappingProxyType({k: f(v) for k, v in r.comm.items()}),
+        MappingProxyType({k: f(v) for k, v in r.exposed.items()}),
+        f(r.memory_total),
+        MappingProxyType({k: f(v) for k, v in r.memory.items()}),
+        not bool(r.infeasible[0]),
+        reason,
+        mfu,
+        f(r.hfu) if assume_mfu is None else assume_mfu,
+        tokens_s,
+        f(r.flops_per_chip),
+        r.model_flops,
+        eff,
+        colls,
+    )
 
 
 def _collective_rows(einsums: tuple) -> tuple[dict, ...]:
@@ -901,13 +1294,25 @@ def _collective_rows(einsums: tuple) -> tuple[dict, ...]:
     for name, *plans in einsums:
         for p in plans:
             for c in p.best.comms:
-                rows.append({"op": name, "phase": c.phase, "kind": c.kind.value, "axes": list(c.axes), "tensor": c.tensor,
-                             "bytes_per_chip": float(np.asarray(c.bytes_per_chip).reshape(-1)[0]),
-                             "time_s": float(np.asarray(c.time_s).reshape(-1)[0]), "before": c.before, "after": c.after})
+                rows.append(
+                    {
+                        "op": name,
+                        "phase": c.phase,
+                        "kind": c.kind.value,
+                        "axes": list(c.axes),
+                        "tensor": c.tensor,
+                        "bytes_per_chip": float(np.asarray(c.bytes_per_chip).reshape(-1)[0]),
+                        "time_s": float(np.asarray(c.time_s).reshape(-1)[0]),
+                        "before": c.before,
+                        "after": c.after,
+                    }
+                )
     return tuple(rows)
 
 
-def assumed_mfu_run(model: ModelSpec, workload: Workload, n_chips: int, peak_flops_per_s: float, mfu: float) -> dict[str, float]:
+def assumed_mfu_run(
+    model: ModelSpec, workload: Workload, n_chips: int, peak_flops_per_s: float, mfu: float
+) -> dict[str, float]:
     """Back-of-envelope run: 6·N·tokens / (chips · peak · MFU) (book applied-training.md)."""
     flops = 6.0 * count_params(model).total * workload.total_tokens
     t = flops / (n_chips * peak_flops_per_s * mfu)

@@ -29,10 +29,25 @@ DTYPE_BYTES: dict[str, float] = {
     "int4": 0.5,
 }
 _DTYPE_ALIASES = {
-    "f32": "fp32", "float32": "fp32", "float": "fp32",
-    "bfloat16": "bf16", "f16": "fp16", "float16": "fp16", "half": "fp16",
-    "f8": "fp8", "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8", "float8_e4m3fn": "fp8",
-    "i8": "int8", "s8": "int8", "u8": "int8", "i4": "int4", "s4": "int4", "f4": "fp4", "nvfp4": "fp4",
+    "f32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "f16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "f8": "fp8",
+    "float8": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
+    "i8": "int8",
+    "s8": "int8",
+    "u8": "int8",
+    "i4": "int4",
+    "s4": "int4",
+    "f4": "fp4",
+    "nvfp4": "fp4",
 }
 
 
@@ -82,7 +97,9 @@ def parse_quantity(text: str | float | int, *, what: str = "value") -> float:
                 fix=f"write e.g. {what}=15T",
             )
     if not math.isfinite(value):
-        raise SpecError(f"{what} is {value}", rule="values must be finite numbers", fix="give a finite number")
+        raise SpecError(
+            f"{what} is {value}", rule="values must be finite numbers", fix="give a finite number"
+        )
     return value
 
 

@@ -35,12 +35,23 @@ from roofline.training import (
     step_terms,
 )
 
-CASES = {c["id"]: c for c in yaml.safe_load((Path(__file__).parents[1] / "data" / "book_cases_training.yaml").read_text())}
+CASES = {
+    c["id"]: c
+    for c in yaml.safe_load(
+        (Path(__file__).parents[1] / "data" / "book_cases_training.yaml").read_text()
+    )
+}
 BOOK_OPS = ("mlp/up", "mlp/down")
 NOT_CHECKED = {
-    ("tr-06", "rule"): "formula string; the rule itself is checked through llama_max_Y / gemma_max_Y",
+    (
+        "tr-06",
+        "rule",
+    ): "formula string; the rule itself is checked through llama_max_Y / gemma_max_Y",
     ("tr-09", "observed_in_plot"): "read off a plot of measurements",
-    ("at-08", "fsdp_chosen"): "the book picks 2048x4 = 8192 chips, which is no v5p slice of 8960; the planner test covers the choice",
+    (
+        "at-08",
+        "fsdp_chosen",
+    ): "the book picks 2048x4 = 8192 chips, which is no v5p slice of 8960; the planner test covers the choice",
     ("at-08", "tp_chosen"): "see fsdp_chosen",
     ("at-08", "takeaway_config"): "prose",
     ("tr-14", "X_chosen"): "a rounding of X_opt to a power of two (1333 -> 1024), checked as X_opt",
@@ -49,20 +60,45 @@ NOT_CHECKED = {
     ("gp-27", "practical_Y"): "the book's choice of 8 (the NVLink domain)",
     ("gp-27", "two_node_Y"): "prose",
     ("gp-27", "two_node_theoretical_max_Y"): "uses the book's F > 2475·(Y−8) approximation",
-    ("gp-33", "threshold_70b"): "book rounds 2475/2 to ~1000 (tolerance 25%); the 16-way model-sharding variant is not a rule set",
+    (
+        "gp-33",
+        "threshold_70b",
+    ): "book rounds 2475/2 to ~1000 (tolerance 25%); the 16-way model-sharding variant is not a rule set",
     ("gp-33", "threshold_314b"): "see threshold_70b",
 }
 
 
 def book_layer(D: int = 8192, F: int = 32768, **kw) -> ModelSpec:
     """The book's simplified layer (training.md): one plain MLP, no gating, no attention."""
-    return ModelSpec("book-layer", n_layers=1, d_model=D, d_ff=F, n_heads=64, n_kv_heads=64, d_head=128, vocab=1024,
-                     mlp=MLPKind.PLAIN, **kw)
+    return ModelSpec(
+        "book-layer",
+        n_layers=1,
+        d_model=D,
+        d_ff=F,
+        n_heads=64,
+        n_kv_heads=64,
+        d_head=128,
+        vocab=1024,
+        mlp=MLPKind.PLAIN,
+        **kw,
+    )
 
 
-def per_chip_balance(system: str, plan: str, phase: str, model: ModelSpec | None = None, **kw) -> float:
+def per_chip_balance(
+    system: str, plan: str, phase: str, model: ModelSpec | None = None, **kw
+) -> float:
     s = parse_system(system)
-    return balance_batch(model or book_layer(), s, parse_plan(plan), ops=kw.pop("ops", BOOK_OPS), phase=phase, **kw) / s.n_chips
+    return (
+        balance_batch(
+            model or book_layer(),
+            s,
+            parse_plan(plan),
+            ops=kw.pop("ops", BOOK_OPS),
+            phase=phase,
+            **kw,
+        )
+        / s.n_chips
+    )
 
 
 # The book's FSDP+TP analysis assumes FSDP spans M_X = 2 ICI axes and TP M_Y = 1 full axis (with
@@ -70,12 +106,20 @@ def per_chip_balance(system: str, plan: str, phase: str, model: ModelSpec | None
 FSDP_TP_SYSTEM, FSDP_TP_X, FSDP_TP_Y = "tpu-v5p:16x16x16", 256, 16
 
 
-def fsdp_tp_constants(F: int, D: int = 8192, system: str = FSDP_TP_SYSTEM, X: int = FSDP_TP_X, Y: int = FSDP_TP_Y,
-                      B: float = 2.0**20) -> tuple[float, float, float]:
+def fsdp_tp_constants(
+    F: int,
+    D: int = 8192,
+    system: str = FSDP_TP_SYSTEM,
+    X: int = FSDP_TP_X,
+    Y: int = FSDP_TP_Y,
+    B: float = 2.0**20,
+) -> tuple[float, float, float]:
     """From the algebra, forward pass: a = T_FSDP·Y (weights, B-independent), k = T_TP·X/B
     (activations, per token) and mN = T_math per token × chips (N-independent)."""
     s = parse_system(system)
-    t = step_terms(book_layer(D, F), s, Workload(B, 1), parse_plan(f"fsdp={X},tp={Y},remat=none"), ops=BOOK_OPS)
+    t = step_terms(
+        book_layer(D, F), s, Workload(B, 1), parse_plan(f"fsdp={X},tp={Y},remat=none"), ops=BOOK_OPS
+    )
     return t["fsdp_forward_s"] * Y, t["tp_forward_s"] * X / B, t["t_math_forward_s"] / B * s.n_chips
 
 
@@ -100,7 +144,9 @@ def fsdp_tp_x_opt(F: int, N: int, B: float, D: int = 8192) -> float:
 
 
 def tr_01(c):
-    opt = parse_optimizer("adam-bf16")  # bf16 params + fp32 m, v = 10 bytes (gradients are the +2 of the policy)
+    opt = parse_optimizer(
+        "adam-bf16"
+    )  # bf16 params + fp32 m, v = 10 bytes (gradients are the +2 of the policy)
     return {"max_params": c["inputs"]["hbm_bytes"] / (opt.param_bytes + opt.state_bytes)}
 
 
@@ -108,12 +154,22 @@ def tr_02(c):
     one = per_chip_balance("tpu-v5p:16x1x1", "dp=16,remat=none", "backward")
     three = per_chip_balance("tpu-v5p:16x16x16", "dp=4096,remat=none", "backward")
     # the book writes C = 4.6e14 here but quotes 2,550 = 4.59e14 / 1.8e11 (the chip file's peak)
-    return {"per_chip_tokens_1_axis": one, "per_chip_tokens_3_axes": three, "pod_batch_tokens": three * 8960}
+    return {
+        "per_chip_tokens_1_axis": one,
+        "per_chip_tokens_3_axes": three,
+        "pod_batch_tokens": three * 8960,
+    }
 
 
 def tp_max_Y(F: int, system: str = "tpu-v5p:16x1x1", Y: int = 16) -> float:
     """Y at which forward T_math = forward TP comms; T_math ∝ 1/Y and the ring AllReduce is Y-independent."""
-    t = step_terms(book_layer(F=F), parse_system(system), Workload(2**16, 1), parse_plan(f"tp={Y},remat=none"), ops=BOOK_OPS)
+    t = step_terms(
+        book_layer(F=F),
+        parse_system(system),
+        Workload(2**16, 1),
+        parse_plan(f"tp={Y},remat=none"),
+        ops=BOOK_OPS,
+    )
     return Y * t["t_math_forward_s"] / t["comm_forward_s"]
 
 
@@ -139,17 +195,24 @@ def tr_13(c):
     opt = parse_optimizer("adam-bf16")
     m = load_model("llama-2-13b")
     led = build_ledger(m, seq=1)
-    led = type(led)(tuple(o for o in led.ops if o.name in ("mlp/gate", "mlp/up", "mlp/down")), m, led.sizes)
+    led = type(led)(
+        tuple(o for o in led.ops if o.name in ("mlp/gate", "mlp/up", "mlp/down")), m, led.sizes
+    )
     # "checkpointing after the 3 big FFW matmuls": the MLP's matmul outputs (F, F, D) per token per layer
     per_token = saved_activation_bytes_per_token(led, Remat(RematKind.MATMULS))
-    return {"param_opt_bytes": i["params"] * (opt.param_bytes + opt.state_bytes), "activation_bytes": per_token * i["B"]}
+    return {
+        "param_opt_bytes": i["params"] * (opt.param_bytes + opt.state_bytes),
+        "activation_bytes": per_token * i["B"],
+    }
 
 
 def tr_14(c):
     i = c["inputs"]
     m = load_model("llama-2-13b")
     led = build_ledger(m, seq=1)
-    led = type(led)(tuple(o for o in led.ops if o.name in ("mlp/gate", "mlp/up", "mlp/down")), m, led.sizes)
+    led = type(led)(
+        tuple(o for o in led.ops if o.name in ("mlp/gate", "mlp/up", "mlp/down")), m, led.sizes
+    )
     act = saved_activation_bytes_per_token(led, Remat(RematKind.MATMULS)) * i["batch_tokens"]
     opt = parse_optimizer("adam-bf16")
     fsdp3 = per_chip_balance("tpu-v5p:16x16x16", "fsdp=4096,remat=none", "forward")
@@ -184,7 +247,9 @@ def at_04(c):
     m = load_model("llama-3-70b")
     i = c["inputs"]
     est = assumed_mfu_run(m, Workload(4e6, 4096, 15e12), i["chips"], i["C"], i["mfu"])
-    scale = i["total_flops"] / est["total_flops"]  # the book rounds 6·70.55e9·15e12 = 6.35e24 to 6.3e24
+    scale = (
+        i["total_flops"] / est["total_flops"]
+    )  # the book rounds 6·70.55e9·15e12 = 6.35e24 to 6.3e24
     return {"seconds": est["run_time_s"] * scale, "days": est["run_time_days"] * scale}
 
 
@@ -193,13 +258,21 @@ def at_05(c):
     m = load_model("llama-3-70b")
     opt = parse_optimizer("adam-bf16")
     led = build_ledger(m, seq=1)
-    ckpt = saved_activation_bytes_per_token(led, Remat(RematKind.CHECKPOINTS, 4)) * i["batch_tokens"]
+    ckpt = (
+        saved_activation_bytes_per_token(led, Remat(RematKind.CHECKPOINTS, 4)) * i["batch_tokens"]
+    )
     params = i["params"] * opt.param_bytes
     state = i["params"] * opt.state_bytes
     total = params + state + ckpt
     n = math.ceil(total / parse_system("tpu-v5p:16x20x28").chip.hbm_bytes)
-    return {"param_bytes": params, "optimizer_bytes": state, "checkpoint_bytes": ckpt, "total_bytes": total, "min_chips": n,
-            "days_on_min_chips": i["days_on_pod"] * i["pod_chips"] / n}
+    return {
+        "param_bytes": params,
+        "optimizer_bytes": state,
+        "checkpoint_bytes": ckpt,
+        "total_bytes": total,
+        "min_chips": n,
+        "days_on_min_chips": i["days_on_pod"] * i["pod_chips"] / n,
+    }
 
 
 def at_07(c):
@@ -220,8 +293,13 @@ def gp_24(c):
     # the algebra keeps each ring's (N-1)/N; the book quotes the large-N limits: 8 GPUs -> 7/8 of 2200,
     # across nodes the leaf tier (32 nodes of a scalable unit) binds -> 31/32 of 2475
     cross = per_chip_balance("h100:16384", "dp=16384,remat=none", "backward") * 32 / 31
-    return {"in_node_tokens": node * 8 / 7, "cross_node_tokens": cross, "llama3_min_batch_tokens": cross * i["llama_gpus"],
-            "deepseek_tokens_per_gpu": i["C"] / i["h800_bw"], "deepseek_min_batch_tokens": i["C"] / i["h800_bw"] * i["deepseek_gpus"]}
+    return {
+        "in_node_tokens": node * 8 / 7,
+        "cross_node_tokens": cross,
+        "llama3_min_batch_tokens": cross * i["llama_gpus"],
+        "deepseek_tokens_per_gpu": i["C"] / i["h800_bw"],
+        "deepseek_min_batch_tokens": i["C"] / i["h800_bw"] * i["deepseek_gpus"],
+    }
 
 
 def gp_25(c):
@@ -229,13 +307,17 @@ def gp_25(c):
     E, k = i["E"], i["k"]
     moe = book_layer(moe=MoESpec(n_experts=E, top_k=k, d_ff_expert=32768))
     dense = per_chip_balance("h100:16384", "dp=16384,remat=none", "backward")
-    moe_t = per_chip_balance("h100:16384", "dp=16384,remat=none", "backward", model=moe, ops=("moe/up", "moe/down"))
+    moe_t = per_chip_balance(
+        "h100:16384", "dp=16384,remat=none", "backward", model=moe, ops=("moe/up", "moe/down")
+    )
     return {"tokens_per_gpu": moe_t / dense * i["base_tokens"]}
 
 
 def gp_27(c):
     F = c["inputs"]["F"]
-    y_node = tp_max_Y(F, "h100:8", 8) * 7 / 8  # drop the ring's (N-1)/N to compare with the book's F·W/C
+    y_node = (
+        tp_max_Y(F, "h100:8", 8) * 7 / 8
+    )  # drop the ring's (N-1)/N to compare with the book's F·W/C
     C = parse_system("h100:8").chip.peak("bf16")
     return {"in_node_max_Y": y_node, "cross_node_max_Y": F * 400e9 / C}
 
@@ -246,10 +328,18 @@ def gp_29(c):
     batch = i["batch_sequences"] * i["seq_len"]
     # a 2-way AllReduce across nodes moves (2-1)/2 of its bytes per GPU, a wide one (N-1)/N -> 1:
     # the model's per-byte cost on one scale-out tier, extrapolated to N -> infinity, over the 2-way one
-    two = collective_cost(CollectiveKind.ALL_REDUCE, 1e9, ("X",), make_mesh(parse_system("h100:16"), "X=2,Y=8"))
-    wide = collective_cost(CollectiveKind.ALL_REDUCE, 1e9, ("X",), make_mesh(parse_system("h100:256"), "X=32,Y=8"))
-    return {"batch_tokens": batch, "tokens_per_gpu": batch / i["gpus"], "model_parallel_ways": plan.degrees.n_chips // i["dp"],
-            "dp_bandwidth_factor": wide.seconds_per_byte * 32 / 31 / two.seconds_per_byte}
+    two = collective_cost(
+        CollectiveKind.ALL_REDUCE, 1e9, ("X",), make_mesh(parse_system("h100:16"), "X=2,Y=8")
+    )
+    wide = collective_cost(
+        CollectiveKind.ALL_REDUCE, 1e9, ("X",), make_mesh(parse_system("h100:256"), "X=32,Y=8")
+    )
+    return {
+        "batch_tokens": batch,
+        "tokens_per_gpu": batch / i["gpus"],
+        "model_parallel_ways": plan.degrees.n_chips // i["dp"],
+        "dp_bandwidth_factor": wide.seconds_per_byte * 32 / 31 / two.seconds_per_byte,
+    }
 
 
 def gp_30(c):
@@ -264,24 +354,55 @@ def gp_30(c):
     without = evaluate_plan(m, s, w, parse_plan("tp=8,dp=2048,microbatch=1,remat=full"))
 
     def grad_bytes(c):
-        return sum(r["bytes_per_chip"] for r in c.collectives if r["tensor"].startswith("dW") and "data" in r["axes"])
+        return sum(
+            r["bytes_per_chip"]
+            for r in c.collectives
+            if r["tensor"].startswith("dW") and "data" in r["axes"]
+        )
 
     # rows are per layer; a stage holds 1/pp of the layers
     ratio = grad_bytes(without) * m.n_layers / (grad_bytes(with_pp) * m.n_layers / 16)
-    return {"tokens_per_gpu": i["batch_tokens"] / i["gpus"], "dp_allreduce_reduction_from_pp": ratio}
+    return {
+        "tokens_per_gpu": i["batch_tokens"] / i["gpus"],
+        "dp_allreduce_reduction_from_pp": ratio,
+    }
 
 
 def gp_33(c):
     i = c["inputs"]
     cfg = i["configs"]
     cross = per_chip_balance("h100:16384", "dp=16384,remat=none", "backward")
-    return {"tokens_per_gpu_16b": cfg["m16b"][0] * i["seq_len"] / cfg["m16b"][1],
-            "tokens_per_gpu_70b": cfg["m70b"][0] * i["seq_len"] / cfg["m70b"][1],
-            "tokens_per_gpu_314b": cfg["m314b"][0] * i["seq_len"] / cfg["m314b"][1], "threshold": cross}
+    return {
+        "tokens_per_gpu_16b": cfg["m16b"][0] * i["seq_len"] / cfg["m16b"][1],
+        "tokens_per_gpu_70b": cfg["m70b"][0] * i["seq_len"] / cfg["m70b"][1],
+        "tokens_per_gpu_314b": cfg["m314b"][0] * i["seq_len"] / cfg["m314b"][1],
+        "threshold": cross,
+    }
 
 
-COMPUTE = {f.__name__.replace("_", "-"): f for f in (tr_01, tr_02, tr_06, tr_09, tr_13, tr_14, at_02, at_03, at_04, at_05, at_07,
-                                                      at_08, gp_24, gp_25, gp_27, gp_29, gp_30, gp_33)}
+COMPUTE = {
+    f.__name__.replace("_", "-"): f
+    for f in (
+        tr_01,
+        tr_02,
+        tr_06,
+        tr_09,
+        tr_13,
+        tr_14,
+        at_02,
+        at_03,
+        at_04,
+        at_05,
+        at_07,
+        at_08,
+        gp_24,
+        gp_25,
+        gp_27,
+        gp_29,
+        gp_30,
+        gp_33,
+    )
+}
 
 
 def _numeric_answers(case):
@@ -300,7 +421,9 @@ def test_book_training_case(case_id):
         if (case_id, key) in NOT_CHECKED:
             continue
         assert key in got, f"{case_id}: answer {key} not computed"
-        assert got[key] == pytest.approx(want, rel=tol), f"{case_id}.{key}: got {got[key]:.6g}, book {want:.6g}"
+        assert got[key] == pytest.approx(want, rel=tol), (
+            f"{case_id}.{key}: got {got[key]:.6g}, book {want:.6g}"
+        )
 
 
 def test_every_case_is_covered():
@@ -321,7 +444,13 @@ def test_at07_fsdp_sequence_on_the_pod_is_comms_bound():
 
 def test_dcn_data_parallel_limit():
     """Book training.md: DP over DCN is compute-bound iff B/slice > C/W_dcn (71,360 with C = 4.46e14)."""
-    per_slice = per_chip_balance("2xtpu-v5p:16x16x16", "dp=2,fsdp=4096,remat=none", "backward", buckets=("grad_step",)) * 8192 / 2
+    per_slice = (
+        per_chip_balance(
+            "2xtpu-v5p:16x16x16", "dp=2,fsdp=4096,remat=none", "backward", buckets=("grad_step",)
+        )
+        * 8192
+        / 2
+    )
     per_slice *= 2 / (2 - 1)  # the book drops the 2-slice ring's (N-1)/N = 1/2
     chip = parse_system("tpu-v5p:16x16x16").chip
     assert per_slice == pytest.approx(chip.peak("bf16") / chip.dcn_bw_bytes_per_s, rel=1e-6)

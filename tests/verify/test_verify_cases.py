@@ -312,7 +312,7 @@ def test_case(case: Case) -> None:
     assert d.verdict == case.verdict, msg
     assert d.deviation_names() == set(case.named), msg
     for row in d.rows:
-        scale = max(row.predicted_bytes, row.observed_bytes)
+        scale = row.predicted_bytes
         if row.status == "agree":
             assert abs(row.observed_bytes - row.predicted_bytes) <= max(
                 d.bytes_tol * scale, 0.001 * _total(r)

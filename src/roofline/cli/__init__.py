@@ -15,7 +15,18 @@ import sys
 from roofline.errors import RooflineError
 
 # Order is the order shown in --help (data flow: specs, ledger, roofline, comms, training, verify).
-COMMANDS = ("chips", "chip", "models", "model", "op", "system", "collective", "matmul", "train", "verify")
+COMMANDS = (
+    "chips",
+    "chip",
+    "models",
+    "model",
+    "op",
+    "system",
+    "collective",
+    "matmul",
+    "train",
+    "verify",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,10 +11,18 @@ from roofline.units import parse_quantity
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print a versioned JSON document instead of tables")
+    p.add_argument(
+        "--json", action="store_true", help="print a versioned JSON document instead of tables"
+    )
 
 
-def emit(args: argparse.Namespace, command: str, inputs: dict[str, Any], result: dict[str, Any], text: str) -> int:
+def emit(
+    args: argparse.Namespace,
+    command: str,
+    inputs: dict[str, Any],
+    result: dict[str, Any],
+    text: str,
+) -> int:
     print(dumps(command, inputs, result) if getattr(args, "json", False) else text)
     return 0
 
@@ -29,14 +37,20 @@ def parse_assignments(text: str, *, what: str, integer: bool = True) -> dict[str
         if not part:
             continue
         if "=" not in part:
-            raise SpecError(f"cannot read {what} item {part!r}", rule=f"{what} is a comma-separated list of NAME=VALUE",
-                            fix=f"write e.g. --{what} B=256,D=8192")
+            raise SpecError(
+                f"cannot read {what} item {part!r}",
+                rule=f"{what} is a comma-separated list of NAME=VALUE",
+                fix=f"write e.g. --{what} B=256,D=8192",
+            )
         k, v = part.split("=", 1)
         val = parse_quantity(v, what=k.strip())
         if integer:
             if val != int(val) or val <= 0:
-                raise SpecError(f"{what} {k.strip()}={v.strip()}", rule="sizes are positive whole numbers",
-                                fix=f"give {k.strip()} a positive integer")
+                raise SpecError(
+                    f"{what} {k.strip()}={v.strip()}",
+                    rule="sizes are positive whole numbers",
+                    fix=f"give {k.strip()} a positive integer",
+                )
             val = int(val)
         out[k.strip()] = val
     return out

@@ -28,29 +28,75 @@ HELP = "plan a training run: parallelism, step time, MFU, memory per chip, run t
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="llama-3-70b", help="preset name or config.json (default llama-3-70b)")
-    p.add_argument("--system", default="tpu-v5p:16x20x28", help="e.g. tpu-v5p:16x20x28, 2xtpu-v5p:16x20x28, h100:1024")
-    p.add_argument("--chips", help="only these chip counts of the system's sub-slices (e.g. 4096 or 4096,5120)")
-    p.add_argument("--batch-tokens", default=str(4 * 2**20), help="global batch in tokens (default 4Mi = 4194304)")
+    p.add_argument(
+        "--model", default="llama-3-70b", help="preset name or config.json (default llama-3-70b)"
+    )
+    p.add_argument(
+        "--system",
+        default="tpu-v5p:16x20x28",
+        help="e.g. tpu-v5p:16x20x28, 2xtpu-v5p:16x20x28, h100:1024",
+    )
+    p.add_argument(
+        "--chips", help="only these chip counts of the system's sub-slices (e.g. 4096 or 4096,5120)"
+    )
+    p.add_argument(
+        "--batch-tokens",
+        default=str(4 * 2**20),
+        help="global batch in tokens (default 4Mi = 4194304)",
+    )
     p.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
-    p.add_argument("--tokens", default="15T", help="training tokens for run time and cost (default 15T)")
-    p.add_argument("--plan", help='evaluate one plan, e.g. "fsdp=1024,tp=4,sp=2,microbatch=4,remat=full"')
-    p.add_argument("--objective", choices=("cost", "time"), default="cost",
-                   help="rank by $ per token (default) or by step time")
-    p.add_argument("--assume-mfu", type=float, help="back-of-envelope: 6·N·tokens / (chips · peak · MFU), as in the book")
+    p.add_argument(
+        "--tokens", default="15T", help="training tokens for run time and cost (default 15T)"
+    )
+    p.add_argument(
+        "--plan", help='evaluate one plan, e.g. "fsdp=1024,tp=4,sp=2,microbatch=4,remat=full"'
+    )
+    p.add_argument(
+        "--objective",
+        choices=("cost", "time"),
+        default="cost",
+        help="rank by $ per token (default) or by step time",
+    )
+    p.add_argument(
+        "--assume-mfu",
+        type=float,
+        help="back-of-envelope: 6·N·tokens / (chips · peak · MFU), as in the book",
+    )
     p.add_argument("--top", type=int, default=5, help="how many plans to list (default 5)")
-    p.add_argument("--efficiency", help="efficiency profile TOML (default: the vendor's documented default)")
-    p.add_argument("--optimizer", default="adam-bf16", help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32, sgd-bf16")
+    p.add_argument(
+        "--efficiency", help="efficiency profile TOML (default: the vendor's documented default)"
+    )
+    p.add_argument(
+        "--optimizer",
+        default="adam-bf16",
+        help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32, sgd-bf16",
+    )
     p.add_argument("--price", type=float, help="override USD per chip-hour")
-    p.add_argument("--no-sub-slices", action="store_true", help="use exactly the given system, never a TPU sub-slice")
-    p.add_argument("--deadline", help="find the fewest chips (of the system's chip type) that finish --tokens by then, e.g. 30d, 720h")
+    p.add_argument(
+        "--no-sub-slices",
+        action="store_true",
+        help="use exactly the given system, never a TPU sub-slice",
+    )
+    p.add_argument(
+        "--deadline",
+        help="find the fewest chips (of the system's chip type) that finish --tokens by then, e.g. 30d, 720h",
+    )
     add_json(p)
 
 
 def _inputs(args: argparse.Namespace, model, system, work: Workload) -> dict[str, Any]:
-    return {"model": model.name, "system": system.name, "chips": system.n_chips, "batch_tokens": work.batch_tokens,
-            "seq_len": work.seq_len, "tokens": work.total_tokens, "objective": args.objective, "plan": args.plan,
-            "assume_mfu": args.assume_mfu, "optimizer": args.optimizer}
+    return {
+        "model": model.name,
+        "system": system.name,
+        "chips": system.n_chips,
+        "batch_tokens": work.batch_tokens,
+        "seq_len": work.seq_len,
+        "tokens": work.total_tokens,
+        "objective": args.objective,
+        "plan": args.plan,
+        "assume_mfu": args.assume_mfu,
+        "optimizer": args.optimizer,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_quantity(args.batch_tokens, what="batch-tokens")
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
-    eff = load_efficiency(args.efficiency) if args.efficiency else default_efficiency(system.chip.vendor)
+    eff = (
+        load_efficiency(args.efficiency)
+        if args.efficiency
+        else default_efficiency(system.chip.vendor)
+    )
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")
     inputs = _inputs(args, model, system, work)
@@ -67,18 +117,39 @@ def run(args: argparse.Namespace) -> int:
     if args.assume_mfu is not None and not args.plan:
         return _assumed(args, model, system, work, inputs)
     if args.plan:
-        plan = parse_plan(args.plan if "optimizer" in args.plan else args.plan + f",optimizer={args.optimizer}")
+        plan = parse_plan(
+            args.plan if "optimizer" in args.plan else args.plan + f",optimizer={args.optimizer}"
+        )
         sysm = _system_for_plan(system, plan.degrees.n_chips)
         cost = evaluate_plan(model, sysm, work, plan, efficiency=eff, assume_mfu=args.assume_mfu)
         result = cost.to_dict()
-        return emit(args, NAME, inputs, {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]},
-                    _render_one(model, work, cost, header=f"Plan {plan.describe()}"))
+        return emit(
+            args,
+            NAME,
+            inputs,
+            {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]},
+            _render_one(model, work, cost, header=f"Plan {plan.describe()}"),
+        )
     if args.deadline:
         return _deadline(args, model, system, work, eff, inputs)
-    chips = [int(parse_quantity(c, what="chips")) for c in args.chips.split(",")] if args.chips else None
-    res = plan_training(model, system, work, objective=args.objective, top_k=args.top, efficiency=eff, optimizer=args.optimizer,
-                        allow_sub_slices=not args.no_sub_slices, chips=chips,
-                        progress=None if args.json else terminal_progress(sys.stderr), space=SearchSpace())
+    chips = (
+        [int(parse_quantity(c, what="chips")) for c in args.chips.split(",")]
+        if args.chips
+        else None
+    )
+    res = plan_training(
+        model,
+        system,
+        work,
+        objective=args.objective,
+        top_k=args.top,
+        efficiency=eff,
+        optimizer=args.optimizer,
+        allow_sub_slices=not args.no_sub_slices,
+        chips=chips,
+        progress=None if args.json else terminal_progress(sys.stderr),
+        space=SearchSpace(),
+    )
     return emit(args, NAME, inputs, res.to_dict(), _render_search(model, system, work, res))
 
 
@@ -86,11 +157,29 @@ def parse_duration(text: str) -> float:
     """'30d', '720h', '45min', '1e6s', '2w' -> seconds."""
     import re
 
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|sec|min|m|h|d|w|days?|hours?|weeks?)?\s*", str(text))
+    m = re.fullmatch(
+        r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|sec|min|m|h|d|w|days?|hours?|weeks?)?\s*",
+        str(text),
+    )
     if not m:
-        raise PlanError(f"cannot read duration {text!r}", rule="a number with s, min, h, d or w", fix="write e.g. --deadline 30d")
+        raise PlanError(
+            f"cannot read duration {text!r}",
+            rule="a number with s, min, h, d or w",
+            fix="write e.g. --deadline 30d",
+        )
     unit = (m.group(2) or "s").rstrip("s") or "s"
-    mult = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hour": 3600, "d": DAY, "day": DAY, "w": 7 * DAY, "week": 7 * DAY}[unit]
+    mult = {
+        "s": 1,
+        "sec": 1,
+        "min": 60,
+        "m": 60,
+        "h": 3600,
+        "hour": 3600,
+        "d": DAY,
+        "day": DAY,
+        "w": 7 * DAY,
+        "week": 7 * DAY,
+    }[unit]
     return float(m.group(1)) * mult
 
 
@@ -98,18 +187,39 @@ def _deadline(args, model, system, work: Workload, eff, inputs) -> int:
     from roofline.planner import chips_for_deadline
 
     dl = parse_duration(args.deadline)
-    res = chips_for_deadline(model, system, work, dl, efficiency=eff, optimizer=args.optimizer, top_k=args.top)
-    tried = table([[s, n, "-" if t == float("inf") else f"{t / DAY:.1f}"] for s, n, t in res.tried], ["system", "chips", "best days"],
-                  align="lrr")
+    res = chips_for_deadline(
+        model, system, work, dl, efficiency=eff, optimizer=args.optimizer, top_k=args.top
+    )
+    tried = table(
+        [[s, n, "-" if t == float("inf") else f"{t / DAY:.1f}"] for s, n, t in res.tried],
+        ["system", "chips", "best days"],
+        align="lrr",
+    )
     if res.result is None:
-        text = (f"No system of {system.chip.name} up to {res.tried[-1][1] if res.tried else '?'} chips finishes "
-                f"{fmt_count(work.total_tokens)} tokens in {dl / DAY:.1f} days.\n\nTried (bisection):\n{tried}")
+        text = (
+            f"No system of {system.chip.name} up to {res.tried[-1][1] if res.tried else '?'} chips finishes "
+            f"{fmt_count(work.total_tokens)} tokens in {dl / DAY:.1f} days.\n\nTried (bisection):\n{tried}"
+        )
         return emit(args, NAME, {**inputs, "deadline": args.deadline}, res.to_dict(), text)
     b = res.result.best
-    head = (f"Fewest {system.chip.name} chips to train {model.name} on {fmt_count(work.total_tokens)} tokens within "
-            f"{dl / DAY:.1f} days: {b.system.n_chips} ({b.system.name}), {b.run_time_s / DAY:.1f} days.")
-    text = head + "\n\n" + _render_one(model, work, b, header="Fastest plan there:") + "\n\nTried (bisection):\n" + tried
-    return emit(args, NAME, {**inputs, "deadline": args.deadline}, {**res.result.to_dict(), **res.to_dict()}, text)
+    head = (
+        f"Fewest {system.chip.name} chips to train {model.name} on {fmt_count(work.total_tokens)} tokens within "
+        f"{dl / DAY:.1f} days: {b.system.n_chips} ({b.system.name}), {b.run_time_s / DAY:.1f} days."
+    )
+    text = (
+        head
+        + "\n\n"
+        + _render_one(model, work, b, header="Fastest plan there:")
+        + "\n\nTried (bisection):\n"
+        + tried
+    )
+    return emit(
+        args,
+        NAME,
+        {**inputs, "deadline": args.deadline},
+        {**res.result.to_dict(), **res.to_dict()},
+        text,
+    )
 
 
 def _system_for_plan(system, n: int):
@@ -120,9 +230,11 @@ def _system_for_plan(system, n: int):
     for s in sub_slices(system, max_count=64):
         if s.n_chips == n:
             return s
-    raise PlanError(f"the plan uses {n} chips but {system.name} has {system.n_chips} and no sub-slice of {n} chips",
-                    rule="a plan's degrees multiply to the chip count of the system (or of a sub-slice)",
-                    fix="change the degrees, or give --system with a matching shape")
+    raise PlanError(
+        f"the plan uses {n} chips but {system.name} has {system.n_chips} and no sub-slice of {n} chips",
+        rule="a plan's degrees multiply to the chip count of the system (or of a sub-slice)",
+        fix="change the degrees, or give --system with a matching shape",
+    )
 
 
 def _assumed(args, model, system, work: Workload, inputs) -> int:
@@ -135,21 +247,44 @@ def _assumed(args, model, system, work: Workload, inputs) -> int:
     ckpt = 2 * 4 * model.d_model * model.n_layers * work.batch_tokens
     need = n * (opt.param_bytes + opt.state_bytes) + ckpt
     min_chips = math.ceil(need / system.chip.hbm_bytes)
-    result = {**est, "run_cost_usd": cost, "mfu": args.assume_mfu, "chips": system.n_chips, "params": n,
-              "memory_needed_bytes": need, "min_chips_by_memory": min_chips,
-              "formula": "6 * params * tokens / (chips * peak_bf16 * MFU)"}
+    result = {
+        **est,
+        "run_cost_usd": cost,
+        "mfu": args.assume_mfu,
+        "chips": system.n_chips,
+        "params": n,
+        "memory_needed_bytes": need,
+        "min_chips_by_memory": min_chips,
+        "formula": "6 * params * tokens / (chips * peak_bf16 * MFU)",
+    }
     lines = [
         f"Back-of-envelope (book applied-training.md): {model.name} on {system.name}, {fmt_count(work.total_tokens)} tokens",
         "",
-        kv([
-            ("total FLOPs", f"6 · {n:.4g} params · {work.total_tokens:.3g} tokens = {est['total_flops']:.3g}"),
-            ("time", f"{est['total_flops']:.3g} / ({system.n_chips} chips · {system.chip.peak('bf16'):.3g} FLOP/s · {args.assume_mfu:g}) "
-                     f"= {est['run_time_s']:.3g} s = {est['run_time_s'] / DAY:.1f} days"),
-            ("cost", "unknown (no price)" if cost is None else f"{fmt_usd(cost)} at ${price:g}/chip-hour"),
-            ("memory to train", f"params {opt.param_bytes:g} B + optimizer {opt.state_bytes:g} B per param + 4 bf16 checkpoints "
-                                f"of D per token per layer = {fmt_bytes(need)} -> at least {min_chips} chips of "
-                                f"{fmt_bytes(system.chip.hbm_bytes)}"),
-        ]),
+        kv(
+            [
+                (
+                    "total FLOPs",
+                    f"6 · {n:.4g} params · {work.total_tokens:.3g} tokens = {est['total_flops']:.3g}",
+                ),
+                (
+                    "time",
+                    f"{est['total_flops']:.3g} / ({system.n_chips} chips · {system.chip.peak('bf16'):.3g} FLOP/s · {args.assume_mfu:g}) "
+                    f"= {est['run_time_s']:.3g} s = {est['run_time_s'] / DAY:.1f} days",
+                ),
+                (
+                    "cost",
+                    "unknown (no price)"
+                    if cost is None
+                    else f"{fmt_usd(cost)} at ${price:g}/chip-hour",
+                ),
+                (
+                    "memory to train",
+                    f"params {opt.param_bytes:g} B + optimizer {opt.state_bytes:g} B per param + 4 bf16 checkpoints "
+                    f"of D per token per layer = {fmt_bytes(need)} -> at least {min_chips} chips of "
+                    f"{fmt_bytes(system.chip.hbm_bytes)}",
+                ),
+            ]
+        ),
         "",
         "This assumes the MFU; run without --assume-mfu to plan the parallelism and predict it.",
     ]
@@ -169,21 +304,42 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
     rows = [
         ("plan", c.plan.describe()),
         ("system", f"{s.name} ({s.n_chips} chips of {s.chip.name})"),
-        ("step time", f"{fmt_time(c.step_time_s)}  = compute {fmt_time(c.compute_time_s)} + exposed comm "
-                      f"{fmt_time(c.exposed_comm_time_s)} + bubble {fmt_time(c.bubble_time_s)} + optimizer {fmt_time(c.optimizer_time_s)}"),
-        ("MFU", f"{c.mfu:.1%}  (6·N·tokens / (step · chips · peak); HFU {c.hfu:.1%} counts recompute and attention)"),
-        ("tokens/s", f"{fmt_count(c.tokens_per_s)}  ({fmt_count(c.tokens_per_s / s.n_chips)} per chip)"),
-        ("memory per chip", f"{fmt_bytes(c.memory_per_chip_bytes)} of {fmt_bytes(s.chip.hbm_bytes)} "
-                            f"({'fits' if c.fits else 'DOES NOT FIT'}): {_breakdown(dict(c.memory_breakdown))}"),
+        (
+            "step time",
+            f"{fmt_time(c.step_time_s)}  = compute {fmt_time(c.compute_time_s)} + exposed comm "
+            f"{fmt_time(c.exposed_comm_time_s)} + bubble {fmt_time(c.bubble_time_s)} + optimizer {fmt_time(c.optimizer_time_s)}",
+        ),
+        (
+            "MFU",
+            f"{c.mfu:.1%}  (6·N·tokens / (step · chips · peak); HFU {c.hfu:.1%} counts recompute and attention)",
+        ),
+        (
+            "tokens/s",
+            f"{fmt_count(c.tokens_per_s)}  ({fmt_count(c.tokens_per_s / s.n_chips)} per chip)",
+        ),
+        (
+            "memory per chip",
+            f"{fmt_bytes(c.memory_per_chip_bytes)} of {fmt_bytes(s.chip.hbm_bytes)} "
+            f"({'fits' if c.fits else 'DOES NOT FIT'}): {_breakdown(dict(c.memory_breakdown))}",
+        ),
         ("limited by", c.bottleneck),
         ("communication", ", ".join(f"{k} {fmt_time(v)}" for k, v in raw.items()) or "none"),
-        ("exposed", ", ".join(f"{k} {fmt_time(v)}" for k, v in exposed.items()) or "none (all hidden behind compute)"),
+        (
+            "exposed",
+            ", ".join(f"{k} {fmt_time(v)}" for k, v in exposed.items())
+            or "none (all hidden behind compute)",
+        ),
         ("pipeline bubble", f"{c.bubble_fraction:.1%}"),
     ]
     if work.total_tokens:
         cost = d["run_cost_usd"]
-        rows.append(("run", f"{fmt_count(work.total_tokens)} tokens in {c.run_time_s / DAY:.1f} days"
-                            + ("" if cost is None else f", {fmt_usd(cost)} at ${price:g}/chip-hour")))
+        rows.append(
+            (
+                "run",
+                f"{fmt_count(work.total_tokens)} tokens in {c.run_time_s / DAY:.1f} days"
+                + ("" if cost is None else f", {fmt_usd(cost)} at ${price:g}/chip-hour"),
+            )
+        )
     if not c.fits:
         rows.append(("why not", c.reason))
     e = c.efficiency
@@ -198,11 +354,18 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
 def _render_search(model, system, work: Workload, res: PlanResult) -> str:
     b = res.best
     params = count_params(model)
-    head = (f"roofline train: {model.name} ({fmt_count(params.total)} params) on {system.name} ({system.n_chips} chips), "
-            f"{fmt_count(work.batch_tokens)}-token batch of {work.seq_len}-token sequences, {fmt_count(work.total_tokens)} tokens")
-    rej = ", ".join(f"{v:,} {k}" for k, v in sorted(res.rejected.items(), key=lambda x: -x[1])) or "none"
-    search = (f"Searched {res.candidates_enumerated:,} plans ({res.candidates_evaluated:,} costed) in {res.search_time_s:.2f} s; "
-              f"rejected: {rej}.")
+    head = (
+        f"roofline train: {model.name} ({fmt_count(params.total)} params) on {system.name} ({system.n_chips} chips), "
+        f"{fmt_count(work.batch_tokens)}-token batch of {work.seq_len}-token sequences, {fmt_count(work.total_tokens)} tokens"
+    )
+    rej = (
+        ", ".join(f"{v:,} {k}" for k, v in sorted(res.rejected.items(), key=lambda x: -x[1]))
+        or "none"
+    )
+    search = (
+        f"Searched {res.candidates_enumerated:,} plans ({res.candidates_evaluated:,} costed) in {res.search_time_s:.2f} s; "
+        f"rejected: {rej}."
+    )
     parts = [head, search]
     if res.sub_slice_note:
         parts.append("Note: " + res.sub_slice_note + ".")
@@ -210,13 +373,39 @@ def _render_search(model, system, work: Workload, res: PlanResult) -> str:
     parts.append("Why it wins: " + res.why + ".")
     rows = []
     for i, c in enumerate(res.top, 1):
-        rows.append([i, c.plan.describe(), c.system.n_chips, fmt_time(c.step_time_s), f"{c.mfu:.1%}",
-                     fmt_bytes(c.memory_per_chip_bytes), c.bottleneck,
-                     f"{c.run_time_s / DAY:.1f}" if work.total_tokens else "-",
-                     fmt_usd(c.run_cost_usd) if c.run_cost_usd is not None else "-"])
-    parts.append("Top plans:\n" + table(rows, ["#", "plan", "chips", "step", "MFU", "mem/chip", "limited by", "days", "cost"],
-                                        align="rllrrrlrr"))
+        rows.append(
+            [
+                i,
+                c.plan.describe(),
+                c.system.n_chips,
+                fmt_time(c.step_time_s),
+                f"{c.mfu:.1%}",
+                fmt_bytes(c.memory_per_chip_bytes),
+                c.bottleneck,
+                f"{c.run_time_s / DAY:.1f}" if work.total_tokens else "-",
+                fmt_usd(c.run_cost_usd) if c.run_cost_usd is not None else "-",
+            ]
+        )
+    parts.append(
+        "Top plans:\n"
+        + table(
+            rows,
+            ["#", "plan", "chips", "step", "MFU", "mem/chip", "limited by", "days", "cost"],
+            align="rllrrrlrr",
+        )
+    )
     if res.pareto:
-        prow = [[p["chips"], fmt_time(p["step_time_s"]), f"${p['usd_per_million_tokens']:.2f}", p["plan"]] for p in res.pareto]
-        parts.append("Pareto set (chips vs step time vs cost):\n" + table(prow, ["chips", "step", "$/M tokens", "plan"], align="rrrl"))
+        prow = [
+            [
+                p["chips"],
+                fmt_time(p["step_time_s"]),
+                f"${p['usd_per_million_tokens']:.2f}",
+                p["plan"],
+            ]
+            for p in res.pareto
+        ]
+        parts.append(
+            "Pareto set (chips vs step time vs cost):\n"
+            + table(prow, ["chips", "step", "$/M tokens", "plan"], align="rrrl")
+        )
     return "\n\n".join(parts)

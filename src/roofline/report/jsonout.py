@@ -35,7 +35,12 @@ def to_jsonable(x: Any) -> Any:
 
 
 def document(command: str, inputs: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "command": command, "inputs": to_jsonable(inputs), **to_jsonable(result)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": command,
+        "inputs": to_jsonable(inputs),
+        **to_jsonable(result),
+    }
 
 
 def dumps(command: str, inputs: dict[str, Any], result: dict[str, Any]) -> str:

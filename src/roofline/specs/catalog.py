@@ -25,11 +25,15 @@ def read_toml(path: Path, what: str) -> dict:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise SpecError(f"{what} file {str(path)!r} does not exist",
-                        fix="check the path, or use a catalog name") from None
+        raise SpecError(
+            f"{what} file {str(path)!r} does not exist", fix="check the path, or use a catalog name"
+        ) from None
     except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"{what} file {str(path)!r} is not valid TOML ({e})",
-                        rule="data files are TOML", fix="fix the syntax at the line named") from None
+        raise SpecError(
+            f"{what} file {str(path)!r} is not valid TOML ({e})",
+            rule="data files are TOML",
+            fix="fix the syntax at the line named",
+        ) from None
 
 
 def resolve(name: str, entries: dict[str, Iterable[str]], what: str) -> str:
@@ -45,8 +49,8 @@ def resolve(name: str, entries: dict[str, Iterable[str]], what: str) -> str:
     if want in table:
         return table[want]
     for prefix in ("meta", "google", "nvidia", "tpu"):
-        if want.startswith(prefix) and want[len(prefix):] in table:
-            return table[want[len(prefix):]]
+        if want.startswith(prefix) and want[len(prefix) :] in table:
+            return table[want[len(prefix) :]]
     close = difflib.get_close_matches(want, list(table), n=4, cutoff=0.5)
     names = sorted({table[c] for c in close})
     hint = ("closest: " + ", ".join(names)) if names else "none is close"

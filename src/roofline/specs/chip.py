@@ -21,7 +21,14 @@ from roofline.units import DTYPE_BYTES, parse_dtype
 CHIP_DIR = DATA_DIR / "chips"
 
 # Dtypes whose peak falls back to another when a chip file does not list them.
-_PEAK_FALLBACK = {"fp16": "bf16", "tf32": "fp32", "fp8": "int8", "int8": "fp8", "int4": "int8", "fp4": "fp8"}
+_PEAK_FALLBACK = {
+    "fp16": "bf16",
+    "tf32": "fp32",
+    "fp8": "int8",
+    "int8": "fp8",
+    "int4": "int8",
+    "fp4": "fp8",
+}
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,11 @@ class Chip:
         _positive(self.name, "hbm_bytes", self.hbm_bytes)
         _positive(self.name, "hbm_bw_bytes_per_s", self.hbm_bw_bytes_per_s)
         if "bf16" not in self.peak_flops_per_s:
-            raise SpecError(f"chip {self.name!r} has no bf16 peak", rule="every chip file gives peak_flops_per_s.bf16",
-                            fix="add `bf16 = ...` under [peak_flops_per_s]")
+            raise SpecError(
+                f"chip {self.name!r} has no bf16 peak",
+                rule="every chip file gives peak_flops_per_s.bf16",
+                fix="add `bf16 = ...` under [peak_flops_per_s]",
+            )
 
     # -- derived -----------------------------------------------------------------
     def peak(self, dtype: str = "bf16") -> float:
@@ -117,7 +127,11 @@ class Chip:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in self.__dict__.items():
-            out[k] = dict(v) if isinstance(v, MappingProxyType) else (list(v) if isinstance(v, tuple) else v)
+            out[k] = (
+                dict(v)
+                if isinstance(v, MappingProxyType)
+                else (list(v) if isinstance(v, tuple) else v)
+            )
         out["critical_intensity"] = {d: self.critical_intensity(d) for d in self.peak_flops_per_s}
         out["ici_bidi_bw_bytes_per_s"] = self.ici_bidi_bw_bytes_per_s
         return out
@@ -126,21 +140,50 @@ class Chip:
 def _positive(chip: str, key: str, v: Any, origin: str | None = None) -> None:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
         where = f"chip {chip!r}" + (f" (file {origin})" if origin else "")
-        raise SpecError(f"{where}: {key} = {v!r}", rule=f"{key} is a positive finite number",
-                        fix="correct the value in the chip file")
+        raise SpecError(
+            f"{where}: {key} = {v!r}",
+            rule=f"{key} is a positive finite number",
+            fix="correct the value in the chip file",
+        )
 
 
 # Optional numbers that, when present, must be positive and finite (checked with the file named).
 _POSITIVE_FIELDS = {
-    "vmem_bytes", "vmem_bw_bytes_per_s", "smem_bytes_per_sm", "register_bytes_per_sm", "l2_bytes",
-    "l2_bw_bytes_per_s", "cores_per_chip", "sm_count", "mxus_per_core", "tensor_cores", "clock_hz",
-    "boost_clock_hz", "ici_link_bw_bytes_per_s", "ici_links_per_axis", "ici_hop_latency_s",
-    "nvlink_bw_bytes_per_s", "nvlink_domain", "node_egress_bytes_per_s", "pcie_bw_bytes_per_s",
-    "dcn_bw_bytes_per_s", "usd_per_hour", "hbm_bytes", "hbm_bw_bytes_per_s",
+    "vmem_bytes",
+    "vmem_bw_bytes_per_s",
+    "smem_bytes_per_sm",
+    "register_bytes_per_sm",
+    "l2_bytes",
+    "l2_bw_bytes_per_s",
+    "cores_per_chip",
+    "sm_count",
+    "mxus_per_core",
+    "tensor_cores",
+    "clock_hz",
+    "boost_clock_hz",
+    "ici_link_bw_bytes_per_s",
+    "ici_links_per_axis",
+    "ici_hop_latency_s",
+    "nvlink_bw_bytes_per_s",
+    "nvlink_domain",
+    "node_egress_bytes_per_s",
+    "pcie_bw_bytes_per_s",
+    "dcn_bw_bytes_per_s",
+    "usd_per_hour",
+    "hbm_bytes",
+    "hbm_bw_bytes_per_s",
 }
 _WRAPAROUND = ("multiple_of_4", "size_16", "none")
 
-_INT_FIELDS = {"cores_per_chip", "sm_count", "mxus_per_core", "tensor_cores", "ici_links_per_axis", "ici_axes", "nvlink_domain"}
+_INT_FIELDS = {
+    "cores_per_chip",
+    "sm_count",
+    "mxus_per_core",
+    "tensor_cores",
+    "ici_links_per_axis",
+    "ici_axes",
+    "nvlink_domain",
+}
 
 
 def chip_from_dict(d: dict, origin: str) -> Chip:
@@ -153,14 +196,31 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
     if unknown:
         k = unknown[0]
         near = difflib.get_close_matches(k, sorted(known), n=1)
-        raise SpecError(f"chip file {origin}: unknown key {k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""),
-                        rule="keys are the fields of roofline.specs.chip.Chip", fix="rename or remove the key")
-    for req in ("name", "vendor", "generation", "peak_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s"):
+        raise SpecError(
+            f"chip file {origin}: unknown key {k!r}"
+            + (f" (did you mean {near[0]!r}?)" if near else ""),
+            rule="keys are the fields of roofline.specs.chip.Chip",
+            fix="rename or remove the key",
+        )
+    for req in (
+        "name",
+        "vendor",
+        "generation",
+        "peak_flops_per_s",
+        "hbm_bytes",
+        "hbm_bw_bytes_per_s",
+    ):
         if req not in data:
-            raise SpecError(f"chip file {origin} lacks {req!r}", rule="name, vendor, generation, peak_flops_per_s, hbm_bytes and hbm_bw_bytes_per_s are required",
-                            fix=f"add `{req} = ...`")
+            raise SpecError(
+                f"chip file {origin} lacks {req!r}",
+                rule="name, vendor, generation, peak_flops_per_s, hbm_bytes and hbm_bw_bytes_per_s are required",
+                fix=f"add `{req} = ...`",
+            )
     if not isinstance(data["peak_flops_per_s"], dict):
-        raise SpecError(f"chip file {origin}: peak_flops_per_s must be a table", fix="write [peak_flops_per_s] with bf16 = ...")
+        raise SpecError(
+            f"chip file {origin}: peak_flops_per_s must be a table",
+            fix="write [peak_flops_per_s] with bf16 = ...",
+        )
     name = str(data["name"])
     peaks = {}
     for k, v in data["peak_flops_per_s"].items():
@@ -171,11 +231,17 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
         _positive(name, k, data[k], origin)
     axes = data.get("ici_axes", 0)
     if isinstance(axes, bool) or axes not in (0, 1, 2, 3):
-        raise SpecError(f"chip {name!r} (file {origin}): ici_axes = {axes!r}", rule="ici_axes is 0 (no ICI), 1, 2 or 3",
-                        fix="correct the value in the chip file")
+        raise SpecError(
+            f"chip {name!r} (file {origin}): ici_axes = {axes!r}",
+            rule="ici_axes is 0 (no ICI), 1, 2 or 3",
+            fix="correct the value in the chip file",
+        )
     if data.get("wraparound", "none") not in _WRAPAROUND:
-        raise SpecError(f"chip {name!r} (file {origin}): wraparound = {data['wraparound']!r}",
-                        rule="wraparound is one of " + ", ".join(_WRAPAROUND), fix="correct the value in the chip file")
+        raise SpecError(
+            f"chip {name!r} (file {origin}): wraparound = {data['wraparound']!r}",
+            rule="wraparound is one of " + ", ".join(_WRAPAROUND),
+            fix="correct the value in the chip file",
+        )
     data["peak_flops_per_s"] = MappingProxyType(peaks)
     data["sources"] = MappingProxyType(dict(data.get("sources", {})))
     for k in ("aliases", "pod_topology", "host_topology"):

@@ -47,9 +47,12 @@ class _Cfg:
         if v is None:
             if default is not None:
                 return default
-            raise self._err(key, "is missing",
-                            rule=f"a {self.model_type} config.json must give {key}",
-                            fix=f'add "{key}": <value> (copy config.json unchanged from the model\'s Hugging Face repo)')
+            raise self._err(
+                key,
+                "is missing",
+                rule=f"a {self.model_type} config.json must give {key}",
+                fix=f'add "{key}": <value> (copy config.json unchanged from the model\'s Hugging Face repo)',
+            )
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         lo = 0 if allow_zero else 1
@@ -66,7 +69,9 @@ class _Cfg:
         if v is None:
             return default
         if not isinstance(v, bool):
-            raise self._err(key, f"is {v!r}", rule=f"{key} is true or false", fix=f"set {key} to true or false")
+            raise self._err(
+                key, f"is {v!r}", rule=f"{key} is true or false", fix=f"set {key} to true or false"
+            )
         return v
 
 
@@ -74,21 +79,29 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(f"HF config {str(path)!r} does not exist",
-                        fix="give the path of a config.json file or of a directory that holds one") from None
+        raise SpecError(
+            f"HF config {str(path)!r} does not exist",
+            fix="give the path of a config.json file or of a directory that holds one",
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"HF config {str(path)!r} cannot be read ({e})",
-                        fix="check the file's permissions and that it is UTF-8 text") from None
+        raise SpecError(
+            f"HF config {str(path)!r} cannot be read ({e})",
+            fix="check the file's permissions and that it is UTF-8 text",
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SpecError(f"HF config {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}",
-                        rule="config.json is a JSON object",
-                        fix=f"correct the syntax at line {e.lineno}, column {e.colno} (or download config.json again)") from None
+        raise SpecError(
+            f"HF config {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}",
+            rule="config.json is a JSON object",
+            fix=f"correct the syntax at line {e.lineno}, column {e.colno} (or download config.json again)",
+        ) from None
     if not isinstance(data, dict):
-        raise SpecError(f"HF config {str(path)!r} holds a JSON {type(data).__name__}, not an object",
-                        rule="config.json is a JSON object of fields such as hidden_size and num_hidden_layers",
-                        fix="point at the model's config.json")
+        raise SpecError(
+            f"HF config {str(path)!r} holds a JSON {type(data).__name__}, not an object",
+            rule="config.json is a JSON object of fields such as hidden_size and num_hidden_layers",
+            fix="point at the model's config.json",
+        )
     return data
 
 
@@ -103,9 +116,12 @@ def _window(c: _Cfg, n_layers: int) -> tuple[int | None, int]:
             return None, 0
         period = 1 if all(local) else 2
         if len(local) != n_layers or any(local[i] != (i % period == 0) for i in range(len(local))):
-            raise c._err("layer_types", "has a sliding/full pattern this tool cannot represent",
-                         rule="sliding-window layers are all layers, or every other layer starting at layer 0",
-                         fix="use a config whose layer_types is all 'sliding_attention' or alternates starting with it")
+            raise c._err(
+                "layer_types",
+                "has a sliding/full pattern this tool cannot represent",
+                rule="sliding-window layers are all layers, or every other layer starting at layer 0",
+                fix="use a config whose layer_types is all 'sliding_attention' or alternates starting with it",
+            )
         return c.int("sliding_window"), period
     if mt == "gemma2":
         # HF Gemma2: layers 0, 2, 4, ... use the sliding window
@@ -118,14 +134,19 @@ def _window(c: _Cfg, n_layers: int) -> tuple[int | None, int]:
         if not c.bool("use_sliding_window", False):
             return None, 0  # sliding_window is present but unused
         # HF Qwen2/Qwen3: layers i >= max_window_layers use the window
-        first = c.int("max_window_layers", 28, allow_zero=True)  # 28: the Qwen2Config/Qwen3Config default
+        first = c.int(
+            "max_window_layers", 28, allow_zero=True
+        )  # 28: the Qwen2Config/Qwen3Config default
         if first >= n_layers:
             return None, 0
         if first > 0:
-            raise c._err("max_window_layers", f"is {first} with use_sliding_window true and {n_layers} layers",
-                         rule="this tool represents a sliding window on all layers or on every other layer, "
-                              "not on the layers from max_window_layers on",
-                         fix="set use_sliding_window to false to estimate with full attention")
+            raise c._err(
+                "max_window_layers",
+                f"is {first} with use_sliding_window true and {n_layers} layers",
+                rule="this tool represents a sliding window on all layers or on every other layer, "
+                "not on the layers from max_window_layers on",
+                fix="set use_sliding_window to false to estimate with full attention",
+            )
         return c.int("sliding_window"), 1
     return None, 0
 
@@ -135,35 +156,59 @@ def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
     if mt == "mixtral":
         E, k = c.int("num_local_experts"), c.int("num_experts_per_tok")
         if k > E:
-            raise c._err("num_experts_per_tok", f"is {k}, more than num_local_experts={E}",
-                         rule="a token picks at most all experts", fix="correct num_experts_per_tok")
+            raise c._err(
+                "num_experts_per_tok",
+                f"is {k}, more than num_local_experts={E}",
+                rule="a token picks at most all experts",
+                fix="correct num_experts_per_tok",
+            )
         return MoESpec(n_experts=E, top_k=k, d_ff_expert=c.int("intermediate_size"))
     if mt in ("deepseek_v2", "deepseek_v3"):
         if c.int("moe_layer_freq", 1) != 1:
-            raise c._err("moe_layer_freq", f"is {c.data['moe_layer_freq']!r}",
-                         rule="this tool represents MoE on every layer after the first_k_dense_replace dense ones",
-                         fix="set moe_layer_freq to 1")
+            raise c._err(
+                "moe_layer_freq",
+                f"is {c.data['moe_layer_freq']!r}",
+                rule="this tool represents MoE on every layer after the first_k_dense_replace dense ones",
+                fix="set moe_layer_freq to 1",
+            )
         dense = c.int("first_k_dense_replace", 0, allow_zero=True)
         if dense > n_layers:
-            raise c._err("first_k_dense_replace", f"is {dense}, more than num_hidden_layers={n_layers}",
-                         rule="the dense layers are some of the layers", fix="correct first_k_dense_replace")
+            raise c._err(
+                "first_k_dense_replace",
+                f"is {dense}, more than num_hidden_layers={n_layers}",
+                rule="the dense layers are some of the layers",
+                fix="correct first_k_dense_replace",
+            )
         E = c.int("n_routed_experts")
         k = c.int("num_experts_per_tok")
         if k > E:
-            raise c._err("num_experts_per_tok", f"is {k}, more than n_routed_experts={E}",
-                         rule="a token picks at most all experts", fix="correct num_experts_per_tok")
-        return MoESpec(n_experts=E, top_k=k, d_ff_expert=c.int("moe_intermediate_size"),
-                       n_shared_experts=c.int("n_shared_experts", 0, allow_zero=True), dense_layers=dense,
-                       router_bias=c.data.get("topk_method") == "noaux_tc")
+            raise c._err(
+                "num_experts_per_tok",
+                f"is {k}, more than n_routed_experts={E}",
+                rule="a token picks at most all experts",
+                fix="correct num_experts_per_tok",
+            )
+        return MoESpec(
+            n_experts=E,
+            top_k=k,
+            d_ff_expert=c.int("moe_intermediate_size"),
+            n_shared_experts=c.int("n_shared_experts", 0, allow_zero=True),
+            dense_layers=dense,
+            router_bias=c.data.get("topk_method") == "noaux_tc",
+        )
     return None
 
 
 def _mla(c: _Cfg) -> MLASpec | None:
     if c.model_type not in ("deepseek_v2", "deepseek_v3"):
         return None
-    return MLASpec(q_lora_rank=c.opt_int("q_lora_rank"), kv_lora_rank=c.int("kv_lora_rank"),
-                   qk_nope_head_dim=c.int("qk_nope_head_dim"), qk_rope_head_dim=c.int("qk_rope_head_dim"),
-                   v_head_dim=c.int("v_head_dim"))
+    return MLASpec(
+        q_lora_rank=c.opt_int("q_lora_rank"),
+        kv_lora_rank=c.int("kv_lora_rank"),
+        qk_nope_head_dim=c.int("qk_nope_head_dim"),
+        qk_rope_head_dim=c.int("qk_rope_head_dim"),
+        v_head_dim=c.int("v_head_dim"),
+    )
 
 
 def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
@@ -179,13 +224,17 @@ def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
     data = _read(path)
     mt = data.get("model_type")
     if mt is None:
-        raise SpecError(f"HF config {origin}: field 'model_type' is missing",
-                        rule="config.json names its architecture in model_type",
-                        fix=f'add "model_type": one of {", ".join(SUPPORTED_MODEL_TYPES)}')
+        raise SpecError(
+            f"HF config {origin}: field 'model_type' is missing",
+            rule="config.json names its architecture in model_type",
+            fix=f'add "model_type": one of {", ".join(SUPPORTED_MODEL_TYPES)}',
+        )
     if mt not in _FAMILIES:
-        raise SpecError(f"HF config {origin}: model_type {mt!r} is not supported",
-                        rule=f"supported model_types are {', '.join(SUPPORTED_MODEL_TYPES)}",
-                        fix="write a model TOML file for it (see src/roofline/specs/models/*.toml) or use a preset")
+        raise SpecError(
+            f"HF config {origin}: model_type {mt!r} is not supported",
+            rule=f"supported model_types are {', '.join(SUPPORTED_MODEL_TYPES)}",
+            fix="write a model TOML file for it (see src/roofline/specs/models/*.toml) or use a preset",
+        )
     family, tie_default = _FAMILIES[mt]
     c = _Cfg(data, origin, mt)
 
@@ -201,17 +250,23 @@ def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
     else:
         if N % K:
             divisors = [d for d in range(1, N + 1) if N % d == 0]
-            raise c._err("num_key_value_heads", f"= {K} does not divide num_attention_heads = {N}",
-                         rule="grouped-query attention shares each KV head among N/K query heads",
-                         fix=f"use num_key_value_heads in {divisors}")
+            raise c._err(
+                "num_key_value_heads",
+                f"= {K} does not divide num_attention_heads = {N}",
+                rule="grouped-query attention shares each KV head among N/K query heads",
+                fix=f"use num_key_value_heads in {divisors}",
+            )
         if c.has("head_dim"):
             H = c.int("head_dim")
         elif mt == "gemma2":
             H = 256  # Gemma2Config's default head_dim
         elif D % N:
-            raise c._err("head_dim", f"is missing and hidden_size = {D} is not divisible by num_attention_heads = {N}",
-                         rule="head_dim defaults to hidden_size / num_attention_heads",
-                         fix='add "head_dim": <value>')
+            raise c._err(
+                "head_dim",
+                f"is missing and hidden_size = {D} is not divisible by num_attention_heads = {N}",
+                rule="head_dim defaults to hidden_size / num_attention_heads",
+                fix='add "head_dim": <value>',
+            )
         else:
             H = D // N
     window, period = _window(c, L)
@@ -224,15 +279,33 @@ def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
     if c.has("max_position_embeddings"):
         kwargs["max_seq_len"] = c.int("max_position_embeddings")
     spec = dict(
-        name=name, n_layers=L, d_model=D, d_ff=F, n_heads=N, n_kv_heads=K, d_head=H, vocab=V,
+        name=name,
+        n_layers=L,
+        d_model=D,
+        d_ff=F,
+        n_heads=N,
+        n_kv_heads=K,
+        d_head=H,
+        vocab=V,
         mlp=MLPKind.GATED,  # every supported family uses SwiGLU/GeGLU
         tied_embeddings=c.bool("tie_word_embeddings", tie_default),
-        qkv_bias=True if mt == "qwen2" else c.bool("attention_bias", False),  # Qwen2 always has q/k/v bias
+        qkv_bias=True
+        if mt == "qwen2"
+        else c.bool("attention_bias", False),  # Qwen2 always has q/k/v bias
         qk_norm=mt == "qwen3",
-        moe=moe, mla=mla, sliding_window=window, local_layer_period=period,
-        norms_per_layer=4 if mt == "gemma2" else 2,  # Gemma2: pre/post norms around attention and MLP
-        n_mtp_modules=c.int("num_nextn_predict_layers", 0, allow_zero=True) if mt == "deepseek_v3" else 0,
-        family=family, source=f"HF config.json {path}", **kwargs,
+        moe=moe,
+        mla=mla,
+        sliding_window=window,
+        local_layer_period=period,
+        norms_per_layer=4
+        if mt == "gemma2"
+        else 2,  # Gemma2: pre/post norms around attention and MLP
+        n_mtp_modules=c.int("num_nextn_predict_layers", 0, allow_zero=True)
+        if mt == "deepseek_v3"
+        else 0,
+        family=family,
+        source=f"HF config.json {path}",
+        **kwargs,
     )
     try:
         return ModelSpec(**spec)

@@ -86,8 +86,11 @@ class ModelSpec:
         for f in ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "d_head", "vocab"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise SpecError(f"model {self.name!r}: {f} = {v!r}", rule=f"{f} is a positive integer",
-                                fix=f"set {f} to a positive whole number")
+                raise SpecError(
+                    f"model {self.name!r}: {f} = {v!r}",
+                    rule=f"{f} is a positive integer",
+                    fix=f"set {f} to a positive whole number",
+                )
         if self.mla is None and self.n_heads % self.n_kv_heads:
             raise SpecError(
                 f"model {self.name!r}: n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}",
@@ -97,14 +100,23 @@ class ModelSpec:
         if self.moe is not None:
             m = self.moe
             if not (0 < m.top_k <= m.n_experts):
-                raise SpecError(f"model {self.name!r}: top_k={m.top_k} with n_experts={m.n_experts}",
-                                rule="1 <= top_k <= n_experts", fix="correct moe.top_k or moe.n_experts")
+                raise SpecError(
+                    f"model {self.name!r}: top_k={m.top_k} with n_experts={m.n_experts}",
+                    rule="1 <= top_k <= n_experts",
+                    fix="correct moe.top_k or moe.n_experts",
+                )
             if not (0 <= m.dense_layers <= self.n_layers):
-                raise SpecError(f"model {self.name!r}: moe.dense_layers={m.dense_layers} with n_layers={self.n_layers}",
-                                rule="0 <= dense_layers <= n_layers", fix="correct moe.dense_layers")
+                raise SpecError(
+                    f"model {self.name!r}: moe.dense_layers={m.dense_layers} with n_layers={self.n_layers}",
+                    rule="0 <= dense_layers <= n_layers",
+                    fix="correct moe.dense_layers",
+                )
         if self.sliding_window is not None and self.sliding_window <= 0:
-            raise SpecError(f"model {self.name!r}: sliding_window={self.sliding_window}",
-                            rule="a window is a positive token count", fix="remove it or give a positive value")
+            raise SpecError(
+                f"model {self.name!r}: sliding_window={self.sliding_window}",
+                rule="a window is a positive token count",
+                fix="remove it or give a positive value",
+            )
 
     # -- derived ----------------------------------------------------------------
     @property
@@ -125,7 +137,11 @@ class ModelSpec:
 
     def is_local_layer(self, i: int) -> bool:
         """True if layer i uses sliding-window attention (Gemma-2: even layers)."""
-        return self.sliding_window is not None and self.local_layer_period > 0 and i % self.local_layer_period == 0
+        return (
+            self.sliding_window is not None
+            and self.local_layer_period > 0
+            and i % self.local_layer_period == 0
+        )
 
     @property
     def n_local_layers(self) -> int:
@@ -163,17 +179,27 @@ def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
     if unknown:
         k = unknown[0]
         near = difflib.get_close_matches(k, sorted(known), n=1)
-        raise SpecError(f"model file {origin}: unknown key {k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""),
-                        rule="keys are the fields of roofline.specs.model.ModelSpec", fix="rename or remove the key")
+        raise SpecError(
+            f"model file {origin}: unknown key {k!r}"
+            + (f" (did you mean {near[0]!r}?)" if near else ""),
+            rule="keys are the fields of roofline.specs.model.ModelSpec",
+            fix="rename or remove the key",
+        )
     for req in ("name", "n_layers", "d_model", "d_ff", "n_heads", "vocab"):
         if req not in data:
-            raise SpecError(f"model file {origin} lacks {req!r}",
-                            rule="name, n_layers, d_model, d_ff, n_heads and vocab are required", fix=f"add `{req} = ...`")
+            raise SpecError(
+                f"model file {origin} lacks {req!r}",
+                rule="name, n_layers, d_model, d_ff, n_heads and vocab are required",
+                fix=f"add `{req} = ...`",
+            )
     data.setdefault("n_kv_heads", data["n_heads"])
     if "d_head" not in data:
         if data["d_model"] % data["n_heads"]:
-            raise SpecError(f"model file {origin}: d_head not given and d_model={data['d_model']} is not divisible by n_heads={data['n_heads']}",
-                            rule="d_head defaults to d_model / n_heads", fix="give d_head explicitly")
+            raise SpecError(
+                f"model file {origin}: d_head not given and d_model={data['d_model']} is not divisible by n_heads={data['n_heads']}",
+                rule="d_head defaults to d_model / n_heads",
+                fix="give d_head explicitly",
+            )
         data["d_head"] = data["d_model"] // data["n_heads"]
     try:
         if "mlp" in data:
@@ -183,8 +209,11 @@ def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
         if isinstance(data.get("mla"), dict):
             data["mla"] = MLASpec(**data["mla"])
     except (TypeError, ValueError) as e:
-        raise SpecError(f"model file {origin}: {e}", rule="mlp is 'gated' or 'plain'; [moe] and [mla] take the fields of MoESpec/MLASpec",
-                        fix="correct the table") from None
+        raise SpecError(
+            f"model file {origin}: {e}",
+            rule="mlp is 'gated' or 'plain'; [moe] and [mla] take the fields of MoESpec/MLASpec",
+            fix="correct the table",
+        ) from None
     if "aliases" in data:
         data["aliases"] = tuple(data["aliases"])
     return ModelSpec(**data)
@@ -225,4 +254,13 @@ def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
 
 
 _ = math  # (kept for formula helpers added later)
-__all__ = ["ModelSpec", "MoESpec", "MLASpec", "MLPKind", "AttentionKind", "load_model", "model_names", "model_from_dict"]
+__all__ = [
+    "ModelSpec",
+    "MoESpec",
+    "MLASpec",
+    "MLPKind",
+    "AttentionKind",
+    "load_model",
+    "model_names",
+    "model_from_dict",
+]

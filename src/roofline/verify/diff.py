@@ -745,7 +745,7 @@ def _analyze(
     for k in keys:
         po = sum(p.nbytes * p.count for p in P if p.key == k)
         ob = sum(o.nbytes * o.count for o in O if o.key == k)
-        if po and ob and abs(ob - po) <= ctx.tol * max(po, ob):
+        if po and ob and abs(ob - po) <= ctx.tol * po:
             acc.add("same-bytes-other-pieces", k, ob - po, _pieces(P, O, k))
         elif ob != po:
             left[k] = ob - po
@@ -1110,7 +1110,7 @@ def diff(
             devs.append(("xla-moves-more-bytes", lo))
         elif lo < 0:
             devs.append(("xla-moves-fewer-bytes", lo))
-        scale = max(p, o)
+        scale = p  # "within 5%" of the prediction
         if abs(o - p) <= max(bytes_tol * scale, floor):
             status = "agree"
         elif abs(lo) <= max(bytes_tol * scale, floor):
@@ -1202,7 +1202,7 @@ def _flops_row(
                 ),
             )
         )
-    scale = max(p0, obs)
+    scale = p0
     if abs(obs - p0) <= tol * scale:
         status = "agree"
     elif abs(left) <= tol * scale:
