@@ -54,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--objective",
         choices=("cost", "time"),
-        default="cost",
-        help="rank by $ per token (default) or by step time",
+        default=None,
+        help="rank by $ per token (default when the chip has a price) or by step time (default otherwise)",
     )
     p.add_argument(
         "--assume-mfu",
@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")
+    if args.objective is None:
+        args.objective = "cost" if system.usd_per_chip_hour is not None else "time"
     inputs = _inputs(args, model, system, work)
 
     if args.assume_mfu is not None and not args.plan:
