@@ -3,8 +3,8 @@ XLA emitted against the training cost's algebra (roofline.verify.predict / diff)
 
 Each case asserts the verdict and the exact set of NAMED deviations that explain the rows
 outside the tolerance (5% bytes, 10% FLOPs), plus the numbers that identify them. One compile
-per case (cached for the module). Set ROOFLINE_VERIFY_TABLE=path to write the markdown case
-table of docs/verify.md from the results.
+per case (cached for the module). Set ROOFLINE_VERIFY_TABLE=docs/verify.md to rewrite the
+case table between its `<!-- cases:begin/end -->` markers from the results (all cases run).
 """
 
 from __future__ import annotations
@@ -273,6 +273,7 @@ CASES = [
         frozenset(
             {
                 "gshard-dispatch-combine",
+                "gshard-dispatch-combine-einsums",
                 "separate-expert-backward-allreduce",
                 "separate-qkv-backward-allreduce",
             }
@@ -367,8 +368,26 @@ def test_write_case_table(tmp_path) -> None:
     assert text.count("\n") == len(rows) + 1
     (tmp_path / "cases.md").write_text(text)
     if target:
-        with open(target, "w") as fh:
-            fh.write(text + "\n")
+        _write_between_markers(target, text)
+
+
+BEGIN, END = "<!-- cases:begin -->", "<!-- cases:end -->"
+
+
+def _write_between_markers(path: str, table: str) -> None:
+    """Replace the text between the case markers of `path` (docs/verify.md), or write the table."""
+    old = ""
+    if os.path.exists(path):
+        with open(path) as fh:
+            old = fh.read()
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        new = f"{head}{BEGIN}\n{table}\n{END}{tail}"
+    else:
+        new = table + "\n"
+    with open(path, "w") as fh:
+        fh.write(new)
 
 
 # ----------------------------------------------------------------------------- diff logic on synthetic data
