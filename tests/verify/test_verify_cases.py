@@ -331,6 +331,18 @@ def test_case(case: Case) -> None:
         case.check(r)
 
 
+@pytest.mark.hlo
+def test_final_hlo_names_f32_collectives_for_bf16() -> None:
+    """The same compile diffed against the final CPU HLO: bf16 collectives done in f32."""
+    r = result(next(c for c in CASES if c.id == "fsdp8"))
+    d = diff(r.prediction, r.observed, final=True)
+    assert d.source == "final" and d.verdict == "agree-with-named-deviations"
+    assert d.deviation_names() == {"f32-collective-for-bf16", "norm-and-loss-collectives"}
+    assert (
+        sum(x.excess for x in d.deviations if x.name == "f32-collective-for-bf16") == 2 * 1_966_080
+    )
+
+
 def _total(r: VerifyResult) -> float:
     return sum(c.total_bytes_per_device for c in r.observed.collectives)
 

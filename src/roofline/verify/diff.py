@@ -507,6 +507,9 @@ class _Context:
     fused_qkv: bool = False
     notes: tuple[str, ...] = ()
     tol: float = BYTES_TOL
+    bf16_sigs: frozenset = (
+        frozenset()
+    )  # (kind, axes, bytes) of the post-SPMD bf16 collectives (final mode)
 
 
 def _analyze(
@@ -539,6 +542,20 @@ def _analyze(
             it.nbytes * n,
             "scalar loss" if it.shape == () else f"norm scale {list(it.shape)}",
         )
+
+    # 1b. final HLO: a bf16 collective done in f32 (twice the bytes); the post-SPMD module
+    #     says which collectives were bf16 (genuinely f32 ones are left alone)
+    if ctx.final and ctx.bf16_sigs:
+        for o in O:
+            if o.count > 0 and o.dtype == "f32" and (o.kind, o.axes, o.nbytes / 2) in ctx.bf16_sigs:
+                acc.add(
+                    "f32-collective-for-bf16",
+                    o.key,
+                    o.nbytes / 2 * o.count,
+                    f"{list(o.shape)} {o.nbytes / 2:,.0f} B as f32",
+                )
+                o.nbytes /= 2
+                o.dtype = "bf16"
 
     # 2. partial dx reduced per projection where the training cost merged them: per block,
     #    the backward reductions of dx XLA emitted beyond those the prediction counts
@@ -616,26 +633,6 @@ def _analyze(
 
     # 4. exact matches (kind, axes, bytes)
     _match_exact(P, O)
-
-    # 3. final HLO: a bf16 collective done in f32
-    if ctx.final and ctx.dtype == "bf16":
-        for o in O:
-            if o.count <= 0 or o.dtype != "f32":
-                continue
-            for p, n in _take(
-                P,
-                lambda p, o=o: (
-                    p.key == o.key and p.dtype == "bf16" and abs(2 * p.nbytes - o.nbytes) < 0.5
-                ),
-                o.count,
-            ):
-                o.count -= n
-                acc.add(
-                    "f32-collective-for-bf16",
-                    o.key,
-                    (o.nbytes - p.nbytes) * n,
-                    f"{p.tensor} {p.nbytes:,.0f} B as f32",
-                )
 
     # 4. all-reduce where the algebra reduce-scatters the same buffer
     for p in P:
@@ -1084,6 +1081,13 @@ def diff(
         fused_qkv=bool(inp.get("fused_qkv", False)),
         notes=notes,
         tol=bytes_tol,
+        bf16_sigs=frozenset(
+            (c.kind, tuple(c.mesh_axes), float(c.bytes_per_device))
+            for c in observed.collectives
+            if c.dtype == "bf16"
+        )
+        if final
+        else frozenset(),
     )
     base = prediction
     cur, steps = _search_alternatives(base, obs_colls, ctx) if search_alternatives else (base, [])
