@@ -167,22 +167,28 @@ def test_step_time_is_at_least_each_of_its_parts(plan, remat):
     )
 
 
-def test_full_remat_costs_a_forward_pass():
-    """Book transformers.md: block remat raises training FLOPs from 6 to 8 × params × tokens."""
+def test_full_remat_costs_a_forward_pass_but_the_last_projection():
+    """Book transformers.md: block remat raises training FLOPs from 6 to ~8 × params × tokens.
+
+    Precisely, the recompute is the layer's forward minus its last projection (mlp/down), whose
+    output the backward pass never reads; XLA skips it too (docs/verify.md, fsdp=8 with remat).
+    """
     from roofline.ledger import build_ledger
 
     layers = tuple(o.name for o in build_ledger(MODEL) if o.name not in ("embed", "unembed"))
     s, w = parse_system("h100:8"), Workload(2**16, 4096)
     none = step_terms(MODEL, s, w, parse_plan("dp=8,remat=none"), ops=layers)
     full = step_terms(MODEL, s, w, parse_plan("dp=8,remat=full"), ops=layers)
-    assert full["t_math_recompute_s"] == pytest.approx(none["t_math_forward_s"], rel=1e-9)
-    # matmuls only (the 6 -> 8 rule counts weight matmuls): recompute adds a third to 6·N·tokens
+    down = step_terms(MODEL, s, w, parse_plan("dp=8,remat=none"), ops=("mlp/down",))
+    assert full["t_math_recompute_s"] == pytest.approx(
+        none["t_math_forward_s"] - down["t_math_forward_s"], rel=1e-9
+    )
     mm = tuple(
         n for n in layers if not n.startswith(("attn/scores", "attn/context", "norms", "mlp/act"))
     )
     n6 = step_terms(MODEL, s, w, parse_plan("dp=8,remat=none"), ops=mm)["t_math_s"]
     n8 = step_terms(MODEL, s, w, parse_plan("dp=8,remat=full"), ops=mm)["t_math_s"]
-    assert n8 / n6 == pytest.approx(8 / 6, rel=1e-9)
+    assert 7 / 6 < n8 / n6 < 8 / 6  # the book's 8/6 is the upper bound
 
 
 def test_collective_matmul_hides_tensor_parallel_traffic():

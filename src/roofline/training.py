@@ -35,7 +35,7 @@ from roofline.ledger import Causal, Ledger, Op, OpKind, Tensor, build_ledger, co
 from roofline.memory import OptimizerPolicy, Remat, RematKind, parse_optimizer, parse_remat
 from roofline.mesh import Mesh, make_mesh
 from roofline.rules import AXIS_OF, Degrees, Rules, Strategy, parse_degrees, rules_for
-from roofline.sharding import Comm, EinsumPlan, Spec, plan_training_einsum
+from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training_einsum
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System
@@ -582,15 +582,30 @@ def evaluate_plans(
     )  # attention + elementwise rerun under both FULL and MATMULS remat
 
     # ---- per microbatch (one pipeline stage) ------------------------------------------
-    compute = g("tf_mm") * (1 + rc_all) + g("tf_ae") * (1 + rc_ae) + g("tf_other") + g("tb")
+    compute = (
+        g("tf_mm") * (1 + rc_all)
+        + g("tf_last")
+        + g("tf_ae") * (1 + rc_ae)
+        + g("tf_other")
+        + g("tb")
+    )
     compute_bwd = g("tb")
-    flops_mb = g("ff_mm") * (1 + rc_all) + g("ff_ae") * (1 + rc_ae) + g("ff_other") + g("fb")
-    tp = g("tp_f") * (1 + rc_all) + g("tp_b")
-    act = g("act_f") * (1 + rc_all) + g("act_b")
+    flops_mb = (
+        g("ff_mm") * (1 + rc_all)
+        + g("ff_last")
+        + g("ff_ae") * (1 + rc_ae)
+        + g("ff_other")
+        + g("fb")
+    )
+    tp = g("tp_f") * (1 + rc_all) + g("tp_f_last") + g("tp_b")
+    act = g("act_f") * (1 + rc_all) + g("act_f_last") + g("act_b")
     sp = (
         g("sp_base") * 2 * (2 + rc_ae)
     )  # K and V: gathered forward (+ remat), reduce-scattered backward
     ep = g("ep_base") * (2 * (1 + rc_all) + 2)  # dispatch + combine, forward (+ remat) and backward
+    # FSDP gathers weights again for the backward pass under remat; without remat the forward's
+    # gathered weights are kept (XLA without scan does this; PyTorch FSDP and scanned stacks
+    # re-gather: docs/verify.md names the difference)
     fsdp = g("fsdp_f") + g("fsdp_b") - np.where(reuse, g("fsdp_b_dup"), 0.0)
     hidden = fsdp + g("grad_mb")
     fsdp_exposed = np.maximum(0.0, hidden - compute)
@@ -659,14 +674,20 @@ def evaluate_plans(
     reason = _Reasons(core["reason"], inv, mesh_bad, over, mem_total, chip.hbm_bytes)
     pk = chip.peak("bf16") * eff.matmul
     terms = {
-        "t_math_forward_s": (g("ff_mm") + g("ff_ae") + g("ff_other")) * M / pk,
+        "t_math_forward_s": (g("ff_mm") + g("ff_last") + g("ff_ae") + g("ff_other")) * M / pk,
         "t_math_backward_s": g("fb") * M / pk,
         "t_math_recompute_s": (g("ff_mm") * rc_all + g("ff_ae") * rc_ae) * M / pk,
         "fsdp_forward_s": g("fsdp_f") * M,
-        "tp_forward_s": g("tp_f") * M,
+        "tp_forward_s": (g("tp_f") + g("tp_f_last")) * M,
         # the first forward pass; remat's second forward runs inside the backward pass
         "comm_forward_s": (
-            g("tp_f") + g("fsdp_f") + g("act_f") + 2 * g("sp_base") + 2 * g("ep_base")
+            g("tp_f")
+            + g("tp_f_last")
+            + g("fsdp_f")
+            + g("act_f")
+            + g("act_f_last")
+            + 2 * g("sp_base")
+            + 2 * g("ep_base")
         )
         * M,
         "comm_backward_s": (
@@ -755,6 +776,10 @@ def _core(
         k: z.copy()
         for k in (
             "tf_mm",
+            "tf_last",
+            "ff_last",
+            "tp_f_last",
+            "act_f_last",
             "tf_ae",
             "tf_other",
             "tb",
@@ -807,16 +832,31 @@ def _core(
                     trusted=not keep_einsums,
                 )
             fwd, bl, br = same[skey]
+            if merge_reductions:
+                bl = merged_dlhs(
+                    bl, block, sizes, mesh_sizes, comm, counted, peak, hbm, trusted=not keep_einsums
+                )
             t_f = np.maximum(fwd.compute_time_s, fwd.memory_time_s)
             t_b = np.maximum(bl.compute_time_s, bl.memory_time_s) + np.maximum(
                 br.compute_time_s, br.memory_time_s
             )
-            out["tf_mm" if layer_op else "tf_other"] += copies * t_f
-            out["ff_mm" if layer_op else "ff_other"] += copies * fwd.flops_per_chip
+            # a layer's last projection is not rerun by remat: the backward pass never reads its
+            # output (the next layer's checkpoint holds it); XLA skips it too (see docs/verify.md)
+            last = op.name in LAST_PROJECTIONS
+            out[("tf_last" if last else "tf_mm") if layer_op else "tf_other"] += copies * t_f
+            out[("ff_last" if last else "ff_mm") if layer_op else "ff_other"] += (
+                copies * fwd.flops_per_chip
+            )
+            if last:
+                before = {k: out[k].copy() for k in ("tp_f", "act_f")}
             out["tb"] += copies * t_b
             out["fb"] += copies * (bl.flops_per_chip + br.flops_per_chip)
             for e in (fwd, bl, br):
                 _add_comms(e, block, copies, out, counted, merge_reductions)
+            if last:  # its forward collectives are not rerun either
+                for k in ("tp_f", "act_f"):
+                    out[k + "_last"] += out[k] - before[k]
+                    out[k] = before[k]
             if keep_einsums:
                 einsums.append((op.name, fwd, bl, br))
         elif op.kind == OpKind.ATTENTION:
@@ -901,6 +941,60 @@ def _core(
     out["mesh_bad"] = reason_rows != ""
     out["einsums"] = tuple(einsums)
     return out
+
+
+def merged_dlhs(
+    bl: EinsumPlan,
+    block: str,
+    sizes,
+    mesh_sizes,
+    comm,
+    counted: dict,
+    peak: float,
+    hbm: float,
+    trusted: bool = True,
+) -> EinsumPlan:
+    """Re-plan a d_lhs einsum knowing which reductions of the block's dx are already paid.
+
+    The partial input-gradients of one block (dq, dk, dv -> dx; gate and up -> dx) are summed
+    and reduced once (see `_add_comms`), so once one projection pays the AllReduce (or
+    ReduceScatter) of dx over some axes, the next one's reduction over them is free — and the
+    option that reduces becomes the cheap one. Without this each einsum would choose alone
+    (e.g. gather dk and W_k rather than reduce), which neither XLA nor a fused projection does.
+    """
+    if not bl.options or not bl.options[0].out.name.startswith("dx"):
+        return bl
+    prefix = block.split("/")[0]
+    paid = {
+        (k[2], k[3]): v
+        for k, v in counted.items()
+        if len(k) == 5 and k[0] == prefix and k[1] == bl.options[0].out.name and k[4] == "backward"
+    }
+    if not paid:
+        return bl
+
+    def comm_paid(kind: CollectiveKind, b: Any, axes: tuple[str, ...]) -> Any:
+        t = comm(kind, b, axes)
+        m = paid.get((kind, tuple(axes)))
+        return t if m is None else np.where(m, 0.0, t)
+
+    return plan_einsum(
+        bl.lhs,
+        bl.rhs,
+        bl.out,
+        sizes,
+        mesh_sizes,
+        comm_paid,
+        peak_flops_per_s=peak,
+        hbm_bw_bytes_per_s=hbm,
+        phase="backward",
+        check_divisible=False,
+        trusted=trusted,
+    )
+
+
+# The last projection of each layer type: its output only feeds the residual stream.
+LAST_PROJECTIONS = ("mlp/down", "moe/down", "moe/shared/down")
 
 
 def _add_comms(

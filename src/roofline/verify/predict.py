@@ -50,6 +50,7 @@ from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System, parse_system
 from roofline.training import (
+    LAST_PROJECTIONS,
     Plan,
     _add_comms,
     _op_specs,
@@ -57,6 +58,7 @@ from roofline.training import (
     _shard,
     _sizes,
     _spec,
+    merged_dlhs,
     structure_of,
 )
 
@@ -315,7 +317,7 @@ def predict_train_step(
             f"n_layers={n_layers}", rule="a program has at least one layer", fix="use --layers 1"
         )
     dt = _dtype_name(dtype)
-    rows, structure, rules, mesh_sizes, pricing_label = _planned_rows(
+    rows, structure, rules, mesh_sizes, pricing = _planned_rows(
         model, deg.mesh_axes(), int(batch), int(seq), dt, int(n_layers), bool(remat), system
     )
     choices = dict(choices or {})
@@ -348,11 +350,24 @@ def predict_train_step(
                 _override(e, choices.get((op.name, lab)))
                 for e, lab in zip(planned, _LABELS, strict=True)
             )
+            # the same re-planning the training cost does once a block's dx reduction is paid
+            bl = merged_dlhs(
+                bl,
+                block,
+                sizes,
+                mesh_sizes,
+                pricing.comm,
+                counted,
+                pricing.peak_flops_per_s,
+                pricing.hbm_bw_bytes_per_s,
+                trusted=False,
+            )
             einsums.append((op.name, fwd, bl, br))
+            rc_op = (
+                0.0 if op.name in LAST_PROJECTIONS else rc_all
+            )  # remat skips the last projection
             flops[op.name] = copies * (
-                _f(fwd.flops_per_chip) * (1 + rc_all)
-                + _f(bl.flops_per_chip)
-                + _f(br.flops_per_chip)
+                _f(fwd.flops_per_chip) * (1 + rc_op) + _f(bl.flops_per_chip) + _f(br.flops_per_chip)
             )
             for label, ep in zip(_LABELS, (fwd, bl, br), strict=True):
                 for c in ep.best.comms:
@@ -360,7 +375,7 @@ def predict_train_step(
                     mult = copies
                     if c.phase == "forward" and any(k in added for k in ("tp_f", "act_f")):
                         mult *= (
-                            1 + rc_all
+                            1 + rc_op
                         )  # the remat recompute repeats forward activation collectives
                     if not added:
                         once.append(
@@ -472,7 +487,7 @@ def predict_train_step(
         "remat": remat,
         "fused_qkv": fused_qkv,
         "capacity_factor": capacity_factor,
-        "pricing": pricing_label,
+        "pricing": pricing.label,
         "d_model": model.d_model,
         "moe": model.moe is not None,
         "choices": {f"{k[0]}:{k[1]}": v for k, v in choices.items()},
@@ -563,7 +578,7 @@ def _planned_rows(
                 check_divisible=False,
             )
         rows.append((op, sizes, planned))
-    return tuple(rows), structure, rules, mesh_sizes, pricing.label
+    return tuple(rows), structure, rules, mesh_sizes, pricing
 
 
 def _override(ep: EinsumPlan, index: int | None) -> EinsumPlan:
