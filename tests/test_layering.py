@@ -25,16 +25,17 @@ STAGES = {
     "mesh": 4,
     "collectives": 4,
     "sharding": 4,
-    "training": 5,
-    "planner": 5,
-    "verify": 6,
-    "report": 7,
+    "cost": 5,
+    "training": 6,
+    "planner": 6,
+    "verify": 7,
+    "report": 8,
     # plain formatting helpers that import nothing from roofline: usable at any stage
     "report.table": 0,
     "report.jsonout": 0,
-    "cli": 8,
-    "__main__": 8,
-    "__init__": 9,
+    "cli": 9,
+    "__main__": 9,
+    "__init__": 10,
 }
 
 

@@ -319,8 +319,9 @@ def test_planner_single_structure_equals_each_plans_own(plan, remat, msp):
     that must give exactly what each plan's own minimal structure gives."""
     import numpy as np
 
+    from roofline.cost import Structure
     from roofline.rules import Strategy
-    from roofline.training import Structure, candidates_of, evaluate_plans, structure_of
+    from roofline.training import candidates_of, evaluate_plans, structure_of
 
     m = load_model("llama-3.1-405b")
     s = parse_system("h100:16384")

@@ -17,7 +17,7 @@ Deviations recognised (see `DEVIATIONS` for the explanation each one prints):
 |---|---|
 | equal-cost-alternative | re-planning one einsum with another option the algebra costed (`EinsumPlan.options`) removes the difference |
 | allreduce-plus-slice-for-reducescatter | an all-reduce over the same axes and bytes where the algebra has a reduce-scatter |
-| separate-qkv-backward-allreduce | an extra reduction of dx in the attention block, the size of the one the algebra merged (`training._add_comms`) |
+| separate-qkv-backward-allreduce | an extra reduction of dx in the attention block, the size of the one the algebra merged (`cost.add_comms`) |
 | separate-gate-up-backward-allreduce | the same in the MLP block (W_gate and W_up are two matmuls) |
 | fsdp-regather-in-backward | a weight all-gathered again (size of a predicted weight gather) — no remat, under scan, or XLA's choice |
 | fsdp-reuse-in-backward | a predicted backward weight gather that XLA skipped (kept the forward's) |

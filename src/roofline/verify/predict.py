@@ -2,12 +2,12 @@
 
 The prediction is read off the *same* ledger rows, rules and sharded-einsum algebra the
 training cost uses (`roofline.training`): for every matmul row of `build_ledger(model)` the
-specs come from `training._op_specs` under `training._rules(structure_of(plan))`, and
+specs come from `cost.op_specs` under `cost.rules_of(structure_of(plan))`, and
 `sharding.plan_training_einsum` picks the forward, d_lhs and d_rhs options. Which of the
 chosen options' collectives are counted once (x gathered once for Q, K and V; the partial
 dx of one block reduced once; an FSDP weight gathered once per step when nothing is
-rematerialised) is decided by `training._add_comms` itself, called one collective at a
-time. The extra collectives `_core` adds outside the einsums are mirrored with the same
+rematerialised) is decided by `cost.add_comms` itself, called one collective at a
+time. The extra collectives `layer_terms` adds outside the einsums are mirrored with the same
 tensors: context-parallel K/V gathers (`sp_base`) and MoE dispatch/combine all-to-alls
 (`ep_base`), with the multiplicities `evaluate_plans` gives them (forward + remat +
 backward). Nothing here re-derives a formula; the only arithmetic is the multiplicity of
@@ -41,6 +41,16 @@ from typing import Any
 import numpy as np
 
 from roofline.collectives import CollectiveKind, collective_cost
+from roofline.cost import (
+    LAST_PROJECTIONS,
+    add_comms,
+    merged_dlhs,
+    op_sizes,
+    op_specs,
+    rules_of,
+    shard_factor,
+    spec_of,
+)
 from roofline.errors import SpecError, VerifyError
 from roofline.ledger import Causal, DtypePolicy, OpKind, Tensor, build_ledger
 from roofline.memory import Remat, RematKind
@@ -49,18 +59,7 @@ from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees
 from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training_einsum
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System, parse_system
-from roofline.training import (
-    LAST_PROJECTIONS,
-    Plan,
-    _add_comms,
-    _op_specs,
-    _rules,
-    _shard,
-    _sizes,
-    _spec,
-    merged_dlhs,
-    structure_of,
-)
+from roofline.training import Plan, structure_of
 
 # CollectiveKind (algebra) -> HLO opcode name (observed side)
 HLO_KIND = {
@@ -71,7 +70,7 @@ HLO_KIND = {
     CollectiveKind.PERMUTE: "collective-permute",
 }
 
-# the buckets `training._add_comms` adds time to (all start at zero)
+# the buckets `cost.add_comms` adds time to (all start at zero)
 _BUCKET_KEYS = (
     "fsdp_f",
     "fsdp_b",
@@ -294,7 +293,7 @@ def predict_train_step(
 
     Same arguments as `roofline.verify.program.build_train_step` (the optimizer does not
     matter: its update is local). `fused_qkv` changes nothing here: the training cost
-    already reduces the partial dx of Q, K and V once (`_add_comms`, merge_reductions).
+    already reduces the partial dx of Q, K and V once (`add_comms`, merge_reductions).
     `system`: see `Pricing`. `choices` overrides the algebra's pick for some einsums,
     {(ledger row, "forward" | "d_lhs" | "d_rhs"): option index} (how `diff` tests whether
     XLA took one of the alternatives the algebra costed).
@@ -338,7 +337,7 @@ def predict_train_step(
     ]
     if structure.kv_replicated:
         notes.append(
-            f"kv_heads={m.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (training._rules)"
+            f"kv_heads={m.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (cost.rules_of)"
         )
 
     for op, sizes, planned in rows:
@@ -402,14 +401,14 @@ def predict_train_step(
                     else:
                         colls.append(_pc(op.name, label, c, mult, ep))
         elif op.kind == OpKind.ATTENTION:
-            sh = _f(_shard(op.out.dims, rules, False, mesh_sizes))
+            sh = _f(shard_factor(op.out.dims, rules, False, mesh_sizes))
             fl = op.flops / op.count * B / op.sizes["batch"] / sh
             flops[op.name] = copies * fl * (1 + rc_ae + 2)
             if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
-                # training._core sp_base: K and V gathered along the sequence (forward + remat),
+                # cost.layer_terms sp_base: K and V gathered along the sequence (forward + remat),
                 # reduce-scattered in the backward pass
                 for t in (op.inputs[1], replace(op.inputs[1], name="v")):
-                    s = _spec(t, rules)
+                    s = spec_of(t, rules)
                     b = _f(s.local_bytes(sizes, mesh_sizes))
                     shard = str(replace(s, axes=_with_seq(s)))
                     colls.append(
@@ -425,7 +424,7 @@ def predict_train_step(
                             copies * (1 + rc_ae),
                             shard,
                             str(s),
-                            "context parallelism: K/V gathered along the sequence (training._core sp_base)",
+                            "context parallelism: K/V gathered along the sequence (cost.layer_terms sp_base)",
                         )
                     )
                     colls.append(
@@ -441,14 +440,14 @@ def predict_train_step(
                             copies,
                             str(s),
                             shard,
-                            "context parallelism: dK/dV reduce-scattered along the sequence (training._core sp_base)",
+                            "context parallelism: dK/dV reduce-scattered along the sequence (cost.layer_terms sp_base)",
                         )
                     )
         if op.name == "moe/up" and Strategy.EP in structure.active:
-            # training._core ep_base: dispatch and combine AllToAll over the expert axis,
+            # cost.layer_terms ep_base: dispatch and combine AllToAll over the expert axis,
             # forward (+ remat) and backward: ep_base * (2 * (1 + rc_all) + 2)
             xe = Tensor("xe", ("experts", "capacity", "embed"), op.inputs[0].dtype)
-            s = _spec(xe, rules)
+            s = spec_of(xe, rules)
             b = _f(s.local_bytes(sizes, mesh_sizes))
             for label, phase, n in (
                 ("dispatch", "forward", 1 + rc_all),
@@ -469,7 +468,7 @@ def predict_train_step(
                         copies * n,
                         "[tokens, embed] sharded over the batch axes",
                         str(s),
-                        "MoE dispatch/combine over the expert axis (training._core ep_base)",
+                        "MoE dispatch/combine over the expert axis (cost.layer_terms ep_base)",
                     )
                 )
 
@@ -532,9 +531,9 @@ def predict_train_step(
 
 _LABELS = ("forward", "d_lhs", "d_rhs")
 _ONCE_WHY = {
-    CollectiveKind.ALL_GATHER: "the same array gathered the same way once per phase (training._add_comms)",
-    CollectiveKind.ALL_REDUCE: "partial input-gradients of one block summed, then reduced once (training._add_comms)",
-    CollectiveKind.REDUCE_SCATTER: "partial input-gradients of one block summed, then reduced once (training._add_comms)",
+    CollectiveKind.ALL_GATHER: "the same array gathered the same way once per phase (cost.add_comms)",
+    CollectiveKind.ALL_REDUCE: "partial input-gradients of one block summed, then reduced once (cost.add_comms)",
+    CollectiveKind.REDUCE_SCATTER: "partial input-gradients of one block summed, then reduced once (cost.add_comms)",
 }
 
 
@@ -554,7 +553,7 @@ def _planned_rows(
     m = model.with_(n_layers=n_layers)
     rk = Remat(RematKind.FULL) if remat else Remat(RematKind.NONE)
     structure = structure_of(Plan(deg, remat=rk), m)
-    rules = _rules(structure, m)
+    rules = rules_of(structure, m)
     mesh_sizes = {AXIS_OF[s]: float(getattr(deg, s.value)) for s in Strategy}
     pricing = make_pricing(dict(mesh_axes), dt, system)
     led = build_ledger(m, batch=1, seq=seq, causal=Causal.FULL, dtypes=DtypePolicy(dt, dt, dt))
@@ -562,10 +561,10 @@ def _planned_rows(
     for op in led:
         if op.name in _SKIPPED_ROWS:
             continue
-        sizes = {k: _f(v) for k, v in _sizes(op, np.asarray(float(batch))).items()}
+        sizes = {k: _f(v) for k, v in op_sizes(op, np.asarray(float(batch))).items()}
         planned = None
         if op.kind == OpKind.MATMUL:
-            lhs, rhs, out_s = _op_specs(op, rules)
+            lhs, rhs, out_s = op_specs(op, rules)
             planned = plan_training_einsum(
                 lhs,
                 rhs,
@@ -606,7 +605,7 @@ def _with_seq(s: Spec) -> tuple[tuple[str, ...], ...]:
 
 
 def _counted(ep: EinsumPlan, c: Comm, block: str, counted: dict) -> tuple[dict[str, float], bool]:
-    """Ask `training._add_comms` whether this one collective is counted, in which bucket, and
+    """Ask `cost.add_comms` whether this one collective is counted, in which bucket, and
     whether it is a backward re-gather of a forward FSDP gather (`fsdp_b_dup`).
 
     The collective is priced at 1 (a marker) so that a zero-cost collective still shows up.
@@ -614,7 +613,7 @@ def _counted(ep: EinsumPlan, c: Comm, block: str, counted: dict) -> tuple[dict[s
     out = {k: np.zeros(1) for k in _BUCKET_KEYS}
     o = replace(ep.best, comms=(replace(c, time_s=1.0),))
     single = replace(ep, options=(o,), choice=0)
-    _add_comms(single, block, 1.0, out, counted, True)
+    add_comms(single, block, 1.0, out, counted, True)
     added = {k: _f(v) for k, v in out.items() if k != "fsdp_b_dup" and _f(v) != 0.0}
     return added, _f(out["fsdp_b_dup"]) > 0
 
