@@ -464,13 +464,15 @@ def plan_training(
 
     runner = next((c for c in top[1:] if shape(c) != shape(top[0])), None)
     if runner is None:
+        # find it on the ranked arrays (shape from the degrees alone), then cost only that one
+        want = shape(top[0])
         for _score, gi, i, *_ in flat[len(top) :]:
             st, cand, _r = results[gi]
-            plan = _plan_from(st, cand, i, space, opt)
-            sysm = systems[int(cand.system_idx[i])]
-            c = evaluate_plan(model, sysm, workload, plan, efficiency=eff)
-            if shape(c) != shape(top[0]):
-                runner = c
+            d = {s_: int(cand.deg[s_][i]) for s_ in Strategy}
+            n = systems[int(cand.system_idx[i])].n_chips
+            if (d[Strategy.TP] > 1, d[Strategy.SP] > 1, d[Strategy.PP] > 1, d[Strategy.EP] > 1, n) != want:
+                plan = _plan_from(st, cand, i, space, opt)
+                runner = evaluate_plan(model, systems[int(cand.system_idx[i])], workload, plan, efficiency=eff)
                 break
     why = _why(top[0], runner, objective, tie_tolerance)
     feasible = {sy.name: int(np.sum(A["chips"] == sy.n_chips)) for sy in systems}
