@@ -20,7 +20,7 @@ import numpy as np
 from roofline.collectives import CollectiveKind, collective_cost
 from roofline.errors import PlanError
 from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
-from roofline.memory import Remat, RematKind
+from roofline.memory import Remat, RematKind, saved_tensors
 from roofline.mesh import Mesh, make_mesh
 from roofline.rules import AXIS_OF, Degrees, Rules, Strategy, rules_for
 from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training_einsum
@@ -630,31 +630,28 @@ def saved_local_bytes(
     if kind in (RematKind.FULL, RematKind.CHECKPOINTS):
         n = 1 if kind == RematKind.FULL else remat.n
         x = spec_of(
-            Tensor("x", ("batch", "seq", "embed"), led.ops[1].out.dtype), rules, block_io=True
+            Tensor("x", ("batch", "seq", "embed"), (led.ops[0].out.dtype if led.ops else "bf16")),
+            rules,
+            block_io=True,
         )
         return n * x.local_bytes(
             {"batch": seqs_mb, "seq": led.sizes["seq"], "embed": model.d_model}, mesh
         )
     total: Any = 0.0
-    seen: set[tuple[str, str]] = set()
-    for op in led:
-        if op.name in ("embed", "unembed", "norms"):
-            continue
-        blk = op.name.split("/")[0]
-        if kind == RematKind.MATMULS:
-            ts = [op.out] if op.kind == OpKind.MATMUL else []
-        else:
-            ts = [t for t in op.inputs if not t.is_param] + (
-                [op.out] if op.kind == OpKind.MATMUL else []
-            )
-        for t in ts:
-            if t.name in ("s", "p") or (blk, t.name) in seen:
-                continue
-            seen.add((blk, t.name))
-            total = (
-                total
-                + spec_of(t, rules).local_bytes(op_sizes(op, seqs_mb), mesh)
-                * op.count
-                / model.n_layers
-            )
+    for op, t in saved_tensors(led, remat):
+        total = (
+            total
+            + spec_of(t, rules).local_bytes(op_sizes(op, seqs_mb), mesh) * op.count / model.n_layers
+        )
+    if (
+        kind == RematKind.NONE
+    ):  # the normalised copies of x the norms keep (as memory.py counts them)
+        x = spec_of(
+            Tensor("x", ("batch", "seq", "embed"), (led.ops[0].out.dtype if led.ops else "bf16")),
+            rules,
+            block_io=True,
+        )
+        total = total + model.norms_per_layer * x.local_bytes(
+            {"batch": seqs_mb, "seq": led.sizes["seq"], "embed": model.d_model}, mesh
+        )
     return total

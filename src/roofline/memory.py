@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from roofline.errors import SpecError
-from roofline.ledger import Ledger, OpKind
+from roofline.ledger import Ledger, Op, OpKind, Tensor
 from roofline.units import dtype_bytes
 
 
@@ -100,28 +100,16 @@ def parse_optimizer(name: str | OptimizerPolicy) -> OptimizerPolicy:
     return OPTIMIZERS[key]
 
 
-_ATTN_PROBS = {"s", "p"}  # score/probability matrices: never stored with flash attention
+def saved_tensors(ledger: Ledger, remat: Remat) -> list[tuple[Op, Tensor]]:
+    """The activations one layer keeps for its backward pass under NONE or MATMULS remat.
 
-
-def saved_activation_bytes_per_token(
-    ledger: Ledger, remat: Remat, *, flash_attention: bool = True
-) -> float:
-    """Bytes per token kept for the backward pass, all layers (divide by nothing: unsharded).
-
-    NONE: every distinct activation input of a per-layer row (deduplicated by block and
-    name), without the T×S score matrices under flash attention. MATMULS: the outputs of
-    the weight matmuls. FULL / CHECKPOINTS: N·D per layer (book: 2·B·T·D·L at bf16).
-    The ledger must have been built for batch = seq = 1 token or the result is per B·T.
+    NONE: every distinct activation input of a per-layer row plus the weight matmuls' outputs
+    (deduplicated by block and name); MATMULS: the weight matmuls' outputs only. Tensors that
+    never reach HBM (flash attention's scores) are not kept. FULL/CHECKPOINTS keep N copies of
+    the layer input instead (see `saved_activation_bytes_per_token`).
     """
-    led_tokens = ledger.sizes.get("batch", 1) * ledger.sizes.get("seq", 1)
-    m = ledger.model
-    act_b = dtype_bytes(ledger.ops[0].out.dtype) if ledger.ops else 2.0
-    if remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS):
-        assert m is not None
-        n = 1 if remat.kind == RematKind.FULL else remat.n
-        return n * m.d_model * m.n_layers * act_b
-    total = 0.0
-    seen: set[tuple[str, str, float]] = set()
+    out: list[tuple[Op, Tensor]] = []
+    seen: set[tuple[str, str]] = set()
     for op in ledger:
         if op.name in ("embed", "unembed", "norms"):
             continue
@@ -133,13 +121,31 @@ def saved_activation_bytes_per_token(
                 [op.out] if op.kind == OpKind.MATMUL else []
             )
         for t in tensors:
-            if flash_attention and t.name in _ATTN_PROBS:
+            if t.on_chip or (block, t.name) in seen:
                 continue
-            key = (block, t.name, op.count)
-            if key in seen:
-                continue
-            seen.add(key)
-            total += t.nbytes(op.sizes) * op.count
+            seen.add((block, t.name))
+            out.append((op, t))
+    return out
+
+
+def saved_activation_bytes_per_token(
+    ledger: Ledger, remat: Remat, *, flash_attention: bool = True
+) -> float:
+    """Bytes per token kept for the backward pass, all layers (unsharded).
+
+    FULL / CHECKPOINTS: N·D per layer (book: 2·B·T·D·L at bf16); NONE and MATMULS: the
+    tensors of `saved_tensors` (NONE adds the normalised copies of x the norms keep).
+    The ledger must have been built for batch = seq = 1 token or the result is per B·T.
+    (`flash_attention` is a property of the ledger: build it with flash=False to keep scores.)
+    """
+    led_tokens = ledger.sizes.get("batch", 1) * ledger.sizes.get("seq", 1)
+    m = ledger.model
+    act_b = dtype_bytes(ledger.ops[0].out.dtype) if ledger.ops else 2.0
+    if remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS):
+        assert m is not None
+        n = 1 if remat.kind == RematKind.FULL else remat.n
+        return n * m.d_model * m.n_layers * act_b
+    total = sum(t.nbytes(op.sizes) * op.count for op, t in saved_tensors(ledger, remat))
     if remat.kind == RematKind.NONE:
         assert m is not None
         total += m.d_model * act_b * m.norms_per_layer * m.n_layers  # normalised copies of x

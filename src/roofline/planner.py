@@ -470,9 +470,17 @@ def plan_training(
             st, cand, _r = results[gi]
             d = {s_: int(cand.deg[s_][i]) for s_ in Strategy}
             n = systems[int(cand.system_idx[i])].n_chips
-            if (d[Strategy.TP] > 1, d[Strategy.SP] > 1, d[Strategy.PP] > 1, d[Strategy.EP] > 1, n) != want:
+            if (
+                d[Strategy.TP] > 1,
+                d[Strategy.SP] > 1,
+                d[Strategy.PP] > 1,
+                d[Strategy.EP] > 1,
+                n,
+            ) != want:
                 plan = _plan_from(st, cand, i, space, opt)
-                runner = evaluate_plan(model, systems[int(cand.system_idx[i])], workload, plan, efficiency=eff)
+                runner = evaluate_plan(
+                    model, systems[int(cand.system_idx[i])], workload, plan, efficiency=eff
+                )
                 break
     why = _why(top[0], runner, objective, tie_tolerance)
     feasible = {sy.name: int(np.sum(A["chips"] == sy.n_chips)) for sy in systems}
