@@ -387,3 +387,38 @@ def test_bad_deadline(capsys):
         main(["train", "--model", "llama-3-8b", "--system", "h100:64", "--deadline", "soon"]) == 2
     )
     assert "cannot read duration" in capsys.readouterr().err
+
+
+def test_efficiency_profile_file(tmp_path, capsys):
+    from roofline.errors import SpecError
+    from roofline.specs.efficiency import load_efficiency
+
+    good = tmp_path / "mine.toml"
+    good.write_text('matmul = 0.6\nhbm = 0.8\nlink = 0.7\nsource = "measured on my cluster"\n')
+    eff = load_efficiency(good)
+    assert (eff.name, eff.matmul) == ("mine", 0.6)
+    s, w, p = parse_system("h100:64"), Workload(2**20, 4096), parse_plan("fsdp=64,remat=full")
+    slow = evaluate_plan(MODEL, s, w, p, efficiency=eff)
+    fast = evaluate_plan(MODEL, s, w, p)
+    assert slow.compute_time_s > fast.compute_time_s and slow.efficiency.name == "mine"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("matmul = 1.5\nhbm = 0.8\nlink = 0.7\n")
+    with pytest.raises(SpecError, match="fractions in"):
+        load_efficiency(bad)
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "llama-3-8b",
+                "--system",
+                "h100:64",
+                "--plan",
+                "fsdp=64",
+                "--efficiency",
+                str(bad),
+            ]
+        )
+        == 2
+    )
+    assert "Traceback" not in capsys.readouterr().err
