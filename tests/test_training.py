@@ -422,3 +422,39 @@ def test_efficiency_profile_file(tmp_path, capsys):
         == 2
     )
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_train_plot_writes_the_breakdown_chart(tmp_path, capsys):
+    out = tmp_path / "plans.png"
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "llama-3-8b",
+                "--system",
+                "h100:64",
+                "--top",
+                "3",
+                "--plot",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "llama-3-8b",
+                "--system",
+                "h100:64",
+                "--plot",
+                str(tmp_path / "x.bmp"),
+            ]
+        )
+        == 2
+    )
+    assert "image extension" in capsys.readouterr().err

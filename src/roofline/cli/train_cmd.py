@@ -81,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--deadline",
         help="find the fewest chips (of the system's chip type) that finish --tokens by then, e.g. 30d, 720h",
     )
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="save the step-time and memory breakdown of the listed plans (.png, .svg, .pdf)",
+    )
     add_json(p)
 
 
@@ -125,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
         sysm = _system_for_plan(system, plan.degrees.n_chips)
         cost = evaluate_plan(model, sysm, work, plan, efficiency=eff, assume_mfu=args.assume_mfu)
         result = cost.to_dict()
+        if args.plot:
+            from roofline.report.plots import plan_breakdown_chart
+
+            plan_breakdown_chart([cost], args.plot, title=f"{model.name}: {plan.describe()}")
         return emit(
             args,
             NAME,
@@ -152,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
         progress=None if args.json else terminal_progress(sys.stderr),
         space=SearchSpace(),
     )
+    if args.plot:
+        from roofline.report.plots import plan_breakdown_chart
+
+        plan_breakdown_chart(
+            res.top, args.plot, title=f"{model.name}: top plans by {res.objective}"
+        )
     return emit(args, NAME, inputs, res.to_dict(), _render_search(model, system, work, res))
 
 

@@ -139,3 +139,68 @@ def roofline_chart(points: Any, chip: Chip, path: str | Path, *, title: str | No
 
 
 __all__ = ["roofline_chart", "FORMATS"]
+
+
+def plan_breakdown_chart(plans: Any, path: str | Path, *, title: str | None = None) -> Path:
+    """Two panels for ranked training plans: where the step time goes (compute, exposed
+    communication by kind, pipeline bubble, optimizer) and where the memory per chip goes
+    (params, grads, optimizer state, activations, temporaries) against the chip's HBM.
+
+    `plans` are `training.StepCost`s (the planner's top list); presentation only.
+    """
+    out = _check_path(path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plans = list(plans)
+    labels = [
+        f"#{i + 1} {p.plan.describe().split(',microbatch')[0]}\n{p.system.n_chips} chips"
+        for i, p in enumerate(plans)
+    ]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 1.2 + 0.9 * len(plans)))
+    y = list(range(len(plans)))[::-1]
+
+    time_parts = [("compute", lambda p: p.compute_time_s)]
+    kinds = sorted({k for p in plans for k, v in p.exposed_time_s.items() if v > 0})
+    time_parts += [
+        (f"exposed {k}", (lambda k: lambda p: p.exposed_time_s.get(k, 0.0))(k)) for k in kinds
+    ]
+    time_parts += [
+        ("bubble", lambda p: p.bubble_time_s),
+        ("optimizer", lambda p: p.optimizer_time_s),
+    ]
+    left = [0.0] * len(plans)
+    for i, (name, get) in enumerate(time_parts):
+        vals = [get(p) for p in plans]
+        if not any(vals):
+            continue
+        ax_t.barh(
+            y, vals, left=left, color=_COLORS[i % len(_COLORS)] if i else "tab:gray", label=name
+        )
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax_t.set_yticks(y, labels, fontsize=8)
+    ax_t.set_xlabel("seconds per step")
+    ax_t.set_title("step time")
+    ax_t.legend(fontsize=8, loc="lower right")
+
+    mem_keys = ("params", "grads", "optimizer", "activations", "temporaries")
+    left = [0.0] * len(plans)
+    for i, k in enumerate(mem_keys):
+        vals = [p.memory_breakdown.get(k, 0.0) / 1e9 for p in plans]
+        ax_m.barh(y, vals, left=left, color=_COLORS[i % len(_COLORS)], label=k)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    hbm = max(p.system.chip.hbm_bytes for p in plans) / 1e9
+    ax_m.axvline(hbm, color="black", linestyle="--", linewidth=1)
+    ax_m.text(hbm, max(y) + 0.45, f" HBM {hbm:.0f} GB", fontsize=8, va="bottom")
+    ax_m.set_yticks(y, [""] * len(plans))
+    ax_m.set_xlabel("GB per chip (1 GB = 1e9 B)")
+    ax_m.set_title("memory per chip")
+    ax_m.legend(fontsize=8, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
