@@ -7,6 +7,7 @@ the critical intensity peak/bandwidth, and each op as a labelled point.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -141,6 +142,10 @@ def roofline_chart(points: Any, chip: Chip, path: str | Path, *, title: str | No
 __all__ = ["roofline_chart", "FORMATS"]
 
 
+def _exposed(p: Any, kind: str) -> float:
+    return p.exposed_time_s.get(kind, 0.0)
+
+
 def plan_breakdown_chart(plans: Any, path: str | Path, *, title: str | None = None) -> Path:
     """Two panels for ranked training plans: where the step time goes (compute, exposed
     communication by kind, pipeline bubble, optimizer) and where the memory per chip goes
@@ -164,9 +169,7 @@ def plan_breakdown_chart(plans: Any, path: str | Path, *, title: str | None = No
 
     time_parts = [("compute", lambda p: p.compute_time_s)]
     kinds = sorted({k for p in plans for k, v in p.exposed_time_s.items() if v > 0})
-    time_parts += [
-        (f"exposed {k}", (lambda k: lambda p: p.exposed_time_s.get(k, 0.0))(k)) for k in kinds
-    ]
+    time_parts += [(f"exposed {k}", functools.partial(_exposed, kind=k)) for k in kinds]
     time_parts += [
         ("bubble", lambda p: p.bubble_time_s),
         ("optimizer", lambda p: p.optimizer_time_s),
