@@ -358,7 +358,8 @@ def evaluate_plans(
     act_layer = np.choose(r_idx, [core[f"saved_{i}"][inv] for i in range(len(remat_list))])
     in_flight = np.where(pp > 1, np.where(cand.schedule == 0, M, np.minimum(M, pp)), 1.0)
     acts = act_layer * np.ceil(model.n_layers / pp) * in_flight  # the fullest stage
-    temps = np.where(reuse, 0.0, g("one_layer")) + g("logits") + g("gathered")
+    # without remat the forward's gathered weights stay alive until their backward pass
+    temps = np.where(reuse, g("gathered_all"), g("one_layer") + g("gathered")) + g("logits")
     mem = {
         "params": p_bytes,
         "grads": g_bytes,
