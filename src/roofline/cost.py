@@ -499,7 +499,9 @@ def layer_terms(
     # two layers' gathered weights in flight (prefetch double buffer) ...
     out["gathered"] = np.where(fsdp_on, 2 * weight_gathered / model.n_layers, 0.0)
     # ... or, when the backward pass reuses the forward's gathers (no remat), every layer's of the stage
-    out["gathered_all"] = np.where(fsdp_on, weight_gathered * np.ceil(model.n_layers / pp) / model.n_layers, 0.0)
+    out["gathered_all"] = np.where(
+        fsdp_on, weight_gathered * np.ceil(model.n_layers / pp) / model.n_layers, 0.0
+    )
     for i, r in enumerate(remat_list):
         out[f"saved_{i}"] = np.broadcast_to(
             np.asarray(saved_local_bytes(led, r, rules, seqs_mb, mesh_sizes, model), float), (n,)

@@ -16,6 +16,24 @@ def add_json(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_wraparound(p: argparse.ArgumentParser) -> None:
+    """--wraparound / --no-wraparound: force rings or open lines on every ICI axis (default: the book's rule)."""
+    wrap = p.add_mutually_exclusive_group()
+    wrap.add_argument(
+        "--wraparound",
+        dest="wraparound",
+        action="store_true",
+        default=None,
+        help="force a ring on every ICI axis",
+    )
+    wrap.add_argument(
+        "--no-wraparound",
+        dest="wraparound",
+        action="store_false",
+        help="force open lines on every ICI axis",
+    )
+
+
 def emit(
     args: argparse.Namespace,
     command: str,

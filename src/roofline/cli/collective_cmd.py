@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from roofline.cli._common import add_json, emit
+from roofline.cli._common import add_json, add_wraparound, emit
 from roofline.collectives import CollectiveKind, collective_cost, parse_collective_kind
 from roofline.errors import PlanError, ShardingError, SpecError
 from roofline.mesh import Mesh, make_mesh
@@ -79,20 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FRACTION",
         help="AllToAll: fraction actually sent (MoE top-k: min(k/N,1))",
     )
-    wrap = p.add_mutually_exclusive_group()
-    wrap.add_argument(
-        "--wraparound",
-        dest="wraparound",
-        action="store_true",
-        default=None,
-        help="force a ring on every ICI axis",
-    )
-    wrap.add_argument(
-        "--no-wraparound",
-        dest="wraparound",
-        action="store_false",
-        help="force open lines on every ICI axis",
-    )
+    add_wraparound(p)
     add_json(p)
 
 

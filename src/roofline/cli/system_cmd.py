@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from roofline.cli._common import add_json, emit
+from roofline.cli._common import add_json, add_wraparound, emit
 from roofline.collectives import CollectiveKind, collective_cost
 from roofline.mesh import make_mesh
 from roofline.report.table import kv, table
@@ -38,20 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--price", type=float, default=None, metavar="USD", help="override the price per chip-hour"
     )
-    wrap = p.add_mutually_exclusive_group()
-    wrap.add_argument(
-        "--wraparound",
-        dest="wraparound",
-        action="store_true",
-        default=None,
-        help="force a ring on every ICI axis",
-    )
-    wrap.add_argument(
-        "--no-wraparound",
-        dest="wraparound",
-        action="store_false",
-        help="force open lines on every ICI axis",
-    )
+    add_wraparound(p)
     add_json(p)
 
 
