@@ -458,3 +458,18 @@ def test_train_plot_writes_the_breakdown_chart(tmp_path, capsys):
         == 2
     )
     assert "image extension" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--batch-tokens", "1e30"], "beyond any training run"),
+        (["--tokens", "1e25"], "beyond any training run"),
+        (["--seq", "0"], "positive"),
+        (["--batch-tokens", "-5"], "positive"),
+    ],
+)
+def test_absurd_workloads_are_one_paragraph_errors(argv, match, capsys):
+    assert main(["train", "--model", "llama-3-8b", "--system", "h100:64", *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err

@@ -172,6 +172,17 @@ class Workload:
                 rule="a batch holds at least one sequence",
                 fix="raise --batch-tokens or lower --seq",
             )
+        for name, v, cap in (
+            ("batch_tokens", self.batch_tokens, 1e13),
+            ("seq_len", self.seq_len, 1e9),
+            ("tokens", self.total_tokens, 1e18),
+        ):
+            if not math.isfinite(v) or v > cap:
+                raise RooflineError(
+                    f"{name} = {v:g} is beyond any training run",
+                    rule=f"{name} is at most {cap:g}",
+                    fix=f"check the units of {name} (e.g. 4M tokens per step, 15T tokens per run)",
+                )
 
     @property
     def sequences(self) -> float:
