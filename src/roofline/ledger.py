@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -693,16 +693,6 @@ def count_params(model: ModelSpec) -> ParamCount:
     return ParamCount(sum(breakdown.values()), active, MappingProxyType(breakdown))
 
 
-def matmul_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token of the weight matmuls alone: 2 × active matmul params."""
-    return 2 * count_params(model).active - 2 * _nonmatmul_params(model)
-
-
-def _nonmatmul_params(model: ModelSpec) -> float:
-    led = build_ledger(model)
-    return sum(o.params for o in led if o.kind != OpKind.MATMUL)
-
-
 def forward_flops(
     model: ModelSpec,
     seq: float,
@@ -754,8 +744,3 @@ def kv_cache_bytes_per_token(
             share = min(1.0, model.sliding_window / context)  # type: ignore[operator]
         total += per_layer * share
     return total
-
-
-def iter_rows(ledgers: Iterable[Ledger]) -> Iterator[Op]:
-    for led in ledgers:
-        yield from led

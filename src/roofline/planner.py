@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -673,9 +673,6 @@ def terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:
         stream.flush()
 
     return show
-
-
-_ = (field, replace, Efficiency)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from roofline.rules import Degrees, Strategy, parse_degrees
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System
-from roofline.units import DAY, parse_quantity
+from roofline.units import DAY
 
 
 class Schedule(enum.StrEnum):
@@ -795,10 +795,3 @@ def assumed_mfu_run(
     flops = 6.0 * count_params(model).total * workload.total_tokens
     t = flops / (n_chips * peak_flops_per_s * mfu)
     return {"total_flops": flops, "run_time_s": t, "run_time_days": t / DAY}
-
-
-def parse_tokens(text: str | float) -> float:
-    return parse_quantity(text, what="tokens")
-
-
-_ = math

@@ -7,7 +7,6 @@ heads, K kv heads, H head dim, V vocab, E experts, k experts per token.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
@@ -253,7 +252,6 @@ def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
     return _load_named(key)
 
 
-_ = math  # (kept for formula helpers added later)
 __all__ = [
     "ModelSpec",
     "MoESpec",
