@@ -473,3 +473,36 @@ def test_absurd_workloads_are_one_paragraph_errors(argv, match, capsys):
     assert main(["train", "--model", "llama-3-8b", "--system", "h100:64", *argv]) == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err
+
+
+def test_chip_count_ranges_search_the_scale_family(capsys):
+    from roofline.cli.train_cmd import parse_chip_counts
+    from roofline.planner import systems_for_counts
+
+    assert parse_chip_counts("1024-8192") == (1024, 8192) and parse_chip_counts("64,128") == [
+        64,
+        128,
+    ]
+    gpus = systems_for_counts(parse_system("h100:8"), (64, 512))
+    assert [s.n_chips for s in gpus] == [64, 128, 256, 512]
+    tpus = systems_for_counts(parse_system("tpu-v5p:16x20x28"), (4000, 20000))
+    assert {4096, 8960, 17920} <= {s.n_chips for s in tpus}
+    with pytest.raises(PlanError, match="no tpu-v5p system has"):
+        systems_for_counts(parse_system("tpu-v5p:16x20x28"), [12345])
+    d = _json(
+        capsys,
+        [
+            "train",
+            "--model",
+            "llama-3-8b",
+            "--system",
+            "h100",
+            "--chips",
+            "64-256",
+            "--tokens",
+            "1T",
+            "--json",
+        ],
+    )
+    assert d["chips_used"] in (64, 128, 256) and "--chips" in d["sub_slice_note"]
+    assert main(["train", "--model", "llama-3-8b", "--system", "h100", "--chips", "9-3"]) == 2

@@ -147,6 +147,9 @@ class PlanResult:
     def sub_slice_note(self) -> str:
         """Why the best plan does not use the whole requested system (empty if it does)."""
         b = self.best.system
+        if self.requested_chips == 0:  # the user gave chip counts (--chips)
+            counts = ", ".join(s_.split("(")[-1].split(" ")[0] for s_ in self.systems)
+            return f"chip counts searched (--chips): {counts}; the best runs on {b.name} ({b.n_chips} chips)"
         if b.n_chips == self.requested_chips:
             return ""
         full = self.feasible_per_system.get(self.requested_system, 0)
@@ -179,6 +182,54 @@ class PlanResult:
             "search_time_s": self.search_time_s,
             "systems_considered": list(self.systems),
         }
+
+
+def systems_for_counts(system: System, chips: Sequence[int] | tuple[int, int]) -> list[System]:
+    """Systems of the same chip for a chip-count list [a, b, ...] or range (lo, hi).
+
+    GPUs: clusters of exactly those counts (a range: every node·2^k in it, plus its ends when
+    they are whole nodes). TPUs: the pod's sub-slices and 2, 4, 8 pods over DCN, kept when their
+    count is listed or within the range. An empty result is an error naming what exists.
+    """
+    rng = isinstance(chips, tuple) and len(chips) == 2
+    lo, hi = chips if rng else (min(chips), max(chips))
+    node = system.chip.nvlink_domain or 8
+    if not system.is_tpu:
+        if rng:
+            counts = {n for n in (lo, hi) if n % node == 0 or n < node}
+            n = node
+            while n <= hi:
+                if n >= lo:
+                    counts.add(n)
+                n *= 2
+        else:
+            counts = set(chips)
+        out = [
+            parse_system(
+                f"{system.chip.name}:{n}",
+                usd_per_chip_hour=system.usd_per_chip_hour,
+                sharp=system.sharp,
+            )
+            for n in sorted(counts)
+        ]
+    else:
+        fam = scale_family(
+            system,
+            max_factor=max(2, 2 ** math.ceil(math.log2(max(1, hi / max(system.n_chips, 1))))),
+        ) + [system]
+        seen: dict[int, System] = {}
+        for s_ in fam:
+            keep = lo <= s_.n_chips <= hi if rng else s_.n_chips in set(chips)
+            if keep and s_.n_chips not in seen:
+                seen[s_.n_chips] = s_
+        out = [seen[k] for k in sorted(seen)]
+    if not out:
+        raise PlanError(
+            f"no {system.chip.name} system has {f'between {lo} and {hi}' if rng else list(chips)} chips",
+            rule="TPU counts come from the pod's sub-slices and whole pods; GPU counts are whole nodes",
+            fix="widen --chips or omit it",
+        )
+    return out
 
 
 def sub_slices(system: System, max_count: int = 8) -> list[System]:
@@ -264,7 +315,7 @@ def plan_training(
         )
     systems = sub_slices(system) if allow_sub_slices else [system]
     if chips:
-        systems = [s for s in systems if s.n_chips in set(chips)] or [system]
+        systems = systems_for_counts(system, chips)
     rejected: Counter[str] = Counter()
     domains_txt: dict[str, str] = {}
     seqs = int(workload.sequences)
@@ -496,7 +547,7 @@ def plan_training(
         why,
         tuple(f"{s.name} ({s.n_chips} chips)" for s in systems),
         system.name,
-        system.n_chips,
+        0 if chips else system.n_chips,
         feasible,
     )
 

@@ -143,11 +143,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.deadline:
         return _deadline(args, model, system, work, eff, inputs)
-    chips = (
-        [int(parse_quantity(c, what="chips")) for c in args.chips.split(",")]
-        if args.chips
-        else None
-    )
+    chips = parse_chip_counts(args.chips) if args.chips else None
     res = plan_training(
         model,
         system,
@@ -168,6 +164,29 @@ def run(args: argparse.Namespace) -> int:
             res.top, args.plot, title=f"{model.name}: top plans by {res.objective}"
         )
     return emit(args, NAME, inputs, res.to_dict(), _render_search(model, system, work, res))
+
+
+def parse_chip_counts(text: str) -> tuple[int, int] | list[int]:
+    """'4096' or '4096,5120' (exact counts) or '1024-8192' (a range, inclusive)."""
+    t = str(text).strip()
+    if "-" in t and "," not in t:
+        lo_s, hi_s = t.split("-", 1)
+        lo, hi = int(parse_quantity(lo_s, what="chips")), int(parse_quantity(hi_s, what="chips"))
+        if not 0 < lo <= hi:
+            raise PlanError(
+                f"--chips {text}",
+                rule="a range LOW-HIGH with 0 < LOW <= HIGH",
+                fix="write e.g. --chips 1024-8192",
+            )
+        return (lo, hi)
+    out = [int(parse_quantity(c, what="chips")) for c in t.split(",") if c.strip()]
+    if not out or min(out) <= 0:
+        raise PlanError(
+            f"--chips {text}",
+            rule="chip counts are positive",
+            fix="write e.g. --chips 4096 or 4096,5120",
+        )
+    return out
 
 
 def parse_duration(text: str) -> float:
