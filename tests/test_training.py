@@ -506,3 +506,17 @@ def test_chip_count_ranges_search_the_scale_family(capsys):
     )
     assert d["chips_used"] in (64, 128, 256) and "--chips" in d["sub_slice_note"]
     assert main(["train", "--model", "llama-3-8b", "--system", "h100", "--chips", "9-3"]) == 2
+
+
+def test_overlap_ep_hides_expert_all_to_alls():
+    moe = load_model("mixtral-8x7b")
+    s, w = parse_system("h100:64"), Workload(2**21, 4096)
+    plain = evaluate_plan(moe, s, w, parse_plan("ep=8,fsdp=8,remat=full"))
+    hidden = evaluate_plan(moe, s, w, parse_plan("ep=8,fsdp=8,remat=full,overlap_ep=1"))
+    assert (
+        plain.exposed_time_s["ep"] > 0 and hidden.exposed_time_s["ep"] < plain.exposed_time_s["ep"]
+    )
+    assert hidden.comm_time_s["ep"] == pytest.approx(plain.comm_time_s["ep"])
+    assert (
+        "overlap_ep=1" in hidden.plan.describe() and parse_plan(hidden.plan.describe()).overlap_ep
+    )

@@ -58,6 +58,7 @@ class Plan:
     virtual_stages: int = 1  # interleaved schedule: model chunks per pipeline stage
     sequence_parallel: bool = False  # Megatron SP: TP AllReduce -> ReduceScatter + AllGather
     collective_matmul: bool = False  # overlap TP collectives with their matmuls
+    overlap_ep: bool = False  # hide the expert all-to-alls behind compute (DeepSeek's DualPipe)
     optimizer: OptimizerPolicy = field(default_factory=lambda: parse_optimizer("adam-bf16"))
 
     def describe(self) -> str:
@@ -82,6 +83,8 @@ class Plan:
             parts.append("megatron_sp=1")
         if self.collective_matmul:
             parts.append("collective_matmul=1")
+        if self.overlap_ep:
+            parts.append("overlap_ep=1")
         return ",".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +99,7 @@ class Plan:
             "virtual_stages": self.virtual_stages,
             "sequence_parallel": self.sequence_parallel,
             "collective_matmul": self.collective_matmul,
+            "overlap_ep": self.overlap_ep,
             "optimizer": self.optimizer.name,
             "mesh_axes": [list(a) for a in d.mesh_axes()],
         }
@@ -121,12 +125,14 @@ def parse_plan(text: str) -> Plan:
                 kw["sequence_parallel"] = v.lower() in ("1", "true", "yes", "on")
             elif k in ("collective_matmul", "cm"):
                 kw["collective_matmul"] = v.lower() in ("1", "true", "yes", "on")
+            elif k in ("overlap_ep", "dualpipe"):
+                kw["overlap_ep"] = v.lower() in ("1", "true", "yes", "on")
             elif k in ("optimizer", "opt"):
                 kw["optimizer"] = parse_optimizer(v)
             else:
                 raise PlanError(
                     f"unknown plan key {k!r}",
-                    rule="plan keys: dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, collective_matmul, optimizer",
+                    rule="plan keys: dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, collective_matmul, overlap_ep, optimizer",
                     fix='write e.g. --plan "fsdp=256,tp=4,microbatch=4,remat=full"',
                 )
         except ValueError:
@@ -208,6 +214,7 @@ class Candidates:
     )
     remat_idx: np.ndarray | None = None  # index into the remat list given to evaluate_plans
     collective_matmul: np.ndarray | None = None  # bool per candidate
+    overlap_ep: np.ndarray | None = None  # bool per candidate (default: exposed)
 
     def __len__(self) -> int:
         return len(self.microbatches)
@@ -349,7 +356,9 @@ def evaluate_plans(
     hidden = fsdp + g("grad_mb")
     fsdp_exposed = np.maximum(0.0, hidden - compute)
     tp_exposed = np.where(cm, np.maximum(0.0, tp - compute), tp)
-    t_mb = compute + tp_exposed + sp + ep + act + fsdp_exposed
+    oe = cand.overlap_ep if cand.overlap_ep is not None else np.zeros(n, dtype=bool)
+    ep_exposed = np.where(oe, np.maximum(0.0, ep - compute), ep)
+    t_mb = compute + tp_exposed + sp + ep_exposed + act + fsdp_exposed
 
     # ---- pipeline and step -------------------------------------------------------------
     v = np.where(cand.schedule == 2, cand.virtual, 1).astype(float)
@@ -382,7 +391,7 @@ def evaluate_plans(
     opt_t = (p_bytes * 2 + g_bytes + o_bytes * 2) / (chip.hbm_bw_bytes_per_s * eff.hbm)
 
     step = t_pipe + p2p + grad_step_exposed + opt_t
-    exposed_comm = (tp_exposed + sp + ep + act + fsdp_exposed) * M + p2p + grad_step_exposed
+    exposed_comm = (tp_exposed + sp + ep_exposed + act + fsdp_exposed) * M + p2p + grad_step_exposed
     n_chips = np.array([s.n_chips for s in systems], dtype=float)[sys_idx]
     model_flops = 6.0 * count_params(model).active * workload.batch_tokens
     peak = chip.peak("bf16")
@@ -403,7 +412,7 @@ def evaluate_plans(
         "grad_step": grad_step_exposed,
         "tp": tp_exposed * M,
         "sp": sp * M,
-        "ep": ep * M,
+        "ep": ep_exposed * M,
         "act": act * M,
         "pp": p2p,
     }
@@ -569,6 +578,7 @@ def candidates_of(plan: Plan) -> Candidates:
         np.array([plan.zero]),
         np.array([list(Schedule).index(plan.schedule)]),
         np.array([plan.virtual_stages]),
+        overlap_ep=np.array([plan.overlap_ep]),
     )
 
 
