@@ -20,7 +20,7 @@ import numpy as np
 from roofline.collectives import CollectiveKind, collective_cost
 from roofline.errors import PlanError
 from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
-from roofline.memory import Remat, RematKind, saved_tensors
+from roofline.memory import LAST_PROJECTIONS, Remat, RematKind, saved_tensors
 from roofline.mesh import Mesh, make_mesh
 from roofline.rules import AXIS_OF, Degrees, Rules, Strategy, rules_for
 from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training_einsum
@@ -108,21 +108,8 @@ class CommModel:
     per distinct placement, not once per mesh.
     """
 
-    def __init__(
-        self,
-        system: System,
-        mesh_keys: list,
-        inverse: np.ndarray,
-        meshes: list[Mesh | None],
-        eff: Efficiency,
-    ) -> None:
-        self.system, self.keys, self.inv, self.meshes, self.eff = (
-            system,
-            mesh_keys,
-            inverse,
-            meshes,
-            eff,
-        )
+    def __init__(self, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency) -> None:
+        self.inv, self.meshes, self.eff = inverse, meshes, eff
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self.pid: dict[str, np.ndarray] = {}
         self.sig_of: list[tuple] = []
@@ -336,7 +323,7 @@ def layer_terms(
     meshes = [m if isinstance(m, Mesh) else None for m in meshes_or_err]
     mesh_reason = np.array([(m if isinstance(m, str) else "") for m in meshes_or_err], dtype=object)
     reason_rows = mesh_reason[minv]
-    comm = CommModel(systems[0], list(mkeys), minv, meshes, eff)
+    comm = CommModel(minv, meshes, eff)
 
     seqs_mb = workload.sequences / M
     led = build_ledger(model, batch=1, seq=workload.seq_len, causal=workload.causal)
@@ -573,10 +560,6 @@ def merged_dlhs(
         check_divisible=False,
         trusted=trusted,
     )
-
-
-# The last projection of each layer type: its output only feeds the residual stream.
-LAST_PROJECTIONS = ("mlp/down", "moe/down", "moe/shared/down")
 
 
 def add_comms(

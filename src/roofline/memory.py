@@ -152,11 +152,18 @@ def saved_activation_bytes_per_token(
     return total / led_tokens
 
 
+# The last projection of each layer type: its output only feeds the residual stream, so a
+# rematerialised layer does not rerun it (the backward pass never reads it). The step cost
+# (cost.py) applies this; XLA does the same (docs/verify.md, fsdp=8 with remat).
+LAST_PROJECTIONS = ("mlp/down", "moe/down", "moe/shared/down")
+
+
 def recompute_flops_fraction(ledger: Ledger, remat: Remat) -> float:
     """Extra forward FLOPs in backward, as a fraction of forward FLOPs of the layers.
 
-    FULL/CHECKPOINTS rerun the layer (6 → 8 × params × tokens); MATMULS reruns attention
-    dot products and elementwise ops; NONE reruns nothing.
+    The book's rule (transformers.md): FULL/CHECKPOINTS rerun the layer (6 → 8 × params ×
+    tokens); MATMULS reruns attention dot products and elementwise ops; NONE reruns nothing.
+    This is an upper bound: the step cost skips `LAST_PROJECTIONS`, as compilers do.
     """
     if remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS):
         return 1.0

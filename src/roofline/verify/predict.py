@@ -42,7 +42,6 @@ import numpy as np
 
 from roofline.collectives import CollectiveKind, collective_cost
 from roofline.cost import (
-    LAST_PROJECTIONS,
     add_comms,
     merged_dlhs,
     op_sizes,
@@ -53,7 +52,7 @@ from roofline.cost import (
 )
 from roofline.errors import SpecError, VerifyError
 from roofline.ledger import Causal, DtypePolicy, OpKind, Tensor, build_ledger
-from roofline.memory import Remat, RematKind
+from roofline.memory import LAST_PROJECTIONS, Remat, RematKind
 from roofline.mesh import make_mesh as make_cost_mesh
 from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees
 from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training_einsum
