@@ -18,13 +18,13 @@ is asserted tightly and the book's value within the case tolerance, with the rea
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
 import pytest
 import yaml
+from _harness import check_answers
 
 from roofline.opexpr import parse_op
 from roofline.roofline import Bound, analyze, analyze_op, critical_batch, matmul_crossover_batch
@@ -217,17 +217,4 @@ def test_book_case(case_id: str) -> None:
     if case_id in SKIPPED:
         pytest.skip(SKIPPED[case_id])
     case = CASES[case_id]
-    got = COMPUTE[case_id](case)
-    tol = max(float(case["tolerance"]), 1e-9)
-    for key, want in case["answer"].items():
-        assert key in got, f"{case_id}: no computation for answer {key!r}"
-        if isinstance(want, str):
-            assert got[key] is True, f"{case_id}: formula {key} = {want!r} not confirmed by numbers"
-            continue
-        if (case_id, key) in BOOK_DIFFERS:
-            exact, rel, _why = BOOK_DIFFERS[(case_id, key)]
-            assert got[key] == pytest.approx(exact, rel=rel)
-        assert math.isfinite(got[key])
-        assert got[key] == pytest.approx(want, rel=tol), (
-            f"{case_id}: {key} = {got[key]:.6g}, book {want}"
-        )
+    check_answers(case_id, case, COMPUTE[case_id](case), BOOK_DIFFERS)

@@ -1272,9 +1272,8 @@ def verify_train_step(
     from roofline.verify.program import build_train_step
 
     t = time.time()
-    prog = build_train_step(
-        model,
-        plan,
+    # the program and the prediction take the same description of the step
+    step = dict(
         batch=batch,
         seq=seq,
         dtype=dtype,
@@ -1283,19 +1282,9 @@ def verify_train_step(
         fused_qkv=fused_qkv,
         capacity_factor=capacity_factor,
     )
+    prog = build_train_step(model, plan, **step)
     obs = observe(prog)
-    pred = predict_train_step(
-        model,
-        plan,
-        batch=batch,
-        seq=seq,
-        dtype=dtype,
-        n_layers=n_layers,
-        remat=remat,
-        fused_qkv=fused_qkv,
-        capacity_factor=capacity_factor,
-        system=system,
-    )
+    pred = predict_train_step(model, plan, **step, system=system)
     d = diff(
         pred, obs, final=final, bytes_tol=bytes_tol, flops_tol=flops_tol, program_notes=prog.notes
     )
