@@ -520,3 +520,13 @@ def test_overlap_ep_hides_expert_all_to_alls():
     assert (
         "overlap_ep=1" in hidden.plan.describe() and parse_plan(hidden.plan.describe()).overlap_ep
     )
+
+
+def test_planner_keeps_the_optimizer_and_flags_it_searched():
+    """Regression: plans rebuilt from the search arrays carry the chosen optimizer, not a shifted field."""
+    res = plan_training(
+        MODEL, parse_system("h100:64"), Workload(2**20, 4096), top_k=2, optimizer="adam-fp32-master"
+    )
+    for c in res.top:
+        assert c.plan.optimizer.name == "adam-fp32-master" and c.plan.overlap_ep is False
+        assert "overlap_ep" not in c.plan.describe()

@@ -632,14 +632,15 @@ def _plan_from(st: Structure, cand: Candidates, i: int, space: SearchSpace, opt)
     deg = Degrees(**{s.value: int(cand.deg[s][i]) for s in Strategy})
     return Plan(
         deg,
-        int(cand.microbatches[i]),
-        space.remats[int(cand.remat_idx[i])],
-        int(cand.zero[i]),
-        list(Schedule)[int(cand.schedule[i])],
-        int(cand.virtual[i]),
-        st.sequence_parallel,
-        bool(cand.collective_matmul[i]),
-        opt,
+        microbatches=int(cand.microbatches[i]),
+        remat=space.remats[int(cand.remat_idx[i])],
+        zero=int(cand.zero[i]),
+        schedule=list(Schedule)[int(cand.schedule[i])],
+        virtual_stages=int(cand.virtual[i]),
+        sequence_parallel=st.sequence_parallel,
+        collective_matmul=bool(cand.collective_matmul[i]),
+        overlap_ep=bool(cand.overlap_ep[i]) if cand.overlap_ep is not None else False,
+        optimizer=opt,
     )
 
 
