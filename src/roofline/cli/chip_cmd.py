@@ -94,11 +94,14 @@ def _rows(chip: Chip) -> list[tuple[str, str]]:
             ("host", "x".join(map(str, chip.host_topology)) or None),
         ]
     rows += [
-        ("NVLink per GPU, one way", _opt(chip.nvlink_bw_bytes_per_s, bps)),
-        ("NVLink domain", _opt(chip.nvlink_domain, lambda v: f"{v} GPUs")),
+        (f"{chip.scaleup_fabric} per GPU, one way", _opt(chip.nvlink_bw_bytes_per_s, bps)),
+        (f"{chip.scaleup_fabric} domain", _opt(chip.nvlink_domain, lambda v: f"{v} GPUs")),
+        ("GPUs per tray", _opt(chip.gpus_per_tray, str)),
         (
             "node egress",
-            _opt(chip.node_egress_bytes_per_s, lambda v: f"{bps(v)} per NVLink domain"),
+            _opt(
+                chip.node_egress_bytes_per_s, lambda v: f"{bps(v)} per {chip.scaleup_fabric} domain"
+            ),
         ),
         ("PCIe, one way", _opt(chip.pcie_bw_bytes_per_s, bps)),
         ("DCN per chip", _opt(chip.dcn_bw_bytes_per_s, bps)),

@@ -291,7 +291,11 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
     if "base" in data:
         base = check_str(f"chip file {origin}", "base", data.pop("base"))
         parent = load_chip(base)
-        merged = {k: v for k, v in parent.__dict__.items() if k not in ("aliases", "sources")}
+        merged = {
+            k: v
+            for k, v in parent.__dict__.items()
+            if v is not None and k not in ("aliases", "sources", "description")
+        }
         merged["peak_flops_per_s"] = dict(parent.peak_flops_per_s)
         merged.update({k: v for k, v in data.items() if k != "peak_flops_per_s"})
         merged["peak_flops_per_s"].update(data.get("peak_flops_per_s", {}))
