@@ -51,6 +51,15 @@ def is_file(path: str | Path) -> bool:
         return False
 
 
+def exists(path: str | Path) -> bool:
+    """True if anything exists at `path` (file, directory, device); never raises."""
+    try:
+        os.stat(path)
+        return True
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def is_dir(path: str | Path) -> bool:
     """True if `path` names an existing directory; never raises (see is_file)."""
     try:
@@ -227,7 +236,7 @@ def check_int(where: str, key: str, v: Any, lo: int = 1, hi: int | None = None) 
             key,
             v,
             f"{key} is a whole number {span}",
-            f"write {key} = {lo if lo > 0 else 0} style integers without quotes or decimals",
+            f"write {key} as a whole number without quotes or a decimal point, e.g. {key} = {max(lo, 1)}",
         )
     if v < lo or (hi is not None and v > hi):
         why = " (larger is not a physical size)" if hi is not None and v > hi else ""

@@ -52,6 +52,7 @@ from roofline.specs.catalog import (
     check_int,
     check_name_length,
     check_number,
+    check_str,
     is_file,
     read_toml,
 )
@@ -717,80 +718,130 @@ _TOML_KEYS = {
 _DIM_KEYS = {"name", "kind", "size", "bw_bytes_per_s", "wraparound", "hop_latency_s"}
 
 
+def _check_toml_values(raw: dict, where: str) -> dict:
+    """Type- and range-check the scalar keys of a system file (before any arithmetic)."""
+    out = dict(raw)
+    for k in ("name", "description", "base", "chip"):
+        if k in out:
+            out[k] = check_str(where, k, out[k])
+    for k in ("sharp", "wraparound"):
+        if k in out:
+            out[k] = check_bool(where, k, out[k])
+    if "nodes_per_leaf" in out:
+        out["nodes_per_leaf"] = check_int(
+            where, "nodes_per_leaf", out["nodes_per_leaf"], 1, MAX_CHIPS
+        )
+    if "usd_per_chip_hour" in out:
+        out["usd_per_chip_hour"] = check_number(
+            where, "usd_per_chip_hour", out["usd_per_chip_hour"], lo=0.0, lo_open=False, hi=1e5
+        )
+    tier_bw = out.get("tier_bw")
+    if tier_bw is not None:
+        if not isinstance(tier_bw, dict):
+            raise SpecError(
+                f"{where}: tier_bw must be a table",
+                fix="write [tier_bw] with e.g. spine = 25e9",
+            )
+        out["tier_bw"] = {
+            k: check_number(where, f"tier_bw.{k}", v, hi=MAX_BW_BYTES_PER_S)
+            for k, v in tier_bw.items()
+        }
+    if "dims" in out and (
+        not isinstance(out["dims"], list) or not all(isinstance(d, dict) for d in out["dims"])
+    ):
+        raise SpecError(
+            f"{where}: dims = {str(out['dims'])[:60]!r}",
+            rule="dims is a list of tables, one [[dims]] block per physical dim",
+            fix="write each dim as a [[dims]] block with name, kind, size and bw_bytes_per_s",
+        )
+    return out
+
+
+def _toml_dim(d: dict, i: int, chip: Chip, where: str) -> PhysDim:
+    bad = sorted(set(d) - _DIM_KEYS)
+    if bad:
+        raise SpecError(
+            f"{where}: dims[{i}] has unknown key {bad[0]!r}",
+            rule="dim keys are " + ", ".join(sorted(_DIM_KEYS)),
+            fix="rename or remove the key",
+        )
+    for req in ("name", "kind", "size", "bw_bytes_per_s"):
+        if req not in d:
+            raise SpecError(
+                f"{where}: dims[{i}] lacks {req!r}",
+                rule="every dim has name, kind, size and bw_bytes_per_s",
+                fix=f"add {req}",
+            )
+    at = f"{where}: dims[{i}]"
+    name = check_str(at, "name", d["name"], max_chars=64)
+    kinds = ", ".join(k.value for k in DimKind)
+    kind_text = check_str(at, "kind", d["kind"], max_chars=64).lower()
+    if kind_text not in {k.value for k in DimKind}:
+        raise SpecError(
+            f"{at} kind = {d['kind']!r}", rule="kind is one of " + kinds, fix="use one of those"
+        )
+    kind = DimKind(kind_text)
+    default_lat = {
+        DimKind.ICI: chip.ici_hop_latency_s,
+        DimKind.NVLINK: NVLINK_HOP_LATENCY_S,
+        DimKind.SCALEOUT: SCALEOUT_HOP_LATENCY_S,
+        DimKind.DCN: DCN_HOP_LATENCY_S,
+    }[kind]
+    return PhysDim(
+        name,
+        kind,
+        check_int(at, "size", d["size"], 1, MAX_CHIPS),
+        check_number(at, "bw_bytes_per_s", d["bw_bytes_per_s"], hi=MAX_BW_BYTES_PER_S),
+        check_bool(at, "wraparound", d.get("wraparound", False)),
+        check_number(
+            at, "hop_latency_s", d.get("hop_latency_s", default_lat), lo_open=False, hi=1.0
+        ),
+    )
+
+
 def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
     """Read a user system file; see specs/systems/example-custom.toml for the keys."""
-    raw = read_toml(path, "system")
     origin = str(path)
+    raw = read_toml(path, "system")
+    where = f"system file {origin}"
     unknown = sorted(set(raw) - _TOML_KEYS)
     if unknown:
         raise SpecError(
-            f"system file {origin}: unknown key {unknown[0]!r}",
+            f"{where}: unknown key {unknown[0]!r}",
             rule="keys are " + ", ".join(sorted(_TOML_KEYS)),
             fix="rename or remove the key",
         )
+    raw = _check_toml_values(raw, where)
     if "base" in raw:
-        system = _parse_spec_string(
-            str(raw["base"]), nodes_per_leaf=raw.get("nodes_per_leaf", nodes_per_leaf)
-        )
         if "dims" in raw:
             raise SpecError(
-                f"system file {origin} has both base and [[dims]]",
+                f"{where} has both base and [[dims]]",
                 rule="a system file either starts from a base spec or lists every dim",
                 fix="keep one of them",
             )
+        system = _parse_spec_string(
+            raw["base"], nodes_per_leaf=raw.get("nodes_per_leaf", nodes_per_leaf)
+        )
     else:
         if "chip" not in raw or "dims" not in raw:
             raise SpecError(
-                f"system file {origin} lacks {'chip' if 'chip' not in raw else 'dims'!r}",
+                f"{where} lacks {'chip' if 'chip' not in raw else 'dims'!r}",
                 rule='a system file gives `base = "h100:1024"` or both `chip` and a [[dims]] list',
                 fix="add it",
             )
         chip = load_chip(raw["chip"])
-        dims = []
-        for i, d in enumerate(raw["dims"]):
-            bad = sorted(set(d) - _DIM_KEYS)
-            if bad:
-                raise SpecError(
-                    f"system file {origin}: dims[{i}] has unknown key {bad[0]!r}",
-                    rule="dim keys are " + ", ".join(sorted(_DIM_KEYS)),
-                    fix="rename or remove the key",
-                )
-            for req in ("name", "kind", "size", "bw_bytes_per_s"):
-                if req not in d:
-                    raise SpecError(
-                        f"system file {origin}: dims[{i}] lacks {req!r}",
-                        rule="every dim has name, kind, size and bw_bytes_per_s",
-                        fix=f"add {req}",
-                    )
-            try:
-                kind = DimKind(str(d["kind"]).lower())
-            except ValueError:
-                raise SpecError(
-                    f"system file {origin}: dims[{i}] kind = {d['kind']!r}",
-                    rule="kind is one of " + ", ".join(k.value for k in DimKind),
-                    fix="use one of those",
-                ) from None
-            default_lat = {
-                DimKind.ICI: chip.ici_hop_latency_s,
-                DimKind.NVLINK: NVLINK_HOP_LATENCY_S,
-                DimKind.SCALEOUT: SCALEOUT_HOP_LATENCY_S,
-                DimKind.DCN: DCN_HOP_LATENCY_S,
-            }[kind]
-            dims.append(
-                PhysDim(
-                    str(d["name"]),
-                    kind,
-                    int(d["size"]),
-                    float(d["bw_bytes_per_s"]),
-                    bool(d.get("wraparound", False)),
-                    float(d.get("hop_latency_s", default_lat)),
-                )
+        if not raw["dims"]:
+            raise SpecError(
+                f"{where}: dims is empty",
+                rule="a system has at least one dim",
+                fix="add a [[dims]] block",
             )
+        dims = [_toml_dim(d, i, chip, where) for i, d in enumerate(raw["dims"])]
         dims = [d for d in dims if d.size > 1] or dims[:1]
         n = math.prod(d.size for d in dims)
         slices = math.prod(d.size for d in dims if d.kind is DimKind.DCN)
         system = System(
-            name=str(raw.get("name", path.stem)),
+            name=raw.get("name", path.stem),
             chip=chip,
             n_chips=n,
             dims=tuple(dims),
@@ -798,25 +849,15 @@ def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
             n_slices=slices,
             topology=tuple(d.size for d in dims),
         )
-    changes: dict[str, Any] = {}
-    if "name" in raw:
-        changes["name"] = str(raw["name"])
-    if "description" in raw:
-        changes["description"] = str(raw["description"])
+    changes = {k: raw[k] for k in ("name", "description") if k in raw}
     if changes:
         system = dataclasses.replace(system, **changes)
-    tier_bw = raw.get("tier_bw")
-    if tier_bw is not None and not isinstance(tier_bw, dict):
-        raise SpecError(
-            f"system file {origin}: tier_bw must be a table",
-            fix="write [tier_bw] with e.g. spine = 25e9",
-        )
     return _apply_options(
         system,
         sharp=raw.get("sharp"),
         usd_per_chip_hour=raw.get("usd_per_chip_hour"),
         wraparound=raw.get("wraparound"),
-        tier_bw=tier_bw,
+        tier_bw=raw.get("tier_bw"),
     )
 
 
