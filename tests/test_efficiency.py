@@ -301,3 +301,29 @@ def test_bad_top_level_and_unknown_names():
     with pytest.raises(UnknownNameError, match="datasheet"):
         load_profile("datashet-x")
     assert {"peak", "datasheet"} <= set(profile_names())
+
+
+def test_train_takes_a_profile_and_says_which(tmp_path):
+    import contextlib
+    import io
+    import json
+
+    from roofline.cli import main
+
+    args = ["train", "--model", "llama-3-8b", "--system", "v5p:8x8x8", "--batch-tokens", "4Mi"]
+    args += ["--seq", "4096", "--tokens", "1T", "--plan", "fsdp=512", "--json"]
+    out = {}
+    for prof in ("peak", "datasheet"):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main([*args, "--profile", prof]) == 0
+        out[prof] = json.loads(buf.getvalue())
+    assert out["peak"]["inputs"]["profile"]["name"] == "peak"
+    assert out["datasheet"]["inputs"]["profile"]["kind"] == "datasheet-only"
+    assert out["datasheet"]["step_time_s"] > out["peak"]["step_time_s"]
+    old = tmp_path / "old.toml"
+    old.write_text("matmul = 0.5\nhbm = 0.5\nlink = 0.5\n")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main([*args, "--efficiency", str(old)]) == 0  # the old spelling still works
+    assert json.loads(buf.getvalue())["inputs"]["profile"]["name"] == "old"
