@@ -8,7 +8,8 @@ local accelerator's microbenchmarks (`calibrate --device`) and published trainin
 (`calibrate --from-runs`).
 
 - Residuals are log(predicted / measured): a relative error, symmetric in over/under.
-- Parameters are searched in [0, 1] over their physical bounds (`efficiency.bounds_of`), by
+- Parameters are searched in [0, 1] over their physical bounds (`efficiency.bounds_of`; a
+  name may carry its chip family, 'hopper/mm_fraction.bf16'), by
   scipy's `least_squares` (trust-region reflective).
 - Identifiability, before fitting: the Jacobian of the residuals in those unit coordinates
   (central differences at the prior). A parameter whose column is ~0 moves no prediction
@@ -27,7 +28,14 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from roofline.specs.efficiency import bounds_of
+from roofline.specs.efficiency import Param
+from roofline.specs.efficiency import bounds_of as _bounds
+
+
+def bounds_of(name: str) -> Param:
+    """Bounds of a candidate; 'hopper/mm_fraction.bf16' names a family's parameter."""
+    return _bounds(name.rsplit("/", 1)[-1])
+
 
 # A column whose largest entry is below this moves no prediction by more than ~0.1% across
 # the parameter's whole bound range (linearised).
@@ -47,6 +55,9 @@ class Problem:
     prior: Mapping[str, float]
     labels: Mapping[str, Sequence[str]] = field(default_factory=dict)
     quantity: str = "time_s"
+    # which observations a parameter can move (None: all); lets the Jacobian perturb parameters
+    # with disjoint scopes (different chip families) in one evaluation
+    scope: Callable[[str], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         m = np.asarray(self.measured, float)
@@ -57,6 +68,9 @@ class Problem:
     @property
     def n(self) -> int:
         return len(self.ids)
+
+    def mask(self, name: str) -> np.ndarray:
+        return np.ones(self.n, bool) if self.scope is None else np.asarray(self.scope(name), bool)
 
     def errors(self, values: Mapping[str, float], idx: np.ndarray | None = None) -> np.ndarray:
         """Signed relative error predicted / measured - 1 of observations `idx`."""
@@ -78,11 +92,13 @@ class FitResult:
     at_bound: tuple[str, ...]
     error_before: np.ndarray  # predicted / measured - 1 at the prior (fit observations)
     error_after: np.ndarray
+    prior: dict[str, float] = field(default_factory=dict)  # the starting values
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "values": self.values,
+            "prior": self.prior,
             "fitted": list(self.fitted),
             "refused": [{"name": r.name, "reason": r.reason} for r in self.refused],
             "at_bound": list(self.at_bound),
@@ -121,6 +137,21 @@ def _residuals(problem: Problem, unit: _Unit, base: Mapping[str, float], idx: np
     return fun
 
 
+def _colors(problem: Problem, names: Sequence[str], idx: np.ndarray) -> list[list[int]]:
+    """Groups of parameters whose scopes (on `idx`) do not overlap: perturbed together."""
+    masks = [problem.mask(n)[idx] for n in names]
+    groups: list[tuple[list[int], np.ndarray]] = []
+    for j, m in enumerate(masks):
+        for members, used in groups:
+            if not np.any(used & m):
+                members.append(j)
+                used |= m
+                break
+        else:
+            groups.append(([j], m.copy()))
+    return [g for g, _ in groups]
+
+
 def jacobian(
     problem: Problem, names: Sequence[str], idx: np.ndarray, base: Mapping[str, float]
 ) -> np.ndarray:
@@ -128,13 +159,16 @@ def jacobian(
     unit = _Unit(names)
     fun = _residuals(problem, unit, base, idx)
     z0 = unit.to_z(base)
-    cols = []
-    for j in range(len(names)):
-        lo_z, hi_z = max(z0[j] - _STEP, 0.0), min(z0[j] + _STEP, 1.0)
+    J = np.zeros((len(idx), len(names)))
+    for group in _colors(problem, names, idx):
         za, zb = z0.copy(), z0.copy()
-        za[j], zb[j] = lo_z, hi_z
-        cols.append((fun(zb) - fun(za)) / (hi_z - lo_z))
-    return np.stack(cols, axis=1) if cols else np.zeros((len(idx), 0))
+        for j in group:
+            za[j], zb[j] = max(z0[j] - _STEP, 0.0), min(z0[j] + _STEP, 1.0)
+        diff = fun(zb) - fun(za)
+        for j in group:
+            rows = problem.mask(names[j])[idx]
+            J[rows, j] = diff[rows] / (zb[j] - za[j])
+    return J
 
 
 def identify(
@@ -206,20 +240,24 @@ def fit(
     ok, refused = identify(problem, names, idx, base)
     before = problem.errors(base, idx)
     if not ok:
-        return FitResult(base, (), refused, (), before, before, "nothing identifiable to fit")
+        return FitResult(
+            base, (), refused, (), before, before, dict(base), "nothing identifiable to fit"
+        )
     unit = _Unit(ok)
+    sparsity = np.stack([problem.mask(n)[idx] for n in ok], axis=1).astype(int)
     sol = least_squares(
         _residuals(problem, unit, base, idx),
         unit.to_z(base),
         bounds=(0.0, 1.0),
         loss=loss,
         f_scale=0.1,
+        jac_sparsity=None if problem.scope is None else sparsity,
+        x_scale=1.0,
     )
     values = unit.to_values(sol.x, base)
     at_bound = tuple(n for n, z in zip(ok, sol.x, strict=True) if z <= 1e-6 or z >= 1 - 1e-6)
-    return FitResult(
-        values, ok, refused, at_bound, before, problem.errors(values, idx), sol.message
-    )
+    after = problem.errors(values, idx)
+    return FitResult(values, ok, refused, at_bound, before, after, dict(base), sol.message)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from roofline.calibrate.fit import CrossValidation, FitResult
+from roofline.calibrate.fit import CrossValidation, FitResult, bounds_of
 from roofline.report.table import table
-from roofline.specs.efficiency import bounds_of
 
 
 def pct(x: float | None) -> str:
@@ -63,13 +62,13 @@ def by_kind(
     return table(rows, ("kernels", "n", "median |err| datasheet", "median |err| fitted"))
 
 
-def fit_table(r: FitResult, prior: dict[str, float]) -> str:
+def fit_table(r: FitResult) -> str:
     rows = []
     for n in r.fitted:
         b = bounds_of(n)
         flag = "at bound" if n in r.at_bound else ""
         rows.append(
-            (n, f"{prior[n]:.4g}", f"{r.values[n]:.4g}", f"[{b.lo:g}, {b.hi:g}] {b.unit}", flag)
+            (n, f"{r.prior[n]:.4g}", f"{r.values[n]:.4g}", f"[{b.lo:g}, {b.hi:g}] {b.unit}", flag)
         )
     out = table(rows, ("parameter", "before", "fitted", "bounds", "")) if rows else "nothing fitted"
     if r.refused:
@@ -87,24 +86,21 @@ def cv_table(cv: CrossValidation) -> str:
             f.n_test,
             apct(_med(f.error_before)),
             apct(_med(f.error_after)),
-            ", ".join(f.refused) or "—",
+            f"{len(f.fitted)} / {len(f.refused)}",
         )
         for f in cv.folds
     ]
-    rows.append(
-        (
-            "pooled held-out",
-            "",
-            len(cv.error_after),
-            apct(_med(cv.error_before)),
-            apct(_med(cv.error_after)),
-            "",
-        )
+    pooled = ("pooled held-out", "", len(cv.error_after), apct(_med(cv.error_before)))
+    rows.append((*pooled, apct(_med(cv.error_after)), ""))
+    head = (
+        f"held-out {cv.by}",
+        "train",
+        "test",
+        "median |err| before",
+        "after",
+        "fitted / refused",
     )
-    out = table(
-        rows,
-        (f"held-out {cv.by}", "train", "test", "median |err| before", "after", "refused in fold"),
-    )
+    out = table(rows, head)
     spread = cv.spread()
     if spread:
         srows = [

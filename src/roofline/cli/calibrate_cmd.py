@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--base", default="datasheet", help="profile to start from (default: datasheet)")
     p.add_argument("--out", help="write the fitted profile here (TOML, for --profile FILE)")
+    p.add_argument(
+        "--docs", metavar="FILE", help="--from-runs: write the CV tables into FILE between its markers"
+    )
     add_json(p)
 
 
@@ -100,7 +103,6 @@ def _device_text(cal, written: list[str], render) -> str:
             rates.append(f"{k.nbytes / m / 1e9:.3g} GB/s")
     pb, pa = cal.predicted_before_s, cal.predicted_after_s
     kinds = [k.kind.value for k in cal.kernels]
-    prior = {n: v for n, v in _prior(cal).items()}
     lines = [
         f"Device: {cal.device_kind} ({cal.platform}), chip {cal.chip.name}, JAX {cal.jax_version}",
         *[f"Note: {n}" for n in cal.notes],
@@ -111,7 +113,7 @@ def _device_text(cal, written: list[str], render) -> str:
         render.by_kind(kinds, cal.measured_s, pb, pa),
         "",
         f"Fitted parameters of family '{cal.after.family_for(cal.chip).family}':",
-        render.fit_table(cal.result, prior),
+        render.fit_table(cal.result),
         "",
         f"Profile: {cal.after.describe()} — {cal.after.source}",
     ]
@@ -119,29 +121,20 @@ def _device_text(cal, written: list[str], render) -> str:
     return "\n".join(lines)
 
 
-def _prior(cal) -> dict[str, float]:
-    from roofline.calibrate.params import prior_of
-
-    fam = cal.before.family_for(cal.chip)
-    return prior_of(cal.before, fam.family, list(cal.result.values))
-
-
 def _runs(args: argparse.Namespace) -> int:
+    from roofline.calibrate.runs import calibrate_from_runs, runs_text
+
     try:
-        from roofline.calibrate.runs import calibrate_from_runs, runs_text
-    except ImportError as e:  # the run readers live in roofline.validate (h3)
+        res = calibrate_from_runs(
+            args.from_runs, framework=args.framework, base=args.base, out=args.out, docs=args.docs
+        )
+    except ModuleNotFoundError as e:  # the run readers live in roofline.validate (h3)
+        if not (e.name or "").startswith("roofline.validate"):
+            raise
         raise SpecError(
-            f"calibrate --from-runs needs the measured-run readers ({e})",
-            rule="runs are read and predicted by roofline.validate",
+            f"calibrate --from-runs needs the measured-run readers of `roofline validate` ({e.name} is missing)",
+            rule="runs are read, mapped to plans and predicted by roofline.validate",
             fix="use a build that includes `roofline validate`",
         ) from None
-    res = calibrate_from_runs(
-        args.from_runs, framework=args.framework, base=args.base, out=args.out
-    )
-    return emit(
-        args,
-        NAME,
-        {"from_runs": args.from_runs, "framework": args.framework, "base": args.base},
-        res.to_dict(),
-        runs_text(res),
-    )
+    inputs = {"from_runs": args.from_runs, "framework": args.framework, "base": args.base}
+    return emit(args, NAME, inputs, res.to_dict(), runs_text(res))

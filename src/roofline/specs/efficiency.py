@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -173,6 +174,7 @@ class FamilyPhysics:
     link: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     wave_units: int | None = None  # None: the chip's sm_count (GPU) or cores_per_chip (TPU)
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    _keys: frozenset = field(init=False, repr=False, compare=False, default=frozenset())
 
     def params(self) -> dict[str, float]:
         """Flattened fittable parameters: {'mm_fraction.bf16': 0.78, 'k_half': 128, 'link.nvlink': .8, ...}."""
@@ -202,10 +204,12 @@ class FamilyPhysics:
                 plain[base] = v
         return replace(self, mm_fraction=MappingProxyType(mm), link=MappingProxyType(link), **plain)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_keys", frozenset(normalize(m) for m in self.match))
+
     def covers(self, chip: Any) -> bool:
-        names = {normalize(chip.name), normalize(getattr(chip, "generation", ""))}
-        names |= {normalize(a) for a in getattr(chip, "aliases", ())}
-        return any(normalize(m) in names for m in self.match)
+        keys = _chip_keys(chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ())))
+        return not self._keys.isdisjoint(keys)
 
     def mm_ceiling(self, dtype: str) -> float:
         d, seen = parse_dtype(dtype), set()
@@ -397,6 +401,11 @@ class Efficiency:
         return f"efficiency profile '{self.name}' ({kind}{fw})"
 
 
+@lru_cache(maxsize=4096)
+def _chip_keys(name: str, generation: str, aliases: tuple[str, ...]) -> frozenset:
+    return frozenset(normalize(x) for x in (name, generation, *aliases))
+
+
 def _tier(tier: str) -> str:
     t = str(tier).strip().lower().replace("-", "_")
     if t not in TIERS:
@@ -489,7 +498,7 @@ def default_profile(chip: Any) -> Efficiency:
 # -- files -------------------------------------------------------------------------
 
 _TOP_KEYS = {f.name for f in fields(Efficiency)} - {"families", "frameworks", "framework"}
-_FAMILY_KEYS = {f.name for f in fields(FamilyPhysics)} - {"family"}
+_FAMILY_KEYS = {f.name for f in fields(FamilyPhysics)} - {"family", "_keys"}
 
 
 def profile_from_dict(raw: Mapping[str, Any], origin: str) -> Efficiency:
