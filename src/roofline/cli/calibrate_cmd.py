@@ -46,7 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", default="datasheet", help="profile to start from (default: datasheet)")
     p.add_argument("--out", help="write the fitted profile here (TOML, for --profile FILE)")
     p.add_argument(
-        "--docs", metavar="FILE", help="--from-runs: write the CV tables into FILE between its markers"
+        "--docs",
+        metavar="FILE",
+        help="--from-runs: write the CV tables into FILE between its markers",
     )
     add_json(p)
 

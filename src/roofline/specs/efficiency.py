@@ -208,7 +208,9 @@ class FamilyPhysics:
         object.__setattr__(self, "_keys", frozenset(normalize(m) for m in self.match))
 
     def covers(self, chip: Any) -> bool:
-        keys = _chip_keys(chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ())))
+        keys = _chip_keys(
+            chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ()))
+        )
         return not self._keys.isdisjoint(keys)
 
     def mm_ceiling(self, dtype: str) -> float:
