@@ -124,13 +124,19 @@ def test_tpu_slice_larger_than_the_pod_has_no_shape():
     "rid,reason",
     [
         ("palm-540b-tpuv4-6144chip", "model dims not published"),
-        ("mpt-a100-40gb-bf16-70b-seq2048-64gpu", "chip not in catalog: A100-40GB"),
         ("megatron-h100-strong-gpt3-175b-4608gpu", "parallel layout not published"),
     ],
 )
 def test_unmappable_runs_say_why(training_entries, rid, reason):
     r = map_training_run(training_entries[rid])
     assert r.inputs is None and reason in r.skipped_reason
+
+
+def test_a_chip_family_the_catalog_lacks_is_a_skip_not_a_substitute(training_entries):
+    r = run_of(
+        training_entries, "mpt-h100-80gb-amp_bf16-1b-seq2048-8gpu", hardware__chip_family="XPU-9000"
+    )
+    assert r.inputs is None and r.skipped_reason.startswith("chip not in catalog: XPU-9000")
 
 
 def test_missing_batch_is_a_skip_not_a_traceback(training_entries):
