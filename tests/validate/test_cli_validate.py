@@ -52,10 +52,19 @@ def test_json_keys_on_any_file(capsys, small_file):
 
 def test_text_and_plot(capsys, small_file, tmp_path):
     out = tmp_path / "v.png"
-    assert main(["validate", "--runs", str(small_file), "--plot", str(out), "--show-defaults"]) == 0
+    argv = [
+        "validate",
+        "--runs",
+        str(small_file),
+        "--plot",
+        str(out),
+        "--show-defaults",
+        "--analysis",
+    ]
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert "Summary: covered 2/3" in text and "By source:" in text and "Not covered (1)" in text
-    assert "Defaults filled per run:" in text
+    assert "Defaults filled per run:" in text and "Error analysis" in text
     assert out.exists() and out.stat().st_size > 10_000
 
 

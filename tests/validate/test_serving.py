@@ -110,6 +110,22 @@ def test_metrics_are_scored_separately(serving_file):
     assert s["throughput"]["n"] == 0  # AIC measures no throughput
 
 
+def test_serving_plot_has_one_panel_per_metric(serving_file, tmp_path):
+    from roofline.validate.plot import plot_serving
+
+    def fake(run, *, efficiency):
+        m = run.measured
+        return {
+            "ttft_s": m.ttft_s and m.ttft_s * 1.1,
+            "tpot_s": m.tpot_s,
+            "output_tokens_per_s": None,
+        }
+
+    small = type(serving_file)(serving_file.path, serving_file.schema, serving_file.entries[:30])
+    out = plot_serving(validate(small, predictor=fake), tmp_path / "s.png")
+    assert out.stat().st_size > 10_000
+
+
 def test_entry_schema_of_non_mappings():
     assert entry_schema(3) is None and entry_schema({"id": "x"}) == Schema.TRAINING
     assert Metric("tpot") is Metric.TPOT
