@@ -218,3 +218,12 @@ def test_compute_dtype(text, dtype):
 )
 def test_published_remat(text, remat):
     assert published_remat(text) == remat
+
+
+def test_numeric_zero_stage_is_used_and_stage_3_is_fsdp(training_entries):
+    e = copy.deepcopy(training_entries["dgxc-2411-llama3.1-8b-bf16-128gpu"])
+    e["parallelism"]["zero_stage"] = 2
+    assert map_training_run(e).inputs.plan.zero == 2
+    e["parallelism"]["zero_stage"] = 3
+    d = map_training_run(e).inputs.plan.degrees
+    assert (d.dp, d.fsdp) == (1, 64)

@@ -142,6 +142,7 @@ def _render_training(
         table(
             rows,
             ["run", "source", "chip", "predicted tok/s/chip", "measured", "error", "measured as"],
+            align="lllrrrl",
         )
     )
     skipped = [r for r in runs if r["error"] is None]

@@ -424,14 +424,24 @@ def _chip_variant_note(hw: dict, chip: Any, notes: list[str]) -> None:
         )
 
 
+def _zero(p: dict, deg: dict[str, int], st: StackDefaults, over: Any, notes: list[str]) -> int:
+    """ZeRO stage over `dp`: a numeric `zero_stage` as published (3 = FSDP over dp), else the
+    document's or the stack's default."""
+    if (z := _num(p.get("zero_stage"))) is not None and 0 <= z <= 3:
+        return z
+    if over and over.zero is not None:
+        return over.zero
+    if deg["dp"] > 1:
+        notes.append(st.zero_why)
+    return st.zero
+
+
 def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
     over = DOCUMENTS.get(src.document)
     ways = deg["dp"] * deg["fsdp"] * deg["ep"]
     mb = _microbatches(p, gbs, ways, st, notes)
     remat = _remat(p, st, notes)
-    zero = over.zero if over and over.zero is not None else st.zero
-    if deg["dp"] > 1 and not (over and over.zero is not None):
-        notes.append(st.zero_why)
+    zero = _zero(p, deg, st, over, notes)
     parts = [f"{k}={deg[k]}" for k in ("dp", "fsdp", "tp", "sp", "ep", "pp") if deg[k] > 1] or [
         "dp=1"
     ]
