@@ -26,6 +26,7 @@ COMMANDS = (
     "matmul",
     "train",
     "verify",
+    "validate",
     "calibrate",
 )
 
