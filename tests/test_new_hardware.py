@@ -9,7 +9,7 @@ import pytest
 
 from roofline.errors import SpecError
 from roofline.specs.chip import CHIP_DIR, load_chip
-from roofline.specs.system import DimKind, parse_system
+from roofline.specs.system import DimKind, gpu_cluster, parse_system, tpu_slice
 
 NEW = ("a100-40gb", "h800", "h20", "b300", "gb300", "mi300x", "mi325x", "mi355x")
 
@@ -119,3 +119,43 @@ def test_hgx_style_nodes(spec):
     s = parse_system(spec)
     assert s.dims[-1].name == "nvlink" and s.dims[-1].size == 8
     assert s.n_chips == int(spec.split(":")[1])
+
+
+@pytest.mark.parametrize(
+    ("build", "spec"),
+    [
+        (lambda: tpu_slice("tpu-v5p", (4, 4, 8), slices=2), "2xtpu-v5p:4x4x8"),
+        (lambda: tpu_slice(load_chip("v5e"), (16, 16)), "tpu-v5e:16x16"),
+        (lambda: tpu_slice("tpu-v5e", (2, 4)), "tpu-v5e:2x4"),
+        (lambda: gpu_cluster("h100", 1024), "h100:1024"),
+        (lambda: gpu_cluster("h100", 4), "h100:4"),
+        (lambda: gpu_cluster("gb200", 256), "gb200:256"),
+        (lambda: gpu_cluster("mi300x", 64), "mi300x:64"),
+        (lambda: gpu_cluster("h100", 96, nodes_per_leaf=4), "h100:96"),
+    ],
+)
+def test_system_constructors_equal_the_parsed_spec(build, spec):
+    s = build()
+    nodes_per_leaf = 4 if spec == "h100:96" else None
+    assert s == parse_system(spec, nodes_per_leaf=nodes_per_leaf)
+    assert s.name == spec
+
+
+def test_system_constructor_options_and_errors():
+    s = gpu_cluster("h100", 64, sharp=True, usd_per_chip_hour=2.5)
+    assert s.sharp and s.usd_per_chip_hour == 2.5 and s.usd_per_hour == 160.0
+    assert tpu_slice("tpu-v5e", (4, 4), usd_per_chip_hour=0.0).usd_per_hour == 0.0
+    for bad in (
+        lambda: gpu_cluster("h100", 12),  # not whole nodes
+        lambda: gpu_cluster("h100", 0),
+        lambda: gpu_cluster("h100", 2**30),
+        lambda: gpu_cluster("h100", 8.0),
+        lambda: gpu_cluster("tpu-v5e", 8),
+        lambda: tpu_slice("h100", (2, 2)),
+        lambda: tpu_slice("tpu-v5e", (32, 16)),  # larger than the pod
+        lambda: tpu_slice("tpu-v5e", (4, 0)),
+        lambda: tpu_slice("tpu-v5e", "4x4"),
+        lambda: gpu_cluster("h100", 64, usd_per_chip_hour=float("nan")),
+    ):
+        with pytest.raises(SpecError):
+            bad()

@@ -135,6 +135,7 @@ def parse_quantity(text: str | float | int, *, what: str = "value") -> float:
                 rule="suffixes are k, M, B/G, T, P or Ki, Mi, Gi, Ti",
                 fix=f"write e.g. {what}=15T",
             )
+    value += 0.0  # -0 -> 0.0: a size of "-0" is zero, never printed as negative
     if not math.isfinite(value):
         raise SpecError(
             f"{what} is {value}", rule="values must be finite numbers", fix="give a finite number"

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from roofline.cli._common import add_json, add_wraparound, emit
+from roofline.cli._common import add_json, add_wraparound, emit, number_flag
 from roofline.collectives import CollectiveKind, collective_cost, parse_collective_kind
 from roofline.errors import PlanError, ShardingError, SpecError
 from roofline.mesh import Mesh, make_mesh
@@ -226,14 +226,21 @@ def run(args: argparse.Namespace) -> int:
         b = bytes_per_chip_for(kind, total, sharding, over, mesh)
         inputs.update(array=args.array, sharding=args.sharding, total_bytes=total)
     else:
-        b = parse_quantity(args.bytes, what="bytes")
-        inputs["bytes"] = args.bytes
-    cost = collective_cost(
-        kind, b, over, mesh, ragged_fraction=args.ragged, sharp_speedup=args.sharp_speedup
+        b = number_flag(args.bytes, "bytes", lo=0.0, lo_open=False, hi=1e18, example="32M")
+        inputs["bytes"] = b
+    ragged = number_flag(args.ragged, "ragged", hi=1.0, example="0.25")
+    speedup = (
+        None
+        if args.sharp_speedup is None
+        else number_flag(args.sharp_speedup, "sharp-speedup", hi=100.0, example="1.3")
     )
+    cost = collective_cost(kind, b, over, mesh, ragged_fraction=ragged, sharp_speedup=speedup)
     result = cost.to_dict()
     result["placement"] = mesh.describe()
     result["system"] = system.name
+    if cost.time_s <= 0:  # group of 1 or nothing to send: bytes / 0 s has no value
+        result["algo_bw_bytes_per_s"] = None
+        result["algo_bw_bytes_per_s_reason"] = "no communication (a group of 1 or 0 bytes): 0 s"
     bps = lambda v: fmt_rate(v, "B/s")  # noqa: E731
     text = kv(
         [
@@ -254,7 +261,10 @@ def run(args: argparse.Namespace) -> int:
                 if cost.latency_bound
                 else cost.bottleneck,
             ),
-            ("effective bandwidth", bps(cost.algo_bw_bytes_per_s)),
+            (
+                "effective bandwidth",
+                bps(cost.algo_bw_bytes_per_s) if cost.time_s > 0 else "- (no communication)",
+            ),
             ("latency-bound below", fmt_bytes(cost.latency_bound_below_bytes) + " per chip"),
         ]
     )

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 bps(r["bw_bytes_per_s"]),
                 wrap,
                 fmt_time(r["hop_latency_s"]),
-                bps(r["allgather_bytes_per_s"]),
+                "-" if r["allgather_bytes_per_s"] is None else bps(r["allgather_bytes_per_s"]),
             )
         )
     text = (

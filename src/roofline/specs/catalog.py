@@ -259,7 +259,7 @@ def check_number(
     rule = f"{key} is a finite number {span}"
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         raise _bad(where, key, v, rule, f"write {key} as a number without quotes, e.g. {key} = 1e9")
-    x = float(v)
+    x = float(v) + 0.0  # -0.0 -> 0.0 (a price of "-0.00" reads as negative)
     if not math.isfinite(x) or (x <= lo if lo_open else x < lo) or (hi is not None and x > hi):
         raise _bad(where, key, v, rule)
     return x

@@ -274,7 +274,11 @@ def _typed_fields(data: dict, where: str) -> None:
         if k in data:
             v = data[k]
             if not isinstance(v, list) or len(v) > 4:
-                check_int(where, k, v)  # raises with the rule for a list of whole numbers
+                raise SpecError(
+                    f"{where}: {k} = {str(v)[:40]}",
+                    rule=f"{k} is a list of up to 4 whole numbers (axis sizes)",
+                    fix=f"write e.g. {k} = [16, 16]",
+                )
             data[k] = tuple(check_int(where, f"{k}[{i}]", x, 1, 4096) for i, x in enumerate(v))
     if "sources" in data and not isinstance(data["sources"], dict):
         raise SpecError(f"{where}: sources must be a table", fix="write [sources] with key = text")

@@ -474,6 +474,11 @@ def _wraps(chip: Chip, size: int) -> bool:
 
 
 def _tpu_system(s: str, chip: Chip, shape: str | None, slices: int) -> System:
+    topo = _parse_topology(s, shape) if shape else tuple(chip.pod_topology)
+    return _tpu_slice(s, chip, topo, slices)
+
+
+def _tpu_slice(s: str, chip: Chip, topo: tuple[int, ...], slices: int) -> System:
     if chip.ici_link_bw_bytes_per_s is None or not chip.ici_axes:
         raise SpecError(
             f"system {s!r}: chip {chip.name!r} has no ICI numbers",
@@ -481,7 +486,6 @@ def _tpu_system(s: str, chip: Chip, shape: str | None, slices: int) -> System:
             fix="add them to the chip file",
         )
     pod = tuple(chip.pod_topology)
-    topo = _parse_topology(s, shape) if shape else pod
     if not topo:
         raise SpecError(
             f"system {s!r}: no topology given and chip {chip.name!r} has no pod_topology",
@@ -646,7 +650,10 @@ def _gpu_system(
             fix="add nvlink_bw_bytes_per_s (GPU) or ici_link_bw_bytes_per_s (TPU) to the chip file",
         )
     node = domain_override or chip.nvlink_domain or 8
-    n = _gpu_count(s, chip, shape, node)
+    return _gpu_cluster(s, chip, _gpu_count(s, chip, shape, node), node, nodes_per_leaf)
+
+
+def _gpu_cluster(s: str, chip: Chip, n: int, node: int, nodes_per_leaf: int | None) -> System:
     fabric = chip.scaleup_fabric
     if n <= node:
         desc = f"{n} {chip.name} in one {fabric} domain"
@@ -700,6 +707,73 @@ def _gpu_system(
         usd_per_chip_hour=chip.usd_per_hour,
         topology=(nodes, per),
         description=desc,
+    )
+
+
+def tpu_slice(
+    chip: Chip | str,
+    topology: tuple[int, ...],
+    *,
+    slices: int = 1,
+    usd_per_chip_hour: float | None = None,
+) -> System:
+    """A TPU slice (or `slices` of them over DCN) as an object: what `parse_system("2xtpu-v5p:4x4x8")`
+    gives, without formatting and re-parsing a string (the planner builds sub-slices this way)."""
+    chip = load_chip(chip)
+    if not isinstance(topology, (tuple, list)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in topology
+    ):
+        raise SpecError(
+            f"tpu_slice topology {topology!r}",
+            rule="a topology is a tuple of whole axis sizes, e.g. (4, 4, 8)",
+            fix="pass e.g. topology=(4, 4, 8)",
+        )
+    topo = tuple(topology)
+    slices = check_int("tpu_slice", "slices", slices, 1, MAX_SLICES)
+    name = ("" if slices == 1 else f"{slices}x") + f"{chip.name}:{'x'.join(map(str, topo))}"
+    for v in topo:
+        check_int(f"system {name!r}", "topology axis", v, 1, MAX_CHIPS)
+    if not (chip.is_tpu or chip.ici_axes):
+        raise SpecError(
+            f"tpu_slice: chip {chip.name!r} is not a TPU",
+            rule="a TPU slice needs a chip with ICI (ici_axes, ici_link_bw_bytes_per_s)",
+            fix=f"use gpu_cluster({chip.name!r}, n_gpus) for GPUs",
+        )
+    system = _tpu_slice(name, chip, topo, slices)
+    return _apply_options(
+        system, sharp=None, usd_per_chip_hour=usd_per_chip_hour, wraparound=None, tier_bw=None
+    )
+
+
+def gpu_cluster(
+    chip: Chip | str,
+    n_gpus: int,
+    *,
+    sharp: bool = False,
+    usd_per_chip_hour: float | None = None,
+    nodes_per_leaf: int | None = None,
+) -> System:
+    """A GPU cluster of `n_gpus` as an object: what `parse_system("h100:1024")` gives (same
+    checks, names and tiers), without formatting and re-parsing a string."""
+    chip = load_chip(chip)
+    n = check_int("gpu_cluster", "n_gpus", n_gpus, 1, MAX_CHIPS)
+    nodes_per_leaf = _option_int("nodes_per_leaf", nodes_per_leaf)
+    name = f"{chip.name}:{n}"
+    if chip.is_tpu or chip.ici_axes:
+        raise SpecError(
+            f"gpu_cluster: chip {chip.name!r} is a TPU",
+            rule="TPU systems are slices with a topology",
+            fix=f"use tpu_slice({chip.name!r}, topology) for TPUs",
+        )
+    if chip.nvlink_bw_bytes_per_s is None:
+        return _gpu_system(name, chip, str(n), None, nodes_per_leaf)  # raises the chip's error
+    system = _gpu_cluster(name, chip, n, chip.nvlink_domain or 8, nodes_per_leaf)
+    return _apply_options(
+        system,
+        sharp=_option_bool("sharp", sharp),
+        usd_per_chip_hour=usd_per_chip_hour,
+        wraparound=None,
+        tier_bw=None,
     )
 
 
@@ -871,6 +945,8 @@ __all__ = [
     "PhysDim",
     "System",
     "parse_system",
+    "tpu_slice",
+    "gpu_cluster",
     "system_files",
     "NVLINK_HOP_LATENCY_S",
     "SCALEOUT_HOP_LATENCY_S",
