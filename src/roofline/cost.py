@@ -4,15 +4,14 @@ The walk (`walk.py`) asks two questions for every record it yields, and this mod
 one place that answers them:
 
 - compute: seconds for an op's FLOPs and HBM bytes on the chip, through the efficiency
-  profile contract (`matmul_fraction`, `attention_fraction`, `vector_fraction`,
-  `hbm_fraction`): `ComputeModel`;
+  profile contract (`specs/efficiency.py`: `matmul_fraction` of the per-chip GEMM shape,
+  `attention_fraction`, `hbm_fraction`, `vector_fraction`): `ComputeModel`;
 - communication: seconds for a collective of given bytes over given mesh axes, on each
   candidate's own mesh placement (`collectives.unit_cost` priced once per distinct placement,
   scaled by `link_fraction` of the bounding tier): `CommModel`.
 
-Until the efficiency profile (`specs/efficiency.py`) grows the contract's methods, the
-adapters here read its constant fields (`matmul`, `hbm`, `link`); with a constant profile
-every number is the same either way.
+A constant profile (no chip family covers the chip) gives scalar fractions, so the walk skips
+the per-shape arithmetic; a physics profile prices every GEMM by its shape and dtype.
 """
 
 from __future__ import annotations
@@ -32,48 +31,14 @@ from roofline.specs.plan import OpClass
 from roofline.specs.system import System
 
 # Elementwise work runs on the vector units, about 1/20 of the matrix units' FLOP/s (book
-# tpus.md: the VPU vs the MXU); the efficiency profile's vector fraction applies on top.
+# tpus.md: the VPU vs the MXU); the chip's large-GEMM efficiency applies on top.
 VECTOR_SHARE_OF_MATMUL_PEAK = 0.05
 
 
-# -- efficiency profile adapters (the contract of docs/architecture.md) ------------------
-
-
-def matmul_fraction(
-    eff: Efficiency, chip: Chip, dtype: str, shape: GemmShape | None, grouped: bool
-) -> Any:
-    f = getattr(eff, "matmul_fraction", None)
-    if f is None or shape is None:
-        return eff.matmul
-    return f(chip, dtype, shape.m, shape.n, shape.k, grouped=grouped)
-
-
-def attention_fraction(
-    eff: Efficiency, chip: Chip, dtype: str, backward: bool, head_dim: float, causal: bool
-) -> Any:
-    f = getattr(eff, "attention_fraction", None)
-    return eff.matmul if f is None else f(chip, dtype, backward, head_dim, causal)
-
-
-def vector_fraction(eff: Efficiency, chip: Chip) -> Any:
-    f = getattr(eff, "vector_fraction", None)
-    return eff.matmul if f is None else f(chip)
-
-
-def hbm_fraction(eff: Efficiency, chip: Chip) -> Any:
-    f = getattr(eff, "hbm_fraction", None)
-    return eff.hbm if f is None else f(chip)
-
-
-def link_fraction(eff: Efficiency, chip: Chip, tier: str) -> Any:
-    f = getattr(eff, "link_fraction", None)
-    return eff.link if f is None else f(chip, tier)
-
-
-def shape_dependent(eff: Efficiency) -> bool:
-    """True when the profile's matmul efficiency depends on the GEMM shape (so the walk must
-    compute each op's per-chip GEMM; constant profiles skip that arithmetic)."""
-    return bool(getattr(eff, "shape_dependent", False))
+def shape_dependent(eff: Efficiency, chip: Chip) -> bool:
+    """True when the profile has physics for this chip, so efficiency depends on the GEMM
+    shape (the walk then computes each op's per-chip GEMM; constant profiles skip that)."""
+    return eff.family_for(chip) is not None
 
 
 class ComputeModel:
@@ -81,27 +46,39 @@ class ComputeModel:
 
     def __init__(self, chip: Chip, eff: Efficiency) -> None:
         self.chip, self.eff = chip, eff
-        self.hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * hbm_fraction(eff, chip)
+        self.shape_dependent = shape_dependent(eff, chip)
+        self.hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
+        # memory-bound elementwise / norm kernels reach their own fraction of HBM bandwidth
+        self.vector_hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * eff.vector_fraction(chip)
 
     def peak(self, dtype: str) -> float:
-        return self.chip.peak(dtype)
+        """The chip's dense peak in `dtype`; bf16 on a chip without bf16 units (V100) runs in
+        its 16-bit dtype."""
+        return self.chip.peak(dtype, fallback=self.chip.default_dtype if dtype == "bf16" else None)
 
-    def matmul_flops_per_s(self, dtype: str, shape: GemmShape | None = None, grouped=False) -> Any:
+    def large_gemm_fraction(self, dtype: str) -> float:
+        """The fraction a large, well-shaped GEMM reaches (the algebra ranks options with it)."""
+        return self.eff.for_chip(self.chip, dtype).matmul
+
+    def matmul_flops_per_s(
+        self, dtype: str, shape: GemmShape | None = None, grouped: bool = False
+    ) -> Any:
         """Achieved FLOP/s of a GEMM (dense or grouped expert GEMM) in `dtype`."""
-        return self.chip.peak(dtype) * matmul_fraction(self.eff, self.chip, dtype, shape, grouped)
+        if shape is None or not self.shape_dependent:
+            return self.peak(dtype) * self.large_gemm_fraction(dtype)
+        f = self.eff.matmul_fraction(self.chip, dtype, shape.m, shape.n, shape.k, grouped=grouped)
+        return self.peak(dtype) * f
 
     def attention_flops_per_s(self, dtype: str, backward: bool, head_dim: float) -> Any:
-        return self.chip.peak(dtype) * attention_fraction(
-            self.eff, self.chip, dtype, backward, head_dim, True
-        )
+        """Flash attention's achieved FLOP/s (causal kernel)."""
+        if not self.shape_dependent:
+            return self.peak(dtype) * self.large_gemm_fraction(dtype)
+        f = self.eff.attention_fraction(self.chip, dtype, backward, head_dim, True)
+        return self.peak(dtype) * float(f)
 
     def vector_flops_per_s(self, dtype: str) -> Any:
         """Elementwise FLOP/s: the vector units' share of the matrix peak."""
-        return (
-            self.chip.peak(dtype)
-            * vector_fraction(self.eff, self.chip)
-            * VECTOR_SHARE_OF_MATMUL_PEAK
-        )
+        return self.peak(dtype) * self.large_gemm_fraction(dtype) * VECTOR_SHARE_OF_MATMUL_PEAK
 
     def flops_per_s(self, op_class: OpClass, dtype: str, shape: GemmShape | None = None) -> Any:
         if op_class in (OpClass.DENSE_GEMM, OpClass.EXPERT_GEMM):
@@ -209,10 +186,8 @@ class CommModel:
                 m = self.meshes[first[c]]
                 assert m is not None
                 u = _unit(kind, present, ukey, m)
-                vals[c] = (
-                    u.latency_s,
-                    u.seconds_per_byte / link_fraction(self.eff, m.system.chip, u.tier),
-                )
+                link = self.eff.link_fraction(m.system.chip, u.tier)
+                vals[c] = (u.latency_s, u.seconds_per_byte / link)
             lat[vidx] = vals[where, 0]
             spb[vidx] = vals[where, 1]
         return lat[self.inv], spb[self.inv]

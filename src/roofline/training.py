@@ -91,6 +91,11 @@ __all__ = [
 MFU_PEAK_DTYPE = "bf16"
 
 
+def mfu_peak(chip: Any) -> float:
+    """The peak MFU is measured against: bf16, or the chip's 16-bit dtype where it has no bf16."""
+    return chip.peak(MFU_PEAK_DTYPE, fallback=chip.default_dtype)
+
+
 def model_flops(model: ModelSpec, tokens: Any) -> Any:
     """6·N·tokens with N the ACTIVE parameters (book transformers.md; MoE: top-k experts)."""
     return 6.0 * count_params(model).active * tokens
@@ -169,6 +174,7 @@ class StepArrays:
     bubble_time_s: np.ndarray
     bubble_fraction: np.ndarray
     optimizer_time_s: np.ndarray
+    overhead_time_s: np.ndarray  # the profile's fixed per-layer and per-step costs
     comm: Mapping[str, np.ndarray]  # raw time per overlap class per step
     exposed: Mapping[str, np.ndarray]  # exposed time per overlap group per step
     memory: Mapping[str, np.ndarray]
@@ -451,7 +457,9 @@ def _step(
     exposed = {}
     for g in EXPOSURE:
         exposed[g.name] = _exposed(g, sum(comm[c] for c in g.classes), compute, ctx)
-    t_mb = compute + sum(exposed.values())
+    # fixed costs of the profile: per layer per microbatch pass (forward and backward), per step
+    overhead_mb = eff.layer_overhead_s * 2 * np.ceil(model.n_layers / ctx.deg[Strategy.PP])
+    t_mb = compute + sum(exposed.values()) + overhead_mb
     t_pipe, bubble_t, bubble_frac = _pipeline(t_mb, ctx)
     hop = s.comm((Overlap.PIPELINE,), forward=True)
     p2p = 2 * hop * np.maximum(ctx.deg[Strategy.PP] - 1, 0)
@@ -460,11 +468,11 @@ def _step(
     mem = _memory(model, w, ctx, opt, _remats(w))
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm
     opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
-    step = t_pipe + p2p + grad_step_exposed + opt_t
+    step = t_pipe + p2p + grad_step_exposed + opt_t + eff.step_overhead_s
     exposed_comm = sum(exposed.values()) * M + p2p + grad_step_exposed
     n_chips = np.array([sy.n_chips for sy in systems], dtype=float)[ctx.sys_idx]
     mf = model_flops(model, workload.batch_tokens)
-    peak = chip.peak(MFU_PEAK_DTYPE)
+    peak = mfu_peak(chip)
     flops_mb = s.flops()
     comm_step = {c.value: v * M for c, v in comm.items()}
     comm_step[Overlap.GRAD_REDUCE_STEP.value] = grad_step
@@ -482,6 +490,7 @@ def _step(
         bubble_time_s=bubble_t,
         bubble_fraction=bubble_frac,
         optimizer_time_s=opt_t,
+        overhead_time_s=overhead_mb * M + eff.step_overhead_s,
         comm=comm_step,
         exposed=exposed_step,
         memory=mem.as_dict(),
@@ -494,7 +503,7 @@ def _step(
         infeasible=mesh_bad | over,
         reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.hbm_bytes),
         walk=w if keep else None,
-        terms=_terms(s, M, chip.peak(MFU_PEAK_DTYPE) * eff.matmul, grad_step),
+        terms=_terms(s, M, mfu_peak(chip) * eff.matmul, grad_step),
     )
 
 
@@ -550,14 +559,16 @@ class StepCost:
     model_flops: float
     efficiency: Efficiency
     collectives: tuple[dict, ...] = ()
+    overhead_time_s: float = 0.0  # the profile's fixed per-layer and per-step costs
 
     @property
     def terms(self) -> dict[str, float]:
-        """The step's terms by key: compute, bubble, optimizer, and "exposed:<group>"."""
+        """The step's terms by key: compute, bubble, optimizer, overhead, "exposed:<group>"."""
         out = {
             "compute": self.compute_time_s,
             "bubble": self.bubble_time_s,
             "optimizer": self.optimizer_time_s,
+            "overhead": self.overhead_time_s,
         }
         out.update({f"exposed:{k}": v for k, v in self.exposed_time_s.items()})
         return out
@@ -596,19 +607,14 @@ class StepCost:
             "bubble_fraction": self.bubble_fraction,
             "bubble_time_s": self.bubble_time_s,
             "optimizer_time_s": self.optimizer_time_s,
+            "overhead_time_s": self.overhead_time_s,
             "bottleneck": self.bottleneck,
             "run_time_s": self.run_time_s,
             "run_time_days": self.run_time_s / DAY,
             "run_cost_usd": self.run_cost_usd,
             "flops_per_chip_per_step": self.flops_per_chip,
             "model_flops_per_step": self.model_flops,
-            "efficiency": {
-                "name": e.name,
-                "matmul": e.matmul,
-                "hbm": e.hbm,
-                "link": e.link,
-                "source": e.source,
-            },
+            "efficiency": e.to_dict(),
             "collectives": list(self.collectives),
         }
 
@@ -676,7 +682,7 @@ def step_terms(
     eff = efficiency or PEAK
     r = _evaluate_one(model, system, workload, plan, eff, keep=False, ops=ops)
     out = {
-        "t_math_s": float(r.flops_per_chip[0]) / (system.chip.peak(MFU_PEAK_DTYPE) * eff.matmul),
+        "t_math_s": float(r.flops_per_chip[0]) / (mfu_peak(system.chip) * eff.matmul),
         "compute_time_s": float(r.compute_time_s[0]),
     }
     out.update({k: float(v[0]) for k, v in r.terms.items()})
@@ -762,7 +768,7 @@ def evaluate_plan(
     step, tokens_s, mfu, hfu = f(r.step_time_s), f(r.tokens_per_s), f(r.mfu), f(r.hfu)
     if assume_mfu is not None:
         mfu = hfu = check_mfu(assume_mfu)
-        step = r.model_flops / (system.n_chips * system.chip.peak(MFU_PEAK_DTYPE) * mfu)
+        step = r.model_flops / (system.n_chips * mfu_peak(system.chip) * mfu)
         tokens_s = workload.batch_tokens / step
     return StepCost(
         plan=plan,
@@ -774,6 +780,7 @@ def evaluate_plan(
         bubble_time_s=f(r.bubble_time_s),
         bubble_fraction=f(r.bubble_fraction),
         optimizer_time_s=f(r.optimizer_time_s),
+        overhead_time_s=f(r.overhead_time_s),
         comm_time_s=MappingProxyType({k: f(v) for k, v in r.comm.items()}),
         exposed_time_s=MappingProxyType({k: f(v) for k, v in r.exposed.items()}),
         memory_per_chip_bytes=f(r.memory_total),
@@ -888,7 +895,7 @@ class AssumedRun:
 
     @property
     def peak_flops_per_s(self) -> float:
-        return self.system.chip.peak(MFU_PEAK_DTYPE)
+        return mfu_peak(self.system.chip)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -914,7 +921,7 @@ def assumed_run(
     optimizer: str | OptimizerPolicy,
 ) -> AssumedRun:
     opt = parse_optimizer(optimizer)
-    est = assumed_mfu_run(model, workload, system.n_chips, system.chip.peak(MFU_PEAK_DTYPE), mfu)
+    est = assumed_mfu_run(model, workload, system.n_chips, mfu_peak(system.chip), mfu)
     params = count_params(model)
     need = minimum_memory_bytes(
         params.total, opt, model.d_model, model.n_layers, workload.batch_tokens

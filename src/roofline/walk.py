@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from roofline.collectives import CollectiveKind
-from roofline.cost import CommModel, ComputeModel, mesh_for, shape_dependent
+from roofline.cost import CommModel, ComputeModel, mesh_for
 from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
 from roofline.memory import NON_LAYER_ROWS, rerun_by, saved_bytes
 from roofline.mesh import Mesh
@@ -372,6 +372,18 @@ class AlgebraPricing:
     peak_flops_per_s: float
     hbm_bw_bytes_per_s: float
     vector_flops_per_s: float = 1.0
+    vector_hbm_bytes_per_s: float | None = None  # elementwise kernels' bandwidth (default: hbm)
+
+    def matmul_peak(self, dtype: str) -> float:
+        """The FLOP/s the algebra ranks an einsum's options with (a large GEMM in `dtype`)."""
+        if self.compute is None:
+            return self.peak_flops_per_s
+        return self.compute.matmul_flops_per_s(dtype)
+
+    def attention_peak(self, dtype: str, backward: bool, head_dim: float) -> Any:
+        if self.compute is None:
+            return self.peak_flops_per_s
+        return self.compute.attention_flops_per_s(dtype, backward, head_dim)
 
 
 @dataclass(frozen=True)
@@ -430,7 +442,7 @@ class _Walker:
                 plans[i] = _override(plans[i], idx)
         block = op.name.rsplit("/", 1)[0]
         if self.phase == Phase.TRAIN and self.opts.merge_reductions:
-            plans[1] = self.merged_dlhs(plans[1], block, sizes)
+            plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype)
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
         reruns = rerun_by(op)
@@ -448,7 +460,7 @@ class _Walker:
             p = self.pricing
             w = op.weight
             kw = dict(
-                peak_flops_per_s=p.peak_flops_per_s,
+                peak_flops_per_s=p.matmul_peak(dtype),
                 hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
                 check_divisible=False,
                 trusted=self.opts.trusted,
@@ -461,7 +473,7 @@ class _Walker:
                 self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
         return self.same[key]
 
-    def merged_dlhs(self, bl: EinsumPlan, block: str, sizes: dict) -> EinsumPlan:
+    def merged_dlhs(self, bl: EinsumPlan, block: str, sizes: dict, dtype: str) -> EinsumPlan:
         """Re-plan a d_lhs einsum knowing which reductions of the block's dx are already paid.
 
         The partial input-gradients of one block (dq, dk, dv -> dx; gate and up -> dx) are
@@ -490,7 +502,7 @@ class _Walker:
             sizes,
             self.mesh,
             comm_paid,
-            peak_flops_per_s=p.peak_flops_per_s,
+            peak_flops_per_s=p.matmul_peak(dtype),
             hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
             phase="backward",
             check_divisible=False,
@@ -501,7 +513,7 @@ class _Walker:
     def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
         compute_s = ep.compute_time_s
         cm = self.pricing.compute
-        if cm is not None and shape_dependent(cm.eff):
+        if cm is not None and cm.shape_dependent:
             shape = ep.gemm_shape(ep.sizes, ep.mesh)
             compute_s = ep.flops_per_chip / cm.flops_per_s(op_class, dtype, shape)
         return OpRecord(
@@ -567,14 +579,12 @@ class _Walker:
         )
         dtype = self.opts.dtypes.attention.value
         p = self.pricing
-        peak = (
-            p.peak_flops_per_s
-            if p.compute is None
-            else p.compute.attention_flops_per_s(dtype, False, op.sizes.get("head_dim", 0.0))
-        )
-        comp, mem = fl / peak, by / p.hbm_bw_bytes_per_s
+        head_dim = op.sizes.get("head_dim", 0.0)
+        mem = by / p.hbm_bw_bytes_per_s
         for label in self.passes:  # the backward pass: two contractions of the same size
-            rr = rerun_by(op) if label == Pass.FORWARD else NO_RERUN
+            fwd = label == Pass.FORWARD
+            comp = fl / p.attention_peak(dtype, not fwd, head_dim)
+            rr = rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(op.name, label, OpClass.ATTENTION, dtype, copies, fl, by, comp, mem, rr)
             )
@@ -587,7 +597,10 @@ class _Walker:
         fl = op.flops / op.count / op.sizes["batch"] * self.seqs / sh
         by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
         p = self.pricing
-        comp, mem = fl / p.vector_flops_per_s, by / p.hbm_bw_bytes_per_s
+        comp, mem = (
+            fl / p.vector_flops_per_s,
+            by / (p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s),
+        )
         cls = OpClass.EMBEDDING if op.kind == OpKind.GATHER else OpClass.ELEMENTWISE
         dtype = op.out.dtype
         self.ops.append(
@@ -849,6 +862,7 @@ def walk_rows(
         compute.matmul_flops_per_s(matmul_dtype),
         compute.hbm_bytes_per_s,
         compute.vector_flops_per_s(options.dtypes.attention.value),
+        compute.vector_hbm_bytes_per_s,
     )
     seqs = sequences / rows.microbatches.astype(float)
     return walk_ledger(

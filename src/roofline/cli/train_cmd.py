@@ -7,20 +7,20 @@ TPU v5p pod (tpu-v5p:16x20x28) — the book's applied-training.md setting.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from roofline.cli._common import add_json, emit
 from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import PlanError
 from roofline.ledger import count_params
-from roofline.memory import parse_optimizer
-from roofline.planner import PlanResult, SearchSpace, plan_training, terminal_progress
+from roofline.planner import PlanResult, SearchSpace, plan_training
 from roofline.report.table import kv, table
+from roofline.report.text import term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
-from roofline.training import StepCost, Workload, assumed_mfu_run, evaluate_plan, parse_plan
+from roofline.training import AssumedRun, StepCost, Workload, assumed_run, evaluate_plan, parse_plan
 from roofline.units import DAY, fmt_bytes, fmt_count, fmt_time, fmt_usd, parse_quantity
 
 NAME = "train"
@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_quantity(args.batch_tokens, what="batch-tokens")
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
-    # the step model still reads constant fractions: the profile's view on this chip
-    eff = resolve_profile(args, system.chip).for_chip(system.chip)
+    eff = resolve_profile(args, system.chip)
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")
     if args.objective is None:
@@ -149,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         allow_sub_slices=not args.no_sub_slices,
         chips=chips,
-        progress=None if args.json else terminal_progress(sys.stderr),
+        progress=None if args.json else _terminal_progress(sys.stderr),
         space=SearchSpace(),
     )
     if args.plot:
@@ -254,13 +253,15 @@ def _deadline(args, model, system, work: Workload, eff, inputs) -> int:
 
 
 def _system_for_plan(system, n: int):
-    if n == system.n_chips or not system.is_tpu:
+    if n == system.n_chips:
         return system
     from roofline.planner import sub_slices
 
     for s in sub_slices(system, max_count=64):
         if s.n_chips == n:
             return s
+    if not system.is_tpu:
+        return system  # evaluate_plan says the plan uses another chip count
     raise PlanError(
         f"the plan uses {n} chips but {system.name} has {system.n_chips} and no sub-slice of {n} chips",
         rule="a plan's degrees multiply to the chip count of the system (or of a sub-slice)",
@@ -269,57 +270,57 @@ def _system_for_plan(system, n: int):
 
 
 def _assumed(args, model, system, work: Workload, inputs) -> int:
-    est = assumed_mfu_run(model, work, system.n_chips, system.chip.peak("bf16"), args.assume_mfu)
-    price = system.usd_per_chip_hour
-    cost = None if price is None else est["run_time_s"] / 3600 * system.n_chips * price
-    n = count_params(model).total
-    opt = parse_optimizer(args.optimizer)
-    # the book's minimum-chips check: params + optimizer state + 4 bf16 checkpoints of D per token per layer
-    ckpt = 2 * 4 * model.d_model * model.n_layers * work.batch_tokens
-    need = n * (opt.param_bytes + opt.state_bytes) + ckpt
-    min_chips = math.ceil(need / system.chip.hbm_bytes)
-    result = {
-        **est,
-        "run_cost_usd": cost,
-        "mfu": args.assume_mfu,
-        "chips": system.n_chips,
-        "params": n,
-        "memory_needed_bytes": need,
-        "min_chips_by_memory": min_chips,
-        "formula": "6 * params * tokens / (chips * peak_bf16 * MFU)",
-    }
-    lines = [
-        f"Back-of-envelope (book applied-training.md): {model.name} on {system.name}, {fmt_count(work.total_tokens)} tokens",
-        "",
-        kv(
-            [
-                (
-                    "total FLOPs",
-                    f"6 · {n:.4g} params · {work.total_tokens:.3g} tokens = {est['total_flops']:.3g}",
-                ),
-                (
-                    "time",
-                    f"{est['total_flops']:.3g} / ({system.n_chips} chips · {system.chip.peak('bf16'):.3g} FLOP/s · {args.assume_mfu:g}) "
-                    f"= {est['run_time_s']:.3g} s = {est['run_time_s'] / DAY:.1f} days",
-                ),
-                (
-                    "cost",
-                    "unknown (no price)"
-                    if cost is None
-                    else f"{fmt_usd(cost)} at ${price:g}/chip-hour",
-                ),
-                (
-                    "memory to train",
-                    f"params {opt.param_bytes:g} B + optimizer {opt.state_bytes:g} B per param + 4 bf16 checkpoints "
-                    f"of D per token per layer = {fmt_bytes(need)} -> at least {min_chips} chips of "
-                    f"{fmt_bytes(system.chip.hbm_bytes)}",
-                ),
-            ]
+    est = assumed_run(model, system, work, args.assume_mfu, args.optimizer)
+    return emit(args, NAME, inputs, est.to_dict(), _render_assumed(est))
+
+
+def _render_assumed(est: AssumedRun) -> str:
+    system, work, opt = est.system, est.workload, est.optimizer
+    price, cost = system.usd_per_chip_hour, est.run_cost_usd
+    rows = [
+        (
+            "total FLOPs",
+            f"6 · {est.active_params:.4g} active params · {work.total_tokens:.3g} tokens = {est.total_flops:.3g}",
         ),
-        "",
-        "This assumes the MFU; run without --assume-mfu to plan the parallelism and predict it.",
+        (
+            "time",
+            f"{est.total_flops:.3g} / ({system.n_chips} chips · {est.peak_flops_per_s:.3g} FLOP/s · {est.mfu:g}) "
+            f"= {est.run_time_s:.3g} s = {est.run_time_s / DAY:.1f} days",
+        ),
+        (
+            "cost",
+            "unknown (no price)" if cost is None else f"{fmt_usd(cost)} at ${price:g}/chip-hour",
+        ),
+        (
+            "memory to train",
+            f"params {opt.param_bytes:g} B + optimizer {opt.state_bytes:g} B per param + 4 bf16 checkpoints "
+            f"of D per token per layer = {fmt_bytes(est.memory_needed_bytes)} -> at least "
+            f"{est.min_chips_by_memory} chips of {fmt_bytes(system.chip.hbm_bytes)}",
+        ),
     ]
-    return emit(args, NAME, inputs, result, "\n".join(lines))
+    return "\n".join(
+        [
+            f"Back-of-envelope (book applied-training.md): {est.model.name} on {system.name}, "
+            f"{fmt_count(work.total_tokens)} tokens",
+            "",
+            kv(rows),
+            "",
+            "This assumes the MFU; run without --assume-mfu to plan the parallelism and predict it.",
+        ]
+    )
+
+
+def _terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:
+    if not stream.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        stream.write(f"\r  evaluated {done}/{total} candidates")
+        if done == total:
+            stream.write("\n")
+        stream.flush()
+
+    return show
 
 
 def _breakdown(d: dict[str, float]) -> str:
@@ -338,7 +339,8 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
         (
             "step time",
             f"{fmt_time(c.step_time_s)}  = compute {fmt_time(c.compute_time_s)} + exposed comm "
-            f"{fmt_time(c.exposed_comm_time_s)} + bubble {fmt_time(c.bubble_time_s)} + optimizer {fmt_time(c.optimizer_time_s)}",
+            f"{fmt_time(c.exposed_comm_time_s)} + bubble {fmt_time(c.bubble_time_s)} + optimizer {fmt_time(c.optimizer_time_s)}"
+            + (f" + overheads {fmt_time(c.overhead_time_s)}" if c.overhead_time_s else ""),
         ),
         (
             "MFU",
@@ -353,7 +355,7 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
             f"{fmt_bytes(c.memory_per_chip_bytes)} of {fmt_bytes(s.chip.hbm_bytes)} "
             f"({'fits' if c.fits else 'DOES NOT FIT'}): {_breakdown(dict(c.memory_breakdown))}",
         ),
-        ("limited by", c.bottleneck),
+        ("limited by", term_phrase(c.bottleneck)),
         ("communication", ", ".join(f"{k} {fmt_time(v)}" for k, v in raw.items()) or "none"),
         (
             "exposed",
@@ -377,7 +379,8 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
     notes = [
         f"Assumptions: {e.describe()} (matmul {e.matmul:g}, HBM {e.hbm:g}, links {e.link:g} of peak; {e.source}).",
         "Overlap: FSDP gathers prefetched a layer ahead and gradient reductions hidden behind compute (exposed = max(0, comm - compute));",
-        "tensor/sequence/expert collectives exposed unless collective_matmul=1; data-parallel gradient reduction once per step.",
+        "tensor collectives exposed unless collective_matmul=1, expert all-to-alls unless overlap_ep=1, sequence and other",
+        "activation collectives exposed; data-parallel gradient reduction once per step.",
     ]
     return header + "\n\n" + kv(rows) + "\n\n" + "\n".join(notes)
 
@@ -412,7 +415,7 @@ def _render_search(model, system, work: Workload, res: PlanResult) -> str:
                 fmt_time(c.step_time_s),
                 f"{c.mfu:.1%}",
                 fmt_bytes(c.memory_per_chip_bytes),
-                c.bottleneck,
+                term_phrase(c.bottleneck),
                 f"{c.run_time_s / DAY:.1f}" if work.total_tokens else "-",
                 fmt_usd(c.run_cost_usd) if c.run_cost_usd is not None else "-",
             ]
@@ -430,7 +433,9 @@ def _render_search(model, system, work: Workload, res: PlanResult) -> str:
             [
                 p["chips"],
                 fmt_time(p["step_time_s"]),
-                f"${p['usd_per_million_tokens']:.2f}",
+                "-"
+                if p["usd_per_million_tokens"] is None
+                else f"${p['usd_per_million_tokens']:.2f}",
                 p["plan"],
             ]
             for p in res.pareto

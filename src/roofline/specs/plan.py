@@ -330,6 +330,7 @@ class ComputeDtype(enum.StrEnum):
     """A dtype tensor cores / MXUs compute in; its peak comes from the chip file."""
 
     BF16 = "bf16"
+    FP16 = "fp16"  # chips without bf16 units (V100) train in fp16
     FP8 = "fp8"
     FP4 = "fp4"
     INT8 = "int8"
@@ -358,7 +359,8 @@ def _compute_dtype(value: Any, what: str) -> ComputeDtype:
 
 @dataclass(frozen=True)
 class ComputeDtypes:
-    """The dtype each op class computes in (bf16 by default; MFU is reported against bf16).
+    """The dtype each op class computes in (bf16 by default; MFU is reported against the bf16
+    peak, or the chip's 16-bit dtype where it has no bf16).
 
     Elementwise ops and the embedding lookup run on vector units and follow `attention`'s
     dtype only for their bytes; they have no tensor-core peak of their own.
@@ -632,6 +634,11 @@ def _number(value: Any, what: str) -> float:
     return value
 
 
+def _tokens(b: float) -> str:
+    """A batch in tokens as a user would type it: 16Mi for whole mebitokens, else the integer."""
+    return f"{b / 2**20:g}Mi" if b % 2**20 == 0 else f"{b:.0f}"
+
+
 @dataclass(frozen=True)
 class Workload:
     """Global batch (tokens per optimizer step), sequence length, and run length in tokens."""
@@ -698,7 +705,7 @@ class Workload:
         if self.whole_sequences:
             return
         near = ", ".join(
-            f"{b:.0f} ({b / self.seq_len:.0f} sequences)" for b in self.nearest_whole_batches()
+            f"{_tokens(b)} ({b / self.seq_len:.0f} sequences)" for b in self.nearest_whole_batches()
         )
         raise PlanError(
             f"a batch of {self.batch_tokens:g} tokens is {self.sequences:g} sequences of {self.seq_len} tokens",

@@ -1,0 +1,231 @@
+"""The search: cost every family of candidate plans in one vectorised pass of the walk each,
+rank them, and cost the few plans the report lists one by one.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from roofline.errors import PlanError
+from roofline.planner.rank import (
+    Family,
+    Ranked,
+    distinct_rows,
+    pareto,
+    plan_at,
+    rank,
+    runner_up_row,
+    shape_key,
+)
+from roofline.planner.space import SearchSpace, enumerate_plans
+from roofline.planner.systems import sub_slices, systems_for_counts
+from roofline.report.text import sub_slice_note, why_it_wins
+from roofline.specs.efficiency import Efficiency, default_efficiency
+from roofline.specs.model import ModelSpec
+from roofline.specs.plan import Strategy, Workload, parse_optimizer
+from roofline.specs.system import System
+from roofline.training import StepCost, evaluate_plan, evaluate_plans
+
+
+class SubsetReason(enum.StrEnum):
+    """Why the best plan runs on fewer chips than the system given (data; report.text words it)."""
+
+    NONE = ""  # it uses the whole system
+    CHIP_COUNTS = "chip-counts"  # the user chose the counts (--chips)
+    FULL_INFEASIBLE = "full-infeasible"  # no legal plan uses every chip
+    SUBSET_BETTER = "subset-better"  # a smaller slice scores better on the objective
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What the search found: top-k plans, rejection counts by reason, Pareto set, timing."""
+
+    top: tuple[StepCost, ...]
+    candidates_evaluated: int
+    candidates_enumerated: int
+    rejected: dict[str, int]
+    domains: dict[str, str]
+    pareto: tuple[dict[str, Any], ...]
+    objective: str
+    search_time_s: float
+    runner_up: StepCost | None
+    searched: tuple[System, ...]
+    requested: System
+    chips_given: bool = False  # --chips chose the counts
+    tie_tolerance: float = 0.01
+    feasible_per_system: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def best(self) -> StepCost:
+        return self.top[0]
+
+    @property
+    def systems(self) -> tuple[str, ...]:
+        return tuple(f"{s.name} ({s.n_chips} chips)" for s in self.searched)
+
+    @property
+    def subset_reason(self) -> SubsetReason:
+        if self.chips_given:
+            return SubsetReason.CHIP_COUNTS
+        if self.best.system.n_chips == self.requested.n_chips:
+            return SubsetReason.NONE
+        if self.feasible_per_system.get(self.requested.name, 0) == 0:
+            return SubsetReason.FULL_INFEASIBLE
+        return SubsetReason.SUBSET_BETTER
+
+    @property
+    def sub_slice_note(self) -> str:
+        """Why the best plan does not use the whole requested system (empty if it does)."""
+        return sub_slice_note(
+            self.subset_reason.value, self.best, self.requested, self.searched, self.objective
+        )
+
+    @property
+    def why(self) -> str:
+        return why_it_wins(self.best, self.runner_up, self.objective, self.tie_tolerance)
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.best.to_dict()
+        return {
+            **b,
+            "system_used": self.best.system.name,
+            "chips_used": self.best.system.n_chips,
+            "sub_slice_note": self.sub_slice_note,
+            "subset_reason": self.subset_reason.value or None,
+            "feasible_per_system": dict(self.feasible_per_system),
+            "candidates_evaluated": self.candidates_evaluated,
+            "candidates_enumerated": self.candidates_enumerated,
+            "rejected": dict(self.rejected),
+            "domains": self.domains,
+            "objective": self.objective,
+            "why": self.why,
+            "top": [c.to_dict() for c in self.top],
+            "pareto": list(self.pareto),
+            "search_time_s": self.search_time_s,
+            "systems_considered": list(self.systems),
+        }
+
+
+def _check_objective(objective: str) -> None:
+    if objective not in ("time", "cost"):
+        raise PlanError(
+            f"objective {objective!r}",
+            rule="objective is 'time' or 'cost'",
+            fix="write --objective time",
+        )
+
+
+def plan_training(
+    model: ModelSpec,
+    system: System,
+    workload: Workload,
+    *,
+    space: SearchSpace | None = None,
+    objective: str = "time",
+    top_k: int = 5,
+    efficiency: Efficiency | None = None,
+    optimizer: str = "adam-bf16",
+    allow_sub_slices: bool = True,
+    chips: Sequence[int] | tuple[int, int] | None = None,
+    tie_tolerance: float = 0.01,
+    progress: Callable[[int, int], None] | None = None,
+) -> PlanResult:
+    """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token)."""
+    t0 = time.perf_counter()
+    space = space or SearchSpace()
+    eff = efficiency or default_efficiency(system.chip.vendor)
+    opt = parse_optimizer(optimizer)
+    _check_objective(objective)
+    workload.require_whole_sequences()
+    if chips:
+        systems = systems_for_counts(system, chips)
+    else:
+        systems = sub_slices(system) if allow_sub_slices else [system]
+    found = enumerate_plans(model, workload, systems, space)
+    if not found.groups:
+        raise PlanError(
+            f"no mesh factorisation of {system.n_chips} chips satisfies the divisibility rules",
+            rule="; ".join(f"{k}: {v}" for k, v in found.domains.items()),
+            fix="try another chip count (--chips) or batch size",
+        )
+    families = _cost(found.groups, model, systems, workload, eff, opt, space, progress)
+    rejected = found.rejected
+    for f in families:
+        rejected.update(f.rejected)
+    ranked = rank(
+        families,
+        systems,
+        workload.batch_tokens,
+        objective,
+        tie_tolerance,
+        lambda: rejected.most_common(1)[0][0] if rejected else "no candidates",
+    )
+    rows = distinct_rows(families, ranked, systems, top_k)
+
+    def cost_of(row: int) -> StepCost:
+        f = families[int(ranked.family[row])]
+        sysm = systems[int(f.cand.system_idx[int(ranked.index[row])])]
+        return evaluate_plan(
+            model, sysm, workload, plan_at(families, ranked, row, space, opt), efficiency=eff
+        )
+
+    top = [cost_of(r) for r in rows]
+    runner = _runner_up(families, ranked, systems, top, len(rows), cost_of)
+    return PlanResult(
+        top=tuple(top),
+        candidates_evaluated=sum(len(f.cand) for f in families),
+        candidates_enumerated=found.enumerated,
+        rejected=dict(rejected),
+        domains=found.domains,
+        pareto=pareto(ranked, lambda j: plan_at(families, ranked, j, space, opt).describe()),
+        objective=objective,
+        search_time_s=time.perf_counter() - t0,
+        runner_up=runner,
+        searched=tuple(systems),
+        requested=system,
+        chips_given=bool(chips),
+        tie_tolerance=tie_tolerance,
+        feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
+    )
+
+
+def _runner_up(
+    families, ranked: Ranked, systems, top: list[StepCost], start: int, cost_of
+) -> StepCost | None:
+    """The best plan with another set of strategies or chip count (variants of the winner's
+    mesh differ by noise, not by a reason a user can act on): from the top list if it holds
+    one, else found on the ranked arrays and costed alone."""
+
+    def shape(c: StepCost) -> tuple:
+        d = c.plan.degrees
+        return shape_key({s: d.of(s) for s in Strategy}, c.system.n_chips)
+
+    runner = next((c for c in top[1:] if shape(c) != shape(top[0])), None)
+    if runner is not None:
+        return runner
+    row = runner_up_row(families, ranked, systems, int(ranked.order[0]), start)
+    return None if row is None else cost_of(row)
+
+
+def _cost(groups, model, systems, workload, eff, opt, space, progress) -> list[Family]:
+    """Evaluate every family: one vectorised walk each.
+
+    (Splitting the families over processes was measured slower on the 2-core target, because
+    each process rebuilds the shared caches; see benchmarks/.)
+    """
+    total = sum(len(c) for _, c in groups)
+    out = []
+    done = 0
+    for st, cand in groups:
+        r = evaluate_plans(
+            model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=list(space.remats)
+        )
+        out.append(Family.of(st, cand, r))
+        done += len(cand)
+        if progress:
+            progress(done, total)
+    return out

@@ -1,0 +1,253 @@
+"""The planner's search space: what it may choose, every bound a named field, and the
+enumeration of candidate plans into families the walk costs in one pass each.
+
+Search space (every legal combination): system or sub-slices × mesh factorisation
+dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule ×
+Megatron sequence parallelism × collective matmul. Degrees come from the divisors of the
+bounds `feasibility` checks (a degree outside them is never tried); combinations are then
+rejected by the named rules of `feasibility.RULES` and the space's own bounds, each counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from roofline.feasibility import RULES, Arrays, Rule, ep_must_divide, tp_must_divide, violations
+from roofline.rules import Structure, kv_heads_replicated
+from roofline.specs.model import ModelSpec
+from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload
+from roofline.specs.system import System
+from roofline.training import Candidates
+
+MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _few_microbatches(m: ModelSpec, w: Workload, a: Arrays) -> np.ndarray:
+    pp = a.deg[Strategy.PP]
+    return (pp > 1) & (a.microbatches < pp)
+
+
+# A bound of the search, not a rule of feasibility: with fewer microbatches than stages most
+# of a pipeline idles (a plan may still do it; the planner does not search it).
+FEWER_MICROBATCHES_THAN_STAGES = Rule(
+    "fewer microbatches than pipeline stages",
+    _few_microbatches,
+    lambda m, w, a, i: "fewer microbatches than pipeline stages",
+)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the planner may choose. Every bound is a field with its reason."""
+
+    strategies: tuple[Strategy, ...] = tuple(Strategy)
+    # gradient accumulation steps tried (powers of two up to 64: more only shrinks microbatches)
+    microbatches: tuple[int, ...] = MICROBATCHES
+    remats: tuple[Remat, ...] = REMATS
+    zero_stages: tuple[int, ...] = (1, 2)  # over the data axis (fsdp is ZeRO-3 by definition)
+    schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
+    # model chunks per stage of the interleaved schedule (Megatron's usual choice)
+    interleaved_virtual_stages: int = 2
+    # context parallelism beyond 16-way spends more on K/V gathers than it saves
+    max_sp: int = 16
+    # deeper pipelines than 64 stages are not run in practice (bubble and p2p latency)
+    max_pp: int = 64
+    max_stage_imbalance: float = 1.10  # uneven pipeline stages: fullest / average layers per stage
+    megatron_sp: tuple[bool, ...] = (False, True)
+    collective_matmul: tuple[bool, ...] = (False, True)
+    # search-space bounds applied as named rules (counted like feasibility rules)
+    bounds: tuple[Rule, ...] = field(default=(FEWER_MICROBATCHES_THAN_STAGES,))
+
+    def domains(
+        self, model: ModelSpec, workload: Workload, chips: int
+    ) -> dict[Strategy, tuple[list[int], str]]:
+        """Allowed degrees per strategy with the rule that bounds each (named, for the report)."""
+        seqs = int(workload.sequences)
+        on = set(self.strategies)
+
+        def pick(s: Strategy, values: list[int]) -> list[int]:
+            return values if s in on else [1]
+
+        dom: dict[Strategy, tuple[list[int], str]] = {}
+        batch = divisors(math.gcd(chips, seqs))
+        dom[Strategy.DP] = (pick(Strategy.DP, batch), f"divides the {seqs} sequences of the batch")
+        dom[Strategy.FSDP] = (
+            pick(Strategy.FSDP, batch),
+            f"divides the {seqs} sequences of the batch",
+        )
+        dom[Strategy.TP] = (
+            pick(Strategy.TP, divisors(math.gcd(tp_must_divide(model), chips))),
+            f"divides heads={model.n_heads} and the MLP widths",
+        )
+        sp = [d for d in divisors(math.gcd(workload.seq_len, chips)) if d <= self.max_sp]
+        dom[Strategy.SP] = (
+            pick(Strategy.SP, sp),
+            f"divides seq={workload.seq_len}, at most {self.max_sp}",
+        )
+        experts = ep_must_divide(model)
+        dom[Strategy.EP] = (
+            pick(Strategy.EP, divisors(math.gcd(experts, chips))) if model.moe else [1],
+            f"divides experts={experts}" if model.moe else "dense model: no experts",
+        )
+        L = model.n_layers
+        pp = [
+            d
+            for d in divisors(chips)
+            if d <= min(self.max_pp, L) and math.ceil(L / d) <= self.max_stage_imbalance * L / d
+        ]
+        dom[Strategy.PP] = (
+            pick(Strategy.PP, pp),
+            f"at most min(layers={L}, {self.max_pp}); the fullest stage (ceil(L/pp) layers) at most "
+            f"{self.max_stage_imbalance - 1:.0%} above the average",
+        )
+        return dom
+
+
+def factorisations(n: int, dom: dict[Strategy, tuple[list[int], str]]) -> Iterable[tuple[int, ...]]:
+    """All degree tuples (in `Strategy` order) from the domains whose product is n."""
+    order = (Strategy.TP, Strategy.PP, Strategy.SP, Strategy.EP, Strategy.DP)
+    fs = set(dom[Strategy.FSDP][0])
+
+    def rec(i: int, rest: int, acc: dict[Strategy, int]) -> Iterable[tuple[int, ...]]:
+        if i == len(order):
+            if rest in fs:
+                full = {**acc, Strategy.FSDP: rest}
+                yield tuple(full[s] for s in Strategy)
+            return
+        s = order[i]
+        for v in dom[s][0]:
+            if rest % v == 0:
+                acc[s] = v
+                yield from rec(i + 1, rest // v, acc)
+        acc.pop(s, None)
+
+    yield from rec(0, n, {})
+
+
+@dataclass(frozen=True)
+class Enumeration:
+    """The candidate families (one Structure each, with their Candidates), the number of plans
+    the space holds, the rejections by named rule, and the domains as text for the report."""
+
+    groups: tuple[tuple[Structure, Candidates], ...]
+    enumerated: int
+    rejected: Counter
+    domains: dict[str, str]
+
+
+def _meshes(model, workload, systems, space) -> tuple[np.ndarray, dict[str, str]]:
+    """Rows of (system index, degrees in Strategy order) over every system, and the domains."""
+    domains_txt: dict[str, str] = {}
+    facts = []
+    for si, sysm in enumerate(systems):
+        dom = space.domains(model, workload, sysm.n_chips)
+        for st_, (vals, why) in dom.items():
+            domains_txt[st_.value] = f"{vals[:12]}{'...' if len(vals) > 12 else ''}: {why}"
+        facts += [(si, *f) for f in factorisations(sysm.n_chips, dom)]
+    return np.array(facts, dtype=np.int64).reshape(-1, 1 + len(Strategy)), domains_txt
+
+
+def enumerate_plans(
+    model: ModelSpec, workload: Workload, systems: list[System], space: SearchSpace
+) -> Enumeration:
+    """Every plan of the space, filtered by the named rules, grouped into Structures."""
+    F, domains_txt = _meshes(model, workload, systems, space)
+    # stage 1: mesh × microbatches × schedule, where the divisibility rules act
+    mbs = np.array(space.microbatches)
+    scheds = np.array([s.code for s in space.schedules])
+    fi, mb, sc = (x.reshape(-1) for x in np.meshgrid(np.arange(len(F)), mbs, scheds, indexing="ij"))
+    rows = F[fi]
+    pp = rows[:, 1 + list(Strategy).index(Strategy.PP)]
+    keep = (pp > 1) | (sc == scheds[0])  # the schedule matters only with a pipeline
+    mb, sc, rows = mb[keep], sc[keep], rows[keep]
+    deg = {s: rows[:, 1 + j] for j, s in enumerate(Strategy)}
+    # how many full candidates each stage-1 row stands for (choices that apply to it)
+    tp1, dp1 = deg[Strategy.TP] > 1, deg[Strategy.DP] > 1
+    weight = (
+        np.where(tp1, len(space.megatron_sp) * len(space.collective_matmul), 1)
+        * np.where(dp1, len(space.zero_stages), 1)
+        * len(space.remats)
+    )
+    virtual = np.where(sc == Schedule.INTERLEAVED.code, space.interleaved_virtual_stages, 1)
+    arrays = Arrays(deg, mb, sc, virtual)
+    rejected: Counter = Counter()
+    ok = np.ones(len(mb), dtype=bool)
+    for rule, bad in violations(model, workload, arrays, rules=_searched_rules(space)):
+        bad = bad & ok
+        if bad.any():
+            rejected[rule.name] += int(weight[bad].sum())
+        ok &= ~bad
+    groups = _expand(model, space, rows[ok], mb[ok], sc[ok], virtual[ok])
+    return Enumeration(tuple(groups), int(weight.sum()), rejected, domains_txt)
+
+
+def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
+    """The feasibility rules the domains do not already guarantee (the batch split and the
+    interleaved stages), with the space's own bounds between them. A rejected plan is counted
+    under the first rule it breaks, in this order."""
+    by_name = {r.name: r for r in RULES}
+    return (
+        by_name["batch not divisible by dp·fsdp·ep·microbatches"],
+        *space.bounds,
+        by_name["layers not divisible by pp·virtual stages"],
+    )
+
+
+def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Structure, Candidates]]:
+    """Stage 2: each surviving row × the choices that apply to it (Megatron-SP and collective
+    matmul only with tp, ZeRO stages only with dp, every remat), grouped into Structures."""
+    j = {s: 1 + i for i, s in enumerate(Strategy)}
+    tp1, dp1 = rows[:, j[Strategy.TP]] > 1, rows[:, j[Strategy.DP]] > 1
+    parts = []
+    for msp_v in space.megatron_sp:
+        for cm_v in space.collective_matmul:
+            for z_v in space.zero_stages:
+                m_ok = tp1 | (
+                    (msp_v == space.megatron_sp[0]) & (cm_v == space.collective_matmul[0])
+                )
+                m_ok &= dp1 | (z_v == space.zero_stages[0])
+                idx = np.nonzero(m_ok)[0]
+                for ri_v in range(len(space.remats)):
+                    parts.append((idx, msp_v, cm_v, z_v, ri_v))
+    sel = np.concatenate([p[0] for p in parts])
+
+    def col(k: int, dtype=None):
+        return np.concatenate([np.full(len(p[0]), p[k]) for p in parts]).astype(dtype or int)
+
+    msp, cmv, zv, ri = col(1, bool), col(2, bool), col(3), col(4)
+    rows, mb, sc, virtual = rows[sel], mb[sel], sc[sel], virtual[sel]
+    tp = rows[:, j[Strategy.TP]]
+    kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, tp)
+    # One structure for every mesh: a strategy of degree 1 is a mesh axis of size 1, which the
+    # algebra already prices at zero (no split, no communication), so all candidates that share
+    # the Megatron-SP flag and the KV-head replication are costed in one vectorised pass.
+    # (tests/test_training.py checks this against the minimal structure of each plan.)
+    active = frozenset(s for s in Strategy if (rows[:, j[s]] > 1).any())
+    gkey = msp.astype(np.int64) * 2 + np.asarray(kv_rep, dtype=np.int64)
+    groups = []
+    for key in np.unique(gkey):
+        g = np.nonzero(gkey == key)[0]
+        cand = Candidates(
+            {s: rows[g, j[s]] for s in Strategy},
+            mb[g],
+            zv[g],
+            sc[g],
+            virtual[g],
+            system_idx=rows[g, 0],
+            remat_idx=ri[g],
+            collective_matmul=cmv[g],
+        )
+        st = Structure(active, space.remats[0], bool(key >> 1 & 1), False, bool(key & 1))
+        groups.append((st, cand))
+    return groups

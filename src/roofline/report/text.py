@@ -1,0 +1,96 @@
+"""Prose: the sentences reports say about results. Computing code returns data; this module
+words it (docs/architecture.md). It imports nothing from roofline, so any stage may call it;
+the objects it reads (`StepCost`, `PlanResult`) are duck-typed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TERM_WORDS = {
+    "compute": "compute",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer update",
+    "overhead": "fixed overheads",
+}
+
+
+def term_phrase(key: str) -> str:
+    """Words for a step-time term key ("compute", "exposed:tp", ...; see StepCost.terms)."""
+    if key.startswith("exposed:"):
+        return f"exposed {key.split(':', 1)[1]} communication"
+    return _TERM_WORDS.get(key, key)
+
+
+def _score(c: Any, objective: str) -> float:
+    if objective == "time" or c.run_cost_usd is None:
+        return c.step_time_s
+    return c.step_time_s * c.system.n_chips
+
+
+def why_it_wins(a: Any, b: Any | None, objective: str, tie: float = 0.01) -> str:
+    """One paragraph: the winner against the best plan of a different shape, term by term."""
+    if b is None:
+        return "no plan of a different shape is feasible"
+    terms = [
+        ("compute", a.compute_time_s, b.compute_time_s),
+        ("exposed communication", a.exposed_comm_time_s, b.exposed_comm_time_s),
+        ("pipeline bubble", a.bubble_time_s, b.bubble_time_s),
+        ("optimizer update", a.optimizer_time_s, b.optimizer_time_s),
+    ]
+    terms = [t for t in terms if abs(t[1] - t[2]) > 1e-9]
+    terms.sort(key=lambda t: -abs(t[1] - t[2]))
+    cost = ""
+    if (
+        objective == "cost"
+        and a.run_cost_usd is not None
+        and b.run_cost_usd is not None
+        and a.workload.total_tokens
+    ):
+        cost = f" and ${a.run_cost_usd / 1e6:.3g}M vs ${b.run_cost_usd / 1e6:.3g}M for the run"
+    s = (
+        f"{a.plan.describe()} on {a.system.n_chips} chips takes {a.step_time_s:.3g} s/step{cost}; the best plan of another "
+        f"shape, {b.plan.describe()} on {b.system.n_chips} chips (runner-up), takes {b.step_time_s:.3g} s. The winner is limited by "
+        f"{term_phrase(a.bottleneck)}, the runner-up by {term_phrase(b.bottleneck)}"
+    )
+    if terms:
+        name, x, y = terms[0]
+        s += f"; the biggest difference is {name} ({x:.3g} s vs {y:.3g} s per step)"
+    if _score(b, objective) < _score(a, objective):
+        ca, cb = sum(a.comm_time_s.values()), sum(b.comm_time_s.values())
+        s += (
+            f". The runner-up scores {1 - _score(b, objective) / _score(a, objective):.1%} better, within the model's {tie:.0%} tie tolerance, where the "
+            f"simpler plan ranks first (then the one whose collectives would take less time without overlap: "
+            f"{ca:.3g} s vs {cb:.3g} s)"
+        )
+    return s
+
+
+def sub_slice_note(reason: str, best: Any, requested: Any, searched: tuple, objective: str) -> str:
+    """Why the best plan does not use the whole requested system (empty if it does).
+
+    `reason` is the planner's `SubsetReason` value; `searched` the systems searched.
+    """
+    b = best.system
+    if reason == "chip-counts":
+        counts = ", ".join(str(s.n_chips) for s in searched)
+        return f"chip counts searched (--chips): {counts}; the best runs on {b.name} ({b.n_chips} chips)"
+    if reason == "full-infeasible":
+        smaller = "sub-slices" if requested.is_tpu else "clusters of fewer whole nodes"
+        return (
+            f"no legal plan uses all {requested.n_chips} chips of {requested.name} (every factorisation fails a "
+            f"divisibility rule or HBM), so its {smaller} were searched; the best runs on {b.name} ({b.n_chips} chips)"
+        )
+    if reason == "subset-better":
+        return (
+            f"a {b.n_chips}-chip sub-slice ({b.name}) scores better on '{objective}' than the plans using all "
+            f"{requested.n_chips} chips"
+        )
+    return ""
+
+
+def money(usd: float | None) -> str | None:
+    """None for a missing or non-finite amount (a chip without a price), else the number."""
+    if usd is None or usd != usd or usd in (float("inf"), float("-inf")):
+        return None
+    return f"{usd}"
