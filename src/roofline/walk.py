@@ -35,7 +35,7 @@ from roofline.cost import CommModel, ComputeModel, mesh_for
 from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
 from roofline.memory import NON_LAYER_ROWS, rerun_by, saved_bytes
 from roofline.mesh import Mesh
-from roofline.rules import AXIS_OF, Degrees, Rules, Strategy, Structure, rules_of
+from roofline.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
 from roofline.sharding import (
     CHEAPEST,
     Comm,
@@ -49,7 +49,15 @@ from roofline.sharding import (
 )
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import Causal, ComputeDtypes, OpClass, Phase, Remat, RematKind
+from roofline.specs.plan import (
+    Causal,
+    ComputeDtypes,
+    OpClass,
+    Phase,
+    Remat,
+    RematKind,
+    mesh_axes_of,
+)
 from roofline.specs.system import System
 from roofline.units import dtype_bytes
 
@@ -890,8 +898,8 @@ def _meshes(
     minv = minv.reshape(-1)
     found = []
     for row in mesh_rows:
-        d = Degrees(**{s.value: int(row[1 + j]) for j, s in enumerate(Strategy)})
-        found.append(mesh_for(systems[int(row[0])], d.mesh_axes()))
+        axes = mesh_axes_of(tuple(int(v) for v in row[1:]))
+        found.append(mesh_for(systems[int(row[0])], axes))
     meshes = [m if isinstance(m, Mesh) else None for m in found]
     reason = np.array([(m if isinstance(m, str) else "") for m in found], dtype=object)
     return meshes, minv, reason[minv]

@@ -57,6 +57,11 @@ class Strategy(enum.StrEnum):
     PP = "pp"
 
 
+# The strategies in plan order, and their names (iterating an Enum is slow in hot loops).
+STRATEGIES: tuple[Strategy, ...] = tuple(Strategy)
+STRATEGY_NAMES: tuple[str, ...] = tuple(s.value for s in STRATEGIES)
+_NAME_OF = dict(zip(STRATEGIES, STRATEGY_NAMES, strict=True))
+
 AXIS_OF = {
     Strategy.DP: "data",
     Strategy.FSDP: "fsdp",
@@ -112,31 +117,42 @@ class Degrees:
     pp: int = 1
 
     def __post_init__(self) -> None:
-        for s in Strategy:
-            object.__setattr__(
-                self,
-                s.value,
-                _whole(
-                    getattr(self, s.value),
-                    f"plan degree {s.value}",
-                    low=1,
-                    high=MAX_DEGREE,
-                    fix=f"write {s.value}=1 (unused) or a power of two such as {s.value}=8",
-                ),
+        for name in STRATEGY_NAMES:
+            v = getattr(self, name)
+            if type(v) is int and 1 <= v <= MAX_DEGREE:
+                continue  # the common case, checked fast (plans are built in hot loops)
+            v = _whole(
+                v,
+                f"plan degree {name}",
+                low=1,
+                high=MAX_DEGREE,
+                fix=f"write {name}=1 (unused) or a power of two such as {name}=8",
             )
+            object.__setattr__(self, name, v)
 
     def of(self, s: Strategy) -> int:
-        return int(getattr(self, s.value))
+        return getattr(self, _NAME_OF[s])
 
     @property
     def n_chips(self) -> int:
-        return math.prod(self.of(s) for s in Strategy)
+        return math.prod(getattr(self, n) for n in STRATEGY_NAMES)
 
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
         """(axis name, size) for every strategy in use, outermost first; always at least one axis."""
-        sizes = {AXIS_OF[s]: self.of(s) for s in Strategy}
-        axes = tuple((a, sizes[a]) for a in AXIS_ORDER if sizes[a] > 1)
-        return axes or (("data", 1),)
+        return mesh_axes_of(tuple(getattr(self, n) for n in STRATEGY_NAMES))
+
+
+_AXIS_RANK = tuple(AXIS_ORDER.index(AXIS_OF[s]) for s in STRATEGIES)
+
+
+def mesh_axes_of(degrees: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
+    """(axis name, size) of degrees given in `STRATEGIES` order: the axes of size > 1 in
+    `AXIS_ORDER` (outermost first), or one axis of size 1."""
+    sizes = [0] * len(AXIS_ORDER)
+    for r, d in zip(_AXIS_RANK, degrees, strict=True):
+        sizes[r] = d
+    axes = tuple((a, n) for a, n in zip(AXIS_ORDER, sizes, strict=True) if n > 1)
+    return axes or (("data", 1),)
 
 
 def parse_degrees(text: str | Mapping[str, Any]) -> tuple[Degrees, dict[str, str]]:
@@ -459,7 +475,7 @@ class Plan:
     @property
     def active(self) -> frozenset[Strategy]:
         """The strategies of degree > 1."""
-        return frozenset(s for s in Strategy if self.degrees.of(s) > 1)
+        return frozenset(s for s in STRATEGIES if self.degrees.of(s) > 1)
 
     def describe(self) -> str:
         d = self.degrees
