@@ -927,7 +927,9 @@ def plan_einsum(
         compute_t = np.choose(choice, np.broadcast_arrays(*comp))
         mem_t = np.choose(choice, np.broadcast_arrays(*memt))
     if trusted:  # the walk: no report fields (they cost array arithmetic per einsum)
-        return EinsumPlan("", lhs, rhs, out, "", tuple(options), choice, compute_t, mem_t)
+        return EinsumPlan(
+            "", lhs, rhs, out, "", tuple(options), choice, compute_t, mem_t, 1.0, sizes, mesh
+        )
     expr = f"{lhs} * {rhs} -> {out}"
     case = _case_name(lhs, rhs, e.contracting, e.conflict)
     rep = _prod(mesh[a] for a in mesh) / _prod(mesh[a] for a in out.used_axes + out.unreduced)

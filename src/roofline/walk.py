@@ -436,7 +436,7 @@ class _Walker:
         elif op.kind == OpKind.ATTENTION:
             self.attention(op, sizes, copies)
         else:
-            self.elementwise(op, copies)
+            self.elementwise(op, sizes, copies)
         if op.name == "moe/up" and "expert" in self.rules.activations.get("experts", ()):
             self.dispatch(op, sizes, copies)
 
@@ -599,11 +599,22 @@ class _Walker:
         if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
             self.context_parallel(op, sizes, copies)
 
-    def elementwise(self, op: Op, copies: Any) -> None:
-        """Elementwise ops and the embedding gather: memory-bound, sharded like their output."""
+    def elementwise(self, op: Op, sizes: dict, copies: Any) -> None:
+        """Elementwise ops and the embedding gather: memory-bound, sharded like their output.
+
+        An elementwise op reads and writes its tensors once, each sharded by its own spec (a
+        norm's weight vector does not grow with the batch); the gather reads and writes the
+        rows of its output."""
         sh = shard_factor(op.out.dims, self.rules, False, self.mesh)
         fl = op.flops / op.count / op.sizes["batch"] * self.seqs / sh
-        by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
+        if op.kind == OpKind.GATHER:
+            by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
+        else:
+            by = sum(
+                spec_of(t, self.rules).local_bytes(sizes, self.mesh)
+                for t in (*op.inputs, op.out)
+                if not t.on_chip
+            )
         p = self.pricing
         comp, mem = (
             fl / p.vector_flops_per_s,

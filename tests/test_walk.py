@@ -1,0 +1,150 @@
+"""The walk: one application of the algebra to every ledger row, read by every consumer.
+
+Checked three ways: closed forms (on one chip the walk's per-chip FLOPs and bytes are the
+ledger's own), the records against the training step they feed (sums by field), and the
+hooks the next features plug into (phases, overlap classes, the option policy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roofline.ledger import build_ledger
+from roofline.rules import Structure, rules_of
+from roofline.sharding import CHEAPEST, Prefer, gathers_only_weights
+from roofline.specs.model import load_model
+from roofline.specs.plan import OpClass, Phase
+from roofline.specs.system import parse_system
+from roofline.training import Workload, evaluate_plan, parse_plan, step_terms
+from roofline.walk import (
+    AlgebraPricing,
+    Overlap,
+    Pass,
+    Totals,
+    WalkOptions,
+    ledger_for,
+    walk_ledger,
+)
+
+MODEL = load_model("llama-3-8b")
+ONE_CHIP = {"data": 1.0, "fsdp": 1.0, "tensor": 1.0, "seq": 1.0, "expert": 1.0, "stage": 1.0}
+FREE = AlgebraPricing(lambda kind, b, axes: 0.0 * np.asarray(b, float), None, 1.0, 1.0)
+
+
+def _one_chip(model, phase: Phase, batch: float, seq: int, kv_seq: int | None = None):
+    led = ledger_for(model, phase, seq, kv_seq)
+    rules = rules_of(Structure(frozenset()), model)
+    return walk_ledger(model, led, rules, ONE_CHIP, np.array([batch]), phase=phase, pricing=FREE)
+
+
+def _f(x) -> float:
+    return float(np.asarray(x, float).reshape(-1)[0])
+
+
+def _per_chip(walk, field: str, passes=(Pass.FORWARD,)) -> float:
+    return float(
+        sum(np.asarray(r.copies * getattr(r, field)).sum() for r in walk.ops if r.pass_ in passes)
+    )
+
+
+@pytest.mark.parametrize("model_name", ["llama-3-8b", "mixtral-8x7b", "deepseek-v3"])
+def test_decode_step_on_one_chip_is_the_ledgers(model_name):
+    """A decode step (B sequences, one new token each, KV cache of S) on one chip: the walk's
+    FLOPs and HBM bytes are exactly the forward ledger's at batch B, seq 1, kv_seq S."""
+    m = load_model(model_name)
+    B, S = 32, 8192
+    w = _one_chip(m, Phase.DECODE, B, 1, S)
+    led = build_ledger(m, batch=B, seq=1, kv_seq=S)
+    assert {r.pass_ for r in w.ops} == {Pass.FORWARD} and w.memory is None
+    assert _per_chip(w, "flops_per_chip") == pytest.approx(led.flops, rel=1e-12)
+    assert _per_chip(w, "hbm_bytes_per_chip") == pytest.approx(led.bytes, rel=1e-12)
+    # the KV cache is read: attention bytes grow with S
+    w2 = _one_chip(m, Phase.DECODE, B, 1, 2 * S)
+    assert _per_chip(w2, "hbm_bytes_per_chip") > _per_chip(w, "hbm_bytes_per_chip")
+
+
+def test_prefill_and_train_forward_on_one_chip_are_the_ledgers():
+    B, T = 4, 2048
+    led = build_ledger(MODEL, batch=B, seq=T)
+    pre = _one_chip(MODEL, Phase.PREFILL, B, T)
+    train = _one_chip(MODEL, Phase.TRAIN, B, T)
+    assert _per_chip(pre, "flops_per_chip") == pytest.approx(led.flops, rel=1e-12)
+    assert _per_chip(train, "flops_per_chip") == pytest.approx(led.flops, rel=1e-12)
+    # the backward passes: two contractions per matmul and attention row, one per elementwise row
+    back = _per_chip(train, "flops_per_chip", (Pass.D_LHS, Pass.D_RHS))
+    assert back == pytest.approx(led.backward_flops, rel=1e-12)
+
+
+def test_every_matmul_record_has_its_gemm_shape_and_class():
+    w = _one_chip(MODEL, Phase.TRAIN, 2, 512)
+    mm = [r for r in w.ops if r.op_class == OpClass.DENSE_GEMM]
+    assert mm and all(r.dtype == "bf16" for r in mm)
+    for r in mm:
+        g = r.gemm()
+        assert g is not None
+        gemm_flops = 2 * _f(g.m) * _f(g.n) * _f(g.k) * _f(g.count)
+        assert gemm_flops == pytest.approx(_f(r.flops_per_chip), rel=1e-12)
+    q = next(r for r in mm if r.op == "attn/q" and r.pass_ == Pass.FORWARD).gemm()
+    # x[B·T, D] · W_q[D, N·H]: m = tokens, k = d_model (the heads and head_dim are n)
+    assert (_f(q.m), _f(q.k), _f(q.n)) == (2 * 512, MODEL.d_model, MODEL.n_heads * MODEL.d_head)
+    classes = {r.op_class for r in _one_chip(load_model("mixtral-8x7b"), Phase.TRAIN, 1, 64).ops}
+    assert OpClass.EXPERT_GEMM in classes and OpClass.ATTENTION in classes
+
+
+def test_totals_feed_the_step_terms():
+    """The timeline reads the walk's sums: its forward math time is the walk's forward FLOPs."""
+    s, w, p = parse_system("h100:8"), Workload(2**16, 4096), parse_plan("fsdp=8,remat=full")
+    t = step_terms(MODEL, s, w, p)
+    from roofline.training import candidates_of, evaluate_plans, structure_of
+
+    r = evaluate_plans(
+        MODEL, s, w, structure_of(p, MODEL), candidates_of(p), keep_einsums=True, plan=p
+    )
+    tot = Totals.of(r.walk)
+    fwd = sum(float(np.asarray(v).sum()) for (f, _), v in tot.flops.items() if f)
+    peak = s.chip.peak("bf16")
+    assert t["t_math_forward_s"] == pytest.approx(fwd * p.microbatches / peak, rel=1e-12)
+
+
+def test_sequence_and_expert_traffic_have_their_own_classes():
+    s = parse_system("h100:64")
+    sp = evaluate_plan(MODEL, s, Workload(2**21, 4096), parse_plan("fsdp=16,sp=4,remat=none"))
+    assert sp.comm_time_s["sp"] > 0 and "act" not in sp.comm_time_s
+    moe = load_model("mixtral-8x7b")
+    ep = evaluate_plan(moe, s, Workload(2**21, 4096), parse_plan("ep=8,fsdp=8,remat=full"))
+    classes = {c["overlap"] for c in ep.collectives}
+    assert {Overlap.EXPERT.value, Overlap.WEIGHT_GATHER.value} <= classes
+    assert all(
+        c["overlap"] == "ep" for c in ep.collectives if c["einsum"] in ("dispatch", "combine")
+    )
+
+
+def test_option_policy_that_gathers_weights_changes_the_choice_and_the_cost():
+    """Eight sequences of 64 tokens over fsdp=8: the cheapest options gather activations; a
+    policy that makes FSDP gather its weights (what FSDP stacks do) picks other options, and
+    the step costs what those options cost."""
+    m, s = load_model("llama-3-8b"), parse_system("h100:8")
+    w, p = Workload(8 * 64, 64), parse_plan("fsdp=8,remat=full")
+    cheap = evaluate_plan(m, s, w, p, policy=CHEAPEST)
+    forced = evaluate_plan(m, s, w, p, policy=Prefer("fsdp-gathers-weights", gathers_only_weights))
+
+    def gathered(c):
+        return {x["tensor"] for x in c.collectives if x["kind"] == "all-gather"}
+
+    assert any(not t.startswith("W") for t in gathered(cheap))
+    assert all(t.startswith("W") for t in gathered(forced))
+    assert forced.step_time_s > cheap.step_time_s
+    assert evaluate_plan(m, s, w, p).step_time_s == cheap.step_time_s  # the default is CHEAPEST
+
+
+def test_walk_options_choose_compute_dtypes():
+    p = parse_plan("fsdp=8,matmul_dtype=fp8")
+    assert p.dtypes.matmul.value == "fp8" and "matmul_dtype=fp8" in p.describe()
+    assert parse_plan(p.describe()).dtypes == p.dtypes
+    s, w = parse_system("h100:8"), Workload(2**16, 4096)
+    fp8 = evaluate_plan(MODEL, s, w, p)
+    bf16 = evaluate_plan(MODEL, s, w, parse_plan("fsdp=8"))
+    assert fp8.compute_time_s < bf16.compute_time_s
+    opts = WalkOptions(dtypes=p.dtypes)
+    assert opts.dtypes.of(OpClass.DENSE_GEMM).value == "fp8"
