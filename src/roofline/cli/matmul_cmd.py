@@ -4,13 +4,8 @@ Example (book sharding.md / training.md, FSDP forward on a v5e 16x16):
     roofline matmul "In[B_X, D] * W[D_X, F] -> Out[B_X, F]" --dims B=4096,D=8192,F=32768 \\
         --mesh X=16,Y=16 --system tpu-v5e:16x16 [--dtype bf16] [--backward] [--json]
 
-The sharded-einsum algebra (`roofline.sharding.plan_einsum`) costs every legal way to
-compute the einsum (gather the weights, gather the activations and reduce-scatter, multiply
-locally and all-reduce, ...) and picks the fastest under the roofline: time = max(compute,
-HBM, communication) with perfect overlap. Collectives are timed on the given system by
-`roofline.collectives.collective_cost`. The book's case 4 (one mesh axis on a free dim of
-both operands) is rejected with its two legal fixes; `--backward` adds the two gradient
-einsums (a forward AllGather becomes a backward ReduceScatter; book training.md).
+The analysis (every legal option costed, the chosen one, the book's textbook option) is
+`roofline.matmul.analyze_matmul`; this module only prints it.
 """
 
 from __future__ import annotations
@@ -18,39 +13,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import numpy as np
-
 from roofline.cli._common import add_json, emit, parse_assignments
-from roofline.collectives import CollectiveKind, collective_cost
-from roofline.errors import SpecError
-from roofline.mesh import make_mesh
+from roofline.matmul import analyze_matmul
 from roofline.report.table import kv, table
-from roofline.sharding import (
-    Comm,
-    EinsumPlan,
-    Option,
-    Spec,
-    backward_specs,
-    parse_einsum,
-    plan_einsum,
-)
-from roofline.specs.system import parse_system
-from roofline.units import fmt_bytes, fmt_flops, fmt_rate, fmt_time, parse_dtype
+from roofline.units import fmt_bytes, fmt_flops, fmt_rate, fmt_time
 
 NAME = "matmul"
 HELP = (
     'one sharded matmul in the book\'s notation, e.g. "In[B_X, D] * W[D_X, F] -> Out[B_X, F]": '
     "case, local shapes, collectives, times, alternatives"
 )
-
-# book names of the collectives: AllGather_X, ReduceScatter_XY, ...
-BOOK_NAME = {
-    CollectiveKind.ALL_GATHER: "AllGather",
-    CollectiveKind.REDUCE_SCATTER: "ReduceScatter",
-    CollectiveKind.ALL_REDUCE: "AllReduce",
-    CollectiveKind.ALL_TO_ALL: "AllToAll",
-    CollectiveKind.PERMUTE: "Permute",
-}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,215 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# Library-level result (also used by tests)
-# ------------------------------------------------------------------------------------------
-
-
-def book_name(c: Comm) -> str:
-    """'AllGather_X', 'ReduceScatter_XY', 'AllReduce_{data,fsdp}' (book notation)."""
-    axes = c.axes
-    sub = "".join(axes) if all(len(a) == 1 for a in axes) else "{" + ",".join(axes) + "}"
-    return f"{BOOK_NAME[c.kind]}_{sub}"
-
-
-def strategy(o: Option) -> str:
-    """The steps of an option in book notation; 'local matmul only' when nothing moves."""
-    if not o.comms:
-        return "local matmul, no communication"
-    pre = [c for c in o.comms if c.tensor != o.out.name]
-    post = [c for c in o.comms if c.tensor == o.out.name]
-    steps = [f"{book_name(c)} {c.tensor}" for c in pre] + ["local matmul"]
-    steps += [f"{book_name(c)} {c.tensor}" for c in post]
-    return ", then ".join(steps)
-
-
-def _num(x: Any) -> Any:
-    v = float(x)
-    return int(v) if v.is_integer() else v
-
-
-def _shape(s: Spec, sizes: dict[str, float], mesh: dict[str, int]) -> list[Any]:
-    return [_num(v) for v in s.local_shape(sizes, mesh)]
-
-
-def _comm_dict(c: Comm) -> dict[str, Any]:
-    d = c.to_dict()
-    d["name"] = book_name(c)
-    d["bytes"] = float(d["bytes"])
-    d["time_s"] = float(d["time_s"])
-    return d
-
-
-def _option_dict(o: Option, peak: float, hbm: float, sizes, mesh) -> dict[str, Any]:
-    comp = float(o.flops_per_chip) / peak
-    mem = float(o.hbm_bytes_per_chip) / hbm
-    comm = float(o.comm_time_s)
-    return {
-        "strategy": strategy(o),
-        "flops_per_chip": float(o.flops_per_chip),
-        "hbm_bytes_per_chip": float(o.hbm_bytes_per_chip),
-        "collectives": [_comm_dict(c) for c in o.comms],
-        "compute_time_s": comp,
-        "memory_time_s": mem,
-        "comm_time_s": comm,
-        "time_lower_s": max(comp, mem, comm),
-        "time_upper_s": comp + mem + comm,
-        "bound": _bound(comp, mem, comm),
-        "matmul": {
-            "lhs": str(o.lhs),
-            "rhs": str(o.rhs),
-            "out": str(o.natural_out),
-            "local_shapes": {
-                "lhs": _shape(o.lhs, sizes, mesh),
-                "rhs": _shape(o.rhs, sizes, mesh),
-                "out": _shape(o.natural_out, sizes, mesh),
-            },
-        },
-    }
-
-
-def _bound(comp: float, mem: float, comm: float) -> str:
-    return max((comp, "compute"), (mem, "memory"), (comm, "communication"))[1]
-
-
-def textbook_index(plan: EinsumPlan) -> int | None:
-    """The option the book's text prescribes for this case, when it names one.
-
-    Case 2: gather the operand sharded on the contracting dim, then multiply (no partial
-    sums). Case 3: multiply locally, then AllReduce / ReduceScatter (no input gathers).
-    """
-    case = plan.case[:1]
-    if case == "1":
-        return 0 if len(plan.options) == 1 else None
-    best: tuple[int, int] | None = None
-    for i, o in enumerate(plan.options):
-        pre = [c for c in o.comms if c.tensor != o.out.name]
-        if case == "2":
-            ok = not o.natural_out.unreduced and all(
-                c.kind is CollectiveKind.ALL_GATHER for c in pre
-            )
-        elif case == "3":
-            ok = bool(o.natural_out.unreduced) and not pre
-        else:
-            ok = False
-        if ok and (best is None or len(o.comms) < best[0]):
-            best = (len(o.comms), i)
-    return None if best is None else best[1]
-
-
-def plan_dict(
-    plan: EinsumPlan, peak: float, hbm: float, lhs: Spec, rhs: Spec, out: Spec
-) -> dict[str, Any]:
-    """The JSON structure of one planned einsum (forward or one backward einsum)."""
-    sizes, mesh = dict(plan.sizes), dict(plan.mesh)
-    d = plan.to_dict()
-    choice = int(np.asarray(plan.choice).flat[0])
-    best = _option_dict(plan.best, peak, hbm, sizes, mesh)
-    tb = textbook_index(plan)
-    d.update(
-        {
-            "strategy": best["strategy"],
-            "local_shapes": {s.name: _shape(s, sizes, mesh) for s in (lhs, rhs, out)},
-            "specs": {"lhs": str(lhs), "rhs": str(rhs), "out": str(out)},
-            "matmul": best["matmul"],
-            "flops_per_chip": best["flops_per_chip"],
-            "hbm_bytes_per_chip": best["hbm_bytes_per_chip"],
-            "collectives": best["collectives"],
-            "compute_time_s": best["compute_time_s"],
-            "memory_time_s": best["memory_time_s"],
-            "comm_time_s": best["comm_time_s"],
-            "time_lower_s": best["time_lower_s"],
-            "time_upper_s": best["time_upper_s"],
-            "bound": best["bound"],
-            "replication": float(plan.replication),
-            "textbook_strategy": None if tb is None else strategy(plan.options[tb]),
-            "chosen_is_textbook": tb is None or tb == choice,
-            "alternatives": [
-                _option_dict(o, peak, hbm, sizes, mesh)
-                for i, o in enumerate(plan.options)
-                if i != choice
-            ],
-        }
-    )
-    return d
-
-
-def result(
-    expr: str,
-    dims: dict[str, float],
-    mesh_text: str,
-    system_text: str,
-    dtype: str = "bf16",
-    backward: bool = False,
-) -> dict[str, Any]:
-    """Everything `matmul` reports, as plain data."""
-    system = parse_system(system_text)
-    mesh = make_mesh(system, mesh_text)
-    dt = parse_dtype(dtype)
-    lhs, rhs, out = parse_einsum(expr, mesh.axis_names, (dt, dt, dt))
-    used = {*lhs.dims, *rhs.dims, *out.dims}
-    extra = [d for d in dims if d not in used]
-    if extra:
-        raise SpecError(
-            f"--dims names {', '.join(extra)}, which the einsum {expr!r} does not use",
-            rule="--dims gives the size of each dim of the einsum",
-            fix=f"size only {', '.join(sorted(used))}",
-        )
-    sizes = {d: float(v) for d, v in dims.items()}
-    mesh_sizes = mesh.shape
-    peak = system.chip.peak(dt)
-    hbm = system.chip.hbm_bw_bytes_per_s
-
-    def comm_fn(kind: CollectiveKind, nbytes: Any, axes: tuple[str, ...]) -> Any:
-        return collective_cost(kind, nbytes, axes, mesh).time_s
-
-    kw = dict(peak_flops_per_s=peak, hbm_bw_bytes_per_s=hbm, check_divisible=True)
-    fwd = plan_einsum(lhs, rhs, out, sizes, mesh_sizes, comm_fn, allow_conflict=False, **kw)
-    res = plan_dict(fwd, peak, hbm, lhs, rhs, out)
-    res.update(
-        {
-            "system": system.name,
-            "mesh": mesh.spec(),
-            "placement": mesh.describe(),
-            "dtype": dt,
-            "peak_flops_per_s": peak,
-            "hbm_bw_bytes_per_s": hbm,
-            "n_chips": mesh.n_chips,
-        }
-    )
-    if backward:
-        res["backward"] = []
-        for a, b, c in backward_specs(lhs, rhs, out):
-            # the gradient einsums are often case 4 (FSDP: dIn = dOut[B_X, F] · W[D_X, F]):
-            # resolving it by gathering one operand is the point, so conflicts are allowed here
-            p = plan_einsum(
-                a, b, c, sizes, mesh_sizes, comm_fn, phase="backward", allow_conflict=True, **kw
-            )
-            res["backward"].append(plan_dict(p, peak, hbm, a, b, c))
-        res["transposes"] = transposes(res)
-    return res
-
-
-def transposes(res: dict[str, Any]) -> list[str]:
-    """Forward AllGathers of an input paired with the backward ReduceScatter of its gradient."""
-    pairs = []
-    bwd = [c for b in res.get("backward", []) for c in b["collectives"]]
-    for c in res["collectives"]:
-        if c["kind"] != CollectiveKind.ALL_GATHER.value:
-            continue
-        for g in bwd:
-            if (
-                g["kind"] == CollectiveKind.REDUCE_SCATTER.value
-                and g["tensor"] == "d" + c["tensor"]
-            ):
-                if g["axes"] == c["axes"]:
-                    pairs.append(
-                        f"forward {c['name']}({c['before']}) <-> backward {g['name']}({g['before']})"
-                    )
-    return pairs
-
-
-# ------------------------------------------------------------------------------------------
 # Human output
 # ------------------------------------------------------------------------------------------
 
@@ -305,47 +68,43 @@ def _shape_str(shape: list[Any]) -> str:
     return "[" + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in shape) + "]"
 
 
-def _einsum_text(d: dict[str, Any], title: str) -> str:
-    lines = [
-        kv(
-            [
-                (title, d["expr"]),
-                ("case", d["case"]),
-                ("strategy", d["strategy"]),
-            ]
-        )
-    ]
+def _shapes_block(d: dict[str, Any]) -> str:
     lhs, rhs, out = d["specs"]["lhs"], d["specs"]["rhs"], d["specs"]["out"]
     mm = d["matmul"]
     shapes = list(d["local_shapes"].values())
     rows = [
-        ["lhs", lhs, _shape_str(shapes[0]), mm["lhs"], _shape_str(mm["local_shapes"]["lhs"])],
-        ["rhs", rhs, _shape_str(shapes[1]), mm["rhs"], _shape_str(mm["local_shapes"]["rhs"])],
-        ["out", out, _shape_str(shapes[2]), mm["out"], _shape_str(mm["local_shapes"]["out"])],
+        [name, spec, _shape_str(shape), mm[name], _shape_str(mm["local_shapes"][name])]
+        for name, spec, shape in (
+            ("lhs", lhs, shapes[0]),
+            ("rhs", rhs, shapes[1]),
+            ("out", out, shapes[2]),
+        )
     ]
-    lines.append(
-        "Local shapes per chip (as given, and as they meet in the local matmul):\n"
-        + table(
-            rows, ["", "sharding", "local shape", "at the matmul", "local shape"], align="lllll"
-        )
+    return "Local shapes per chip (as given, and as they meet in the local matmul):\n" + table(
+        rows, ["", "sharding", "local shape", "at the matmul", "local shape"], align="lllll"
     )
-    if d["collectives"]:
-        crow = [
-            [
-                c["name"],
-                f"{c['before']} -> {c['after']}",
-                fmt_bytes(c["bytes"]),
-                fmt_time(c["time_s"]),
-                c["why"],
-            ]
-            for c in d["collectives"]
+
+
+def _collectives_block(d: dict[str, Any]) -> str:
+    if not d["collectives"]:
+        return "Collectives: none (the output follows the inputs' shardings)"
+    crow = [
+        [
+            c["name"],
+            f"{c['before']} -> {c['after']}",
+            fmt_bytes(c["bytes"]),
+            fmt_time(c["time_s"]),
+            c["why"],
         ]
-        lines.append(
-            "Collectives (bytes per chip: AllGather output, ReduceScatter input, AllReduce/AllToAll buffer):\n"
-            + table(crow, ["collective", "arrays", "bytes/chip", "time", "why"], align="llrrl")
-        )
-    else:
-        lines.append("Collectives: none (the output follows the inputs' shardings)")
+        for c in d["collectives"]
+    ]
+    return (
+        "Collectives (bytes per chip: AllGather output, ReduceScatter input, AllReduce/AllToAll buffer):\n"
+        + table(crow, ["collective", "arrays", "bytes/chip", "time", "why"], align="llrrl")
+    )
+
+
+def _times_block(d: dict[str, Any]) -> str:
     peak, hbm = d["_peak"], d["_hbm"]
     comm_sum = " + ".join(f"{c['name']} {fmt_time(c['time_s'])}" for c in d["collectives"]) or "0"
     trows = [
@@ -368,43 +127,44 @@ def _einsum_text(d: dict[str, Any], title: str) -> str:
         ],
         ["upper bound", fmt_time(d["time_upper_s"]), "sum of the three (no overlap)"],
     ]
-    lines.append(table(trows, ["time", "value", "arithmetic"], align="lrl"))
-    lines.append(f"replication of the output: {d['replication']:g} chips hold each block")
+    return table(trows, ["time", "value", "arithmetic"], align="lrl")
+
+
+def _alternatives_block(d: dict[str, Any]) -> list[str]:
     alts = d["alternatives"]
-    if alts:
-        arow = [
-            [
-                "chosen",
-                d["strategy"],
-                fmt_time(d["comm_time_s"]),
-                fmt_time(d["compute_time_s"]),
-                fmt_time(d["time_lower_s"]),
-            ]
+    if not alts:
+        return []
+
+    def row(label: str, a: dict[str, Any]) -> list[str]:
+        return [
+            label,
+            a["strategy"],
+            fmt_time(a["comm_time_s"]),
+            fmt_time(a["compute_time_s"]),
+            fmt_time(a["time_lower_s"]),
         ]
-        arow += [
-            [
-                f"alt {i + 1}",
-                a["strategy"],
-                fmt_time(a["comm_time_s"]),
-                fmt_time(a["compute_time_s"]),
-                fmt_time(a["time_lower_s"]),
-            ]
-            for i, a in enumerate(alts)
-        ]
-        lines.append(
-            "Options costed (time = max(compute, memory, comm)):\n"
-            + table(arow, ["", "strategy", "comm", "compute", "time"], align="llrrr")
-        )
-        nxt = min(alts, key=lambda a: a["time_lower_s"])
-        ratio = nxt["time_lower_s"] / d["time_lower_s"] if d["time_lower_s"] > 0 else float("inf")
-        why = (
-            f"chosen because its time {fmt_time(d['time_lower_s'])} ({d['bound']}-bound) is the lowest; "
-            f"next best: {nxt['strategy']} at {fmt_time(nxt['time_lower_s'])} ({nxt['bound']}-bound, "
-            f"{ratio:.3g}x)"
-        )
-        if not d["chosen_is_textbook"] and d["textbook_strategy"]:
-            why += f". The book's textbook strategy for this case is: {d['textbook_strategy']}"
-        lines.append(why + ".")
+
+    arow = [row("chosen", d)] + [row(f"alt {i + 1}", a) for i, a in enumerate(alts)]
+    listing = "Options costed (time = max(compute, memory, comm)):\n" + table(
+        arow, ["", "strategy", "comm", "compute", "time"], align="llrrr"
+    )
+    nxt = min(alts, key=lambda a: a["time_lower_s"])
+    ratio = nxt["time_lower_s"] / d["time_lower_s"] if d["time_lower_s"] > 0 else float("inf")
+    why = (
+        f"chosen because its time {fmt_time(d['time_lower_s'])} ({d['bound']}-bound) is the lowest; "
+        f"next best: {nxt['strategy']} at {fmt_time(nxt['time_lower_s'])} ({nxt['bound']}-bound, "
+        f"{ratio:.3g}x)"
+    )
+    if not d["chosen_is_textbook"] and d["textbook_strategy"]:
+        why += f". The book's textbook strategy for this case is: {d['textbook_strategy']}"
+    return [listing, why + "."]
+
+
+def _einsum_text(d: dict[str, Any], title: str) -> str:
+    head = kv([(title, d["expr"]), ("case", d["case"]), ("strategy", d["strategy"])])
+    lines = [head, _shapes_block(d), _collectives_block(d), _times_block(d)]
+    lines.append(f"replication of the output: {d['replication']:g} chips hold each block")
+    lines += _alternatives_block(d)
     return "\n\n".join(lines)
 
 
@@ -441,7 +201,7 @@ def text(res: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     dims = parse_assignments(args.dims, what="dims")
-    res = result(args.expr, dims, args.mesh, args.system, args.dtype, args.backward)
+    res = analyze_matmul(args.expr, dims, args.mesh, args.system, args.dtype, args.backward)
     inputs = {
         "expr": args.expr,
         "dims": dims,
