@@ -428,30 +428,7 @@ def collective_cost(
     names = mesh.resolve_axes(axes)
     scalar = np.ndim(bytes_per_chip) == 0
     b = np.asarray(bytes_per_chip, dtype=float)
-    if not np.all(np.isfinite(b)) or np.any(b < 0):
-        raise SpecError(
-            f"bytes_per_chip = {bytes_per_chip!r}",
-            rule="a collective moves a finite, non-negative number of bytes",
-            fix="give bytes >= 0",
-        )
-    if not (0 < ragged_fraction <= 1):
-        raise SpecError(
-            f"ragged_fraction = {ragged_fraction!r}",
-            rule="a fraction in (0, 1]",
-            fix="use e.g. moe_ragged_fraction(k, n)",
-        )
-    if ragged_fraction != 1 and k is not CollectiveKind.ALL_TO_ALL:
-        raise SpecError(
-            f"ragged_fraction = {ragged_fraction} for a {k.value}",
-            rule="only AllToAll (MoE dispatch) can be ragged",
-            fix="drop ragged_fraction",
-        )
-    if sharp_speedup is not None and not (sharp_speedup > 0):
-        raise SpecError(
-            f"sharp_speedup = {sharp_speedup!r}",
-            rule="a positive factor",
-            fix=f"use e.g. {SHARP_PRACTICAL_SPEEDUP}",
-        )
+    _check_cost_args(k, b, bytes_per_chip, ragged_fraction, sharp_speedup)
     use_sharp = mesh.system.sharp if sharp is None else bool(sharp)
     n = mesh.size(names)
 
@@ -481,19 +458,6 @@ def collective_cost(
     spb = worst.seconds_per_byte * (ragged_fraction if k is CollectiveKind.ALL_TO_ALL else 1.0)
     latency = float(sum(t.latency_s for t in terms))
     bandwidth = spb * b
-    time = collective_time(latency, spb, b)
-    lat_bound = latency > bandwidth
-    if k in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
-        wire = b * (n - 1) / n
-    elif k is CollectiveKind.ALL_REDUCE:
-        all_sharp = use_sharp and all(
-            s.dim.kind in (DimKind.NVLINK, DimKind.SCALEOUT) for s in segs
-        )
-        wire = b if all_sharp else 2 * b * (n - 1) / n
-    elif k is CollectiveKind.ALL_TO_ALL:
-        wire = b * (n - 1) / n * ragged_fraction
-    else:
-        wire = b.copy()
     parts = "; ".join(f"{t.name}: {t.detail}" for t in terms)
     rag = f" x ragged {ragged_fraction:.3g}" if ragged_fraction != 1 else ""
     formula = (
@@ -505,16 +469,61 @@ def collective_cost(
         axes=names,
         group_size=n,
         bytes_per_chip=bytes_per_chip,
-        wire_bytes_per_chip=out(wire),
-        time_s=out(time),
+        wire_bytes_per_chip=out(_wire_bytes(k, b, n, segs, use_sharp, ragged_fraction)),
+        time_s=out(collective_time(latency, spb, b)),
         latency_s=latency,
         bandwidth_s=out(bandwidth),
-        latency_bound=bool(lat_bound) if scalar else lat_bound,
+        latency_bound=bool(latency > bandwidth) if scalar else latency > bandwidth,
         bottleneck=worst.name,
         seconds_per_byte=spb,
         formula=formula,
         tiers=tuple(terms),
     )
+
+
+def _check_cost_args(
+    k: CollectiveKind, b: np.ndarray, given: Any, ragged: float, sharp_speedup: float | None
+) -> None:
+    if not np.all(np.isfinite(b)) or np.any(b < 0):
+        raise SpecError(
+            f"bytes_per_chip = {given!r}",
+            rule="a collective moves a finite, non-negative number of bytes",
+            fix="give bytes >= 0",
+        )
+    if not (0 < ragged <= 1):
+        raise SpecError(
+            f"ragged_fraction = {ragged!r}",
+            rule="a fraction in (0, 1]",
+            fix="use e.g. moe_ragged_fraction(k, n)",
+        )
+    if ragged != 1 and k is not CollectiveKind.ALL_TO_ALL:
+        raise SpecError(
+            f"ragged_fraction = {ragged} for a {k.value}",
+            rule="only AllToAll (MoE dispatch) can be ragged",
+            fix="drop ragged_fraction",
+        )
+    if sharp_speedup is not None and not (sharp_speedup > 0):
+        raise SpecError(
+            f"sharp_speedup = {sharp_speedup!r}",
+            rule="a positive factor",
+            fix=f"use e.g. {SHARP_PRACTICAL_SPEEDUP}",
+        )
+
+
+def _wire_bytes(
+    k: CollectiveKind, b: np.ndarray, n: int, segs, use_sharp: bool, ragged: float
+) -> np.ndarray:
+    """Bytes each chip sends on the wire (originated, not forwarded)."""
+    if k in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+        return b * (n - 1) / n
+    if k is CollectiveKind.ALL_REDUCE:
+        all_sharp = use_sharp and all(
+            s.dim.kind in (DimKind.NVLINK, DimKind.SCALEOUT) for s in segs
+        )
+        return b if all_sharp else 2 * b * (n - 1) / n
+    if k is CollectiveKind.ALL_TO_ALL:
+        return b * (n - 1) / n * ragged
+    return b.copy()
 
 
 __all__ = [

@@ -316,6 +316,24 @@ def make_mesh(
     wanted = {**inline, **{k: "*".join(v) for k, v in _parse_placement(placement).items()}}
     explicit = {k: _dim_list(v) for k, v in wanted.items()}
     names = [n for n, _ in items]
+    _check_mesh(sys_, items, explicit)
+    inner_first = list(reversed(sys_.dims))
+    placer = _Placer(sys_)
+    result: dict[str, tuple[Segment, ...]] = {}
+    order = list(reversed(names))
+    for a in [n for n in order if n in explicit]:
+        allowed = [d for d in inner_first if d.name in explicit[a]]
+        result[a] = placer.take(a, dict(items)[a], allowed)
+    for a in [n for n in order if n not in explicit]:
+        result[a] = placer.take(a, dict(items)[a], inner_first)
+    return Mesh(
+        system=sys_, axes=tuple(items), placement=MappingProxyType({n: result[n] for n in names})
+    )
+
+
+def _check_mesh(sys_: System, items: list[tuple[str, int]], explicit: Mapping[str, tuple]) -> None:
+    """PlanError for a placement of an unknown axis or dim, or sizes that miss the chip count."""
+    names = [n for n, _ in items]
     for k in explicit:
         if k not in names:
             raise PlanError(
@@ -339,12 +357,17 @@ def make_mesh(
                     rule="physical dims are " + ", ".join(dim_names) + " (outermost first)",
                     fix="use those names",
                 )
-    inner_first = list(reversed(sys_.dims))
-    remaining = {d.name: d.size for d in sys_.dims}
-    taken = {d.name: 1 for d in sys_.dims}
-    result: dict[str, tuple[Segment, ...]] = {}
 
-    def take(axis: str, size: int, allowed: list[PhysDim]) -> tuple[Segment, ...]:
+
+class _Placer:
+    """Hands out factors of the physical dims to mesh axes, innermost first."""
+
+    def __init__(self, sys_: System) -> None:
+        self.remaining = {d.name: d.size for d in sys_.dims}
+        self.taken = {d.name: 1 for d in sys_.dims}
+
+    def take(self, axis: str, size: int, allowed: list[PhysDim]) -> tuple[Segment, ...]:
+        remaining, taken = self.remaining, self.taken
         segs: list[Segment] = []
         s = size
         for d in allowed:
@@ -368,16 +391,6 @@ def make_mesh(
                 fix=f"give {axis} a size whose factors fit (e.g. {math.gcd(size, fit) if math.gcd(size, fit) > 1 else fit}), or change the placement",
             )
         return tuple(segs)
-
-    order = list(reversed(names))
-    for a in [n for n in order if n in explicit]:
-        allowed = [d for d in inner_first if d.name in explicit[a]]
-        result[a] = take(a, dict(items)[a], allowed)
-    for a in [n for n in order if n not in explicit]:
-        result[a] = take(a, dict(items)[a], inner_first)
-    return Mesh(
-        system=sys_, axes=tuple(items), placement=MappingProxyType({n: result[n] for n in names})
-    )
 
 
 __all__ = ["Mesh", "Segment", "make_mesh"]

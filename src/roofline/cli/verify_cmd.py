@@ -146,106 +146,8 @@ def _check_plan(text: str, devices: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.matmul) == bool(args.plan):
-        raise VerifyError(
-            "give either --plan (with --model) or --matmul",
-            rule="verify compiles one model plan or one sharded matmul",
-            fix='e.g. --plan "fsdp=4,tp=2" or --matmul "A[I,J_X] * B[J_X,K] -> C[I,K]"',
-        )
-    for name in ("bytes_tol", "flops_tol"):
-        if not 0 <= getattr(args, name) < 1:
-            raise VerifyError(
-                f"--{name.replace('_', '-')} {getattr(args, name)}",
-                rule="a fraction in [0, 1)",
-                fix="use e.g. 0.05",
-            )
-    if args.matmul:
-        mesh = parse_assignments(args.mesh, what="mesh") if args.mesh else None
-        dims = parse_assignments(args.dims, what="dims") if args.dims else None
-        from roofline.verify.program import MatmulSpec
-
-        MatmulSpec.parse(args.matmul)  # bad notation fails here, before jax starts
-        n = 1
-        for v in (mesh or {}).values():
-            n *= int(v)
-        if mesh and n != args.devices:
-            raise PlanError(
-                f"mesh {args.mesh} has {n} devices but --devices is {args.devices}",
-                rule="the mesh axes multiply to the device count",
-                fix=f"pass --devices {n}",
-            )
-        ensure_devices(args.devices)
-        from roofline.verify.diff import verify_matmul
-
-        r = verify_matmul(
-            args.matmul,
-            sizes=dims,
-            mesh_shape=mesh,
-            dtype=args.dtype,
-            system=args.system,
-            final=args.final,
-            bytes_tol=args.bytes_tol,
-            flops_tol=args.flops_tol,
-        )
-        inputs: dict[str, Any] = {
-            "matmul": args.matmul,
-            "dims": dims,
-            "mesh": mesh,
-            "dtype": args.dtype,
-            "devices": args.devices,
-            "system": args.system,
-            "final": args.final,
-        }
-        what = f"matmul {args.matmul}"
-    else:
-        from roofline.specs.model import load_model
-
-        model = load_model(args.model)
-        _check_plan(args.plan, args.devices)
-        for name in ("layers", "batch", "seq"):
-            if getattr(args, name) < 1:
-                raise VerifyError(
-                    f"--{name} {getattr(args, name)}",
-                    rule="a positive whole number",
-                    fix=f"use --{name} 1 or more",
-                )
-        ensure_devices(args.devices)
-        from roofline.verify.diff import verify_train_step
-
-        r = verify_train_step(
-            model,
-            args.plan,
-            batch=args.batch,
-            seq=args.seq,
-            dtype=args.dtype,
-            n_layers=args.layers,
-            remat=args.remat,
-            fused_qkv=args.fused_qkv,
-            capacity_factor=args.capacity_factor,
-            system=args.system,
-            final=args.final,
-            bytes_tol=args.bytes_tol,
-            flops_tol=args.flops_tol,
-        )
-        inputs = {
-            "model": model.name,
-            "plan": args.plan,
-            "devices": args.devices,
-            "layers": args.layers,
-            "batch": args.batch,
-            "seq": args.seq,
-            "dtype": args.dtype,
-            "remat": args.remat,
-            "fused_qkv": args.fused_qkv,
-            "capacity_factor": args.capacity_factor,
-            "system": args.system,
-            "final": args.final,
-        }
-        what = (
-            f"{model.name} plan {args.plan}, {args.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}"
-            + (", remat" if args.remat else "")
-            + (", fused QKV" if args.fused_qkv else "")
-        )
+    _check_args(args)
+    r, inputs, what = _verify_matmul(args) if args.matmul else _verify_model(args)
     from roofline.verify.hlo import summarize
 
     d = r.diff
@@ -270,3 +172,111 @@ def run(args: argparse.Namespace) -> int:
     result["seconds"] = r.seconds
     emit(args, NAME, inputs, result, text)
     return 0 if d.ok else 1
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if bool(args.matmul) == bool(args.plan):
+        raise VerifyError(
+            "give either --plan (with --model) or --matmul",
+            rule="verify compiles one model plan or one sharded matmul",
+            fix='e.g. --plan "fsdp=4,tp=2" or --matmul "A[I,J_X] * B[J_X,K] -> C[I,K]"',
+        )
+    for name in ("bytes_tol", "flops_tol"):
+        if not 0 <= getattr(args, name) < 1:
+            raise VerifyError(
+                f"--{name.replace('_', '-')} {getattr(args, name)}",
+                rule="a fraction in [0, 1)",
+                fix="use e.g. 0.05",
+            )
+
+
+def _verify_matmul(args: argparse.Namespace):
+    mesh = parse_assignments(args.mesh, what="mesh") if args.mesh else None
+    dims = parse_assignments(args.dims, what="dims") if args.dims else None
+    from roofline.verify.program import MatmulSpec
+
+    MatmulSpec.parse(args.matmul)  # bad notation fails here, before jax starts
+    n = 1
+    for v in (mesh or {}).values():
+        n *= int(v)
+    if mesh and n != args.devices:
+        raise PlanError(
+            f"mesh {args.mesh} has {n} devices but --devices is {args.devices}",
+            rule="the mesh axes multiply to the device count",
+            fix=f"pass --devices {n}",
+        )
+    ensure_devices(args.devices)
+    from roofline.verify.diff import verify_matmul
+
+    r = verify_matmul(
+        args.matmul,
+        sizes=dims,
+        mesh_shape=mesh,
+        dtype=args.dtype,
+        system=args.system,
+        final=args.final,
+        bytes_tol=args.bytes_tol,
+        flops_tol=args.flops_tol,
+    )
+    inputs: dict[str, Any] = {
+        "matmul": args.matmul,
+        "dims": dims,
+        "mesh": mesh,
+        "dtype": args.dtype,
+        "devices": args.devices,
+        "system": args.system,
+        "final": args.final,
+    }
+    return r, inputs, f"matmul {args.matmul}"
+
+
+def _verify_model(args: argparse.Namespace):
+    from roofline.specs.model import load_model
+
+    model = load_model(args.model)
+    _check_plan(args.plan, args.devices)
+    for name in ("layers", "batch", "seq"):
+        if getattr(args, name) < 1:
+            raise VerifyError(
+                f"--{name} {getattr(args, name)}",
+                rule="a positive whole number",
+                fix=f"use --{name} 1 or more",
+            )
+    ensure_devices(args.devices)
+    from roofline.verify.diff import verify_train_step
+
+    r = verify_train_step(
+        model,
+        args.plan,
+        batch=args.batch,
+        seq=args.seq,
+        dtype=args.dtype,
+        n_layers=args.layers,
+        remat=args.remat,
+        fused_qkv=args.fused_qkv,
+        capacity_factor=args.capacity_factor,
+        system=args.system,
+        final=args.final,
+        bytes_tol=args.bytes_tol,
+        flops_tol=args.flops_tol,
+    )
+    inputs = {
+        "model": model.name,
+        "plan": args.plan,
+        "devices": args.devices,
+        "layers": args.layers,
+        "batch": args.batch,
+        "seq": args.seq,
+        "dtype": args.dtype,
+        "remat": args.remat,
+        "fused_qkv": args.fused_qkv,
+        "capacity_factor": args.capacity_factor,
+        "system": args.system,
+        "final": args.final,
+    }
+    what = (
+        f"{model.name} plan {args.plan}, {args.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}"
+        + (", remat" if args.remat else "")
+        + (", fused QKV" if args.fused_qkv else "")
+    )
+    return r, inputs, what

@@ -141,6 +141,11 @@ class Degrees:
         """(axis name, size) for every strategy in use, outermost first; always at least one axis."""
         return mesh_axes_of(tuple(getattr(self, n) for n in STRATEGY_NAMES))
 
+    def describe(self, empty: str = "dp=1") -> str:
+        """'fsdp=64,tp=4': the strategies in use, in plan order (`empty` when none is)."""
+        used = [f"{n}={getattr(self, n)}" for n in STRATEGY_NAMES if getattr(self, n) > 1]
+        return ",".join(used) or empty
+
 
 _AXIS_RANK = tuple(AXIS_ORDER.index(AXIS_OF[s]) for s in STRATEGIES)
 
@@ -479,7 +484,7 @@ class Plan:
 
     def describe(self) -> str:
         d = self.degrees
-        parts = [f"{s.value}={d.of(s)}" for s in Strategy if d.of(s) > 1] or ["dp=1"]
+        parts = [d.describe()]
         parts.append(f"microbatch={self.microbatches}")
         parts.append(f"remat={self.remat}")
         if d.dp > 1:

@@ -46,9 +46,8 @@ from roofline.verify.predict import PredictedCollective, Prediction
 
 BYTES_TOL = 0.05
 FLOPS_TOL = 0.10
-ABS_FLOOR = (
-    0.001  # a row whose difference is under 0.1% of all the bytes XLA moves in the step agrees
-)
+# a row whose difference is under 0.1% of all the bytes XLA moves in the step agrees
+ABS_FLOOR = 0.001
 
 RowKey = tuple[str, tuple[str, ...]]
 
@@ -507,66 +506,86 @@ class _Context:
     fused_qkv: bool = False
     notes: tuple[str, ...] = ()
     tol: float = BYTES_TOL
-    bf16_sigs: frozenset = (
-        frozenset()
-    )  # (kind, axes, bytes) of the post-SPMD bf16 collectives (final mode)
+    # (kind, axes, bytes) of the post-SPMD bf16 collectives (final mode)
+    bf16_sigs: frozenset = frozenset()
+
+
+@dataclass
+class _Match:
+    """The working state of one comparison: the predicted (P) and observed (O) items still
+    unmatched (copies: the passes consume their counts), the named excess so far, the context."""
+
+    pred: Prediction
+    P: list[_Item]
+    O: list[_Item]
+    acc: _Acc
+    ctx: _Context
 
 
 def _analyze(
     pred: Prediction, observed: Sequence[ObservedCollective], ctx: _Context
 ) -> tuple[_Acc, dict[RowKey, float]]:
     """Match predicted and observed collectives; name what differs. Returns the named excess
-    per deviation and row, and the unexplained leftover per row (observed - predicted)."""
+    per deviation and row, and the unexplained leftover per row (observed - predicted).
+
+    The passes run in the order of `_PASSES`; each consumes the executions it explains, so an
+    earlier pass takes precedence (e.g. norm-scale collectives before exact matching).
+    """
     P = _p_items(pred.collectives)
     if ctx.fused_qkv:
         P = _fuse_qkv(P)
-    O = _o_items(observed)
-    acc = _Acc()
+    m = _Match(pred, P, _o_items(observed), _Acc(), ctx)
+    for step in _PASSES:
+        step(m)
+    return m.acc, _leftover(m)
 
-    # 1. norm scales and the scalar loss: not ledger matmul rows
+
+def _norms_and_loss(m: _Match) -> None:
+    """Norm scales and the scalar loss: not ledger matmul rows."""
+    D = m.ctx.d_model
+
     def is_norm_or_loss(o: _Item) -> bool:
         if o.shape == () or o.nbytes <= 8:
             return True
-        D = ctx.d_model
         return (
             bool(D)
             and len(o.shape) <= 2
             and o.shape[-1] == D
-            and math.prod(o.shape[:-1]) in (1, ctx.n_layers)
+            and math.prod(o.shape[:-1]) in (1, m.ctx.n_layers)
         )
 
-    for it, n in _take(O, is_norm_or_loss):
-        acc.add(
-            "norm-and-loss-collectives",
-            it.key,
-            it.nbytes * n,
-            "scalar loss" if it.shape == () else f"norm scale {list(it.shape)}",
-        )
+    for it, n in _take(m.O, is_norm_or_loss):
+        what = "scalar loss" if it.shape == () else f"norm scale {list(it.shape)}"
+        m.acc.add("norm-and-loss-collectives", it.key, it.nbytes * n, what)
 
-    # 1b. final HLO: a bf16 collective done in f32 (twice the bytes); the post-SPMD module
-    #     says which collectives were bf16 (genuinely f32 ones are left alone)
-    if ctx.final and ctx.bf16_sigs:
-        for o in O:
-            if o.count > 0 and o.dtype == "f32" and (o.kind, o.axes, o.nbytes / 2) in ctx.bf16_sigs:
-                acc.add(
-                    "f32-collective-for-bf16",
-                    o.key,
-                    o.nbytes / 2 * o.count,
-                    f"{list(o.shape)} {o.nbytes / 2:,.0f} B as f32",
-                )
-                o.nbytes /= 2
-                o.dtype = "bf16"
 
-    # 2. partial dx reduced per projection where the training cost merged them: per block,
-    #    the backward reductions of dx XLA emitted beyond those the prediction counts
-    for group, name in (
-        ("attn/qkv", "separate-qkv-backward-allreduce"),
-        ("mlp/gate+up", "separate-gate-up-backward-allreduce"),
-        ("moe/gate+up", "separate-expert-backward-allreduce"),
-    ):
+def _f32_for_bf16(m: _Match) -> None:
+    """Final HLO: a bf16 collective done in f32 (twice the bytes); the post-SPMD module says
+    which collectives were bf16 (genuinely f32 ones are left alone)."""
+    if not (m.ctx.final and m.ctx.bf16_sigs):
+        return
+    for o in m.O:
+        if o.count > 0 and o.dtype == "f32" and (o.kind, o.axes, o.nbytes / 2) in m.ctx.bf16_sigs:
+            what = f"{list(o.shape)} {o.nbytes / 2:,.0f} B as f32"
+            m.acc.add("f32-collective-for-bf16", o.key, o.nbytes / 2 * o.count, what)
+            o.nbytes /= 2
+            o.dtype = "bf16"
+
+
+_SEPARATE_DX = (
+    ("attn/qkv", "separate-qkv-backward-allreduce"),
+    ("mlp/gate+up", "separate-gate-up-backward-allreduce"),
+    ("moe/gate+up", "separate-expert-backward-allreduce"),
+)
+
+
+def _separate_dx_reductions(m: _Match) -> None:
+    """Partial dx reduced per projection where the walk merged them: per block, the backward
+    reductions of dx XLA emitted beyond those the prediction counts."""
+    for group, name in _SEPARATE_DX:
         merged = [
             q
-            for q in pred.counted_once
+            for q in m.pred.counted_once
             if q.tensor.startswith("dx")
             and q.kind in ("all-reduce", "reduce-scatter")
             and _group_of_row(q.op) == group
@@ -576,7 +595,7 @@ def _analyze(
         q = merged[0]
         counted = sum(
             int(round(c.count))
-            for c in pred.collectives
+            for c in m.pred.collectives
             if c.tensor.startswith("dx")
             and c.kind == q.kind
             and c.axes == q.axes
@@ -592,99 +611,90 @@ def _analyze(
                 and _PROGRAM_EINSUMS.get(_einsum_of(o.info)) == group
             )
 
-        extra = sum(o.count for o in O if mine(o)) - counted
-        limit = min(extra, sum(int(round(m.count)) for m in merged))
+        extra = sum(o.count for o in m.O if mine(o)) - counted
+        limit = min(extra, sum(int(round(x.count)) for x in merged))
         if limit > 0:
-            for o, n in _take(O, mine, limit):
-                acc.add(
-                    name,
-                    o.key,
-                    o.nbytes * n,
-                    f"d{group.split('/')[0]} via {_einsum_of(o.info)} {o.nbytes:,.0f} B",
-                )
+            for o, n in _take(m.O, mine, limit):
+                what = f"d{group.split('/')[0]} via {_einsum_of(o.info)} {o.nbytes:,.0f} B"
+                m.acc.add(name, o.key, o.nbytes * n, what)
 
-    # 3. remat: the recompute of the layer's last projection (and its collectives) is dead code
-    if ctx.remat:
-        for p in P:
-            if (
-                p.count < 2
-                or p.einsum != "forward"
-                or _is_weight(p.tensor)
-                or _group_of_row(p.op) not in ("mlp/down", "moe/down")
-            ):
-                continue
-            seen = sum(
-                o.count
-                for o in O
-                if o.key == p.key
-                and abs(o.nbytes - p.nbytes) < 0.5
-                and "transpose(" not in o.info
-                and _PROGRAM_EINSUMS.get(_einsum_of(o.info)) == _group_of_row(p.op)
-            )
-            n = min(p.count - seen, p.count // 2)
-            if n > 0:
-                p.count -= n
-                acc.add(
-                    "remat-skips-dead-recompute",
-                    p.key,
-                    -p.nbytes * n,
-                    f"{p.tensor} ({p.op} forward recompute)",
-                )
 
-    # 4. exact matches (kind, axes, bytes)
-    _match_exact(P, O)
+def _remat_dead_recompute(m: _Match) -> None:
+    """Remat: the recompute of the layer's last projection (and its collectives) is dead code."""
+    if not m.ctx.remat:
+        return
+    for p in m.P:
+        group = _group_of_row(p.op)
+        if p.count < 2 or p.einsum != "forward" or _is_weight(p.tensor):
+            continue
+        if group not in ("mlp/down", "moe/down"):
+            continue
+        seen = sum(
+            o.count
+            for o in m.O
+            if o.key == p.key
+            and abs(o.nbytes - p.nbytes) < 0.5
+            and "transpose(" not in o.info
+            and _PROGRAM_EINSUMS.get(_einsum_of(o.info)) == group
+        )
+        n = min(p.count - seen, p.count // 2)
+        if n > 0:
+            p.count -= n
+            what = f"{p.tensor} ({p.op} forward recompute)"
+            m.acc.add("remat-skips-dead-recompute", p.key, -p.nbytes * n, what)
 
-    # 4. all-reduce where the algebra reduce-scatters the same buffer
-    for p in P:
+
+def _exact(m: _Match) -> None:
+    """Exact matches (kind, axes, bytes)."""
+    _match_exact(m.P, m.O)
+
+
+def _allreduce_for_reducescatter(m: _Match) -> None:
+    """An all-reduce where the algebra reduce-scatters the same buffer."""
+    for p in m.P:
         if p.count <= 0 or p.kind != "reduce-scatter":
             continue
-        for o, n in _take(
-            O,
-            lambda o, p=p: (
-                o.kind == "all-reduce" and o.axes == p.axes and abs(o.nbytes - p.nbytes) < 0.5
-            ),
-            p.count,
-        ):
-            p.count -= n
-            acc.add(
-                "allreduce-plus-slice-for-reducescatter",
-                p.key,
-                -p.nbytes * n,
-                f"{p.tensor} ({p.op})",
-            )
-            acc.add(
-                "allreduce-plus-slice-for-reducescatter",
-                o.key,
-                o.nbytes * n,
-                f"{p.tensor} ({p.op})",
-            )
 
-    # 6. FSDP weights gathered again (or not) in the backward pass
+        def same_buffer(o: _Item, p=p) -> bool:
+            return o.kind == "all-reduce" and o.axes == p.axes and abs(o.nbytes - p.nbytes) < 0.5
+
+        for o, n in _take(m.O, same_buffer, p.count):
+            p.count -= n
+            what = f"{p.tensor} ({p.op})"
+            m.acc.add("allreduce-plus-slice-for-reducescatter", p.key, -p.nbytes * n, what)
+            m.acc.add("allreduce-plus-slice-for-reducescatter", o.key, o.nbytes * n, what)
+
+
+def _fsdp_weight_keys(m: _Match) -> dict[tuple, str]:
+    """(axes, bytes) of every predicted FSDP weight gather -> the tensors it gathers."""
     weights = [
         c
         for c in _p_items(
-            [*pred.collectives, *(replace(c, count=max(c.count, 1)) for c in pred.counted_once)]
+            [*m.pred.collectives, *(replace(c, count=max(c.count, 1)) for c in m.pred.counted_once)]
         )
         if c.kind == "all-gather" and _is_weight(c.tensor) and "fsdp" in c.axes
     ]
-    if ctx.fused_qkv:
+    if m.ctx.fused_qkv:
         weights = _fuse_qkv(weights)
     wkeys: dict[tuple, str] = {}
     for c in weights:
         k = (c.axes, c.nbytes)
         if c.tensor not in wkeys.get(k, "").split("/"):
             wkeys[k] = (wkeys[k] + "/" if k in wkeys else "") + c.tensor
-    for o in O:
+    return wkeys
+
+
+def _fsdp_backward_gathers(m: _Match) -> None:
+    """FSDP weights gathered again (or not) in the backward pass."""
+    wkeys = _fsdp_weight_keys(m)
+    where = " (scanned layers: re-gathered in the backward loop)" if m.ctx.n_layers > 1 else ""
+    for o in m.O:
         t = wkeys.get((o.axes, o.nbytes)) if o.kind == "all-gather" else None
         if o.count > 0 and t:
             n, o.count = o.count, 0
-            where = (
-                " (scanned layers: re-gathered in the backward loop)" if ctx.n_layers > 1 else ""
-            )
-            acc.add(
-                "fsdp-regather-in-backward", o.key, o.nbytes * n, f"{t} {o.nbytes:,.0f} B{where}"
-            )
-    for p in P:
+            what = f"{t} {o.nbytes:,.0f} B{where}"
+            m.acc.add("fsdp-regather-in-backward", o.key, o.nbytes * n, what)
+    for p in m.P:
         if (
             p.count > 0
             and p.kind == "all-gather"
@@ -693,67 +703,84 @@ def _analyze(
             and p.einsum != "forward"
         ):
             n, p.count = p.count, 0
-            acc.add("fsdp-reuse-in-backward", p.key, -p.nbytes * n, f"{p.tensor} {p.nbytes:,.0f} B")
+            what = f"{p.tensor} {p.nbytes:,.0f} B"
+            m.acc.add("fsdp-reuse-in-backward", p.key, -p.nbytes * n, what)
 
-    # 7. MoE routing: dispatch/combine einsums and top-k vs the training cost's all-to-alls
-    if ctx.moe:
-        taken_o = _take(O, lambda o: bool(_GSHARD.search(o.info)))
-        taken_p = _take(P, lambda p: p.einsum in ("dispatch", "combine"))
-        for it, n in taken_o:
-            acc.add(
-                "gshard-dispatch-combine",
-                it.key,
-                it.nbytes * n,
-                _einsum_of(it.info) or it.info.rsplit("/", 2)[-2],
-            )
-        for it, n in taken_p:
-            acc.add(
-                "gshard-dispatch-combine",
-                it.key,
-                -it.nbytes * n,
-                f"predicted {it.einsum} all-to-all of {it.tensor}",
-            )
 
-    # 8. dims the program replicated because they do not divide (program notes)
+def _moe_routing(m: _Match) -> None:
+    """MoE routing: the program's dispatch/combine einsums and top-k vs the walk's all-to-alls."""
+    if not m.ctx.moe:
+        return
+    taken_o = _take(m.O, lambda o: bool(_GSHARD.search(o.info)))
+    taken_p = _take(m.P, lambda p: p.einsum in ("dispatch", "combine"))
+    for it, n in taken_o:
+        what = _einsum_of(it.info) or it.info.rsplit("/", 2)[-2]
+        m.acc.add("gshard-dispatch-combine", it.key, it.nbytes * n, what)
+    for it, n in taken_p:
+        what = f"predicted {it.einsum} all-to-all of {it.tensor}"
+        m.acc.add("gshard-dispatch-combine", it.key, -it.nbytes * n, what)
+
+
+def _indivisible_replicated(m: _Match) -> None:
+    """Dims the program replicated because they do not divide (the program's notes)."""
     rep_axes = {
         a
-        for n in ctx.notes
+        for n in m.ctx.notes
         for a in re.findall(r"'(\w+)'", n.split("mesh axes", 1)[-1])
         if "not divisible" in n
     }
-    if rep_axes:
-        for it, n in _take(O, lambda o: set(o.axes) <= rep_axes):
-            acc.add("indivisible-dim-replicated", it.key, it.nbytes * n, f"{list(it.shape)}")
-        for it, n in _take(P, lambda p: set(p.axes) <= rep_axes):
-            acc.add("indivisible-dim-replicated", it.key, -it.nbytes * n, it.tensor)
+    if not rep_axes:
+        return
+    for it, n in _take(m.O, lambda o: set(o.axes) <= rep_axes):
+        m.acc.add("indivisible-dim-replicated", it.key, it.nbytes * n, f"{list(it.shape)}")
+    for it, n in _take(m.P, lambda p: set(p.axes) <= rep_axes):
+        m.acc.add("indivisible-dim-replicated", it.key, -it.nbytes * n, it.tensor)
 
-    # 10. resharding by collective-permute where the algebra moves a subscript with an all-to-all
-    for p in P:
+
+def _permute_for_alltoall(m: _Match) -> None:
+    """Resharding by collective-permute where the algebra moves a subscript with an all-to-all."""
+    for p in m.P:
         if p.count <= 0 or p.kind != "all-to-all":
             continue
-        for o, n in _take(
-            O, lambda o, p=p: o.kind == "collective-permute" and set(p.axes) <= set(o.axes)
-        ):
-            acc.add("collective-permute-for-alltoall", o.key, o.nbytes * n, f"{list(o.shape)} x{n}")
-        n, p.count = p.count, 0
-        acc.add(
-            "collective-permute-for-alltoall",
-            p.key,
-            -p.nbytes * n,
-            f"{p.tensor} ({p.op} {p.einsum}) x{n}",
-        )
 
-    # 11. what is left: per row, the same bytes in other pieces, or unexplained
+        def permute(o: _Item, p=p) -> bool:
+            return o.kind == "collective-permute" and set(p.axes) <= set(o.axes)
+
+        for o, n in _take(m.O, permute):
+            what = f"{list(o.shape)} x{n}"
+            m.acc.add("collective-permute-for-alltoall", o.key, o.nbytes * n, what)
+        n, p.count = p.count, 0
+        what = f"{p.tensor} ({p.op} {p.einsum}) x{n}"
+        m.acc.add("collective-permute-for-alltoall", p.key, -p.nbytes * n, what)
+
+
+def _leftover(m: _Match) -> dict[RowKey, float]:
+    """What is left: per row, the same bytes in other pieces, or unexplained."""
     left: dict[RowKey, float] = {}
-    keys = {it.key for it in (*P, *O) if it.count > 0}
+    keys = {it.key for it in (*m.P, *m.O) if it.count > 0}
     for k in keys:
-        po = sum(p.nbytes * p.count for p in P if p.key == k)
-        ob = sum(o.nbytes * o.count for o in O if o.key == k)
-        if po and ob and abs(ob - po) <= ctx.tol * po:
-            acc.add("same-bytes-other-pieces", k, ob - po, _pieces(P, O, k))
+        po = sum(p.nbytes * p.count for p in m.P if p.key == k)
+        ob = sum(o.nbytes * o.count for o in m.O if o.key == k)
+        if po and ob and abs(ob - po) <= m.ctx.tol * po:
+            m.acc.add("same-bytes-other-pieces", k, ob - po, _pieces(m.P, m.O, k))
         elif ob != po:
             left[k] = ob - po
-    return acc, left
+    return left
+
+
+# The matching passes, in order (an earlier pass takes precedence over a later one).
+_PASSES = (
+    _norms_and_loss,
+    _f32_for_bf16,
+    _separate_dx_reductions,
+    _remat_dead_recompute,
+    _exact,
+    _allreduce_for_reducescatter,
+    _fsdp_backward_gathers,
+    _moe_routing,
+    _indivisible_replicated,
+    _permute_for_alltoall,
+)
 
 
 _GSHARD = re.compile(r"gsec|gske|gskc|top_k")
@@ -1069,9 +1096,47 @@ def diff(
 ) -> Diff:
     """Compare a Prediction with an Observed compile (post-SPMD collectives unless `final`)."""
     obs_colls = observed.collectives_final if final else observed.collectives
-    inp = prediction.inputs
     notes = tuple(program_notes)
-    ctx = _Context(
+    ctx = _context_of(prediction, observed, final, bytes_tol, notes)
+    base = prediction
+    cur, steps = _search_alternatives(base, obs_colls, ctx) if search_alternatives else (base, [])
+    acc, left = _analyze(cur, obs_colls, ctx)
+    _add_alternative_moves(acc, steps)
+    alternatives = tuple(a for alts, _, _ in steps for a in alts)
+    rows = _rows(base, obs_colls, acc, left, bytes_tol)
+    frow, fdevs = _flops_row(base, cur, steps, observed, ctx, flops_tol)
+    deviations = _deviations(acc, left, alternatives) + fdevs
+    deviations.sort(key=lambda d: (d.unexplained, -abs(d.excess)))
+    all_notes = tuple(prediction.notes) + tuple(f"program: {n}" for n in notes)
+    return Diff(
+        prediction.name,
+        "final" if final else "post-spmd",
+        dict(prediction.mesh),
+        tuple(rows),
+        frow,
+        tuple(deviations),
+        alternatives,
+        bytes_tol,
+        flops_tol,
+        base,
+        all_notes,
+    )
+
+
+def _context_of(
+    prediction: Prediction, observed: Observed, final: bool, bytes_tol: float, notes: tuple
+) -> _Context:
+    inp = prediction.inputs
+    bf16_sigs = (
+        frozenset(
+            (c.kind, tuple(c.mesh_axes), float(c.bytes_per_device))
+            for c in observed.collectives
+            if c.dtype == "bf16"
+        )
+        if final
+        else frozenset()
+    )
+    return _Context(
         d_model=int(inp.get("d_model", 0) or 0),
         n_layers=int(inp.get("n_layers", 1) or 1),
         dtype=str(inp.get("dtype", "bf16")),
@@ -1081,29 +1146,23 @@ def diff(
         fused_qkv=bool(inp.get("fused_qkv", False)),
         notes=notes,
         tol=bytes_tol,
-        bf16_sigs=frozenset(
-            (c.kind, tuple(c.mesh_axes), float(c.bytes_per_device))
-            for c in observed.collectives
-            if c.dtype == "bf16"
-        )
-        if final
-        else frozenset(),
+        bf16_sigs=bf16_sigs,
     )
-    base = prediction
-    cur, steps = _search_alternatives(base, obs_colls, ctx) if search_alternatives else (base, [])
-    acc, left = _analyze(cur, obs_colls, ctx)
 
-    # alternatives: the change each move made to the predicted rows (FLOPs: see _flops_row)
+
+def _add_alternative_moves(acc: _Acc, steps) -> None:
+    """Alternatives: the change each move made to the predicted rows (FLOPs: see _flops_row)."""
     for alts, before, after in steps:
         tb, ta = before.totals(), after.totals()
         for k in set(tb) | set(ta):
             d = ta.get(k, 0.0) - tb.get(k, 0.0)
             if d:
-                acc.add(
-                    "equal-cost-alternative", k, d, "; ".join(f"{a.op} {a.einsum}" for a in alts)
-                )
-    alternatives = tuple(a for alts, _, _ in steps for a in alts)
+                what = "; ".join(f"{a.op} {a.einsum}" for a in alts)
+                acc.add("equal-cost-alternative", k, d, what)
 
+
+def _rows(base: Prediction, obs_colls, acc: _Acc, left: dict, bytes_tol: float) -> list[Row]:
+    """One row per (kind, axes): predicted vs observed bytes and counts, status, deviations."""
     pt, pc = base.totals(), base.counts()
     floor = ABS_FLOOR * sum(c.total_bytes_per_device for c in obs_colls)
     ot: dict[RowKey, float] = {}
@@ -1121,17 +1180,14 @@ def diff(
             devs.append(("xla-moves-more-bytes", lo))
         elif lo < 0:
             devs.append(("xla-moves-fewer-bytes", lo))
-        scale = p  # "within 5%" of the prediction
-        if abs(o - p) <= max(bytes_tol * scale, floor):
-            status = "agree"
-        elif abs(lo) <= max(bytes_tol * scale, floor):
-            status = "named"
-        else:
-            status = "disagree"
+        tol = max(bytes_tol * p, floor)  # "within 5%" of the prediction
+        status = "agree" if abs(o - p) <= tol else ("named" if abs(lo) <= tol else "disagree")
         devs.sort(key=lambda x: -abs(x[1]))
         rows.append(Row(k[0], k[1], p, o, pc.get(k, 0.0), oc.get(k, 0), status, tuple(devs), lo))
+    return rows
 
-    frow, fdevs = _flops_row(base, cur, steps, observed, ctx, flops_tol)
+
+def _deviations(acc: _Acc, left: dict, alternatives: tuple) -> list[Deviation]:
     deviations = []
     for name, r in acc.rows.items():
         by_row = tuple((k[0], k[1], v) for k, v in sorted(r.items()))
@@ -1150,22 +1206,7 @@ def diff(
                 f"{k[0]} over {','.join(k[1]) or '-'}",
             )
         )
-    deviations += fdevs
-    deviations.sort(key=lambda d: (d.unexplained, -abs(d.excess)))
-    all_notes = tuple(prediction.notes) + tuple(f"program: {n}" for n in notes)
-    return Diff(
-        prediction.name,
-        "final" if final else "post-spmd",
-        dict(prediction.mesh),
-        tuple(rows),
-        frow,
-        tuple(deviations),
-        alternatives,
-        bytes_tol,
-        flops_tol,
-        base,
-        all_notes,
-    )
+    return deviations
 
 
 def _flops_row(

@@ -124,20 +124,17 @@ class ObservedCollective:
     bytes_per_device: float  # one execution, see module table
     group_size: int
     n_groups: int
-    mesh_axes: tuple[
-        str, ...
-    ]  # program mesh axes varying inside a group (permute: between src and dst)
+    # program mesh axes varying inside a group (permute: between src and dst)
+    mesh_axes: tuple[str, ...]
     axes_complete: bool  # group covers every device along mesh_axes (False: a sub-group)
     count: int  # executions per step (product of enclosing loop trip counts)
     instruction: str
     computation: str
     source: str  # the HLO line (truncated), for error messages
-    op_name: str = (
-        ""  # jax op_name from metadata (e.g. 'jit(step)/transpose(jvp(btd,df->btf))/dot_general')
-    )
-    normalized_from: str | None = (
-        None  # "all-reduce" when an AR+dynamic-slice became a reduce-scatter
-    )
+    # jax op_name from metadata (e.g. 'jit(step)/transpose(jvp(btd,df->btf))/dot_general')
+    op_name: str = ""
+    # "all-reduce" when an AR+dynamic-slice became a reduce-scatter
+    normalized_from: str | None = None
     tuple_index: int | None = None
     tuple_size: int = 1
     replica_groups: tuple[tuple[int, ...], ...] = ()
@@ -596,6 +593,41 @@ def _is_convert_fusion(mod: Module, ins: Instruction) -> bool:
     )
 
 
+def _direct_users(
+    users: Mapping[str, list[Instruction]], name: str, tuple_index: int | None
+) -> list[Instruction] | None:
+    """The users of an all-reduce (of its tuple element `tuple_index`); None when a user of a
+    tuple result is not a get-tuple-element."""
+    frontier = []
+    for u in users.get(name, []):
+        if tuple_index is not None:
+            if u.opcode != "get-tuple-element":
+                return None
+            mi = re.search(r"index=(\d+)", u.attrs)
+            if not mi or int(mi.group(1)) != tuple_index:
+                continue
+        frontier.append(u)
+    if tuple_index is not None:  # users of the gte
+        frontier = [u for gte in frontier for u in users.get(gte.name, [])]
+    return frontier
+
+
+def _slice_verdict(mod: Module, users, u: Instruction, target: int) -> str | list:
+    """For one user: "slice" (a 1/g dynamic-slice, maybe fused), its users (a pass-through
+    op), or "no"."""
+    out_elems = u.shapes[0].elements if len(u.shapes) == 1 else -1
+    if u.opcode == "dynamic-slice" and out_elems == target:
+        return "slice"
+    if u.opcode == "fusion" and out_elems == target:
+        mc = re.search(r"calls=%?([\w.\-]+)", u.attrs)
+        if mc and any(i.opcode == "dynamic-slice" for i in mod.computations.get(mc.group(1), [])):
+            return "slice"
+        return "no"
+    if u.opcode in _PASS_THROUGH or (u.opcode == "fusion" and _is_convert_fusion(mod, u)):
+        return users.get(u.name, []) or "no"
+    return "no"
+
+
 def _is_sliced_by_all_users(
     mod: Module,
     users: Mapping[str, list[Instruction]],
@@ -604,44 +636,23 @@ def _is_sliced_by_all_users(
     buf_elems: int,
     g: int,
 ) -> bool:
-    """True if every use of the all-reduce (element) is a 1/g dynamic-slice (possibly fused)."""
+    """True if every use of the all-reduce (element) is a 1/g dynamic-slice (possibly fused),
+    following pass-through ops (copies, converts, bitcasts) up to 8 deep."""
     if g <= 1:
         return False
-    frontier = []
-    for u in users.get(name, []):
-        if tuple_index is not None:
-            if u.opcode != "get-tuple-element":
-                return False
-            mi = re.search(r"index=(\d+)", u.attrs)
-            if not mi or int(mi.group(1)) != tuple_index:
-                continue
-        frontier.append(u)
-    if tuple_index is not None:  # users of the gte
-        frontier = [u for gte in frontier for u in users.get(gte.name, [])] or []
+    frontier = _direct_users(users, name, tuple_index)
     if not frontier:
         return False
     target = buf_elems // g
     depth = 0
     while frontier and depth < 8:
-        nxt = []
+        nxt: list[Instruction] = []
         for u in frontier:
-            out_elems = u.shapes[0].elements if len(u.shapes) == 1 else -1
-            if u.opcode == "dynamic-slice" and out_elems == target:
-                continue
-            if u.opcode == "fusion" and out_elems == target:
-                mc = re.search(r"calls=%?([\w.\-]+)", u.attrs)
-                if mc and any(
-                    i.opcode == "dynamic-slice" for i in mod.computations.get(mc.group(1), [])
-                ):
-                    continue
+            v = _slice_verdict(mod, users, u, target)
+            if v == "no":
                 return False
-            if u.opcode in _PASS_THROUGH or (u.opcode == "fusion" and _is_convert_fusion(mod, u)):
-                nu = users.get(u.name, [])
-                if not nu:
-                    return False
-                nxt.extend(nu)
-                continue
-            return False
+            if v != "slice":
+                nxt.extend(v)
         frontier = nxt
         depth += 1
     return not frontier
@@ -653,7 +664,6 @@ def collectives_in(
     """Every collective in an HLO module, with per-device bytes, groups, mesh axes, count."""
     mod = parse_module(text_or_module) if isinstance(text_or_module, str) else text_or_module
     mesh_shape = tuple((str(a), int(n)) for a, n in mesh_shape)
-    n_dev = math.prod(n for _, n in mesh_shape)
     mult, _ = multiplicities(mod)
     users = mod.users() if normalize else {}
     out: list[ObservedCollective] = []
@@ -663,91 +673,98 @@ def collectives_in(
             continue
         for ins in instrs:
             kind, is_async = _base_kind(ins.opcode)
-            if kind is None:
-                continue
-            op_name = ""
-            mo = re.search(r'op_name="([^"]*)"', ins.attrs)
-            if mo:
-                op_name = mo.group(1)
-            if kind == "collective-permute":
-                pairs = parse_source_target_pairs(ins.attrs)
-                groups: tuple[tuple[int, ...], ...] = tuple(pairs)
-                axes = mesh_axes_of_pairs(pairs, mesh_shape)
-                complete = True
-                g = len({d for p in pairs if p[0] != p[1] for d in p}) or 1
-                n_groups = 1
-            else:
-                groups = parse_replica_groups(ins.attrs, n_dev)
-                axes, complete = mesh_axes_of_groups(groups, mesh_shape)
-                g = len(groups[0]) if groups else 1
-                n_groups = len(groups)
-            op_shapes = _operand_shapes(mod, ins)
-            if kind == "collective-permute":
-                op_shapes = op_shapes[:1]
-            res = list(ins.shapes)
-            if is_async and kind in (
-                "all-gather",
-                "collective-permute",
-                "all-to-all",
-                "reduce-scatter",
-            ):
-                # -start results are (operands..., outputs..., [scratch]); keep the outputs
-                k = len(op_shapes)
-                res = res[k : 2 * k] if len(res) >= 2 * k else res[-k:]
-            elems = max(len(op_shapes), len(res), 1)
-            for idx in range(elems):
-                osh = op_shapes[idx] if idx < len(op_shapes) else None
-                rsh = res[idx] if idx < len(res) else None
-                if osh is None and rsh is not None:  # infer the operand from the result
-                    if kind == "all-gather":
-                        osh = Shape(rsh.dtype, rsh.dims)  # bytes only: output counted below
-                    elif kind == "reduce-scatter":
-                        osh = Shape(rsh.dtype, (rsh.elements * g,))
-                    else:
-                        osh = rsh
-                if rsh is None:
-                    rsh = osh
-                if osh is None or rsh is None:
-                    continue
-                if kind == "all-gather":
-                    buf, nbytes = rsh, rsh.bytes
-                elif kind == "collective-permute":
-                    buf, nbytes = osh, osh.bytes
-                else:
-                    buf, nbytes = osh, osh.bytes
-                tidx = idx if elems > 1 else None
-                k2 = kind
-                norm = None
-                if normalize and kind == "all-reduce" and not is_async:
-                    if _is_sliced_by_all_users(
-                        mod, users, ins.name, tidx if ins.is_tuple else None, buf.elements, g
-                    ):
-                        k2, norm = "reduce-scatter", "all-reduce"
-                out.append(
-                    ObservedCollective(
-                        kind=k2,
-                        dtype=buf.dtype,
-                        shape=buf.dims,
-                        operand_shape=osh.dims,
-                        result_shape=rsh.dims,
-                        bytes_per_device=float(nbytes),
-                        group_size=g,
-                        n_groups=n_groups,
-                        mesh_axes=axes,
-                        axes_complete=complete,
-                        count=count,
-                        instruction=ins.name,
-                        computation=comp,
-                        source=ins.line[:400],
-                        op_name=op_name,
-                        normalized_from=norm,
-                        tuple_index=tidx,
-                        tuple_size=elems,
-                        replica_groups=groups,
-                        async_pair=is_async,
-                    )
+            if kind is not None:
+                out += _observed(
+                    mod, users, comp, count, ins, kind, is_async, mesh_shape, normalize
                 )
     return tuple(out)
+
+
+def _groups_of(ins, kind: str, mesh_shape) -> tuple[tuple, tuple[str, ...], bool, int, int]:
+    """(groups, mesh axes, axes complete, group size, number of groups) of a collective."""
+    if kind == "collective-permute":
+        pairs = parse_source_target_pairs(ins.attrs)
+        g = len({d for p in pairs if p[0] != p[1] for d in p}) or 1
+        return tuple(pairs), mesh_axes_of_pairs(pairs, mesh_shape), True, g, 1
+    n_dev = math.prod(n for _, n in mesh_shape)
+    groups = parse_replica_groups(ins.attrs, n_dev)
+    axes, complete = mesh_axes_of_groups(groups, mesh_shape)
+    return groups, axes, complete, (len(groups[0]) if groups else 1), len(groups)
+
+
+def _buffers(mod: Module, ins, kind: str, is_async: bool) -> tuple[list, list]:
+    """Operand and result shapes of a collective (an async -start keeps only its outputs)."""
+    op_shapes = _operand_shapes(mod, ins)
+    if kind == "collective-permute":
+        op_shapes = op_shapes[:1]
+    res = list(ins.shapes)
+    if is_async and kind in ("all-gather", "collective-permute", "all-to-all", "reduce-scatter"):
+        # -start results are (operands..., outputs..., [scratch]); keep the outputs
+        k = len(op_shapes)
+        res = res[k : 2 * k] if len(res) >= 2 * k else res[-k:]
+    return op_shapes, res
+
+
+def _pair(kind: str, osh, rsh, g: int):
+    """Operand and result shape of one buffer, each inferred from the other when missing."""
+    if osh is None and rsh is not None:  # infer the operand from the result
+        if kind == "all-gather":
+            osh = Shape(rsh.dtype, rsh.dims)  # bytes only: output counted below
+        elif kind == "reduce-scatter":
+            osh = Shape(rsh.dtype, (rsh.elements * g,))
+        else:
+            osh = rsh
+    return osh, rsh if rsh is not None else osh
+
+
+def _observed(mod, users, comp, count, ins, kind, is_async, mesh_shape, normalize) -> list:
+    """One ObservedCollective per buffer of collective instruction `ins`."""
+    mo = re.search(r'op_name="([^"]*)"', ins.attrs)
+    op_name = mo.group(1) if mo else ""
+    groups, axes, complete, g, n_groups = _groups_of(ins, kind, mesh_shape)
+    op_shapes, res = _buffers(mod, ins, kind, is_async)
+    elems = max(len(op_shapes), len(res), 1)
+    out = []
+    for idx in range(elems):
+        osh = op_shapes[idx] if idx < len(op_shapes) else None
+        osh, rsh = _pair(kind, osh, res[idx] if idx < len(res) else None, g)
+        if osh is None or rsh is None:
+            continue
+        # bytes: the all-gather's output, every other collective's operand
+        buf = rsh if kind == "all-gather" else osh
+        tidx = idx if elems > 1 else None
+        k2, norm = kind, None
+        if normalize and kind == "all-reduce" and not is_async:
+            sliced = _is_sliced_by_all_users(
+                mod, users, ins.name, tidx if ins.is_tuple else None, buf.elements, g
+            )
+            if sliced:
+                k2, norm = "reduce-scatter", "all-reduce"
+        out.append(
+            ObservedCollective(
+                kind=k2,
+                dtype=buf.dtype,
+                shape=buf.dims,
+                operand_shape=osh.dims,
+                result_shape=rsh.dims,
+                bytes_per_device=float(buf.bytes),
+                group_size=g,
+                n_groups=n_groups,
+                mesh_axes=axes,
+                axes_complete=complete,
+                count=count,
+                instruction=ins.name,
+                computation=comp,
+                source=ins.line[:400],
+                op_name=op_name,
+                normalized_from=norm,
+                tuple_index=tidx,
+                tuple_size=elems,
+                replica_groups=groups,
+                async_pair=is_async,
+            )
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- FLOPs

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from roofline.collectives import CollectiveKind, unit_cost
-from roofline.errors import SpecError, VerifyError
+from roofline.errors import VerifyError
 from roofline.ledger import Causal, DtypePolicy, build_ledger
 from roofline.mesh import make_mesh as make_cost_mesh
 from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees, rules_of
@@ -66,9 +66,8 @@ class PredictedCollective:
     op: str  # ledger row ("attn/q", "mlp/down", "moe/up", "attn/scores", or "matmul")
     einsum: str  # "forward" | "d_lhs" | "d_rhs" | "kv-gather" | "dispatch" | ...
     phase: str  # "forward" | "backward"
-    kind: (
-        str  # HLO name: all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute
-    )
+    # HLO name: all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute
+    kind: str
     axes: tuple[str, ...]  # mesh axes, in mesh order
     tensor: str
     dtype: str
@@ -448,10 +447,8 @@ def _override(ep: EinsumPlan, index: int | None) -> EinsumPlan:
 
 
 def _peak(system: System, dt: str) -> float:
-    try:
-        return system.chip.peak(dt)
-    except SpecError:  # a chip without this dtype's peak (fp32 on some GPUs): price at bf16
-        return system.chip.peak("bf16")
+    """The chip's peak in the program's dtype (priced at bf16 where the chip lists none)."""
+    return system.chip.peak(dt, fallback="bf16")
 
 
 def _pc(
@@ -479,12 +476,7 @@ def hlo_dtype(name: str) -> str:
 
 
 def _plan_str(deg: Degrees) -> str:
-    parts = [
-        f"{s}={getattr(deg, s)}"
-        for s in ("dp", "fsdp", "tp", "sp", "ep", "pp")
-        if getattr(deg, s) > 1
-    ]
-    return ",".join(parts) or "single"
+    return deg.describe(empty="single")
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -230,127 +230,107 @@ def moe_capacity(model: ModelSpec, seq: int, capacity_factor: float) -> int:
     return max(1, math.ceil(capacity_factor * model.moe.top_k * seq / model.moe.n_experts))
 
 
-def build_train_step(
-    model: ModelSpec,
-    plan: str | Degrees | Mapping[str, int],
-    *,
-    batch: int = 8,
-    seq: int = 64,
-    dtype: str | Any = "bf16",
-    n_layers: int = 1,
-    remat: bool = False,
-    fused_qkv: bool = False,
-    optimizer: Optimizer | str = Optimizer.SGD,
-    learning_rate: float = 1e-2,
-    capacity_factor: float = 1.0,
-    rules: Rules | None = None,
-    devices: Sequence[Any] | None = None,
-    constrain_activations: bool = True,
-) -> Program:
-    """One training step of `n_layers` layers of `model` (scan when n_layers > 1).
+@dataclass(frozen=True)
+class _ActivationSpecs:
+    """The PartitionSpecs the layer pins its activations to (with_sharding_constraint)."""
 
-    The step is `(params, opt_state, x) -> (params', opt_state', loss)` with
-    x [batch, seq, embed] the layer input (no embedding / unembedding: the layer is the
-    unit). Loss = mean(out**2) in f32. Params, x and outputs carry the rules' specs;
-    activations inside the layer are pinned with `with_sharding_constraint` at x, q/k/v,
-    the attention output, the MLP hidden and the MoE dispatch (set
-    `constrain_activations=False` to let the partitioner propagate freely).
-    `remat=True` wraps each layer in `jax.checkpoint` (full recomputation).
-    """
-    jax, jnp = _jax()
-    P = jax.sharding.PartitionSpec
-    NS = jax.sharding.NamedSharding
-    deg = _as_plan(plan)
-    rules = rules if rules is not None else rules_for(deg)
-    mesh = make_mesh(deg, devices)
-    dt = _dtype(dtype)
-    opt = Optimizer(optimizer)
-    notes: list[str] = []
-    if n_layers < 1:
-        raise VerifyError(
-            f"n_layers={n_layers}", rule="a program has at least one layer", fix="use n_layers=1"
-        )
+    x: Any
+    q: Any
+    kv: Any
+    attn: Any
+    h: Any
+    disp: Any = None  # MoE: tokens dispatched to experts
+    eh: Any = None  # MoE: the experts' hidden activations
+    capacity: int = 0  # MoE: tokens per expert per group
+
+
+def _activation_specs(model, batch, seq, capacity_factor, act_spec) -> _ActivationSpecs:
     D, N, K, H = model.d_model, model.n_heads, model.n_kv_heads, model.d_head
-    if fused_qkv and N % K:
-        raise VerifyError(
-            f"fused QKV with N={N}, K={K}", rule="K divides N", fix="use separate Q/K/V"
-        )
     G = N // K
-    stacked = n_layers > 1
-
-    pdims = param_dims(model, fused_qkv=fused_qkv)
-    pshapes = param_shapes(model, fused_qkv=fused_qkv)
-    if stacked:
-        pdims = {k: ("layers", *v) for k, v in pdims.items()}
-        pshapes = {k: (n_layers, *v) for k, v in pshapes.items()}
-    pspecs = {
-        k: _pspec(mesh, pdims[k], pshapes[k], rules, True, notes, f"param {k}") for k in pdims
-    }
-
-    def act_spec(dims: tuple[str | None, ...], shape: tuple[int, ...], what: str):
-        return _pspec(mesh, dims, shape, rules, False, notes, what)
-
-    x_dims = ("batch", "seq", "embed")
-    x_spec = act_spec(x_dims, (batch, seq, D), "activation x")
-    q_spec = act_spec(
-        ("batch", "seq", "kv_heads", None, "head_dim"), (batch, seq, K, G, H), "activation q"
+    specs = dict(
+        x=act_spec(("batch", "seq", "embed"), (batch, seq, D), "activation x"),
+        q=act_spec(
+            ("batch", "seq", "kv_heads", None, "head_dim"), (batch, seq, K, G, H), "activation q"
+        ),
+        kv=act_spec(
+            ("batch", "kv_seq", "kv_heads", "head_dim"), (batch, seq, K, H), "activation k/v"
+        ),
+        attn=act_spec(("batch", "seq", "heads", "head_dim"), (batch, seq, N, H), "activation attn"),
+        h=act_spec(("batch", "seq", "mlp"), (batch, seq, model.d_ff), "activation mlp hidden"),
     )
-    kv_spec = act_spec(
-        ("batch", "kv_seq", "kv_heads", "head_dim"), (batch, seq, K, H), "activation k/v"
-    )
-    attn_spec = act_spec(
-        ("batch", "seq", "heads", "head_dim"), (batch, seq, N, H), "activation attn"
-    )
-    h_spec = act_spec(("batch", "seq", "mlp"), (batch, seq, model.d_ff), "activation mlp hidden")
     if model.moe is not None:
         E, Fe = model.moe.n_experts, model.moe.d_ff_expert
         C = moe_capacity(model, seq, capacity_factor)
-        disp_spec = act_spec(
+        specs["disp"] = act_spec(
             ("experts", "batch", None, "embed"), (E, batch, C, D), "activation dispatched"
         )
-        eh_spec = act_spec(
+        specs["eh"] = act_spec(
             ("experts", "batch", None, "mlp"), (E, batch, C, Fe), "activation expert hidden"
         )
+        specs["capacity"] = C
+    return _ActivationSpecs(**specs)
 
-    def wsc(a, spec):
-        if not constrain_activations:
+
+class _Layer:
+    """One Transformer layer as JAX code: RMSNorm, attention (GQA), dense or MoE MLP."""
+
+    def __init__(
+        self, jax, jnp, model, specs: _ActivationSpecs, mesh, dt, batch, seq, fused_qkv, constrain
+    ):
+        self.jax, self.jnp, self.model, self.s = jax, jnp, model, specs
+        self.mesh, self.dt, self.batch, self.seq = mesh, dt, batch, seq
+        self.fused_qkv, self.constrain = fused_qkv, constrain
+
+    def wsc(self, a, spec):
+        if not self.constrain:
             return a
-        return jax.lax.with_sharding_constraint(a, NS(mesh, spec))
+        return self.jax.lax.with_sharding_constraint(
+            a, self.jax.sharding.NamedSharding(self.mesh, spec)
+        )
 
-    def rms(a, scale):
+    def rms(self, a, scale):
+        jax, jnp = self.jax, self.jnp
         a32 = a.astype(jnp.float32)
         a32 = a32 * jax.lax.rsqrt(jnp.mean(a32 * a32, axis=-1, keepdims=True) + 1e-6)
-        return (a32 * scale.astype(jnp.float32)).astype(dt)
+        return (a32 * scale.astype(jnp.float32)).astype(self.dt)
 
-    def attention(p, h):
-        if fused_qkv:
+    def attention(self, p, h):
+        jax, jnp, m = self.jax, self.jnp, self.model
+        batch, seq = self.batch, self.seq
+        N, K, H = m.n_heads, m.n_kv_heads, m.d_head
+        G = N // K
+        if self.fused_qkv:
             qkv = jnp.einsum("btd,dkjh->btkjh", h, p["wqkv"])
             q, k, v = qkv[:, :, :, :G], qkv[:, :, :, G], qkv[:, :, :, G + 1]
         else:
             q = jnp.einsum("btd,dnh->btnh", h, p["wq"]).reshape(batch, seq, K, G, H)
             k = jnp.einsum("btd,dkh->btkh", h, p["wk"])
             v = jnp.einsum("btd,dkh->btkh", h, p["wv"])
-        q, k, v = wsc(q, q_spec), wsc(k, kv_spec), wsc(v, kv_spec)
+        q, k, v = self.wsc(q, self.s.q), self.wsc(k, self.s.kv), self.wsc(v, self.s.kv)
         s = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32) / math.sqrt(H)
         mask = jnp.tril(jnp.ones((seq, seq), bool))
         s = jnp.where(mask, s, -1e30)
-        w = jax.nn.softmax(s, axis=-1).astype(dt)
+        w = jax.nn.softmax(s, axis=-1).astype(self.dt)
         o = jnp.einsum("bkgts,bskh->btkgh", w, v).reshape(batch, seq, N, H)
-        o = wsc(o, attn_spec)
+        o = self.wsc(o, self.s.attn)
         return jnp.einsum("btnh,nhd->btd", o, p["wo"])
 
-    def dense_mlp(p, h):
+    def dense_mlp(self, p, h):
+        jax, jnp = self.jax, self.jnp
         up = jnp.einsum("btd,df->btf", h, p["w_up"])
-        if model.mlp == MLPKind.GATED:
+        if self.model.mlp == MLPKind.GATED:
             a = jax.nn.silu(jnp.einsum("btd,df->btf", h, p["w_gate"])) * up
         else:
             a = jax.nn.gelu(up)
-        a = wsc(a, h_spec)
+        a = self.wsc(a, self.s.h)
         return jnp.einsum("btf,fd->btd", a, p["w_down"])
 
-    def moe_mlp(p, h):
-        assert model.moe is not None
-        kk = model.moe.top_k
+    def _routing(self, h, p):
+        """GShard top-k routing: dispatch and combine tensors [g, s, E, C]."""
+        jax, jnp = self.jax, self.jnp
+        assert self.model.moe is not None
+        kk, E, C = self.model.moe.top_k, self.model.moe.n_experts, self.s.capacity
+        batch, seq = self.batch, self.seq
         logits = jnp.einsum("gsd,de->gse", h, p["router"]).astype(jnp.float32)
         probs = jax.nn.softmax(logits, axis=-1)
         gate, idx = jax.lax.top_k(probs, kk)  # [g, s, k]
@@ -362,28 +342,35 @@ def build_train_step(
         slot = jax.nn.one_hot(jnp.sum(pos * keep, axis=-1), C, dtype=jnp.float32)  # [g,s,k,C]
         dispatch = jnp.einsum("gske,gskc->gsec", keep.astype(jnp.float32), slot)
         combine = jnp.einsum("gske,gskc,gsk->gsec", keep.astype(jnp.float32), slot, gate)
+        return dispatch, combine
+
+    def moe_mlp(self, p, h):
+        jax, jnp, dt = self.jax, self.jnp, self.dt
+        dispatch, combine = self._routing(h, p)
         xe = jnp.einsum("gsec,gsd->egcd", dispatch.astype(dt), h)
-        xe = wsc(xe, disp_spec)  # batch-sharded -> expert-sharded: all-to-all
+        xe = self.wsc(xe, self.s.disp)  # batch-sharded -> expert-sharded: all-to-all
         up = jnp.einsum("egcd,edf->egcf", xe, p["we_up"])
-        if model.mlp == MLPKind.GATED:
+        if self.model.mlp == MLPKind.GATED:
             a = jax.nn.silu(jnp.einsum("egcd,edf->egcf", xe, p["we_gate"])) * up
         else:
             a = jax.nn.gelu(up)
-        a = wsc(a, eh_spec)
+        a = self.wsc(a, self.s.eh)
         ye = jnp.einsum("egcf,efd->egcd", a, p["we_down"])
-        ye = wsc(ye, disp_spec)
-        y = jnp.einsum("gsec,egcd->gsd", combine.astype(dt), ye)
-        return y
+        ye = self.wsc(ye, self.s.disp)
+        return jnp.einsum("gsec,egcd->gsd", combine.astype(dt), ye)
 
-    def layer(p, x):
-        x = wsc(x, x_spec)
-        x = x + attention(p, rms(x, p["ln1"]))
-        x = wsc(x, x_spec)
-        h = rms(x, p["ln2"])
-        x = x + (moe_mlp(p, h) if model.moe is not None else dense_mlp(p, h))
-        return wsc(x, x_spec)
+    def apply(self, p, x):
+        x = self.wsc(x, self.s.x)
+        x = x + self.attention(p, self.rms(x, p["ln1"]))
+        x = self.wsc(x, self.s.x)
+        h = self.rms(x, p["ln2"])
+        x = x + (self.moe_mlp(p, h) if self.model.moe is not None else self.dense_mlp(p, h))
+        return self.wsc(x, self.s.x)
 
-    layer_fn = jax.checkpoint(layer) if remat else layer
+
+def _train_step_fn(jax, jnp, layer_fn, stacked: bool, opt: Optimizer, learning_rate: float):
+    """(params, opt_state, x) -> (params', opt_state', loss): loss = mean(out²) in f32, then
+    an SGD or Adam update."""
 
     def forward(params, x):
         if stacked:
@@ -418,22 +405,80 @@ def build_train_step(
         )
         return new, (m, v), loss
 
-    p_sh = {k: NS(mesh, s) for k, s in pspecs.items()}
-    params = {k: jax.ShapeDtypeStruct(pshapes[k], dt, sharding=p_sh[k]) for k in pshapes}
-    if opt == Optimizer.SGD:
-        opt_state: Any = ()
-        opt_sh: Any = ()
-    else:
-        st = {k: jax.ShapeDtypeStruct(pshapes[k], jnp.float32, sharding=p_sh[k]) for k in pshapes}
-        opt_state, opt_sh = (st, dict(st)), (p_sh, dict(p_sh))
-    x_sh = NS(mesh, x_spec)
-    x = jax.ShapeDtypeStruct((batch, seq, D), dt, sharding=x_sh)
-    replicated = NS(mesh, P())
-    fn = jax.jit(
-        step,
-        in_shardings=(p_sh, opt_sh, x_sh),
-        out_shardings=(p_sh, opt_sh, replicated),
-        donate_argnums=(0, 1),
+    return step
+
+
+def _check_layer_args(model: ModelSpec, n_layers: int, fused_qkv: bool) -> None:
+    if n_layers < 1:
+        raise VerifyError(
+            f"n_layers={n_layers}", rule="a program has at least one layer", fix="use n_layers=1"
+        )
+    N, K = model.n_heads, model.n_kv_heads
+    if fused_qkv and N % K:
+        raise VerifyError(
+            f"fused QKV with N={N}, K={K}", rule="K divides N", fix="use separate Q/K/V"
+        )
+
+
+def build_train_step(
+    model: ModelSpec,
+    plan: str | Degrees | Mapping[str, int],
+    *,
+    batch: int = 8,
+    seq: int = 64,
+    dtype: str | Any = "bf16",
+    n_layers: int = 1,
+    remat: bool = False,
+    fused_qkv: bool = False,
+    optimizer: Optimizer | str = Optimizer.SGD,
+    learning_rate: float = 1e-2,
+    capacity_factor: float = 1.0,
+    rules: Rules | None = None,
+    devices: Sequence[Any] | None = None,
+    constrain_activations: bool = True,
+) -> Program:
+    """One training step of `n_layers` layers of `model` (scan when n_layers > 1).
+
+    The step is `(params, opt_state, x) -> (params', opt_state', loss)` with
+    x [batch, seq, embed] the layer input (no embedding / unembedding: the layer is the
+    unit). Loss = mean(out**2) in f32. Params, x and outputs carry the rules' specs;
+    activations inside the layer are pinned with `with_sharding_constraint` at x, q/k/v,
+    the attention output, the MLP hidden and the MoE dispatch (set
+    `constrain_activations=False` to let the partitioner propagate freely).
+    `remat=True` wraps each layer in `jax.checkpoint` (full recomputation).
+    """
+    jax, jnp = _jax()
+    deg = _as_plan(plan)
+    rules = rules if rules is not None else rules_for(deg)
+    mesh = make_mesh(deg, devices)
+    dt = _dtype(dtype)
+    opt = Optimizer(optimizer)
+    notes: list[str] = []
+    _check_layer_args(model, n_layers, fused_qkv)
+    stacked = n_layers > 1
+    pdims = param_dims(model, fused_qkv=fused_qkv)
+    pshapes = param_shapes(model, fused_qkv=fused_qkv)
+    if stacked:
+        pdims = {k: ("layers", *v) for k, v in pdims.items()}
+        pshapes = {k: (n_layers, *v) for k, v in pshapes.items()}
+    pspecs = {
+        k: _pspec(mesh, pdims[k], pshapes[k], rules, True, notes, f"param {k}") for k in pdims
+    }
+
+    def act_spec(dims: tuple[str | None, ...], shape: tuple[int, ...], what: str):
+        return _pspec(mesh, dims, shape, rules, False, notes, what)
+
+    specs = _activation_specs(model, batch, seq, capacity_factor, act_spec)
+    L = _Layer(jax, jnp, model, specs, mesh, dt, batch, seq, fused_qkv, constrain_activations)
+
+    def layer(p, x):
+        return L.apply(p, x)
+
+    step = _train_step_fn(
+        jax, jnp, jax.checkpoint(layer) if remat else layer, stacked, opt, learning_rate
+    )
+    fn, args = _jit_step(
+        jax, jnp, step, mesh, pspecs, pshapes, specs.x, (batch, seq, model.d_model), dt, opt
     )
     name = (
         f"{model.name}:{_plan_str(deg)}"
@@ -454,15 +499,15 @@ def build_train_step(
         "optimizer": opt.value,
         "param_shapes": pshapes,
         "param_specs": {k: tuple(s) for k, s in pspecs.items()},
-        "x_spec": tuple(x_spec),
+        "x_spec": tuple(specs.x),
         "mesh": dict(mesh.shape),
     }
     if model.moe is not None:
-        info["moe_capacity"] = C
+        info["moe_capacity"] = specs.capacity
     return Program(
         name=name,
         fn=fn,
-        args=(params, opt_state, x),
+        args=args,
         mesh=mesh,
         degrees=deg,
         rules=rules,
@@ -473,13 +518,32 @@ def build_train_step(
     )
 
 
+def _jit_step(jax, jnp, step, mesh, pspecs, pshapes, x_spec, x_shape, dt, opt):
+    """The jitted step with the params', optimizer state's and input's shardings, and abstract
+    arguments to lower it with."""
+    NS = jax.sharding.NamedSharding
+    p_sh = {k: NS(mesh, s) for k, s in pspecs.items()}
+    params = {k: jax.ShapeDtypeStruct(pshapes[k], dt, sharding=p_sh[k]) for k in pshapes}
+    if opt == Optimizer.SGD:
+        opt_state: Any = ()
+        opt_sh: Any = ()
+    else:
+        st = {k: jax.ShapeDtypeStruct(pshapes[k], jnp.float32, sharding=p_sh[k]) for k in pshapes}
+        opt_state, opt_sh = (st, dict(st)), (p_sh, dict(p_sh))
+    x_sh = NS(mesh, x_spec)
+    x = jax.ShapeDtypeStruct(x_shape, dt, sharding=x_sh)
+    replicated = NS(mesh, jax.sharding.PartitionSpec())
+    fn = jax.jit(
+        step,
+        in_shardings=(p_sh, opt_sh, x_sh),
+        out_shardings=(p_sh, opt_sh, replicated),
+        donate_argnums=(0, 1),
+    )
+    return fn, (params, opt_state, x)
+
+
 def _plan_str(deg: Degrees) -> str:
-    parts = [
-        f"{s}={getattr(deg, s)}"
-        for s in ("dp", "fsdp", "tp", "sp", "ep", "pp")
-        if getattr(deg, s) > 1
-    ]
-    return ",".join(parts) or "single"
+    return deg.describe(empty="single")
 
 
 # ----------------------------------------------------------------------------- matmuls
