@@ -95,7 +95,9 @@ def test_a_batch_that_splits_a_sequence_names_the_nearest_batches():
 
 def test_evaluate_plan_names_wrong_argument_types():
     with pytest.raises(PlanError, match="model = 'tiny-llama' is a str") as e:
-        evaluate_plan("tiny-llama", parse_system("h100:8"), Workload(2**16, 1024), parse_plan("dp=8"))
+        evaluate_plan(
+            "tiny-llama", parse_system("h100:8"), Workload(2**16, 1024), parse_plan("dp=8")
+        )
     assert "load_model" in _paragraph(e.value)
     with pytest.raises(PlanError, match="plan = 'dp=8' is a str"):
         rl.evaluate_plan(TINY, parse_system("h100:8"), Workload(2**16, 1024), "dp=8")
