@@ -340,6 +340,16 @@ class EinsumPlan:
     def collectives(self) -> tuple[Comm, ...]:
         return self.best.comms
 
+    def with_choice(self, index: int) -> EinsumPlan:
+        """This plan with option `index` chosen instead (e.g. the one a compiler took)."""
+        if not 0 <= index < len(self.options):
+            raise ShardingError(
+                f"option {index} of {self.expr or self.lhs}",
+                rule=f"the algebra costed {len(self.options)} options",
+                fix="pick an index from EinsumPlan.options",
+            )
+        return replace(self, choice=index)
+
     def gemm_shape(self, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> GemmShape:
         """The per-chip GEMM of the chosen option: C[m, n] = A[m, k] · B[k, n], `count` of them
         (batch dims shared by both operands, e.g. experts). Arrays when the choice varies."""

@@ -447,7 +447,7 @@ class _Walker:
         for i, label in enumerate(self.passes):
             idx = self.opts.choices.get((op.name, label.value))
             if idx is not None:
-                plans[i] = _override(plans[i], idx)
+                plans[i] = plans[i].with_choice(idx)
         block = op.name.rsplit("/", 1)[0]
         if self.phase == Phase.TRAIN and self.opts.merge_reductions:
             plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype)
@@ -766,18 +766,6 @@ class _Walker:
             / shard_factor(("batch", "seq", "vocab"), rules, False, mesh)
         )
         return MemoryPieces(params_local, gathered, saved, logits)
-
-
-def _override(ep: EinsumPlan, index: int) -> EinsumPlan:
-    from roofline.errors import PlanError
-
-    if not 0 <= index < len(ep.options):
-        raise PlanError(
-            f"option {index} of {ep.expr or ep.lhs}",
-            rule=f"the algebra costed {len(ep.options)} options",
-            fix="pick an index from EinsumPlan.options",
-        )
-    return replace(ep, choice=index)
 
 
 def _dtype_of(c: Comm, ep: EinsumPlan) -> str:

@@ -1326,10 +1326,15 @@ def verify_train_step(
     prog = build_train_step(model, plan, **step)
     obs = observe(prog)
     pred = predict_train_step(model, plan, **step, system=system)
-    d = diff(
-        pred, obs, final=final, bytes_tol=bytes_tol, flops_tol=flops_tol, program_notes=prog.notes
-    )
-    return VerifyResult(pred, obs, d, tuple(prog.notes), time.time() - t)
+    return _result(prog, obs, pred, t, final=final, bytes_tol=bytes_tol, flops_tol=flops_tol)
+
+
+def _result(prog, obs, pred: Prediction, t0: float, **kw: Any) -> VerifyResult:
+    """The diff of a compiled program's collectives with their prediction, timed from t0."""
+    import time
+
+    d = diff(pred, obs, program_notes=prog.notes, **kw)
+    return VerifyResult(pred, obs, d, tuple(prog.notes), time.time() - t0)
 
 
 def verify_matmul(
@@ -1353,10 +1358,7 @@ def verify_matmul(
     prog = build_matmul(expr, sizes=sizes, mesh_shape=mesh_shape, dtype=dtype)
     obs = observe(prog)
     pred = predict_matmul(expr, sizes=sizes, mesh_shape=mesh_shape, dtype=dtype, system=system)
-    d = diff(
-        pred, obs, final=final, bytes_tol=bytes_tol, flops_tol=flops_tol, program_notes=prog.notes
-    )
-    return VerifyResult(pred, obs, d, tuple(prog.notes), time.time() - t)
+    return _result(prog, obs, pred, t, final=final, bytes_tol=bytes_tol, flops_tol=flops_tol)
 
 
 __all__ = [

@@ -434,18 +434,6 @@ def _b(x: Any) -> bool:
     return bool(np.asarray(x).reshape(-1)[0])
 
 
-def _override(ep: EinsumPlan, index: int | None) -> EinsumPlan:
-    if index is None:
-        return ep
-    if not 0 <= index < len(ep.options):
-        raise VerifyError(
-            f"option {index} of {ep.expr}",
-            rule=f"the algebra costed {len(ep.options)} options",
-            fix="pick an index from EinsumPlan.options",
-        )
-    return replace(ep, choice=index)
-
-
 def _peak(system: System, dt: str) -> float:
     """The chip's peak in the program's dtype (priced at bf16 where the chip lists none)."""
     return system.chip.peak(dt, fallback="bf16")
@@ -520,11 +508,7 @@ def predict_matmul(
     ms = MatmulSpec.parse(expr)
     axes = ms.mesh_axes()
     if mesh_shape is None:
-        mesh_shape = (
-            {axes[0]: 8}
-            if len(axes) == 1
-            else {a: (4 if i == len(axes) - 1 else 2) for i, a in enumerate(axes)}
-        )
+        mesh_shape = ms.default_mesh()
     mesh_int = {a: int(n) for a, n in mesh_shape.items()}
     missing = [a for a in axes if a not in mesh_int]
     if missing:
@@ -552,7 +536,8 @@ def predict_matmul(
         peak_flops_per_s=pricing.peak_flops_per_s,
         hbm_bw_bytes_per_s=pricing.hbm_bw_bytes_per_s,
     )
-    ep = _override(ep, dict(choices or {}).get(("matmul", "forward")))
+    pick = dict(choices or {}).get(("matmul", "forward"))
+    ep = ep if pick is None else ep.with_choice(pick)
     order = tuple(mesh_int)
     colls = tuple(
         PredictedCollective(

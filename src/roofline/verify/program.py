@@ -608,6 +608,13 @@ class MatmulSpec:
             dict.fromkeys(a for op in (self.lhs, self.rhs, self.out) for _, ax in op for a in ax)
         )
 
+    def default_mesh(self) -> dict[str, int]:
+        """8 devices: one axis of 8, or the last axis 4 and the others 2."""
+        axes = self.mesh_axes()
+        if len(axes) == 1:
+            return {axes[0]: 8}
+        return {a: (4 if i == len(axes) - 1 else 2) for i, a in enumerate(axes)}
+
     def invalid_reason(self) -> str | None:
         """The book's case 4: a mesh axis shards two dims of one operand, or both the
         contracting dim of one operand and a free dim of the other's output."""
@@ -656,11 +663,7 @@ def build_matmul(
     ms = spec if isinstance(spec, MatmulSpec) else MatmulSpec.parse(spec)
     axes = ms.mesh_axes()
     if mesh_shape is None:
-        mesh_shape = (
-            {axes[0]: 8}
-            if len(axes) == 1
-            else {a: (4 if i == len(axes) - 1 else 2) for i, a in enumerate(axes)}
-        )
+        mesh_shape = ms.default_mesh()
         if len(axes) > 2:
             raise VerifyError(
                 f"matmul {spec!r} uses {len(axes)} mesh axes",
