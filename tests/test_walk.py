@@ -148,3 +148,17 @@ def test_walk_options_choose_compute_dtypes():
     assert fp8.compute_time_s < bf16.compute_time_s
     opts = WalkOptions(dtypes=p.dtypes)
     assert opts.dtypes.of(OpClass.DENSE_GEMM).value == "fp8"
+
+
+def test_the_planner_searches_with_the_option_policy():
+    """A policy that restricts the options can only make the best plan slower or equal, and
+    the planner reports the cost of the options the policy chose."""
+    from roofline.planner import plan_training
+
+    m, s, w = load_model("llama-3-8b"), parse_system("h100:8"), Workload(8 * 64, 64)
+    free = plan_training(m, s, w, top_k=1)
+    pol = Prefer("fsdp-gathers-weights", gathers_only_weights)
+    forced = plan_training(m, s, w, top_k=1, policy=pol)
+    assert forced.best.step_time_s >= free.best.step_time_s * (1 - 1e-12)
+    again = evaluate_plan(m, forced.best.system, w, forced.best.plan, policy=pol)
+    assert again.step_time_s == pytest.approx(forced.best.step_time_s, rel=1e-12)

@@ -142,16 +142,9 @@ def shape_key(deg: dict[Strategy, int], n_chips: int) -> tuple:
 
 def listing_key(deg: dict[Strategy, int], n_chips: int) -> tuple:
     """Two plans list as one row of the top table when they differ only by how the batch is
-    split between dp and fsdp (or by a flag or ZeRO stage): the better one is listed."""
-    return (
-        deg[Strategy.TP],
-        deg[Strategy.SP],
-        deg[Strategy.PP],
-        deg[Strategy.EP],
-        deg[Strategy.DP] > 1,
-        deg[Strategy.FSDP] > 1,
-        n_chips,
-    )
+    split between dp and fsdp (HSDP re-splits, near-identical in time), by a flag or by the
+    ZeRO stage: the better one is listed."""
+    return (deg[Strategy.TP], deg[Strategy.SP], deg[Strategy.PP], deg[Strategy.EP], n_chips)
 
 
 def degrees_at(

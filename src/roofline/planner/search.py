@@ -24,6 +24,7 @@ from roofline.planner.rank import (
 from roofline.planner.space import SearchSpace, enumerate_plans
 from roofline.planner.systems import sub_slices, systems_for_counts
 from roofline.report.text import sub_slice_note, why_it_wins
+from roofline.sharding import CHEAPEST, OptionPolicy
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import Strategy, Workload, parse_optimizer
@@ -133,8 +134,12 @@ def plan_training(
     chips: Sequence[int] | tuple[int, int] | None = None,
     tie_tolerance: float = 0.01,
     progress: Callable[[int, int], None] | None = None,
+    policy: OptionPolicy = CHEAPEST,
 ) -> PlanResult:
-    """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token)."""
+    """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
+
+    `policy` chooses among the algebra's options for every einsum of every plan (default:
+    the cheapest; a framework profile's policy makes the search cost what that stack does)."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
     eff = efficiency or default_efficiency(system.chip.vendor)
@@ -152,7 +157,7 @@ def plan_training(
             rule="; ".join(f"{k}: {v}" for k, v in found.domains.items()),
             fix="try another chip count (--chips) or batch size",
         )
-    families = _cost(found.groups, model, systems, workload, eff, opt, space, progress)
+    families = _cost(found.groups, model, systems, workload, eff, opt, space, progress, policy)
     rejected = found.rejected
     for f in families:
         rejected.update(f.rejected)
@@ -169,9 +174,8 @@ def plan_training(
     def cost_of(row: int) -> StepCost:
         f = families[int(ranked.family[row])]
         sysm = systems[int(f.cand.system_idx[int(ranked.index[row])])]
-        return evaluate_plan(
-            model, sysm, workload, plan_at(families, ranked, row, space, opt), efficiency=eff
-        )
+        plan = plan_at(families, ranked, row, space, opt)
+        return evaluate_plan(model, sysm, workload, plan, efficiency=eff, policy=policy)
 
     top = [cost_of(r) for r in rows]
     runner = _runner_up(families, ranked, systems, top, len(rows), cost_of)
@@ -211,7 +215,7 @@ def _runner_up(
     return None if row is None else cost_of(row)
 
 
-def _cost(groups, model, systems, workload, eff, opt, space, progress) -> list[Family]:
+def _cost(groups, model, systems, workload, eff, opt, space, progress, policy) -> list[Family]:
     """Evaluate every family: one vectorised walk each.
 
     (Splitting the families over processes was measured slower on the 2-core target, because
@@ -222,7 +226,15 @@ def _cost(groups, model, systems, workload, eff, opt, space, progress) -> list[F
     done = 0
     for st, cand in groups:
         r = evaluate_plans(
-            model, systems, workload, st, cand, eff=eff, optimizer=opt, remats=list(space.remats)
+            model,
+            systems,
+            workload,
+            st,
+            cand,
+            eff=eff,
+            optimizer=opt,
+            remats=list(space.remats),
+            policy=policy,
         )
         out.append(Family.of(st, cand, r))
         done += len(cand)
