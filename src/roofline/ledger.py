@@ -144,6 +144,11 @@ class Op:
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else math.inf
 
+    def with_sizes(self, **sizes: float) -> Op:
+        s = dict(self.sizes)
+        s.update(sizes)
+        return replace(self, sizes=MappingProxyType(s))
+
 
 @dataclass(frozen=True)
 class Ledger:
