@@ -123,6 +123,12 @@ def test_no_source_never_carries_a_number(name):
             pytest.fail(f"{name} {path}: only overheads and overlap modes may be unsourced")
 
 
+def test_docs_describe_every_profile():
+    doc = (Path(__file__).parents[1] / "docs" / "frameworks.md").read_text()
+    for name in framework_names():
+        assert f"### `{name}`" in doc, f"docs/frameworks.md has no section for {name}"
+
+
 def test_names_and_aliases_resolve():
     assert load_framework("NeMo").name == "megatron"
     assert load_framework("Megatron-Bridge").name == "megatron"
