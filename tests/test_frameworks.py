@@ -33,6 +33,7 @@ from roofline.specs.framework import (
     Pass,
     Per,
     Regather,
+    Requirement,
     family_of,
     framework_for_source,
     framework_from_dict,
@@ -234,7 +235,11 @@ def test_conditional_defaults():
     assert ds.mode().backward == 0.0
     assert ds.mode(conditions=frozenset({"zero3"})).backward == 1.0
     tp = load_framework("megatron").overlap[OverlapClass.TENSOR]
-    assert tp.mode(conditions=frozenset({"sequence_parallel"})).forward == 1.0
+    assert tp.mode(conditions=frozenset({"sequence_parallel"})).forward == 0.0  # tp=1
+    both = frozenset({"sequence_parallel", "tensor_parallel"})
+    assert tp.mode(conditions=both).forward == 1.0 and not tp.missing(both)
+    assert tp.mode(enabled=False, conditions=both).backward == pytest.approx(0.67)
+    assert tp.missing(frozenset({"tensor_parallel"})) == (Requirement.SEQUENCE_PARALLEL,)
 
 
 # ---------------------------------------------------------------------------------------

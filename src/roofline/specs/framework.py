@@ -362,12 +362,21 @@ class Overlap:
     requires: tuple[Requirement, ...] = ()
     note: str = ""
 
+    def missing(self, conditions: frozenset[str] = frozenset()) -> tuple[Requirement, ...]:
+        """The prerequisites of the mechanism that `conditions` (requirement values) lack."""
+        return tuple(r for r in self.requires if r.value not in conditions)
+
     def mode(
         self, enabled: bool | None = None, conditions: frozenset[str] = frozenset()
     ) -> OverlapMode:
-        """The mode in force: `enabled` if given, else the default under `conditions`."""
+        """The mode in force: `enabled` if the run says, else the stack's default.
+
+        The default is on when `default` is "on" or names a condition that holds, and the
+        prerequisites in `requires` all hold (`conditions` holds `Requirement` values).
+        """
         if enabled is None:
-            enabled = self.default == "on" or self.default in conditions
+            wanted = self.default == "on" or self.default in conditions
+            enabled = wanted and not self.missing(conditions)
         return self.on if enabled else self.off
 
 
@@ -549,9 +558,14 @@ class Framework:
         return self.options.move(family, axis)
 
     def overlap_fraction(
-        self, cls: OverlapClass | str, pass_: Pass | str, enabled: bool | None = None
+        self,
+        cls: OverlapClass | str,
+        pass_: Pass | str,
+        enabled: bool | None = None,
+        conditions: frozenset[str] = frozenset(),
     ) -> float:
-        return self.overlap[OverlapClass(cls)].mode(enabled).fraction(pass_)
+        """Hidden fraction of class `cls` in `pass_` (see `Overlap.mode`)."""
+        return self.overlap[OverlapClass(cls)].mode(enabled, conditions).fraction(pass_)
 
 
 # --------------------------------------------------------------------------------------
@@ -1120,6 +1134,10 @@ def framework_for_source(text: str) -> str | None:
 
 
 __all__ = [
+    "COLLECTIVE_KINDS",
+    "REMAT_MEMORY_KINDS",
+    "REQUIRED_OVERLAP",
+    "SCHEMA_VERSION",
     "AxisRole",
     "CPMethod",
     "ContextParallel",
