@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -153,11 +154,12 @@ def test_vocabulary_matches_the_code():
     assert set(REMAT_MEMORY_KINDS) == {k.value for k in RematKind}
 
 
-def _op_names() -> set[str]:
+@functools.cache
+def _op_names() -> frozenset[str]:
     names: set[str] = set()
     for m in ("llama-3-8b", "deepseek-v3", "mixtral-8x7b", "gemma-2-9b", "qwen2.5-72b"):
         names |= {op.name for op in build_ledger(load_model(m), batch=1, seq=4096)}
-    return names
+    return frozenset(names)
 
 
 def test_rerun_groups_and_families_name_real_ledger_ops():
