@@ -29,6 +29,7 @@ ORDER = (
     "specs.model",
     "specs.hf",
     "specs.plan",
+    "specs.framework",
     "specs",
     # the ledger and what it alone decides
     "ledger",
