@@ -1038,26 +1038,20 @@ def _group_of_row(op: str) -> str:
 def dot_flops_by_einsum(hlo_text: str) -> dict[str, float]:
     """Dot FLOPs per device per step of the final HLO, keyed by the jax einsum in each dot's
     op_name ("" for dots without one), times the loop multiplicities."""
-    from roofline.verify.hlo import _operand_shapes
+    from roofline.verify.hlo import dot_flops_of
 
     mod = parse_module(hlo_text)
     mult, _ = multiplicities(mod)
     out: dict[str, float] = {}
     for comp, instrs in mod.computations.items():
         k_mult = mult.get(comp, 0)
-        if not k_mult:
-            continue
-        for ins in instrs:
-            if ins.opcode != "dot" or not ins.shapes:
+        for ins in instrs if k_mult else ():
+            f = dot_flops_of(mod, ins)
+            if f is None:
                 continue
-            lhs = _operand_shapes(mod, ins)[0] if ins.operands else None
-            mc = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins.attrs)
-            if lhs is None or mc is None:
-                continue
-            k = math.prod(lhs.dims[int(d)] for d in mc.group(1).split(",") if d)
             m = re.search(r'op_name="([^"]*)"', ins.line)
             key = _einsum_of(m.group(1)) if m else ""
-            out[key] = out.get(key, 0.0) + 2.0 * ins.shapes[0].elements * k * k_mult
+            out[key] = out.get(key, 0.0) + f * k_mult
     return out
 
 

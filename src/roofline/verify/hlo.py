@@ -770,23 +770,25 @@ def _observed(mod, users, comp, count, ins, kind, is_async, mesh_shape, normaliz
 # ----------------------------------------------------------------------------- FLOPs
 
 
+def dot_flops_of(mod: Module, ins: Instruction) -> float | None:
+    """FLOPs of one dot: 2 x (output elements) x (contracted size); None if not a readable dot."""
+    if ins.opcode != "dot" or not ins.shapes:
+        return None
+    lhs = _operand_shapes(mod, ins)[0] if ins.operands else None
+    mc = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins.attrs)
+    if lhs is None or mc is None:
+        return None
+    k = math.prod(lhs.dims[int(d)] for d in mc.group(1).split(",") if d)
+    return 2.0 * ins.shapes[0].elements * k
+
+
 def dot_flops(mod: Module) -> tuple[float, dict[str, float]]:
-    """2 x (output elements) x (contracted size) for every dot, times computation counts;
-    also the per-computation sums (one execution each)."""
+    """The FLOPs of every dot (`dot_flops_of`), times computation counts; also the
+    per-computation sums (one execution each)."""
     mult, _ = multiplicities(mod)
     per: dict[str, float] = {}
     for comp, instrs in mod.computations.items():
-        tot = 0.0
-        for ins in instrs:
-            if ins.opcode != "dot" or not ins.shapes:
-                continue
-            lhs = _operand_shapes(mod, ins)[0] if ins.operands else None
-            mc = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins.attrs)
-            if lhs is None or mc is None:
-                continue
-            k = math.prod(lhs.dims[int(d)] for d in mc.group(1).split(",") if d)
-            tot += 2.0 * ins.shapes[0].elements * k
-        per[comp] = tot
+        per[comp] = sum(f for ins in instrs if (f := dot_flops_of(mod, ins)) is not None)
     total = sum(per[c] * mult.get(c, 0) for c in per)
     return total, per
 
