@@ -267,7 +267,7 @@ def evaluate_plans(
         remats=tuple(remat_list),
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
-    ctx = _Context.of(cand, structure, remat_list, inv, len(cand))
+    ctx = replace(_Context.of(cand, structure, remat_list, inv, len(cand)), n_rows=(w.n,))
     return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums)
 
 
@@ -305,6 +305,7 @@ class _Context:
     remat_idx: np.ndarray
     reuse: np.ndarray  # no remat: the backward pass reuses the forward's weight gathers
     flags: Mapping[str, np.ndarray]  # collective_matmul, overlap_ep
+    n_rows: tuple[int, ...] = (1,)  # the walk's rows (shape of its arrays)
 
     @staticmethod
     def of(cand: Candidates, st: Structure, remats: list[Remat], inv, n: int) -> _Context:
@@ -349,13 +350,19 @@ class _Sums:
         return self._rr[s]
 
     def _sum(self, items, forward_mult: bool, rerun_only: bool = False) -> Any:
+        # add the walk's rows first (few), then index out to the candidates once per group
+        rows: dict[tuple[bool, frozenset], Any] = {}
+        for key, v in items:
+            rows[key] = rows.get(key, 0.0) + v
         out: Any = np.zeros(len(self.ctx.inv))
-        for (fwd, rerun), v in items:
+        for (fwd, rerun), v in rows.items():
             if rerun_only:
-                m = self.rr(rerun) if fwd else 0.0
+                if not fwd or not rerun:
+                    continue
+                m: Any = self.rr(rerun)
             else:
-                m = (1.0 + self.rr(rerun)) if (fwd and forward_mult) else 1.0
-            out = out + v[self.ctx.inv] * m
+                m = (1.0 + self.rr(rerun)) if (fwd and forward_mult and rerun) else 1.0
+            out = out + np.broadcast_to(np.asarray(v, float), self.ctx.n_rows)[self.ctx.inv] * m
         return out
 
     def compute(self, *, forward: bool | None = None, rerun_only: bool = False) -> Any:

@@ -639,8 +639,10 @@ class _Walker:
         shard = str(replace(s, axes=_with_seq(s)))
         fwd_rr = rerun_by(op)
         why = "context parallelism: K/V gathered along the sequence"
+        t_ag = self.pricing.comm(CollectiveKind.ALL_GATHER, b, ("seq",))
+        t_rs = self.pricing.comm(CollectiveKind.REDUCE_SCATTER, b, ("seq",))
         for name in (k.name, "v"):
-            t = self.pricing.comm(CollectiveKind.ALL_GATHER, b, ("seq",))
+            t = t_ag
             self.colls.append(
                 CollectiveRecord(
                     op.name,
@@ -661,7 +663,7 @@ class _Walker:
                 )
             )
             if self.phase == Phase.TRAIN:
-                t = self.pricing.comm(CollectiveKind.REDUCE_SCATTER, b, ("seq",))
+                t = t_rs
                 self.colls.append(
                     CollectiveRecord(
                         op.name,
