@@ -310,6 +310,9 @@ class EinsumPlan:
     def pick(self, attr: str) -> Any:
         if np.ndim(self.choice) == 0:
             return getattr(self.best, attr)
+        if len(self.options) == 1:  # nothing was chosen: the one option, shaped like the choice
+            v = np.asarray(getattr(self.options[0], attr), float)
+            return np.broadcast_to(v, np.broadcast_shapes(v.shape, np.shape(self.choice)))
         vals = [
             np.broadcast_to(np.asarray(getattr(o, attr), float), np.shape(self.choice))
             for o in self.options
@@ -581,37 +584,19 @@ def _reduce_or_move(
     return CommStep(kind, tuple(axes), cur.name, cur, str(cur), str(new), why, phase)
 
 
-@dataclass(frozen=True)
 class _Einsum:
     """The dims of `lhs · rhs -> out` by role (contracting, batch, free on each side)."""
 
-    lhs: Spec
-    rhs: Spec
-    out: Spec
-    phase: str
-
-    @functools.cached_property
-    def contracting(self) -> list[str]:
-        return [d for d in self.lhs.dims if d in self.rhs.dims and d not in self.out.dims]
-
-    @functools.cached_property
-    def batch(self) -> list[str]:
-        return [d for d in self.lhs.dims if d in self.rhs.dims and d in self.out.dims]
-
-    @functools.cached_property
-    def free_l(self) -> list[str]:
-        return [d for d in self.lhs.dims if d not in self.rhs.dims]
-
-    @functools.cached_property
-    def free_r(self) -> list[str]:
-        return [d for d in self.rhs.dims if d not in self.lhs.dims]
-
-    @functools.cached_property
-    def conflict(self) -> list[str]:
-        """Axes on a free dim of both operands (the book's case 4)."""
-        left = {a for d in self.free_l for a in self.lhs.axes_of(d)}
-        right = {a for d in self.free_r for a in self.rhs.axes_of(d)}
-        return sorted(left & right)
+    def __init__(self, lhs: Spec, rhs: Spec, out: Spec, phase: str) -> None:
+        self.lhs, self.rhs, self.out, self.phase = lhs, rhs, out, phase
+        self.contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
+        self.batch = [d for d in lhs.dims if d in rhs.dims and d in out.dims]
+        self.free_l = [d for d in lhs.dims if d not in rhs.dims]
+        self.free_r = [d for d in rhs.dims if d not in lhs.dims]
+        # axes on a free dim of both operands (the book's case 4)
+        left = {a for d in self.free_l for a in lhs.axes_of(d)}
+        right = {a for d in self.free_r for a in rhs.axes_of(d)}
+        self.conflict = sorted(left & right)
 
     def target_choices(self) -> list[list[tuple[str, ...]]]:
         """For each contracting/batch dim: the shardings it may meet in (lhs's, rhs's, none,
@@ -906,11 +891,12 @@ def plan_einsum(
     `trusted`: the specs come from rules (the walk), so the checks and the case name are
     skipped. `weights` names the operands that are parameters (for policies).
     """
-    e = _Einsum(lhs, rhs, out, phase)
-    if not trusted:
+    e = None if trusted else _Einsum(lhs, rhs, out, phase)
+    if e is not None:
         _check_einsum(e, sizes, mesh, check_divisible, allow_conflict)
+    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
     options = [
-        _numeric(r, e.contracting, sizes, mesh, comm_fn)
+        _numeric(r, contracting, sizes, mesh, comm_fn)
         for r in _symbolic_options(lhs, rhs, out, phase)
     ]
     if not options:
@@ -940,6 +926,7 @@ def plan_einsum(
         return EinsumPlan(
             "", lhs, rhs, out, "", tuple(options), choice, compute_t, mem_t, 1.0, sizes, mesh
         )
+    assert e is not None
     expr = f"{lhs} * {rhs} -> {out}"
     case = _case_name(lhs, rhs, e.contracting, e.conflict)
     rep = _prod(mesh[a] for a in mesh) / _prod(mesh[a] for a in out.used_axes + out.unreduced)
@@ -964,7 +951,6 @@ def _check_einsum(
     lhs, rhs, out = e.lhs, e.rhs, e.out
     for s in (lhs, rhs):
         validate_spec(s, sizes, mesh, check_divisible=divisible)
-    expr = f"{lhs} * {rhs} -> {out}"
     for d in out.dims:
         if d not in lhs.dims and d not in rhs.dims:
             raise ShardingError(
@@ -975,12 +961,12 @@ def _check_einsum(
     for d in (*e.free_l, *e.free_r):
         if d not in out.dims:
             raise ShardingError(
-                f"dim {d!r} appears in one input only and not in the output of {expr}",
+                f"dim {d!r} appears in one input only and not in the output of {lhs} * {rhs} -> {out}",
                 rule="a dim in one operand only must be kept in the output (sums over one operand are not matmuls)",
                 fix=f"add {d} to the output",
             )
     if e.conflict and not conflict_ok:
-        raise _case4_error(e, expr)
+        raise _case4_error(e, f"{lhs} * {rhs} -> {out}")
     validate_spec(out, sizes, mesh, check_divisible=divisible)
 
 

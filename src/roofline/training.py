@@ -237,6 +237,7 @@ def evaluate_plans(
     ops: tuple[str, ...] | None = None,
     policy: OptionPolicy = CHEAPEST,
     plan: Plan | None = None,
+    with_terms: bool = False,
 ) -> StepArrays:
     """Evaluate every candidate of one Structure at once (numpy arrays in, arrays out).
 
@@ -244,7 +245,7 @@ def evaluate_plans(
     per candidate. `remats` (with `cand.remat_idx`) and `cand.collective_matmul` vary those
     choices per candidate too; otherwise `structure.remat` / `structure.collective_matmul` apply.
     `policy` chooses among the algebra's options (default: the cheapest); `plan` (single
-    plans) supplies the compute dtypes.
+    plans) supplies the compute dtypes; `with_terms` adds the per-pass terms of `step_terms`.
 
     Two phases: the walk runs once per distinct (system, mesh, microbatch) — the only inputs
     the einsums see — and the timeline then combines its sums with each candidate's remat,
@@ -268,7 +269,7 @@ def evaluate_plans(
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
     ctx = replace(_Context.of(cand, structure, remat_list, inv, len(cand)), n_rows=(w.n,))
-    return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums)
+    return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums, with_terms)
 
 
 def _distinct_rows(cand: Candidates) -> tuple[MeshRows, np.ndarray]:
@@ -301,7 +302,7 @@ class _Context:
     schedule: np.ndarray
     virtual: np.ndarray
     sys_idx: np.ndarray
-    remat_kind: np.ndarray  # RematKind value per candidate
+    remats: tuple[Remat, ...]  # the remat policies `remat_idx` indexes
     remat_idx: np.ndarray
     reuse: np.ndarray  # no remat: the backward pass reuses the forward's weight gathers
     flags: Mapping[str, np.ndarray]  # collective_matmul, overlap_ep
@@ -310,7 +311,7 @@ class _Context:
     @staticmethod
     def of(cand: Candidates, st: Structure, remats: list[Remat], inv, n: int) -> _Context:
         r_idx = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
-        kinds = np.array([r.kind.value for r in remats], dtype=object)[r_idx]
+        no_remat = np.array([r.kind == RematKind.NONE for r in remats])[r_idx]
         cm = cand.collective_matmul
         oe = cand.overlap_ep
         return _Context(
@@ -321,9 +322,9 @@ class _Context:
             cand.schedule,
             cand.virtual,
             cand.system_idx if cand.system_idx is not None else np.zeros(n, dtype=int),
-            kinds,
+            tuple(remats),
             r_idx,
-            kinds == RematKind.NONE.value,
+            no_remat,
             {
                 "collective_matmul": cm if cm is not None else np.full(n, st.collective_matmul),
                 "overlap_ep": oe if oe is not None else np.zeros(n, dtype=bool),
@@ -334,7 +335,7 @@ class _Context:
         """1.0 where the candidate's remat policy reruns ops of `rerun_by`, else 0.0."""
         if not rerun_by:
             return np.zeros(len(self.inv))
-        return np.isin(self.remat_kind, [k.value for k in rerun_by]).astype(float)
+        return np.array([float(r.kind in rerun_by) for r in self.remats])[self.remat_idx]
 
 
 class _Sums:
@@ -452,7 +453,7 @@ def _memory(
 
 
 def _step(
-    model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep
+    model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep, with_terms
 ) -> StepArrays:
     s = _Sums(tot, ctx)
     chip = systems[0].chip
@@ -510,7 +511,7 @@ def _step(
         infeasible=mesh_bad | over,
         reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.hbm_bytes),
         walk=w if keep else None,
-        terms=_terms(s, M, mfu_peak(chip) * eff.matmul, grad_step),
+        terms=_terms(s, M, mfu_peak(chip) * eff.matmul, grad_step) if with_terms else {},
     )
 
 
@@ -665,6 +666,7 @@ def _evaluate_one(
         ops=ops,
         policy=policy,
         plan=plan,
+        with_terms=True,
     )
 
 

@@ -118,11 +118,19 @@ class OpRecord:
     dtype: str
     copies: Any
     flops_per_chip: Any
-    hbm_bytes_per_chip: Any
+    # HBM bytes per chip; None for a matmul, whose chosen option holds them (read on demand:
+    # picking them per candidate costs the planner time it does not need)
+    hbm_bytes: Any
     compute_s: Any
     memory_s: Any
     rerun_by: frozenset[RematKind] = NO_RERUN
     einsum: EinsumPlan | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def hbm_bytes_per_chip(self) -> Any:
+        if self.hbm_bytes is None and self.einsum is not None:
+            return self.einsum.hbm_bytes_per_chip
+        return self.hbm_bytes
 
     @property
     def time_s(self) -> Any:
@@ -531,7 +539,7 @@ class _Walker:
             dtype,
             copies,
             ep.flops_per_chip,
-            ep.hbm_bytes_per_chip,
+            None,
             compute_s,
             ep.memory_time_s,
             reruns,
@@ -898,9 +906,8 @@ def _meshes(
     mesh_rows, minv = np.unique(cols, axis=0, return_inverse=True)
     minv = minv.reshape(-1)
     found = []
-    for row in mesh_rows:
-        axes = mesh_axes_of(tuple(int(v) for v in row[1:]))
-        found.append(mesh_for(systems[int(row[0])], axes))
+    for row in mesh_rows.tolist():  # Python ints: numpy scalars are slow to convert one by one
+        found.append(mesh_for(systems[row[0]], mesh_axes_of(tuple(row[1:]))))
     meshes = [m if isinstance(m, Mesh) else None for m in found]
     reason = np.array([(m if isinstance(m, str) else "") for m in found], dtype=object)
     return meshes, minv, reason[minv]
