@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from roofline.cli._common import add_json, add_wraparound, emit, number_flag
+from roofline.cli._common import MAX_DIM, add_json, add_wraparound, emit, number_flag
 from roofline.collectives import CollectiveKind, collective_cost, parse_collective_kind
 from roofline.errors import PlanError, ShardingError, SpecError
 from roofline.mesh import Mesh, make_mesh
@@ -96,13 +96,19 @@ def parse_array(text: str) -> tuple[str, tuple[int, ...]]:
     dims = []
     for part in [p for p in re.split(r"\s*,\s*", m.group(2)) if p]:
         v = parse_quantity(part, what="array dim")
-        if v != int(v) or v <= 0:
+        if v != int(v) or not 0 < v <= MAX_DIM:
             raise SpecError(
                 f"array {text!r}: dim {part!r}",
-                rule="array dims are positive whole numbers",
+                rule=f"array dims are positive whole numbers up to {MAX_DIM:,} (2^40)",
                 fix="e.g. bf16[1024,16384]",
             )
         dims.append(int(v))
+    if len(dims) > 8 or math.prod(dims) > MAX_DIM**2:
+        raise SpecError(
+            f"array {text!r} has {math.prod(dims):.3g} elements",
+            rule="an array has at most 8 dims and 2^80 elements (beyond that nothing is physical)",
+            fix='write e.g. "bf16[1024,16384]"',
+        )
     if not dims:
         raise SpecError(
             f"array {text!r} has no dims",
