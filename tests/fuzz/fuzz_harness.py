@@ -156,6 +156,9 @@ _FRACTION_KEYS = re.compile(r"(^|_)(mfu|hfu|share|fraction|efficiency|utilizatio
 _NON_NEGATIVE_EXEMPT = re.compile(r"(error|bias|delta|diff|signed)", re.I)
 
 
+_GENERIC_REASONS = ("not a number (", "+infinite (", "-infinite (", "entries [")
+
+
 def _json_problems(x, path: str) -> Iterable[str]:
     if isinstance(x, dict):
         for k, v in x.items():
@@ -166,6 +169,9 @@ def _json_problems(x, path: str) -> Iterable[str]:
                 yield f"{p} is {v} (JSON must hold null with a reason)"
             elif isinstance(v, str) and v.strip().lower() in ("inf", "-inf", "nan", "infinity"):
                 yield f"{p} is the string {v!r} in a numeric field"
+            elif k.endswith("_reason") and isinstance(v, str) and v.startswith(_GENERIC_REASONS):
+                # the writer's fallback: a non-finite float reached the output (docs/json.md)
+                yield f"{p}: a non-finite number reached the JSON writer ({v[:40]}...)"
             elif _is_quantity_key(k):
                 yield from _quantity_problems(k, v, p)
             yield from _json_problems(v, p)
