@@ -69,10 +69,7 @@ def test_efficiency_directory_is_one_paragraph(tmp_path):
         load_efficiency(str(tmp_path))
     with pytest.raises(SpecError, match="is a directory"):
         read_toml(tmp_path, "efficiency profile")
-    one_paragraph(
-        ["train", "--model", "tiny-llama", "--system", "h100:8", "--efficiency", "."],
-        "directory",
-    )
+    one_paragraph(["train", "--model", "tiny-llama", "--system", "h100:8", "--efficiency", "."])
 
 
 @pytest.mark.parametrize("cmd", ["chip", "model", "system"])

@@ -232,10 +232,9 @@ def train_argv(draw, known_issues: bool = True) -> list[str]:
                 st.sampled_from([".", "/dev/null", write_file(draw(S.efficiency_toml()), ".toml")])
             ),
         ]
-    json_flag = draw(_json)
-    if not known_issues and json_flag and system.startswith(("gb200", "gb300", "tpu-7x")):
-        json_flag = []  # F5: unpriced chips put NaN in usd_per_million_tokens
-    return argv + json_flag
+    if not known_issues and system.startswith(("gb200", "gb300", "tpu-7x")):
+        argv += ["--price", "3.0"]  # F5: unpriced chips print $nan / NaN per-token costs
+    return argv + draw(_json)
 
 
 def _in_unit_interval(text: str) -> bool:
@@ -243,6 +242,18 @@ def _in_unit_interval(text: str) -> bool:
         return 1e-3 <= float(text) <= 1.0
     except ValueError:
         return True  # unreadable: refused before any arithmetic
+
+
+@st.composite
+def validate_argv(draw) -> list[str]:
+    path = write_file(draw(S.runs_yaml()), ".yaml")
+    argv = ["validate", "--runs", path]
+    if draw(st.integers(0, 3)) == 0:
+        argv += [
+            "--framework",
+            draw(st.sampled_from(["auto", "none", "megatron", "maxtext", "bogus"])),
+        ]
+    return argv + draw(_json)
 
 
 FAMILIES = {
@@ -258,4 +269,5 @@ FAMILIES = {
     "system_file": system_file_argv(),
     "train": train_argv(known_issues=False),
     "train_known": train_argv(known_issues=True),
+    "validate": validate_argv(),
 }

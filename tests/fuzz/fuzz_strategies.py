@@ -5,6 +5,7 @@ misses and garbage (so the edges are tried)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -363,3 +364,49 @@ def chip_alias_list() -> list[str]:
     for c in CHIPS:
         out += [c, *load_chip(c).aliases[:1]]
     return out
+
+
+# -- measured-run files (validate) -------------------------------------------------------------
+
+_RUNS_DIR = Path(__file__).parents[2] / "src" / "roofline" / "validate"
+
+
+@functools.cache
+def _runs(name: str) -> list:
+    import yaml
+
+    return yaml.safe_load((_RUNS_DIR / name).read_text())
+
+
+def _mutate_nested(draw, node, depth: int = 0):
+    """Replace, drop or keep values anywhere in a run record."""
+    if isinstance(node, dict) and node:
+        out = dict(node)
+        for _ in range(draw(st.integers(0, 2))):
+            if not out:
+                break
+            key = draw(st.sampled_from(sorted(out, key=str)))
+            action = draw(st.integers(0, 3))
+            if action == 0:
+                out.pop(key)
+            elif action == 1 and depth < 3:
+                out[key] = _mutate_nested(draw, out[key], depth + 1)
+            else:
+                out[key] = draw(_WRONG_VALUES)
+        return out
+    return draw(_WRONG_VALUES) if draw(st.booleans()) else node
+
+
+@st.composite
+def runs_yaml(draw) -> str:
+    import yaml
+
+    name = draw(st.sampled_from(["measured_training.yaml", "measured_inference.yaml"]))
+    runs = _runs(name)
+    picked = [
+        runs[i] for i in draw(st.lists(st.integers(0, len(runs) - 1), min_size=1, max_size=2))
+    ]
+    picked = [_mutate_nested(draw, r) for r in picked]
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.sampled_from(["", "{", "- 1\n- 2\n", "a: [", "runs: 5\n", "\t\tx"]))
+    return yaml.safe_dump(picked, allow_unicode=True)

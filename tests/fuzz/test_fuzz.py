@@ -42,6 +42,7 @@ EXAMPLES = {
     "system_file": 300,
     "train": 300,
     "train_known": 100,
+    "validate": 200,
 }
 
 
@@ -90,6 +91,7 @@ test_fuzz_model_file = _family_test("model_file")
 test_fuzz_chip_file = _family_test("chip_file")
 test_fuzz_system_file = _family_test("system_file")
 test_fuzz_train = _family_test("train")
+test_fuzz_validate = _family_test("validate")
 
 # Open findings in h1's train/planner code (docs/fuzz-findings.md, issue 12): `train` above
 # leaves their inputs out; this test keeps them in and turns XPASS once they are fixed.
