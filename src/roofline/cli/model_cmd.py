@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from roofline.cli._common import add_json, emit, int_flag
+from roofline.cli._common import add_json, emit, int_flag, model_source
 from roofline.errors import SpecError
 from roofline.ledger import (
     Causal,
@@ -84,13 +84,6 @@ def _shape(args: argparse.Namespace, model: ModelSpec) -> tuple[int, int, int | 
             fix="give a smaller batch or sequence",
         )
     return seq, batch, kv_seq
-
-
-def model_source(arg: str) -> str:
-    """'preset' when a catalog name was given, 'file' for a TOML / config.json path."""
-    from roofline.specs.catalog import exists
-
-    return "file" if arg.endswith((".toml", ".json")) or exists(arg) else "preset"
 
 
 def _kv_formula(m: ModelSpec, kv_dtype: str) -> str:
@@ -433,12 +426,9 @@ def run(args: argparse.Namespace) -> int:
                 title=f"{model.name} on {chip.name}, B={batch} T={seq}",
             )
         )
-    source = model_source(args.model)
     inputs = {
         "model": model.name,
-        "model_source": source,  # "preset" (catalog name) or "file" (TOML / config.json)
-        "model_arg": args.model,
-        "model_file": args.model if source == "file" else None,
+        **model_source(args.model),  # "preset" (catalog name) or "file" (TOML / config.json)
         "seq": seq,
         "batch": batch,
         "kv_seq": kv_seq,
