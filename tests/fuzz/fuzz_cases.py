@@ -256,6 +256,81 @@ def validate_argv(draw) -> list[str]:
     return argv + draw(_json)
 
 
+@st.composite
+def serve_argv(draw) -> list[str]:
+    """`roofline serve` (issue 11): the one-step mode and the planner, small models."""
+    argv = [
+        "serve",
+        "--model",
+        draw(
+            S.mostly(
+                st.sampled_from(["tiny-llama", "llama-3-8b", "mixtral-8x7b"]),
+                S.name_of(S.SMALL_MODELS),
+                6,
+            )
+        ),
+    ]
+    if draw(st.booleans()):
+        argv += [
+            "--system",
+            draw(
+                S.mostly(
+                    st.sampled_from(["h100:8", "tpu-v5e:4x2", "b200:8", "mi300x:8", "h100:1"]),
+                    S.system_spec(),
+                    5,
+                )
+            ),
+        ]
+    else:
+        argv += ["--chip", draw(S.name_of(["h100", "tpu-v5e", "b200"]))]
+    if draw(st.integers(0, 2)) == 0:  # the book's one-step mode
+        argv += [
+            "--plan",
+            draw(st.sampled_from(["tp=8", "tp=4", "tp=2,dp=4", "tp=1", "ep=8", "tp=0", "x"])),
+        ]
+        argv += [
+            "--batch",
+            draw(S.number_text(0, 512)),
+            "--context",
+            draw(S.number_text(0, 1 << 17)),
+        ]
+    else:
+        argv += ["--prompt", draw(S.number_text(0, 8192)), "--gen", draw(S.number_text(0, 2048))]
+        if draw(st.booleans()):
+            argv += [
+                draw(st.sampled_from(["--concurrency", "--rate"])),
+                draw(S.number_text(0, 256)),
+            ]
+        for flag, val in (
+            ("--slo-ttft", ["2s", "500ms", "0", "-1", "nan", "1e308"]),
+            ("--slo-tpot", ["50ms", "10ms", "0", "x"]),
+        ):
+            if draw(st.integers(0, 3)) == 0:
+                argv += [flag, draw(st.sampled_from(val))]
+        if draw(st.integers(0, 3)) == 0:
+            argv += [
+                "--objective",
+                draw(st.sampled_from(["cost", "throughput", "latency", "speed"])),
+            ]
+    for flag in ("--weight-dtype", "--kv-dtype", "--compute-dtype"):
+        if draw(st.integers(0, 4)) == 0:
+            argv += [
+                flag,
+                draw(
+                    st.sampled_from(
+                        ["bf16", "fp8", "int8", "int4", "nvfp4", "mxfp4", "fp8_block", "bf17"]
+                    )
+                ),
+            ]
+    if draw(st.integers(0, 5)) == 0:
+        argv += ["--prefix-hit", draw(st.sampled_from(["0", "0.5", "1", "1.5", "-0.1", "nan"]))]
+    if draw(st.integers(0, 6)) == 0:
+        argv += ["--acceptance", draw(st.sampled_from(["0.7", "0", "1", "2", "nan"]))]
+    if draw(st.integers(0, 6)) == 0:
+        argv += ["--price", draw(S.number_text(0, 100))]
+    return argv + draw(_json)
+
+
 FAMILIES = {
     "chip": chip_argv(),
     "listing": listing_argv(),
@@ -270,4 +345,5 @@ FAMILIES = {
     "train": train_argv(known_issues=False),
     "train_known": train_argv(known_issues=True),
     "validate": validate_argv(),
+    "serve": serve_argv(),
 }
