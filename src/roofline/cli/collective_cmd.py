@@ -186,20 +186,49 @@ def bytes_per_chip_for(
     return total_bytes / mesh.size(tuple(sharded))
 
 
+def _mesh(args: argparse.Namespace, system) -> Mesh:
+    if args.mesh:
+        return make_mesh(system, args.mesh)
+    over_names = [p for p in re.split(r"[,\s]+", args.over.strip()) if p]
+    if len(over_names) != 1:
+        raise PlanError(
+            f"--over {args.over!r} without --mesh",
+            rule="without --mesh the mesh is one axis named by --over",
+            fix="give --mesh, e.g. --mesh X=8,Y=4",
+        )
+    return make_mesh(system, {over_names[0]: system.n_chips})
+
+
+def _array_bytes(args: argparse.Namespace, kind, over, mesh: Mesh) -> tuple[float, float]:
+    """(bytes per chip, total bytes) of --array with --sharding."""
+    dt, shape = parse_array(args.array)
+    total = math.prod(shape) * dtype_bytes(dt)
+    sharding = (
+        parse_sharding(args.sharding, mesh)
+        if args.sharding
+        else [(f"d{i}", ()) for i in range(len(shape))]
+    )
+    if len(sharding) != len(shape):
+        raise ShardingError(
+            f"sharding {args.sharding!r} has {len(sharding)} entries but array {args.array!r} has {len(shape)} dims",
+            rule="one sharding entry per array dim",
+            fix="list every dim, e.g. [B_X, F]",
+        )
+    for (dname, axes), n in zip(sharding, shape, strict=True):
+        k = mesh.size(axes)
+        if n % k:
+            raise ShardingError(
+                f"dim {dname} = {n} of {args.array!r} is not divisible by {'x'.join(axes)} = {k}",
+                rule="a sharded dim divides evenly over its mesh axes",
+                fix="pick sizes that divide",
+            )
+    return bytes_per_chip_for(kind, total, sharding, over, mesh), total
+
+
 def run(args: argparse.Namespace) -> int:
     kind = parse_collective_kind(args.kind)
     system = parse_system(args.system, sharp=args.sharp, wraparound=args.wraparound)
-    if args.mesh:
-        mesh = make_mesh(system, args.mesh)
-    else:
-        over_names = [p for p in re.split(r"[,\s]+", args.over.strip()) if p]
-        if len(over_names) != 1:
-            raise PlanError(
-                f"--over {args.over!r} without --mesh",
-                rule="without --mesh the mesh is one axis named by --over",
-                fix="give --mesh, e.g. --mesh X=8,Y=4",
-            )
-        mesh = make_mesh(system, {over_names[0]: system.n_chips})
+    mesh = _mesh(args, system)
     over = mesh.resolve_axes(args.over)
     inputs: dict[str, Any] = {
         "kind": kind.value,
@@ -208,28 +237,7 @@ def run(args: argparse.Namespace) -> int:
         "over": list(over),
     }
     if args.array:
-        dt, shape = parse_array(args.array)
-        total = math.prod(shape) * dtype_bytes(dt)
-        sharding = (
-            parse_sharding(args.sharding, mesh)
-            if args.sharding
-            else [(f"d{i}", ()) for i in range(len(shape))]
-        )
-        if len(sharding) != len(shape):
-            raise ShardingError(
-                f"sharding {args.sharding!r} has {len(sharding)} entries but array {args.array!r} has {len(shape)} dims",
-                rule="one sharding entry per array dim",
-                fix="list every dim, e.g. [B_X, F]",
-            )
-        for (dname, axes), n in zip(sharding, shape, strict=True):
-            k = mesh.size(axes)
-            if n % k:
-                raise ShardingError(
-                    f"dim {dname} = {n} of {args.array!r} is not divisible by {'x'.join(axes)} = {k}",
-                    rule="a sharded dim divides evenly over its mesh axes",
-                    fix="pick sizes that divide",
-                )
-        b = bytes_per_chip_for(kind, total, sharding, over, mesh)
+        b, total = _array_bytes(args, kind, over, mesh)
         inputs.update(array=args.array, sharding=args.sharding, total_bytes=total)
     else:
         b = number_flag(args.bytes, "bytes", lo=0.0, lo_open=False, hi=1e18, example="32M")
