@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import fuzz_strategies as S
 from hypothesis import strategies as st
 
 _TMP = Path(tempfile.mkdtemp(prefix="roofline-fuzz-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)  # generated files go with the process
 _counter = itertools.count()
 
 
