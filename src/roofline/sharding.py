@@ -185,6 +185,12 @@ def parse_einsum(
     dtypes: Sequence[str] = ("bf16", "bf16", "bf16"),
 ) -> tuple[Spec, Spec, Spec]:
     """`A[I_X, J] * B[J, K_Y] -> C[I_X, K_Y]` → three Specs (`·`, `@`, `x` also accepted)."""
+    if not isinstance(text, str):  # h2-robust (issue 12): a clear error for the Python API
+        raise ShardingError(
+            f"einsum {text!r} is a {type(text).__name__}, not a string",
+            rule="an einsum is a string in the book's notation",
+            fix='pass e.g. "In[B_X, D] * W[D_X, F] -> Out[B_X, F]"',
+        )
     if "->" not in text:
         raise ShardingError(
             f"no output in {text!r}",

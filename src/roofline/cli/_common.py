@@ -74,6 +74,23 @@ def number_flag(
     return v
 
 
+def model_source(arg: str) -> dict[str, str | None]:
+    """How a --model argument was resolved, for `inputs`: a catalog preset or a file.
+
+    {"model_source": "preset" | "file", "model_arg": arg, "model_file": path or None}
+    (issue 12: inputs.model must say which one was used). Every command taking a model can
+    merge this into its `inputs`.
+    """
+    from roofline.specs.catalog import exists
+
+    is_file = str(arg).endswith((".toml", ".json")) or exists(str(arg))
+    return {
+        "model_source": "file" if is_file else "preset",
+        "model_arg": str(arg),
+        "model_file": str(arg) if is_file else None,
+    }
+
+
 def emit(
     args: argparse.Namespace,
     command: str,

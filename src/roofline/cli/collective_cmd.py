@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from roofline.cli._common import add_json, add_wraparound, emit, number_flag
+from roofline.cli._common import MAX_DIM, add_json, add_wraparound, emit, number_flag
 from roofline.collectives import CollectiveKind, collective_cost, parse_collective_kind
 from roofline.errors import PlanError, ShardingError, SpecError
 from roofline.mesh import Mesh, make_mesh
@@ -96,13 +96,19 @@ def parse_array(text: str) -> tuple[str, tuple[int, ...]]:
     dims = []
     for part in [p for p in re.split(r"\s*,\s*", m.group(2)) if p]:
         v = parse_quantity(part, what="array dim")
-        if v != int(v) or v <= 0:
+        if v != int(v) or not 0 < v <= MAX_DIM:
             raise SpecError(
                 f"array {text!r}: dim {part!r}",
-                rule="array dims are positive whole numbers",
+                rule=f"array dims are positive whole numbers up to {MAX_DIM:,} (2^40)",
                 fix="e.g. bf16[1024,16384]",
             )
         dims.append(int(v))
+    if len(dims) > 8 or math.prod(dims) > MAX_DIM**2:
+        raise SpecError(
+            f"array {text!r} has {math.prod(dims):.3g} elements",
+            rule="an array has at most 8 dims and 2^80 elements (beyond that nothing is physical)",
+            fix='write e.g. "bf16[1024,16384]"',
+        )
     if not dims:
         raise SpecError(
             f"array {text!r} has no dims",
@@ -180,20 +186,49 @@ def bytes_per_chip_for(
     return total_bytes / mesh.size(tuple(sharded))
 
 
+def _mesh(args: argparse.Namespace, system) -> Mesh:
+    if args.mesh:
+        return make_mesh(system, args.mesh)
+    over_names = [p for p in re.split(r"[,\s]+", args.over.strip()) if p]
+    if len(over_names) != 1:
+        raise PlanError(
+            f"--over {args.over!r} without --mesh",
+            rule="without --mesh the mesh is one axis named by --over",
+            fix="give --mesh, e.g. --mesh X=8,Y=4",
+        )
+    return make_mesh(system, {over_names[0]: system.n_chips})
+
+
+def _array_bytes(args: argparse.Namespace, kind, over, mesh: Mesh) -> tuple[float, float]:
+    """(bytes per chip, total bytes) of --array with --sharding."""
+    dt, shape = parse_array(args.array)
+    total = math.prod(shape) * dtype_bytes(dt)
+    sharding = (
+        parse_sharding(args.sharding, mesh)
+        if args.sharding
+        else [(f"d{i}", ()) for i in range(len(shape))]
+    )
+    if len(sharding) != len(shape):
+        raise ShardingError(
+            f"sharding {args.sharding!r} has {len(sharding)} entries but array {args.array!r} has {len(shape)} dims",
+            rule="one sharding entry per array dim",
+            fix="list every dim, e.g. [B_X, F]",
+        )
+    for (dname, axes), n in zip(sharding, shape, strict=True):
+        k = mesh.size(axes)
+        if n % k:
+            raise ShardingError(
+                f"dim {dname} = {n} of {args.array!r} is not divisible by {'x'.join(axes)} = {k}",
+                rule="a sharded dim divides evenly over its mesh axes",
+                fix="pick sizes that divide",
+            )
+    return bytes_per_chip_for(kind, total, sharding, over, mesh), total
+
+
 def run(args: argparse.Namespace) -> int:
     kind = parse_collective_kind(args.kind)
     system = parse_system(args.system, sharp=args.sharp, wraparound=args.wraparound)
-    if args.mesh:
-        mesh = make_mesh(system, args.mesh)
-    else:
-        over_names = [p for p in re.split(r"[,\s]+", args.over.strip()) if p]
-        if len(over_names) != 1:
-            raise PlanError(
-                f"--over {args.over!r} without --mesh",
-                rule="without --mesh the mesh is one axis named by --over",
-                fix="give --mesh, e.g. --mesh X=8,Y=4",
-            )
-        mesh = make_mesh(system, {over_names[0]: system.n_chips})
+    mesh = _mesh(args, system)
     over = mesh.resolve_axes(args.over)
     inputs: dict[str, Any] = {
         "kind": kind.value,
@@ -202,28 +237,7 @@ def run(args: argparse.Namespace) -> int:
         "over": list(over),
     }
     if args.array:
-        dt, shape = parse_array(args.array)
-        total = math.prod(shape) * dtype_bytes(dt)
-        sharding = (
-            parse_sharding(args.sharding, mesh)
-            if args.sharding
-            else [(f"d{i}", ()) for i in range(len(shape))]
-        )
-        if len(sharding) != len(shape):
-            raise ShardingError(
-                f"sharding {args.sharding!r} has {len(sharding)} entries but array {args.array!r} has {len(shape)} dims",
-                rule="one sharding entry per array dim",
-                fix="list every dim, e.g. [B_X, F]",
-            )
-        for (dname, axes), n in zip(sharding, shape, strict=True):
-            k = mesh.size(axes)
-            if n % k:
-                raise ShardingError(
-                    f"dim {dname} = {n} of {args.array!r} is not divisible by {'x'.join(axes)} = {k}",
-                    rule="a sharded dim divides evenly over its mesh axes",
-                    fix="pick sizes that divide",
-                )
-        b = bytes_per_chip_for(kind, total, sharding, over, mesh)
+        b, total = _array_bytes(args, kind, over, mesh)
         inputs.update(array=args.array, sharding=args.sharding, total_bytes=total)
     else:
         b = number_flag(args.bytes, "bytes", lo=0.0, lo_open=False, hi=1e18, example="32M")

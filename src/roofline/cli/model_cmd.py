@@ -8,8 +8,9 @@ With `--chip`, each row's roofline (time, bound) at the given batch × seq.
 from __future__ import annotations
 
 import argparse
+import math
 
-from roofline.cli._common import add_json, emit, int_flag
+from roofline.cli._common import add_json, emit, int_flag, model_source
 from roofline.errors import SpecError
 from roofline.ledger import (
     Causal,
@@ -84,13 +85,6 @@ def _shape(args: argparse.Namespace, model: ModelSpec) -> tuple[int, int, int | 
             fix="give a smaller batch or sequence",
         )
     return seq, batch, kv_seq
-
-
-def model_source(arg: str) -> str:
-    """'preset' when a catalog name was given, 'file' for a TOML / config.json path."""
-    from roofline.specs.catalog import exists
-
-    return "file" if arg.endswith((".toml", ".json")) or exists(arg) else "preset"
 
 
 def _kv_formula(m: ModelSpec, kv_dtype: str) -> str:
@@ -232,35 +226,32 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _text(
-    res: dict,
-    model: ModelSpec,
-    seq: int,
-    batch: int,
-    kv_seq: int | None,
-    kv_dtype: str,
-    causal: Causal,
-) -> str:
-    from roofline.report.table import kv, table
+def _g(x: float | None, spec: str = ".4g") -> str:
+    """A number for a table cell; '-' where there is none (an infinite intensity: no bytes)."""
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
-    head = kv(
-        [
-            (
-                "model",
-                f"{model.name}  (L={model.n_layers} D={model.d_model} F={model.d_ff} N={model.n_heads} "
-                f"K={model.n_kv_heads} H={model.d_head} V={model.vocab}, {model.attention.value}"
-                + (f", MoE {model.moe.n_experts}x top-{model.moe.top_k}" if model.moe else "")
-                + ")",
-            ),
-            (
-                "shape",
-                f"B={batch} sequences × T={seq} tokens = {batch * seq:g} tokens"
-                + (f", attending to S={kv_seq} keys" if kv_seq else "")
-                + f"; causal attention counted {causal.value}",
-            ),
-        ]
+
+def _head(model: ModelSpec, seq: int, batch: int, kv_seq: int | None, causal: Causal) -> str:
+    from roofline.report.table import kv
+
+    arch = (
+        f"{model.name}  (L={model.n_layers} D={model.d_model} F={model.d_ff} N={model.n_heads} "
+        f"K={model.n_kv_heads} H={model.d_head} V={model.vocab}, {model.attention.value}"
+        + (f", MoE {model.moe.n_experts}x top-{model.moe.top_k}" if model.moe else "")
+        + ")"
     )
-    ledger_rows = [
+    shape = (
+        f"B={batch} sequences × T={seq} tokens = {batch * seq:g} tokens"
+        + (f", attending to S={kv_seq} keys" if kv_seq else "")
+        + f"; causal attention counted {causal.value}"
+    )
+    return kv([("model", arch), ("shape", shape)])
+
+
+def _ledger_table(res: dict) -> str:
+    from roofline.report.table import table
+
+    rows = [
         [
             r["name"],
             r["kind"],
@@ -270,131 +261,113 @@ def _text(
             fmt_flops(r["flops"]),
             _pct(r["flops_share"]),
             fmt_bytes(r["bytes"]),
-            f"{r['intensity']:.4g}",
+            _g(r["intensity"]),
         ]
         for r in res["ledger"]
     ]
     t = res["totals"]
-    ledger_rows.append(
-        [
-            "total",
-            "",
-            "",
-            fmt_count(t["ledger_params"]),
-            "100%",
-            fmt_flops(t["ledger_forward_flops"]),
-            "100%",
-            fmt_bytes(t["ledger_bytes"]),
-            "",
-        ]
-    )
-    body = table(
-        ledger_rows,
-        [
-            "row",
-            "kind",
-            "count",
-            "params",
-            "% params",
-            "fwd FLOPs",
-            "% FLOPs",
-            "HBM bytes",
-            "FLOP/B",
-        ],
-        align="llrrrrrrr",
-    )
+    rows.append(
+        ["total", "", "", fmt_count(t["ledger_params"]), "100%", fmt_flops(t["ledger_forward_flops"]),
+         "100%", fmt_bytes(t["ledger_bytes"]), ""]
+    )  # fmt: skip
+    headers = ["row", "kind", "count", "params", "% params", "fwd FLOPs", "% FLOPs", "HBM bytes"]
+    return table(rows, [*headers, "FLOP/B"], align="llrrrrrrr")
+
+
+def _totals_table(res: dict, model: ModelSpec, kv_dtype: str) -> str:
+    from roofline.report.table import table
+
+    t = res["totals"]
     N = t["active_matmul_params"]
-    totals = [
-        [
-            "params",
-            fmt_count(res["params"]),
-            "Σ rows' weights = "
-            + " + ".join(
-                f"{k} {fmt_count(v)}" for k, v in _by_block(res["params_breakdown"]).items()
-            ),
-        ],
-        [
-            "active params",
-            fmt_count(res["active_params"]),
-            (
-                f"top-k of E routed experts counted, input embedding included; without it "
-                f"{fmt_count(res['active_params_without_embedding'])}"
-            )
-            if model.moe
-            else "dense: = params",
-        ],
+    blocks = " + ".join(
+        f"{k} {fmt_count(v)}" for k, v in _by_block(res["params_breakdown"]).items()
+    )
+    active = (
+        "top-k of E routed experts counted, input embedding included; without it "
+        f"{fmt_count(res['active_params_without_embedding'])}"
+        if model.moe
+        else "dense: = params"
+    )
+    attn = t["attention_train_flops_per_token"]
+    rows = [
+        ["params", fmt_count(res["params"]), "Σ rows' weights = " + blocks],
+        ["active params", fmt_count(res["active_params"]), active],
         [
             "forward FLOPs/token",
-            f"{res['forward_flops_per_token']:.4g}",
-            f"Σ fwd FLOPs (no elementwise) / (B·T); matmuls 2·N = {2 * N:.4g}, attention "
-            f"{t['attention_train_flops_per_token'] / 3:.4g}",
+            _g(res["forward_flops_per_token"]),
+            f"Σ fwd FLOPs (no elementwise) / (B·T); matmuls 2·N = {2 * N:.4g}, attention {attn / 3:.4g}",
         ],
-        [
-            "train FLOPs/token",
-            f"{res['train_flops_per_token']:.4g}",
-            "3 × forward (2 fwd + 4 bwd per weight)",
-        ],
+        ["train FLOPs/token", _g(res["train_flops_per_token"]), "3 × forward (2 fwd + 4 bwd per weight)"],
         [
             "6·N",
-            f"{t['six_n_flops_per_token']:.4g}",
-            f"6 × {fmt_count(N)} active matmul weights; ledger / 6·N = {t['train_over_six_n']:.4f} "
-            f"(attention dot products add {t['attention_train_flops_per_token']:.4g})",
+            _g(t["six_n_flops_per_token"]),
+            f"6 × {fmt_count(N)} active matmul weights; ledger / 6·N = {_g(t['train_over_six_n'], '.4f')} "
+            f"(attention dot products add {attn:.4g})",
         ],
+        [f"KV cache/token ({kv_dtype})", fmt_bytes(res["kv_cache_bytes_per_token"]), _kv_formula(model, kv_dtype)],
+        [f"KV cache (B·S = {res['kv_tokens']:g})", fmt_bytes(res["kv_cache_bytes"]), "per token × B·S"],
+    ]  # fmt: skip
+    return table(rows, ["total", "value", "arithmetic"], align="lrl")
+
+
+def _roofline_table(rf: dict) -> list[str]:
+    from roofline.report.table import table
+
+    rows = [
         [
-            f"KV cache/token ({kv_dtype})",
-            fmt_bytes(res["kv_cache_bytes_per_token"]),
-            _kv_formula(model, kv_dtype),
-        ],
-        [
-            f"KV cache (B·S = {res['kv_tokens']:g})",
-            fmt_bytes(res["kv_cache_bytes"]),
-            "per token × B·S",
-        ],
+            r["name"],
+            r["compute_dtype"],
+            _g(r["intensity"]) if r["flops"] else "-",
+            fmt_time(r["t_math_s"]),
+            fmt_time(r["t_mem_s"]),
+            fmt_time(r["time_lower_s"]),
+            r["bound"],
+        ]
+        for r in rf["rows"]
     ]
-    parts = [head, "", body, "", table(totals, ["total", "value", "arithmetic"], align="lrl")]
+    rows.append(
+        ["total", "", "", "", "", fmt_time(rf["time_lower_s"]), f"(upper {fmt_time(rf['time_upper_s'])})"]
+    )  # fmt: skip
+    first = rf["rows"][0] if rf["rows"] else None
+    crit = (
+        f"{first['compute_dtype']} critical intensity {_g(first['critical_intensity'])} FLOP/B; "
+        if first
+        else ""
+    )
+    return [
+        "",
+        f"roofline on {rf['chip']} ({crit}T_lower = max(T_math, T_mem), one forward pass)",
+        table(
+            rows,
+            ["row", "compute", "FLOP/B", "T_math", "T_mem", "T_lower", "bound"],
+            align="llrrrrl",
+        ),
+    ]
+
+
+def _text(
+    res: dict,
+    model: ModelSpec,
+    seq: int,
+    batch: int,
+    kv_seq: int | None,
+    kv_dtype: str,
+    causal: Causal,
+) -> str:
+    parts = [
+        _head(model, seq, batch, kv_seq, causal),
+        "",
+        _ledger_table(res),
+        "",
+        _totals_table(res, model, kv_dtype),
+    ]
     if model.moe:
         parts += ["", "Active parameters: " + ACTIVE_CONVENTION + "."]
     if res.get("mtp_note"):
-        parts += [
-            "",
-            f"MTP: {res['mtp_note']} (≈ {fmt_count(res['mtp_params_excluded'])} not counted).",
-        ]
+        excluded = fmt_count(res["mtp_params_excluded"])
+        parts += ["", f"MTP: {res['mtp_note']} (≈ {excluded} not counted)."]
     if "roofline" in res:
-        rf = res["roofline"]
-        rrows = [
-            [
-                r["name"],
-                r["compute_dtype"],
-                f"{r['intensity']:.4g}" if r["flops"] else "-",
-                fmt_time(r["t_math_s"]),
-                fmt_time(r["t_mem_s"]),
-                fmt_time(r["time_lower_s"]),
-                r["bound"],
-            ]
-            for r in rf["rows"]
-        ]
-        rrows.append(
-            [
-                "total",
-                "",
-                "",
-                "",
-                "",
-                fmt_time(rf["time_lower_s"]),
-                f"(upper {fmt_time(rf['time_upper_s'])})",
-            ]
-        )
-        crit = rf["rows"][0]["critical_intensity"] if rf["rows"] else float("nan")
-        parts += [
-            "",
-            f"roofline on {rf['chip']} (bf16 critical intensity {crit:.4g} FLOP/B; "
-            "T_lower = max(T_math, T_mem), one forward pass)",
-            table(
-                rrows,
-                ["row", "compute", "FLOP/B", "T_math", "T_mem", "T_lower", "bound"],
-                align="llrrrrl",
-            ),
-        ]
+        parts += _roofline_table(res["roofline"])
     if res.get("plot"):
         parts += ["", f"plot written to {res['plot']}"]
     return "\n".join(parts)
@@ -433,12 +406,9 @@ def run(args: argparse.Namespace) -> int:
                 title=f"{model.name} on {chip.name}, B={batch} T={seq}",
             )
         )
-    source = model_source(args.model)
     inputs = {
         "model": model.name,
-        "model_source": source,  # "preset" (catalog name) or "file" (TOML / config.json)
-        "model_arg": args.model,
-        "model_file": args.model if source == "file" else None,
+        **model_source(args.model),  # "preset" (catalog name) or "file" (TOML / config.json)
         "seq": seq,
         "batch": batch,
         "kv_seq": kv_seq,

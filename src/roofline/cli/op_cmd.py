@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from roofline.cli._common import add_json, emit, parse_assignments
 from roofline.opexpr import bytes_formula, flops_formula, matmul_shape, parse_op
@@ -44,6 +45,9 @@ def result(expr: str, dims: dict[str, float], chip_name: str) -> dict:
         "weight": op.inputs[1].name,
     }
     out["formulas"] = {"flops": flops_formula(op)[0], "bytes": bytes_formula(op)[0]}
+    if out.get("intensity") is not None and not math.isfinite(out["intensity"]):
+        out["intensity"] = None
+        out["intensity_reason"] = "the op moves no HBM bytes: intensity has no finite value"
     out["batch_tokens"] = shape.tokens if shape else None
     out["critical_batch"] = (
         critical_batch(chip, shape.weight_dtype, shape.activation_dtype) if shape else None
@@ -55,6 +59,12 @@ def result(expr: str, dims: dict[str, float], chip_name: str) -> dict:
         if shape and op.out.dtype == shape.activation_dtype
         else None
     )
+    if out["crossover_batch"] is not None and not math.isfinite(out["crossover_batch"]):
+        out["crossover_batch"] = None
+        out["crossover_batch_reason"] = (
+            "never: at these D and F the op stays memory-bound at any batch "
+            "(2·D·F/C <= activation bytes·(D+F)/W)"
+        )
     return out
 
 

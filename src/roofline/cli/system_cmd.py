@@ -19,7 +19,9 @@ _FORMS = [
     ("tpu-v5e:16x16", "one TPU slice; axes as written, the last is innermost"),
     ("2xtpu-v5p:16x20x28", "two slices joined by DCN (an outer 'dcn' dim)"),
     ("h100:1024", "GPUs: NVLink nodes, leaf (scalable units of 32 nodes), spine"),
-    ("gb200-nvl72:576", "72-GPU NVLink domains"),
+    ("gb200-nvl72:576", "72-GPU NVLink domains (gb300 too)"),
+    ("gb200:256", "partly used racks: 4 domains of 64 GPUs (whole trays of 4)"),
+    ("mi300x:64", "AMD: 8-GPU nodes over Infinity Fabric (dim xgmi)"),
     ("h100:1024+sharp", "switches reduce in-network (SHARP)"),
     ("path/to/system.toml", "your own system file"),
 ]

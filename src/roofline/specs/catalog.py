@@ -68,8 +68,11 @@ def is_dir(path: str | Path) -> bool:
         return False
 
 
-def read_text_file(path: str | Path, what: str) -> str:
-    """The UTF-8 text of a spec file, or a SpecError saying why it cannot be one."""
+def read_text_file(path: str | Path, what: str, *, max_bytes: int = MAX_SPEC_FILE_BYTES) -> str:
+    """The UTF-8 text of a spec file, or a SpecError saying why it cannot be one.
+
+    Refuses directories, devices and pipes (reading /dev/zero would never end) and files over
+    `max_bytes` (run files of measured data may pass a larger limit)."""
     p = str(path)
     shown = _short(p)
     try:
@@ -98,10 +101,10 @@ def read_text_file(path: str | Path, what: str) -> str:
             rule=f"a {what} is read from a regular file",
             fix="save the spec to a file and give its path",
         )
-    if st.st_size > MAX_SPEC_FILE_BYTES:
+    if st.st_size > max_bytes:
         raise SpecError(
             f"{what} file {shown} has {st.st_size:,} bytes",
-            rule=f"spec files are small (at most {MAX_SPEC_FILE_BYTES // 2**20} MiB)",
+            rule=f"a {what} file is at most {max_bytes / 2**20:g} MiB",
             fix="check that the path names the spec file and not a data file",
         )
     try:

@@ -153,6 +153,12 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}" if isinstance(self.name, str) else "model"
+        self._check_scalars(where)
+        self._check_parts(where)
+        self._check_relations()
+
+    def _check_scalars(self, where: str) -> None:
+        """Every scalar field's type and range (bounds where a size stops being physical)."""
         for f in _STR_FIELDS:
             check_str(where, f, getattr(self, f))
         for f, (lo, hi) in _INT_FIELDS.items():
@@ -165,6 +171,9 @@ class ModelSpec:
         for f in _OPT_NUMBER_FIELDS:
             if getattr(self, f) is not None:
                 check_number(where, f, getattr(self, f), hi=MAX_PARAMS)
+
+    def _check_parts(self, where: str) -> None:
+        """mlp, moe, mla and aliases are of their own types (tables parsed at the edge)."""
         if not isinstance(self.mlp, MLPKind):
             raise SpecError(
                 f"{where}: mlp = {self.mlp!r}",
@@ -183,26 +192,28 @@ class ModelSpec:
             raise SpecError(
                 f"{where}: aliases = {self.aliases!r}", rule="aliases is a tuple of names"
             )
+
+    def _check_relations(self) -> None:
+        """Rules between fields: K divides N (not MLA), top_k <= E, dense layers <= L."""
         if self.mla is None and self.n_heads % self.n_kv_heads:
             raise SpecError(
                 f"model {self.name!r}: n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}",
                 rule="grouped-query attention shares each KV head among N/K query heads, so K must divide N",
                 fix=f"use n_kv_heads in {divisors(self.n_heads)}",
             )
-        if self.moe is not None:
-            m = self.moe
-            if not (0 < m.top_k <= m.n_experts):
-                raise SpecError(
-                    f"model {self.name!r}: top_k={m.top_k} with n_experts={m.n_experts}",
-                    rule="1 <= top_k <= n_experts",
-                    fix="correct moe.top_k or moe.n_experts",
-                )
-            if not (0 <= m.dense_layers <= self.n_layers):
-                raise SpecError(
-                    f"model {self.name!r}: moe.dense_layers={m.dense_layers} with n_layers={self.n_layers}",
-                    rule="0 <= dense_layers <= n_layers",
-                    fix="correct moe.dense_layers",
-                )
+        m = self.moe
+        if m is not None and not (0 < m.top_k <= m.n_experts):
+            raise SpecError(
+                f"model {self.name!r}: top_k={m.top_k} with n_experts={m.n_experts}",
+                rule="1 <= top_k <= n_experts",
+                fix="correct moe.top_k or moe.n_experts",
+            )
+        if m is not None and not (0 <= m.dense_layers <= self.n_layers):
+            raise SpecError(
+                f"model {self.name!r}: moe.dense_layers={m.dense_layers} with n_layers={self.n_layers}",
+                rule="0 <= dense_layers <= n_layers",
+                fix="correct moe.dense_layers",
+            )
 
     # -- derived ----------------------------------------------------------------
     @property
@@ -301,15 +312,9 @@ def _subtable(data: dict, key: str, kind: type, where: str) -> Any:
     return kind(**v)
 
 
-def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
-    """Build a ModelSpec from a TOML-shaped dict ([moe] and [mla] sub-tables allowed).
-
-    Every value is type- and range-checked before any arithmetic; errors name the file.
-    """
+def _check_keys(data: dict, where: str) -> None:
     import difflib
 
-    data = dict(d)
-    where = f"model file {origin}"
     known = {f.name for f in fields(ModelSpec)}
     unknown = [k for k in data if k not in known]
     if unknown:
@@ -327,27 +332,46 @@ def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
                 rule="name, n_layers, d_model, d_ff, n_heads and vocab are required",
                 fix=f"add `{req} = ...`",
             )
+
+
+def _fill_defaults(data: dict, where: str) -> None:
+    """n_kv_heads = n_heads and d_head = d_model / n_heads, read after both are checked."""
+    for f in ("d_model", "n_heads"):
+        check_int(where, f, data[f], *_INT_FIELDS[f])
+    data.setdefault("n_kv_heads", data["n_heads"])
+    if "d_head" not in data:
+        if data["d_model"] % data["n_heads"]:
+            raise SpecError(
+                f"{where}: d_head not given and d_model={data['d_model']} is not divisible by n_heads={data['n_heads']}",
+                rule="d_head defaults to d_model / n_heads",
+                fix="give d_head explicitly",
+            )
+        data["d_head"] = data["d_model"] // data["n_heads"]
+
+
+def _parse_mlp(v: Any, where: str) -> MLPKind:
+    mlp = check_str(where, "mlp", v, max_chars=16)
+    if mlp not in {k.value for k in MLPKind}:
+        raise SpecError(
+            f"{where}: mlp = {mlp!r}",
+            rule="mlp is 'gated' (SwiGLU/GeGLU) or 'plain'",
+            fix='write mlp = "gated" or mlp = "plain"',
+        )
+    return MLPKind(mlp)
+
+
+def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
+    """Build a ModelSpec from a TOML-shaped dict ([moe] and [mla] sub-tables allowed).
+
+    Every value is type- and range-checked before any arithmetic; errors name the file.
+    """
+    data = dict(d)
+    where = f"model file {origin}"
+    _check_keys(data, where)
     try:
-        for f in ("d_model", "n_heads"):  # read before d_head's default divides them
-            check_int(where, f, data[f], *_INT_FIELDS[f])
-        data.setdefault("n_kv_heads", data["n_heads"])
-        if "d_head" not in data:
-            if data["d_model"] % data["n_heads"]:
-                raise SpecError(
-                    f"{where}: d_head not given and d_model={data['d_model']} is not divisible by n_heads={data['n_heads']}",
-                    rule="d_head defaults to d_model / n_heads",
-                    fix="give d_head explicitly",
-                )
-            data["d_head"] = data["d_model"] // data["n_heads"]
+        _fill_defaults(data, where)
         if "mlp" in data:
-            mlp = check_str(where, "mlp", data["mlp"], max_chars=16)
-            if mlp not in {k.value for k in MLPKind}:
-                raise SpecError(
-                    f"{where}: mlp = {mlp!r}",
-                    rule="mlp is 'gated' (SwiGLU/GeGLU) or 'plain'",
-                    fix='write mlp = "gated" or mlp = "plain"',
-                )
-            data["mlp"] = MLPKind(mlp)
+            data["mlp"] = _parse_mlp(data["mlp"], where)
         for key, kind in (("moe", MoESpec), ("mla", MLASpec)):
             if key in data:
                 data[key] = _subtable(data, key, kind, where)

@@ -10,7 +10,13 @@ A `System` is a chip plus an ordered list of physical dims, OUTERMOST first:
 - GPU cluster `h100:1024` -> `spine(4), leaf(32), nvlink(8)`: NVLink domains ("nodes") of
   `chip.nvlink_domain` GPUs, grouped into scalable units (SUs, 32 nodes under one leaf
   tier for 8-GPU nodes, `gpus.md` DGX SuperPod), SUs joined by the spine.
-  `gb200-nvl72:N` -> 72-GPU NVLink domains (node egress 3.6 TB/s per domain).
+  `gb200-nvl72:N` -> 72-GPU NVLink domains (node egress 3.6 TB/s per domain). Racks may be
+  partly used: N that is not a multiple of 72 spreads over equal domains of whole 4-GPU
+  trays (`gb200:256` = 4 domains of 64; the chip's `gpus_per_tray`), the most GPUs per domain
+  that divides N.
+- AMD `mi300x:N` (and mi325x, mi355x) -> 8-GPU nodes fully connected by Infinity Fabric, a dim
+  named `xgmi` of kind NVLINK (any peer one hop away; bandwidth = all 7 links together).
+- Sizes are bounded where they stop being physical: at most MAX_CHIPS = 2^20 chips.
 
 Every dim carries a per-chip, one-direction bandwidth (`bw_bytes_per_s`):
 

@@ -1,0 +1,203 @@
+"""Run `roofline` in-process on one argv and judge the outcome (the fuzz tier's oracle).
+
+A case passes when the command either answers (exit 0) with sane numbers, or refuses with one
+paragraph on stderr and exit 2 (argparse usage errors count: also exit 2, no traceback). It
+fails on: any exception escaping `main` (a traceback), running past the time limit (a hang),
+or an answer with a bad number: NaN/inf in text or JSON, a string in a numeric JSON field, a
+negative time/size/count/price, a percentage or fraction above 100%.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+import signal
+import time
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from roofline.cli import main
+
+
+class CaseTimeout(BaseException):
+    """Raised by SIGALRM inside the case (BaseException: `except Exception` cannot swallow it)."""
+
+
+@dataclass
+class Outcome:
+    argv: list[str]
+    rc: int | None
+    out: str
+    err: str
+    seconds: float
+    crash: str = ""  # the traceback of an exception that escaped main
+    timed_out: bool = False
+
+    def problems(self) -> list[str]:
+        """Everything wrong with this outcome (empty = the case passes)."""
+        if self.timed_out:
+            return [f"hang: still running after {self.seconds:.1f} s"]
+        if self.crash:
+            return ["traceback: " + self.crash.strip().splitlines()[-1]]
+        if self.rc == 2:
+            return _refusal_problems(self.err)
+        if self.rc != 0:
+            return [f"exit code {self.rc}"]
+        return _answer_problems(self.argv, self.out)
+
+
+def _alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise CaseTimeout()
+
+
+def run_cli(argv: list[str], timeout_s: float = 10.0) -> Outcome:
+    """main(argv) with stdout/stderr captured and a wall-clock limit (SIGALRM, main thread)."""
+    out, err = io.StringIO(), io.StringIO()
+    rc: int | None = None
+    crash = ""
+    timed_out = False
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(argv))
+            except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+                rc = e.code if isinstance(e.code, int) else 1
+    except CaseTimeout:
+        timed_out = True
+    except Exception:  # noqa: BLE001 - the fuzz oracle reports every escape
+        crash = traceback.format_exc()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return Outcome(
+        list(argv), rc, out.getvalue(), err.getvalue(), time.perf_counter() - t0, crash, timed_out
+    )
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+
+def _refusal_problems(err: str) -> list[str]:
+    text = err.strip()
+    if "Traceback" in text:
+        return ["traceback printed on stderr"]
+    if not text:
+        return ["exit 2 without a message"]
+    lines = text.splitlines()
+    if lines[0].startswith("usage:"):  # argparse: usage line(s) then "prog: error: ..."
+        return [] if lines[-1].split(": error: ", 1)[-1] else ["argparse error without text"]
+    if len(lines) != 1:
+        return [f"error is not one paragraph ({len(lines)} lines)"]
+    if ": error: " not in text:
+        return ["error does not say 'roofline CMD: error:'"]
+    return []
+
+
+# -- answers -------------------------------------------------------------------------------------
+
+_BAD_TEXT = [
+    (
+        re.compile(r"(?<![\w.])-?(nan|inf|infinity)(?![\w])(?! fabric)", re.I),
+        "NaN/inf in the text",
+    ),
+    (re.compile(r"\$\s*-|\$nan|\$inf", re.I), "a negative or non-finite price"),
+    (
+        re.compile(
+            r"(?<![\w.\-·×=/(])-\d[\d.,]*(e[+-]?\d+)?\s*(ns|µs|ms|s|min|h|days|[kMGTPE]?B|[kMGTPEZY]?FLOP)\b"
+        ),
+        "a negative time, size or FLOP count",
+    ),
+]
+_PCT = re.compile(r"(?<![\w.])(\d[\d,]*\.?\d*)\s*%")
+
+
+def _answer_problems(argv: list[str], out: str) -> list[str]:
+    if "--json" in argv:
+        try:
+            doc = json.loads(out, parse_constant=lambda c: float("nan"))
+        except json.JSONDecodeError as e:
+            return [f"--json output is not JSON ({e.msg})"]
+        return list(_json_problems(doc, "$"))
+    probs = [msg for rx, msg in _BAD_TEXT if rx.search(out)]
+    # validate prints signed errors ("+237.8%"), which may exceed 100%; other percentages are
+    # shares, MFU or bubble fractions
+    for m in _PCT.finditer(out) if argv[:1] != ["validate"] else ():
+        if float(m.group(1).replace(",", "")) > 100.0 + 1e-9:
+            probs.append(f"a percentage above 100%: {m.group(0)!r}")
+            break
+    return probs
+
+
+# keys whose values are quantities: numbers (or null) and never negative
+_NUMERIC_SUFFIXES = (
+    "_s",
+    "_bytes",
+    "bytes",
+    "_per_s",
+    "flops",
+    "_flops_per_s",
+    "params",
+    "_usd",
+    "usd_per_hour",
+    "usd_per_chip_hour",
+    "tokens",
+    "intensity",
+    "_count",
+    "n_chips",
+    "mfu",
+    "hfu",
+)
+_FRACTION_KEYS = re.compile(r"(^|_)(mfu|hfu|share|fraction|efficiency|utilization)$")
+_NON_NEGATIVE_EXEMPT = re.compile(r"(error|bias|delta|diff|signed)", re.I)
+
+
+_GENERIC_REASONS = ("not a number (", "+infinite (", "-infinite (", "entries [")
+
+
+def _json_problems(x, path: str) -> Iterable[str]:
+    if isinstance(x, dict):
+        for k, v in x.items():
+            p = f"{path}.{k}"
+            if k in ("formulas", "arithmetic", "notes"):  # text about numbers, not numbers
+                continue
+            if isinstance(v, float) and not math.isfinite(v):
+                yield f"{p} is {v} (JSON must hold null with a reason)"
+            elif isinstance(v, str) and v.strip().lower() in ("inf", "-inf", "nan", "infinity"):
+                yield f"{p} is the string {v!r} in a numeric field"
+            elif k.endswith("_reason") and isinstance(v, str) and v.startswith(_GENERIC_REASONS):
+                # the writer's fallback: a non-finite float reached the output (docs/json.md)
+                yield f"{p}: a non-finite number reached the JSON writer ({v[:40]}...)"
+            elif _is_quantity_key(k):
+                yield from _quantity_problems(k, v, p)
+            yield from _json_problems(v, p)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            if isinstance(v, float) and not math.isfinite(v):
+                yield f"{path}[{i}] is {v}"
+            elif isinstance(v, str) and v.strip().lower() in ("inf", "-inf", "nan"):
+                yield f"{path}[{i}] is the string {v!r}"
+            else:
+                yield from _json_problems(v, f"{path}[{i}]")
+
+
+def _is_quantity_key(k: str) -> bool:
+    return k.endswith(_NUMERIC_SUFFIXES) and not k.endswith(("_reason", "_source", "_formula"))
+
+
+def _quantity_problems(k: str, v, path: str) -> Iterable[str]:
+    if v is None or isinstance(v, (dict, list)):
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        yield f"{path} = {v!r}: a quantity field holds a {type(v).__name__}"
+        return
+    if v < 0 and not _NON_NEGATIVE_EXEMPT.search(k):
+        yield f"{path} = {v!r} is negative"
+    if _FRACTION_KEYS.search(k) and v > 1.0 + 1e-9:
+        yield f"{path} = {v!r}: a fraction above 1 (100%)"

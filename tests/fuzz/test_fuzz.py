@@ -1,0 +1,209 @@
+"""The fuzz tier (marker `fuzz`): every command family driven in-process by Hypothesis.
+
+Each case calls `roofline.cli.main(argv)` with output captured and a time limit; it fails on a
+traceback, a hang, or a bad number (see fuzz_harness.Outcome.problems). The runs are
+derandomized (the same cases every run, so CI never flakes); set ROOFLINE_FUZZ_RANDOM=1 for
+fresh cases and ROOFLINE_FUZZ_SCALE=10 for ten times as many, e.g.
+
+    ROOFLINE_FUZZ_RANDOM=1 ROOFLINE_FUZZ_SCALE=10 python -m pytest -m fuzz tests/fuzz
+    python tests/fuzz/survey.py 500          # every failure, grouped by cause
+
+Budget: EXAMPLES below sum to the number of cases CI runs (test_case_budget states it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import fuzz_cases
+import pytest
+from fuzz_harness import run_cli
+from hypothesis import HealthCheck, Phase, given, settings
+
+pytestmark = pytest.mark.fuzz
+
+SCALE = float(os.environ.get("ROOFLINE_FUZZ_SCALE", "1"))
+RANDOM = os.environ.get("ROOFLINE_FUZZ_RANDOM", "") not in ("", "0")
+TIMEOUT_S = 20.0  # per case; the slowest valid case (train) takes under 1 s on a loaded core
+
+# cases per family in CI (measured ~10-30 ms each, train ~80 ms)
+EXAMPLES = {
+    "chip": 300,
+    "listing": 10,  # only 9 distinct argv exist: Hypothesis stops there
+    "model": 500,
+    "system": 500,
+    "op": 500,
+    "collective": 400,
+    "matmul": 300,
+    "model_file": 500,
+    "chip_file": 300,
+    "system_file": 300,
+    "train": 300,
+    "train_known": 100,
+    "validate": 200,
+    "serve": 300,  # runs once `roofline serve` (h5-serve) is on the branch; skipped before
+}
+
+
+def fuzz_settings(family: str, shrink: bool = True):
+    phases = tuple(Phase) if shrink else (Phase.explicit, Phase.generate)
+    return settings(
+        phases=phases,
+        max_examples=max(1, int(EXAMPLES[family] * SCALE)),
+        deadline=None,  # the harness has its own time limit
+        derandomize=not RANDOM,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        print_blob=True,
+    )
+
+
+def check(argv: list[str]) -> None:
+    out = run_cli(argv, timeout_s=TIMEOUT_S)
+    problems = out.problems()
+    assert not problems, (
+        f"roofline {' '.join(repr(a) for a in argv)}\n"
+        + "\n".join(problems)
+        + (f"\n{out.crash}" if out.crash else "")
+        + (f"\nstderr: {out.err[-800:]}" if out.err else "")
+    )
+
+
+def _family_test(family: str, shrink: bool = True):
+    @fuzz_settings(family, shrink)
+    @given(fuzz_cases.FAMILIES[family])
+    def test(argv: list[str]) -> None:
+        check(argv)
+
+    test.__name__ = f"test_fuzz_{family}"
+    return test
+
+
+test_fuzz_chip = _family_test("chip")
+test_fuzz_listing = _family_test("listing")
+test_fuzz_model = _family_test("model")
+test_fuzz_system = _family_test("system")
+test_fuzz_op = _family_test("op")
+test_fuzz_collective = _family_test("collective")
+test_fuzz_matmul = _family_test("matmul")
+test_fuzz_model_file = _family_test("model_file")
+test_fuzz_chip_file = _family_test("chip_file")
+test_fuzz_system_file = _family_test("system_file")
+test_fuzz_train = _family_test("train")
+test_fuzz_validate = _family_test("validate")
+test_fuzz_serve = pytest.mark.skipif(
+    importlib.util.find_spec("roofline.cli.serve_cmd") is None,
+    reason="`roofline serve` is not on this branch yet (h5-serve)",
+)(_family_test("serve"))
+
+# Open findings in h1's train/planner code (docs/fuzz-findings.md, issue 12): `train` above
+# leaves their inputs out; this test keeps them in and turns XPASS once they are fixed.
+test_fuzz_train_known = pytest.mark.xfail(
+    strict=False,
+    reason="open findings F1-F3, F5 in docs/fuzz-findings.md (h1): --assume-mfu outside (0, 1] "
+    "(ZeroDivisionError at 0, MFU 200% at 2, nan/inf text), schedule=interleaved,virtual=0 "
+    "(ZeroDivisionError in training.check_plan), virtual=-2 (negative bubble, 117% shares), "
+    "NaN usd_per_million_tokens for unpriced chips (--json)",
+)(_family_test("train_known", shrink=False))
+
+
+def test_case_budget():
+    """The number of fuzz cases CI runs (README: 'The fuzz tier runs N cases')."""
+    assert set(EXAMPLES) == set(fuzz_cases.FAMILIES)
+    assert 3000 <= sum(EXAMPLES.values()) <= 6000  # ~4,200 run (listing stops at 9 distinct)
+
+
+def test_the_oracle_can_fail():
+    """The harness itself: a traceback, a NaN, an inf string and a bad percentage are caught."""
+    from fuzz_harness import Outcome
+
+    assert Outcome(["x"], None, "", "", 0.1, crash="Traceback...\nValueError: x").problems()
+    assert Outcome(["x"], None, "", "", 30.0, timed_out=True).problems()
+    assert Outcome(["model"], 0, "KV cache  nan B", "", 0.1).problems()
+    assert Outcome(["train"], 0, "MFU  300.0%", "", 0.1).problems()
+    assert Outcome(["chips"], 0, "$nan", "", 0.1).problems()
+    assert Outcome(["x", "--json"], 0, '{"step_time_s": "inf"}', "", 0.1).problems()
+    assert Outcome(["x", "--json"], 0, '{"step_time_s": -1.0}', "", 0.1).problems()
+    assert Outcome(["x", "--json"], 0, '{"mfu": 3.0}', "", 0.1).problems()
+    assert Outcome(["x", "--json"], 0, '{"a": NaN}', "", 0.1).problems()
+    assert Outcome(
+        ["x", "--json"], 0, '{"a": null, "a_reason": "not a number (x)"}', "", 0.1
+    ).problems()
+    assert not Outcome(
+        ["x", "--json"], 0, '{"a": null, "a_reason": "no price"}', "", 0.1
+    ).problems()
+    assert Outcome(["x"], 2, "", "roofline x: error: a\nb\nc", 0.1).problems()
+    assert not Outcome(["x"], 2, "", "roofline x: error: bad. Rule: r. Fix: f.", 0.1).problems()
+    assert not Outcome(["chip", "mi300x"], 0, "Infinity Fabric 448 GB/s", "", 0.1).problems()
+
+
+def test_trivial_commands_import_little():
+    """`roofline chips` must not import the planner, numpy or matplotlib (the 0.3 s CPU target)."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from roofline.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['chips']); main(['chip', 'h100']); main(['models'])\n"
+        "heavy = [m for m in ('numpy', 'matplotlib', 'roofline.planner', 'jax', 'roofline.training')"
+        " if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    heavy = [m for m in r.stdout.strip().split(",") if m]
+    assert heavy == [], f"trivial commands imported {heavy}"
+
+
+# -- open findings in other owners' modules, one reproducer each (docs/fuzz-findings.md) ---------
+OPEN_FINDINGS = [
+    ("F1", ["train", "--model", "tiny-llama", "--system", "h100:8", "--assume-mfu", "0"]),
+    ("F1", ["train", "--model", "tiny-llama", "--system", "h100:8", "--assume-mfu", "2", "--json"]),
+    ("F2", ["train", "--model", "book-tf-q1", "--system", "tpu-v5p:4x4x4", "--plan",
+            "dp=32,pp=2,schedule=interleaved,virtual=0"]),
+    ("F3", ["train", "--model", "llama-3-8b", "--system", "h100:16", "--plan",
+            "dp=8,pp=2,schedule=interleaved,virtual=-2"]),
+    ("F4", ["train", "--model", "llama-3.1-405b", "--system", "h100:16384", "--batch-tokens",
+            "16M", "--seq", "8192"]),
+    ("F5", ["train", "--model", "tiny-llama", "--system", "tpu-7x:4x4x4"]),
+    ("F6", ["train", "--model", "tiny-llama", "--system", "h100:8", "--profile", "x" * 300]),
+    ("F7", ["validate", "--runs", "/dev/zero"]),
+    ("F8", ["validate", "--runs", "training", "--framework", "no-such-stack"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("finding", "argv"), OPEN_FINDINGS, ids=[f for f, _ in OPEN_FINDINGS])
+@pytest.mark.xfail(strict=False, reason="open finding in another owner's module (see the id)")
+def test_open_findings(finding, argv):
+    if finding == "F7":  # reads a device forever: in a child process with memory and time caps
+        return _in_child(argv)
+    out = run_cli(argv, timeout_s=5.0)
+    problems = out.problems()
+    if finding == "F8" and out.rc == 0 and "not applied" in out.out:
+        problems.append("an unknown --framework is accepted and silently not applied")
+    assert not problems, f"{finding}: {problems}"
+
+
+def _in_child(argv: list[str]) -> None:
+    import resource
+
+    def limits() -> None:  # 2 GiB of address space: a runaway read fails fast, safely
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "roofline", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=20,
+            preexec_fn=limits,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hang: roofline {' '.join(argv)}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-300:]
