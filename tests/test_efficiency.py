@@ -327,3 +327,12 @@ def test_train_takes_a_profile_and_says_which(tmp_path):
     with contextlib.redirect_stdout(buf):
         assert main([*args, "--efficiency", str(old)]) == 0  # the old spelling still works
     assert json.loads(buf.getvalue())["inputs"]["profile"]["name"] == "old"
+
+
+def test_profiles_hash_by_content_and_fp16_chips_scale_k_half():
+    a, b = load_profile("datasheet"), load_profile("datasheet")
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert hash(a.for_framework("x")) == hash(a)
+    v100 = load_chip("v100")
+    f = load_profile("datasheet").matmul_fraction(v100, "fp16", 4096, 4096, [256, 8192])
+    assert 0 < f[0] < f[1] <= 0.8

@@ -52,6 +52,11 @@ _DTYPE_FALLBACK = {
     "fp8": "bf16",
     "fp4": "fp8",
     "int4": "int8",
+    # block-scaled formats compute at their element format
+    "nvfp4": "fp4",
+    "mxfp4": "fp4",
+    "mxfp8": "fp8",
+    "fp8_block": "fp8",
 }
 
 # Matmul FLOPs per attention score element (book transformers.md; FlashAttention-2 §3.1):
@@ -207,6 +212,9 @@ class FamilyPhysics:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_keys", frozenset(normalize(m) for m in self.match))
 
+    def __hash__(self) -> int:  # mappings hashed by content, so profiles can key caches
+        return hash((self.family, self.match, self.tile, tuple(sorted(self.params().items()))))
+
     def covers(self, chip: Any) -> bool:
         keys = _chip_keys(
             chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ()))
@@ -245,6 +253,11 @@ class Efficiency:
         default_factory=lambda: MappingProxyType({})
     )
     framework: str = ""  # the framework whose overrides are applied ("" = none)
+
+    def __hash__(self) -> int:
+        plain = (self.name, self.matmul, self.hbm, self.link, self.source, self.calibrated)
+        ovh = (self.step_overhead_s, self.layer_overhead_s, self.framework)
+        return hash((*plain, *ovh, self.families, tuple(sorted(self.frameworks))))
 
     def __post_init__(self) -> None:
         for f in ("matmul", "hbm", "link"):
@@ -447,9 +460,17 @@ def _shape_factor(
     units = _wave_units(fam, chip)
     items = tiles_m * tiles_n * steps_k
     wave_q = items / (np.ceil(items / units) * units)
-    k_half = fam.k_half * chip.peak(dtype) / chip.peak("bf16")
+    k_half = fam.k_half * chip.peak(dtype) / _reference_peak(chip)
     roll = (m / (m + fam.m_half)) * (n / (n + fam.n_half)) * (k / (k + k_half))
     return tile_q * wave_q * roll
+
+
+def _reference_peak(chip: Any) -> float:
+    """The 16-bit peak `k_half` is measured against (bf16; fp16 on chips without bf16)."""
+    try:
+        return chip.peak("bf16")
+    except SpecError:
+        return chip.peak("fp16")
 
 
 def _dtype_ratio(fam: FamilyPhysics, dtype: str) -> float:
