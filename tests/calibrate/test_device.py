@@ -83,3 +83,32 @@ def test_plan_sizes_an_accelerator_and_adds_collectives():
     assert ar and all(k.devices == 8 and k.tier == "nvlink" for k in ar)
     assert {k.head_dim for k in ks if k.kind == KernelKind.ATTENTION} == {64, 128}
     assert not [k for k in plan("cpu", ("fp32",), True, 8) if k.kind == KernelKind.ALL_REDUCE]
+
+
+@pytest.mark.parametrize(
+    "kind,chip",
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("TPU v5 lite", "tpu-v5e"),
+        ("TPU v5", "tpu-v5p"),
+    ],
+)
+def test_device_kinds_map_to_catalog_chips(kind, chip):
+    from types import SimpleNamespace
+
+    from roofline.calibrate.device import detect_chip
+
+    assert detect_chip(SimpleNamespace(platform="gpu", device_kind=kind), None).name == chip
+
+
+def test_an_unknown_device_asks_for_chip():
+    from types import SimpleNamespace
+
+    from roofline.calibrate.device import detect_chip
+    from roofline.errors import SpecError
+
+    with pytest.raises(SpecError, match="--chip"):
+        detect_chip(SimpleNamespace(platform="gpu", device_kind="Acme X1"), None)
+    assert detect_chip(SimpleNamespace(platform="cpu", device_kind="cpu"), None) is None

@@ -107,20 +107,42 @@ def _jax():
 # -- which chip is this --------------------------------------------------------------------
 
 
+# JAX device_kind strings of TPUs that do not name the catalog chip
+_TPU_KINDS = {
+    "TPU v4": "tpu-v4p",
+    "TPU v5": "tpu-v5p",
+    "TPU v5p": "tpu-v5p",
+    "TPU v5 lite": "tpu-v5e",
+    "TPU v5e": "tpu-v5e",
+    "TPU v6 lite": "tpu-v6e",
+    "TPU v6e": "tpu-v6e",
+    "TPU7x": "tpu-7x",
+}
+
+
 def detect_chip(device: Any, chip_arg: str | None) -> Chip | None:
     """The catalog chip of a JAX device (or `chip_arg`); None on CPU without --chip."""
     if chip_arg:
         return load_chip(chip_arg)
     if device.platform == "cpu":
         return None
-    try:
-        return load_chip(device.device_kind)
-    except SpecError:
-        raise SpecError(
-            f"the local device {device.device_kind!r} matches no chip in the catalog",
-            rule="calibration fits a chip family's parameters against that chip's datasheet peaks",
-            fix="pass --chip NAME (e.g. h100, tpu-v5e) or --chip FILE.toml with the datasheet numbers",
-        ) from None
+    kind = str(device.device_kind)
+    words = kind.replace("-", " ").split()
+    tries = [
+        _TPU_KINDS.get(kind, kind),
+        *words,
+        *(" ".join(words[i : i + 2]) for i in range(len(words))),
+    ]
+    for t in tries:
+        try:
+            return load_chip(t)
+        except SpecError:
+            continue
+    raise SpecError(
+        f"the local device {device.device_kind!r} matches no chip in the catalog",
+        rule="calibration fits a chip family's parameters against that chip's datasheet peaks",
+        fix="pass --chip NAME (e.g. h100, tpu-v5e) or --chip FILE.toml with the datasheet numbers",
+    )
 
 
 def host_chip(best_flops_per_s: float, best_copy_bytes_per_s: float) -> Chip:

@@ -230,8 +230,15 @@ def fit(
     idx: np.ndarray | None = None,
     *,
     loss: str = "linear",
+    start: Mapping[str, float] | None = None,
+    tol: float = 1e-8,
 ) -> FitResult:
-    """Least-squares fit of the identifiable `names` on observations `idx` (all by default)."""
+    """Least-squares fit of the identifiable `names` on observations `idx` (all by default).
+
+    Identifiability is judged at the prior; the search starts at `start` (e.g. the fit on all
+    observations, for a cross-validation fold) or the prior. `tol` is scipy's ftol (xtol is
+    its square root: a unit-coordinate step).
+    """
     idx = np.arange(problem.n) if idx is None else np.asarray(idx)
     base = dict(problem.prior)
     missing = [n for n in names if n not in base]
@@ -243,21 +250,44 @@ def fit(
         return FitResult(
             base, (), refused, (), before, before, dict(base), "nothing identifiable to fit"
         )
-    unit = _Unit(ok)
-    sparsity = np.stack([problem.mask(n)[idx] for n in ok], axis=1).astype(int)
-    sol = least_squares(
-        _residuals(problem, unit, base, idx),
-        unit.to_z(base),
-        bounds=(0.0, 1.0),
-        loss=loss,
-        f_scale=0.1,
-        jac_sparsity=None if problem.scope is None else sparsity,
-        x_scale=1.0,
-    )
-    values = unit.to_values(sol.x, base)
-    at_bound = tuple(n for n, z in zip(ok, sol.x, strict=True) if z <= 1e-6 or z >= 1 - 1e-6)
+    values, at_bound, messages = dict(base), [], []
+    for names_c, rows_c in _components(problem, ok, idx):
+        unit = _Unit(names_c)
+        sol = least_squares(
+            _residuals(problem, unit, base, rows_c),
+            unit.to_z({**base, **(start or {})}),
+            bounds=(0.0, 1.0),
+            loss=loss,
+            f_scale=0.1,
+            x_scale=1.0,
+            xtol=max(np.sqrt(tol), 1e-8),
+            ftol=tol,
+        )
+        values.update(unit.to_values(sol.x, {}))
+        at_bound += [n for n, z in zip(names_c, sol.x, strict=True) if z <= 1e-6 or z >= 1 - 1e-6]
+        messages.append(sol.message)
     after = problem.errors(values, idx)
-    return FitResult(values, ok, refused, at_bound, before, after, dict(base), sol.message)
+    msg = "; ".join(dict.fromkeys(messages))
+    return FitResult(values, ok, refused, tuple(at_bound), before, after, dict(base), msg)
+
+
+def _components(
+    problem: Problem, names: Sequence[str], idx: np.ndarray
+) -> list[tuple[list[str], np.ndarray]]:
+    """Independent sub-fits: parameters linked by the observations they share (e.g. one chip
+    family's), each with its observations. One component when a parameter moves every row."""
+    masks = [problem.mask(n)[idx] for n in names]
+    comps: list[tuple[list[str], np.ndarray]] = []
+    for n, m in zip(names, masks, strict=True):
+        hit = [c for c in comps if np.any(c[1] & m)]
+        merged_names, merged = [n], m.copy()
+        for c in hit:
+            merged_names = c[0] + merged_names
+            merged |= c[1]
+            comps.remove(c)
+        comps.append((merged_names, merged))
+    order = {n: i for i, n in enumerate(names)}
+    return [(sorted(ns, key=order.get), idx[m]) for ns, m in comps]
 
 
 @dataclass(frozen=True)
@@ -323,7 +353,14 @@ class CrossValidation:
 
 
 def cross_validate(
-    problem: Problem, names: Sequence[str], by: str, *, loss: str = "linear"
+    problem: Problem,
+    names: Sequence[str],
+    by: str,
+    *,
+    loss: str = "linear",
+    start: Mapping[str, float] | None = None,
+    tol: float = 1e-8,
+    progress: Callable[[str], None] | None = None,
 ) -> CrossValidation:
     """Leave-one-`by`-out: fit on the other groups, measure the error on the held-out one."""
     labels = np.asarray(problem.labels[by], dtype=object)
@@ -333,7 +370,9 @@ def cross_validate(
         train = np.flatnonzero(labels != g)
         if len(train) == 0:
             continue
-        r = fit(problem, names, train, loss=loss)
+        if progress:
+            progress(f"  fold: {by} {g} held out ({len(test)} observations)")
+        r = fit(problem, names, train, loss=loss, start=start, tol=tol)
         folds.append(
             Fold(
                 str(g),

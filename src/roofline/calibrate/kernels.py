@@ -4,7 +4,8 @@ A kernel's FLOPs and HBM bytes come from the ledger's `Op` (one home for "2 x ou
 contracting dims" and "every operand read, the output written"); its time is the roofline
 of `roofline.RooflineResult` with the profile's achieved peaks: compute at
 `chip.peak(dtype) * fraction`, memory at `chip.hbm_bw * hbm_fraction`. Collectives are priced
-by `collectives.collective_cost` with the link tier's fraction on the bandwidth term.
+by `collectives.collective_cost` with the link tier's fraction on the bandwidth term. Every
+other kernel adds the profile's fixed time per launch (`kernel_overhead_s`).
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ def kernel_flops(kr: Kernel) -> float:
 
 
 def _time(profile: Efficiency, chip: Chip, kr: Kernel) -> float:
+    """The kernel's roofline time plus the profile's fixed time per launch."""
+    if kr.kind == KernelKind.ALL_REDUCE:
+        return _all_reduce_s(profile, chip, kr)  # its latency term is the fixed cost
+    launches = 2 if (kr.kind == KernelKind.ATTENTION and kr.backward) else 1
+    return _roofline_time(profile, chip, kr) + launches * profile.kernel_overhead_s(chip)
+
+
+def _roofline_time(profile: Efficiency, chip: Chip, kr: Kernel) -> float:
     hbm = profile.hbm_fraction(chip)
     if kr.kind == KernelKind.MATMUL:
         op = matmul_op(kr)
@@ -115,11 +124,7 @@ def _time(profile: Efficiency, chip: Chip, kr: Kernel) -> float:
         return _attention_s(profile, chip, kr, hbm)
     if kr.kind == KernelKind.COPY:
         return kr.nbytes / (chip.hbm_bw_bytes_per_s * hbm)
-    if kr.kind == KernelKind.VECTOR:
-        return kr.nbytes / (chip.hbm_bw_bytes_per_s * profile.vector_fraction(chip))
-    if kr.kind == KernelKind.ALL_REDUCE:
-        return _all_reduce_s(profile, chip, kr)
-    raise ValueError(kr.kind)  # pragma: no cover - the enum is closed
+    return kr.nbytes / (chip.hbm_bw_bytes_per_s * profile.vector_fraction(chip))
 
 
 def _roofline_s(

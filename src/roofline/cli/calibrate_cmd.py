@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", default="datasheet", help="profile to start from (default: datasheet)")
     p.add_argument("--out", help="write the fitted profile here (TOML, for --profile FILE)")
     p.add_argument(
+        "--no-cv", action="store_true", help="--from-runs: fit only, without cross-validation"
+    )
+    p.add_argument(
         "--docs",
         metavar="FILE",
         help="--from-runs: write the CV tables into FILE between its markers",
@@ -127,8 +130,15 @@ def _runs(args: argparse.Namespace) -> int:
     from roofline.calibrate.runs import calibrate_from_runs, runs_text
 
     try:
+        say = None if args.json else (lambda m: print(m, file=sys.stderr))
         res = calibrate_from_runs(
-            args.from_runs, framework=args.framework, base=args.base, out=args.out, docs=args.docs
+            args.from_runs,
+            framework=args.framework,
+            base=args.base,
+            out=args.out,
+            docs=args.docs,
+            cv=not args.no_cv,
+            progress=say,
         )
     except ModuleNotFoundError as e:  # the run readers live in roofline.validate (h3)
         if not (e.name or "").startswith("roofline.validate"):

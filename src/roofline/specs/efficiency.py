@@ -8,12 +8,13 @@ arrays:
   a GEMM of per-chip shape (m, n, k) reaches: the large-GEMM ceiling of the chip family and
   dtype, times tile quantisation (the output is computed in whole tiles), wave quantisation
   (tiles are spread over the SMs / TensorCores in whole waves), small-dimension roll-off
-  (fixed per-tile cost, Hockney's half-performance length), a grouped-GEMM factor for expert
-  GEMMs and a fixed per-kernel time (ramp-up and tail).
+  (fixed per-tile cost, Hockney's half-performance length) and a grouped-GEMM factor for
+  expert GEMMs. A fixed time per kernel launch is separate: `kernel_overhead_s(chip)`.
 - `attention_fraction(chip, dtype, backward, head_dim, causal)`: flash attention's matmul
   FLOPs over time, with the softmax's non-matmul work per score element as a fixed cost.
 - `hbm_fraction(chip)`, `vector_fraction(chip)` (memory-bound elementwise / norm kernels, as
   a fraction of HBM bandwidth), `link_fraction(chip, tier)` for tier in `TIERS`.
+- `kernel_overhead_s(chip)`: fixed seconds per kernel launch, whatever bounds the kernel.
 - `step_overhead_s`, `layer_overhead_s` (per layer per microbatch pass), `name`, `source`,
   `calibrated` (measured-calibrated vs datasheet-only).
 
@@ -37,7 +38,14 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import SpecError, UnknownNameError
-from roofline.specs.catalog import DATA_DIR, normalize, read_toml, resolve
+from roofline.specs.catalog import (
+    DATA_DIR,
+    check_name_length,
+    is_file,
+    normalize,
+    read_toml,
+    resolve,
+)
 from roofline.units import parse_dtype
 
 PROFILE_DIR = DATA_DIR / "profiles"
@@ -52,6 +60,11 @@ _DTYPE_FALLBACK = {
     "fp8": "bf16",
     "fp4": "fp8",
     "int4": "int8",
+    # block-scaled formats compute at their element format
+    "nvfp4": "fp4",
+    "mxfp4": "fp4",
+    "mxfp8": "fp8",
+    "fp8_block": "fp8",
 }
 
 # Matmul FLOPs per attention score element (book transformers.md; FlashAttention-2 §3.1):
@@ -85,7 +98,7 @@ PARAMS: dict[str, Param] = {
     "k_half": Param(
         0.0, 4096.0, "elements", "per-tile prologue/epilogue cost in elements of the k loop"
     ),
-    "kernel_fixed_s": Param(0.0, 50e-6, "s", "fixed time per GEMM kernel (ramp-up and tail)"),
+    "kernel_fixed_s": Param(0.0, 50e-6, "s", "fixed time per kernel launch (ramp-up and tail)"),
     "grouped_fraction": Param(
         0.2, 1.0, "fraction", "grouped expert GEMM throughput over a dense GEMM of the same shape"
     ),
@@ -207,6 +220,9 @@ class FamilyPhysics:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_keys", frozenset(normalize(m) for m in self.match))
 
+    def __hash__(self) -> int:  # mappings hashed by content, so profiles can key caches
+        return hash((self.family, self.match, self.tile, tuple(sorted(self.params().items()))))
+
     def covers(self, chip: Any) -> bool:
         keys = _chip_keys(
             chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ()))
@@ -245,6 +261,11 @@ class Efficiency:
         default_factory=lambda: MappingProxyType({})
     )
     framework: str = ""  # the framework whose overrides are applied ("" = none)
+
+    def __hash__(self) -> int:
+        plain = (self.name, self.matmul, self.hbm, self.link, self.source, self.calibrated)
+        ovh = (self.step_overhead_s, self.layer_overhead_s, self.framework)
+        return hash((*plain, *ovh, self.families, tuple(sorted(self.frameworks))))
 
     def __post_init__(self) -> None:
         for f in ("matmul", "hbm", "link"):
@@ -292,12 +313,14 @@ class Efficiency:
         if fam is None:
             return np.full(m.shape, float(self.matmul))
         eta = fam.mm_ceiling(dtype) * _shape_factor(fam, chip, dtype, m, n, k)
-        eta = np.where(grouped, eta * fam.grouped_fraction, eta)
-        if fam.kernel_fixed_s > 0:  # t = t_ideal / eta + t_fixed  ->  fraction = t_ideal / t
-            t_ideal = 2.0 * m * n * k / chip.peak(dtype)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                eta = np.where(t_ideal > 0, t_ideal / (t_ideal / eta + fam.kernel_fixed_s), eta)
-        return eta
+        return np.where(grouped, eta * fam.grouped_fraction, eta)
+
+    def kernel_overhead_s(self, chip: Any) -> float:
+        """Fixed seconds per kernel launch (ramp-up and tail), added once per kernel whatever
+        bounds it: a GEMM, a grouped expert GEMM (one launch for all experts), an attention or
+        an elementwise kernel. Not inside the fractions, so a memory-bound kernel pays it too."""
+        fam = self.family_for(chip)
+        return 0.0 if fam is None else float(fam.kernel_fixed_s)
 
     def attention_fraction(
         self, chip: Any, dtype: str, backward: Any, head_dim: Any, causal: Any
@@ -447,9 +470,17 @@ def _shape_factor(
     units = _wave_units(fam, chip)
     items = tiles_m * tiles_n * steps_k
     wave_q = items / (np.ceil(items / units) * units)
-    k_half = fam.k_half * chip.peak(dtype) / chip.peak("bf16")
+    k_half = fam.k_half * chip.peak(dtype) / _reference_peak(chip)
     roll = (m / (m + fam.m_half)) * (n / (n + fam.n_half)) * (k / (k + k_half))
     return tile_q * wave_q * roll
+
+
+def _reference_peak(chip: Any) -> float:
+    """The 16-bit peak `k_half` is measured against (bf16; fp16 on chips without bf16)."""
+    try:
+        return chip.peak("bf16")
+    except SpecError:
+        return chip.peak("fp16")
 
 
 def _dtype_ratio(fam: FamilyPhysics, dtype: str) -> float:
@@ -611,8 +642,9 @@ def load_profile(name_or_path: str | Path | Efficiency) -> Efficiency:
     if isinstance(name_or_path, Efficiency):
         return name_or_path
     s = str(name_or_path)
-    if s.endswith(".toml") or Path(s).is_file():
+    if s.endswith(".toml") or is_file(s):
         return load_efficiency(s)
+    check_name_length(s, "profile")
     try:
         key = resolve(s, {n: () for n in profile_names()}, "profile")
     except UnknownNameError as e:
