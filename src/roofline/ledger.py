@@ -99,6 +99,7 @@ class Op:
     flop_factor: float = 1.0
     flops_per_element: float = 0.0  # elementwise ops only
     routed: bool = False  # routed-expert row: a pass reads only the experts its tokens chose
+    window: float | None = None  # attention rows of sliding-window layers: keys per query ≤ window
 
     @property
     def contracting(self) -> tuple[str, ...]:
@@ -451,7 +452,10 @@ def _attention_ops(
         sz_ = MappingProxyType(sz)
         q = _t("q", "batch seq heads head_dim", ad)
         k = _t("k", "batch kv_seq kv_heads head_dim", kvd)
-        ops.append(Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), sc("s"), sz_, n, f))
+        win = float(m.sliding_window) if s_eff < S else None
+        ops.append(
+            Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), sc("s"), sz_, n, f, window=win)
+        )
         ops.append(
             Op(
                 f"attn/context{suffix}",
@@ -461,6 +465,7 @@ def _attention_ops(
                 sz_,
                 n,
                 f,
+                window=win,
             )
         )
     ops.append(
@@ -608,23 +613,29 @@ def _mla_ops(
 
 
 def _causal_factor(T: float, S: float, window: float | None, causal: Causal) -> float:
-    """Fraction of the T×S' score matrix that is computed (S' = min(S, window) keys per row).
+    """Scalar form of `causal_fraction` (FULL counts the dense matrix: the book's 12BT²NH)."""
+    if causal == Causal.FULL:
+        return 1.0
+    return float(causal_fraction(T, S, window))
+
+
+def causal_fraction(T: Any, S: Any, window: float | None = None) -> Any:
+    """Fraction of the T×S' score matrix a causal kernel computes (S' = min(S, window) keys per row).
 
     The T queries are the last T of S positions (T == S: self-attention over the prompt;
     T < S: a chunk after a cached prefix; T == 1: decode). The query at position p attends to
     min(p, W) keys, so the work is Σ_{p=S−T+1..S} min(p, W) over T·min(S, W): causal
     self-attention keeps (T+1)/(2T), a window W ≤ T keeps 1 − (W−1)/(2T), decode keeps all.
-    FULL counts the dense matrix (the book's 12BT²NH).
+    Vectorised over numpy arrays of T and S.
     """
-    if causal == Causal.FULL or T <= 1:
-        return 1.0
-    W = S if window is None else min(S, window)
+    T = np.asarray(T, dtype=float)
+    S = np.asarray(S, dtype=float)
+    W = S if window is None else np.minimum(S, float(window))
     lo = S - T + 1  # first query position (1-based)
-    if lo >= W:
-        return 1.0
-    top = min(S, W)  # positions lo..top see p keys, the rest see W
-    work = (lo + top) * (top - lo + 1) / 2 + max(0.0, S - W) * W
-    return work / (T * W)
+    top = np.minimum(S, W)  # positions lo..top see p keys, the rest see W
+    work = (lo + top) * (top - lo + 1) / 2 + np.maximum(0.0, S - W) * W
+    out = np.where((T <= 1) | (lo >= W), 1.0, work / (T * W))
+    return float(out) if out.ndim == 0 else out
 
 
 def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str, xd: str | None = None) -> list[Op]:
