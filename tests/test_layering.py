@@ -28,6 +28,9 @@ STAGES = {
     "cost": 5,
     "training": 6,
     "planner": 6,
+    "inference": 6,
+    "serving": 6,
+    "serving_search": 6,
     "verify": 7,
     "report": 8,
     # plain formatting helpers that import nothing from roofline: usable at any stage

@@ -98,7 +98,12 @@ class Quant:
 
 
 class KVLayout(enum.StrEnum):
-    HEADS = "heads"  # KV heads over the tensor axis (then batch over dp): the book's default
+    # KV heads over the tensor axis; beyond K ways each chip keeps the KV heads its query heads
+    # read, so they replicate (Megatron, vLLM, SGLang, TensorRT-LLM)
+    HEADS = "heads"
+    # heads over the tensor axis up to K ways, then the batch over the rest: no copies, two
+    # AllToAlls per attention layer move the queries (book inference.md "KV cache sharding")
+    HEADS_BATCH = "heads_batch"
     SEQUENCE = "sequence"  # the KV sequence over the tensor axis (long context, tiny batch)
 
 
@@ -210,8 +215,8 @@ def parse_serve_plan(text: str | ServePlan) -> ServePlan:
             except ValueError:
                 raise PlanError(
                     f"serving plan kv={v!r}",
-                    rule="kv is 'heads' (KV heads over tp, then batch) or 'sequence'",
-                    fix="write kv=heads or kv=sequence",
+                    rule="kv is 'heads' (KV heads over tp, replicated beyond K), 'heads_batch' (heads, then the batch: the book's layout) or 'sequence'",
+                    fix="write kv=heads, kv=heads_batch or kv=sequence",
                 ) from None
         elif k == "layout":
             if v.strip().lower() not in ("1d", "2d"):
@@ -316,6 +321,20 @@ class PassTimes:
         )
 
 
+_PASS_SUMS = (
+    "time_s",
+    "compute_s",
+    "memory_s",
+    "rows_s",
+    "comm_s",
+    "overhead_s",
+    "flops_per_chip",
+    "hbm_bytes_per_chip",
+    "weight_bytes_per_chip",
+    "kv_bytes_per_chip",
+)
+
+
 @dataclass(frozen=True)
 class PassShape:
     """What one pass runs: `decode` sequences at KV length `context`, plus a prefill part of
@@ -406,13 +425,19 @@ class IdealStep:
     quant: Quant = field(default_factory=Quant)
     efficiency: Efficiency = PEAK
     overhead_s: float = 0.0  # fixed per-pass overhead (engine + launch), added to every pass
+    chips: Any = None  # chips the rows split over (array: one per candidate); default plan.chips
+    pp: Any = None  # pipeline stages (array: one per candidate); default plan.pp
+
+    @property
+    def n_chips(self) -> Any:
+        return self.plan.chips if self.chips is None else np.asarray(self.chips, float)
 
     @property
     def rows(self) -> Rows:
         return _rows(self.model, self.quant)
 
     def _price(self, ops: tuple[Op, ...], batch: Any, seq: Any, kv_seq: Any, acc: dict) -> None:
-        N = self.plan.chips
+        N = self.n_chips
         for op in ops:
             fl, by = eval_row(op, batch, seq, kv_seq)
             fl, by = np.asarray(fl, float) / N, np.asarray(by, float) / N
@@ -436,8 +461,33 @@ class IdealStep:
             acc["by_row"][op.name] = acc["by_row"].get(op.name, 0.0) + np.maximum(t_math, t_mem)
 
     def pass_time(self, shape: PassShape) -> PassTimes:
+        """One pass. With pp pipeline stages the batch runs as pp microbatches: each token crosses
+        every stage, so the pass takes pp stage-times at B/pp sequences (each microbatch reads the
+        stage's weights again: pipelining buys memory, not latency)."""
+        pp = np.asarray(self.plan.pp if self.pp is None else self.pp, float)
+        sub = replace(
+            shape,
+            decode=np.asarray(shape.decode, float) / pp,
+            prefill_seqs=np.asarray(shape.prefill_seqs, float) / pp,
+        )
+        t = self._pass(sub)
+        if np.all(pp == 1):
+            return t
+        return PassTimes(
+            *(np.asarray(getattr(t, f), float) * pp for f in _PASS_SUMS),
+            breakdown=MappingProxyType({k: v * pp for k, v in t.breakdown.items()}),
+        )
+
+    def _pass(self, shape: PassShape) -> PassTimes:
         r = self.rows
-        z = np.zeros(np.broadcast(np.asarray(shape.decode), np.asarray(shape.prefill_seqs)).shape)
+        z = np.zeros(
+            np.broadcast(
+                np.asarray(shape.decode),
+                np.asarray(shape.prefill_seqs),
+                np.asarray(shape.context),
+                np.asarray(self.n_chips),
+            ).shape
+        )
         acc: dict[str, Any] = {
             k: z.copy() for k in ("compute", "memory", "rows", "flops", "bytes", "weights", "kv")
         }
@@ -449,7 +499,12 @@ class IdealStep:
             self._price(r.decode, dec, 1.0, shape.context, acc)
         if np.any(pseq > 0):
             self._price(r.prefill, pseq, shape.prefill_chunk, shape.prefill_context, acc)
-        over = z + self.overhead_s
+        layer_s = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
+        over = (
+            z
+            + self.overhead_s
+            + layer_s / np.asarray(self.plan.pp if self.pp is None else self.pp, float)
+        )
         return PassTimes(
             time_s=acc["rows"] + over,
             compute_s=acc["compute"],
@@ -527,7 +582,7 @@ def weight_bytes(model: ModelSpec, quant: Quant) -> dict[str, float]:
 def kv_replication(model: ModelSpec, plan: ServePlan) -> float:
     """Copies of each KV head on the tensor axis: tp / K when tp > K (each chip keeps the KV head
     its query heads read; MLA's latent is one shared head, so it replicates tp ways); 1 otherwise."""
-    if plan.kv_layout == KVLayout.SEQUENCE:
+    if plan.kv_layout in (KVLayout.SEQUENCE, KVLayout.HEADS_BATCH):
         return 1.0
     K = 1 if model.mla is not None else model.n_kv_heads
     return max(1.0, plan.tp / K)

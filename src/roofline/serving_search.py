@@ -1,0 +1,456 @@
+"""The serving planner: topology × plan × batch × quantisation, searched as arrays.
+
+Each candidate is one replica shape (chips, tensor/pipeline/expert/attention-data degrees, weight
+and KV dtypes) running B sequences; the deployment holds as many replicas as the load needs
+(`concurrency` or `rate`) within the system's chips. Rejections are data with a name ("does not
+fit HBM", "misses the TTFT target", ...); the survivors are ranked by the objective (cost: $ per
+million output tokens; throughput: output tokens/s per chip; latency: TPOT), and the Pareto of
+tokens/s/user against tokens/s/chip is returned with the best plan's arithmetic.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from roofline.errors import PlanError
+from roofline.inference import (
+    IdealStep,
+    PassShape,
+    Quant,
+    ServePlan,
+    kv_replication,
+    weight_bytes,
+)
+from roofline.ledger import kv_cache_bytes_per_token
+from roofline.serving import Workload, deployment_metrics, pareto_front, steady_state
+from roofline.specs.efficiency import PEAK, Efficiency
+from roofline.specs.engines import EngineProfile
+from roofline.specs.model import ModelSpec
+from roofline.specs.system import System, parse_system
+from roofline.units import HOUR
+
+
+class Objective(enum.StrEnum):
+    COST = "cost"
+    THROUGHPUT = "throughput"
+    LATENCY = "latency"
+
+
+REJECT_HBM = "does not fit HBM"
+REJECT_KV = "KV cache does not fit at this batch"
+REJECT_TTFT = "misses the TTFT target"
+REJECT_TPOT = "misses the TPOT target"
+REJECT_CHIPS = "needs more chips than the system has"
+REJECT_LOAD = "cannot carry the load"
+
+
+@dataclass(frozen=True)
+class ServeQuery:
+    model: ModelSpec
+    system: System
+    workload: Workload
+    quants: tuple[Quant, ...] = (Quant(),)
+    plan: ServePlan | None = None
+    engine: EngineProfile | None = None
+    efficiency: Efficiency = PEAK
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    objective: Objective = Objective.COST
+    batches: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Flat arrays, one entry per candidate."""
+
+    chips: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    batch: np.ndarray
+    quant: np.ndarray  # index into query.quants
+    system: list[System] = field(default_factory=list)  # by chip count index
+    sys_index: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+
+    def __len__(self) -> int:
+        return len(self.chips)
+
+    def plan(self, i: int) -> ServePlan:
+        return ServePlan(
+            tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), ep=int(self.ep[i])
+        )
+
+
+def topologies(system: System) -> list[System]:
+    """Replica sizes to try: TPU sub-slices of the system (book applied-inference.md: 2x2, 4x2,
+    4x4, ...), GPU counts 1, 2, 4, ... up to the system (whole nodes beyond one)."""
+    if system.is_tpu:
+        from roofline.planner import systems_for_counts
+
+        out = systems_for_counts(system, (1, system.n_chips))
+        return sorted({s.n_chips: s for s in out}.values(), key=lambda s: s.n_chips)
+    out, n = [], 1
+    while n <= system.n_chips:
+        out.append(
+            parse_system(f"{system.chip.name}:{n}", usd_per_chip_hour=system.usd_per_chip_hour)
+        )
+        n *= 2
+    if out[-1].n_chips != system.n_chips:
+        out.append(system)
+    return out
+
+
+def plans_for(model: ModelSpec, n: int, system: System) -> list[ServePlan]:
+    """Plans of one replica of n chips: tensor parallel within the fast domain (heads must
+    divide), pipeline over the rest; MoE models also expert parallel with attention data
+    parallel (DeepSeek's layout)."""
+    out = []
+    heads = model.n_heads
+    fast = n if system.is_tpu else (system.chip.nvlink_domain or 8)
+    for tp in (d for d in range(1, n + 1) if n % d == 0):
+        pp = n // tp
+        if heads % tp or tp > fast or pp > model.n_layers or (pp & (pp - 1)):
+            continue
+        out.append(ServePlan(tp=tp, pp=pp))
+        if model.moe is not None and tp > 1:
+            out.append(ServePlan(tp=tp, pp=pp, ep=tp))
+            out.append(ServePlan(tp=1, pp=pp, dp=tp, ep=tp))
+    return out
+
+
+def candidates(q: ServeQuery) -> Candidates:
+    systems = topologies(q.system)
+    rows: list[tuple[int, ...]] = []
+    for si, s in enumerate(systems):
+        plans = [q.plan] if q.plan is not None else plans_for(q.model, s.n_chips, s)
+        if q.plan is not None and q.plan.chips != s.n_chips:
+            continue
+        for p in plans:
+            for b in q.batches or _batches():
+                for qi in range(len(q.quants)):
+                    rows.append((s.n_chips, p.tp, p.pp, p.dp, p.ep, b, qi, si))
+    if not rows:
+        raise PlanError(
+            f"no replica of the plan {q.plan.describe() if q.plan else ''} fits {q.system.name}",
+            rule="a replica's chips (tp·pp·dp) are one of the system's sub-slices or GPU counts",
+            fix="change --plan or --system",
+        )
+    a = np.array(rows, dtype=np.int64)
+    return Candidates(*(a[:, i] for i in range(7)), system=systems, sys_index=a[:, 7])
+
+
+def _batches() -> tuple[int, ...]:
+    return tuple(2**k for k in range(0, 12))
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """Arrays of every candidate's metrics and its rejection (empty string = feasible)."""
+
+    cand: Candidates
+    metrics: dict[str, np.ndarray]
+    reason: np.ndarray
+
+
+def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dict[str, np.ndarray]:
+    """Weights, KV per sequence and capacity per chip for the selected candidates (inference.py's
+    memory_per_chip rules, vectorised over plans)."""
+    quant = q.quants[qi]
+    wb = weight_bytes(q.model, quant)
+    tp, pp, dp, n = (c.tp[sel].astype(float), c.pp[sel].astype(float), c.dp[sel], c.chips[sel])
+    w = wb["dense"] / (tp * pp) + wb["experts"] / n + wb["embeddings"] / tp
+    ctx = q.workload.max_context
+    kv_tok = kv_cache_bytes_per_token(q.model, quant.kv, context=ctx)
+    rep = np.array([kv_replication(q.model, ServePlan(tp=int(t))) for t in c.tp[sel]])
+    kv_seq = kv_tok * ctx * rep / (tp * pp)
+    hbm = q.system.chip.hbm_bytes
+    e = q.engine
+    usable = e.kv_memory_bytes(hbm, w, 0.0) if e else hbm - w
+    cap = np.floor(np.maximum(usable, 0.0) / kv_seq) * dp
+    return {"weights": w, "kv_seq": kv_seq, "cap": cap, "usable": usable}
+
+
+def evaluate(q: ServeQuery) -> Evaluated:
+    c = candidates(q)
+    n = len(c)
+    out: dict[str, np.ndarray] = {
+        k: np.full(n, np.nan)
+        for k in (
+            "ttft_s",
+            "tpot_s",
+            "e2e_s",
+            "tokens_per_s",
+            "tokens_per_s_per_chip",
+            "tokens_per_s_per_user",
+            "requests_per_s",
+            "replicas",
+            "deploy_chips",
+            "max_batch",
+            "memory_per_chip_bytes",
+            "weights_per_chip_bytes",
+            "usd_per_million_output_tokens",
+            "usd_per_million_input_tokens",
+            "step_time_s",
+            "prefill_share",
+        )
+    }
+    reason = np.full(n, "", dtype=object)
+    for qi, quant in enumerate(q.quants):
+        sel = c.quant == qi
+        mem = memory_arrays(q, c, qi, sel)
+        _evaluate_quant(q, c, sel, quant, mem, out, reason)
+    return Evaluated(c, out, reason)
+
+
+def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
+    idx = np.nonzero(sel)[0]
+    B = c.batch[sel].astype(float)
+    cap = mem["cap"]
+    step = IdealStep(
+        q.model, q.system.chip, ServePlan(), quant, q.efficiency, chips=c.chips[sel], pp=c.pp[sel]
+    )
+    conc = np.minimum(B, np.maximum(cap, 1.0))
+    s = steady_state(step, q.engine, q.workload, conc, batch_cap=np.maximum(cap, 1.0))
+    w = q.workload
+    per_replica_rps = s.requests_per_s
+    if w.rate is not None:
+        replicas = np.ceil(w.rate / per_replica_rps)
+    elif w.concurrency is not None:
+        replicas = np.ceil(w.concurrency / B)
+    else:
+        replicas = np.ones_like(B)
+    chips_total = replicas * c.chips[sel]
+    m = deployment_metrics(s, w, c.chips[sel], replicas, q.system.usd_per_chip_hour)
+    dec = step.pass_time(
+        PassShape(decode=np.maximum(s.decode_batch, 1.0), context=w.decode_context)
+    )
+    vals = {
+        "ttft_s": m.ttft_s,
+        "tpot_s": m.tpot_s,
+        "e2e_s": m.e2e_s,
+        "tokens_per_s": m.output_tokens_per_s,
+        "tokens_per_s_per_chip": m.tokens_per_s_per_chip,
+        "tokens_per_s_per_user": m.tokens_per_s_per_user,
+        "requests_per_s": m.requests_per_s,
+        "replicas": replicas,
+        "deploy_chips": chips_total,
+        "max_batch": cap,
+        "memory_per_chip_bytes": mem["weights"] + np.minimum(B, cap) / c.dp[sel] * mem["kv_seq"],
+        "weights_per_chip_bytes": mem["weights"],
+        "step_time_s": dec.time_s,
+        "prefill_share": s.prefill_share,
+    }
+    if m.usd_per_million_output_tokens is not None:
+        vals["usd_per_million_output_tokens"] = m.usd_per_million_output_tokens
+        vals["usd_per_million_input_tokens"] = m.usd_per_million_input_tokens
+    for k, v in vals.items():
+        out[k][idx] = np.broadcast_to(np.asarray(v, float), idx.shape)
+    r = np.full(len(idx), "", dtype=object)
+    hbm = q.system.chip.hbm_bytes
+    r[(B > cap) & (cap >= 1)] = REJECT_KV
+    r[mem["usable"] <= 0] = REJECT_HBM
+    r[(cap < 1) & (mem["usable"] > 0)] = REJECT_HBM
+    ok = r == ""
+    if q.slo_ttft_s is not None:
+        r[ok & (m.ttft_s > q.slo_ttft_s)] = REJECT_TTFT
+    ok = r == ""
+    if q.slo_tpot_s is not None:
+        r[ok & (m.tpot_s > q.slo_tpot_s)] = REJECT_TPOT
+    ok = r == ""
+    r[ok & (chips_total > q.system.n_chips)] = REJECT_CHIPS
+    del hbm
+    reason[idx] = r
+
+
+def score(ev: Evaluated, objective: Objective) -> np.ndarray:
+    """Lower is better; infeasible candidates get +inf."""
+    m = ev.metrics
+    if objective == Objective.COST:
+        usd = m["usd_per_million_output_tokens"]
+        s = np.where(np.isfinite(usd), usd, -m["tokens_per_s_per_chip"])
+    elif objective == Objective.THROUGHPUT:
+        s = -m["tokens_per_s_per_chip"]
+    else:
+        s = m["tpot_s"] + 1e-6 * m["ttft_s"]
+    return np.where(ev.reason == "", s, np.inf)
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    query: ServeQuery
+    evaluated: Evaluated
+    order: np.ndarray  # feasible candidates, best first
+    pareto: np.ndarray
+
+    @property
+    def best(self) -> int | None:
+        return int(self.order[0]) if len(self.order) else None
+
+    def rejections(self) -> dict[str, int]:
+        r = self.evaluated.reason
+        names, counts = np.unique(r[r != ""], return_counts=True)
+        return {str(k): int(v) for k, v in zip(names, counts, strict=True)}
+
+    def row(self, i: int) -> dict[str, Any]:
+        c = self.evaluated.cand
+        m = self.evaluated.metrics
+        quant = self.query.quants[int(c.quant[i])]
+        d: dict[str, Any] = {
+            "plan": c.plan(i).to_dict(),
+            "chips_per_replica": int(c.chips[i]),
+            "batch": int(c.batch[i]),
+            "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
+            "system": c.system[int(c.sys_index[i])].name,
+        }
+        d.update({k: _num(v[i]) for k, v in m.items()})
+        d["reason"] = str(self.evaluated.reason[i])
+        return d
+
+
+def _num(x: Any) -> Any:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def search(q: ServeQuery) -> ServeResult:
+    ev = evaluate(q)
+    s = score(ev, q.objective)
+    ok = np.isfinite(s)
+    order = np.nonzero(ok)[0][np.argsort(s[ok], kind="stable")]
+    m = ev.metrics
+    front = pareto_front(
+        np.where(ok, m["tokens_per_s_per_user"], np.nan),
+        np.where(ok, m["tokens_per_s_per_chip"], np.nan),
+    )
+    return ServeResult(q, ev, order, front)
+
+
+def chip_cost_per_s(system: System) -> float | None:
+    return None if system.usd_per_chip_hour is None else system.usd_per_chip_hour / HOUR
+
+
+__all__ = [
+    "Candidates",
+    "Evaluated",
+    "Objective",
+    "ServeQuery",
+    "ServeResult",
+    "evaluate",
+    "plans_for",
+    "search",
+    "step_report",
+    "topologies",
+]
+
+
+# --------------------------------------------------------------------------------------
+# One decode step (the book's questions)
+# --------------------------------------------------------------------------------------
+
+
+def step_report(
+    model: ModelSpec,
+    system: System,
+    plan: ServePlan,
+    batch: int,
+    context: float,
+    quant: Quant | None = None,
+    efficiency: Efficiency = PEAK,
+    *,
+    prompt: float | None = None,
+    engine: EngineProfile | None = None,
+) -> dict[str, Any]:
+    """Cost one decode step of `batch` sequences at KV length `context` on one replica of `plan`,
+    with the arithmetic: memory per chip (weights + KV + workspace), step time (weights and KV
+    read, FLOPs, bound), tokens/s, the batch sweep's Pareto, $ per million tokens."""
+    from roofline.inference import memory_per_chip
+
+    quant = quant or Quant()
+    if plan.chips > system.n_chips:
+        raise PlanError(
+            f"plan {plan.describe()} needs {plan.chips} chips, {system.name} has {system.n_chips}",
+            rule="a replica's chips (tp·pp·dp) fit in the system",
+            fix="lower the degrees or give a bigger --system",
+        )
+    chip = system.chip
+    step = IdealStep(model, chip, plan, quant, efficiency)
+    t = step.pass_time(PassShape(decode=float(batch), context=float(context)))
+    mem = memory_per_chip(model, plan, quant, batch, context, ideal=_is_ideal(plan))
+    hbm = chip.hbm_bytes
+    usable = (
+        engine.kv_memory_bytes(hbm, mem.weights_bytes, mem.activation_bytes)
+        if engine
+        else (hbm - mem.weights_bytes - mem.activation_bytes)
+    )
+    maxb = float(np.floor(max(float(usable), 0.0) / (mem.kv_bytes_per_token * context)))
+    if not _is_ideal(plan):
+        maxb *= plan.dp
+    P = float(prompt if prompt is not None else context)
+    pre = step.pass_time(PassShape(prefill_seqs=1.0, prefill_chunk=P, prefill_context=P))
+    step_s = float(t.time_s)
+    tps = batch / step_s
+    n = plan.chips
+    price = system.usd_per_chip_hour
+    sweep = np.array([b for b in (2**k for k in range(0, 16)) if b <= max(maxb, 1)], float)
+    sw = step.pass_time(PassShape(decode=sweep, context=float(context)))
+    front = pareto_front(1 / sw.time_s, sweep / sw.time_s / n)
+    out: dict[str, Any] = {
+        "plan": plan.to_dict(),
+        "batch": batch,
+        "context": context,
+        "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
+        "step_time_s": step_s,
+        "tpot_s": step_s,
+        "ttft_s": float(pre.time_s),
+        "tokens_per_s": tps,
+        "tokens_per_s_per_chip": tps / n,
+        "tokens_per_s_per_user": 1.0 / step_s,
+        "bound": str(t.bound),
+        "compute_time_s": float(t.compute_s),
+        "hbm_time_s": float(t.memory_s),
+        "comm_time_s": float(t.comm_s),
+        "weights_read_bytes_per_chip": float(t.weight_bytes_per_chip),
+        "kv_read_bytes_per_chip": float(t.kv_bytes_per_chip),
+        "flops_per_chip": float(t.flops_per_chip),
+        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(model, quant.kv, context=context),
+        "memory_per_chip_bytes": float(mem.total_bytes),
+        "memory": {
+            "weights_bytes": float(mem.weights_bytes),
+            "kv_bytes": float(mem.kv_bytes),
+            "activation_bytes": float(mem.activation_bytes),
+            "hbm_bytes": hbm,
+            "fits": bool(float(mem.total_bytes) <= hbm),
+            "kv_replication": mem.kv_replication,
+        },
+        "max_batch": maxb,
+        "usd_per_million_output_tokens": None,
+        "usd_per_million_input_tokens": None,
+        "pareto": [
+            {
+                "batch": int(sweep[i]),
+                "tokens_per_s_per_user": float(1 / sw.time_s[i]),
+                "tokens_per_s_per_chip": float(sweep[i] / sw.time_s[i] / n),
+            }
+            for i in front
+        ],
+        "candidates_evaluated": int(len(sweep)),
+        "efficiency": getattr(efficiency, "name", "custom"),
+    }
+    if price is not None:
+        usd_s = price * n / HOUR
+        out["usd_per_million_output_tokens"] = usd_s / tps * 1e6
+        out["usd_per_million_input_tokens"] = usd_s * float(pre.time_s) / P * 1e6
+    return out
+
+
+def _is_ideal(plan: ServePlan) -> bool:
+    """The book's layout splits everything evenly (heads then batch): no copies of weights or KV."""
+    from roofline.inference import KVLayout
+
+    return plan.kv_layout == KVLayout.HEADS_BATCH and plan.dp == 1 and plan.ep == 1
