@@ -453,7 +453,9 @@ class IdealStep:
             acc["flops"] = acc["flops"] + fl
             acc["bytes"] = acc["bytes"] + by
             w = op.weight
-            if w is not None:
+            if w is not None and op.kind == OpKind.GATHER:
+                acc["weights"] = acc["weights"] + by / 2  # the B·T rows looked up, not the table
+            elif w is not None:
                 wb = w.nbytes(op.sizes) * op.count * op.weight_read_fraction_at(batch * seq) / N
                 acc["weights"] = acc["weights"] + wb
             if op.kind == OpKind.ATTENTION:
