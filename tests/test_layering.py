@@ -31,6 +31,8 @@ STAGES = {
     "inference": 6,
     "serving": 6,
     "serving_search": 6,
+    "serving_predict": 6,
+    "serving_plot": 8,
     "verify": 7,
     "report": 8,
     # plain formatting helpers that import nothing from roofline: usable at any stage
