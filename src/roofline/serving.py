@@ -205,39 +205,37 @@ def steady_state(
     """Closed-loop steady state of one replica at `concurrency` requests (array) in flight.
 
     `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too).
+    Prompts are prefilled in cohorts of k = ⌊budget / P_new⌋ (at most C): a closed loop with fixed
+    lengths stays in step, so the requests that finish together come back together and share a
+    prefill pass; a prompt longer than the budget takes ⌈P_new / budget⌉ chunked passes alone.
     """
     C = np.asarray(concurrency, float)
     G, P, Pn = work.gen, work.prompt, work.new_prompt
     ctx = work.decode_context
-    hbm = step.chip.hbm_bytes
-    budget = float(engine.token_budget(hbm)) if engine else np.inf
+    budget = float(engine.token_budget(step.chip.hbm_bytes)) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
-    chunked = engine.chunked_prefill if engine else True
+    chunk = min(Pn, budget) if (engine is None or engine.chunked_prefill) else Pn
+    n_chunks = float(np.ceil(Pn / chunk))
+    k = np.clip(np.floor(budget / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     cap = np.minimum(batch_cap, engine.max_num_seqs if engine else np.inf)
     ovh = _engine_overhead(step, engine, C) if step_overhead_s is None else step_overhead_s
-    chunk = min(Pn, budget) if chunked else Pn
-    n_chunks = np.ceil(Pn / chunk)
-    # one request's prefill alone, and per prefill token at full chunks (for the first wave)
-    t_pf_alone = n_chunks * (_prefill_pass(step, 0.0, ctx, chunk, P, Pn).time_s + ovh)
 
-    X = C / (t_pf_alone + G * _decode(step, np.minimum(C, cap), ctx, ovh))
+    def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
+        seqs = k if Pn <= chunk else np.ones_like(k)
+        return _cohort_pass(step, decode, ctx, seqs, chunk, P, Pn) + ovh
+
+    X = C / (n_chunks * pf_pass(0.0) + G * _decode(step, np.minimum(C, cap), ctx, ovh))
     Bd = np.minimum(C, cap) * 0.9
     for _ in range(ITERATIONS):
-        tau_d = _decode(step, np.maximum(Bd, 1.0), ctx, ovh)
-        if mixed:
-            k = X * Pn  # prefill tokens per second; per pass k·τ
-            tau_mix = _prefill_pass(step, np.maximum(Bd, 1.0), ctx, chunk, P, Pn).time_s + ovh
-            per_tok = np.maximum(tau_mix - tau_d, 0.0) / chunk  # extra pass time per prefill token
-            tau = tau_d / np.maximum(1.0 - k * per_tok, 0.05)
-            t_own = n_chunks * tau_mix
-            rho = np.minimum(k * per_tok, 0.95)
-        else:
-            t_pf = t_pf_alone
-            rho = np.minimum(X * t_pf, 0.95)
-            tau = tau_d / (1.0 - rho)
-            t_own = t_pf
-        wait = rho / (2 * (1 - rho)) * t_own / n_chunks  # M/D/1 queue for the prefill capacity
-        ttft_min = tau_d / 2 + t_own + wait
+        Bd1 = np.maximum(Bd, 1.0)
+        tau_d = _decode(step, Bd1, ctx, ovh)
+        t_pf = pf_pass(Bd1 if mixed else 0.0)  # the cohort's prefill pass
+        extra = t_pf - (tau_d if mixed else 0.0)  # what prefill adds over a decode pass
+        per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
+        rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
+        tau = tau_d / (1.0 - rho)
+        wait = rho / (2 * (1 - rho)) * t_pf  # cohorts queue behind each other (M/D/1)
+        ttft_min = tau_d / 2 + n_chunks * t_pf + wait
         Bd_new = np.minimum(C * (G - 1) * tau / ((G - 1) * tau + ttft_min), cap)
         Bd_new = np.maximum(Bd_new, np.minimum(C, 1.0))
         X_new = np.where(
@@ -248,20 +246,19 @@ def steady_state(
         X = 0.5 * X + 0.5 * X_new
         Bd = 0.5 * Bd + 0.5 * Bd_new
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
-    first = _first_wave_ttft(step, C, ctx, P, Pn, budget, ovh, ttft_min)
+    # the first wave: all C arrive together, C/k cohorts prefill one after another
+    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_pass(0.0), ttft_min)
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
-    e2e = ttft + (G - 1) * tau
-    share = np.clip(1.0 - tau_d / np.maximum(tau, 1e-15), 0.0, 1.0)  # time on prefill work
     return Steady(
         concurrency=C,
         ttft_s=ttft,
         tpot_s=tau,
-        e2e_s=e2e,
+        e2e_s=ttft + (G - 1) * tau,
         requests_per_s=C / (ttft_ss + (G - 1) * tau),
         decode_batch=Bd,
         pass_s=tau,
-        prefill_share=share,
+        prefill_share=np.clip(rho, 0.0, 1.0),
         first_wave_ttft_s=first,
         steady_ttft_s=ttft_ss,
         capped=Bd >= cap - 1e-6,
@@ -269,27 +266,24 @@ def steady_state(
     )
 
 
+def _cohort_pass(
+    step: StepModel, decode: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float
+) -> Any:
+    """Time of a pass that decodes `decode` sequences and prefills `seqs` chunks of `chunk`
+    prompt tokens (the chunk ends at the prompt's end; a cached prefix precedes it)."""
+    return step.pass_time(
+        PassShape(
+            decode=decode,
+            context=ctx,
+            prefill_seqs=seqs,
+            prefill_chunk=chunk,
+            prefill_context=P - Pn + chunk,
+        )
+    ).time_s
+
+
 def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
     return step.pass_time(PassShape(decode=B, context=ctx)).time_s + ovh
-
-
-def _first_wave_ttft(
-    step: StepModel, C: Any, ctx: float, P: float, Pn: float, budget: float, ovh: Any, floor: Any
-) -> Any:
-    """Mean TTFT of C requests arriving together: passes of `budget` prompt tokens prefill them
-    in order, so the i-th gets its first token after ⌈i·P_new / budget⌉ such passes; the mean is
-    about (C·P_new / budget + 1) / 2 full passes."""
-    per_pass = min(budget, Pn * max(1.0, np.floor(budget / Pn)))
-    seqs = max(1.0, np.floor(per_pass / Pn))
-    chunk = min(Pn, per_pass)
-    t_full = (
-        step.pass_time(
-            PassShape(prefill_seqs=seqs, prefill_chunk=chunk, prefill_context=P - Pn + chunk)
-        ).time_s
-        + ovh
-    )
-    passes = (np.asarray(C, float) * Pn / per_pass + 1) / 2
-    return np.maximum(passes * t_full, floor)
 
 
 def _engine_overhead(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
