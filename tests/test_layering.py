@@ -34,6 +34,8 @@ STAGES = {
     "serving_predict": 6,
     "serving_plot": 8,
     "verify": 7,
+    "validate": 7,
+    "calibrate": 7,
     "report": 8,
     # plain formatting helpers that import nothing from roofline: usable at any stage
     "report.table": 0,
