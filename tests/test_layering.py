@@ -1,6 +1,8 @@
-"""The data flow of DESIGN.md, enforced: a lower stage never imports a higher one.
+"""The data flow of docs/architecture.md, enforced: a module never imports a later one.
 
-specs -> ledger -> roofline -> sharding/communication -> training/planner -> verify -> report -> cli
+Every module has its own rank (its place in `ORDER`, the order docs/architecture.md reads the
+package in); a module may import only modules of lower rank. A new module gets a line here,
+where its imports put it.
 """
 
 from __future__ import annotations
@@ -12,47 +14,124 @@ import pytest
 
 SRC = Path(__file__).parents[1] / "src" / "roofline"
 
-# stage of each module (dotted name under roofline); subpackages inherit their prefix's stage
-STAGES = {
-    "units": 0,
-    "errors": 0,
-    "specs": 1,
-    "ledger": 2,
-    "memory": 2,
-    "roofline": 3,
-    "opexpr": 3,
-    "rules": 4,
-    "mesh": 4,
-    "collectives": 4,
-    "sharding": 4,
-    "cost": 5,
-    "training": 6,
-    "planner": 6,
-    "inference": 6,
-    "serving": 6,
-    "serving_search": 6,
-    "serving_predict": 6,
-    "serving_plot": 8,
-    "verify": 7,
-    "validate": 7,
-    "calibrate": 7,
-    "report": 8,
-    # plain formatting helpers that import nothing from roofline: usable at any stage
-    "report.table": 0,
-    "report.jsonout": 0,
-    "cli": 9,
-    "__main__": 9,
-    "__init__": 10,
+ORDER = (
+    # plain helpers: no roofline imports beyond errors, usable at any stage
+    "errors",
+    "units",
+    "report.table",
+    "report.jsonout",
+    "report.text",
+    # specs: inputs as validated frozen records
+    "specs.catalog",
+    "specs.chip",
+    "specs.system",
+    "specs.efficiency",
+    "specs.model",
+    "specs.hf",
+    "specs.plan",
+    "specs.engines",
+    "specs.framework",
+    "specs",
+    # the ledger and what it alone decides
+    "ledger",
+    "memory",
+    "roofline",
+    "opexpr",
+    # the algebra and its pricing
+    "rules",
+    "mesh",
+    "collectives",
+    "sharding",
+    "cost",
+    "walk",
+    "feasibility",
+    # readers of the walk
+    "training",
+    "planner.systems",
+    "planner.space",
+    "planner.rank",
+    "planner",
+    "planner.deadline",
+    "inference",
+    "serving",
+    "serving_predict",
+    "serving_search",
+    "validate.runfile",
+    "validate.sources",
+    "validate.stats",
+    "validate.dims",
+    "validate.conventions",
+    "validate.systems",
+    "validate.training_runs",
+    "validate.scoreboard",
+    "validate.analysis",
+    "validate.serving_runs",
+    "validate.serving_score",
+    "validate.calibration",
+    "validate.plot",
+    "validate",
+    "calibrate.params",
+    "calibrate.fit",
+    "calibrate.kernels",
+    "calibrate.write",
+    "calibrate.device",
+    "calibrate",
+    "calibrate.runs",
+    "calibrate.render",
+    "matmul",
+    "verify.hlo",
+    "verify.program",
+    "verify.predict",
+    "verify.diff",
+    "verify.distributed",
+    "verify",
+    # presentation and the command line
+    "report.plots",
+    "serving_plot",
+    "report",
+    "cli._common",
+    "cli._profile",
+    "cli.chips_cmd",
+    "cli.chip_cmd",
+    "cli.models_cmd",
+    "cli.model_cmd",
+    "cli.op_cmd",
+    "cli.system_cmd",
+    "cli.collective_cmd",
+    "cli.matmul_cmd",
+    "cli.train_cmd",
+    "cli.verify_cmd",
+    "cli.serve_cmd",
+    "cli.validate_cmd",
+    "cli.calibrate_cmd",
+    "cli",
+    "__main__",
+    "__init__",
+)
+STAGES = {name: rank for rank, name in enumerate(ORDER)}
+# Imports inside a function that point up the order, each with its reason (kept short).
+DEFERRED = {
+    (
+        "validate.scoreboard",
+        "validate.analysis",
+    ): "the training report renders its error analysis, which reads the report's results",
+    (
+        "serving",
+        "serving_predict",
+    ): "validate's entry point roofline.serving.predict_measured_run hands the run to serving_predict",
+    (
+        "specs.model",
+        "specs.hf",
+    ): "load_model hands config.json files to the HF loader, which builds ModelSpecs",
 }
 
 
 def stage_of(dotted: str) -> int:
-    parts = dotted.split(".")
-    for n in range(len(parts), 0, -1):
-        key = ".".join(parts[:n])
-        if key in STAGES:
-            return STAGES[key]
-    raise KeyError(f"module roofline.{dotted} has no stage in tests/test_layering.py: add it")
+    if dotted in STAGES:
+        return STAGES[dotted]
+    raise KeyError(
+        f"module roofline.{dotted} has no rank in tests/test_layering.py: add it to ORDER"
+    )
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -83,6 +162,8 @@ def imports_of(path: Path) -> set[str]:
 def test_no_upward_import(dotted, path):
     mine = stage_of(dotted)
     for imp in imports_of(path):
+        if (dotted, imp) in DEFERRED:
+            continue
         theirs = stage_of(imp)
         assert theirs <= mine, (
             f"roofline.{dotted} (stage {mine}) imports roofline.{imp} (stage {theirs}): a lower stage may not import a higher one"
@@ -92,6 +173,12 @@ def test_no_upward_import(dotted, path):
 def test_every_module_has_a_stage():
     for dotted, _ in modules():
         stage_of(dotted)
+
+
+def test_every_rank_is_one_module_and_the_note_exists():
+    assert len(set(ORDER)) == len(ORDER)
+    doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    assert "tests/test_layering.py" in doc
 
 
 def test_the_rule_can_fail():

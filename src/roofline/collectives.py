@@ -155,10 +155,16 @@ class CollectiveCost:
         """Time for another size over the same group: max(latency, seconds_per_byte * bytes)."""
         if self.group_size == 1:
             return 0.0 if np.ndim(bytes_per_chip) == 0 else np.zeros(np.shape(bytes_per_chip))
-        out = np.maximum(
-            self.latency_s, self.seconds_per_byte * np.asarray(bytes_per_chip, dtype=float)
-        )
+        out = collective_time(self.latency_s, self.seconds_per_byte, bytes_per_chip)
         return float(out) if np.ndim(out) == 0 else out
+
+    @property
+    def unit(self) -> UnitCost:
+        """This collective's group as a unit cost (to price other sizes)."""
+        if not self.tiers:
+            return UnitCost(0.0, 0.0)
+        worst = max(self.tiers, key=lambda t: t.seconds_per_byte)
+        return UnitCost(self.latency_s, self.seconds_per_byte, _TIER_OF_DIM[worst.kind])
 
     def to_dict(self) -> dict[str, Any]:
         def conv(x: Any) -> Any:
@@ -184,6 +190,42 @@ class CollectiveCost:
             "formula": self.formula,
             "tiers": [t.to_dict() for t in self.tiers],
         }
+
+
+def collective_time(latency_s: Any, seconds_per_byte: Any, bytes_per_chip: Any) -> Any:
+    """The one formula for a collective's time (book sharding.md): T = max(T_latency, B · s/B).
+
+    Vectorised over any argument; every caller that re-prices a collective uses this.
+    """
+    return np.maximum(latency_s, seconds_per_byte * np.asarray(bytes_per_chip, dtype=float))
+
+
+# DimKind value of a tier -> the link tier name of the efficiency profile contract
+_TIER_OF_DIM = {"ici": "ici", "nvlink": "nvlink", "scaleout": "scale_out", "dcn": "dcn"}
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """What a collective over one group costs per byte: time = max(latency_s, seconds_per_byte · B).
+
+    `tier` is the link tier that bounds the bandwidth term (ici, nvlink, scale_out, dcn), for
+    the efficiency profile's `link_fraction`. A group of one chip costs nothing (all zero).
+    """
+
+    latency_s: float
+    seconds_per_byte: float
+    tier: str = "ici"
+
+    def time_s(self, bytes_per_chip: Any) -> Any:
+        return collective_time(self.latency_s, self.seconds_per_byte, bytes_per_chip)
+
+
+def unit_cost(kind: CollectiveKind | str, axes: str | Iterable[str], mesh: Mesh) -> UnitCost:
+    """The unit cost of a collective of `kind` over mesh `axes` (zero for a group of one)."""
+    c = collective_cost(kind, 1.0e6, axes, mesh)
+    if c.group_size == 1:
+        return UnitCost(0.0, 0.0)
+    return c.unit
 
 
 def moe_ragged_fraction(k: int, n: int, *, exact: bool = False) -> float:
@@ -439,7 +481,7 @@ def collective_cost(
     spb = worst.seconds_per_byte * (ragged_fraction if k is CollectiveKind.ALL_TO_ALL else 1.0)
     latency = float(sum(t.latency_s for t in terms))
     bandwidth = spb * b
-    time = np.maximum(latency, bandwidth)
+    time = collective_time(latency, spb, b)
     lat_bound = latency > bandwidth
     if k in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
         wire = b * (n - 1) / n
@@ -480,6 +522,9 @@ __all__ = [
     "CollectiveCost",
     "TierTerm",
     "collective_cost",
+    "collective_time",
+    "UnitCost",
+    "unit_cost",
     "parse_collective_kind",
     "moe_ragged_fraction",
     "SHARP_PRACTICAL_SPEEDUP",

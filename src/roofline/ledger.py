@@ -22,6 +22,7 @@ import numpy as np
 
 from roofline.errors import SpecError
 from roofline.specs.model import MLPKind, ModelSpec
+from roofline.specs.plan import Causal as Causal  # the counting convention is plan vocabulary
 from roofline.units import dtype_bytes, parse_dtype
 
 
@@ -45,18 +46,6 @@ class OpKind(enum.StrEnum):
     ATTENTION = "attention"  # activation×activation contraction (scores, context)
     ELEMENTWISE = "elementwise"  # norms, activations, softmax: memory-bound, ~few FLOPs/element
     GATHER = "gather"  # embedding lookup: reads B·T rows of the table
-
-
-class Phase(enum.StrEnum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-
-
-class Causal(enum.StrEnum):
-    """How causal attention FLOPs are counted: FULL (dense kernel, book's 12BT²NH) or HALF (useful work)."""
-
-    FULL = "full"
-    HALF = "half"
 
 
 @dataclass(frozen=True)
@@ -189,11 +178,6 @@ class Op:
     @property
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else math.inf
-
-    def with_sizes(self, **sizes: float) -> Op:
-        s = dict(self.sizes)
-        s.update(sizes)
-        return replace(self, sizes=MappingProxyType(s))
 
 
 @dataclass(frozen=True)

@@ -9,95 +9,21 @@ Here the saved tensors are read off the ledger rows instead of assumed.
 
 from __future__ import annotations
 
-import enum
-import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
-from roofline.errors import SpecError
+import numpy as np
+
 from roofline.ledger import Ledger, Op, OpKind, Tensor
-from roofline.units import dtype_bytes
 
-
-class RematKind(enum.StrEnum):
-    NONE = "none"  # save every intermediate the backward pass reads
-    MATMULS = (
-        "matmuls"  # save only matmul outputs (jax dots_saveable); recompute attention + elementwise
-    )
-    FULL = "full"  # one checkpoint per layer (the layer input); recompute the whole layer
-    CHECKPOINTS = "checkpoints"  # N checkpoints of size D per layer (book applied-training: 4)
-
-
-@dataclass(frozen=True)
-class Remat:
-    kind: RematKind = RematKind.FULL
-    n: int = 1  # checkpoints per layer for CHECKPOINTS
-
-    def __str__(self) -> str:
-        return f"ckpt{self.n}" if self.kind == RematKind.CHECKPOINTS else self.kind.value
-
-
-def parse_remat(text: str | Remat) -> Remat:
-    """'none' | 'matmuls' (alias 'dots', 'selective') | 'full' (alias 'block', 'layer') | 'ckpt4' / 'checkpoints=4'."""
-    if isinstance(text, Remat):
-        return text
-    s = str(text).strip().lower()
-    aliases = {
-        "none": RematKind.NONE,
-        "off": RematKind.NONE,
-        "matmuls": RematKind.MATMULS,
-        "dots": RematKind.MATMULS,
-        "selective": RematKind.MATMULS,
-        "full": RematKind.FULL,
-        "block": RematKind.FULL,
-        "layer": RematKind.FULL,
-    }
-    if s in aliases:
-        return Remat(aliases[s])
-    m = re.fullmatch(r"(?:ckpt|checkpoints?)[=:]?(\d+)", s)
-    if m and int(m.group(1)) > 0:
-        return Remat(RematKind.CHECKPOINTS, int(m.group(1)))
-    raise SpecError(
-        f"unknown remat policy {text!r}",
-        rule="remat is none, matmuls, full, or ckptN (N checkpoints of size D per layer)",
-        fix="write e.g. remat=full or remat=ckpt4",
-    )
-
-
-@dataclass(frozen=True)
-class OptimizerPolicy:
-    """Bytes per parameter of each persistent training buffer."""
-
-    name: str
-    param_bytes: float  # the weights the forward pass reads
-    grad_bytes: float  # gradient buffer
-    state_bytes: float  # optimizer state incl. fp32 master copy if any
-
-    @property
-    def bytes_per_param(self) -> float:
-        return self.param_bytes + self.grad_bytes + self.state_bytes
-
-
-OPTIMIZERS = {
-    # book training.md: bf16 params + fp32 Adam moments = 10 bytes/param (gradients transient, bf16)
-    "adam-bf16": OptimizerPolicy("adam-bf16", 2.0, 2.0, 8.0),
-    # Megatron/DeepSpeed mixed precision: bf16 params, fp32 grads, fp32 master + m + v (18 B/param)
-    "adam-fp32-master": OptimizerPolicy("adam-fp32-master", 2.0, 4.0, 12.0),
-    "adam-fp32": OptimizerPolicy("adam-fp32", 4.0, 4.0, 8.0),
-    "sgd-bf16": OptimizerPolicy("sgd-bf16", 2.0, 2.0, 0.0),
-}
-
-
-def parse_optimizer(name: str | OptimizerPolicy) -> OptimizerPolicy:
-    if isinstance(name, OptimizerPolicy):
-        return name
-    key = str(name).strip().lower()
-    if key not in OPTIMIZERS:
-        raise SpecError(
-            f"unknown optimizer policy {name!r}",
-            rule="policies: " + ", ".join(OPTIMIZERS),
-            fix="write e.g. optimizer=adam-bf16 (the book's 10 bytes/param)",
-        )
-    return OPTIMIZERS[key]
+# the remat and optimizer vocabulary lives with the rest of the plan vocabulary (re-exported)
+from roofline.specs.plan import OPTIMIZERS as OPTIMIZERS
+from roofline.specs.plan import OptimizerPolicy as OptimizerPolicy
+from roofline.specs.plan import Remat as Remat
+from roofline.specs.plan import RematKind as RematKind
+from roofline.specs.plan import parse_optimizer as parse_optimizer
+from roofline.specs.plan import parse_remat as parse_remat
 
 
 def saved_tensors(ledger: Ledger, remat: Remat) -> list[tuple[Op, Tensor]]:
@@ -128,34 +54,73 @@ def saved_tensors(ledger: Ledger, remat: Remat) -> list[tuple[Op, Tensor]]:
     return out
 
 
+# Bytes of a tensor as some caller counts them (unsharded, or per chip under a sharding);
+# `op` is the ledger row the tensor belongs to (None for the layer input x).
+TensorBytes = Callable[[Op | None, Tensor], Any]
+
+
+def layer_input(ledger: Ledger) -> Tensor:
+    """x[batch, seq, embed]: the layer input a checkpoint keeps (in the activations' dtype)."""
+    return Tensor("x", ("batch", "seq", "embed"), ledger.ops[0].out.dtype if ledger.ops else "bf16")
+
+
+def saved_bytes(ledger: Ledger, remat: Remat, tensor_bytes: TensorBytes) -> Any:
+    """Activation bytes all layers keep for the backward pass (the one home of the rule).
+
+    FULL / CHECKPOINTS: N copies of the layer input per layer (book: 2·B·T·D·L at bf16);
+    NONE and MATMULS: the tensors of `saved_tensors`, and NONE adds the normalised copies of
+    x the norms keep. `tensor_bytes` says how a tensor is counted (whole, or per chip).
+    """
+    m = ledger.model
+    assert m is not None
+    x = layer_input(ledger)
+    if remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS):
+        n = 1 if remat.kind == RematKind.FULL else remat.n
+        return n * tensor_bytes(None, x) * m.n_layers
+    total: Any = 0.0
+    for op, t in saved_tensors(ledger, remat):
+        total = total + tensor_bytes(op, t) * op.count
+    if remat.kind == RematKind.NONE:
+        total = total + m.norms_per_layer * m.n_layers * tensor_bytes(None, x)
+    return total
+
+
 def saved_activation_bytes_per_token(
     ledger: Ledger, remat: Remat, *, flash_attention: bool = True
 ) -> float:
-    """Bytes per token kept for the backward pass, all layers (unsharded).
+    """Bytes per token kept for the backward pass, all layers (unsharded; see `saved_bytes`).
 
-    FULL / CHECKPOINTS: N·D per layer (book: 2·B·T·D·L at bf16); NONE and MATMULS: the
-    tensors of `saved_tensors` (NONE adds the normalised copies of x the norms keep).
     The ledger must have been built for batch = seq = 1 token or the result is per B·T.
     (`flash_attention` is a property of the ledger: build it with flash=False to keep scores.)
     """
     led_tokens = ledger.sizes.get("batch", 1) * ledger.sizes.get("seq", 1)
-    m = ledger.model
-    act_b = dtype_bytes(ledger.ops[0].out.dtype) if ledger.ops else 2.0
-    if remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS):
-        assert m is not None
-        n = 1 if remat.kind == RematKind.FULL else remat.n
-        return n * m.d_model * m.n_layers * act_b
-    total = sum(t.nbytes(op.sizes) * op.count for op, t in saved_tensors(ledger, remat))
-    if remat.kind == RematKind.NONE:
-        assert m is not None
-        total += m.d_model * act_b * m.norms_per_layer * m.n_layers  # normalised copies of x
+    total = saved_bytes(
+        ledger, remat, lambda op, t: t.nbytes(op.sizes if op is not None else ledger.sizes)
+    )
     return total / led_tokens
 
 
 # The last projection of each layer type: its output only feeds the residual stream, so a
-# rematerialised layer does not rerun it (the backward pass never reads it). The step cost
-# (cost.py) applies this; XLA does the same (docs/verify.md, fsdp=8 with remat).
+# rematerialised layer does not rerun it (the backward pass never reads it). XLA does the same
+# (docs/verify.md, fsdp=8 with remat).
 LAST_PROJECTIONS = ("mlp/down", "moe/down", "moe/shared/down")
+# Rows outside the layer stack: remat never reruns them.
+NON_LAYER_ROWS = ("embed", "unembed")
+_RERUN_BY_ANY_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS, RematKind.MATMULS})
+_RERUN_BY_LAYER_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS})
+
+
+def rerun_by(op: Op) -> frozenset[RematKind]:
+    """The remat policies whose backward pass reruns `op`'s forward (the one home of the rule).
+
+    FULL / CHECKPOINTS rerun the layer but its last projection; MATMULS keeps matmul outputs and
+    reruns attention and elementwise ops; NONE reruns nothing; rows outside the layers never rerun.
+    """
+    if op.name in NON_LAYER_ROWS or op.name in LAST_PROJECTIONS:
+        return frozenset()
+    if op.kind == OpKind.MATMUL:
+        return _RERUN_BY_LAYER_REMAT
+    return _RERUN_BY_ANY_REMAT
 
 
 def recompute_flops_fraction(ledger: Ledger, remat: Remat) -> float:
@@ -167,8 +132,67 @@ def recompute_flops_fraction(ledger: Ledger, remat: Remat) -> float:
     """
     if remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS):
         return 1.0
-    if remat.kind == RematKind.NONE:
-        return 0.0
-    fwd = sum(o.flops for o in ledger if o.name not in ("embed", "unembed"))
-    redo = sum(o.flops for o in ledger if o.kind in (OpKind.ATTENTION, OpKind.ELEMENTWISE))
+    fwd = sum(o.flops for o in ledger if o.name not in NON_LAYER_ROWS)
+    redo = sum(o.flops for o in ledger if remat.kind in rerun_by(o))
     return redo / fwd if fwd else 0.0
+
+
+# --------------------------------------------------------------------------------------
+# Memory per chip of a training step (vectorised over candidate plans)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes per chip of one training step by buffer (floats or arrays, one per candidate)."""
+
+    params: Any
+    grads: Any
+    optimizer: Any
+    activations: Any
+    temporaries: Any
+
+    @property
+    def total(self) -> Any:
+        return self.params + self.grads + self.optimizer + self.activations + self.temporaries
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def persistent_bytes(
+    params_local: Any, opt: OptimizerPolicy, dp: Any, zero: Any
+) -> tuple[Any, Any, Any]:
+    """Parameters, gradients and optimizer state per chip: ZeRO-2 shards the gradients and
+    ZeRO-1 the optimizer state over the data axis (the fsdp axis already shards all three)."""
+    p = params_local * opt.param_bytes
+    g = params_local * opt.grad_bytes / np.where(zero >= 2, dp, 1)
+    o = params_local * opt.state_bytes / np.where(zero >= 1, dp, 1)
+    return p, g, o
+
+
+def fsdp_gathered_bytes(
+    weights_gathered: Any, fsdp: Any, n_layers: int, layers_per_stage: Any, keep_all: Any
+) -> Any:
+    """FSDP weights gathered and alive at once: two layers' (prefetch double buffer), or — when
+    the backward pass reuses the forward's gathers (no remat) — every layer of the stage.
+    `weights_gathered` is all layers' gathered weight bytes per chip; none without FSDP."""
+    two = 2 * weights_gathered / n_layers
+    stage = weights_gathered * layers_per_stage / n_layers
+    return np.where(fsdp > 1, np.where(keep_all, stage, two), 0.0)
+
+
+def minimum_memory_bytes(
+    params: float,
+    opt: OptimizerPolicy,
+    d_model: int,
+    n_layers: int,
+    batch_tokens: float,
+    checkpoints: int = 4,
+) -> float:
+    """The book's minimum-chips check (applied-training.md): parameters + optimizer state, plus
+    `checkpoints` bf16 checkpoints of D per token per layer for the whole batch."""
+    return (
+        params * (opt.param_bytes + opt.state_bytes)
+        + 2.0 * checkpoints * d_model * n_layers * batch_tokens
+    )

@@ -631,7 +631,7 @@ def _reason_key(reason: str) -> str:
 def _plan_from(st: Structure, cand: Candidates, i: int, space: SearchSpace, opt) -> Plan:
     deg = Degrees(**{s.value: int(cand.deg[s][i]) for s in Strategy})
     return Plan(
-        deg,
+        degrees=deg,
         microbatches=int(cand.microbatches[i]),
         remat=space.remats[int(cand.remat_idx[i])],
         zero=int(cand.zero[i]),

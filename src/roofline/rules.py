@@ -21,12 +21,22 @@ owns one mesh axis with a fixed name:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
-from roofline.errors import PlanError
+import numpy as np
+
+from roofline.specs.model import ModelSpec
+
+# the strategy vocabulary lives with the rest of the plan vocabulary (re-exported here)
+from roofline.specs.plan import AXIS_OF as AXIS_OF
+from roofline.specs.plan import AXIS_ORDER as AXIS_ORDER
+from roofline.specs.plan import Degrees as Degrees
+from roofline.specs.plan import Remat, RematKind
+from roofline.specs.plan import Strategy as Strategy
+from roofline.specs.plan import parse_degrees as parse_degrees
 
 LOGICAL_DIMS = (
     "batch",
@@ -45,48 +55,6 @@ LOGICAL_DIMS = (
 )
 
 
-class Strategy(enum.StrEnum):
-    DP = "dp"
-    FSDP = "fsdp"
-    TP = "tp"
-    SP = "sp"  # sequence / context parallelism over the query sequence
-    EP = "ep"
-    PP = "pp"
-
-
-AXIS_OF = {
-    Strategy.DP: "data",
-    Strategy.FSDP: "fsdp",
-    Strategy.TP: "tensor",
-    Strategy.SP: "seq",
-    Strategy.EP: "expert",
-    Strategy.PP: "stage",
-}
-# Mesh axis order, outermost first (JAX convention: the last axis is innermost, so tensor
-# parallelism lands on the fastest links — the NVLink domain or the innermost ICI dims).
-AXIS_ORDER = ("data", "stage", "fsdp", "expert", "seq", "tensor")
-_ALIASES = {
-    "dp": "dp",
-    "data": "dp",
-    "fsdp": "fsdp",
-    "zero3": "fsdp",
-    "tp": "tp",
-    "tensor": "tp",
-    "mp": "tp",
-    "model": "tp",
-    "sp": "sp",
-    "cp": "sp",
-    "seq": "sp",
-    "sequence": "sp",
-    "context": "sp",
-    "ep": "ep",
-    "expert": "ep",
-    "pp": "pp",
-    "pipeline": "pp",
-    "stage": "pp",
-}
-
-
 @dataclass(frozen=True)
 class Rules:
     """Logical dim -> mesh axes, for activations and for parameters. Missing = replicated."""
@@ -100,68 +68,39 @@ class Rules:
 
 
 @dataclass(frozen=True)
-class Degrees:
-    """Degree of each strategy (1 = unused)."""
+class Structure:
+    """What is the same for a family of candidate plans: which strategies exist (a strategy of
+    degree 1 is a mesh axis of size 1, priced at zero) and how the layers are sharded.
 
-    dp: int = 1
-    fsdp: int = 1
-    tp: int = 1
-    sp: int = 1
-    ep: int = 1
-    pp: int = 1
-    extra: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    `remat` and `collective_matmul` are the family's defaults where candidates carry none.
+    """
 
-    @property
-    def n_chips(self) -> int:
-        return self.dp * self.fsdp * self.tp * self.sp * self.ep * self.pp
-
-    def mesh_axes(self) -> tuple[tuple[str, int], ...]:
-        """(axis name, size) for every strategy in use, outermost first; always at least one axis."""
-        sizes = {AXIS_OF[s]: getattr(self, s.value) for s in Strategy}
-        axes = tuple((a, sizes[a]) for a in AXIS_ORDER if sizes[a] > 1)
-        return axes or (("data", 1),)
+    active: frozenset[Strategy]
+    remat: Remat = Remat(RematKind.FULL)
+    sequence_parallel: bool = False
+    collective_matmul: bool = False
+    # tp does not divide the KV heads: K/V projections replicated across the tensor axis
+    kv_replicated: bool = False
 
 
-def parse_degrees(text: str | Mapping[str, int]) -> tuple[Degrees, dict[str, str]]:
-    """'fsdp=1024,tp=4,sp=2' -> (Degrees, other key=value options left for the caller)."""
-    items: dict[str, str] = {}
-    if isinstance(text, Mapping):
-        items = {str(k): str(v) for k, v in text.items()}
-    else:
-        for part in str(text).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "=" not in part:
-                raise PlanError(
-                    f"cannot read plan item {part!r}",
-                    rule="a plan is a comma-separated list of name=value",
-                    fix='write e.g. --plan "fsdp=256,tp=4,microbatch=4,remat=full"',
-                )
-            k, v = part.split("=", 1)
-            items[k.strip().lower()] = v.strip()
-    deg: dict[str, int] = {}
-    rest: dict[str, str] = {}
-    for k, v in items.items():
-        if k in _ALIASES:
-            try:
-                n = int(v)
-            except ValueError:
-                raise PlanError(
-                    f"plan degree {k}={v!r} is not a whole number",
-                    rule="degrees are positive integers",
-                    fix=f"write {k}=4",
-                ) from None
-            if n < 1:
-                raise PlanError(
-                    f"plan degree {k}={n}",
-                    rule="degrees are positive integers (1 = unused)",
-                    fix=f"write {k}=1 or more",
-                )
-            deg[_ALIASES[k]] = n
-        else:
-            rest[k] = v
-    return Degrees(**deg), rest
+def rules_of(structure: Structure, model: ModelSpec) -> Rules:
+    """The rule set of a structure, with the MoE and KV-replication refinements."""
+    d = Degrees(**{s.value: 2 for s in structure.active})
+    r = rules_for(d, sequence_parallel=structure.sequence_parallel)
+    act = dict(r.activations)
+    par = dict(r.params)
+    # inside the MoE block tokens are grouped by expert: the per-expert token slots ("capacity")
+    # keep the batch axes except the expert axis, which now splits the experts
+    cap = tuple(a for a in act.get("batch", ()) if a != "expert")
+    if cap:
+        act["capacity"] = cap
+    if Strategy.TP in structure.active and model.moe is not None:
+        act["expert_mlp"] = ("tensor",)
+        par["expert_mlp"] = ("tensor",)
+    if structure.kv_replicated:
+        act.pop("kv_heads", None)
+        par.pop("kv_heads", None)
+    return Rules(MappingProxyType(act), MappingProxyType(par), r.sequence_parallel)
 
 
 def rules_for(
@@ -198,6 +137,15 @@ def rules_for(
         MappingProxyType(par),
         sequence_parallel=sequence_parallel and deg.tp > 1,
     )
+
+
+def kv_heads_replicated(n_kv_heads: int, has_mla: bool, tp: Any) -> Any:
+    """True where tensor parallelism cannot split the KV heads (tp does not divide them), so
+    the K/V projections are replicated across the tensor axis (Megatron does this; MLA has
+    no KV heads to split). Vectorised over `tp`."""
+    tp = np.asarray(tp)
+    out = (tp > 1) & (not has_mla) & (n_kv_heads % np.maximum(tp, 1) != 0)
+    return bool(out) if out.ndim == 0 else out
 
 
 def partition_spec(

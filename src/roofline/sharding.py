@@ -22,7 +22,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -259,6 +259,30 @@ class Option:
 
 
 @dataclass(frozen=True)
+class GemmShape:
+    """A per-chip GEMM: `count` products C[m, n] = A[m, k] · B[k, n] (floats or arrays)."""
+
+    m: Any
+    n: Any
+    k: Any
+    count: Any = 1.0
+
+
+def gemm_shape(o: Option, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> GemmShape:
+    """The local matmul of option `o` as a GEMM (free dims of each operand, contracting, batch)."""
+    L, R = o.lhs, o.rhs
+
+    def local(s: Spec, dims: Sequence[str]) -> Any:
+        return _prod(sizes[d] / _prod(mesh[a] for a in s.axes_of(d)) for d in dims)
+
+    contracting = [d for d in L.dims if d in R.dims and d not in o.natural_out.dims]
+    batch = [d for d in L.dims if d in R.dims and d in o.natural_out.dims]
+    m = local(L, [d for d in L.dims if d not in R.dims])
+    n = local(R, [d for d in R.dims if d not in L.dims])
+    return GemmShape(m, n, local(L, contracting), local(L, batch))
+
+
+@dataclass(frozen=True)
 class EinsumPlan:
     """The chosen option for one einsum and the costed alternatives.
 
@@ -315,6 +339,18 @@ class EinsumPlan:
     @property
     def collectives(self) -> tuple[Comm, ...]:
         return self.best.comms
+
+    def gemm_shape(self, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> GemmShape:
+        """The per-chip GEMM of the chosen option: C[m, n] = A[m, k] · B[k, n], `count` of them
+        (batch dims shared by both operands, e.g. experts). Arrays when the choice varies."""
+        shapes = [gemm_shape(o, sizes, mesh) for o in self.options]
+        if np.ndim(self.choice) == 0:
+            return shapes[int(self.choice)]
+
+        def pick(f: str) -> Any:
+            return np.choose(self.choice, np.broadcast_arrays(*(getattr(g, f) for g in shapes)))
+
+        return GemmShape(pick("m"), pick("n"), pick("k"), pick("count"))
 
     def to_dict(self) -> dict[str, Any]:
         b = self.best
@@ -404,43 +440,434 @@ def _fmt(x: Any) -> str:
     return f"{float(a):g}" if a.ndim == 0 else f"{a.flat[0]:g}.."
 
 
-def _gather(
-    s: Spec, dim: str, drop: tuple[str, ...], sizes, mesh, comm_fn, why: str, phase: str
-) -> tuple[Spec, Comm]:
-    new = s.with_axes(dim, tuple(a for a in s.axes_of(dim) if a not in drop))
-    return new, _comm(
-        CollectiveKind.ALL_GATHER,
-        drop,
-        s.name,
-        new,
-        sizes,
-        mesh,
-        comm_fn,
-        str(s),
-        str(new),
-        why,
-        phase,
+# -- option choice: the one home of the rule that picks among an einsum's legal options ----
+
+
+def option_cost(compute_s: Any, memory_s: Any, comm_s: Any) -> Any:
+    """What the cheapest-option rule minimises: the roofline time max(compute, memory, comm),
+    ties broken by 1e-3 × their sum (the option that would be cheaper without overlap wins)."""
+    return np.maximum(np.maximum(compute_s, memory_s), comm_s) + 1e-3 * (
+        compute_s + memory_s + comm_s
     )
 
 
-def _comm(
-    kind: CollectiveKind,
-    axes: tuple[str, ...],
-    tensor: str,
-    measured: Spec,
-    sizes,
-    mesh,
-    comm_fn,
-    before: str,
-    after: str,
-    why: str,
-    phase: str,
-) -> Comm:
-    """A Comm whose bytes are `measured`'s local bytes; symbolic (bytes = the Spec) when sizes is None."""
-    if sizes is None:
-        return Comm(kind, axes, tensor, measured, None, before, after, why, phase)
-    b = measured.local_bytes(sizes, mesh)
-    return Comm(kind, axes, tensor, b, comm_fn(kind, b, axes), before, after, why, phase)
+@dataclass(frozen=True)
+class OptionContext:
+    """What an option policy sees for one einsum: the legal options and what each costs.
+
+    `costs[i]` is `option_cost` of option i (an array when the sizes are arrays);
+    `weights` names the operands that are parameters (empty when the caller does not know).
+    """
+
+    lhs: Spec
+    rhs: Spec
+    out: Spec
+    phase: str
+    options: tuple[Option, ...]
+    costs: tuple[Any, ...]
+    weights: frozenset[str] = frozenset()
+
+
+class OptionPolicy(Protocol):
+    """Chooses among an einsum's legal options (all costed by the algebra). Framework profiles
+    plug in here (e.g. "FSDP always gathers weights"); the default takes the cheapest."""
+
+    name: str
+
+    def choose(self, ctx: OptionContext) -> Any:
+        """The index of the chosen option (an int array when the costs are arrays)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Cheapest:
+    """Today's rule: the option with the lowest `option_cost`."""
+
+    name: str = "cheapest"
+
+    def choose(self, ctx: OptionContext) -> Any:
+        return np.argmin(np.stack(np.broadcast_arrays(*ctx.costs)), axis=0)
+
+
+@dataclass(frozen=True)
+class Prefer:
+    """The cheapest option among those `predicate(option, ctx)` accepts; the cheapest of all
+    when it accepts none (the algebra never leaves an einsum without a way to run)."""
+
+    name: str
+    predicate: Callable[[Option, OptionContext], bool]
+
+    def choose(self, ctx: OptionContext) -> Any:
+        ok = np.array([bool(self.predicate(o, ctx)) for o in ctx.options])
+        costs = np.stack(np.broadcast_arrays(*ctx.costs))
+        if ok.any():
+            costs = np.where(ok.reshape((-1,) + (1,) * (costs.ndim - 1)), costs, np.inf)
+        return np.argmin(costs, axis=0)
+
+
+CHEAPEST = Cheapest()
+
+
+def gathers_only_weights(option: Option, ctx: OptionContext) -> bool:
+    """True when every AllGather of the option moves a parameter (or its gradient): the
+    option FSDP implementations take (they gather weights, never activations)."""
+    return all(c.tensor in ctx.weights for c in option.comms if c.kind == CollectiveKind.ALL_GATHER)
+
+
+# -- the algebra ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommStep:
+    """A collective of an option's recipe, before sizes: `array` is the sharded array whose
+    per-chip bytes it moves (collectives.py convention)."""
+
+    kind: CollectiveKind
+    axes: tuple[str, ...]
+    tensor: str
+    array: Spec
+    before: str
+    after: str
+    why: str
+    phase: str
+
+    def describe(self) -> str:
+        return f"{self.kind.value}_{_axes_str(self.axes)}({self.before}) -> {self.after}"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One legal way to compute an einsum, without sizes: collectives before, a local matmul
+    of `lhs` · `rhs` into `natural_out`, collectives after, ending at `out`."""
+
+    lhs: Spec
+    rhs: Spec
+    natural_out: Spec
+    out: Spec
+    steps: tuple[CommStep, ...]
+
+    @property
+    def label(self) -> str:
+        return "; ".join(f"{c.kind.value}({c.tensor})" for c in self.steps) or "local"
+
+    def describe(self) -> str:
+        return "; ".join(c.describe() for c in self.steps) if self.steps else "no communication"
+
+
+def _gather(
+    s: Spec, dim: str, drop: tuple[str, ...], why: str, phase: str
+) -> tuple[Spec, CommStep]:
+    new = s.with_axes(dim, tuple(a for a in s.axes_of(dim) if a not in drop))
+    step = CommStep(
+        CollectiveKind.ALL_GATHER, tuple(drop), s.name, new, str(s), str(new), why, phase
+    )
+    return new, step
+
+
+def _reduce_or_move(
+    kind: CollectiveKind, axes: tuple[str, ...], cur: Spec, new: Spec, why: str, phase: str
+) -> CommStep:
+    """A ReduceScatter / AllReduce / AllToAll of `cur` (its per-chip bytes are `cur`'s)."""
+    return CommStep(kind, tuple(axes), cur.name, cur, str(cur), str(new), why, phase)
+
+
+@dataclass(frozen=True)
+class _Einsum:
+    """The dims of `lhs · rhs -> out` by role (contracting, batch, free on each side)."""
+
+    lhs: Spec
+    rhs: Spec
+    out: Spec
+    phase: str
+
+    @functools.cached_property
+    def contracting(self) -> list[str]:
+        return [d for d in self.lhs.dims if d in self.rhs.dims and d not in self.out.dims]
+
+    @functools.cached_property
+    def batch(self) -> list[str]:
+        return [d for d in self.lhs.dims if d in self.rhs.dims and d in self.out.dims]
+
+    @functools.cached_property
+    def free_l(self) -> list[str]:
+        return [d for d in self.lhs.dims if d not in self.rhs.dims]
+
+    @functools.cached_property
+    def free_r(self) -> list[str]:
+        return [d for d in self.rhs.dims if d not in self.lhs.dims]
+
+    @functools.cached_property
+    def conflict(self) -> list[str]:
+        """Axes on a free dim of both operands (the book's case 4)."""
+        left = {a for d in self.free_l for a in self.lhs.axes_of(d)}
+        right = {a for d in self.free_r for a in self.rhs.axes_of(d)}
+        return sorted(left & right)
+
+    def target_choices(self) -> list[list[tuple[str, ...]]]:
+        """For each contracting/batch dim: the shardings it may meet in (lhs's, rhs's, none,
+        and for batch dims the output's)."""
+        choices = []
+        for d in self.contracting + self.batch:
+            c = [self.lhs.axes_of(d), self.rhs.axes_of(d), ()]
+            if d in self.batch:
+                c.append(self.out.axes_of(d))
+            choices.append(list(dict.fromkeys(c)))
+        return choices
+
+
+@functools.lru_cache(maxsize=8192)
+def _symbolic_options(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> tuple[Recipe, ...]:
+    """Every legal option as a recipe (which arrays move how); bytes and times come later.
+
+    Depends on the shardings only, so it is computed once per distinct einsum and reused
+    for every size and mesh the planner tries.
+    """
+    e = _Einsum(lhs, rhs, out, phase)
+    shared = e.contracting + e.batch
+    recipes: list[Recipe] = []
+    seen: dict[str, int] = {}
+    for targets in itertools.product(*e.target_choices()) if shared else [()]:
+        tax = [a for t in targets for a in t]
+        if len(tax) != len(set(tax)):
+            continue
+        tmap = dict(zip(shared, targets, strict=True))
+        for side_bits in itertools.product((0, 1), repeat=len(e.conflict)):
+            r = _build_recipe(e, tmap, dict(zip(e.conflict, side_bits, strict=True)))
+            if r is None:
+                continue
+            key = r.describe()
+            if key not in seen:
+                seen[key] = len(recipes)
+                recipes.append(r)
+            elif _more_sliced(r, recipes[seen[key]]):
+                # same collectives, operands split further (a batch dim sliced before the
+                # matmul): fewer FLOPs and bytes, so it replaces the other
+                recipes[seen[key]] = r
+    return tuple(recipes)
+
+
+def _more_sliced(a: Recipe, b: Recipe) -> bool:
+    """True if a's local operands are b's split over more mesh axes (a does less local work)."""
+    la = set(a.lhs.used_axes) | set(a.rhs.used_axes)
+    lb = set(b.lhs.used_axes) | set(b.rhs.used_axes)
+    return (
+        la > lb
+        and set(a.lhs.used_axes) >= set(b.lhs.used_axes)
+        and set(a.rhs.used_axes) >= set(b.rhs.used_axes)
+    )
+
+
+def _build_recipe(e: _Einsum, tmap: dict, conflict_side: dict[str, int]) -> Recipe | None:
+    """One option: resolve case-4 conflicts, bring the shared dims to `tmap`, slice free dims
+    the output wants split, multiply locally, then move the natural output to `out`."""
+    steps: list[CommStep] = []
+    sides = [e.lhs, e.rhs]
+    _resolve_conflicts(e, sides, conflict_side, steps)
+    target_axes = {a for t in tmap.values() for a in t}
+    _free_target_axes(e, sides, target_axes, steps)
+    if not _meet_targets(e, sides, tmap, steps):
+        return None
+    _slice_free_dims(e, sides, target_axes)
+    L, R = sides
+    nat_axes = tuple(L.axes_of(d) if d in L.dims else R.axes_of(d) for d in e.out.dims)
+    unreduced = tuple(a for d in e.contracting for a in tmap[d]) + tuple(e.lhs.unreduced)
+    natural = Spec(e.out.name, tuple(e.out.dims), nat_axes, unreduced, e.out.dtype)
+    every = natural.used_axes + natural.unreduced
+    if len(set(every)) != len(every):
+        return None
+    res = _reshard_output(natural, e.out, e.phase)
+    if res is None:
+        return None
+    final, post = res
+    return Recipe(L, R, natural, final, tuple(steps + post))
+
+
+def _resolve_conflicts(
+    e: _Einsum, sides: list[Spec], conflict_side: dict[str, int], steps: list[CommStep]
+) -> None:
+    """Case 4: an axis splits a free dim of both operands; gather it on the chosen side."""
+    for a, side in conflict_side.items():
+        free = e.free_l if side == 0 else e.free_r
+        s = sides[side]
+        d = next(d for d in free if a in s.axes_of(d))
+        why = f"{a} splits free dims of both operands (case 4): gather {s.name}"
+        sides[side], c = _gather(s, d, (a,), why, e.phase)
+        steps.append(c)
+
+
+def _free_target_axes(
+    e: _Einsum, sides: list[Spec], target_axes: set[str], steps: list[CommStep]
+) -> None:
+    """Axes the shared-dim targets need must leave the operands' free dims."""
+    for side, free in ((0, e.free_l), (1, e.free_r)):
+        for d in free:
+            s = sides[side]
+            clash = tuple(a for a in s.axes_of(d) if a in target_axes)
+            if clash:
+                why = f"axis {_axes_str(clash)} is needed on the contracting dim: gather {s.name}'s {d}"
+                sides[side], c = _gather(s, d, clash, why, e.phase)
+                steps.append(c)
+
+
+def _meet_targets(e: _Einsum, sides: list[Spec], tmap: dict, steps: list[CommStep]) -> bool:
+    """Bring the contracting and batch dims of both operands to their target sharding."""
+    for d, t in tmap.items():
+        why = (
+            "contracting dim sharded differently on the two operands (case 2): gather"
+            if d in e.contracting
+            else "batch dim sharded differently: gather"
+        )
+        for side in (0, 1):
+            s = _to_target(sides[side], d, t, e.phase, steps, f"{why} {sides[side].name}")
+            if s is None:
+                return False
+            sides[side] = s
+    return True
+
+
+def _slice_free_dims(e: _Einsum, sides: list[Spec], target_axes: set[str]) -> None:
+    """A free dim the output wants split over an axis no operand uses is sliced locally first
+    (free), so each chip computes only its output block (A[I,J]·B[J,K] -> C[I_X,K_Y] is
+    1/(|X||Y|) of the FLOPs, not a full product sliced afterwards)."""
+    busy = (
+        set(sides[0].used_axes)
+        | set(sides[1].used_axes)
+        | target_axes
+        | set(e.lhs.unreduced)
+        | set(e.rhs.unreduced)
+    )
+    for side, free in ((0, e.free_l), (1, e.free_r)):
+        for d in free:
+            s = sides[side]
+            have, want = s.axes_of(d), e.out.axes_of(d)
+            add = want[len(have) :]
+            if add and want[: len(have)] == have and not busy & set(add):
+                busy |= set(add)
+                sides[side] = s.with_axes(d, want)
+
+
+def _to_target(
+    s: Spec, dim: str, target: tuple[str, ...], phase: str, steps: list[CommStep], why: str
+) -> Spec | None:
+    cur = s.axes_of(dim)
+    drop = tuple(a for a in cur if a not in target)
+    if drop:
+        s, c = _gather(s, dim, drop, why, phase)
+        steps.append(c)
+    add = tuple(a for a in target if a not in s.axes_of(dim))
+    if add:
+        if any(a in s.used_axes for a in add):
+            return None
+        s = s.with_axes(dim, tuple(target))  # local slice of a replicated dim: free
+    return s
+
+
+def _reshard_output(cur: Spec, out: Spec, phase: str) -> tuple[Spec, list[CommStep]] | None:
+    """Move the local matmul's natural output to the requested output: ReduceScatter,
+    AllReduce, AllToAll / AllGather of misplaced axes, then free local slices."""
+    if not set(out.unreduced) <= set(cur.unreduced):
+        return None
+    steps: list[CommStep] = []
+    cur = _reduce(cur, out, phase, steps)
+    cur = _move_axes(cur, out, phase, steps)
+    cur = _slice_to(cur, out, phase, steps)
+    if cur is None or cur.axes != out.axes:
+        return None
+    return cur, steps
+
+
+def _reduce(cur: Spec, out: Spec, phase: str, steps: list[CommStep]) -> Spec:
+    want_unreduced = set(out.unreduced)
+    # ReduceScatter: unreduced axes that the output wants on some dim
+    for d in out.dims:
+        rs = tuple(
+            a
+            for a in out.axes_of(d)
+            if a in cur.unreduced and a not in cur.axes_of(d) and a not in want_unreduced
+        )
+        if rs:
+            new = replace(
+                cur.with_axes(d, cur.axes_of(d) + rs),
+                unreduced=tuple(a for a in cur.unreduced if a not in rs),
+            )
+            why = "partial sums over the contracting axes, output wanted sharded: ReduceScatter"
+            steps.append(_reduce_or_move(CollectiveKind.REDUCE_SCATTER, rs, cur, new, why, phase))
+            cur = new
+    # AllReduce what remains unreduced
+    ar = tuple(a for a in cur.unreduced if a not in want_unreduced)
+    if ar:
+        new = replace(cur, unreduced=tuple(want_unreduced))
+        why = "partial sums over the contracting axes, output wanted replicated: AllReduce"
+        steps.append(_reduce_or_move(CollectiveKind.ALL_REDUCE, ar, cur, new, why, phase))
+        cur = new
+    return cur
+
+
+def _move_axes(cur: Spec, out: Spec, phase: str, steps: list[CommStep]) -> Spec:
+    """Axes on the wrong dim: AllToAll moves a subscript; otherwise AllGather it away."""
+    for d in cur.dims:
+        extra = tuple(a for a in cur.axes_of(d) if a not in out.axes_of(d))
+        for a in extra:
+            dest = next((e for e in out.dims if a in out.axes_of(e) and e != d), None)
+            if dest is not None and a not in cur.axes_of(dest):
+                new = cur.with_axes(d, tuple(x for x in cur.axes_of(d) if x != a)).with_axes(
+                    dest, cur.axes_of(dest) + (a,)
+                )
+                why = f"move subscript {a} from {d} to {dest}: AllToAll"
+                steps.append(_reduce_or_move(CollectiveKind.ALL_TO_ALL, (a,), cur, new, why, phase))
+                cur = new
+            else:
+                cur, c = _gather(cur, d, (a,), "output wanted less sharded: AllGather", phase)
+                steps.append(c)
+    return cur
+
+
+def _slice_to(cur: Spec, out: Spec, phase: str, steps: list[CommStep]) -> Spec | None:
+    """Split dims the output wants split: a free local slice of a replicated dim, or (when the
+    order of the axes differs) an AllGather first."""
+    for d in out.dims:
+        add = tuple(a for a in out.axes_of(d) if a not in cur.axes_of(d))
+        if not add:
+            continue
+        if any(a in cur.used_axes or a in cur.unreduced for a in add):
+            return None
+        have = cur.axes_of(d)
+        if out.axes_of(d)[: len(have)] != have:
+            # I_Y -> I_XY is no local slice (the rows a chip needs live on other chips)
+            why = "output splits the dim in another order: AllGather, then slice"
+            cur, c = _gather(cur, d, have, why, phase)
+            steps.append(c)
+        cur = cur.with_axes(d, out.axes_of(d))  # slicing a replicated dim is free
+    return cur
+
+
+def _numeric(r: Recipe, contracting: Sequence[str], sizes, mesh, comm_fn) -> Option:
+    """Put numbers on a recipe: bytes per chip, collective times, FLOPs and HBM bytes."""
+    comms = []
+    for c in r.steps:
+        b = c.array.local_bytes(sizes, mesh)
+        comms.append(
+            Comm(
+                c.kind,
+                c.axes,
+                c.tensor,
+                b,
+                comm_fn(c.kind, b, c.axes),
+                c.before,
+                c.after,
+                c.why,
+                c.phase,
+            )
+        )
+    L, R, nat = r.lhs, r.rhs, r.natural_out
+    flops = (
+        2.0
+        * nat.local_elements(sizes, mesh)
+        * _prod(sizes[d] / _prod(mesh[a] for a in L.axes_of(d)) for d in contracting)
+    )
+    hbm = L.local_bytes(sizes, mesh) + R.local_bytes(sizes, mesh) + nat.local_bytes(sizes, mesh)
+    t = sum((c.time_s for c in comms), start=0.0)
+    return Option(r.label, L, R, nat, r.out, tuple(comms), flops, hbm, t)
 
 
 def plan_einsum(
@@ -457,23 +884,75 @@ def plan_einsum(
     check_divisible: bool = True,
     allow_conflict: bool = True,
     trusted: bool = False,
+    policy: OptionPolicy = CHEAPEST,
+    weights: frozenset[str] = frozenset(),
 ) -> EinsumPlan:
-    """Cost every legal way to compute `out = lhs · rhs` with the given shardings; pick the cheapest.
+    """Cost every legal way to compute `out = lhs · rhs` with the given shardings; `policy`
+    picks one (default: the cheapest, see `option_cost`).
 
     `mesh` maps axis name -> size (ints or numpy arrays), `sizes` maps dim -> size.
     `allow_conflict=False` turns the book's case 4 (an axis on a free dim of both
     operands) into a ShardingError listing the two legal fixes instead of resolving it.
+    `trusted`: the specs come from rules (the walk), so the checks and the case name are
+    skipped. `weights` names the operands that are parameters (for policies).
     """
-    if trusted:  # specs generated from rules by the planner: already valid, skip the checks
-        return _plan_trusted(
-            lhs, rhs, out, sizes, mesh, comm_fn, peak_flops_per_s, hbm_bw_bytes_per_s, phase
+    e = _Einsum(lhs, rhs, out, phase)
+    if not trusted:
+        _check_einsum(e, sizes, mesh, check_divisible, allow_conflict)
+    options = [
+        _numeric(r, e.contracting, sizes, mesh, comm_fn)
+        for r in _symbolic_options(lhs, rhs, out, phase)
+    ]
+    if not options:
+        raise ShardingError(
+            f"no legal way to compute {lhs} * {rhs} -> {out}",
+            rule="see book sharding.md cases 1-4",
+            fix="shard the output like the inputs' free dims",
         )
-    for s in (lhs, rhs):
-        validate_spec(s, sizes, mesh, check_divisible=check_divisible)
+    comp = [np.asarray(o.flops_per_chip, float) / peak_flops_per_s for o in options]
+    memt = [np.asarray(o.hbm_bytes_per_chip, float) / hbm_bw_bytes_per_s for o in options]
+    if trusted and len(options) == 1 and policy is CHEAPEST:  # nothing to choose
+        choice: Any = 0
+    else:
+        costs = tuple(
+            option_cost(c, m, np.asarray(o.comm_time_s, float))
+            for c, m, o in zip(comp, memt, options, strict=True)
+        )
+        ctx = OptionContext(lhs, rhs, out, phase, tuple(options), costs, weights)
+        choice = policy.choose(ctx)
+    if np.ndim(choice) == 0:
+        choice = int(choice)
+        compute_t, mem_t = _scalar(comp[choice]), _scalar(memt[choice])
+    else:
+        compute_t = np.choose(choice, np.broadcast_arrays(*comp))
+        mem_t = np.choose(choice, np.broadcast_arrays(*memt))
+    if trusted:  # the walk: no report fields (they cost array arithmetic per einsum)
+        return EinsumPlan("", lhs, rhs, out, "", tuple(options), choice, compute_t, mem_t)
     expr = f"{lhs} * {rhs} -> {out}"
-    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
-    free_l = [d for d in lhs.dims if d not in rhs.dims]
-    free_r = [d for d in rhs.dims if d not in lhs.dims]
+    case = _case_name(lhs, rhs, e.contracting, e.conflict)
+    rep = _prod(mesh[a] for a in mesh) / _prod(mesh[a] for a in out.used_axes + out.unreduced)
+    return EinsumPlan(
+        expr, lhs, rhs, out, case, tuple(options), choice, compute_t, mem_t, rep, sizes, mesh
+    )
+
+
+def _scalar(x: Any) -> Any:
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def _check_einsum(
+    e: _Einsum,
+    sizes: Mapping[str, Any],
+    mesh: Mapping[str, Any],
+    divisible: bool,
+    conflict_ok: bool,
+) -> None:
+    """ShardingError for an invalid einsum: bad specs, output dims from nowhere, a dim in one
+    operand only that the output drops, or (when not allowed) the book's case 4."""
+    lhs, rhs, out = e.lhs, e.rhs, e.out
+    for s in (lhs, rhs):
+        validate_spec(s, sizes, mesh, check_divisible=divisible)
+    expr = f"{lhs} * {rhs} -> {out}"
     for d in out.dims:
         if d not in lhs.dims and d not in rhs.dims:
             raise ShardingError(
@@ -481,117 +960,32 @@ def plan_einsum(
                 rule="einsum outputs come from the inputs",
                 fix=f"remove {d} from the output",
             )
-    for d in (*free_l, *free_r):
+    for d in (*e.free_l, *e.free_r):
         if d not in out.dims:
             raise ShardingError(
                 f"dim {d!r} appears in one input only and not in the output of {expr}",
                 rule="a dim in one operand only must be kept in the output (sums over one operand are not matmuls)",
                 fix=f"add {d} to the output",
             )
-
-    conflict = sorted(
-        set(a for d in free_l for a in lhs.axes_of(d))
-        & set(a for d in free_r for a in rhs.axes_of(d))
-    )
-    if conflict and not allow_conflict:
-        a = conflict[0]
-        dl = next(d for d in free_l if a in lhs.axes_of(d))
-        dr = next(d for d in free_r if a in rhs.axes_of(d))
-        lg = lhs.with_axes(dl, tuple(x for x in lhs.axes_of(dl) if x != a))
-        rg = rhs.with_axes(dr, tuple(x for x in rhs.axes_of(dr) if x != a))
-        out1 = out.with_axes(dl, tuple(x for x in out.axes_of(dl) if x != a))
-        out2 = out.with_axes(dr, tuple(x for x in out.axes_of(dr) if x != a))
-        raise ShardingError(
-            f"{expr} is invalid: mesh axis {a} splits the non-contracting dim {dl} of {lhs.name} and {dr} of {rhs.name}, "
-            f"so the output would use {a} twice",
-            rule="book sharding.md case 4: both operands may not shard a non-contracting dim on the same axis",
-            fix=f"AllGather_{a} {lhs.name} first ({lg} * {rhs} -> {out1}) or AllGather_{a} {rhs.name} first ({lhs} * {rg} -> {out2})",
-        )
-
-    validate_spec(out, sizes, mesh, check_divisible=check_divisible)
-    sym = _symbolic_options(lhs, rhs, out, phase)
-    options = [_numeric(o, contracting, sizes, mesh, comm_fn) for o in sym]
-    if not options:
-        raise ShardingError(
-            f"no legal way to compute {expr}",
-            rule="see book sharding.md cases 1-4",
-            fix="shard the output like the inputs' free dims",
-        )
-    case = _case_name(lhs, rhs, contracting, conflict)
-    times = [np.asarray(o.comm_time_s, float) for o in options]
-    # compute/memory time depend on local shapes, which differ only by what was gathered
-    comp = [np.asarray(o.flops_per_chip, float) / peak_flops_per_s for o in options]
-    memt = [np.asarray(o.hbm_bytes_per_chip, float) / hbm_bw_bytes_per_s for o in options]
-    totals = [
-        np.maximum(np.maximum(c, m), t) + 1e-3 * (c + m + t)
-        for c, m, t in zip(comp, memt, times, strict=True)
-    ]
-    stacked = np.stack(np.broadcast_arrays(*totals))
-    choice = np.argmin(stacked, axis=0)
-    if choice.ndim == 0:
-        choice = int(choice)
-        compute_t, mem_t = comp[choice], memt[choice]
-        compute_t, mem_t = (
-            float(compute_t) if np.ndim(compute_t) == 0 else compute_t,
-            float(mem_t) if np.ndim(mem_t) == 0 else mem_t,
-        )
-    else:
-        compute_t = np.choose(choice, np.broadcast_arrays(*comp))
-        mem_t = np.choose(choice, np.broadcast_arrays(*memt))
-    rep = _prod(mesh[a] for a in mesh) / _prod(mesh[a] for a in out.used_axes + out.unreduced)
-    return EinsumPlan(
-        expr,
-        lhs,
-        rhs,
-        out,
-        case,
-        tuple(options),
-        choice,
-        compute_t,
-        mem_t,
-        rep,
-        dict(sizes),
-        dict(mesh),
-    )
+    if e.conflict and not conflict_ok:
+        raise _case4_error(e, expr)
+    validate_spec(out, sizes, mesh, check_divisible=divisible)
 
 
-def _plan_trusted(lhs, rhs, out, sizes, mesh, comm_fn, peak, hbm, phase) -> EinsumPlan:
-    contracting = tuple(d for d in lhs.dims if d in rhs.dims and d not in out.dims)
-    sym = _symbolic_options(lhs, rhs, out, phase)
-    options = [_numeric(o, contracting, sizes, mesh, comm_fn) for o in sym]
-    if len(options) == 1:
-        o = options[0]
-        return EinsumPlan(
-            "",
-            lhs,
-            rhs,
-            out,
-            "",
-            tuple(options),
-            0,
-            o.flops_per_chip / peak,
-            o.hbm_bytes_per_chip / hbm,
-        )
-    comp = [o.flops_per_chip / peak for o in options]
-    memt = [o.hbm_bytes_per_chip / hbm for o in options]
-    totals = [
-        np.maximum(np.maximum(c, m), o.comm_time_s) + 1e-3 * (c + m + o.comm_time_s)
-        for c, m, o in zip(comp, memt, options, strict=True)
-    ]
-    choice = np.argmin(np.stack(np.broadcast_arrays(*totals)), axis=0)
-    if np.ndim(choice) == 0:
-        choice = int(choice)
-        return EinsumPlan("", lhs, rhs, out, "", tuple(options), choice, comp[choice], memt[choice])
-    return EinsumPlan(
-        "",
-        lhs,
-        rhs,
-        out,
-        "",
-        tuple(options),
-        choice,
-        np.choose(choice, np.broadcast_arrays(*comp)),
-        np.choose(choice, np.broadcast_arrays(*memt)),
+def _case4_error(e: _Einsum, expr: str) -> ShardingError:
+    lhs, rhs, out = e.lhs, e.rhs, e.out
+    a = e.conflict[0]
+    dl = next(d for d in e.free_l if a in lhs.axes_of(d))
+    dr = next(d for d in e.free_r if a in rhs.axes_of(d))
+    lg = lhs.with_axes(dl, tuple(x for x in lhs.axes_of(dl) if x != a))
+    rg = rhs.with_axes(dr, tuple(x for x in rhs.axes_of(dr) if x != a))
+    out1 = out.with_axes(dl, tuple(x for x in out.axes_of(dl) if x != a))
+    out2 = out.with_axes(dr, tuple(x for x in out.axes_of(dr) if x != a))
+    return ShardingError(
+        f"{expr} is invalid: mesh axis {a} splits the non-contracting dim {dl} of {lhs.name} and {dr} of {rhs.name}, "
+        f"so the output would use {a} twice",
+        rule="book sharding.md case 4: both operands may not shard a non-contracting dim on the same axis",
+        fix=f"AllGather_{a} {lhs.name} first ({lg} * {rhs} -> {out1}) or AllGather_{a} {rhs.name} first ({lhs} * {rg} -> {out2})",
     )
 
 
@@ -605,394 +999,6 @@ def _case_name(lhs: Spec, rhs: Spec, contracting: list[str], conflict: list[str]
     if ls and rs and all(lhs.axes_of(d) == rhs.axes_of(d) for d in contracting):
         return "3: both operands sharded on the contracting dim (partial sums, then AllReduce/ReduceScatter)"
     return "2: one operand sharded on the contracting dim (AllGather it, or slice the other and reduce)"
-
-
-@functools.lru_cache(maxsize=8192)
-def _symbolic_options(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> tuple[Option, ...]:
-    """Every legal option as a recipe (which arrays move how); bytes and times come later.
-
-    Depends on the shardings only, so it is computed once per distinct einsum and reused
-    for every size and mesh the planner tries.
-    """
-    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
-    batch_dims = [d for d in lhs.dims if d in rhs.dims and d in out.dims]
-    free_l = [d for d in lhs.dims if d not in rhs.dims]
-    free_r = [d for d in rhs.dims if d not in lhs.dims]
-    return tuple(
-        _enumerate_options(
-            lhs, rhs, out, contracting, batch_dims, free_l, free_r, None, None, None, phase
-        )
-    )
-
-
-def _numeric(o: Option, contracting: list[str], sizes, mesh, comm_fn) -> Option:
-    """Put numbers on a symbolic option: bytes per chip, collective times, FLOPs and HBM bytes."""
-    comms = []
-    for c in o.comms:
-        b = c.bytes_per_chip.local_bytes(sizes, mesh)
-        comms.append(
-            Comm(
-                c.kind,
-                c.axes,
-                c.tensor,
-                b,
-                comm_fn(c.kind, b, c.axes),
-                c.before,
-                c.after,
-                c.why,
-                c.phase,
-            )
-        )
-    L, R, nat = o.lhs, o.rhs, o.natural_out
-    flops = (
-        2.0
-        * nat.local_elements(sizes, mesh)
-        * _prod(sizes[d] / _prod(mesh[a] for a in L.axes_of(d)) for d in contracting)
-    )
-    hbm = L.local_bytes(sizes, mesh) + R.local_bytes(sizes, mesh) + nat.local_bytes(sizes, mesh)
-    t = sum((c.time_s for c in comms), start=0.0)
-    return Option(o.label, L, R, nat, o.out, tuple(comms), flops, hbm, t)
-
-
-def _enumerate_options(
-    lhs, rhs, out, contracting, batch_dims, free_l, free_r, sizes, mesh, comm_fn, phase
-) -> list[Option]:
-    options: list[Option] = []
-    seen: dict[str, int] = {}
-    # targets for each contracting/batch dim: the lhs sharding, the rhs sharding, or none
-    shared = contracting + batch_dims
-    choices = []
-    for d in shared:
-        c = [lhs.axes_of(d), rhs.axes_of(d), ()]
-        if d in batch_dims:
-            c.append(out.axes_of(d))
-        uniq: list[tuple[str, ...]] = []
-        for x in c:
-            if x not in uniq:
-                uniq.append(x)
-        choices.append(uniq)
-    conflict = sorted(
-        set(a for d in free_l for a in lhs.axes_of(d))
-        & set(a for d in free_r for a in rhs.axes_of(d))
-    )
-    for targets in itertools.product(*choices) if shared else [()]:
-        tmap = dict(zip(shared, targets, strict=True))
-        tax = [a for t in targets for a in t]
-        if len(tax) != len(set(tax)):
-            continue
-        for side_bits in itertools.product((0, 1), repeat=len(conflict)):
-            opt = _build_option(
-                lhs,
-                rhs,
-                out,
-                tmap,
-                contracting,
-                batch_dims,
-                free_l,
-                free_r,
-                dict(zip(conflict, side_bits, strict=True)),
-                sizes,
-                mesh,
-                comm_fn,
-                phase,
-            )
-            if opt is None:
-                continue
-            key = opt.describe()
-            if key not in seen:
-                seen[key] = len(options)
-                options.append(opt)
-            elif _more_sliced(opt, options[seen[key]]):
-                # same collectives, operands split further (a batch dim sliced before the
-                # matmul): fewer FLOPs and bytes, so it replaces the other
-                options[seen[key]] = opt
-    return options
-
-
-def _more_sliced(a: Option, b: Option) -> bool:
-    """True if a's local operands are b's split over more mesh axes (a does less local work)."""
-    la, lb = (
-        set(a.lhs.used_axes) | set(a.rhs.used_axes),
-        set(b.lhs.used_axes) | set(b.rhs.used_axes),
-    )
-    return (
-        la > lb
-        and set(a.lhs.used_axes) >= set(b.lhs.used_axes)
-        and set(a.rhs.used_axes) >= set(b.rhs.used_axes)
-    )
-
-
-def _to_target(
-    s: Spec,
-    dim: str,
-    target: tuple[str, ...],
-    sizes,
-    mesh,
-    comm_fn,
-    phase,
-    comms: list[Comm],
-    why: str,
-) -> Spec | None:
-    cur = s.axes_of(dim)
-    drop = tuple(a for a in cur if a not in target)
-    if drop:
-        s, c = _gather(s, dim, drop, sizes, mesh, comm_fn, why, phase)
-        comms.append(c)
-    add = tuple(a for a in target if a not in s.axes_of(dim))
-    if add:
-        if any(a in s.used_axes for a in add):
-            return None
-        s = s.with_axes(dim, tuple(target))  # local slice of a replicated dim: free
-    return s
-
-
-def _build_option(
-    lhs,
-    rhs,
-    out,
-    tmap,
-    contracting,
-    batch_dims,
-    free_l,
-    free_r,
-    conflict_side,
-    sizes,
-    mesh,
-    comm_fn,
-    phase,
-) -> Option | None:
-    comms: list[Comm] = []
-    L, R = lhs, rhs
-    # 1. free-dim conflicts (case 4): gather the chosen side's free dim over the axis
-    for a, side in conflict_side.items():
-        if side == 0:
-            d = next(d for d in free_l if a in L.axes_of(d))
-            L, c = _gather(
-                L,
-                d,
-                (a,),
-                sizes,
-                mesh,
-                comm_fn,
-                f"{a} splits free dims of both operands (case 4): gather {L.name}",
-                phase,
-            )
-        else:
-            d = next(d for d in free_r if a in R.axes_of(d))
-            R, c = _gather(
-                R,
-                d,
-                (a,),
-                sizes,
-                mesh,
-                comm_fn,
-                f"{a} splits free dims of both operands (case 4): gather {R.name}",
-                phase,
-            )
-        comms.append(c)
-    # 2. axes that the shared-dim targets need must leave the operands' free dims
-    target_axes = {a for t in tmap.values() for a in t}
-    for S_, free in ((0, free_l), (1, free_r)):
-        for d in free:
-            s = L if S_ == 0 else R
-            clash = tuple(a for a in s.axes_of(d) if a in target_axes)
-            if clash:
-                s, c = _gather(
-                    s,
-                    d,
-                    clash,
-                    sizes,
-                    mesh,
-                    comm_fn,
-                    f"axis {_axes_str(clash)} is needed on the contracting dim: gather {s.name}'s {d}",
-                    phase,
-                )
-                comms.append(c)
-                if S_ == 0:
-                    L = s
-                else:
-                    R = s
-    # 3. bring contracting and batch dims of both operands to the target
-    for d, t in tmap.items():
-        why = (
-            "contracting dim sharded differently on the two operands (case 2): gather"
-            if d in contracting
-            else "batch dim sharded differently: gather"
-        )
-        L2 = _to_target(L, d, t, sizes, mesh, comm_fn, phase, comms, f"{why} {L.name}")
-        R2 = _to_target(R, d, t, sizes, mesh, comm_fn, phase, comms, f"{why} {R.name}")
-        if L2 is None or R2 is None:
-            return None
-        L, R = L2, R2
-    # 3b. a free dim the output wants split over an axis no operand uses: slice it locally
-    # first (free), so each chip computes only its output block (A[I,J]·B[J,K] -> C[I_X,K_Y]
-    # is 1/(|X||Y|) of the FLOPs, not a full product sliced afterwards)
-    busy = (
-        set(L.used_axes) | set(R.used_axes) | target_axes | set(lhs.unreduced) | set(rhs.unreduced)
-    )
-    for S_, free in ((0, free_l), (1, free_r)):
-        for d in free:
-            s = L if S_ == 0 else R
-            have, want = s.axes_of(d), out.axes_of(d)
-            add = want[len(have) :]
-            if add and want[: len(have)] == have and not busy & set(add):
-                busy |= set(add)
-                if S_ == 0:
-                    L = s.with_axes(d, want)
-                else:
-                    R = s.with_axes(d, want)
-    # 4. local matmul -> natural output
-    nat_dims = tuple(out.dims)
-    nat_axes = []
-    for d in nat_dims:
-        nat_axes.append(L.axes_of(d) if d in L.dims else R.axes_of(d))
-    unreduced = tuple(a for d in contracting for a in tmap[d]) + tuple(lhs.unreduced)
-    natural = Spec(out.name, nat_dims, tuple(nat_axes), unreduced, out.dtype)
-    if len(set(natural.used_axes + natural.unreduced)) != len(
-        natural.used_axes + natural.unreduced
-    ):
-        return None
-    if sizes is None:
-        flops = hbm = 0.0
-    else:
-        flops = (
-            2.0
-            * natural.local_elements(sizes, mesh)
-            * _prod(sizes[d] / _prod(mesh[a] for a in tmap[d]) for d in contracting)
-        )
-        hbm = (
-            L.local_bytes(sizes, mesh)
-            + R.local_bytes(sizes, mesh)
-            + natural.local_bytes(sizes, mesh)
-        )
-    # 5. move the natural output to the requested output
-    cur = natural
-    res = _reshard_output(cur, out, sizes, mesh, comm_fn, phase)
-    if res is None:
-        return None
-    cur, post = res
-    comms += post
-    t = 0.0 if sizes is None else sum((c.time_s for c in comms), start=0.0)
-    label = "; ".join(f"{c.kind.value}({c.tensor})" for c in comms) or "local"
-    return Option(label, L, R, natural, cur, tuple(comms), flops, hbm, t)
-
-
-def _reshard_output(
-    cur: Spec, out: Spec, sizes, mesh, comm_fn, phase
-) -> tuple[Spec, list[Comm]] | None:
-    comms: list[Comm] = []
-    want_unreduced = set(out.unreduced)
-    if not want_unreduced <= set(cur.unreduced):
-        return None
-    # ReduceScatter: unreduced axes that the output wants on some dim
-    for d in out.dims:
-        rs = tuple(
-            a
-            for a in out.axes_of(d)
-            if a in cur.unreduced and a not in cur.axes_of(d) and a not in want_unreduced
-        )
-        if rs:
-            new = replace(
-                cur.with_axes(d, cur.axes_of(d) + rs),
-                unreduced=tuple(a for a in cur.unreduced if a not in rs),
-            )
-            comms.append(
-                _comm(
-                    CollectiveKind.REDUCE_SCATTER,
-                    rs,
-                    cur.name,
-                    cur,
-                    sizes,
-                    mesh,
-                    comm_fn,
-                    str(cur),
-                    str(new),
-                    "partial sums over the contracting axes, output wanted sharded: ReduceScatter",
-                    phase,
-                )
-            )
-            cur = new
-    # AllReduce what remains unreduced
-    ar = tuple(a for a in cur.unreduced if a not in want_unreduced)
-    if ar:
-        new = replace(cur, unreduced=tuple(want_unreduced))
-        comms.append(
-            _comm(
-                CollectiveKind.ALL_REDUCE,
-                ar,
-                cur.name,
-                cur,
-                sizes,
-                mesh,
-                comm_fn,
-                str(cur),
-                str(new),
-                "partial sums over the contracting axes, output wanted replicated: AllReduce",
-                phase,
-            )
-        )
-        cur = new
-    # Axes on the wrong dim: AllToAll moves a subscript; otherwise AllGather / free slice
-    for d in cur.dims:
-        extra = tuple(a for a in cur.axes_of(d) if a not in out.axes_of(d))
-        for a in extra:
-            dest = next((e for e in out.dims if a in out.axes_of(e) and e != d), None)
-            if dest is not None and a not in cur.axes_of(dest):
-                new = cur.with_axes(d, tuple(x for x in cur.axes_of(d) if x != a)).with_axes(
-                    dest, cur.axes_of(dest) + (a,)
-                )
-                comms.append(
-                    _comm(
-                        CollectiveKind.ALL_TO_ALL,
-                        (a,),
-                        cur.name,
-                        cur,
-                        sizes,
-                        mesh,
-                        comm_fn,
-                        str(cur),
-                        str(new),
-                        f"move subscript {a} from {d} to {dest}: AllToAll",
-                        phase,
-                    )
-                )
-                cur = new
-            else:
-                new, c = _gather(
-                    cur,
-                    d,
-                    (a,),
-                    sizes,
-                    mesh,
-                    comm_fn,
-                    "output wanted less sharded: AllGather",
-                    phase,
-                )
-                comms.append(c)
-                cur = new
-    for d in out.dims:
-        add = tuple(a for a in out.axes_of(d) if a not in cur.axes_of(d))
-        if add:
-            if any(a in cur.used_axes or a in cur.unreduced for a in add):
-                return None
-            have = cur.axes_of(d)
-            if out.axes_of(d)[: len(have)] != have:
-                # I_Y -> I_XY is no local slice (the rows a chip needs live on other chips)
-                cur, c = _gather(
-                    cur,
-                    d,
-                    have,
-                    sizes,
-                    mesh,
-                    comm_fn,
-                    "output splits the dim in another order: AllGather, then slice",
-                    phase,
-                )
-                comms.append(c)
-            cur = cur.with_axes(d, out.axes_of(d))  # slicing a replicated dim is free
-    if cur.axes != out.axes:
-        return None
-    return cur, comms
 
 
 def backward_specs(

@@ -1,26 +1,27 @@
-"""Training step cost: the sharding algebra applied to every ledger row, forward and backward.
+"""Training step: the walk's records laid on a timeline, memory per chip, MFU, run time and cost.
 
-A plan (mesh degrees + rule set + schedule) turns each ledger op into three sharded
-einsums (forward, d_lhs, d_rhs; book training.md Appendix A). The algebra picks each
-einsum's collectives; this module only adds them up on a timeline:
+The walk (`walk.py`) turns each ledger row into per-chip records for the forward, d_lhs and
+d_rhs einsums (book training.md Appendix A) and `walk.Totals` sums them by field. This
+module decides what overlaps with what (docs/architecture.md, "The timeline"):
 
-- compute: per-op roofline max(FLOPs/(peak·eff), bytes/(HBM·eff)), remat recompute added;
-- FSDP weight gathers are prefetched a layer ahead and weight-gradient reductions run
-  behind the backward pass: exposed = max(0, their time − compute);
-- tensor/sequence-parallel and expert all-to-all collectives sit on the critical path
-  (unless collective matmul overlaps TP with its matmul);
+- compute: per-op roofline max(FLOPs/(peak·eff), bytes/(HBM·eff)); remat reruns the forward
+  of the ops whose `rerun_by` holds the plan's policy;
+- weight gathers (prefetched a layer ahead) and per-microbatch gradient reductions run
+  behind compute: exposed = max(0, their time − compute);
+- tensor, sequence and expert traffic and other activation collectives sit on the critical
+  path (unless collective matmul overlaps TP with its matmul, or `overlap_ep` the expert
+  all-to-alls with compute);
 - data-parallel gradient reduction happens once per step, behind the last microbatch's backward;
 - pipeline: bubble (p−1)/v over M microbatches (GPipe / 1F1B / interleaved) plus p2p hops;
 - the optimizer update streams params, grads and state once through HBM.
 
-All arithmetic is vectorised over candidate plans (numpy arrays, one entry per
-candidate) so the planner evaluates thousands at once; `evaluate_plan` is the
-one-candidate case with the details kept.
+All arithmetic is vectorised over candidate plans (numpy arrays, one entry per candidate)
+so the planner evaluates thousands at once; `evaluate_plan` is the one-candidate case with
+the details kept.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -29,174 +30,82 @@ from typing import Any
 
 import numpy as np
 
-from roofline.cost import Reasons, Structure, layer_terms
-from roofline.errors import PlanError, RooflineError
-from roofline.ledger import Causal, count_params
-from roofline.memory import OptimizerPolicy, Remat, RematKind, parse_optimizer, parse_remat
-from roofline.rules import Degrees, Strategy, parse_degrees
+from roofline.errors import PlanError
+from roofline.feasibility import plan_problems
+from roofline.ledger import count_params
+from roofline.memory import (
+    TrainingMemory,
+    fsdp_gathered_bytes,
+    minimum_memory_bytes,
+    persistent_bytes,
+)
+from roofline.rules import Structure, kv_heads_replicated
+from roofline.sharding import CHEAPEST, OptionPolicy
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.model import ModelSpec
+from roofline.specs.plan import (
+    OptimizerPolicy,
+    Phase,
+    Plan,
+    Remat,
+    RematKind,
+    Schedule,
+    Strategy,
+    Workload,
+    parse_optimizer,
+    parse_plan,
+)
 from roofline.specs.system import System
 from roofline.units import DAY
+from roofline.walk import (
+    MeshRows,
+    Overlap,
+    Totals,
+    Walk,
+    WalkOptions,
+    ledger_for,
+    walk_rows,
+)
+
+__all__ = [
+    "Candidates",
+    "Plan",
+    "Schedule",
+    "StepArrays",
+    "StepCost",
+    "Structure",
+    "Workload",
+    "assumed_mfu_run",
+    "balance_batch",
+    "candidates_of",
+    "evaluate_plan",
+    "evaluate_plans",
+    "model_flops",
+    "parse_plan",
+    "run_cost_usd",
+    "step_terms",
+    "structure_of",
+]
+
+# MFU is reported against the bf16 peak (the convention of every published training run).
+MFU_PEAK_DTYPE = "bf16"
 
 
-class Schedule(enum.StrEnum):
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
+def model_flops(model: ModelSpec, tokens: Any) -> Any:
+    """6·N·tokens with N the ACTIVE parameters (book transformers.md; MoE: top-k experts)."""
+    return 6.0 * count_params(model).active * tokens
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How to run a step: strategy degrees, microbatches, remat, ZeRO stage, pipeline schedule."""
-
-    degrees: Degrees
-    microbatches: int = 1
-    remat: Remat = field(default_factory=Remat)
-    zero: int = 1  # ZeRO stage over the `data` axis (the `fsdp` axis is stage 3 by definition)
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    virtual_stages: int = 1  # interleaved schedule: model chunks per pipeline stage
-    sequence_parallel: bool = False  # Megatron SP: TP AllReduce -> ReduceScatter + AllGather
-    collective_matmul: bool = False  # overlap TP collectives with their matmuls
-    overlap_ep: bool = False  # hide the expert all-to-alls behind compute (DeepSeek's DualPipe)
-    optimizer: OptimizerPolicy = field(default_factory=lambda: parse_optimizer("adam-bf16"))
-
-    def describe(self) -> str:
-        d = self.degrees
-        parts = [
-            f"{s.value}={getattr(d, s.value)}" for s in Strategy if getattr(d, s.value) > 1
-        ] or ["dp=1"]
-        parts.append(f"microbatch={self.microbatches}")
-        parts.append(f"remat={self.remat}")
-        if d.dp > 1:
-            parts.append(f"zero={self.zero}")
-        if d.pp > 1:
-            parts.append(
-                f"schedule={self.schedule.value}"
-                + (
-                    f",virtual={self.virtual_stages}"
-                    if self.schedule == Schedule.INTERLEAVED
-                    else ""
-                )
-            )
-        if self.sequence_parallel:
-            parts.append("megatron_sp=1")
-        if self.collective_matmul:
-            parts.append("collective_matmul=1")
-        if self.overlap_ep:
-            parts.append("overlap_ep=1")
-        return ",".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = self.degrees
-        return {
-            "spec": self.describe(),
-            **{s.value: getattr(d, s.value) for s in Strategy},
-            "microbatches": self.microbatches,
-            "remat": str(self.remat),
-            "zero": self.zero,
-            "schedule": self.schedule.value,
-            "virtual_stages": self.virtual_stages,
-            "sequence_parallel": self.sequence_parallel,
-            "collective_matmul": self.collective_matmul,
-            "overlap_ep": self.overlap_ep,
-            "optimizer": self.optimizer.name,
-            "mesh_axes": [list(a) for a in d.mesh_axes()],
-        }
-
-
-def parse_plan(text: str) -> Plan:
-    """'fsdp=1024,tp=4,sp=2,microbatch=4,remat=full' -> Plan (unknown keys are errors)."""
-    deg, rest = parse_degrees(text)
-    kw: dict[str, Any] = {}
-    for k, v in rest.items():
-        try:
-            if k in ("microbatch", "microbatches", "mb", "accum", "grad_accum"):
-                kw["microbatches"] = int(v)
-            elif k == "remat":
-                kw["remat"] = parse_remat(v)
-            elif k == "zero":
-                kw["zero"] = int(v)
-            elif k == "schedule":
-                kw["schedule"] = Schedule(v.lower())
-            elif k in ("virtual", "virtual_stages", "v"):
-                kw["virtual_stages"] = int(v)
-            elif k in ("megatron_sp", "sequence_parallel", "seqpar"):
-                kw["sequence_parallel"] = v.lower() in ("1", "true", "yes", "on")
-            elif k in ("collective_matmul", "cm"):
-                kw["collective_matmul"] = v.lower() in ("1", "true", "yes", "on")
-            elif k in ("overlap_ep", "dualpipe"):
-                kw["overlap_ep"] = v.lower() in ("1", "true", "yes", "on")
-            elif k in ("optimizer", "opt"):
-                kw["optimizer"] = parse_optimizer(v)
-            else:
-                raise PlanError(
-                    f"unknown plan key {k!r}",
-                    rule="plan keys: dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, collective_matmul, overlap_ep, optimizer",
-                    fix='write e.g. --plan "fsdp=256,tp=4,microbatch=4,remat=full"',
-                )
-        except ValueError:
-            raise PlanError(
-                f"plan value {k}={v!r} cannot be read",
-                rule="numbers are integers; schedule is gpipe, 1f1b or interleaved",
-                fix=f"correct {k}",
-            ) from None
-    if kw.get("microbatches", 1) < 1:
-        raise PlanError(
-            f"microbatch={kw['microbatches']}",
-            rule="at least one microbatch",
-            fix="write microbatch=1 or more",
-        )
-    if kw.get("zero", 1) not in (0, 1, 2, 3):
-        raise PlanError(
-            f"zero={kw['zero']}", rule="ZeRO stages are 0, 1, 2 or 3", fix="write zero=1"
-        )
-    if kw.get("zero") == 3 and deg.dp > 1:  # ZeRO-3 over the data axis is FSDP
-        deg = replace(deg, fsdp=deg.fsdp * deg.dp, dp=1)
-    return Plan(deg, **kw)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Global batch (tokens per optimizer step), sequence length, and run length in tokens."""
-
-    batch_tokens: float
-    seq_len: int
-    total_tokens: float = 0.0
-    causal: Causal = Causal.HALF
-
-    def __post_init__(self) -> None:
-        if self.seq_len <= 0 or self.batch_tokens <= 0 or self.total_tokens < 0:
-            raise RooflineError(
-                f"batch_tokens={self.batch_tokens}, seq_len={self.seq_len}, tokens={self.total_tokens}",
-                rule="batch and sequence length are positive, run tokens non-negative",
-                fix="give positive sizes",
-            )
-        if self.batch_tokens < self.seq_len:
-            raise RooflineError(
-                f"batch of {self.batch_tokens:g} tokens is shorter than one {self.seq_len}-token sequence",
-                rule="a batch holds at least one sequence",
-                fix="raise --batch-tokens or lower --seq",
-            )
-        for name, v, cap in (
-            ("batch_tokens", self.batch_tokens, 1e13),
-            ("seq_len", self.seq_len, 1e9),
-            ("tokens", self.total_tokens, 1e18),
-        ):
-            if not math.isfinite(v) or v > cap:
-                raise RooflineError(
-                    f"{name} = {v:g} is beyond any training run",
-                    rule=f"{name} is at most {cap:g}",
-                    fix=f"check the units of {name} (e.g. 4M tokens per step, 15T tokens per run)",
-                )
-
-    @property
-    def sequences(self) -> float:
-        return self.batch_tokens / self.seq_len
+def run_cost_usd(seconds: Any, n_chips: Any, usd_per_chip_hour: Any) -> Any:
+    """Dollars for `seconds` on `n_chips` at a price per chip-hour (None without a price;
+    arrays with NaN where a price is missing)."""
+    if usd_per_chip_hour is None:
+        return None
+    return seconds / 3600 * n_chips * usd_per_chip_hour
 
 
 # --------------------------------------------------------------------------------------
-# Vectorised evaluation
+# Candidates and results (arrays)
 # --------------------------------------------------------------------------------------
 
 
@@ -207,11 +116,10 @@ class Candidates:
     deg: dict[Strategy, np.ndarray]
     microbatches: np.ndarray
     zero: np.ndarray
-    schedule: np.ndarray  # 0 gpipe, 1 1f1b, 2 interleaved
+    schedule: np.ndarray  # Schedule.code per candidate (see specs.plan.SCHEDULE_OF_CODE)
     virtual: np.ndarray
-    system_idx: np.ndarray | None = (
-        None  # which of several systems (sub-slices) each candidate runs on
-    )
+    # which of several systems (sub-slices) each candidate runs on
+    system_idx: np.ndarray | None = None
     remat_idx: np.ndarray | None = None  # index into the remat list given to evaluate_plans
     collective_matmul: np.ndarray | None = None  # bool per candidate
     overlap_ep: np.ndarray | None = None  # bool per candidate (default: exposed)
@@ -220,7 +128,38 @@ class Candidates:
         return len(self.microbatches)
 
 
-@dataclass(frozen=True)
+class Reasons:
+    """Why each candidate is infeasible, rendered lazily (most candidates never need the text)."""
+
+    def __init__(self, mesh_reason, mesh_bad, over, mem, cap: float) -> None:
+        self.mesh_reason, self.mesh_bad, self.over, self.mem, self.cap = (
+            mesh_reason,
+            mesh_bad,
+            over,
+            mem,
+            cap,
+        )
+
+    def __getitem__(self, i: int) -> str:
+        if self.mesh_bad[i]:
+            return str(self.mesh_reason[i])
+        if self.over[i]:
+            return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB"
+        return ""
+
+    def counts(self) -> dict[str, int]:
+        """Rejections by reason (HBM counted as one reason, each mesh error as its own)."""
+        out: dict[str, int] = {}
+        n_over = int(self.over.sum())
+        if n_over:
+            out["does not fit HBM"] = n_over
+        n_mesh = int(self.mesh_bad.sum())
+        if n_mesh:
+            out["mesh does not fit the topology"] = n_mesh
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepArrays:
     """Per-candidate step results (arrays). Times in seconds, memory in bytes per chip."""
 
@@ -230,8 +169,8 @@ class StepArrays:
     bubble_time_s: np.ndarray
     bubble_fraction: np.ndarray
     optimizer_time_s: np.ndarray
-    comm: Mapping[str, np.ndarray]  # raw time per bucket per step
-    exposed: Mapping[str, np.ndarray]
+    comm: Mapping[str, np.ndarray]  # raw time per overlap class per step
+    exposed: Mapping[str, np.ndarray]  # exposed time per overlap group per step
     memory: Mapping[str, np.ndarray]
     memory_total: np.ndarray
     flops_per_chip: np.ndarray  # executed (incl. recompute) per step
@@ -241,10 +180,40 @@ class StepArrays:
     tokens_per_s: np.ndarray
     infeasible: np.ndarray  # bool
     reason: Any  # reason[i] -> str ("" if feasible); .counts() -> {reason: count}
-    einsums: tuple = ()  # (op name, forward, d_lhs, d_rhs) EinsumPlans — kept for single plans
-    terms: Mapping[str, np.ndarray] = field(
-        default_factory=dict
-    )  # raw per-step terms by phase (see step_terms)
+    walk: Walk | None = None  # the records (kept for single plans)
+    terms: Mapping[str, np.ndarray] = field(default_factory=dict)  # see step_terms
+
+
+# --------------------------------------------------------------------------------------
+# Overlap: what each class of collective hides behind (the hook framework profiles set)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExposureGroup:
+    """Collectives of some overlap classes, exposed on the timeline by one rule:
+    "hidden": behind the microbatch's compute (exposed = max(0, comm − compute));
+    "exposed": on the critical path; "flag:NAME": hidden when the plan's flag NAME is set."""
+
+    name: str
+    classes: tuple[Overlap, ...]
+    rule: str
+
+
+# Per microbatch. Data-parallel gradient reduction (per step) and pipeline hops are laid
+# separately (see `_timeline`).
+EXPOSURE = (
+    ExposureGroup("fsdp+grad", (Overlap.WEIGHT_GATHER, Overlap.GRAD_REDUCE_MB), "hidden"),
+    ExposureGroup("tp", (Overlap.TENSOR,), "flag:collective_matmul"),
+    ExposureGroup("sp", (Overlap.SEQUENCE,), "exposed"),
+    ExposureGroup("ep", (Overlap.EXPERT,), "flag:overlap_ep"),
+    ExposureGroup("other", (Overlap.OTHER,), "exposed"),
+)
+
+
+# --------------------------------------------------------------------------------------
+# Vectorised evaluation
+# --------------------------------------------------------------------------------------
 
 
 def evaluate_plans(
@@ -260,35 +229,49 @@ def evaluate_plans(
     merge_reductions: bool = True,
     remats: list[Remat] | None = None,
     ops: tuple[str, ...] | None = None,
+    policy: OptionPolicy = CHEAPEST,
+    plan: Plan | None = None,
 ) -> StepArrays:
     """Evaluate every candidate of one Structure at once (numpy arrays in, arrays out).
 
     `system` may be a list (sub-slices of one pod, same chip): `cand.system_idx` picks one
     per candidate. `remats` (with `cand.remat_idx`) and `cand.collective_matmul` vary those
     choices per candidate too; otherwise `structure.remat` / `structure.collective_matmul` apply.
+    `policy` chooses among the algebra's options (default: the cheapest); `plan` (single
+    plans) supplies the compute dtypes.
 
-    Two phases: the algebra runs once per distinct (system, mesh, microbatch) — the only
-    inputs the einsums see — and the timeline then combines its sums with each candidate's
-    remat, ZeRO stage, schedule and overlap choices.
+    Two phases: the walk runs once per distinct (system, mesh, microbatch) — the only inputs
+    the einsums see — and the timeline then combines its sums with each candidate's remat,
+    ZeRO stage, schedule and overlap choices.
     """
     systems = list(system) if isinstance(system, (list, tuple)) else [system]
-    system = systems[0]
-    eff = eff or default_efficiency(system.chip.vendor)
+    eff = eff or default_efficiency(systems[0].chip.vendor)
     opt = optimizer or parse_optimizer("adam-bf16")
-    chip = system.chip
-    n = len(cand)
-    ones = np.ones(n)
-    sys_idx = cand.system_idx if cand.system_idx is not None else np.zeros(n, dtype=int)
-    remat_list = remats or [structure.remat]
-    r_idx = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
-    cm = (
-        cand.collective_matmul
-        if cand.collective_matmul is not None
-        else np.full(n, structure.collective_matmul)
+    remat_list = list(remats or [structure.remat])
+    rows, inv = _distinct_rows(cand)
+    led = ledger_for(model, Phase.TRAIN, workload.seq_len, causal=workload.causal)
+    if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
+        led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))
+    options = WalkOptions(
+        dtypes=plan.dtypes if plan is not None else WalkOptions().dtypes,
+        policy=policy,
+        keep_einsums=keep_einsums,
+        merge_reductions=merge_reductions,
+        trusted=not keep_einsums,
+        remats=tuple(remat_list),
     )
-    order = (Strategy.DP, Strategy.FSDP, Strategy.TP, Strategy.SP, Strategy.EP, Strategy.PP)
+    w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
+    ctx = _Context.of(cand, structure, remat_list, inv, len(cand))
+    return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums)
+
+
+def _distinct_rows(cand: Candidates) -> tuple[MeshRows, np.ndarray]:
+    """The distinct (system, degrees, microbatches) rows and each candidate's row."""
+    n = len(cand)
+    ones = np.ones(n, dtype=np.int64)
+    sys_idx = cand.system_idx if cand.system_idx is not None else np.zeros(n, dtype=np.int64)
     key_mat = np.column_stack(
-        [sys_idx] + [cand.deg.get(s, ones) for s in order] + [cand.microbatches]
+        [sys_idx] + [cand.deg.get(s, ones) for s in Strategy] + [cand.microbatches]
     ).astype(np.int64)
     # distinct rows via one mixed-radix integer per row (much faster than unique(axis=0))
     radix = key_mat.max(axis=0) + 1
@@ -297,182 +280,243 @@ def evaluate_plans(
         flat_key = flat_key * int(radix[j]) + key_mat[:, j]
     _, first, inv = np.unique(flat_key, return_index=True, return_inverse=True)
     uniq = key_mat[first]
-    inv = inv.reshape(-1)
-    core = layer_terms(
-        model,
-        systems,
-        workload,
-        structure,
-        uniq,
-        eff,
-        keep_einsums,
-        merge_reductions,
-        remat_list,
-        ops,
-    )
+    rows = MeshRows(uniq[:, 0], {s: uniq[:, 1 + j] for j, s in enumerate(Strategy)}, uniq[:, -1])
+    return rows, inv.reshape(-1)
 
-    def g(name: str) -> np.ndarray:
-        return core[name][inv]
 
-    deg = {s: cand.deg.get(s, ones).astype(float) for s in Strategy}
-    M = cand.microbatches.astype(float)
-    pp = deg[Strategy.PP]
-    dp = deg[Strategy.DP]
-    rc_all = np.array([r.kind in (RematKind.FULL, RematKind.CHECKPOINTS) for r in remat_list])[
-        r_idx
-    ].astype(float)
-    rc_mm = np.array([r.kind == RematKind.MATMULS for r in remat_list])[r_idx].astype(float)
-    reuse = np.array([r.kind == RematKind.NONE for r in remat_list])[r_idx]
-    rc_ae = np.maximum(
-        rc_all, rc_mm
-    )  # attention + elementwise rerun under both FULL and MATMULS remat
+@dataclass(frozen=True)
+class _Context:
+    """Each candidate's choices the timeline needs, as arrays (inv: its row of the walk)."""
 
-    # ---- per microbatch (one pipeline stage) ------------------------------------------
-    compute = (
-        g("tf_mm") * (1 + rc_all)
-        + g("tf_last")
-        + g("tf_ae") * (1 + rc_ae)
-        + g("tf_other")
-        + g("tb")
-    )
-    compute_bwd = g("tb")
-    flops_mb = (
-        g("ff_mm") * (1 + rc_all)
-        + g("ff_last")
-        + g("ff_ae") * (1 + rc_ae)
-        + g("ff_other")
-        + g("fb")
-    )
-    tp = g("tp_f") * (1 + rc_all) + g("tp_f_last") + g("tp_b")
-    act = g("act_f") * (1 + rc_all) + g("act_f_last") + g("act_b")
-    sp = (
-        g("sp_base") * 2 * (2 + rc_ae)
-    )  # K and V: gathered forward (+ remat), reduce-scattered backward
-    ep = g("ep_base") * (2 * (1 + rc_all) + 2)  # dispatch + combine, forward (+ remat) and backward
-    # FSDP gathers weights again for the backward pass under remat; without remat the forward's
-    # gathered weights are kept (XLA without scan does this; PyTorch FSDP and scanned stacks
-    # re-gather: docs/verify.md names the difference)
-    fsdp = g("fsdp_f") + g("fsdp_b") - np.where(reuse, g("fsdp_b_dup"), 0.0)
-    hidden = fsdp + g("grad_mb")
-    fsdp_exposed = np.maximum(0.0, hidden - compute)
-    tp_exposed = np.where(cm, np.maximum(0.0, tp - compute), tp)
-    oe = cand.overlap_ep if cand.overlap_ep is not None else np.zeros(n, dtype=bool)
-    ep_exposed = np.where(oe, np.maximum(0.0, ep - compute), ep)
-    t_mb = compute + tp_exposed + sp + ep_exposed + act + fsdp_exposed
+    inv: np.ndarray
+    deg: Mapping[Strategy, np.ndarray]
+    M: np.ndarray
+    zero: np.ndarray
+    schedule: np.ndarray
+    virtual: np.ndarray
+    sys_idx: np.ndarray
+    remat_kind: np.ndarray  # RematKind value per candidate
+    remat_idx: np.ndarray
+    reuse: np.ndarray  # no remat: the backward pass reuses the forward's weight gathers
+    flags: Mapping[str, np.ndarray]  # collective_matmul, overlap_ep
 
-    # ---- pipeline and step -------------------------------------------------------------
-    v = np.where(cand.schedule == 2, cand.virtual, 1).astype(float)
+    @staticmethod
+    def of(cand: Candidates, st: Structure, remats: list[Remat], inv, n: int) -> _Context:
+        r_idx = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
+        kinds = np.array([r.kind.value for r in remats], dtype=object)[r_idx]
+        cm = cand.collective_matmul
+        oe = cand.overlap_ep
+        return _Context(
+            inv,
+            {s: cand.deg.get(s, np.ones(n)).astype(float) for s in Strategy},
+            cand.microbatches.astype(float),
+            cand.zero,
+            cand.schedule,
+            cand.virtual,
+            cand.system_idx if cand.system_idx is not None else np.zeros(n, dtype=int),
+            kinds,
+            r_idx,
+            kinds == RematKind.NONE.value,
+            {
+                "collective_matmul": cm if cm is not None else np.full(n, st.collective_matmul),
+                "overlap_ep": oe if oe is not None else np.zeros(n, dtype=bool),
+            },
+        )
+
+    def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
+        """1.0 where the candidate's remat policy reruns ops of `rerun_by`, else 0.0."""
+        if not rerun_by:
+            return np.zeros(len(self.inv))
+        return np.isin(self.remat_kind, [k.value for k in rerun_by]).astype(float)
+
+
+class _Sums:
+    """Per-candidate views of a walk's Totals (multiplicities applied per candidate)."""
+
+    def __init__(self, tot: Totals, ctx: _Context) -> None:
+        self.tot, self.ctx = tot, ctx
+        self._rr: dict[frozenset, np.ndarray] = {}
+
+    def rr(self, s: frozenset) -> np.ndarray:
+        if s not in self._rr:
+            self._rr[s] = self.ctx.reruns(s)
+        return self._rr[s]
+
+    def _sum(self, items, forward_mult: bool, rerun_only: bool = False) -> Any:
+        out: Any = np.zeros(len(self.ctx.inv))
+        for (fwd, rerun), v in items:
+            if rerun_only:
+                m = self.rr(rerun) if fwd else 0.0
+            else:
+                m = (1.0 + self.rr(rerun)) if (fwd and forward_mult) else 1.0
+            out = out + v[self.ctx.inv] * m
+        return out
+
+    def compute(self, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
+        """Compute seconds per microbatch (forward incl. recompute unless `forward` filters)."""
+        items = [
+            (k, v) for k, v in self.tot.compute_s.items() if forward is None or k[0] == forward
+        ]
+        return self._sum(items, forward is None, rerun_only)
+
+    def flops(self, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
+        items = [(k, v) for k, v in self.tot.flops.items() if forward is None or k[0] == forward]
+        return self._sum(items, forward is None, rerun_only)
+
+    def comm(self, classes, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
+        """Seconds per microbatch of the collectives of `classes` (with remat's reruns, less
+        the re-gathers a no-remat step skips, unless `forward` picks one pass once)."""
+        items = [
+            ((fwd, rr), v)
+            for (c, fwd, rr), v in self.tot.comm_s.items()
+            if c in classes and (forward is None or fwd == forward)
+        ]
+        out = self._sum(items, forward is None, rerun_only)
+        if not rerun_only and forward is not True:
+            for c in classes:
+                if c in self.tot.reusable_s:
+                    out = out - np.where(self.ctx.reuse, self.tot.reusable_s[c][self.ctx.inv], 0.0)
+        return out
+
+
+def _exposed(group: ExposureGroup, comm: Any, compute: Any, ctx: _Context) -> Any:
+    if group.rule == "hidden":
+        return np.maximum(0.0, comm - compute)
+    if group.rule.startswith("flag:"):
+        return np.where(ctx.flags[group.rule[5:]], np.maximum(0.0, comm - compute), comm)
+    return comm
+
+
+def _pipeline(t_mb: Any, ctx: _Context) -> tuple[Any, Any, Any]:
+    """(stage time incl. bubble, bubble time, bubble fraction): fill (p−1)/v over M microbatches."""
+    pp, M = ctx.deg[Strategy.PP], ctx.M
+    v = np.where(ctx.schedule == Schedule.INTERLEAVED.code, ctx.virtual, 1).astype(float)
     fill = np.where(pp > 1, (pp - 1) / v, 0.0)
-    bubble_frac = fill / (M + fill)
-    t_pipe = t_mb * (M + fill)
-    bubble_t = t_mb * fill
-    p2p = 2 * g("hop") * np.maximum(pp - 1, 0)
-    grad_step_exposed = np.maximum(0.0, g("grad_step") - compute_bwd)
+    return t_mb * (M + fill), t_mb * fill, fill / (M + fill)
 
-    # ---- memory per chip -----------------------------------------------------------------
-    z = cand.zero
-    params_local = g("params_local")
-    p_bytes = params_local * opt.param_bytes
-    g_bytes = params_local * opt.grad_bytes / np.where(z >= 2, dp, 1)
-    o_bytes = params_local * opt.state_bytes / np.where(z >= 1, dp, 1)
-    act_layer = np.choose(r_idx, [core[f"saved_{i}"][inv] for i in range(len(remat_list))])
-    in_flight = np.where(pp > 1, np.where(cand.schedule == 0, M, np.minimum(M, pp)), 1.0)
-    acts = act_layer * np.ceil(model.n_layers / pp) * in_flight  # the fullest stage
-    # without remat the forward's gathered weights stay alive until their backward pass
-    temps = np.where(reuse, g("gathered_all"), g("one_layer") + g("gathered")) + g("logits")
-    mem = {
-        "params": p_bytes,
-        "grads": g_bytes,
-        "optimizer": o_bytes,
-        "activations": acts,
-        "temporaries": temps,
-    }
-    mem_total = p_bytes + g_bytes + o_bytes + acts + temps
-    opt_t = (p_bytes * 2 + g_bytes + o_bytes * 2) / (chip.hbm_bw_bytes_per_s * eff.hbm)
 
-    step = t_pipe + p2p + grad_step_exposed + opt_t
-    exposed_comm = (tp_exposed + sp + ep_exposed + act + fsdp_exposed) * M + p2p + grad_step_exposed
-    n_chips = np.array([s.n_chips for s in systems], dtype=float)[sys_idx]
-    model_flops = 6.0 * count_params(model).active * workload.batch_tokens
-    peak = chip.peak("bf16")
-    mfu = model_flops / (step * n_chips * peak)
-    hfu = flops_mb * M / (step * peak)
-    comm_step = {
-        "fsdp": fsdp * M,
-        "grad_mb": g("grad_mb") * M,
-        "grad_step": g("grad_step"),
-        "tp": tp * M,
-        "sp": sp * M,
-        "ep": ep * M,
-        "act": act * M,
-        "pp": p2p,
-    }
-    exposed = {
-        "fsdp+grad": fsdp_exposed * M,
-        "grad_step": grad_step_exposed,
-        "tp": tp_exposed * M,
-        "sp": sp * M,
-        "ep": ep_exposed * M,
-        "act": act * M,
-        "pp": p2p,
-    }
+def _in_flight(ctx: _Context) -> Any:
+    """Microbatches whose activations a stage holds at once: GPipe all M, 1F1B at most pp."""
+    pp, M = ctx.deg[Strategy.PP], ctx.M
+    gpipe = ctx.schedule == Schedule.GPIPE.code
+    return np.where(pp > 1, np.where(gpipe, M, np.minimum(M, pp)), 1.0)
 
-    mesh_bad = core["mesh_bad"][inv]
-    over = (mem_total > chip.hbm_bytes) & ~mesh_bad
-    infeasible = mesh_bad | over
-    reason = Reasons(core["reason"], inv, mesh_bad, over, mem_total, chip.hbm_bytes)
-    pk = chip.peak("bf16") * eff.matmul
-    terms = {
-        "t_math_forward_s": (g("ff_mm") + g("ff_last") + g("ff_ae") + g("ff_other")) * M / pk,
-        "t_math_backward_s": g("fb") * M / pk,
-        "t_math_recompute_s": (g("ff_mm") * rc_all + g("ff_ae") * rc_ae) * M / pk,
-        "fsdp_forward_s": g("fsdp_f") * M,
-        "tp_forward_s": (g("tp_f") + g("tp_f_last")) * M,
-        # the first forward pass; remat's second forward runs inside the backward pass
-        "comm_forward_s": (
-            g("tp_f")
-            + g("tp_f_last")
-            + g("fsdp_f")
-            + g("act_f")
-            + g("act_f_last")
-            + 2 * g("sp_base")
-            + 2 * g("ep_base")
-        )
-        * M,
-        "comm_backward_s": (
-            g("tp_f") * rc_all
-            + g("act_f") * rc_all
-            + 2 * g("sp_base") * (1 + rc_ae)
-            + 2 * g("ep_base") * (1 + rc_all)
-            + g("tp_b")
-            + g("act_b")
-            + g("grad_mb")
-        )
-        * M
-        + (g("fsdp_b") - np.where(reuse, g("fsdp_b_dup"), 0.0)) * M
-        + g("grad_step"),
-    }
-    return StepArrays(
-        step,
-        compute * M,
-        exposed_comm,
-        bubble_t,
-        bubble_frac,
-        opt_t,
-        comm_step,
-        exposed,
-        mem,
-        mem_total,
-        flops_mb * M,
-        model_flops,
-        mfu,
-        hfu,
-        workload.batch_tokens / step,
-        infeasible,
-        reason,
-        core["einsums"],
-        terms,
+
+def _memory(
+    model: ModelSpec, w: Walk, ctx: _Context, opt: OptimizerPolicy, remats
+) -> TrainingMemory:
+    mp = w.memory
+    assert mp is not None
+    inv, pp = ctx.inv, ctx.deg[Strategy.PP]
+    p, g, o = persistent_bytes(
+        mp.params_local[inv] if np.ndim(mp.params_local) else mp.params_local,
+        opt,
+        ctx.deg[Strategy.DP],
+        ctx.zero,
     )
+    saved = [np.broadcast_to(np.asarray(mp.saved_per_layer[r], float), (w.n,)) for r in remats]
+    act_layer = np.choose(ctx.remat_idx, [s[inv] for s in saved])
+    layers_per_stage = np.ceil(model.n_layers / pp)
+    acts = act_layer * layers_per_stage * _in_flight(ctx)  # the fullest stage
+    one_layer = np.broadcast_to(
+        np.asarray(mp.saved_per_layer[Remat(RematKind.NONE)], float), (w.n,)
+    )[inv]
+    gathered = fsdp_gathered_bytes(
+        np.broadcast_to(np.asarray(mp.weights_gathered_bytes, float), (w.n,))[inv],
+        ctx.deg[Strategy.FSDP],
+        model.n_layers,
+        layers_per_stage,
+        ctx.reuse,
+    )
+    # without remat the forward's gathered weights stay alive until their backward pass;
+    # with it, one layer's intermediates are rebuilt next to two layers' gathered weights
+    temps = (
+        gathered
+        + np.where(ctx.reuse, 0.0, one_layer)
+        + np.broadcast_to(np.asarray(mp.logits_bytes, float), (w.n,))[inv]
+    )
+    return TrainingMemory(p, g, o, acts, temps)
+
+
+def _step(
+    model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep
+) -> StepArrays:
+    s = _Sums(tot, ctx)
+    chip = systems[0].chip
+    M = ctx.M
+    compute = s.compute()
+    comm = {
+        c: s.comm((c,)) for c in Overlap if c not in (Overlap.GRAD_REDUCE_STEP, Overlap.PIPELINE)
+    }
+    exposed = {}
+    for g in EXPOSURE:
+        exposed[g.name] = _exposed(g, sum(comm[c] for c in g.classes), compute, ctx)
+    t_mb = compute + sum(exposed.values())
+    t_pipe, bubble_t, bubble_frac = _pipeline(t_mb, ctx)
+    hop = s.comm((Overlap.PIPELINE,), forward=True)
+    p2p = 2 * hop * np.maximum(ctx.deg[Strategy.PP] - 1, 0)
+    grad_step = s.comm((Overlap.GRAD_REDUCE_STEP,))
+    grad_step_exposed = np.maximum(0.0, grad_step - s.compute(forward=False))
+    mem = _memory(model, w, ctx, opt, _remats(w))
+    hbm = chip.hbm_bw_bytes_per_s * eff.hbm
+    opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
+    step = t_pipe + p2p + grad_step_exposed + opt_t
+    exposed_comm = sum(exposed.values()) * M + p2p + grad_step_exposed
+    n_chips = np.array([sy.n_chips for sy in systems], dtype=float)[ctx.sys_idx]
+    mf = model_flops(model, workload.batch_tokens)
+    peak = chip.peak(MFU_PEAK_DTYPE)
+    flops_mb = s.flops()
+    comm_step = {c.value: v * M for c, v in comm.items()}
+    comm_step[Overlap.GRAD_REDUCE_STEP.value] = grad_step
+    comm_step[Overlap.PIPELINE.value] = p2p
+    exposed_step = {k: v * M for k, v in exposed.items()}
+    exposed_step["grad_step"] = grad_step_exposed
+    exposed_step["pp"] = p2p
+    mem_total = mem.total
+    mesh_bad = w.mesh_bad[ctx.inv]
+    over = (mem_total > chip.hbm_bytes) & ~mesh_bad
+    return StepArrays(
+        step_time_s=step,
+        compute_time_s=compute * M,
+        exposed_comm_time_s=exposed_comm,
+        bubble_time_s=bubble_t,
+        bubble_fraction=bubble_frac,
+        optimizer_time_s=opt_t,
+        comm=comm_step,
+        exposed=exposed_step,
+        memory=mem.as_dict(),
+        memory_total=mem_total,
+        flops_per_chip=flops_mb * M,
+        model_flops=mf,
+        mfu=mf / (step * n_chips * peak),
+        hfu=flops_mb * M / (step * peak),
+        tokens_per_s=workload.batch_tokens / step,
+        infeasible=mesh_bad | over,
+        reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.hbm_bytes),
+        walk=w if keep else None,
+        terms=_terms(s, M, chip.peak(MFU_PEAK_DTYPE) * eff.matmul, grad_step),
+    )
+
+
+def _remats(w: Walk) -> list[Remat]:
+    assert w.memory is not None
+    return list(w.memory.saved_per_layer)
+
+
+def _terms(s: _Sums, M: Any, pk: float, grad_step: Any) -> dict[str, Any]:
+    """Raw per-step terms by pass (see `step_terms`): math time, and communication of the first
+    forward pass vs everything after it (remat's second forward runs inside the backward pass)."""
+    act = tuple(c for c in Overlap if c not in (Overlap.GRAD_REDUCE_STEP, Overlap.PIPELINE))
+    return {
+        "t_math_forward_s": s.flops(forward=True) * M / pk,
+        "t_math_backward_s": s.flops(forward=False) * M / pk,
+        "t_math_recompute_s": s.flops(rerun_only=True) * M / pk,
+        "fsdp_forward_s": s.comm((Overlap.WEIGHT_GATHER,), forward=True) * M,
+        "tp_forward_s": s.comm((Overlap.TENSOR,), forward=True) * M,
+        "comm_forward_s": s.comm(act, forward=True) * M,
+        "comm_backward_s": (s.comm(act, rerun_only=True) + s.comm(act, forward=False)) * M
+        + grad_step,
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -480,7 +524,7 @@ def evaluate_plans(
 # --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepCost:
     """One plan's training step: time, memory per chip (breakdown), MFU, run time and cost."""
 
@@ -508,16 +552,21 @@ class StepCost:
     collectives: tuple[dict, ...] = ()
 
     @property
-    def bottleneck(self) -> str:
-        """The largest term of the step: compute, a communication bucket, bubble, or optimizer."""
-        terms = {
+    def terms(self) -> dict[str, float]:
+        """The step's terms by key: compute, bubble, optimizer, and "exposed:<group>"."""
+        out = {
             "compute": self.compute_time_s,
-            "pipeline bubble": self.bubble_time_s,
-            "optimizer update": self.optimizer_time_s,
+            "bubble": self.bubble_time_s,
+            "optimizer": self.optimizer_time_s,
         }
-        for k, v in self.exposed_time_s.items():
-            terms[f"exposed {k} communication"] = v
-        return max(terms, key=lambda k: terms[k])
+        out.update({f"exposed:{k}": v for k, v in self.exposed_time_s.items()})
+        return out
+
+    @property
+    def bottleneck(self) -> str:
+        """The key of the largest term of the step (see `terms`; report.text words it)."""
+        t = self.terms
+        return max(t, key=lambda k: t[k])
 
     @property
     def run_time_s(self) -> float:
@@ -525,10 +574,10 @@ class StepCost:
 
     @property
     def run_cost_usd(self) -> float | None:
-        price = self.system.usd_per_chip_hour
-        return None if price is None else self.run_time_s / 3600 * self.system.n_chips * price
+        return run_cost_usd(self.run_time_s, self.system.n_chips, self.system.usd_per_chip_hour)
 
     def to_dict(self) -> dict[str, Any]:
+        e = self.efficiency
         return {
             "plan": self.plan.to_dict(),
             "step_time_s": self.step_time_s,
@@ -554,71 +603,56 @@ class StepCost:
             "flops_per_chip_per_step": self.flops_per_chip,
             "model_flops_per_step": self.model_flops,
             "efficiency": {
-                "name": self.efficiency.name,
-                "matmul": self.efficiency.matmul,
-                "hbm": self.efficiency.hbm,
-                "link": self.efficiency.link,
-                "source": self.efficiency.source,
+                "name": e.name,
+                "matmul": e.matmul,
+                "hbm": e.hbm,
+                "link": e.link,
+                "source": e.source,
             },
             "collectives": list(self.collectives),
         }
 
 
 def structure_of(plan: Plan, model: ModelSpec) -> Structure:
-    active = frozenset(s for s in Strategy if getattr(plan.degrees, s.value) > 1)
-    kv_rep = plan.degrees.tp > 1 and model.mla is None and model.n_kv_heads % plan.degrees.tp != 0
-    return Structure(active, plan.remat, plan.sequence_parallel, plan.collective_matmul, kv_rep)
+    kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, plan.degrees.tp)
+    return Structure(
+        plan.active, plan.remat, plan.sequence_parallel, plan.collective_matmul, bool(kv_rep)
+    )
 
 
 def candidates_of(plan: Plan) -> Candidates:
     d = plan.degrees
     return Candidates(
-        {s: np.array([getattr(d, s.value)]) for s in Strategy},
+        {s: np.array([d.of(s)]) for s in Strategy},
         np.array([plan.microbatches]),
         np.array([plan.zero]),
-        np.array([list(Schedule).index(plan.schedule)]),
+        np.array([plan.schedule.code]),
         np.array([plan.virtual_stages]),
         overlap_ep=np.array([plan.overlap_ep]),
     )
 
 
 def check_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan) -> list[str]:
-    """Reasons (possibly none) why a plan cannot run, before costing it."""
-    d = plan.degrees
-    out = []
-    if d.n_chips != system.n_chips:
-        out.append(
-            f"plan uses {d.n_chips} chips ({plan.describe()}) but the system has {system.n_chips}"
-        )
-    seqs = workload.sequences
-    batch_ways = d.dp * d.fsdp * d.ep
-    if seqs != int(seqs) or int(seqs) % (batch_ways * plan.microbatches):
-        out.append(
-            f"batch of {seqs:g} sequences is not divisible by dp·fsdp·ep·microbatches = {batch_ways * plan.microbatches}"
-        )
-    if workload.seq_len % d.sp:
-        out.append(f"sequence length {workload.seq_len} is not divisible by sp={d.sp}")
-    if model.n_heads % d.tp:
-        out.append(f"heads={model.n_heads} are not divisible by tp={d.tp}")
-    if model.d_ff % d.tp:
-        out.append(f"d_ff={model.d_ff} is not divisible by tp={d.tp}")
-    if d.pp > model.n_layers:
-        out.append(f"pp={d.pp} is more pipeline stages than layers={model.n_layers}")
-    if d.ep > 1 and (model.moe is None or model.moe.n_experts % d.ep):
-        out.append(
-            "ep>1 needs a MoE model"
-            if model.moe is None
-            else f"experts={model.moe.n_experts} are not divisible by ep={d.ep}"
-        )
-    if (
-        d.pp > 1
-        and plan.schedule == Schedule.INTERLEAVED
-        and model.n_layers % (d.pp * plan.virtual_stages)
-    ):
-        out.append(
-            f"layers={model.n_layers} are not divisible by pp·virtual={d.pp * plan.virtual_stages}"
-        )
-    return out
+    """Reasons (possibly none) why a plan cannot run, before costing it (feasibility.py)."""
+    return plan_problems(model, system.n_chips, workload, plan)
+
+
+def _evaluate_one(
+    model, system, workload, plan: Plan, eff, *, keep: bool, ops=None, policy=CHEAPEST
+) -> StepArrays:
+    return evaluate_plans(
+        model,
+        system,
+        workload,
+        structure_of(plan, model),
+        candidates_of(plan),
+        eff=eff,
+        optimizer=plan.optimizer,
+        keep_einsums=keep,
+        ops=ops,
+        policy=policy,
+        plan=plan,
+    )
 
 
 def step_terms(
@@ -631,25 +665,18 @@ def step_terms(
     ops: tuple[str, ...] | None = None,
 ) -> dict[str, float]:
     """Raw per-step terms of one plan, before any overlap: `t_math_s` (FLOPs / peak, the book's
-    T_math) and the communication time of each bucket (fsdp, grad_mb, grad_step, tp, sp, ep, act, pp).
+    T_math), the math and communication time by pass (`t_math_forward_s`, `comm_forward_s`,
+    ...), and the communication time of each overlap class (fsdp, grad_mb, grad_step, tp, sp,
+    ep, other, pp).
 
     No divisibility checks: the book's closed forms are continuous in the batch.
     """
     from roofline.specs.efficiency import PEAK
 
     eff = efficiency or PEAK
-    r = evaluate_plans(
-        model,
-        system,
-        workload,
-        structure_of(plan, model),
-        candidates_of(plan),
-        eff=eff,
-        optimizer=plan.optimizer,
-        ops=ops,
-    )
+    r = _evaluate_one(model, system, workload, plan, eff, keep=False, ops=ops)
     out = {
-        "t_math_s": float(r.flops_per_chip[0]) / (system.chip.peak("bf16") * eff.matmul),
+        "t_math_s": float(r.flops_per_chip[0]) / (system.chip.peak(MFU_PEAK_DTYPE) * eff.matmul),
         "compute_time_s": float(r.compute_time_s[0]),
     }
     out.update({k: float(v[0]) for k, v in r.terms.items()})
@@ -675,9 +702,9 @@ def balance_batch(
     `phase`: "forward" compares forward FLOPs with forward collectives (the book's FSDP and TP
     rooflines), "backward" backward FLOPs with backward collectives incl. gradient reductions
     (the book's DP roofline), "step" the whole step; `buckets` restricts the communication to
-    some buckets (e.g. ("grad_step",) for the DCN data-parallel reduction). Both sides are
-    affine in the batch for the book's strategies (weights move a fixed amount, activations an
-    amount ∝ B), so two evaluations of the algebra give the crossing exactly.
+    some overlap classes (e.g. ("grad_step",) for the DCN data-parallel reduction). Both sides
+    are affine in the batch for the book's strategies (weights move a fixed amount, activations
+    an amount ∝ B), so two evaluations of the algebra give the crossing exactly.
     """
     if phase not in ("forward", "backward", "step"):
         raise PlanError(
@@ -712,8 +739,13 @@ def evaluate_plan(
     *,
     efficiency: Efficiency | None = None,
     assume_mfu: float | None = None,
+    policy: OptionPolicy = CHEAPEST,
 ) -> StepCost:
-    """Cost one plan. Raises PlanError if it cannot run at all (indivisible, wrong chip count)."""
+    """Cost one plan. Raises PlanError if it cannot run at all (indivisible, wrong chip count).
+
+    `policy` chooses among the algebra's options for every einsum (default: the cheapest).
+    """
+    _check_types(model=model, system=system, workload=workload, plan=plan)
     problems = check_plan(model, system, workload, plan)
     if problems:
         raise PlanError(
@@ -722,86 +754,179 @@ def evaluate_plan(
             fix="change the degrees (e.g. run `roofline train` without --plan to search)",
         )
     eff = efficiency or default_efficiency(system.chip.vendor)
-    r = evaluate_plans(
-        model,
-        system,
-        workload,
-        structure_of(plan, model),
-        candidates_of(plan),
-        eff=eff,
-        optimizer=plan.optimizer,
-        keep_einsums=True,
-    )
+    r = _evaluate_one(model, system, workload, plan, eff, keep=True, policy=policy)
 
     def f(a: Any) -> float:
         return float(np.asarray(a).reshape(-1)[0])
 
-    step = f(r.step_time_s)
-    tokens_s = f(r.tokens_per_s)
-    mfu = f(r.mfu)
+    step, tokens_s, mfu, hfu = f(r.step_time_s), f(r.tokens_per_s), f(r.mfu), f(r.hfu)
     if assume_mfu is not None:
-        if not 0 < assume_mfu <= 1:
-            raise PlanError(
-                f"--assume-mfu {assume_mfu}",
-                rule="MFU is a fraction in (0, 1]",
-                fix="write e.g. --assume-mfu 0.4",
-            )
-        step = r.model_flops / (system.n_chips * system.chip.peak("bf16") * assume_mfu)
+        mfu = hfu = check_mfu(assume_mfu)
+        step = r.model_flops / (system.n_chips * system.chip.peak(MFU_PEAK_DTYPE) * mfu)
         tokens_s = workload.batch_tokens / step
-        mfu = assume_mfu
-    colls = _collective_rows(r.einsums)
-    reason = r.reason[0]
     return StepCost(
-        plan,
-        system,
-        workload,
-        step,
-        f(r.compute_time_s),
-        f(r.exposed_comm_time_s),
-        f(r.bubble_time_s),
-        f(r.bubble_fraction),
-        f(r.optimizer_time_s),
-        MappingProxyType({k: f(v) for k, v in r.comm.items()}),
-        MappingProxyType({k: f(v) for k, v in r.exposed.items()}),
-        f(r.memory_total),
-        MappingProxyType({k: f(v) for k, v in r.memory.items()}),
-        not bool(r.infeasible[0]),
-        reason,
-        mfu,
-        f(r.hfu) if assume_mfu is None else assume_mfu,
-        tokens_s,
-        f(r.flops_per_chip),
-        r.model_flops,
-        eff,
-        colls,
+        plan=plan,
+        system=system,
+        workload=workload,
+        step_time_s=step,
+        compute_time_s=f(r.compute_time_s),
+        exposed_comm_time_s=f(r.exposed_comm_time_s),
+        bubble_time_s=f(r.bubble_time_s),
+        bubble_fraction=f(r.bubble_fraction),
+        optimizer_time_s=f(r.optimizer_time_s),
+        comm_time_s=MappingProxyType({k: f(v) for k, v in r.comm.items()}),
+        exposed_time_s=MappingProxyType({k: f(v) for k, v in r.exposed.items()}),
+        memory_per_chip_bytes=f(r.memory_total),
+        memory_breakdown=MappingProxyType({k: f(v) for k, v in r.memory.items()}),
+        fits=not bool(r.infeasible[0]),
+        reason=r.reason[0],
+        mfu=mfu,
+        hfu=hfu,
+        tokens_per_s=tokens_s,
+        flops_per_chip=f(r.flops_per_chip),
+        model_flops=r.model_flops,
+        efficiency=eff,
+        collectives=_collective_rows(r.walk),
     )
 
 
-def _collective_rows(einsums: tuple) -> tuple[dict, ...]:
+def _check_types(**values: Any) -> None:
+    """A typed error (not an AttributeError deep inside) for arguments of the wrong type."""
+    want = {"model": ModelSpec, "system": System, "workload": Workload, "plan": Plan}
+    for name, v in values.items():
+        if not isinstance(v, want[name]):
+            how = {
+                "model": "roofline.load_model('llama-3-8b')",
+                "system": "roofline.parse_system('h100:64')",
+                "workload": "roofline.Workload(batch_tokens=4 * 2**20, seq_len=4096)",
+                "plan": "roofline.parse_plan('fsdp=8,tp=8')",
+            }[name]
+            raise PlanError(
+                f"{name} = {v!r} is a {type(v).__name__}, not a {want[name].__name__}",
+                rule=f"evaluate_plan takes a {want[name].__name__} for {name}",
+                fix=f"pass {how}",
+            )
+
+
+def check_mfu(mfu: Any) -> float:
+    """An assumed MFU as a fraction in (0, 1], or a PlanError."""
+    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+        raise PlanError(
+            f"--assume-mfu {mfu}",
+            rule="MFU is a fraction in (0, 1] (model FLOPs over the chips' bf16 peak)",
+            fix="write e.g. --assume-mfu 0.4",
+        )
+    return float(mfu)
+
+
+def _collective_rows(w: Walk | None) -> tuple[dict, ...]:
+    """The chosen collectives of a single plan, one row per record."""
+    if w is None:
+        return ()
     rows = []
-    for name, *plans in einsums:
-        for p in plans:
-            for c in p.best.comms:
-                rows.append(
-                    {
-                        "op": name,
-                        "phase": c.phase,
-                        "kind": c.kind.value,
-                        "axes": list(c.axes),
-                        "tensor": c.tensor,
-                        "bytes_per_chip": float(np.asarray(c.bytes_per_chip).reshape(-1)[0]),
-                        "time_s": float(np.asarray(c.time_s).reshape(-1)[0]),
-                        "before": c.before,
-                        "after": c.after,
-                    }
-                )
+    for c in w.collectives:
+        if not bool(np.asarray(c.chosen).reshape(-1)[0]):
+            continue
+        rows.append(
+            {
+                "op": c.op,
+                "einsum": c.einsum,
+                "phase": "forward" if c.pass_.value == "forward" else "backward",
+                "kind": c.kind.value,
+                "axes": list(c.axes),
+                "tensor": c.tensor,
+                "overlap": c.overlap.value,
+                "counted": bool(np.asarray(c.counted).reshape(-1)[0]),
+                "bytes_per_chip": float(np.asarray(c.bytes_per_chip).reshape(-1)[0]),
+                "time_s": float(np.asarray(c.time_s).reshape(-1)[0]),
+                "copies": float(np.asarray(c.copies).reshape(-1)[0]),
+                "before": c.before,
+                "after": c.after,
+            }
+        )
     return tuple(rows)
+
+
+# --------------------------------------------------------------------------------------
+# The book's back-of-envelope run
+# --------------------------------------------------------------------------------------
 
 
 def assumed_mfu_run(
     model: ModelSpec, workload: Workload, n_chips: int, peak_flops_per_s: float, mfu: float
 ) -> dict[str, float]:
-    """Back-of-envelope run: 6·N·tokens / (chips · peak · MFU) (book applied-training.md)."""
-    flops = 6.0 * count_params(model).total * workload.total_tokens
+    """Back-of-envelope run: 6·N·tokens / (chips · peak · MFU) (book applied-training.md),
+    N the active parameters."""
+    mfu = check_mfu(mfu)
+    flops = model_flops(model, workload.total_tokens)
     t = flops / (n_chips * peak_flops_per_s * mfu)
     return {"total_flops": flops, "run_time_s": t, "run_time_days": t / DAY}
+
+
+@dataclass(frozen=True)
+class AssumedRun:
+    """The book's back-of-envelope for a run on a system at an assumed MFU, with the minimum
+    chips by memory (parameters + optimizer state + 4 bf16 checkpoints per layer)."""
+
+    model: ModelSpec
+    system: System
+    workload: Workload
+    mfu: float
+    optimizer: OptimizerPolicy
+    total_flops: float
+    run_time_s: float
+    active_params: float
+    memory_needed_bytes: float
+
+    @property
+    def run_cost_usd(self) -> float | None:
+        return run_cost_usd(self.run_time_s, self.system.n_chips, self.system.usd_per_chip_hour)
+
+    @property
+    def min_chips_by_memory(self) -> int:
+        return math.ceil(self.memory_needed_bytes / self.system.chip.hbm_bytes)
+
+    @property
+    def peak_flops_per_s(self) -> float:
+        return self.system.chip.peak(MFU_PEAK_DTYPE)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total_flops": self.total_flops,
+            "run_time_s": self.run_time_s,
+            "run_time_days": self.run_time_s / DAY,
+            "run_cost_usd": self.run_cost_usd,
+            "mfu": self.mfu,
+            "chips": self.system.n_chips,
+            "params": count_params(self.model).total,
+            "active_params": self.active_params,
+            "memory_needed_bytes": self.memory_needed_bytes,
+            "min_chips_by_memory": self.min_chips_by_memory,
+            "formula": "6 * active params * tokens / (chips * peak_bf16 * MFU)",
+        }
+
+
+def assumed_run(
+    model: ModelSpec,
+    system: System,
+    workload: Workload,
+    mfu: float,
+    optimizer: str | OptimizerPolicy,
+) -> AssumedRun:
+    opt = parse_optimizer(optimizer)
+    est = assumed_mfu_run(model, workload, system.n_chips, system.chip.peak(MFU_PEAK_DTYPE), mfu)
+    params = count_params(model)
+    need = minimum_memory_bytes(
+        params.total, opt, model.d_model, model.n_layers, workload.batch_tokens
+    )
+    return AssumedRun(
+        model,
+        system,
+        workload,
+        float(mfu),
+        opt,
+        est["total_flops"],
+        est["run_time_s"],
+        params.active,
+        need,
+    )

@@ -1,17 +1,13 @@
 """What the algebra predicts for a `roofline verify` program: collectives and FLOPs per device.
 
-The prediction is read off the *same* ledger rows, rules and sharded-einsum algebra the
-training cost uses (`roofline.training`): for every matmul row of `build_ledger(model)` the
-specs come from `cost.op_specs` under `cost.rules_of(structure_of(plan))`, and
-`sharding.plan_training_einsum` picks the forward, d_lhs and d_rhs options. Which of the
-chosen options' collectives are counted once (x gathered once for Q, K and V; the partial
-dx of one block reduced once; an FSDP weight gathered once per step when nothing is
-rematerialised) is decided by `cost.add_comms` itself, called one collective at a
-time. The extra collectives `layer_terms` adds outside the einsums are mirrored with the same
-tensors: context-parallel K/V gathers (`sp_base`) and MoE dispatch/combine all-to-alls
-(`ep_base`), with the multiplicities `evaluate_plans` gives them (forward + remat +
-backward). Nothing here re-derives a formula; the only arithmetic is the multiplicity of
-each collective per step.
+The prediction is read off the *same* walk the training cost reads (`roofline.walk`): every
+matmul row of `build_ledger(model)` under `rules_of(structure_of(plan))`, the forward, d_lhs
+and d_rhs options the algebra chose, which of their collectives are paid here or with
+another row (x gathered once for Q, K and V; the partial dx of one block reduced once; an
+FSDP weight gathered once per step when nothing is rematerialised), the context-parallel K/V
+gathers and the MoE dispatch/combine all-to-alls. Each collective record's count is its
+copies times the multiplicity remat gives it (`rerun_by`), exactly as the timeline counts
+it. Nothing here re-derives a formula.
 
 Differences from the training cost, all because the verify program is one Transformer
 layer (or a scanned stack) and nothing else:
@@ -32,7 +28,6 @@ reduce-scatter = unreduced input per device, all-reduce / all-to-all = the buffe
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -40,25 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from roofline.collectives import CollectiveKind, collective_cost
-from roofline.cost import (
-    add_comms,
-    merged_dlhs,
-    op_sizes,
-    op_specs,
-    rules_of,
-    shard_factor,
-    spec_of,
-)
+from roofline.collectives import CollectiveKind, unit_cost
 from roofline.errors import SpecError, VerifyError
-from roofline.ledger import Causal, DtypePolicy, OpKind, Tensor, build_ledger
-from roofline.memory import LAST_PROJECTIONS, Remat, RematKind
+from roofline.ledger import Causal, DtypePolicy, build_ledger
 from roofline.mesh import make_mesh as make_cost_mesh
-from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees
-from roofline.sharding import Comm, EinsumPlan, Spec, plan_einsum, plan_training_einsum
+from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees, rules_of
+from roofline.sharding import EinsumPlan, Spec, plan_einsum
 from roofline.specs.model import ModelSpec
+from roofline.specs.plan import OpClass, Plan, Remat, RematKind
 from roofline.specs.system import System, parse_system
-from roofline.training import Plan, structure_of
+from roofline.training import structure_of
+from roofline.walk import AlgebraPricing, CollectiveRecord, Walk, WalkOptions, walk_ledger
 
 # CollectiveKind (algebra) -> HLO opcode name (observed side)
 HLO_KIND = {
@@ -69,18 +56,6 @@ HLO_KIND = {
     CollectiveKind.PERMUTE: "collective-permute",
 }
 
-# the buckets `cost.add_comms` adds time to (all start at zero)
-_BUCKET_KEYS = (
-    "fsdp_f",
-    "fsdp_b",
-    "fsdp_b_dup",
-    "tp_f",
-    "tp_b",
-    "act_f",
-    "act_b",
-    "grad_mb",
-    "grad_step",
-)
 _SKIPPED_ROWS = ("embed", "unembed")
 
 
@@ -197,8 +172,7 @@ class BandwidthCost:
             return 0.0 * np.asarray(nbytes, float)
         key = (kind, axes)
         if key not in self._spb:
-            c = collective_cost(kind, 1.0e6, axes, self.mesh)
-            self._spb[key] = 0.0 if c.group_size == 1 else float(c.seconds_per_byte) * self.scale
+            self._spb[key] = unit_cost(kind, axes, self.mesh).seconds_per_byte * self.scale
         return self._spb[key] * np.asarray(nbytes, float)
 
 
@@ -291,190 +265,29 @@ def predict_train_step(
     """Collectives and FLOPs per device the training cost predicts for `build_train_step(...)`.
 
     Same arguments as `roofline.verify.program.build_train_step` (the optimizer does not
-    matter: its update is local). `fused_qkv` changes nothing here: the training cost
-    already reduces the partial dx of Q, K and V once (`add_comms`, merge_reductions).
-    `system`: see `Pricing`. `choices` overrides the algebra's pick for some einsums,
-    {(ledger row, "forward" | "d_lhs" | "d_rhs"): option index} (how `diff` tests whether
-    XLA took one of the alternatives the algebra costed).
+    matter: its update is local). `fused_qkv` changes nothing here: the walk already reduces
+    the partial dx of Q, K and V once. `system`: see `Pricing`. `choices` overrides the
+    algebra's pick for some einsums, {(ledger row, "forward" | "d_lhs" | "d_rhs"): option
+    index} (how `diff` tests whether XLA took one of the alternatives the algebra costed).
     """
     deg = _as_degrees(plan)
-    if deg.pp > 1:
-        raise VerifyError(
-            f"pp={deg.pp}",
-            rule="the verify program is one layer (or a scanned stack) without pipeline stages",
-            fix="verify dp, fsdp, tp, sp and ep; pipeline costs are bubbles and hops, not collectives of a layer",
-        )
-    if model.mla is not None:
-        raise VerifyError(
-            f"model {model.name!r} uses MLA",
-            rule="the verify program builds GQA/MHA layers",
-            fix="use a GQA model",
-        )
-    if int(n_layers) < 1:
-        raise VerifyError(
-            f"n_layers={n_layers}", rule="a program has at least one layer", fix="use --layers 1"
-        )
+    _check_program(model, deg, n_layers)
     dt = _dtype_name(dtype)
-    rows, structure, rules, mesh_sizes, pricing = _planned_rows(
-        model, deg.mesh_axes(), int(batch), int(seq), dt, int(n_layers), bool(remat), system
-    )
     choices = dict(choices or {})
-    rk = structure.remat
-    rc_all = 1.0 if rk.kind in (RematKind.FULL, RematKind.CHECKPOINTS) else 0.0
-    rc_ae = 1.0 if rk.kind in (RematKind.FULL, RematKind.CHECKPOINTS, RematKind.MATMULS) else 0.0
-    reuse = rk.kind == RematKind.NONE
-    m = model.with_(n_layers=int(n_layers))
-    B = float(batch)
-    counted: dict[tuple, Any] = {}
-    colls: list[PredictedCollective] = []
-    once: list[PredictedCollective] = []
-    einsums: list[tuple[str, EinsumPlan, EinsumPlan, EinsumPlan]] = []
-    flops: dict[str, float] = {}
-    notes: list[str] = [
+    w, pricing, kv_rep = _walk_program(
+        model, deg, int(batch), int(seq), dt, int(n_layers), bool(remat), system, choices
+    )
+    rk = RematKind.FULL if remat else RematKind.NONE
+    colls, once = _predicted(w, rk, dt, deg)
+    notes = [
         "ledger rows embed and unembed left out: the program is the layer stack only",
         "norm scales (ledger row 'norms', elementwise) carry no predicted collectives",
     ]
-    if structure.kv_replicated:
+    if kv_rep:
         notes.append(
-            f"kv_heads={m.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (cost.rules_of)"
+            f"kv_heads={model.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (rules.rules_of)"
         )
-
-    for op, sizes, planned in rows:
-        copies = float(op.count)
-        block = op.name.rsplit("/", 1)[0]
-        if op.kind == OpKind.MATMUL:
-            assert planned is not None
-            fwd, bl, br = (
-                _override(e, choices.get((op.name, lab)))
-                for e, lab in zip(planned, _LABELS, strict=True)
-            )
-            # the same re-planning the training cost does once a block's dx reduction is paid
-            bl = merged_dlhs(
-                bl,
-                block,
-                sizes,
-                mesh_sizes,
-                pricing.comm,
-                counted,
-                pricing.peak_flops_per_s,
-                pricing.hbm_bw_bytes_per_s,
-                trusted=False,
-            )
-            einsums.append((op.name, fwd, bl, br))
-            rc_op = (
-                0.0 if op.name in LAST_PROJECTIONS else rc_all
-            )  # remat skips the last projection
-            flops[op.name] = copies * (
-                _f(fwd.flops_per_chip) * (1 + rc_op) + _f(bl.flops_per_chip) + _f(br.flops_per_chip)
-            )
-            for label, ep in zip(_LABELS, (fwd, bl, br), strict=True):
-                for c in ep.best.comms:
-                    added, dup = _counted(ep, c, block, counted)
-                    mult = copies
-                    if c.phase == "forward" and any(k in added for k in ("tp_f", "act_f")):
-                        mult *= (
-                            1 + rc_op
-                        )  # the remat recompute repeats forward activation collectives
-                    if not added:
-                        once.append(
-                            _pc(
-                                op.name,
-                                label,
-                                c,
-                                mult,
-                                ep,
-                                why=_ONCE_WHY.get(c.kind, "counted once"),
-                            )
-                        )
-                    elif dup and reuse:
-                        once.append(
-                            _pc(
-                                op.name,
-                                label,
-                                c,
-                                mult,
-                                ep,
-                                why="gathered weight kept from the forward pass (no remat)",
-                            )
-                        )
-                    else:
-                        colls.append(_pc(op.name, label, c, mult, ep))
-        elif op.kind == OpKind.ATTENTION:
-            sh = _f(shard_factor(op.out.dims, rules, False, mesh_sizes))
-            fl = op.flops / op.count * B / op.sizes["batch"] / sh
-            flops[op.name] = copies * fl * (1 + rc_ae + 2)
-            if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
-                # cost.layer_terms sp_base: K and V gathered along the sequence (forward + remat),
-                # reduce-scattered in the backward pass
-                for t in (op.inputs[1], replace(op.inputs[1], name="v")):
-                    s = spec_of(t, rules)
-                    b = _f(s.local_bytes(sizes, mesh_sizes))
-                    shard = str(replace(s, axes=_with_seq(s)))
-                    colls.append(
-                        PredictedCollective(
-                            op.name,
-                            "kv-gather",
-                            "forward",
-                            "all-gather",
-                            ("seq",),
-                            t.name,
-                            hlo_dtype(t.dtype),
-                            b,
-                            copies * (1 + rc_ae),
-                            shard,
-                            str(s),
-                            "context parallelism: K/V gathered along the sequence (cost.layer_terms sp_base)",
-                        )
-                    )
-                    colls.append(
-                        PredictedCollective(
-                            op.name,
-                            "kv-gather",
-                            "backward",
-                            "reduce-scatter",
-                            ("seq",),
-                            "d" + t.name,
-                            hlo_dtype(t.dtype),
-                            b,
-                            copies,
-                            str(s),
-                            shard,
-                            "context parallelism: dK/dV reduce-scattered along the sequence (cost.layer_terms sp_base)",
-                        )
-                    )
-        if op.name == "moe/up" and Strategy.EP in structure.active:
-            # cost.layer_terms ep_base: dispatch and combine AllToAll over the expert axis,
-            # forward (+ remat) and backward: ep_base * (2 * (1 + rc_all) + 2)
-            xe = Tensor("xe", ("experts", "capacity", "embed"), op.inputs[0].dtype)
-            s = spec_of(xe, rules)
-            b = _f(s.local_bytes(sizes, mesh_sizes))
-            for label, phase, n in (
-                ("dispatch", "forward", 1 + rc_all),
-                ("combine", "forward", 1 + rc_all),
-                ("dispatch", "backward", 1.0),
-                ("combine", "backward", 1.0),
-            ):
-                colls.append(
-                    PredictedCollective(
-                        op.name,
-                        label,
-                        phase,
-                        "all-to-all",
-                        ("expert",),
-                        "xe",
-                        hlo_dtype(xe.dtype),
-                        b,
-                        copies * n,
-                        "[tokens, embed] sharded over the batch axes",
-                        str(s),
-                        "MoE dispatch/combine over the expert axis (cost.layer_terms ep_base)",
-                    )
-                )
-
-    mesh_int = dict(deg.mesh_axes())
-    order = tuple(a for a in AXIS_ORDER if a in mesh_int)
-    colls = [replace(c, axes=_mesh_axes_order(c.axes, order)) for c in colls]
-    once = [replace(c, axes=_mesh_axes_order(c.axes, order)) for c in once]
+    flops = _dot_flops(w, rk)
     inputs = {
         "model": model.name,
         "plan": _plan_str(deg),
@@ -516,67 +329,110 @@ def predict_train_step(
     return Prediction(
         name,
         "train_step",
-        mesh_int,
+        dict(deg.mesh_axes()),
         tuple(colls),
         float(sum(flops.values())),
         flops,
         tuple(once),
-        tuple(einsums),
+        w.einsums,
         inputs,
         tuple(notes),
         again,
     )
 
 
-_LABELS = ("forward", "d_lhs", "d_rhs")
-_ONCE_WHY = {
-    CollectiveKind.ALL_GATHER: "the same array gathered the same way once per phase (cost.add_comms)",
-    CollectiveKind.ALL_REDUCE: "partial input-gradients of one block summed, then reduced once (cost.add_comms)",
-    CollectiveKind.REDUCE_SCATTER: "partial input-gradients of one block summed, then reduced once (cost.add_comms)",
-}
+def _check_program(model: ModelSpec, deg: Degrees, n_layers: int) -> None:
+    if deg.pp > 1:
+        raise VerifyError(
+            f"pp={deg.pp}",
+            rule="the verify program is one layer (or a scanned stack) without pipeline stages",
+            fix="verify dp, fsdp, tp, sp and ep; pipeline costs are bubbles and hops, not collectives of a layer",
+        )
+    if model.mla is not None:
+        raise VerifyError(
+            f"model {model.name!r} uses MLA",
+            rule="the verify program builds GQA/MHA layers",
+            fix="use a GQA model",
+        )
+    if int(n_layers) < 1:
+        raise VerifyError(
+            f"n_layers={n_layers}", rule="a program has at least one layer", fix="use --layers 1"
+        )
 
 
-@functools.lru_cache(maxsize=64)
-def _planned_rows(
+def _walk_program(
     model: ModelSpec,
-    mesh_axes: tuple[tuple[str, int], ...],
+    deg: Degrees,
     batch: int,
     seq: int,
     dt: str,
     n_layers: int,
     remat: bool,
     system: str | None,
-):
-    """Ledger rows with their sizes and (for matmuls) the three planned einsums; cached per program."""
-    deg = Degrees(**{s.value: dict(mesh_axes).get(AXIS_OF[s], 1) for s in Strategy})
+    choices: Mapping[tuple[str, str], int],
+) -> tuple[Walk, Pricing, bool]:
+    """The walk of the program's layers: its dtype, dense attention, no embedding rows, the
+    verify pricing, and the algebra's checks on (specs from rules, but tiny dims)."""
     m = model.with_(n_layers=n_layers)
     rk = Remat(RematKind.FULL) if remat else Remat(RematKind.NONE)
-    structure = structure_of(Plan(deg, remat=rk), m)
-    rules = rules_of(structure, m)
-    mesh_sizes = {AXIS_OF[s]: float(getattr(deg, s.value)) for s in Strategy}
-    pricing = make_pricing(dict(mesh_axes), dt, system)
+    structure = structure_of(Plan(degrees=deg, remat=rk), m)
+    mesh_axes = dict(deg.mesh_axes())
+    pricing = make_pricing(mesh_axes, dt, system)
     led = build_ledger(m, batch=1, seq=seq, causal=Causal.FULL, dtypes=DtypePolicy(dt, dt, dt))
-    rows = []
-    for op in led:
-        if op.name in _SKIPPED_ROWS:
+    led = replace(led, ops=tuple(o for o in led.ops if o.name not in _SKIPPED_ROWS))
+    mesh_sizes = {AXIS_OF[s]: float(deg.of(s)) for s in Strategy}
+    algebra = AlgebraPricing(
+        pricing.comm, None, pricing.peak_flops_per_s, pricing.hbm_bw_bytes_per_s
+    )
+    opts = WalkOptions(keep_einsums=True, trusted=False, choices=choices, remats=(rk,))
+    w = walk_ledger(
+        m, led, rules_of(structure, m), mesh_sizes, float(batch), pricing=algebra, options=opts
+    )
+    return w, pricing, structure.kv_replicated
+
+
+def _predicted(
+    w: Walk, remat: RematKind, dt: str, deg: Degrees
+) -> tuple[list[PredictedCollective], list[PredictedCollective]]:
+    """The walk's chosen collectives: those paid here, and those counted with another row."""
+    order = tuple(a for a in AXIS_ORDER if a in dict(deg.mesh_axes()))
+    colls: list[PredictedCollective] = []
+    once: list[PredictedCollective] = []
+    for c in w.collectives:
+        if not _b(c.chosen):
             continue
-        sizes = {k: _f(v) for k, v in op_sizes(op, np.asarray(float(batch))).items()}
-        planned = None
-        if op.kind == OpKind.MATMUL:
-            lhs, rhs, out_s = op_specs(op, rules)
-            planned = plan_training_einsum(
-                lhs,
-                rhs,
-                out_s,
-                sizes,
-                mesh_sizes,
-                pricing.comm,
-                peak_flops_per_s=pricing.peak_flops_per_s,
-                hbm_bw_bytes_per_s=pricing.hbm_bw_bytes_per_s,
-                check_divisible=False,
+        copies = _f(c.copies)
+        if not _b(c.counted):
+            once.append(_pc(c, copies, order, _ONCE_WHY.get(c.kind, "counted once")))
+        elif _b(c.reusable) and remat == RematKind.NONE:
+            once.append(
+                _pc(c, copies, order, "gathered weight kept from the forward pass (no remat)")
             )
-        rows.append((op, sizes, planned))
-    return tuple(rows), structure, rules, mesh_sizes, pricing
+        else:
+            colls.append(_pc(c, copies * (1 + (remat in c.rerun_by)), order))
+    return colls, once
+
+
+def _dot_flops(w: Walk, remat: RematKind) -> dict[str, float]:
+    """Matmul and attention FLOPs per device per step by ledger row (remat's reruns included)."""
+    flops: dict[str, float] = {}
+    for r in w.ops:
+        if r.op_class in (OpClass.ELEMENTWISE, OpClass.EMBEDDING):
+            continue
+        mult = 1 + (remat in r.rerun_by)
+        flops[r.op] = flops.get(r.op, 0.0) + _f(r.copies) * _f(r.flops_per_chip) * mult
+    return flops
+
+
+_ONCE_WHY = {
+    CollectiveKind.ALL_GATHER: "the same array gathered the same way once per phase (walk.SharedCollectives)",
+    CollectiveKind.ALL_REDUCE: "partial input-gradients of one block summed, then reduced once (walk.SharedCollectives)",
+    CollectiveKind.REDUCE_SCATTER: "partial input-gradients of one block summed, then reduced once (walk.SharedCollectives)",
+}
+
+
+def _b(x: Any) -> bool:
+    return bool(np.asarray(x).reshape(-1)[0])
 
 
 def _override(ep: EinsumPlan, index: int | None) -> EinsumPlan:
@@ -598,50 +454,23 @@ def _peak(system: System, dt: str) -> float:
         return system.chip.peak("bf16")
 
 
-def _with_seq(s: Spec) -> tuple[tuple[str, ...], ...]:
-    """The axes of `s` with kv_seq split over `seq` (the K/V shard before the gather)."""
-    return tuple((("seq",) if d == "kv_seq" else ax) for d, ax in zip(s.dims, s.axes, strict=True))
-
-
-def _counted(ep: EinsumPlan, c: Comm, block: str, counted: dict) -> tuple[dict[str, float], bool]:
-    """Ask `cost.add_comms` whether this one collective is counted, in which bucket, and
-    whether it is a backward re-gather of a forward FSDP gather (`fsdp_b_dup`).
-
-    The collective is priced at 1 (a marker) so that a zero-cost collective still shows up.
-    """
-    out = {k: np.zeros(1) for k in _BUCKET_KEYS}
-    o = replace(ep.best, comms=(replace(c, time_s=1.0),))
-    single = replace(ep, options=(o,), choice=0)
-    add_comms(single, block, 1.0, out, counted, True)
-    added = {k: _f(v) for k, v in out.items() if k != "fsdp_b_dup" and _f(v) != 0.0}
-    return added, _f(out["fsdp_b_dup"]) > 0
-
-
 def _pc(
-    op: str, label: str, c: Comm, count: float, ep: EinsumPlan, why: str = ""
+    c: CollectiveRecord, count: float, order: tuple[str, ...], why: str = ""
 ) -> PredictedCollective:
     return PredictedCollective(
-        op,
-        label,
-        c.phase,
+        c.op,
+        c.einsum,
+        "forward" if c.pass_.value == "forward" else "backward",
         HLO_KIND[c.kind],
-        tuple(c.axes),
+        _mesh_axes_order(tuple(c.axes), order),
         c.tensor,
-        _dtype_of(c, ep),
+        hlo_dtype(c.dtype),
         _f(c.bytes_per_chip),
         count,
         c.before,
         c.after,
         why or c.why,
     )
-
-
-def _dtype_of(c: Comm, ep: EinsumPlan) -> str:
-    """The dtype of the collective's array: the einsum operand or output it names."""
-    for s in (ep.lhs, ep.rhs, ep.out):
-        if s.name == c.tensor:
-            return hlo_dtype(s.dtype)
-    return hlo_dtype(ep.out.dtype)
 
 
 def hlo_dtype(name: str) -> str:
@@ -734,7 +563,20 @@ def predict_matmul(
     ep = _override(ep, dict(choices or {}).get(("matmul", "forward")))
     order = tuple(mesh_int)
     colls = tuple(
-        replace(_pc("matmul", "forward", c, 1.0, ep), axes=_mesh_axes_order(tuple(c.axes), order))
+        PredictedCollective(
+            "matmul",
+            "forward",
+            c.phase,
+            HLO_KIND[c.kind],
+            _mesh_axes_order(tuple(c.axes), order),
+            c.tensor,
+            hlo_dtype(dt),
+            _f(c.bytes_per_chip),
+            1.0,
+            c.before,
+            c.after,
+            c.why,
+        )
         for c in ep.best.comms
     )
     fl = _f(ep.flops_per_chip)

@@ -1,0 +1,905 @@
+"""The walk: the sharded-einsum algebra applied to every ledger row once, as typed records.
+
+For a (model, mesh family, phase) every ledger row becomes per-chip records (docs/
+architecture.md, "The walk"):
+
+- `OpRecord` per op and pass (forward, d_lhs, d_rhs): op class, compute dtype, per-chip
+  FLOPs and HBM bytes, compute and memory seconds, the per-chip GEMM (matmuls), how many
+  copies (layers on the fullest pipeline stage) run per microbatch, and which remat
+  policies rerun its forward;
+- `CollectiveRecord` per collective: kind, mesh axes, tensor, bytes and seconds per
+  execution, pass, overlap class (weight gather, gradient reduction per microbatch or per
+  step, tensor, sequence, expert, pipeline, other), whether it is counted here or with
+  another row (x gathered once for Q, K and V; a block's partial dx reduced once), and
+  whether a step without remat may skip it (a backward re-gather of a forward FSDP gather);
+- `MemoryPieces`: per-chip parameters, gathered FSDP weights and saved activations per
+  remat policy, read off the same rows.
+
+Fields are numpy arrays with one entry per row of the mesh family (a single plan is n=1).
+Training's timeline, the planner, verify's predictor and inference all read these records;
+`Totals` sums them by field, in one place. Phases: `train` walks forward, d_lhs and d_rhs;
+`prefill` and `decode` walk the forward pass only (decode reads a KV cache of `kv_seq`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from roofline.collectives import CollectiveKind
+from roofline.cost import CommModel, ComputeModel, mesh_for, shape_dependent
+from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
+from roofline.memory import NON_LAYER_ROWS, rerun_by, saved_bytes
+from roofline.mesh import Mesh
+from roofline.rules import AXIS_OF, Degrees, Rules, Strategy, Structure, rules_of
+from roofline.sharding import (
+    CHEAPEST,
+    Comm,
+    CommFn,
+    EinsumPlan,
+    GemmShape,
+    OptionPolicy,
+    Spec,
+    plan_einsum,
+    plan_training_einsum,
+)
+from roofline.specs.efficiency import Efficiency
+from roofline.specs.model import ModelSpec
+from roofline.specs.plan import Causal, ComputeDtypes, OpClass, Phase, Remat, RematKind
+from roofline.specs.system import System
+from roofline.units import dtype_bytes
+
+
+class Pass(enum.StrEnum):
+    """A pass of an op: the forward einsum, or one of its two backward einsums (book
+    training.md Appendix A: d_lhs = d_out · rhs, d_rhs = lhs · d_out)."""
+
+    FORWARD = "forward"
+    D_LHS = "d_lhs"
+    D_RHS = "d_rhs"
+
+
+class Overlap(enum.StrEnum):
+    """What a collective overlaps with; the timeline decides per class what is hidden.
+
+    The values are the short names the reports use for each class.
+    """
+
+    WEIGHT_GATHER = "fsdp"  # a weight (or its FSDP shard) gathered before its matmul
+    GRAD_REDUCE_MB = "grad_mb"  # weight gradients reduced every microbatch (fsdp / expert axes)
+    GRAD_REDUCE_STEP = "grad_step"  # weight gradients reduced once per step (data axis)
+    TENSOR = "tp"  # activations over the tensor axis (Megatron TP)
+    SEQUENCE = "sp"  # activations over the sequence axis (context parallelism)
+    EXPERT = "ep"  # token dispatch and combine over the expert axis
+    PIPELINE = "pp"  # activations to the next pipeline stage
+    OTHER = "other"  # any other activation traffic (e.g. gathers over batch axes)
+
+
+def overlap_class(c: Comm) -> Overlap:
+    """The overlap class of a collective the algebra chose (the one home of the rule)."""
+    t = c.tensor
+    if t.startswith(("dW", "dw")):
+        if "fsdp" in c.axes or "expert" in c.axes:
+            return Overlap.GRAD_REDUCE_MB
+        return Overlap.GRAD_REDUCE_STEP
+    if t.startswith(("W", "w_")):
+        return Overlap.WEIGHT_GATHER
+    if c.kind == CollectiveKind.ALL_TO_ALL and "expert" in c.axes:
+        return Overlap.EXPERT
+    if "tensor" in c.axes:
+        return Overlap.TENSOR
+    if "seq" in c.axes:
+        return Overlap.SEQUENCE
+    return Overlap.OTHER
+
+
+NO_RERUN: frozenset[RematKind] = frozenset()
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One pass of one ledger op on one chip (per execution; `copies` executions per microbatch)."""
+
+    op: str
+    pass_: Pass
+    op_class: OpClass
+    dtype: str
+    copies: Any
+    flops_per_chip: Any
+    hbm_bytes_per_chip: Any
+    compute_s: Any
+    memory_s: Any
+    rerun_by: frozenset[RematKind] = NO_RERUN
+    einsum: EinsumPlan | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def time_s(self) -> Any:
+        """The op's roofline: max(compute, memory)."""
+        return np.maximum(self.compute_s, self.memory_s)
+
+    def gemm(self) -> GemmShape | None:
+        """The per-chip GEMM (m, n, k, count) of a matmul's chosen option (None otherwise)."""
+        if self.einsum is None:
+            return None
+        return self.einsum.gemm_shape(self.einsum.sizes, self.einsum.mesh)
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective of one op's pass (per execution; `copies` executions per microbatch).
+
+    `chosen`: the option holding it was chosen (masks per row); `counted`: it is paid here
+    (not with another row); `time_s` is zero where it is not counted. `reusable`: a backward
+    re-gather of a weight the forward gathered, which a step without remat skips.
+    """
+
+    op: str
+    einsum: str  # forward | d_lhs | d_rhs | kv-gather | dispatch | combine | hop
+    pass_: Pass
+    kind: CollectiveKind
+    axes: tuple[str, ...]
+    tensor: str
+    dtype: str
+    overlap: Overlap
+    bytes_per_chip: Any
+    time_s: Any
+    copies: Any
+    rerun_by: frozenset[RematKind] = NO_RERUN
+    chosen: Any = True
+    counted: Any = True
+    reusable: Any = False
+    before: str = ""
+    after: str = ""
+    why: str = ""
+
+    @property
+    def backward(self) -> bool:
+        return self.pass_ != Pass.FORWARD
+
+
+@dataclass(frozen=True)
+class MemoryPieces:
+    """Per-chip memory the mesh decides (one microbatch, arrays per row)."""
+
+    params_local: Any  # parameter elements on the fullest stage
+    weights_gathered_bytes: Any  # every layer's weights after the FSDP gather (bytes)
+    saved_per_layer: Mapping[Remat, Any]  # activation bytes one layer keeps, by remat policy
+    logits_bytes: Any  # the fp32 logits of one microbatch
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Everything the algebra says about one phase of a family of plans (arrays per row)."""
+
+    phase: Phase
+    n: int
+    ops: tuple[OpRecord, ...]
+    collectives: tuple[CollectiveRecord, ...]
+    memory: MemoryPieces | None
+    mesh_reason: np.ndarray  # "" where the mesh fits the topology
+    einsums: tuple = ()  # (op name, forward[, d_lhs, d_rhs]) EinsumPlans when kept
+
+    @property
+    def mesh_bad(self) -> np.ndarray:
+        return self.mesh_reason != ""
+
+
+# --------------------------------------------------------------------------------------
+# Sums by field (the one place records are added up)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A walk's records summed per microbatch (× copies), by the fields the readers need.
+
+    `compute_s` / `flops` by (forward?, rerun_by); `comm_s` by (overlap, forward?, rerun_by);
+    `reusable_s` by overlap (the backward re-gathers a no-remat step skips).
+    """
+
+    compute_s: Mapping[tuple[bool, frozenset[RematKind]], Any]
+    flops: Mapping[tuple[bool, frozenset[RematKind]], Any]
+    comm_s: Mapping[tuple[Overlap, bool, frozenset[RematKind]], Any]
+    reusable_s: Mapping[Overlap, Any]
+
+    @staticmethod
+    def of(walk: Walk) -> Totals:
+        compute: dict = {}
+        flops: dict = {}
+        comm: dict = {}
+        reusable: dict = {}
+        for r in walk.ops:
+            k = (r.pass_ == Pass.FORWARD, r.rerun_by)
+            compute[k] = compute.get(k, 0.0) + r.copies * r.time_s
+            flops[k] = flops.get(k, 0.0) + r.copies * r.flops_per_chip
+        for c in walk.collectives:
+            t = c.copies * c.time_s
+            k2 = (c.overlap, not c.backward, c.rerun_by)
+            comm[k2] = comm.get(k2, 0.0) + t
+            if np.any(c.reusable):
+                reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
+        return Totals(compute, flops, comm, reusable)
+
+
+# --------------------------------------------------------------------------------------
+# Sharding the ledger's tensors
+# --------------------------------------------------------------------------------------
+
+
+def spec_of(t: Tensor, rules: Rules, *, block_io: bool = False) -> Spec:
+    """The sharded array of a ledger tensor under `rules` (an axis is used once per array).
+
+    `block_io`: a layer's input or output between blocks, which Megatron sequence parallelism
+    splits along the sequence over the tensor axis.
+    """
+    axes = []
+    used: set[str] = set()
+    for d in t.dims:
+        a = tuple(x for x in rules.axes_for(d, t.is_param) if x not in used)
+        if (
+            block_io
+            and rules.sequence_parallel
+            and d == "seq"
+            and not t.is_param
+            and "tensor" not in used
+        ):
+            a = a + ("tensor",)
+        used.update(a)
+        axes.append(a)
+    return Spec(t.name, t.dims, tuple(axes), (), t.dtype)
+
+
+_BLOCK_INPUT_OPS = (
+    "attn/q",
+    "attn/k",
+    "attn/v",
+    "attn/q_a",
+    "attn/kv_a",
+    "mlp/gate",
+    "mlp/up",
+    "moe/router",
+    "moe/shared/gate",
+    "moe/shared/up",
+    "unembed",
+)
+_BLOCK_OUTPUT_OPS = ("attn/out", "mlp/down", "moe/shared/down")
+
+
+def op_specs(op: Op, rules: Rules) -> tuple[Spec, Spec, Spec]:
+    lhs_t, rhs_t = op.inputs
+    lhs = spec_of(lhs_t, rules, block_io=op.name in _BLOCK_INPUT_OPS)
+    rhs = spec_of(rhs_t, rules)
+    out = spec_of(op.out, rules, block_io=op.name in _BLOCK_OUTPUT_OPS)
+    return lhs, rhs, out
+
+
+def op_sizes(op: Op, sequences: Any) -> dict[str, Any]:
+    """The op's dim sizes for `sequences` per microbatch (the ledger row is for batch=1).
+
+    The MoE capacity (tokens per expert) scales with the batch like every other size.
+    """
+    s: dict[str, Any] = dict(op.sizes)
+    s["batch"] = sequences
+    if "capacity" in s:
+        s["capacity"] = op.sizes["capacity"] * sequences / op.sizes["batch"]
+    return s
+
+
+def shard_factor(
+    dims: tuple[str, ...], rules: Rules, is_param: bool, mesh: Mapping[str, Any]
+) -> Any:
+    """How many ways an array of these dims is split (product of its distinct mesh axes)."""
+    n: Any = 1.0
+    used: set[str] = set()
+    for d in dims:
+        for a in rules.axes_for(d, is_param):
+            if a not in used:
+                used.add(a)
+                n = n * mesh[a]
+    return n
+
+
+# --------------------------------------------------------------------------------------
+# Shared collectives: what one block pays once
+# --------------------------------------------------------------------------------------
+
+
+class SharedCollectives:
+    """Collectives a block pays once however many of its einsums ask for them.
+
+    - the same array gathered the same way is gathered once per pass (x for q, k and v);
+    - the partial input-gradients of one block are summed, then reduced once (dq, dk, dv -> dx).
+
+    Masks are per row (a row's einsums may choose different options).
+    """
+
+    def __init__(self) -> None:
+        self.gathers: dict[tuple[str, str, str, str, str], Any] = {}
+        self.reductions: dict[tuple[str, str, CollectiveKind, tuple[str, ...], str], Any] = {}
+
+    def count(self, c: Comm, block: str, sel: Any, merge: bool) -> tuple[Any, Any]:
+        """(counted, reusable) masks for collective `c` of an option chosen where `sel`."""
+        no = np.zeros_like(sel)
+        if c.kind == CollectiveKind.ALL_GATHER and not c.tensor.startswith("d"):
+            key = (block, c.tensor, c.before, c.after, c.phase)
+            prev = self.gathers.get(key, no)
+            add = sel & ~prev
+            self.gathers[key] = prev | sel
+            reusable = no
+            if c.phase == "backward" and c.tensor.startswith(("W", "w_")):
+                fwd = self.gathers.get((block, c.tensor, c.before, c.after, "forward"), no)
+                reusable = add & fwd
+            return add, reusable
+        if (
+            merge
+            and c.tensor.startswith("dx")
+            and c.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
+        ):
+            key2 = (block.split("/")[0], c.tensor, c.kind, c.axes, c.phase)
+            prev = self.reductions.get(key2, no)
+            self.reductions[key2] = prev | sel
+            return sel & ~prev, no
+        return sel, no
+
+    def paid_reductions(self, block: str, dx: str) -> dict[tuple[CollectiveKind, tuple], Any]:
+        prefix = block.split("/")[0]
+        return {
+            (k[2], k[3]): v
+            for k, v in self.reductions.items()
+            if k[0] == prefix and k[1] == dx and k[4] == "backward"
+        }
+
+
+# --------------------------------------------------------------------------------------
+# The walk
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlgebraPricing:
+    """How the algebra prices an einsum's options: collectives, matmul FLOP/s, HBM bytes/s.
+
+    Training prices on the system through the efficiency profile (`for_system`); verify
+    prices with its own compute-first rule (see verify/predict.py).
+    """
+
+    comm: CommFn
+    compute: ComputeModel | None  # None: the record times are the algebra's own
+    peak_flops_per_s: float
+    hbm_bw_bytes_per_s: float
+    vector_flops_per_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class WalkOptions:
+    """How the walk treats the rows (defaults are training's)."""
+
+    dtypes: ComputeDtypes = ComputeDtypes()
+    policy: OptionPolicy = CHEAPEST
+    keep_einsums: bool = False  # keep the EinsumPlans (single plans; reports)
+    merge_reductions: bool = True  # a block's partial dx reduced once (see SharedCollectives)
+    trusted: bool = True  # specs come from rules: skip the algebra's input checks
+    choices: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (op, pass) -> option
+    remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
+
+
+class _Walker:
+    """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
+
+    def __init__(self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp):
+        self.model, self.ledger, self.rules = model, ledger, rules
+        self.mesh, self.seqs, self.phase = mesh_sizes, sequences, phase
+        self.pricing, self.opts, self.pp = pricing, opts, pp
+        self.shared = SharedCollectives()
+        self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
+        self.ops: list[OpRecord] = []
+        self.colls: list[CollectiveRecord] = []
+        self.einsums: list[tuple] = []
+        self.passes = (Pass.FORWARD,) if phase != Phase.TRAIN else tuple(Pass)
+
+    # -- per op -------------------------------------------------------------------------
+    def copies(self, op: Op) -> Any:
+        """Copies of a row on the fullest pipeline stage (stages may be uneven)."""
+        if op.name in NON_LAYER_ROWS:
+            return np.ones_like(np.asarray(self.pp, float))
+        return np.ceil(op.count / self.pp)
+
+    def visit(self, op: Op) -> None:
+        sizes = op_sizes(op, self.seqs)
+        copies = self.copies(op)
+        if op.kind == OpKind.MATMUL:
+            self.matmul(op, sizes, copies)
+        elif op.kind == OpKind.ATTENTION:
+            self.attention(op, sizes, copies)
+        else:
+            self.elementwise(op, copies)
+        if op.name == "moe/up" and "expert" in self.rules.activations.get("experts", ()):
+            self.dispatch(op, sizes, copies)
+
+    def matmul(self, op: Op, sizes: dict, copies: Any) -> None:
+        op_class = OpClass.EXPERT_GEMM if "experts" in op.inputs[1].dims else OpClass.DENSE_GEMM
+        dtype = self.opts.dtypes.of(op_class).value
+        plans = list(self.plan(op, sizes, dtype))
+        for i, label in enumerate(self.passes):
+            idx = self.opts.choices.get((op.name, label.value))
+            if idx is not None:
+                plans[i] = _override(plans[i], idx)
+        block = op.name.rsplit("/", 1)[0]
+        if self.phase == Phase.TRAIN and self.opts.merge_reductions:
+            plans[1] = self.merged_dlhs(plans[1], block, sizes)
+        if self.opts.keep_einsums:
+            self.einsums.append((op.name, *plans))
+        reruns = rerun_by(op)
+        for label, ep in zip(self.passes, plans, strict=True):
+            rr = reruns if label == Pass.FORWARD else NO_RERUN
+            self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
+            self.einsum_collectives(op, label, ep, block, copies, rr)
+
+    def plan(self, op: Op, sizes: dict, dtype: str) -> tuple[EinsumPlan, ...]:
+        """The forward (and, training, both backward) einsums; identical einsums (gate and up)
+        are planned once."""
+        lhs, rhs, out = op_specs(op, self.rules)
+        key = (lhs, rhs, out, tuple(sorted((k, v) for k, v in op.sizes.items() if k != "batch")))
+        if key not in self.same:
+            p = self.pricing
+            w = op.weight
+            kw = dict(
+                peak_flops_per_s=p.peak_flops_per_s,
+                hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
+                check_divisible=False,
+                trusted=self.opts.trusted,
+                policy=self.opts.policy,
+                weights=frozenset() if w is None else frozenset({w.name, "d" + w.name}),
+            )
+            if self.phase == Phase.TRAIN:
+                self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
+            else:
+                self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
+        return self.same[key]
+
+    def merged_dlhs(self, bl: EinsumPlan, block: str, sizes: dict) -> EinsumPlan:
+        """Re-plan a d_lhs einsum knowing which reductions of the block's dx are already paid.
+
+        The partial input-gradients of one block (dq, dk, dv -> dx; gate and up -> dx) are
+        summed and reduced once, so once one projection pays the AllReduce (or ReduceScatter)
+        of dx over some axes, the next one's reduction over them is free — and the option
+        that reduces becomes the cheap one. Without this each einsum would choose alone (e.g.
+        gather dk and W_k rather than reduce), which neither XLA nor a fused projection does.
+        """
+        if not bl.options or not bl.options[0].out.name.startswith("dx"):
+            return bl
+        paid = self.shared.paid_reductions(block, bl.options[0].out.name)
+        if not paid:
+            return bl
+        comm = self.pricing.comm
+
+        def comm_paid(kind: CollectiveKind, b: Any, axes: tuple[str, ...]) -> Any:
+            t = comm(kind, b, axes)
+            m = paid.get((kind, tuple(axes)))
+            return t if m is None else np.where(m, 0.0, t)
+
+        p = self.pricing
+        return plan_einsum(
+            bl.lhs,
+            bl.rhs,
+            bl.out,
+            sizes,
+            self.mesh,
+            comm_paid,
+            peak_flops_per_s=p.peak_flops_per_s,
+            hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
+            phase="backward",
+            check_divisible=False,
+            trusted=self.opts.trusted,
+            policy=self.opts.policy,
+        )
+
+    def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
+        compute_s = ep.compute_time_s
+        cm = self.pricing.compute
+        if cm is not None and shape_dependent(cm.eff):
+            shape = ep.gemm_shape(ep.sizes, ep.mesh)
+            compute_s = ep.flops_per_chip / cm.flops_per_s(op_class, dtype, shape)
+        return OpRecord(
+            op.name,
+            label,
+            op_class,
+            dtype,
+            copies,
+            ep.flops_per_chip,
+            ep.hbm_bytes_per_chip,
+            compute_s,
+            ep.memory_time_s,
+            reruns,
+            ep,
+        )
+
+    def einsum_collectives(self, op, label, ep, block, copies, reruns) -> None:
+        """Records for the collectives of every option chosen on some row."""
+        choice = np.asarray(ep.choice)
+        for oi, o in enumerate(ep.options):
+            sel = choice == oi
+            if not np.any(sel):
+                continue
+            for c in o.comms:
+                counted, reusable = self.shared.count(c, block, sel, self.opts.merge_reductions)
+                cls = overlap_class(c)
+                # remat reruns a forward collective with its op, but weights are gathered once
+                # for the recompute and the backward pass together (a backward re-gather)
+                rr = reruns if cls != Overlap.WEIGHT_GATHER else NO_RERUN
+                self.colls.append(
+                    CollectiveRecord(
+                        op.name,
+                        label.value,
+                        label,
+                        c.kind,
+                        tuple(c.axes),
+                        c.tensor,
+                        _dtype_of(c, ep),
+                        cls,
+                        c.bytes_per_chip,
+                        np.where(counted, c.time_s, 0.0),
+                        copies,
+                        rr,
+                        sel,
+                        counted,
+                        reusable,
+                        c.before,
+                        c.after,
+                        c.why,
+                    )
+                )
+
+    def attention(self, op: Op, sizes: dict, copies: Any) -> None:
+        """Scores / context: activation x activation, local once heads and batch are split
+        (GQA: each chip reads only the KV heads its query heads need); book inference.md."""
+        rules, mesh = self.rules, self.mesh
+        sh = shard_factor(op.out.dims, rules, False, mesh)
+        fl = op.flops / op.count * self.seqs / op.sizes["batch"] / sh
+        by = sum(
+            spec_of(t, rules).local_bytes(sizes, mesh)
+            for t in (*op.inputs, op.out)
+            if not t.on_chip
+        )
+        dtype = self.opts.dtypes.attention.value
+        p = self.pricing
+        peak = (
+            p.peak_flops_per_s
+            if p.compute is None
+            else p.compute.attention_flops_per_s(dtype, False, op.sizes.get("head_dim", 0.0))
+        )
+        comp, mem = fl / peak, by / p.hbm_bw_bytes_per_s
+        for label in self.passes:  # the backward pass: two contractions of the same size
+            rr = rerun_by(op) if label == Pass.FORWARD else NO_RERUN
+            self.ops.append(
+                OpRecord(op.name, label, OpClass.ATTENTION, dtype, copies, fl, by, comp, mem, rr)
+            )
+        if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
+            self.context_parallel(op, sizes, copies)
+
+    def elementwise(self, op: Op, copies: Any) -> None:
+        """Elementwise ops and the embedding gather: memory-bound, sharded like their output."""
+        sh = shard_factor(op.out.dims, self.rules, False, self.mesh)
+        fl = op.flops / op.count / op.sizes["batch"] * self.seqs / sh
+        by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
+        p = self.pricing
+        comp, mem = fl / p.vector_flops_per_s, by / p.hbm_bw_bytes_per_s
+        cls = OpClass.EMBEDDING if op.kind == OpKind.GATHER else OpClass.ELEMENTWISE
+        dtype = op.out.dtype
+        self.ops.append(
+            OpRecord(op.name, Pass.FORWARD, cls, dtype, copies, fl, by, comp, mem, rerun_by(op))
+        )
+        if self.phase == Phase.TRAIN:  # one backward pass: the gradient of the input (the table)
+            back = Pass.D_RHS if cls == OpClass.EMBEDDING else Pass.D_LHS
+            self.ops.append(OpRecord(op.name, back, cls, dtype, copies, fl, by, comp, mem))
+
+    def context_parallel(self, op: Op, sizes: dict, copies: Any) -> None:
+        """K and V gathered along the sequence before attention (forward, rerun with attention
+        under remat) and their gradients reduce-scattered back (backward). V is priced with
+        K's shard (the same size for GQA/MHA)."""
+        k = op.inputs[1]
+        s = spec_of(k, self.rules)
+        b = s.local_bytes(sizes, self.mesh)
+        shard = str(replace(s, axes=_with_seq(s)))
+        fwd_rr = rerun_by(op)
+        why = "context parallelism: K/V gathered along the sequence"
+        for name in (k.name, "v"):
+            t = self.pricing.comm(CollectiveKind.ALL_GATHER, b, ("seq",))
+            self.colls.append(
+                CollectiveRecord(
+                    op.name,
+                    "kv-gather",
+                    Pass.FORWARD,
+                    CollectiveKind.ALL_GATHER,
+                    ("seq",),
+                    name,
+                    k.dtype,
+                    Overlap.SEQUENCE,
+                    b,
+                    t,
+                    copies,
+                    fwd_rr,
+                    before=shard,
+                    after=str(s),
+                    why=why,
+                )
+            )
+            if self.phase == Phase.TRAIN:
+                t = self.pricing.comm(CollectiveKind.REDUCE_SCATTER, b, ("seq",))
+                self.colls.append(
+                    CollectiveRecord(
+                        op.name,
+                        "kv-gather",
+                        Pass.D_RHS,
+                        CollectiveKind.REDUCE_SCATTER,
+                        ("seq",),
+                        "d" + name,
+                        k.dtype,
+                        Overlap.SEQUENCE,
+                        b,
+                        t,
+                        copies,
+                        before=str(s),
+                        after=shard,
+                        why="context parallelism: dK/dV reduce-scattered along the sequence",
+                    )
+                )
+
+    def dispatch(self, op: Op, sizes: dict, copies: Any) -> None:
+        """MoE dispatch and combine: AllToAll over the expert axis (book gpus.md, expert
+        parallelism), forward (rerun with the expert matmuls under remat) and backward."""
+        xe = Tensor("xe", ("experts", "capacity", "embed"), op.inputs[0].dtype)
+        s = spec_of(xe, self.rules)
+        b = s.local_bytes(sizes, self.mesh)
+        t = self.pricing.comm(CollectiveKind.ALL_TO_ALL, b, ("expert",))
+        why = "MoE dispatch/combine over the expert axis"
+        for label in self.passes[:2]:
+            rr = rerun_by(op) if label == Pass.FORWARD else NO_RERUN
+            for name in ("dispatch", "combine"):
+                self.colls.append(
+                    CollectiveRecord(
+                        op.name,
+                        name,
+                        label,
+                        CollectiveKind.ALL_TO_ALL,
+                        ("expert",),
+                        "xe",
+                        xe.dtype,
+                        Overlap.EXPERT,
+                        b,
+                        t,
+                        copies,
+                        rr,
+                        before="[tokens, embed] sharded over the batch axes",
+                        after=str(s),
+                        why=why,
+                    )
+                )
+
+    # -- per step -----------------------------------------------------------------------
+    def pipeline_hop(self, seq: float) -> None:
+        """One microbatch's activations to the next stage (a permute over the stage axis)."""
+        if "stage" not in self.rules.activations.get("layers", ()):
+            return
+        x = spec_of(Tensor("x", ("batch", "seq", "embed"), "bf16"), self.rules, block_io=True)
+        b = x.local_bytes({"batch": self.seqs, "seq": seq, "embed": self.model.d_model}, self.mesh)
+        t = self.pricing.comm(CollectiveKind.PERMUTE, b, ("stage",))
+        self.colls.append(
+            CollectiveRecord(
+                "pipeline",
+                "hop",
+                Pass.FORWARD,
+                CollectiveKind.PERMUTE,
+                ("stage",),
+                "x",
+                "bf16",
+                Overlap.PIPELINE,
+                b,
+                t,
+                1.0,
+                why="activations to the next pipeline stage",
+            )
+        )
+
+    def memory(self, seq: float) -> MemoryPieces:
+        rules, mesh, led, m = self.rules, self.mesh, self.ledger, self.model
+        params_local: Any = 0.0
+        gathered: Any = 0.0
+        for op in led:
+            w = op.weight
+            if w is None:
+                continue
+            per = w.elements(op.sizes) / shard_factor(w.dims, rules, True, mesh)
+            params_local = params_local + per * self.copies(op)
+            if op.name not in NON_LAYER_ROWS:
+                gathered = gathered + per * mesh["fsdp"] * dtype_bytes(w.dtype) * op.count
+        x_sizes = {"batch": self.seqs, "seq": led.sizes["seq"], "embed": m.d_model}
+
+        def local(op: Op | None, t: Tensor) -> Any:
+            if op is None:
+                return spec_of(t, rules, block_io=True).local_bytes(x_sizes, mesh)
+            return spec_of(t, rules).local_bytes(op_sizes(op, self.seqs), mesh)
+
+        remats = dict.fromkeys((*self.opts.remats, Remat(RematKind.NONE)))
+        saved = {r: saved_bytes(led, r, local) / m.n_layers for r in remats}
+        logits = (
+            self.seqs
+            * seq
+            * m.vocab
+            * 4.0
+            / shard_factor(("batch", "seq", "vocab"), rules, False, mesh)
+        )
+        return MemoryPieces(params_local, gathered, saved, logits)
+
+
+def _override(ep: EinsumPlan, index: int) -> EinsumPlan:
+    from roofline.errors import PlanError
+
+    if not 0 <= index < len(ep.options):
+        raise PlanError(
+            f"option {index} of {ep.expr or ep.lhs}",
+            rule=f"the algebra costed {len(ep.options)} options",
+            fix="pick an index from EinsumPlan.options",
+        )
+    return replace(ep, choice=index)
+
+
+def _dtype_of(c: Comm, ep: EinsumPlan) -> str:
+    """The dtype of the collective's array: the einsum operand or output it names."""
+    for s in (ep.lhs, ep.rhs, ep.out):
+        if s.name == c.tensor:
+            return s.dtype
+    return ep.out.dtype
+
+
+def _with_seq(s: Spec) -> tuple[tuple[str, ...], ...]:
+    """The axes of `s` with kv_seq split over `seq` (the K/V shard before the gather)."""
+    return tuple((("seq",) if d == "kv_seq" else ax) for d, ax in zip(s.dims, s.axes, strict=True))
+
+
+def walk_ledger(
+    model: ModelSpec,
+    ledger: Ledger,
+    rules: Rules,
+    mesh_sizes: Mapping[str, Any],
+    sequences: Any,
+    *,
+    phase: Phase = Phase.TRAIN,
+    pricing: AlgebraPricing,
+    options: WalkOptions = WalkOptions(),
+    mesh_reason: np.ndarray | None = None,
+) -> Walk:
+    """Walk every row of `ledger` under `rules` on meshes of `mesh_sizes` (arrays per row),
+    `sequences` per microbatch; see the module docstring."""
+    pp = mesh_sizes.get("stage", 1.0)
+    w = _Walker(model, ledger, rules, mesh_sizes, sequences, phase, pricing, options, pp)
+    for op in ledger:
+        w.visit(op)
+    seq = ledger.sizes["seq"]
+    w.pipeline_hop(seq)
+    memory = w.memory(seq) if phase == Phase.TRAIN else None
+    n = max(int(np.size(sequences)), int(np.size(pp)), 1)
+    reason = mesh_reason if mesh_reason is not None else np.full(n, "", dtype=object)
+    return Walk(phase, n, tuple(w.ops), tuple(w.colls), memory, reason, tuple(w.einsums))
+
+
+# --------------------------------------------------------------------------------------
+# Walking a family of candidate plans on systems
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeshRows:
+    """The distinct rows the algebra runs on: a system, the degrees and the microbatches."""
+
+    system_idx: np.ndarray
+    degrees: Mapping[Strategy, np.ndarray]
+    microbatches: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.microbatches)
+
+
+def ledger_for(
+    model: ModelSpec,
+    phase: Phase,
+    seq: int,
+    kv_seq: int | None = None,
+    causal: Causal = Causal.HALF,
+) -> Ledger:
+    """The ledger a phase walks (batch 1; the walk scales it): training and prefill over `seq`
+    query tokens, decode over one new token reading a KV cache of `kv_seq` tokens."""
+    if phase == Phase.DECODE:
+        return build_ledger(model, batch=1, seq=1, kv_seq=kv_seq or seq, causal=causal)
+    return build_ledger(model, batch=1, seq=seq, causal=causal)
+
+
+def walk_rows(
+    model: ModelSpec,
+    systems: list[System],
+    structure: Structure,
+    rows: MeshRows,
+    sequences: float,
+    ledger: Ledger,
+    eff: Efficiency,
+    *,
+    phase: Phase = Phase.TRAIN,
+    options: WalkOptions = WalkOptions(),
+) -> Walk:
+    """Walk `ledger` for every row: meshes placed on the systems (one per distinct system and
+    degrees), collectives priced on each row's own mesh, compute through the efficiency profile.
+
+    `sequences` is the global batch in sequences; each row runs `sequences / microbatches`.
+    """
+    deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
+    mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
+    rules = rules_of(structure, model)
+    meshes, minv, reason = _meshes(systems, rows)
+    chip = systems[0].chip
+    compute = ComputeModel(chip, eff)
+    comm = CommModel(minv, meshes, eff)
+    matmul_dtype = options.dtypes.matmul.value
+    pricing = AlgebraPricing(
+        comm,
+        compute,
+        compute.matmul_flops_per_s(matmul_dtype),
+        compute.hbm_bytes_per_s,
+        compute.vector_flops_per_s(options.dtypes.attention.value),
+    )
+    seqs = sequences / rows.microbatches.astype(float)
+    return walk_ledger(
+        model,
+        ledger,
+        rules,
+        mesh_sizes,
+        seqs,
+        phase=phase,
+        pricing=pricing,
+        options=options,
+        mesh_reason=reason,
+    )
+
+
+def _meshes(
+    systems: list[System], rows: MeshRows
+) -> tuple[list[Mesh | None], np.ndarray, np.ndarray]:
+    """One mesh per distinct (system, degrees) — microbatches do not matter — with each row's
+    index into them and the reason a mesh does not fit ("" where it does)."""
+    cols = np.column_stack(
+        [rows.system_idx] + [np.asarray(rows.degrees[s]) for s in Strategy]
+    ).astype(np.int64)
+    mesh_rows, minv = np.unique(cols, axis=0, return_inverse=True)
+    minv = minv.reshape(-1)
+    found = []
+    for row in mesh_rows:
+        d = Degrees(**{s.value: int(row[1 + j]) for j, s in enumerate(Strategy)})
+        found.append(mesh_for(systems[int(row[0])], d.mesh_axes()))
+    meshes = [m if isinstance(m, Mesh) else None for m in found]
+    reason = np.array([(m if isinstance(m, str) else "") for m in found], dtype=object)
+    return meshes, minv, reason[minv]
+
+
+__all__ = [
+    "AlgebraPricing",
+    "CollectiveRecord",
+    "MemoryPieces",
+    "MeshRows",
+    "OpRecord",
+    "Overlap",
+    "Pass",
+    "Totals",
+    "Walk",
+    "WalkOptions",
+    "ledger_for",
+    "op_sizes",
+    "op_specs",
+    "overlap_class",
+    "shard_factor",
+    "spec_of",
+    "walk_ledger",
+    "walk_rows",
+]
