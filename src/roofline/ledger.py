@@ -179,6 +179,12 @@ class Op:
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else math.inf
 
+    def with_sizes(self, **sizes: Any) -> Op:
+        """This row at other sizes (numpy arrays allowed): inference prices passes this way."""
+        s = dict(self.sizes)
+        s.update(sizes)
+        return replace(self, sizes=MappingProxyType(s))
+
 
 @dataclass(frozen=True)
 class Ledger:
