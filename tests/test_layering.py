@@ -54,6 +54,7 @@ ORDER = (
     "planner.deadline",
     "inference",
     "serving",
+    "serving_step",
     "serving_predict",
     "serving_search",
     "validate.runfile",

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from roofline.errors import SpecError
+from roofline.errors import RooflineError, SpecError
 from roofline.inference import (
     IdealStep,
     PassShape,
@@ -36,12 +36,19 @@ from roofline.inference import (
 )
 from roofline.ledger import kv_cache_bytes_per_token
 from roofline.serving import Disagg, Workload, disaggregated, steady_state
+from roofline.serving_step import ShardedStep
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.engines import EngineProfile, engine_names, load_engine
+from roofline.specs.system import parse_system
 from roofline.units import parse_dtype
 
 FIRST_WAVE_SHARE = 0.1  # 1 / (requests per concurrency slot): AIConfigurator assumes 10x
-_DTYPE_FALLBACK = {"fp8_block": "fp8", "mxfp4": "fp4", "nvfp4": "fp4", "mxfp8": "fp8"}
+_DTYPE_FALLBACK = {
+    "fp8_block": "fp8",
+    "mxfp4": "fp4",
+    "nvfp4": "fp4",
+    "mxfp8": "fp8",
+}  # older units
 _ENGINE_OF = {"nim": "trtllm"}  # NIM LLM serves Llama through TensorRT-LLM
 
 
@@ -144,13 +151,24 @@ def _lengths(run: Any) -> tuple[float, float]:
     return float(w.isl), float(w.osl)
 
 
-def _aggregated_step(run: Any, eff: Efficiency, quant: Quant) -> tuple[IdealStep, int]:
+def replica_step(run: Any, par: Any, eff: Efficiency, quant: Quant) -> StepModel:
+    """The walk's sharded step for one worker of `par` on the run's chip (the book's perfectly
+    sharded bound where the chip count has no system, e.g. a TPU count that is not a slice)."""
+    plan = plan_of(par)
+    try:
+        system = parse_system(f"{run.chip.name}:{plan.chips}")
+    except RooflineError:
+        return IdealStep(run.model, run.chip, plan, quant, eff)
+    return ShardedStep(run.model, [system], [plan], quant, eff)
+
+
+def _aggregated_step(run: Any, eff: Efficiency, quant: Quant) -> tuple[StepModel, int]:
     par = run.parallel
     plan = plan_of(par)
     replicas = max(par.workers, 1)
     if run.chips and plan.chips * replicas != run.chips:
         replicas = max(run.chips // plan.chips, 1)
-    return IdealStep(run.model, run.chip, plan, quant, eff), replicas
+    return replica_step(run, par, eff, quant), replicas
 
 
 def _closed_loop(run, eff, engine, quant, concurrency: float | None = None) -> dict[str, Any]:
@@ -232,8 +250,8 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     pre_p, dec_p = run.prefill, run.decode
     if pre_p is None or dec_p is None:
         raise SpecError(f"run {run.id}: disaggregated run without worker layouts")
-    pre = IdealStep(run.model, run.chip, plan_of(pre_p), quant, eff)
-    dec = IdealStep(run.model, run.chip, plan_of(dec_p), quant, eff)
+    pre = replica_step(run, pre_p, eff, quant)
+    dec = replica_step(run, dec_p, eff, quant)
     kv_tok = kv_cache_bytes_per_token(run.model, quant.kv, context=P)
     chip = run.chip
     in_rack = (chip.nvlink_domain or 8) >= 36 and chip.nvlink_bw_bytes_per_s
