@@ -370,6 +370,7 @@ class Disagg:
     link_bw_bytes_per_s: float
     link_latency_s: float = 10e-6
     kv_bytes_per_token: float = 0.0
+    prefill_batch: int = 1  # prompts a prefill replica runs per pass
 
 
 def disaggregated(
@@ -390,19 +391,22 @@ def disaggregated(
     C = np.asarray(concurrency, float)
     G, P, Pn, ctx = work.gen, work.prompt, work.new_prompt, work.decode_context
     ovh = engine.step_overhead_s if engine else 0.0
-    t_pf = _prefill_pass(pre, 0.0, ctx, Pn, P, Pn).time_s + ovh
+    per = float(d.prefill_batch)  # prompts one prefill pass runs (one per attention-DP rank)
+    t_pf = _cohort_pass(pre, 0.0, ctx, per, Pn, P, Pn) + ovh
+    cap_pf = d.prefill_replicas * per / t_pf  # prompts/s the prefill pool can do
     xfer = d.link_latency_s + P * d.kv_bytes_per_token / d.link_bw_bytes_per_s
     cap = np.minimum(decode_cap, engine.max_num_seqs if engine else np.inf)
     X = C / (t_pf + xfer + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
     for _ in range(ITERATIONS):
-        rho = np.minimum(X * t_pf / d.prefill_replicas, 0.98)
-        ttft = t_pf * (1 + rho / (2 * (1 - rho))) + xfer
-        Bd = np.clip((C - X * ttft) / d.decode_replicas, 1.0, cap)
+        rho = np.minimum(X / cap_pf, 0.95)
+        ttft_min = t_pf * (1 + rho / (2 * (1 - rho))) + xfer
+        Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
         tau = _decode(dec, Bd, ctx, ovh)
-        X = 0.5 * X + 0.5 * np.minimum(
-            C / (ttft + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
+        X_new = np.minimum(
+            C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
         )
-    ttft = np.maximum(ttft, C / X - (G - 1) * tau)
+        X = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
+    ttft = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
     # servers each pool needs at this throughput: the prefill:decode ratio that balances them
     n_pre = X * t_pf
     n_dec = X * (G - 1) * tau / np.maximum(Bd, 1.0)

@@ -61,14 +61,17 @@ def _dtype(name: str | None, default: str = "bf16") -> str:
         return parse_dtype(_DTYPE_FALLBACK.get(str(name).lower(), default))
 
 
-def quant_of(run: Any) -> Quant:
+def quant_of(run: Any, engine: EngineProfile | None = None) -> Quant:
     """Weights in the GEMM mode, experts in the MoE mode, compute in the activation dtype; the
-    embeddings and the output head stay bf16 in quantised checkpoints (ModelOpt, DeepSeek FP8)."""
+    embeddings and the output head stay bf16 in quantised checkpoints (ModelOpt, DeepSeek FP8).
+    An unstated KV-cache dtype is the engine's default for the checkpoint (`kv_dtype_for`)."""
     p = run.precision
     w = _dtype(p.weights)
+    unstated = any("KV-cache precision unstated" in n for n in getattr(run, "defaults", ()))
+    kv = engine.kv_dtype_for(w) if (engine is not None and unstated) else _dtype(p.kv_cache)
     return Quant(
         weights=w,
-        kv=_dtype(p.kv_cache),
+        kv=kv,
         compute=_dtype(p.activations, w),
         experts=_dtype(p.moe_weights, w),
         embeddings="bf16",
@@ -124,7 +127,7 @@ def predict_measured_run(run: Any, *, efficiency: Efficiency | None = None) -> d
     w = run.workload
     eff = _profile(efficiency, run.chip)
     engine = engine_of(run)
-    quant = quant_of(run)
+    quant = quant_of(run, engine)
     notes = [f"engine profile {engine.name if engine else 'none'}", f"quant {quant.describe()}"]
     if run.disaggregated:
         out = _disagg(run, eff, engine, quant)
@@ -258,7 +261,8 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     link = chip.nvlink_bw_bytes_per_s if in_rack else (chip.node_egress_bytes_per_s or 4e11) / 8
     # the prefill worker's chips each send their shard of the cache in parallel
     bw = link * plan_of(pre_p).chips
-    d = Disagg(max(pre_p.workers, 1), max(dec_p.workers, 1), bw, 10e-6, kv_tok)
+    per_pass = max(pre_p.batch or 1, 1) * max(pre_p.dp, 1)
+    d = Disagg(max(pre_p.workers, 1), max(dec_p.workers, 1), bw, 10e-6, kv_tok, per_pass)
     cap = replica_capacity(dec, engine, P + G)
     C = float(run.workload.concurrency or 1)
     r = disaggregated(pre, dec, d, Workload(P, G), C, decode_cap=max(cap, 1.0), engine=engine)

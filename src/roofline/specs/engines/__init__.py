@@ -55,6 +55,17 @@ class EngineProfile:
     aliases: tuple[str, ...] = ()
     max_num_batched_tokens_large_hbm: int | None = None  # budget on GPUs with >= 160 GB
     max_graph_batch_small_tp: int | None = None  # graph cap when tp < 4
+    # the KV-cache dtype the engine runs when none is stated, for checkpoints whose weights are
+    # in `quantized_kv_weights` (ModelOpt FP8/NVFP4 checkpoints declare an FP8 KV cache)
+    quantized_kv_dtype: str = ""
+    quantized_kv_weights: tuple[str, ...] = ()
+
+    def kv_dtype_for(self, weights: str) -> str:
+        """The KV dtype for a checkpoint with `weights` when the run does not say (bf16 unless
+        the engine loads such checkpoints with a quantised KV cache)."""
+        if self.quantized_kv_dtype and weights in self.quantized_kv_weights:
+            return self.quantized_kv_dtype
+        return "bf16"
 
     def token_budget(self, hbm_bytes: float) -> int:
         """The per-step token budget on a chip with `hbm_bytes` of HBM."""
@@ -76,7 +87,7 @@ class EngineProfile:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-_SECTIONS = ("scheduler", "graphs", "memory", "features")
+_SECTIONS = ("scheduler", "graphs", "memory", "features", "kv")
 
 
 def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
@@ -100,14 +111,16 @@ def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
     missing = [
         f.name for f in fields(EngineProfile) if f.default is not None and f.name not in flat
     ]
-    missing = [m for m in missing if m not in ("aliases",)]
+    missing = [
+        m for m in missing if m not in ("aliases", "quantized_kv_dtype", "quantized_kv_weights")
+    ]
     if missing:
         raise SpecError(
             f"engine file {origin} lacks {missing[0]!r}",
             rule="every EngineProfile field without a default is required",
             fix=f"add `{missing[0]} = ...` to its section",
         )
-    for k in ("vendors", "aliases"):
+    for k in ("vendors", "aliases", "quantized_kv_weights"):
         flat[k] = tuple(flat.get(k, ()))
     _check(flat, origin)
     return EngineProfile(**flat)
