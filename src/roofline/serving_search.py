@@ -212,11 +212,8 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
     idx = np.nonzero(sel)[0]
     B = c.batch[sel].astype(float)
     cap = mem["cap"]
-    step = IdealStep(
-        q.model, q.system.chip, ServePlan(), quant, q.efficiency, chips=c.chips[sel], pp=c.pp[sel]
-    )
     conc = np.minimum(B, np.maximum(cap, 1.0))
-    s = steady_state(step, q.engine, q.workload, conc, batch_cap=np.maximum(cap, 1.0))
+    s, dec = _steady(q, c, idx, quant, conc, np.maximum(cap, 1.0))
     w = q.workload
     per_replica_rps = s.requests_per_s
     if w.rate is not None:
@@ -227,9 +224,6 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
         replicas = np.ones_like(B)
     chips_total = replicas * c.chips[sel]
     m = deployment_metrics(s, w, c.chips[sel], replicas, q.system.usd_per_chip_hour)
-    dec = step.pass_time(
-        PassShape(decode=np.maximum(s.decode_batch, 1.0), context=w.decode_context)
-    )
     vals = {
         "ttft_s": m.ttft_s,
         "tpot_s": m.tpot_s,
@@ -243,7 +237,7 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
         "max_batch": cap,
         "memory_per_chip_bytes": mem["weights"] + np.minimum(B, cap) / c.dp[sel] * mem["kv_seq"],
         "weights_per_chip_bytes": mem["weights"],
-        "step_time_s": dec.time_s,
+        "step_time_s": dec,
         "prefill_share": s.prefill_share,
     }
     if m.usd_per_million_output_tokens is not None:
@@ -266,6 +260,43 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
     r[ok & (chips_total > q.system.n_chips)] = REJECT_CHIPS
     del hbm
     reason[idx] = r
+
+
+def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, cap):
+    """Steady state of the candidates `idx` on the walk's sharded step, one step model per KV
+    layout (tensor parallel beyond the KV heads replicates them); also the decode pass time."""
+    from roofline.serving import Steady
+    from roofline.serving_step import ShardedStep, kv_replicated
+
+    fields = [f for f in Steady.__dataclass_fields__ if f != "gen_tokens"]
+    out = {f: np.zeros(len(idx)) for f in fields}
+    dec = np.zeros(len(idx))
+    rep = np.array([kv_replicated(q.model, int(t)) for t in c.tp[idx]])
+    for flag in (False, True):
+        part = np.nonzero(rep == flag)[0]
+        if not len(part):
+            continue
+        rows = np.column_stack(
+            [
+                c.sys_index[idx][part],
+                c.tp[idx][part],
+                c.pp[idx][part],
+                c.dp[idx][part],
+                c.ep[idx][part],
+            ]
+        )
+        uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+        plans = [ServePlan(tp=int(r[1]), pp=int(r[2]), dp=int(r[3]), ep=int(r[4])) for r in uniq]
+        systems = [c.system[int(r[0])] for r in uniq]
+        step = ShardedStep(q.model, systems, plans, quant, q.efficiency, select=inv.reshape(-1))
+        st = steady_state(step, q.engine, q.workload, conc[part], batch_cap=cap[part])
+        for f in fields:
+            out[f][part] = np.broadcast_to(np.asarray(getattr(st, f), float), part.shape)
+        d = step.pass_time(
+            PassShape(decode=np.maximum(st.decode_batch, 1.0), context=q.workload.decode_context)
+        )
+        dec[part] = d.time_s
+    return Steady(**out, gen_tokens=q.workload.gen), dec
 
 
 def score(ev: Evaluated, objective: Objective) -> np.ndarray:

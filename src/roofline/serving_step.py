@@ -83,8 +83,8 @@ class _Tab:
 class ShardedStep:
     """StepModel from the walk for candidates sharing one strategy structure.
 
-    `systems[i]` is candidate i's replica system (its chip count = tp·pp·dp); degrees per
-    candidate come from `plans`. A single plan is one candidate.
+    `plans[j]` runs on `systems[j]` (its chip count = tp·pp·dp). Candidate i uses plan
+    `select[i]` (default: one candidate per plan); decode tables are walked once per plan.
     """
 
     model: ModelSpec
@@ -93,6 +93,7 @@ class ShardedStep:
     quant: Quant = field(default_factory=Quant)
     efficiency: Efficiency = PEAK
     overhead_s: float = 0.0
+    select: Any = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +103,10 @@ class ShardedStep:
         self.chip = self.systems[0].chip
         self.plan = self.plans[0]
         self.n = len(self.plans)
-        self.pp = np.array([p.pp for p in self.plans], float)
+        self.sel = np.arange(self.n) if self.select is None else np.asarray(self.select, int)
+        self.m = len(self.sel)
+        self.pp_plan = np.array([p.pp for p in self.plans], float)
+        self.pp = self.pp_plan[self.sel]
         deg = [degrees_of(self.model, p) for p in self.plans]
         self.degrees = {s: np.array([d[s] for d in deg]) for s in Strategy}
         self.active = frozenset(s for s in Strategy if np.any(self.degrees[s] > 1))
@@ -115,13 +119,13 @@ class ShardedStep:
         self.options = WalkOptions(dtypes=dt)
 
     # -- walks ------------------------------------------------------------------------------
-    def _walk(self, ledger, phase: Phase, seqs: np.ndarray, reps: int):
+    def _walk(self, ledger, phase: Phase, seqs: np.ndarray, idx: np.ndarray):
+        """Walk `ledger` on rows `idx` (plan indices) with `seqs` sequences per row."""
         from roofline.rules import Structure
 
-        idx = np.tile(np.arange(self.n), reps)
         rows = MeshRows(
             system_idx=idx,
-            degrees={s: np.tile(v, reps) for s, v in self.degrees.items()},
+            degrees={s: v[idx] for s, v in self.degrees.items()},
             microbatches=np.ones(len(idx)),
         )
         st = Structure(active=self.active, kv_replicated=self.kv_rep)
@@ -137,13 +141,12 @@ class ShardedStep:
             options=self.options,
         )
 
-    def _table(self, walk, seqs: np.ndarray, ledger) -> _Tab:
+    def _table(self, walk, seqs: np.ndarray, ledger, idx: np.ndarray) -> _Tab:
         """Sum the walk's forward records by op; weights' share of each op's memory time."""
         from roofline.rules import Structure, rules_of
 
         rules = rules_of(Structure(active=self.active, kv_replicated=self.kv_rep), self.model)
-        reps = len(seqs) // self.n
-        mesh = {a: np.tile(self.degrees[s], reps) for s, a in _AXES.items()}
+        mesh = {a: self.degrees[s][idx] for s, a in _AXES.items()}
         ops = {o.name: o for o in ledger}
         names = tuple(dict.fromkeys(r.op for r in walk.ops if r.pass_ == Pass.FORWARD))
         shape = (len(names), len(seqs))
@@ -177,9 +180,9 @@ class ShardedStep:
 
     def _decode_walk(self, context: float) -> _Tab:
         led = decode_ledger(self.model, batch=1, context=context, dtypes=self.quant.policy)
-        seqs = np.repeat(GRID, self.n) / np.tile(self.pp, len(GRID))
-        w = self._walk(led, Phase.DECODE, seqs, len(GRID))
-        t = self._table(w, seqs, led)
+        idx = np.tile(np.arange(self.n), len(GRID))
+        seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
+        t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
         g = len(GRID)
         rs = lambda a: a.reshape(a.shape[:-1] + (g, self.n))  # noqa: E731
         return _Tab(
@@ -194,8 +197,9 @@ class ShardedStep:
         )
 
     def _prefill_tab(self, seqs: np.ndarray, chunk: float, context: float) -> _Tab:
-        """The prefill part: `seqs[i]` chunks of `chunk` tokens ending at `context` per candidate
-        (only the last position's logits, as engines sample)."""
+        """The prefill part per candidate: `seqs[i]` chunks of `chunk` tokens ending at `context`
+        (only the last position's logits, as engines sample). Walked once per distinct
+        (plan, seqs) pair."""
         key = (tuple(np.round(seqs, 6)), round(chunk, 6), round(context, 6))
         hit = self._cache.get(key)
         if hit is None:
@@ -204,15 +208,19 @@ class ShardedStep:
             )
             ops = tuple(o.with_sizes(seq=1.0) if o.name == "unembed" else o for o in led.ops)
             led = type(led)(ops, led.model, led.sizes)
-            per = np.maximum(seqs, 1e-9) / self.pp
-            hit = self._cache[key] = self._table(self._walk(led, Phase.PREFILL, per, 1), per, led)
+            pairs, inv = np.unique(np.column_stack([self.sel, seqs]), axis=0, return_inverse=True)
+            idx = pairs[:, 0].astype(int)
+            per = np.maximum(pairs[:, 1], 1e-9) / self.pp_plan[idx]
+            t = self._table(self._walk(led, Phase.PREFILL, per, idx), per, led, idx)
+            inv = inv.reshape(-1)
+            hit = self._cache[key] = _Tab(t.names, *(getattr(t, f)[..., inv] for f in _FIELDS))
         return hit
 
     # -- the StepModel interface --------------------------------------------------------------
     def pass_time(self, shape: PassShape) -> PassTimes:
         dec = np.asarray(shape.decode, float)
         pseq = np.asarray(shape.prefill_seqs, float)
-        shp = np.broadcast(dec, pseq, np.empty(self.n)).shape
+        shp = np.broadcast(dec, pseq, np.empty(self.m)).shape
         dec, pseq = np.broadcast_to(dec, shp), np.broadcast_to(pseq, shp)
         parts = []
         if np.any(dec > 0):
@@ -227,7 +235,7 @@ class ShardedStep:
         lg = np.log(GRID)
         j = np.clip(np.searchsorted(lg, x) - 1, 0, len(GRID) - 2)
         f = (x - lg[j]) / (lg[j + 1] - lg[j])
-        cand = np.broadcast_to(np.arange(self.n), B.shape)
+        cand = np.broadcast_to(self.sel, B.shape)
 
         def at(a: np.ndarray) -> np.ndarray:  # a: (..., grid, n)
             lo = a[..., j, cand]
@@ -240,7 +248,7 @@ class ShardedStep:
     def _prefill_at(self, pseq: np.ndarray, shape: PassShape) -> dict:
         chunk = float(np.max(shape.prefill_chunk))
         ctx = float(np.max(shape.prefill_context))
-        per = np.broadcast_to(pseq, (self.n,)) if pseq.ndim <= 1 else pseq.max(axis=0)
+        per = np.broadcast_to(pseq, (self.m,)) if pseq.ndim <= 1 else pseq.max(axis=0)
         t = self._prefill_tab(np.asarray(per, float), chunk, ctx)
         on = pseq > 0
         return {k: np.where(on, getattr(t, k), 0.0) for k in _FIELDS} | {"names": t.names}
