@@ -124,7 +124,8 @@ def load_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
     lines starting with '#' and a header line of words are skipped."""
     P, G = [], []
     try:
-        text = open(path).read()
+        with open(path) as fh:
+            text = fh.read()
     except OSError as e:
         raise SpecError(
             f"cannot read lengths file {path!r} ({e.strerror})", fix="check the path"

@@ -52,6 +52,11 @@ _DTYPE_FALLBACK = {
 _ENGINE_OF = {"nim": "trtllm"}  # NIM LLM serves Llama through TensorRT-LLM
 
 
+def _f(x: Any) -> float:
+    """A scalar out of a one-candidate array."""
+    return float(np.asarray(x, float).reshape(-1)[0])
+
+
 def _dtype(name: str | None, default: str = "bf16") -> str:
     if not name:
         return default
@@ -109,15 +114,14 @@ def replica_capacity(step: StepModel, engine: EngineProfile | None, context: flo
         if engine
         else hbm - m.weights_bytes - m.activation_bytes
     )
-    per_seq = float(np.asarray(m.kv_bytes))
-    if float(np.asarray(usable)) <= 0:
+    per_seq = _f(m.kv_bytes)
+    if _f(usable) <= 0:
         raise SpecError(
-            f"the weights need {float(np.asarray(m.weights_bytes)) / 1e9:.1f} GB per chip "
-            f"of {hbm / 1e9:.0f} GB",
+            f"the weights need {_f(m.weights_bytes) / 1e9:.1f} GB per chip of {hbm / 1e9:.0f} GB",
             rule="a replica holds its weights plus at least one sequence's KV cache",
             fix="more chips per replica or lower-precision weights",
         )
-    return float(np.floor(float(np.asarray(usable)) / per_seq)) * step.plan.dp
+    return float(np.floor(_f(usable) / per_seq)) * step.plan.dp
 
 
 def predict_measured_run(run: Any, *, efficiency: Efficiency | None = None) -> dict[str, Any]:
@@ -181,13 +185,13 @@ def _closed_loop(run, eff, engine, quant, concurrency: float | None = None) -> d
     work = Workload(P, G, first_wave_share=FIRST_WAVE_SHARE)
     cap = replica_capacity(step, engine, P + G)
     s = steady_state(step, engine, work, C, batch_cap=max(cap, 1.0))
-    rps = float(s.requests_per_s) * replicas
+    rps = _f(s.requests_per_s) * replicas
     return {
-        "ttft_s": float(s.ttft_s),
-        "tpot_s": float(s.tpot_s),
-        "output_tokens_per_s": float(C * replicas * G / s.e2e_s),
+        "ttft_s": _f(s.ttft_s),
+        "tpot_s": _f(s.tpot_s),
+        "output_tokens_per_s": C * replicas * G / _f(s.e2e_s),
         "requests_per_s": rps,
-        "notes": (f"replica batch cap {cap:g}", f"decode batch {float(s.decode_batch):.1f}"),
+        "notes": (f"replica batch cap {cap:g}", f"decode batch {_f(s.decode_batch):.1f}"),
     }
 
 
@@ -202,7 +206,7 @@ def _offline(run, eff, engine, quant) -> dict[str, Any]:
     return {
         "ttft_s": None,
         "tpot_s": None,
-        "output_tokens_per_s": float(s.requests_per_s) * G * replicas,
+        "output_tokens_per_s": _f(s.requests_per_s) * G * replicas,
         "notes": (f"offline: the engine's largest batch {cap:g}",),
     }
 
@@ -241,10 +245,8 @@ def _fixed_batch(run, eff, engine, quant) -> dict[str, Any]:
     P, G = _lengths(run)
     B = float(run.workload.batch or run.workload.concurrency or 1)
     step, _ = _aggregated_step(run, eff, quant)
-    pre = float(
-        step.pass_time(PassShape(prefill_seqs=B, prefill_chunk=P, prefill_context=P)).time_s
-    )
-    dec = float(step.pass_time(PassShape(decode=B, context=P + G / 2)).time_s)
+    pre = _f(step.pass_time(PassShape(prefill_seqs=B, prefill_chunk=P, prefill_context=P)).time_s)
+    dec = _f(step.pass_time(PassShape(decode=B, context=P + G / 2)).time_s)
     ovh = engine.step_overhead_s if engine else 0.0
     total = pre + ovh + (G - 1) * (dec + ovh)
     tpot = dec + ovh if G > 1 else None
@@ -270,8 +272,8 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     C = float(run.workload.concurrency or 1)
     r = disaggregated(pre, dec, d, Workload(P, G), C, decode_cap=max(cap, 1.0), engine=engine)
     return {
-        "ttft_s": float(r["ttft_s"]),
-        "tpot_s": float(r["tpot_s"]),
-        "output_tokens_per_s": float(C * G / r["e2e_s"]),
-        "notes": (f"KV transfer {float(r['kv_transfer_s']) * 1e3:.2f} ms per request",),
+        "ttft_s": _f(r["ttft_s"]),
+        "tpot_s": _f(r["tpot_s"]),
+        "output_tokens_per_s": C * G / _f(r["e2e_s"]),
+        "notes": (f"KV transfer {_f(r['kv_transfer_s']) * 1e3:.2f} ms per request",),
     }

@@ -196,11 +196,11 @@ class ShardedStep:
             rs(t.comm),
         )
 
-    def _prefill_tab(self, seqs: np.ndarray, chunk: float, context: float) -> _Tab:
+    def _prefill_tab(self, seqs: np.ndarray, chunk: float, context: float, sel: np.ndarray) -> _Tab:
         """The prefill part per candidate: `seqs[i]` chunks of `chunk` tokens ending at `context`
         (only the last position's logits, as engines sample). Walked once per distinct
         (plan, seqs) pair."""
-        key = (tuple(np.round(seqs, 6)), round(chunk, 6), round(context, 6))
+        key = (tuple(np.round(seqs, 6)), tuple(sel), round(chunk, 6), round(context, 6))
         hit = self._cache.get(key)
         if hit is None:
             led = build_ledger(
@@ -208,7 +208,7 @@ class ShardedStep:
             )
             ops = tuple(o.with_sizes(seq=1.0) if o.name == "unembed" else o for o in led.ops)
             led = type(led)(ops, led.model, led.sizes)
-            pairs, inv = np.unique(np.column_stack([self.sel, seqs]), axis=0, return_inverse=True)
+            pairs, inv = np.unique(np.column_stack([sel, seqs]), axis=0, return_inverse=True)
             idx = pairs[:, 0].astype(int)
             per = np.maximum(pairs[:, 1], 1e-9) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.PREFILL, per, idx), per, led, idx)
@@ -218,24 +218,32 @@ class ShardedStep:
 
     # -- the StepModel interface --------------------------------------------------------------
     def pass_time(self, shape: PassShape) -> PassTimes:
+        """One pass per candidate (arrays of length `len(select)`); a single-plan step also
+        takes any 1-d array of shapes (each element a candidate of that plan)."""
         dec = np.asarray(shape.decode, float)
         pseq = np.asarray(shape.prefill_seqs, float)
-        shp = np.broadcast(dec, pseq, np.empty(self.m)).shape
+        shp = (
+            np.broadcast(dec, pseq, np.empty(self.m)).shape
+            if self.m > 1
+            else np.broadcast(dec, pseq).shape
+        )
+        shp = shp or (1,)
         dec, pseq = np.broadcast_to(dec, shp), np.broadcast_to(pseq, shp)
+        sel = self.sel if self.m > 1 else np.zeros(shp, int)
         parts = []
         if np.any(dec > 0):
-            parts.append(self._decode_at(float(np.mean(shape.context)), dec))
+            parts.append(self._decode_at(float(np.mean(shape.context)), dec, sel))
         if np.any(pseq > 0):
-            parts.append(self._prefill_at(pseq, shape))
+            parts.append(self._prefill_at(pseq, shape, sel))
         return self._combine(parts, shp)
 
-    def _decode_at(self, context: float, B: np.ndarray) -> dict:
+    def _decode_at(self, context: float, B: np.ndarray, sel: np.ndarray) -> dict:
         t = self._decode_tab(context)
         x = np.log(np.clip(B, GRID[0], GRID[-1]))
         lg = np.log(GRID)
         j = np.clip(np.searchsorted(lg, x) - 1, 0, len(GRID) - 2)
         f = (x - lg[j]) / (lg[j + 1] - lg[j])
-        cand = np.broadcast_to(self.sel, B.shape)
+        cand = np.broadcast_to(sel, B.shape)
 
         def at(a: np.ndarray) -> np.ndarray:  # a: (..., grid, n)
             lo = a[..., j, cand]
@@ -245,11 +253,10 @@ class ShardedStep:
         on = B > 0
         return {k: np.where(on, at(getattr(t, k)), 0.0) for k in _FIELDS} | {"names": t.names}
 
-    def _prefill_at(self, pseq: np.ndarray, shape: PassShape) -> dict:
+    def _prefill_at(self, pseq: np.ndarray, shape: PassShape, sel: np.ndarray) -> dict:
         chunk = float(np.max(shape.prefill_chunk))
         ctx = float(np.max(shape.prefill_context))
-        per = np.broadcast_to(pseq, (self.m,)) if pseq.ndim <= 1 else pseq.max(axis=0)
-        t = self._prefill_tab(np.asarray(per, float), chunk, ctx)
+        t = self._prefill_tab(np.asarray(pseq, float).reshape(-1), chunk, ctx, sel.reshape(-1))
         on = pseq > 0
         return {k: np.where(on, getattr(t, k), 0.0) for k in _FIELDS} | {"names": t.names}
 
