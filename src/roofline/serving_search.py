@@ -88,13 +88,23 @@ class Candidates:
 
 
 def topologies(system: System) -> list[System]:
-    """Replica sizes to try: TPU sub-slices of the system (book applied-inference.md: 2x2, 4x2,
-    4x4, ...), GPU counts 1, 2, 4, ... up to the system (whole nodes beyond one)."""
-    if system.is_tpu:
-        from roofline.planner import systems_for_counts
-
-        out = systems_for_counts(system, (1, system.n_chips))
-        return sorted({s.n_chips: s for s in out}.values(), key=lambda s: s.n_chips)
+    """Replica sizes to try: TPU slices of the system's chip doubling one axis at a time (book
+    applied-inference.md: 2x2, 4x2, 4x4, 4x8, ...) up to the system's shape; GPU counts 1, 2, 4,
+    ... up to the system."""
+    if system.is_tpu and system.topology:
+        full = tuple(system.topology)
+        shape = [1] * len(full)
+        out = [_slice(system, shape)]
+        while True:
+            grow = [i for i in range(len(full)) if shape[i] * 2 <= full[i]]
+            if not grow:
+                break
+            i = min(grow, key=lambda j: (shape[j], -j))
+            shape[i] *= 2
+            out.append(_slice(system, shape))
+        if out[-1].n_chips != system.n_chips:
+            out.append(system)
+        return out
     out, n = [], 1
     while n <= system.n_chips:
         out.append(
@@ -104,6 +114,15 @@ def topologies(system: System) -> list[System]:
     if out[-1].n_chips != system.n_chips:
         out.append(system)
     return out
+
+
+def _slice(system: System, shape: list[int]) -> System:
+    if tuple(shape) == tuple(system.topology):
+        return system
+    return parse_system(
+        f"{system.chip.name}:{'x'.join(map(str, shape))}",
+        usd_per_chip_hour=system.usd_per_chip_hour,
+    )
 
 
 def plans_for(model: ModelSpec, n: int, system: System) -> list[ServePlan]:
