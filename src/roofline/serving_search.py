@@ -429,7 +429,7 @@ def step_report(
             fix="lower the degrees or give a bigger --system",
         )
     chip = system.chip
-    step = IdealStep(model, chip, plan, quant, efficiency)
+    step = _step_for(model, system, plan, quant, efficiency)
     t = step.pass_time(PassShape(decode=float(batch), context=float(context)))
     mem = memory_per_chip(model, plan, quant, batch, context, ideal=_is_ideal(plan))
     hbm = chip.hbm_bytes
@@ -438,12 +438,12 @@ def step_report(
         if engine
         else (hbm - mem.weights_bytes - mem.activation_bytes)
     )
-    maxb = float(np.floor(max(float(usable), 0.0) / (mem.kv_bytes_per_token * context)))
+    maxb = float(np.floor(max(_scalar(usable), 0.0) / (mem.kv_bytes_per_token * context)))
     if not _is_ideal(plan):
         maxb *= plan.dp
     P = float(prompt if prompt is not None else context)
     pre = step.pass_time(PassShape(prefill_seqs=1.0, prefill_chunk=P, prefill_context=P))
-    step_s = float(t.time_s)
+    step_s = _scalar(t.time_s)
     tps = batch / step_s
     n = plan.chips
     price = system.usd_per_chip_hour
@@ -457,25 +457,25 @@ def step_report(
         "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
         "step_time_s": step_s,
         "tpot_s": step_s,
-        "ttft_s": float(pre.time_s),
+        "ttft_s": _scalar(pre.time_s),
         "tokens_per_s": tps,
         "tokens_per_s_per_chip": tps / n,
         "tokens_per_s_per_user": 1.0 / step_s,
-        "bound": str(t.bound),
-        "compute_time_s": float(t.compute_s),
-        "hbm_time_s": float(t.memory_s),
-        "comm_time_s": float(t.comm_s),
-        "weights_read_bytes_per_chip": float(t.weight_bytes_per_chip),
-        "kv_read_bytes_per_chip": float(t.kv_bytes_per_chip),
-        "flops_per_chip": float(t.flops_per_chip),
+        "bound": str(np.asarray(t.bound).reshape(-1)[0]),
+        "compute_time_s": _scalar(t.compute_s),
+        "hbm_time_s": _scalar(t.memory_s),
+        "comm_time_s": _scalar(t.comm_s),
+        "weights_read_bytes_per_chip": _scalar(t.weight_bytes_per_chip),
+        "kv_read_bytes_per_chip": _scalar(t.kv_bytes_per_chip),
+        "flops_per_chip": _scalar(t.flops_per_chip),
         "kv_cache_bytes_per_token": kv_cache_bytes_per_token(model, quant.kv, context=context),
-        "memory_per_chip_bytes": float(mem.total_bytes),
+        "memory_per_chip_bytes": _scalar(mem.total_bytes),
         "memory": {
-            "weights_bytes": float(mem.weights_bytes),
-            "kv_bytes": float(mem.kv_bytes),
-            "activation_bytes": float(mem.activation_bytes),
+            "weights_bytes": _scalar(mem.weights_bytes),
+            "kv_bytes": _scalar(mem.kv_bytes),
+            "activation_bytes": _scalar(mem.activation_bytes),
             "hbm_bytes": hbm,
-            "fits": bool(float(mem.total_bytes) <= hbm),
+            "fits": bool(_scalar(mem.total_bytes) <= hbm),
             "kv_replication": mem.kv_replication,
         },
         "max_batch": maxb,
@@ -495,8 +495,35 @@ def step_report(
     if price is not None:
         usd_s = price * n / HOUR
         out["usd_per_million_output_tokens"] = usd_s / tps * 1e6
-        out["usd_per_million_input_tokens"] = usd_s * float(pre.time_s) / P * 1e6
+        out["usd_per_million_input_tokens"] = usd_s * _scalar(pre.time_s) / P * 1e6
     return out
+
+
+def _scalar(x: Any) -> float:
+    return float(np.asarray(x, float).reshape(-1)[0])
+
+
+def _step_for(model, system, plan, quant, efficiency):
+    """The walk's sharded step on a replica of `plan` (its collectives with per-hop latency);
+    the book's layout (KV heads, then the batch: kv=heads_batch) is the even split the book's
+    tables assume, which the algebra's rules do not express: the perfectly-sharded step."""
+    from roofline.serving_step import ShardedStep
+
+    if _is_ideal(plan):
+        return IdealStep(model, system.chip, plan, quant, efficiency)
+    replica = system if plan.chips == system.n_chips else _replica_system(system, plan.chips)
+    return ShardedStep(model, [replica], [plan], quant, efficiency)
+
+
+def _replica_system(system: System, n: int) -> System:
+    for s in topologies(system):
+        if s.n_chips == n:
+            return s
+    raise PlanError(
+        f"no {system.chip.name} slice of {n} chips inside {system.name}",
+        rule="a replica runs on one of the system's slices (TPU) or GPU counts",
+        fix="pick degrees that multiply to one of those chip counts",
+    )
 
 
 def _is_ideal(plan: ServePlan) -> bool:
