@@ -129,8 +129,10 @@ def predict_measured_run(run: Any, *, efficiency: Efficiency | None = None) -> d
     if run.model is None or run.chip is None:
         raise SpecError(f"run {run.id}: model or chip not mapped", fix="see the run's skip reason")
     w = run.workload
-    eff = _profile(efficiency, run.chip)
     engine = engine_of(run)
+    eff = _profile(efficiency, run.chip)
+    if engine is not None and hasattr(eff, "for_framework"):
+        eff = eff.for_framework(engine.name)  # a calibrated profile's per-engine overrides
     quant = quant_of(run, engine)
     notes = [f"engine profile {engine.name if engine else 'none'}", f"quant {quant.describe()}"]
     if run.disaggregated:
