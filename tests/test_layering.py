@@ -84,6 +84,7 @@ ORDER = (
     "verify.program",
     "verify.predict",
     "verify.diff",
+    "verify.decode",
     "verify.distributed",
     "verify",
     # presentation and the command line
