@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from roofline.cli._common import add_json, emit
+from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import SpecError
 from roofline.inference import Quant, parse_serve_plan
 from roofline.report.table import kv, table
 from roofline.serving import Workload, load_lengths
 from roofline.serving_search import Objective, ServeQuery, search, step_report
 from roofline.specs.chip import load_chip
-from roofline.specs.efficiency import PEAK, Efficiency, default_efficiency, load_efficiency
+from roofline.specs.efficiency import Efficiency
 from roofline.specs.engines import EngineProfile, load_engine
 from roofline.specs.model import load_model
 from roofline.specs.system import System, parse_system
@@ -63,10 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--engine",
         help="vllm, sglang, trtllm, jetstream or none (default: vllm on GPUs, jetstream on TPUs; none with --profile peak)",
     )
-    p.add_argument(
-        "--profile",
-        help="efficiency profile: peak (the book's idealised rooflines), a name or a TOML file",
-    )
+    add_profile_arg(p)  # --profile peak: the book's idealised rooflines
     p.add_argument("--price", type=float, help="override USD per chip-hour")
     p.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
     p.add_argument("--plot", metavar="FILE", help="write the Pareto chart (.png, .svg, .pdf)")
@@ -104,25 +102,10 @@ def _system(args: argparse.Namespace) -> System:
     return parse_system(f"{chip.name}:64", usd_per_chip_hour=args.price)
 
 
-def _profile(args: argparse.Namespace, system: System) -> Efficiency:
-    name = args.profile
-    if name is None:
-        try:  # the named-profile helper (specs/profiles) where it exists
-            from roofline.specs.efficiency import default_profile  # type: ignore[attr-defined]
-
-            return default_profile(system.chip)
-        except ImportError:
-            return default_efficiency(system.chip.vendor)
-    if name == "peak":
-        return PEAK
-    try:
-        from roofline.specs.efficiency import load_profile  # type: ignore[attr-defined]
-
-        return load_profile(name)
-    except ImportError:
-        if name in ("default", "datasheet"):
-            return default_efficiency(system.chip.vendor)
-        return load_efficiency(name)
+def _profile(args: argparse.Namespace, system: System, engine: EngineProfile | None) -> Efficiency:
+    """The efficiency profile asked for (default: the chip's), with a calibrated profile's
+    overrides for the serving engine applied."""
+    return resolve_profile(args, system.chip, engine.name if engine else None)
 
 
 def _engine(args: argparse.Namespace, system: System) -> EngineProfile | None:
@@ -155,8 +138,8 @@ def _workload(args: argparse.Namespace) -> Workload:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     system = _system(args)
-    eff = _profile(args, system)
     engine = _engine(args, system)
+    eff = _profile(args, system, engine)
     step_mode = args.batch is not None or args.context is not None
     if step_mode:
         return _run_step(args, model, system, eff, engine)
@@ -204,7 +187,7 @@ def _inputs(args, model, system, eff, engine) -> dict[str, Any]:
         "rate": args.rate,
         "objective": args.objective,
         "plan": args.plan,
-        "profile": getattr(eff, "name", "custom"),
+        "profile": eff.to_dict() if hasattr(eff, "to_dict") else getattr(eff, "name", "custom"),
         "engine": engine.name if engine else None,
         "definitions": "TTFT, TPOT (first token excluded), ITL and E2EL as vLLM's benchmark_serving defines them",
     }
