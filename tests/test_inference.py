@@ -43,10 +43,12 @@ def test_parse_serve_plan():
     p = parse_serve_plan("tp=8,ep=8,dp=1")
     assert (p.tp, p.ep, p.chips, p.expert_tp) == (8, 8, 8, 1)
     assert parse_serve_plan("tp=4,pp=2,kv=heads_batch").kv_layout == KVLayout.HEADS_BATCH
-    assert parse_serve_plan("mp=16,layout=2d").weights_2d
+    assert parse_serve_plan("mp=16").tp == 16
 
 
-@pytest.mark.parametrize("text", ["tp=8,ep=3", "tp=x", "tp", "foo=2", "tp=4,kv=diagonal", "tp=0"])
+@pytest.mark.parametrize(
+    "text", ["tp=8,ep=3", "tp=x", "tp", "foo=2", "tp=4,kv=diagonal", "tp=0", "tp=4,layout=2d"]
+)
 def test_bad_plans_name_the_rule(text):
     with pytest.raises(PlanError):
         parse_serve_plan(text)

@@ -104,7 +104,6 @@ class KVLayout(enum.StrEnum):
     # heads over the tensor axis up to K ways, then the batch over the rest: no copies, two
     # AllToAlls per attention layer move the queries (book inference.md "KV cache sharding")
     HEADS_BATCH = "heads_batch"
-    SEQUENCE = "sequence"  # the KV sequence over the tensor axis (long context, tiny batch)
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,6 @@ class ServePlan:
     dp: int = 1
     ep: int = 1
     kv_layout: KVLayout = KVLayout.HEADS
-    weights_2d: bool = False  # the book's 2D weight-stationary layout (inference.md Q7)
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep"):
@@ -155,8 +153,6 @@ class ServePlan:
         parts += [f"{k}={getattr(self, k)}" for k in ("pp", "dp", "ep") if getattr(self, k) > 1]
         if self.kv_layout != KVLayout.HEADS:
             parts.append(f"kv={self.kv_layout.value}")
-        if self.weights_2d:
-            parts.append("layout=2d")
         return ",".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,7 +164,6 @@ class ServePlan:
             "ep": self.ep,
             "chips": self.chips,
             "kv_layout": self.kv_layout.value,
-            "weights_2d": self.weights_2d,
         }
 
 
@@ -188,7 +183,7 @@ _PLAN_KEYS = {
 
 
 def parse_serve_plan(text: str | ServePlan) -> ServePlan:
-    """'tp=8', 'tp=8,ep=8,dp=8', 'tp=4,pp=2,kv=sequence', 'tp=16,layout=2d' -> ServePlan."""
+    """'tp=8', 'tp=8,ep=8,dp=8', 'tp=16,kv=heads_batch' -> ServePlan."""
     if isinstance(text, ServePlan):
         return text
     kw: dict[str, Any] = {}
@@ -215,19 +210,13 @@ def parse_serve_plan(text: str | ServePlan) -> ServePlan:
             except ValueError:
                 raise PlanError(
                     f"serving plan kv={v!r}",
-                    rule="kv is 'heads' (KV heads over tp, replicated beyond K), 'heads_batch' (heads, then the batch: the book's layout) or 'sequence'",
-                    fix="write kv=heads, kv=heads_batch or kv=sequence",
+                    rule="kv is 'heads' (KV heads over tp, replicated beyond K) or 'heads_batch' (heads, then the batch: the book's layout)",
+                    fix="write kv=heads or kv=heads_batch",
                 ) from None
-        elif k == "layout":
-            if v.strip().lower() not in ("1d", "2d"):
-                raise PlanError(
-                    f"serving plan layout={v!r}", rule="layout is 1d or 2d", fix="write layout=2d"
-                )
-            kw["weights_2d"] = v.strip().lower() == "2d"
         else:
             raise PlanError(
                 f"unknown serving plan key {k!r}",
-                rule="keys: tp, pp, dp, ep, kv, layout",
+                rule="keys: tp, pp, dp, ep, kv",
                 fix="write e.g. --plan tp=8,ep=8",
             )
     return ServePlan(**kw)
@@ -584,7 +573,7 @@ def weight_bytes(model: ModelSpec, quant: Quant) -> dict[str, float]:
 def kv_replication(model: ModelSpec, plan: ServePlan) -> float:
     """Copies of each KV head on the tensor axis: tp / K when tp > K (each chip keeps the KV head
     its query heads read; MLA's latent is one shared head, so it replicates tp ways); 1 otherwise."""
-    if plan.kv_layout in (KVLayout.SEQUENCE, KVLayout.HEADS_BATCH):
+    if plan.kv_layout == KVLayout.HEADS_BATCH:
         return 1.0
     K = 1 if model.mla is not None else model.n_kv_heads
     return max(1.0, plan.tp / K)

@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", help="bf16, fp8, int8 (default: search)")
     p.add_argument("--compute-dtype", help="matmul dtype (default bf16; fp8/fp4 for W8A8/W4A4)")
     p.add_argument(
-        "--plan", help="one replica's sharding, e.g. tp=8 or tp=8,ep=8,dp=8 or tp=16,kv=heads_batch"
+        "--plan", help="one replica's sharding, e.g. tp=8, tp=8,ep=8,dp=8, tp=16,kv=heads_batch"
     )
     p.add_argument("--batch", help="with --plan and --context: cost one decode step of this batch")
     p.add_argument("--context", help="KV length of that step (tokens)")
