@@ -151,7 +151,7 @@ def candidates(q: ServeQuery) -> Candidates:
         if q.plan is not None and q.plan.chips != s.n_chips:
             continue
         for p in plans:
-            for b in q.batches or _batches():
+            for b in q.batches or _batches(q.workload.concurrency):
                 for qi in range(len(q.quants)):
                     rows.append((s.n_chips, p.tp, p.pp, p.dp, p.ep, b, qi, si))
     if not rows:
@@ -164,8 +164,14 @@ def candidates(q: ServeQuery) -> Candidates:
     return Candidates(*(a[:, i] for i in range(7)), system=systems, sys_index=a[:, 7])
 
 
-def _batches() -> tuple[int, ...]:
-    return tuple(2**k for k in range(0, 12))
+def _batches(concurrency: float | None = None) -> tuple[int, ...]:
+    """Sequences per replica to try: 1, 2, 4, ... 2048 — at a given concurrency only up to the
+    power of two that holds it (larger batches would run the same load)."""
+    out = tuple(2**k for k in range(0, 12))
+    if concurrency is None:
+        return out
+    top = 2 ** int(np.ceil(np.log2(max(concurrency, 1.0))))
+    return tuple(b for b in out if b <= top) or (1,)
 
 
 @dataclass(frozen=True)
@@ -231,15 +237,16 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
     idx = np.nonzero(sel)[0]
     B = c.batch[sel].astype(float)
     cap = mem["cap"]
-    conc = np.minimum(B, np.maximum(cap, 1.0))
-    s, dec = _steady(q, c, idx, quant, conc, np.maximum(cap, 1.0))
     w = q.workload
-    per_replica_rps = s.requests_per_s
+    # B is the most sequences a replica runs; a given concurrency spreads over enough replicas
+    conc = np.minimum(B, np.maximum(cap, 1.0))
+    if w.concurrency is not None:
+        replicas = np.ceil(w.concurrency / conc)
+        conc = w.concurrency / replicas
+    s, dec = _steady(q, c, idx, quant, conc, np.maximum(cap, 1.0))
     if w.rate is not None:
-        replicas = np.ceil(w.rate / per_replica_rps)
-    elif w.concurrency is not None:
-        replicas = np.ceil(w.concurrency / B)
-    else:
+        replicas = np.ceil(w.rate / s.requests_per_s)
+    elif w.concurrency is None:
         replicas = np.ones_like(B)
     chips_total = replicas * c.chips[sel]
     m = deployment_metrics(s, w, c.chips[sel], replicas, q.system.usd_per_chip_hour)
@@ -415,6 +422,7 @@ def step_report(
     *,
     prompt: float | None = None,
     engine: EngineProfile | None = None,
+    speculation: Any = None,
 ) -> dict[str, Any]:
     """Cost one decode step of `batch` sequences at KV length `context` on one replica of `plan`,
     with the arithmetic: memory per chip (weights + KV + workspace), step time (weights and KV
@@ -496,7 +504,52 @@ def step_report(
         usd_s = price * n / HOUR
         out["usd_per_million_output_tokens"] = usd_s / tps * 1e6
         out["usd_per_million_input_tokens"] = usd_s * _scalar(pre.time_s) / P * 1e6
+    if speculation is not None:
+        from roofline.serving import speculative_tpot
+
+        sp = speculative_tpot(step, speculation, np.array([float(batch)]), float(context))
+        out["speculative"] = {
+            "draft_tokens": speculation.draft_tokens,
+            "acceptance": speculation.acceptance,
+            "draft_cost": speculation.draft_cost,
+            "tokens_per_verify": sp["tokens_per_verify"],
+            "verify_s": _scalar(sp["verify_s"]),
+            "tpot_s": _scalar(sp["tpot_s"]),
+            "speedup": _scalar(sp["speedup"]),
+        }
     return out
+
+
+def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
+    """The best plan run disaggregated at the same load: one pool of that replica for prefill and
+    one for decode, the KV cache over the chips' link (NVLink inside an NVL72 rack, the node's NICs
+    between GPU nodes, DCN between TPU slices); the prefill:decode ratio that balances them."""
+    from roofline.ledger import kv_cache_bytes_per_token
+    from roofline.serving import Disagg, disaggregated
+    from roofline.serving_step import ShardedStep
+
+    q, c = res.query, res.evaluated.cand
+    plan, system = c.plan(i), c.system[int(c.sys_index[i])]
+    quant = q.quants[int(c.quant[i])]
+    step = ShardedStep(q.model, [system], [plan], quant, q.efficiency)
+    chip = system.chip
+    if chip.is_tpu:
+        link = chip.dcn_bw_bytes_per_s or 3e9
+    elif (chip.nvlink_domain or 8) >= 36 and chip.nvlink_bw_bytes_per_s:
+        link = chip.nvlink_bw_bytes_per_s
+    else:
+        link = (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
+    kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
+    d = Disagg(1, 1, link * plan.chips, 10e-6, kv, plan.dp)
+    conc = float(c.batch[i])
+    r = disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
+    return {
+        "ttft_s": _scalar(r["ttft_s"]),
+        "tpot_s": _scalar(r["tpot_s"]),
+        "kv_transfer_s": _scalar(r["kv_transfer_s"]),
+        "prefill_decode_ratio": _scalar(r["prefill_decode_ratio"]),
+        "link_bytes_per_s_per_chip": link,
+    }
 
 
 def _scalar(x: Any) -> float:

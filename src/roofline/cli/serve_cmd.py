@@ -60,6 +60,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", help="with --plan and --context: cost one decode step of this batch")
     p.add_argument("--context", help="KV length of that step (tokens)")
     p.add_argument("--prefix-hit", type=float, default=0.0, help="prefix-cache hit rate (0-1)")
+    p.add_argument("--draft", type=int, help="one-step mode: speculative draft length γ")
+    p.add_argument(
+        "--acceptance", type=float, default=0.7, help="draft token acceptance α (default 0.7)"
+    )
+    p.add_argument(
+        "--draft-cost",
+        type=float,
+        default=0.05,
+        help="one draft step over one target decode pass (default 0.05: a small draft model)",
+    )
     p.add_argument(
         "--engine",
         help="vllm, sglang, trtllm, jetstream or none (default: vllm on GPUs, jetstream on TPUs; none with --profile peak)",
@@ -213,7 +223,14 @@ def _run_step(args, model, system, eff, engine) -> int:
         args.weight_dtype or "bf16", args.kv_dtype or "bf16", args.compute_dtype or "bf16"
     )
     prompt = parse_quantity(args.prompt, what="prompt") if args.prompt != "1024" else None
-    r = step_report(model, system, plan, batch, ctx, quant, eff, prompt=prompt, engine=engine)
+    spec = None
+    if args.draft:
+        from roofline.serving import Speculation
+
+        spec = Speculation(args.draft, args.acceptance, args.draft_cost)
+    r = step_report(
+        model, system, plan, batch, ctx, quant, eff, prompt=prompt, engine=engine, speculation=spec
+    )
     return emit(
         args, NAME, _inputs(args, model, system, eff, engine), r, _step_text(r, model, system)
     )
@@ -255,6 +272,13 @@ def _step_text(r: dict, model, system) -> str:
             ]
         ),
     ]
+    if "speculative" in r:
+        sp = r["speculative"]
+        lines.append(
+            f"speculative decoding  γ={sp['draft_tokens']}, α={sp['acceptance']:g}: "
+            f"{sp['tokens_per_verify']:.2f} tokens per verify pass, TPOT {fmt_time(sp['tpot_s'])} "
+            f"({sp['speedup']:.2f}x)"
+        )
     return "\n".join(lines)
 
 
@@ -288,6 +312,9 @@ def _search_doc(res, args) -> dict[str, Any]:
     doc["bound"] = "memory" if b["step_time_s"] and b["tpot_s"] else None
     doc["kv_cache_bytes_per_token"] = _kv_tok(res, best)
     doc["top"] = rows
+    from roofline.serving_search import disaggregated_view
+
+    doc["disaggregated"] = disaggregated_view(res, best)
     doc["pareto"] = [
         {
             k: res.row(int(i))[k]
@@ -359,7 +386,7 @@ def _search_text(res, doc: dict, args) -> str:
                 r["plan"]["spec"],
                 r["chips_per_replica"],
                 r["batch"],
-                r["quant"]["weights"],
+                "/".join(r["quant"][k] for k in ("weights", "kv", "compute")),
                 fmt_time(r["ttft_s"]),
                 fmt_time(r["tpot_s"]),
                 f"{r['tokens_per_s_per_chip']:,.1f}",
@@ -369,7 +396,7 @@ def _search_text(res, doc: dict, args) -> str:
             )
             for r in doc["top"]
         ],
-        ["plan", "chips", "batch", "weights", "TTFT", "TPOT", "tok/s/chip", "$/M out"],
+        ["plan", "chips", "batch", "w/kv/compute", "TTFT", "TPOT", "tok/s/chip", "$/M out"],
     )
     par = table(
         [
@@ -384,6 +411,16 @@ def _search_text(res, doc: dict, args) -> str:
         ],
         ["plan", "batch", "weights", "tok/s/user", "tok/s/chip"],
     )
+    dg = doc.get("disaggregated")
+    if dg:
+        best.append(
+            (
+                "disaggregated",
+                f"TTFT {fmt_time(dg['ttft_s'])} (KV transfer {fmt_time(dg['kv_transfer_s'])}), "
+                f"TPOT {fmt_time(dg['tpot_s'])}, prefill:decode replicas "
+                f"{dg['prefill_decode_ratio']:.2f}:1",
+            )
+        )
     return "\n".join(
         [
             head,
