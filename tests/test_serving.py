@@ -59,6 +59,8 @@ def ideal(plan=ONE, model=LLAMA8):
         {"gen_tokens": [1, 2], "prompt_tokens": [1, 2, 3]},
         {"prefix_hit": 1.0},
         {"concurrency": -1},
+        {"prompt_tokens": 4.9e242, "gen_tokens": 4.9e242},
+        {"prompt_tokens": float("nan")},
     ],
 )
 def test_bad_workloads_are_refused(kw):

@@ -43,6 +43,7 @@ from roofline.inference import PassShape, PassTimes, StepModel
 from roofline.specs.engines import EngineProfile
 from roofline.units import HOUR
 
+MAX_TOKENS = 2**30  # bound on one request's prompt or output (no arithmetic runs on more)
 ITERATIONS = 60  # fixed-point sweeps; converges to < 0.1% in ~20 for every case tested
 
 
@@ -73,7 +74,17 @@ class Workload:
                 rule="a length distribution pairs each prompt with its output length",
                 fix="give the same number of prompt and output lengths (or one of each)",
             )
-        if np.any(P < 1) or np.any(G < 1) or not np.all(np.isfinite(P * G)):
+        if (
+            not (np.all(np.isfinite(P)) and np.all(np.isfinite(G)))
+            or np.any(P > MAX_TOKENS)
+            or np.any(G > MAX_TOKENS)
+        ):
+            raise SpecError(
+                f"prompt/output lengths up to {max(P.max(), G.max()):.3g} tokens",
+                rule=f"a request's prompt and output are at most 2^30 = {MAX_TOKENS:,} tokens each",
+                fix="give lengths a model can serve, e.g. --prompt 8192 --gen 1024",
+            )
+        if np.any(P < 1) or np.any(G < 1):
             raise SpecError(
                 "prompt and output lengths must be at least 1 token",
                 rule="every request has a prompt and at least one output token",
