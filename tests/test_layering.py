@@ -29,6 +29,7 @@ ORDER = (
     "specs.model",
     "specs.hf",
     "specs.plan",
+    "specs.engines",
     "specs.framework",
     "specs",
     # the ledger and what it alone decides
@@ -52,11 +53,17 @@ ORDER = (
     "planner.search",
     "planner.deadline",
     "planner",
+    "inference",
+    "serving",
+    "serving_step",
+    "serving_predict",
+    "serving_search",
     "matmul",
     "verify.hlo",
     "verify.program",
     "verify.predict",
     "verify.diff",
+    "verify.decode",
     "verify.distributed",
     "verify",
     "validate.stats",
@@ -83,6 +90,7 @@ ORDER = (
     "calibrate.runs",
     # presentation and the command line
     "report.plots",
+    "serving_plot",
     "report",
     "cli._common",
     "cli._profile",
@@ -96,6 +104,7 @@ ORDER = (
     "cli.matmul_cmd",
     "cli.train_cmd",
     "cli.verify_cmd",
+    "cli.serve_cmd",
     "cli.validate_cmd",
     "cli.calibrate_cmd",
     "cli",
@@ -106,10 +115,19 @@ STAGES = {name: rank for rank, name in enumerate(ORDER)}
 # Imports inside a function that point up the order, each with its reason (kept short).
 DEFERRED = {
     (
+        "validate.scoreboard",
+        "validate.analysis",
+    ): "the training report renders its error analysis, which reads the report's results",
+    (
+        "serving",
+        "serving_predict",
+    ): "validate's entry point roofline.serving.predict_measured_run hands the run to serving_predict",
+    (
         "specs.model",
         "specs.hf",
     ): "load_model hands config.json files to the HF loader, which builds ModelSpecs",
     ("validate.scoreboard", "validate.analysis"): "the analysis of a scoreboard reads its results",
+    ("serving", "serving_predict"): "validate's entry point roofline.serving.predict_measured_run hands the run to serving_predict",
 }
 
 

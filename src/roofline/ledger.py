@@ -16,11 +16,29 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
+
+import numpy as np
 
 from roofline.errors import SpecError
 from roofline.specs.model import MLPKind, ModelSpec
 from roofline.specs.plan import Causal as Causal  # the counting convention is plan vocabulary
 from roofline.units import dtype_bytes, parse_dtype
+
+
+def expected_distinct_experts(n_experts: float, top_k: float, tokens: Any) -> Any:
+    """Expected number of distinct routed experts a pass over `tokens` tokens touches.
+
+    Each token picks k of E experts; under uniform, independent routing an expert is missed by
+    one token with probability 1 − k/E, so it is touched with probability 1 − (1 − k/E)^tokens
+    and the expected count is E·(1 − (1 − k/E)^tokens). One token reads k experts; a large
+    batch reads all E (the book's "MoE: B > 240·E/k" assumes every expert is loaded). A decode
+    step at batch B (T = 1) of a layer reads this many experts' weights; real routers are
+    skewed (hot experts), which touches fewer — this is the uniform-routing expectation.
+    """
+    t = np.asarray(tokens, dtype=float)
+    out = n_experts * (1.0 - np.power(1.0 - top_k / n_experts, t))
+    return float(out) if out.ndim == 0 else out
 
 
 class OpKind(enum.StrEnum):
@@ -69,6 +87,8 @@ class Op:
     count: float = 1
     flop_factor: float = 1.0
     flops_per_element: float = 0.0  # elementwise ops only
+    routed: bool = False  # routed-expert row: a pass reads only the experts its tokens chose
+    window: float | None = None  # attention rows of sliding-window layers: keys per query ≤ window
 
     @property
     def contracting(self) -> tuple[str, ...]:
@@ -117,14 +137,29 @@ class Op:
     def bytes(self) -> float:
         """HBM bytes read and written once: every operand read plus the output written.
 
-        Tensors kept on chip (flash attention's scores) move no HBM bytes.
+        Tensors kept on chip (flash attention's scores) move no HBM bytes. A routed-expert
+        weight is read only for the experts the pass's tokens chose (`weight_read_fraction`).
         """
-        return (
-            (sum(t.hbm_bytes(self.sizes) for t in self.inputs) + self.out.hbm_bytes(self.sizes))
-            * self.count
-            if self.kind != OpKind.GATHER
-            else (self.out.nbytes(self.sizes) * 2 * self.count)
-        )
+        if self.kind == OpKind.GATHER:
+            return self.out.nbytes(self.sizes) * 2 * self.count
+        frac = self.weight_read_fraction
+        reads = sum(t.hbm_bytes(self.sizes) * (frac if t.is_param else 1.0) for t in self.inputs)
+        return (reads + self.out.hbm_bytes(self.sizes)) * self.count
+
+    @property
+    def weight_read_fraction(self) -> Any:
+        """Share of the weight one pass reads from HBM at this row's token count (see below)."""
+        if not self.routed:
+            return 1.0
+        return self.weight_read_fraction_at(self.sizes["batch"] * self.sizes["seq"])
+
+    def weight_read_fraction_at(self, tokens: Any) -> Any:
+        """Share of the weight a pass over `tokens` tokens reads: 1, or for a routed-expert row
+        the expected distinct experts over E (`expected_distinct_experts`); numpy-friendly."""
+        if not self.routed:
+            return 1.0
+        E, k = self.sizes["experts"], self.sizes["top_k"]
+        return expected_distinct_experts(E, k, tokens) / E
 
     @property
     def weight(self) -> Tensor | None:
@@ -144,7 +179,8 @@ class Op:
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else math.inf
 
-    def with_sizes(self, **sizes: float) -> Op:
+    def with_sizes(self, **sizes: Any) -> Op:
+        """This row at other sizes (numpy arrays allowed): inference prices passes this way."""
         s = dict(self.sizes)
         s.update(sizes)
         return replace(self, sizes=MappingProxyType(s))
@@ -215,15 +251,28 @@ class Ledger:
 
 @dataclass(frozen=True)
 class DtypePolicy:
-    """Storage dtypes: weights, activations, KV cache; compute follows the wider input."""
+    """Storage dtypes: weights, activations, KV cache; compute follows the wider input.
+
+    `experts` (routed and shared expert weights) and `embeddings` (the embedding table and
+    the unembedding) default to `weights`. Quantised serving checkpoints (ModelOpt FP8/NVFP4,
+    DeepSeek's FP8) keep the embeddings and the output head in bf16 and may quantise experts
+    differently from the dense layers (AIConfigurator's gemm_quant_mode vs moe_quant_mode).
+    A matmul runs in the wider of its inputs' dtypes (book inference.md: int8 weights with bf16
+    activations run on the bf16 units), so `activations` is the compute dtype of W8A8/W4A4.
+    """
 
     weights: str = "bf16"
     activations: str = "bf16"
     kv: str = "bf16"
+    experts: str | None = None
+    embeddings: str | None = None
 
     def __post_init__(self) -> None:
         for f in ("weights", "activations", "kv"):
             object.__setattr__(self, f, parse_dtype(getattr(self, f)))
+        for f in ("experts", "embeddings"):
+            v = getattr(self, f)
+            object.__setattr__(self, f, self.weights if v is None else parse_dtype(v))
 
 
 def _t(name: str, dims: str, dtype: str, param: bool = False) -> Tensor:
@@ -252,14 +301,20 @@ def build_ledger(
     causal: Causal | str = Causal.HALF,
     include_elementwise: bool = True,
     flash: bool = True,
+    mla_absorb: bool | None = None,
 ) -> Ledger:
     """The forward pass of `model` over `batch` sequences of `seq` query tokens.
 
-    `kv_seq` (S) defaults to `seq` (training/prefill); decode uses seq=1, kv_seq=context.
-    `causal` = HALF counts only the unmasked half of the score/context FLOPs when S == T
-    (maxtext/Megatron convention); FULL counts the dense 12BT²NH of the book.
+    `kv_seq` (S) defaults to `seq` (training/prefill); decode uses seq=1, kv_seq=context, and a
+    prefill chunk after a cached prefix seq=new tokens, kv_seq=prefix+new (the queries are the
+    last T of S positions). `causal` = HALF counts only the unmasked part of the score/context
+    FLOPs (maxtext/Megatron convention); FULL counts the dense 12BT²NH of the book.
     `flash` (default): the B·N·T·S score and probability matrices stay on chip, so attention
     reads Q, K, V and writes O (book inference.md: intensity ST/(S+T)); False materialises them.
+    `mla_absorb` (MLA models): run attention in the latent space with W_UK folded into the
+    query and W_UV applied after the context (DeepSeek-V2 §2.1.2, as DeepSeek and vLLM/SGLang
+    serve decode), so a step reads the latent cache once instead of decompressing it;
+    None picks the form with fewer FLOPs (absorbed for decode, decompressed for long prefill).
     """
     if batch <= 0 or seq <= 0 or (kv_seq is not None and kv_seq <= 0):
         raise SpecError(
@@ -272,7 +327,7 @@ def build_ledger(
     m = model
     S = float(kv_seq if kv_seq is not None else seq)
     T = float(seq)
-    wd, ad = dt.weights, dt.activations
+    wd, ad, ed = dt.weights, dt.activations, dt.embeddings
     sizes: dict[str, float] = {
         "batch": float(batch),
         "seq": T,
@@ -290,13 +345,13 @@ def build_ledger(
     S_ = MappingProxyType(sizes)
 
     # embedding lookup: reads B·T rows of [V, D]
-    ops.append(Op("embed", OpKind.GATHER, (_t("W_emb", "vocab embed", wd, True),), x, S_, 1))
+    ops.append(Op("embed", OpKind.GATHER, (_t("W_emb", "vocab embed", ed, True),), x, S_, 1))
 
     # ---- attention ------------------------------------------------------------------
-    ops += _attention_ops(m, sizes, T, S, wd, ad, dt.kv, causal, flash)
+    ops += _attention_ops(m, sizes, T, S, wd, ad, dt.kv, causal, flash, mla_absorb)
 
     # ---- MLP / MoE --------------------------------------------------------------------
-    ops += _mlp_ops(m, sizes, wd, ad)
+    ops += _mlp_ops(m, sizes, wd, ad, dt.experts)
 
     if include_elementwise:
         # RMSNorm/LayerNorm: a weight vector of size D; ~4 FLOPs per element (book: O(BTD))
@@ -309,7 +364,7 @@ def build_ledger(
         _mm(
             "unembed",
             x,
-            _t("W_unemb", "embed vocab", wd, True),
+            _t("W_unemb", "embed vocab", ed, True),
             _t("logits", "batch seq vocab", ad),
             S_,
             1,
@@ -332,6 +387,7 @@ def _attention_ops(
     kvd: str,
     causal: Causal,
     flash: bool = True,
+    mla_absorb: bool | None = None,
 ) -> list[Op]:
     def sc(name: str) -> Tensor:  # the score / probability matrix
         return Tensor(name, ("batch", "heads", "seq", "kv_seq"), ad, False, flash)
@@ -340,104 +396,7 @@ def _attention_ops(
     x = _t("x", "batch seq embed", ad)
     ops: list[Op] = []
     if m.mla is not None:
-        a = m.mla
-        sizes.update(
-            q_lora=a.q_lora_rank or 0,
-            kv_lora=a.kv_lora_rank,
-            qk_dim=a.qk_nope_head_dim + a.qk_rope_head_dim,
-            rope_dim=a.qk_rope_head_dim,
-            v_dim=a.v_head_dim,
-            kv_b_dim=a.qk_nope_head_dim + a.v_head_dim,
-            kv_a_dim=a.kv_lora_rank + a.qk_rope_head_dim,
-        )
-        S_ = MappingProxyType(sizes)
-        if a.q_lora_rank:
-            ops.append(
-                _mm(
-                    "attn/q_a",
-                    x,
-                    _t("W_qa", "embed q_lora", wd, True),
-                    _t("cq", "batch seq q_lora", ad),
-                    S_,
-                    L,
-                )
-            )
-            ops.append(
-                _mm(
-                    "attn/q_b",
-                    _t("cq", "batch seq q_lora", ad),
-                    _t("W_qb", "q_lora heads qk_dim", wd, True),
-                    _t("q", "batch seq heads qk_dim", ad),
-                    S_,
-                    L,
-                )
-            )
-        else:
-            ops.append(
-                _mm(
-                    "attn/q",
-                    x,
-                    _t("W_q", "embed heads qk_dim", wd, True),
-                    _t("q", "batch seq heads qk_dim", ad),
-                    S_,
-                    L,
-                )
-            )
-        ops.append(
-            _mm(
-                "attn/kv_a",
-                x,
-                _t("W_kva", "embed kv_a_dim", wd, True),
-                _t("ckv", "batch seq kv_a_dim", kvd),
-                S_,
-                L,
-            )
-        )
-        ops.append(
-            _mm(
-                "attn/kv_b",
-                _t("ckv", "batch kv_seq kv_lora", kvd),
-                _t("W_kvb", "kv_lora heads kv_b_dim", wd, True),
-                _t("kv", "batch kv_seq heads kv_b_dim", ad),
-                S_,
-                L,
-            )
-        )
-        f = _causal_factor(T, S, None, causal)
-        ops.append(
-            Op(
-                "attn/scores",
-                OpKind.ATTENTION,
-                (_t("q", "batch seq heads qk_dim", ad), _t("k", "batch kv_seq heads qk_dim", ad)),
-                sc("s"),
-                S_,
-                L,
-                f,
-            )
-        )
-        ops.append(
-            Op(
-                "attn/context",
-                OpKind.ATTENTION,
-                (sc("p"), _t("v", "batch kv_seq heads v_dim", ad)),
-                _t("ctx", "batch seq heads v_dim", ad),
-                S_,
-                L,
-                f,
-            )
-        )
-        ops.append(
-            _mm(
-                "attn/out",
-                _t("ctx", "batch seq heads v_dim", ad),
-                _t("W_o", "heads v_dim embed", wd, True),
-                x,
-                S_,
-                L,
-            )
-        )
-        return ops
-
+        return _mla_ops(m, sizes, T, S, wd, ad, kvd, causal, flash, mla_absorb)
     S_ = MappingProxyType(sizes)
     qkv_bias = 1  # bias vectors are counted under attn/bias below
     ops.append(
@@ -483,7 +442,10 @@ def _attention_ops(
         sz_ = MappingProxyType(sz)
         q = _t("q", "batch seq heads head_dim", ad)
         k = _t("k", "batch kv_seq kv_heads head_dim", kvd)
-        ops.append(Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), sc("s"), sz_, n, f))
+        win = float(m.sliding_window) if s_eff < S else None
+        ops.append(
+            Op(f"attn/scores{suffix}", OpKind.ATTENTION, (q, k), sc("s"), sz_, n, f, window=win)
+        )
         ops.append(
             Op(
                 f"attn/context{suffix}",
@@ -493,6 +455,7 @@ def _attention_ops(
                 sz_,
                 n,
                 f,
+                window=win,
             )
         )
     ops.append(
@@ -520,22 +483,153 @@ def _attention_ops(
     return ops
 
 
-def _causal_factor(T: float, S: float, window: float | None, causal: Causal) -> float:
-    """Fraction of the T×S score matrix that is computed.
+def mla_absorbed_by_default(model: ModelSpec, T: float, S: float) -> bool:
+    """Whether MLA runs absorbed (latent-space attention) for T queries over S keys.
 
-    Causal self-attention (T == S) keeps ~(T+1)/(2T) of it; a window W keeps ~W/S.
-    Decode (T == 1) or cross attention keeps everything. FULL counts the dense matrix.
+    Absorbed attention costs 2·B·T·S·N·(2r + rope) FLOPs per layer (scores over the r + rope
+    latent, context over the r latent); decompressing costs 2·B·S·r·N·(nope + v) for the
+    up-projection of every cached key plus the ordinary attention. With T ≪ S (decode, short
+    chunks after a long prefix) absorption wins; DeepSeek serves decode this way and
+    decompresses for prefill (DeepSeek-V2 report §2.1.2; vLLM's MLA backend splits the same way).
     """
-    if causal == Causal.FULL or T != S:
-        return 1.0 if window is None else 1.0  # window already shrank S
-    if window is None:
-        return (T + 1) / (2 * T)
-    # rows attend to min(i, W) keys; the sizes already use kv_seq = W
-    W = window
-    return 1.0 - (W - 1) / (2 * T) if W < T else (T + 1) / (2 * T)
+    a = model.mla
+    if a is None or T >= S:
+        return False
+    return T * (2 * a.kv_lora_rank + a.qk_rope_head_dim) < a.kv_lora_rank * (
+        a.qk_nope_head_dim + a.v_head_dim
+    )
 
 
-def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str) -> list[Op]:
+def _mla_ops(
+    m: ModelSpec,
+    sizes: dict,
+    T: float,
+    S: float,
+    wd: str,
+    ad: str,
+    kvd: str,
+    causal: Causal,
+    flash: bool,
+    absorb: bool | None,
+) -> list[Op]:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank q_a/q_b, keys
+    and values cached as one latent c[kv_lora] plus a shared rope key, up-projected by W_kvb."""
+    a = m.mla
+    assert a is not None
+    L = m.n_layers
+    x = _t("x", "batch seq embed", ad)
+    sizes.update(
+        q_lora=a.q_lora_rank or 0,
+        kv_lora=a.kv_lora_rank,
+        qk_dim=a.qk_nope_head_dim + a.qk_rope_head_dim,
+        nope_dim=a.qk_nope_head_dim,
+        rope_dim=a.qk_rope_head_dim,
+        v_dim=a.v_head_dim,
+        kv_b_dim=a.qk_nope_head_dim + a.v_head_dim,
+        kv_a_dim=a.kv_lora_rank + a.qk_rope_head_dim,
+    )
+    S_ = MappingProxyType(sizes)
+    q = _t("q", "batch seq heads qk_dim", ad)
+    ops: list[Op] = []
+    if a.q_lora_rank:
+        cq = _t("cq", "batch seq q_lora", ad)
+        ops.append(_mm("attn/q_a", x, _t("W_qa", "embed q_lora", wd, True), cq, S_, L))
+        ops.append(_mm("attn/q_b", cq, _t("W_qb", "q_lora heads qk_dim", wd, True), q, S_, L))
+    else:
+        ops.append(_mm("attn/q", x, _t("W_q", "embed heads qk_dim", wd, True), q, S_, L))
+    ckv_new = _t("ckv", "batch seq kv_a_dim", kvd)
+    ops.append(_mm("attn/kv_a", x, _t("W_kva", "embed kv_a_dim", wd, True), ckv_new, S_, L))
+    absorb = mla_absorbed_by_default(m, T, S) if absorb is None else absorb
+    f = _causal_factor(T, S, None, causal)
+    scores = Tensor("s", ("batch", "heads", "seq", "kv_seq"), ad, False, flash)
+    probs = replace(scores, name="p")
+    if absorb:
+        # W_kvb = [W_UK | W_UV]; q_nope·W_UK lands the query in the latent space, the context
+        # is taken over the latent cache and W_UV lifts it to v_dim; the cache is read once:
+        # the fused kernel (FlashMLA) reuses each latent tile for scores and context.
+        q_lat = _t("q_lat", "batch seq heads kv_a_dim", ad)
+        ops.append(
+            _mm(
+                "attn/q_absorb",
+                _t("q_nope", "batch seq heads nope_dim", ad),
+                _t("W_uk", "kv_lora heads nope_dim", wd, True),
+                replace(q_lat, dims=("batch", "seq", "heads", "kv_lora")),
+                S_,
+                L,
+            )
+        )
+        cache = _t("ckv", "batch kv_seq kv_a_dim", kvd)
+        ctx_lat = _t("ctx_lat", "batch seq heads kv_lora", ad)
+        lat_v = Tensor("ckv_v", ("batch", "kv_seq", "kv_lora"), kvd, False, True)
+        ops.append(Op("attn/scores", OpKind.ATTENTION, (q_lat, cache), scores, S_, L, f))
+        ops.append(Op("attn/context", OpKind.ATTENTION, (probs, lat_v), ctx_lat, S_, L, f))
+        ops.append(
+            _mm(
+                "attn/v_absorb",
+                ctx_lat,
+                _t("W_uv", "kv_lora heads v_dim", wd, True),
+                _t("ctx", "batch seq heads v_dim", ad),
+                S_,
+                L,
+            )
+        )
+    else:
+        ops.append(
+            _mm(
+                "attn/kv_b",
+                _t("ckv", "batch kv_seq kv_lora", kvd),
+                _t("W_kvb", "kv_lora heads kv_b_dim", wd, True),
+                _t("kv", "batch kv_seq heads kv_b_dim", ad),
+                S_,
+                L,
+            )
+        )
+        k = _t("k", "batch kv_seq heads qk_dim", ad)
+        v = _t("v", "batch kv_seq heads v_dim", ad)
+        ctx = _t("ctx", "batch seq heads v_dim", ad)
+        ops.append(Op("attn/scores", OpKind.ATTENTION, (q, k), scores, S_, L, f))
+        ops.append(Op("attn/context", OpKind.ATTENTION, (probs, v), ctx, S_, L, f))
+    ops.append(
+        _mm(
+            "attn/out",
+            _t("ctx", "batch seq heads v_dim", ad),
+            _t("W_o", "heads v_dim embed", wd, True),
+            x,
+            S_,
+            L,
+        )
+    )
+    return ops
+
+
+def _causal_factor(T: float, S: float, window: float | None, causal: Causal) -> float:
+    """Scalar form of `causal_fraction` (FULL counts the dense matrix: the book's 12BT²NH)."""
+    if causal == Causal.FULL:
+        return 1.0
+    return float(causal_fraction(T, S, window))
+
+
+def causal_fraction(T: Any, S: Any, window: float | None = None) -> Any:
+    """Fraction of the T×S' score matrix a causal kernel computes (S' = min(S, window) keys per row).
+
+    The T queries are the last T of S positions (T == S: self-attention over the prompt;
+    T < S: a chunk after a cached prefix; T == 1: decode). The query at position p attends to
+    min(p, W) keys, so the work is Σ_{p=S−T+1..S} min(p, W) over T·min(S, W): causal
+    self-attention keeps (T+1)/(2T), a window W ≤ T keeps 1 − (W−1)/(2T), decode keeps all.
+    Vectorised over numpy arrays of T and S.
+    """
+    T = np.asarray(T, dtype=float)
+    S = np.asarray(S, dtype=float)
+    W = S if window is None else np.minimum(S, float(window))
+    lo = S - T + 1  # first query position (1-based)
+    top = np.minimum(S, W)  # positions lo..top see p keys, the rest see W
+    work = (lo + top) * (top - lo + 1) / 2 + np.maximum(0.0, S - W) * W
+    out = np.where((T <= 1) | (lo >= W), 1.0, work / (T * W))
+    return float(out) if out.ndim == 0 else out
+
+
+def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str, xd: str | None = None) -> list[Op]:
+    xd = xd or wd  # expert weights (routed and shared)
     x = _t("x", "batch seq embed", ad)
     h = _t("h", "batch seq mlp", ad)
     ops: list[Op] = []
@@ -562,13 +656,13 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str) -> list[Op]:
         )
         # routed experts: each token visits top_k experts; weights [E, D, F]. FLOPs use the
         # routed token count B·T·k (tokens × top_k), parameters all E experts.
-        ops += _experts(sz_, nl, gated, wd, ad)
+        ops += _experts(sz_, nl, gated, xd, ad)
         if mo.n_shared_experts:
             F_sh = (mo.d_ff_shared or mo.d_ff_expert) * mo.n_shared_experts
             sz2 = dict(sizes)
             sz2["mlp"] = F_sh
             ops += _ffn(
-                "moe/shared", x, h, MappingProxyType(sz2), nl, gated, wd, ad, expert_dim=None
+                "moe/shared", x, h, MappingProxyType(sz2), nl, gated, xd, ad, expert_dim=None
             )
     return ops
 
@@ -622,6 +716,7 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
         ops.append(_mm("moe/gate", xe, _t("W_gate", "experts embed mlp", wd, True), ge, sz_, n))
         acts = (ge, ue)
     ops.append(_mm("moe/up", xe, _t("W_up", "experts embed mlp", wd, True), ue, sz_, n))
+    ops = [replace(o, routed=True) for o in ops]
     ops.append(Op("moe/act", OpKind.ELEMENTWISE, acts, he, sz_, n, 1.0, 4.0 if gated else 3.0))
     ops.append(
         _mm(
@@ -633,6 +728,7 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
             n,
         )
     )
+    ops[-1] = replace(ops[-1], routed=True)
     return ops
 
 
@@ -733,3 +829,70 @@ def kv_cache_bytes_per_token(
             share = min(1.0, model.sliding_window / context)  # type: ignore[operator]
         total += per_layer * share
     return total
+
+
+# --------------------------------------------------------------------------------------
+# Inference steps: the same ledger at serving shapes
+# --------------------------------------------------------------------------------------
+
+
+def decode_ledger(
+    model: ModelSpec,
+    *,
+    batch: float,
+    context: float,
+    dtypes: DtypePolicy | None = None,
+    tokens_per_step: float = 1,
+    mla_absorb: bool | None = None,
+) -> Ledger:
+    """One decode step: `batch` sequences each add `tokens_per_step` tokens (1; k + 1 when a
+    target model verifies k speculative tokens) attending to `context` cached keys.
+
+    Every weight is read once per step (routed experts: the expected distinct ones), the KV
+    cache of all B·S positions once, and FLOPs are 2·(active params)·B plus attention's
+    4·B·S·N·H per layer (book inference.md: decode is memory-bound below B_crit).
+    """
+    S = float(context) + float(tokens_per_step) - 1.0
+    return build_ledger(
+        model,
+        batch=batch,
+        seq=tokens_per_step,
+        kv_seq=max(S, float(tokens_per_step)),
+        dtypes=dtypes,
+        mla_absorb=mla_absorb,
+    )
+
+
+def prefill_ledger(
+    model: ModelSpec,
+    *,
+    batch: float = 1,
+    prompt: float,
+    cached: float = 0,
+    dtypes: DtypePolicy | None = None,
+    causal: Causal | str = Causal.HALF,
+    mla_absorb: bool | None = None,
+) -> Ledger:
+    """Prefill of `batch` prompts of `prompt` tokens, the first `cached` already in the KV cache
+    (a prefix-cache hit): T = prompt − cached new queries over S = prompt keys, causal, flash.
+
+    Only the last position's logits are computed (engines sample one token per prompt, vLLM's
+    `logits_indices`), so the unembedding row is 2·B·D·V, not 2·B·T·D·V.
+    """
+    if not (0 <= cached < prompt):
+        raise SpecError(
+            f"prefill of {prompt} tokens with {cached} cached",
+            rule="0 <= cached tokens < prompt tokens (at least one token is computed)",
+            fix="lower the prefix-cache hit rate below 1",
+        )
+    led = build_ledger(
+        model,
+        batch=batch,
+        seq=float(prompt) - float(cached),
+        kv_seq=float(prompt),
+        dtypes=dtypes,
+        causal=causal,
+        mla_absorb=mla_absorb,
+    )
+    ops = tuple(o.with_sizes(seq=1.0) if o.name == "unembed" else o for o in led.ops)
+    return replace(led, ops=ops)

@@ -25,6 +25,7 @@ COMMANDS = (
     "collective",
     "matmul",
     "train",
+    "serve",
     "verify",
     "validate",
     "calibrate",

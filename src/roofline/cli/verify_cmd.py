@@ -63,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--layers", type=int, default=1, help="layers (scanned with lax.scan when > 1; default 1)"
     )
     p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument(
+        "--phase",
+        choices=("train", "decode", "prefill"),
+        default="train",
+        help="train step (default), or a serving decode / prefill step (verify/decode.py)",
+    )
+    p.add_argument("--context", type=int, default=256, help="decode: KV-cache length (default 256)")
     p.add_argument("--seq", type=int, default=64, help="tokens per sequence (default 64)")
     p.add_argument(
         "--dtype", default="bf16", choices=["bf16", "f32"], help="program dtype (default bf16)"
@@ -146,6 +153,13 @@ def _check_plan(text: str, devices: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.phase != "train":  # serving steps: verify/decode.py builds, compiles and diffs them
+        ensure_devices(args.devices)
+        from roofline.verify.decode import run_cli
+
+        inputs, result, text, ok = run_cli(args)
+        emit(args, NAME, inputs, result, text)
+        return 0 if ok else 1
     _check_args(args)
     r, inputs, what = _verify_matmul(args) if args.matmul else _verify_model(args)
     from roofline.verify.hlo import summarize

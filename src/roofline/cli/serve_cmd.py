@@ -1,0 +1,439 @@
+"""`roofline serve`: how fast a model serves, on how many chips, at what cost per token.
+
+Two modes. With `--plan`, `--batch` and `--context` it costs one decode step (the book's
+questions: memory per chip, step time, tokens/s, the bound, max batch). Otherwise it searches
+topology × sharding × batch × quantisation for the load (`--concurrency` or `--rate`) under the
+TTFT/TPOT targets and prints the best plan with its arithmetic, the top plans, the rejections by
+name and the Pareto of tokens/s/user against tokens/s/chip.
+
+TTFT and TPOT are defined as vLLM's benchmark defines them (TPOT excludes the first token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+import numpy as np
+
+from roofline.cli._common import add_json, emit
+from roofline.cli._profile import add_profile_arg, resolve_profile
+from roofline.errors import SpecError
+from roofline.inference import Quant, parse_serve_plan
+from roofline.report.table import kv, table
+from roofline.serving import Workload, load_lengths
+from roofline.serving_search import Objective, ServeQuery, search, step_report
+from roofline.specs.chip import load_chip
+from roofline.specs.efficiency import Efficiency
+from roofline.specs.engines import EngineProfile, load_engine
+from roofline.specs.model import load_model
+from roofline.specs.system import System, parse_system
+from roofline.units import fmt_bytes, fmt_time, parse_quantity
+
+NAME = "serve"
+HELP = "plan serving: chips, sharding, batch and quantisation under TTFT/TPOT targets; or cost one decode step"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default="llama-3-70b", help="preset or config.json (default llama-3-70b)"
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--system", help="e.g. tpu-v5e:4x2, tpu-v5e:16x16, h100:64")
+    g.add_argument("--chip", help="a chip name: search its slices (TPU pod) or up to 64 GPUs")
+    p.add_argument("--prompt", default="1024", help="prompt tokens per request (default 1024)")
+    p.add_argument("--gen", default="256", help="output tokens per request (default 256)")
+    p.add_argument("--lengths", metavar="FILE", help="prompt,output lengths, one request a line")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", help="requests in flight over the deployment")
+    load.add_argument("--rate", help="requests per second over the deployment (Poisson)")
+    p.add_argument("--slo-ttft", help="time-to-first-token target, e.g. 2s or 500ms")
+    p.add_argument("--slo-tpot", help="time-per-output-token target, e.g. 50ms")
+    p.add_argument("--objective", choices=[o.value for o in Objective], default="cost")
+    p.add_argument("--weight-dtype", help="bf16, fp8, int8, int4, nvfp4, mxfp4 (default: search)")
+    p.add_argument("--kv-dtype", help="bf16, fp8, int8 (default: search)")
+    p.add_argument("--compute-dtype", help="matmul dtype (default bf16; fp8/fp4 for W8A8/W4A4)")
+    p.add_argument(
+        "--plan", help="one replica's sharding, e.g. tp=8, tp=8,ep=8,dp=8, tp=16,kv=heads_batch"
+    )
+    p.add_argument("--batch", help="with --plan and --context: cost one decode step of this batch")
+    p.add_argument("--context", help="KV length of that step (tokens)")
+    p.add_argument("--prefix-hit", type=float, default=0.0, help="prefix-cache hit rate (0-1)")
+    p.add_argument("--draft", type=int, help="one-step mode: speculative draft length γ")
+    p.add_argument(
+        "--acceptance", type=float, default=0.7, help="draft token acceptance α (default 0.7)"
+    )
+    p.add_argument(
+        "--draft-cost",
+        type=float,
+        default=0.05,
+        help="one draft step over one target decode pass (default 0.05: a small draft model)",
+    )
+    p.add_argument(
+        "--engine",
+        help="vllm, sglang, trtllm, jetstream or none (default: vllm on GPUs, jetstream on TPUs; none with --profile peak)",
+    )
+    add_profile_arg(p)  # --profile peak: the book's idealised rooflines
+    p.add_argument("--price", type=float, help="override USD per chip-hour")
+    p.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
+    p.add_argument("--plot", metavar="FILE", help="write the Pareto chart (.png, .svg, .pdf)")
+    add_json(p)
+
+
+def parse_duration(text: str | None, what: str) -> float | None:
+    """'2s', '500ms', '50 ms', '1.5', '200us' -> seconds."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(s|ms|us|µs)?\s*", str(text))
+    if not m:
+        raise SpecError(
+            f"cannot read {what} {text!r}",
+            rule="a duration is a number with s, ms or us",
+            fix=f"write e.g. --{what} 50ms",
+        )
+    scale = {"s": 1.0, None: 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}[m.group(2)]
+    v = float(m.group(1)) * scale
+    if v <= 0:
+        raise SpecError(
+            f"{what} {text}", rule="targets are positive", fix=f"give a positive --{what}"
+        )
+    return v
+
+
+def _system(args: argparse.Namespace) -> System:
+    if args.system:
+        return parse_system(args.system, usd_per_chip_hour=args.price)
+    chip = load_chip(args.chip or "tpu-v5e")
+    if chip.is_tpu and chip.pod_topology:
+        return parse_system(
+            f"{chip.name}:{'x'.join(map(str, chip.pod_topology))}", usd_per_chip_hour=args.price
+        )
+    return parse_system(f"{chip.name}:64", usd_per_chip_hour=args.price)
+
+
+def _profile(args: argparse.Namespace, system: System, engine: EngineProfile | None) -> Efficiency:
+    """The efficiency profile asked for (default: the chip's), with a calibrated profile's
+    overrides for the serving engine applied."""
+    return resolve_profile(args, system.chip, engine.name if engine else None)
+
+
+def _engine(args: argparse.Namespace, system: System) -> EngineProfile | None:
+    name = args.engine
+    if name is None:
+        if args.profile == "peak":
+            return None
+        name = "jetstream" if system.is_tpu else "vllm"
+    return None if name.lower() == "none" else load_engine(name)
+
+
+def _quants(args: argparse.Namespace, system: System) -> tuple[Quant, ...]:
+    if args.weight_dtype or args.kv_dtype or args.compute_dtype:
+        w = args.weight_dtype or "bf16"
+        return (Quant(w, args.kv_dtype or "bf16", args.compute_dtype or "bf16"),)
+    low = "int8" if system.is_tpu else "fp8"
+    return (Quant(), Quant(low, low, "bf16"), Quant(low, low, low))
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.lengths:
+        P, G = load_lengths(args.lengths)
+    else:
+        P, G = parse_quantity(args.prompt, what="prompt"), parse_quantity(args.gen, what="gen")
+    conc = parse_quantity(args.concurrency, what="concurrency") if args.concurrency else None
+    rate = parse_quantity(args.rate, what="rate") if args.rate else None
+    return Workload(P, G, concurrency=conc, rate=rate, prefix_hit=args.prefix_hit)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args.model)
+    system = _system(args)
+    engine = _engine(args, system)
+    eff = _profile(args, system, engine)
+    step_mode = args.batch is not None or args.context is not None
+    if step_mode:
+        return _run_step(args, model, system, eff, engine)
+    quants = _quants(args, system)
+    q = ServeQuery(
+        model=model,
+        system=system,
+        workload=_workload(args),
+        quants=quants,
+        plan=parse_serve_plan(args.plan) if args.plan else None,
+        engine=engine,
+        efficiency=eff,
+        slo_ttft_s=parse_duration(args.slo_ttft, "slo-ttft"),
+        slo_tpot_s=parse_duration(args.slo_tpot, "slo-tpot"),
+        objective=Objective(args.objective),
+    )
+    res = search(q)
+    doc = _search_doc(res, args)
+    if args.plot:
+        from roofline.serving_plot import pareto_chart
+
+        m = res.evaluated.metrics
+        ok = res.evaluated.reason == ""
+        pareto_chart(
+            np.where(ok, m["tokens_per_s_per_user"], np.nan),
+            np.where(ok, m["tokens_per_s_per_chip"], np.nan),
+            res.pareto,
+            args.plot,
+            title=f"{model.name} on {system.name}",
+            best=res.best,
+        )
+    return emit(
+        args, NAME, _inputs(args, model, system, eff, engine), doc, _search_text(res, doc, args)
+    )
+
+
+def _inputs(args, model, system, eff, engine) -> dict[str, Any]:
+    return {
+        "model": model.name,
+        "system": system.name,
+        "chips": system.n_chips,
+        "prompt": args.prompt,
+        "gen": args.gen,
+        "concurrency": args.concurrency,
+        "rate": args.rate,
+        "objective": args.objective,
+        "plan": args.plan,
+        "profile": eff.to_dict() if hasattr(eff, "to_dict") else getattr(eff, "name", "custom"),
+        "engine": engine.name if engine else None,
+        "definitions": "TTFT, TPOT (first token excluded), ITL and E2EL as vLLM's benchmark_serving defines them",
+    }
+
+
+def _run_step(args, model, system, eff, engine) -> int:
+    if not (args.plan and args.batch and args.context):
+        raise SpecError(
+            "the one-step mode needs --plan, --batch and --context together",
+            rule="a decode step is a replica's sharding, a batch of sequences and their KV length",
+            fix="add e.g. --plan tp=8 --batch 32 --context 8192",
+        )
+    plan = parse_serve_plan(args.plan)
+    batch = int(parse_quantity(args.batch, what="batch"))
+    ctx = parse_quantity(args.context, what="context")
+    if batch < 1 or ctx < 1:
+        raise SpecError(
+            f"--batch {batch} --context {ctx}",
+            rule="both are at least 1",
+            fix="give positive sizes",
+        )
+    quant = Quant(
+        args.weight_dtype or "bf16", args.kv_dtype or "bf16", args.compute_dtype or "bf16"
+    )
+    prompt = parse_quantity(args.prompt, what="prompt") if args.prompt != "1024" else None
+    spec = None
+    if args.draft:
+        from roofline.serving import Speculation
+
+        spec = Speculation(args.draft, args.acceptance, args.draft_cost)
+    r = step_report(
+        model, system, plan, batch, ctx, quant, eff, prompt=prompt, engine=engine, speculation=spec
+    )
+    return emit(
+        args, NAME, _inputs(args, model, system, eff, engine), r, _step_text(r, model, system)
+    )
+
+
+def _step_text(r: dict, model, system) -> str:
+    mem = r["memory"]
+    lines = [
+        f"{model.name} decode step on {system.name}: plan {r['plan']['spec']}, batch {r['batch']}, "
+        f"context {r['context']:g}, {r['quant']['weights']} weights, {r['quant']['kv']} KV, "
+        f"{r['quant']['compute']} compute, profile {r['efficiency']}",
+        "",
+        kv(
+            [
+                ("weights per chip", fmt_bytes(mem["weights_bytes"])),
+                (
+                    "KV cache per chip",
+                    f"{fmt_bytes(mem['kv_bytes'])}  ({fmt_bytes(r['kv_cache_bytes_per_token'])}/token × batch × context / chips)",
+                ),
+                (
+                    "memory per chip",
+                    f"{fmt_bytes(r['memory_per_chip_bytes'])} of {fmt_bytes(mem['hbm_bytes'])} ({'fits' if mem['fits'] else 'DOES NOT FIT'})",
+                ),
+                ("max batch at this context", f"{r['max_batch']:g}"),
+                ("HBM time (weights + KV read)", fmt_time(r["hbm_time_s"])),
+                ("compute time", fmt_time(r["compute_time_s"])),
+                ("step time", f"{fmt_time(r['step_time_s'])}  ({r['bound']}-bound)"),
+                (
+                    "tokens/s",
+                    f"{r['tokens_per_s']:,.0f}  ({r['tokens_per_s_per_chip']:,.1f} per chip, {r['tokens_per_s_per_user']:,.1f} per user)",
+                ),
+                ("prefill of the context (TTFT)", fmt_time(r["ttft_s"])),
+                (
+                    "$ / M output tokens",
+                    "-"
+                    if r["usd_per_million_output_tokens"] is None
+                    else f"${r['usd_per_million_output_tokens']:.3f}",
+                ),
+            ]
+        ),
+    ]
+    if "speculative" in r:
+        sp = r["speculative"]
+        lines.append(
+            f"speculative decoding  γ={sp['draft_tokens']}, α={sp['acceptance']:g}: "
+            f"{sp['tokens_per_verify']:.2f} tokens per verify pass, TPOT {fmt_time(sp['tpot_s'])} "
+            f"({sp['speedup']:.2f}x)"
+        )
+    return "\n".join(lines)
+
+
+def _search_doc(res, args) -> dict[str, Any]:
+    ev = res.evaluated
+    best = res.best
+    rows = [res.row(int(i)) for i in res.order[: max(args.top, 1)]]
+    doc: dict[str, Any] = {
+        "candidates_evaluated": int(len(ev.cand)),
+        "rejections": res.rejections(),
+    }
+    if best is None:
+        doc.update({"plan": None, "top": [], "pareto": []})
+        return doc
+    b = res.row(best)
+    for k in (
+        "ttft_s",
+        "tpot_s",
+        "step_time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_chip",
+        "tokens_per_s_per_user",
+        "max_batch",
+        "memory_per_chip_bytes",
+        "usd_per_million_output_tokens",
+        "usd_per_million_input_tokens",
+    ):
+        doc[k] = b[k]
+    doc["plan"] = b["plan"]
+    doc["best"] = b
+    doc["bound"] = "memory" if b["step_time_s"] and b["tpot_s"] else None
+    doc["kv_cache_bytes_per_token"] = _kv_tok(res, best)
+    doc["top"] = rows
+    from roofline.serving_search import disaggregated_view
+
+    doc["disaggregated"] = disaggregated_view(res, best)
+    doc["pareto"] = [
+        {
+            k: res.row(int(i))[k]
+            for k in (
+                "plan",
+                "batch",
+                "quant",
+                "tokens_per_s_per_user",
+                "tokens_per_s_per_chip",
+                "ttft_s",
+                "tpot_s",
+            )
+        }
+        for i in res.pareto
+    ]
+    return doc
+
+
+def _kv_tok(res, i: int) -> float:
+    from roofline.ledger import kv_cache_bytes_per_token
+
+    q = res.query
+    quant = q.quants[int(res.evaluated.cand.quant[i])]
+    return kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.max_context)
+
+
+def _search_text(res, doc: dict, args) -> str:
+    q = res.query
+    head = (
+        f"{q.model.name} on {q.system.name}: prompt {q.workload.prompt:g}, output {q.workload.gen:g} tokens, "
+        f"objective {q.objective.value}; {doc['candidates_evaluated']} candidates"
+    )
+    rej = ", ".join(f"{k}: {v}" for k, v in doc["rejections"].items()) or "none"
+    if res.best is None:
+        return f"{head}\nno plan is feasible. Rejected: {rej}"
+    b = doc["best"]
+    best = [
+        (
+            "plan",
+            f"{b['plan']['spec']} on {b['system']} × {b['replicas']:g} replica(s), batch {b['batch']}",
+        ),
+        (
+            "quantisation",
+            f"{b['quant']['weights']} weights, {b['quant']['kv']} KV, {b['quant']['compute']} compute",
+        ),
+        (
+            "memory per chip",
+            f"{fmt_bytes(b['weights_per_chip_bytes'])} weights + KV = {fmt_bytes(b['memory_per_chip_bytes'])} (max batch {b['max_batch']:g})",
+        ),
+        ("TTFT", fmt_time(b["ttft_s"])),
+        (
+            "TPOT",
+            f"{fmt_time(b['tpot_s'])}  (decode pass {fmt_time(b['step_time_s'])}; prefill takes {100 * b['prefill_share']:.0f}% of the time)",
+        ),
+        (
+            "throughput",
+            f"{b['tokens_per_s']:,.0f} tok/s = {b['tokens_per_s_per_chip']:,.1f} per chip, {b['tokens_per_s_per_user']:,.1f} per user",
+        ),
+        (
+            "cost",
+            "-"
+            if b["usd_per_million_output_tokens"] is None
+            else f"${b['usd_per_million_output_tokens']:.3f} / M output, ${b['usd_per_million_input_tokens']:.3f} / M input",
+        ),
+    ]
+    top = table(
+        [
+            (
+                r["plan"]["spec"],
+                r["chips_per_replica"],
+                r["batch"],
+                "/".join(r["quant"][k] for k in ("weights", "kv", "compute")),
+                fmt_time(r["ttft_s"]),
+                fmt_time(r["tpot_s"]),
+                f"{r['tokens_per_s_per_chip']:,.1f}",
+                "-"
+                if r["usd_per_million_output_tokens"] is None
+                else f"{r['usd_per_million_output_tokens']:.3f}",
+            )
+            for r in doc["top"]
+        ],
+        ["plan", "chips", "batch", "w/kv/compute", "TTFT", "TPOT", "tok/s/chip", "$/M out"],
+    )
+    par = table(
+        [
+            (
+                p["plan"]["spec"],
+                p["batch"],
+                p["quant"]["weights"],
+                f"{p['tokens_per_s_per_user']:,.1f}",
+                f"{p['tokens_per_s_per_chip']:,.1f}",
+            )
+            for p in doc["pareto"]
+        ],
+        ["plan", "batch", "weights", "tok/s/user", "tok/s/chip"],
+    )
+    dg = doc.get("disaggregated")
+    if dg:
+        best.append(
+            (
+                "disaggregated",
+                f"TTFT {fmt_time(dg['ttft_s'])} (KV transfer {fmt_time(dg['kv_transfer_s'])}), "
+                f"TPOT {fmt_time(dg['tpot_s'])}, prefill:decode replicas "
+                f"{dg['prefill_decode_ratio']:.2f}:1",
+            )
+        )
+    return "\n".join(
+        [
+            head,
+            "",
+            "best plan",
+            kv(best),
+            "",
+            f"top {len(doc['top'])}",
+            top,
+            "",
+            f"rejected: {rej}",
+            "",
+            "Pareto (tokens/s/user vs tokens/s/chip)",
+            par,
+        ]
+    )

@@ -1,0 +1,541 @@
+"""Serving: continuous batching in steady state, on the step costs of inference.py.
+
+Metrics are defined as vLLM's benchmark (benchmarks/benchmark_serving.py) defines them:
+- TTFT: time from sending a request to its first output token (queueing and prefill included);
+- TPOT: (end-to-end latency − TTFT) / (output tokens − 1) per request, averaged over requests:
+  the first token is excluded (AIConfigurator's measured TPOT is the same quantity);
+- ITL: the gap between consecutive tokens of one request; with one token per step its mean is TPOT;
+- E2EL: TTFT + (G − 1)·TPOT; throughput: output tokens (and requests) per second.
+
+Steady state of a replica serving `concurrency` requests in a closed loop (or a Poisson `rate`),
+prompts of P tokens (a fraction `prefix_hit` already cached), G output tokens each:
+- every engine pass decodes one token for each of the B_d running sequences and prefills
+  k̄ = X·τ·P_new prompt tokens on average (X requests/s, τ the mean pass time); engines that mix
+  prefill chunks into decode passes (vLLM, TensorRT-LLM) pay both in one pass (the weights are
+  read once); prefill-first engines (SGLang, JetStream) run prefill batches between decode
+  passes, so decode passes are spaced by the prefills: τ = τ_decode / (1 − X·t_prefill);
+- TPOT = τ (each running sequence gets one token per pass); the sequences in decode are
+  B_d = X·(G − 1)·τ (Little's law), the rest of the concurrency waits for or is in prefill:
+  TTFT = (C − B_d) / X, and never less than half a pass plus its own prefill passes (plus an
+  M/D/1 wait for the prefill capacity when it is busy);
+- X = C / (TTFT + (G − 1)·TPOT): a fixed point, solved vectorised over candidates.
+
+Benchmarks start all `concurrency` requests at once: the first wave's prefills queue behind each
+other. `first_wave_share` (1 / waves; a benchmark of 10×concurrency requests, AIConfigurator's
+assumption for its measured sample, has 0.1) averages that wave's TTFT into the reported mean.
+
+Disaggregated serving runs the same physics on two pools (prefill replicas with no decode,
+decode replicas with no prefill) joined by the KV transfer over the real link; speculative
+decoding replaces one decode pass with a verify pass of γ + 1 tokens plus γ draft passes and
+emits (1 − α^(γ+1)) / (1 − α) tokens per cycle (Leviathan et al. 2023, eq. 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from roofline.errors import SpecError
+from roofline.inference import PassShape, PassTimes, StepModel
+from roofline.specs.engines import EngineProfile
+from roofline.units import HOUR
+
+MAX_TOKENS = 2**30  # bound on one request's prompt or output (no arithmetic runs on more)
+ITERATIONS = 60  # fixed-point sweeps; converges to < 0.1% in ~20 for every case tested
+
+
+# --------------------------------------------------------------------------------------
+# Workload
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests: prompt and output lengths (fixed, or samples of a distribution), the load
+    (`concurrency` in flight, or a Poisson `rate` in requests/s, for the whole deployment) and the
+    share of each prompt already in the prefix cache."""
+
+    prompt_tokens: Sequence[float] | float = 1024
+    gen_tokens: Sequence[float] | float = 256
+    concurrency: float | None = None
+    rate: float | None = None
+    prefix_hit: float = 0.0
+    first_wave_share: float = 0.0  # weight of the all-at-once first wave in the reported TTFT
+
+    def __post_init__(self) -> None:
+        P = np.atleast_1d(np.asarray(self.prompt_tokens, float))
+        G = np.atleast_1d(np.asarray(self.gen_tokens, float))
+        if P.shape != G.shape and P.size != 1 and G.size != 1:
+            raise SpecError(
+                f"{P.size} prompt lengths and {G.size} output lengths",
+                rule="a length distribution pairs each prompt with its output length",
+                fix="give the same number of prompt and output lengths (or one of each)",
+            )
+        if (
+            not (np.all(np.isfinite(P)) and np.all(np.isfinite(G)))
+            or np.any(P > MAX_TOKENS)
+            or np.any(G > MAX_TOKENS)
+        ):
+            raise SpecError(
+                f"prompt/output lengths up to {max(P.max(), G.max()):.3g} tokens",
+                rule=f"a request's prompt and output are at most 2^30 = {MAX_TOKENS:,} tokens each",
+                fix="give lengths a model can serve, e.g. --prompt 8192 --gen 1024",
+            )
+        if np.any(P < 1) or np.any(G < 1):
+            raise SpecError(
+                "prompt and output lengths must be at least 1 token",
+                rule="every request has a prompt and at least one output token",
+                fix="give --prompt and --gen of 1 or more",
+            )
+        if not 0.0 <= self.prefix_hit < 1.0:
+            raise SpecError(
+                f"prefix-cache hit rate {self.prefix_hit}",
+                rule="the hit rate is a fraction in [0, 1): at least one prompt token is computed",
+                fix="give e.g. --prefix-hit 0.5",
+            )
+        for name in ("concurrency", "rate"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise SpecError(
+                    f"{name} = {v}",
+                    rule=f"{name} is a positive number",
+                    fix=f"give a positive --{name}",
+                )
+
+    @property
+    def prompt(self) -> float:
+        return float(np.mean(self.prompt_tokens))
+
+    @property
+    def gen(self) -> float:
+        return float(np.mean(self.gen_tokens))
+
+    @property
+    def new_prompt(self) -> float:
+        """Prompt tokens computed per request (the cached prefix skipped)."""
+        return self.prompt * (1.0 - self.prefix_hit)
+
+    @property
+    def decode_context(self) -> float:
+        """Mean KV length of a running sequence, weighted by time in decode: E[G·(P + G/2)]/E[G]."""
+        P = np.asarray(self.prompt_tokens, float)
+        G = np.asarray(self.gen_tokens, float)
+        return float(np.mean(G * (P + G / 2)) / np.mean(G * np.ones_like(P)))
+
+    @property
+    def max_context(self) -> float:
+        return float(np.max(np.asarray(self.prompt_tokens, float) + np.asarray(self.gen_tokens)))
+
+
+def load_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths from a file: two columns (CSV or whitespace), one request a line;
+    lines starting with '#' and a header line of words are skipped."""
+    P, G = [], []
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError as e:
+        raise SpecError(
+            f"cannot read lengths file {path!r} ({e.strerror})", fix="check the path"
+        ) from None
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.replace(",", " ").split()
+        try:
+            p, g = float(parts[0]), float(parts[1])
+        except (ValueError, IndexError):
+            if n == 1:
+                continue  # header
+            raise SpecError(
+                f"lengths file {path!r} line {n}: {line!r}",
+                rule="each line holds a prompt length and an output length",
+                fix="write e.g. `1024,256`",
+            ) from None
+        P.append(p)
+        G.append(g)
+    if not P:
+        raise SpecError(f"lengths file {path!r} has no requests", fix="add lines `prompt,output`")
+    return np.array(P), np.array(G)
+
+
+# --------------------------------------------------------------------------------------
+# Steady state of one aggregated replica
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Steady:
+    """A replica's operating point (arrays over candidates). Times in seconds."""
+
+    concurrency: Any  # requests in flight on this replica
+    ttft_s: Any
+    tpot_s: Any
+    e2e_s: Any
+    requests_per_s: Any  # this replica
+    decode_batch: Any  # sequences decoding in a pass
+    pass_s: Any  # mean pass time (= TPOT without speculation)
+    prefill_share: Any  # fraction of the replica's time spent on prefill work
+    first_wave_ttft_s: Any
+    steady_ttft_s: Any
+    capped: Any  # the decode batch hit the engine's cap or the KV capacity
+    gen_tokens: float = 1.0
+
+    @property
+    def output_tokens_per_s(self) -> Any:
+        return self.requests_per_s * self.gen_tokens
+
+
+def _prefill_pass(
+    step: StepModel, decode: Any, ctx: float, chunk: Any, P: float, Pn: float
+) -> PassTimes:
+    """A pass that decodes `decode` sequences and prefills one chunk of `chunk` tokens of a prompt."""
+    return step.pass_time(
+        PassShape(
+            decode=decode,
+            context=ctx,
+            prefill_seqs=np.where(np.asarray(chunk) > 0, 1.0, 0.0),
+            prefill_chunk=np.maximum(chunk, 1.0),
+            prefill_context=P - Pn + np.maximum(chunk, 1.0),
+        )
+    )
+
+
+def steady_state(
+    step: StepModel,
+    engine: EngineProfile | None,
+    work: Workload,
+    concurrency: Any,
+    *,
+    batch_cap: Any = np.inf,
+    step_overhead_s: float | None = None,
+) -> Steady:
+    """Closed-loop steady state of one replica at `concurrency` requests (array) in flight.
+
+    `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too).
+    Prompts are prefilled in cohorts of k = ⌊budget / P_new⌋ (at most C): a closed loop with fixed
+    lengths stays in step, so the requests that finish together come back together and share a
+    prefill pass; a prompt longer than the budget takes ⌈P_new / budget⌉ chunked passes alone.
+    """
+    C = np.asarray(concurrency, float)
+    G, P, Pn = work.gen, work.prompt, work.new_prompt
+    ctx = work.decode_context
+    budget = float(engine.token_budget(step.chip.hbm_bytes)) if engine else np.inf
+    mixed = engine.mixed_prefill_decode if engine else True
+    chunk = min(Pn, budget) if (engine is None or engine.chunked_prefill) else Pn
+    n_chunks = float(np.ceil(Pn / chunk))
+    k = np.clip(np.floor(budget / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
+    cap = np.minimum(batch_cap, engine.max_num_seqs if engine else np.inf)
+    ovh = _engine_overhead(step, engine, C) if step_overhead_s is None else step_overhead_s
+
+    def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
+        seqs = k if Pn <= chunk else np.ones_like(k)
+        return _cohort_pass(step, decode, ctx, seqs, chunk, P, Pn) + ovh
+
+    X = C / (n_chunks * pf_pass(0.0) + G * _decode(step, np.minimum(C, cap), ctx, ovh))
+    Bd = np.minimum(C, cap) * 0.9
+    for _ in range(ITERATIONS):
+        Bd1 = np.maximum(Bd, 1.0)
+        tau_d = _decode(step, Bd1, ctx, ovh)
+        t_pf = pf_pass(Bd1 if mixed else 0.0)  # the cohort's prefill pass
+        extra = t_pf - (tau_d if mixed else 0.0)  # what prefill adds over a decode pass
+        per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
+        rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
+        tau = tau_d / (1.0 - rho)
+        wait = rho / (2 * (1 - rho)) * t_pf  # cohorts queue behind each other (M/D/1)
+        ttft_min = tau_d / 2 + n_chunks * t_pf + wait
+        Bd_new = np.minimum(C * (G - 1) * tau / ((G - 1) * tau + ttft_min), cap)
+        Bd_new = np.maximum(Bd_new, np.minimum(C, 1.0))
+        X_new = np.where(
+            Bd_new >= cap - 1e-9,
+            Bd_new / np.maximum((G - 1) * tau, 1e-12) if G > 1 else C / ttft_min,
+            C / (ttft_min + (G - 1) * tau),
+        )
+        X = 0.5 * X + 0.5 * X_new
+        Bd = 0.5 * Bd + 0.5 * Bd_new
+    ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
+    # the first wave: all C arrive together, C/k cohorts prefill one after another
+    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_pass(0.0), ttft_min)
+    w = work.first_wave_share
+    ttft = (1 - w) * ttft_ss + w * first
+    return Steady(
+        concurrency=C,
+        ttft_s=ttft,
+        tpot_s=tau,
+        e2e_s=ttft + (G - 1) * tau,
+        requests_per_s=C / (ttft_ss + (G - 1) * tau),
+        decode_batch=Bd,
+        pass_s=tau,
+        prefill_share=np.clip(rho, 0.0, 1.0),
+        first_wave_ttft_s=first,
+        steady_ttft_s=ttft_ss,
+        capped=Bd >= cap - 1e-6,
+        gen_tokens=G,
+    )
+
+
+def _cohort_pass(
+    step: StepModel, decode: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float
+) -> Any:
+    """Time of a pass that decodes `decode` sequences and prefills `seqs` chunks of `chunk`
+    prompt tokens (the chunk ends at the prompt's end; a cached prefix precedes it)."""
+    return step.pass_time(
+        PassShape(
+            decode=decode,
+            context=ctx,
+            prefill_seqs=seqs,
+            prefill_chunk=chunk,
+            prefill_context=P - Pn + chunk,
+        )
+    ).time_s
+
+
+def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
+    return step.pass_time(PassShape(decode=B, context=ctx)).time_s + ovh
+
+
+def _engine_overhead(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
+    """Host time per pass the engine leaves exposed: its scheduler step (unless overlapped) plus
+    kernel launches for decode batches larger than the largest captured CUDA graph."""
+    if engine is None:
+        return 0.0
+    graph = engine.graph_batch(step.plan.tp)
+    eager = np.where(
+        np.asarray(B) > graph, engine.eager_launch_s_per_layer * step.model.n_layers, 0.0
+    )
+    return engine.step_overhead_s + eager
+
+
+# --------------------------------------------------------------------------------------
+# Speculative decoding
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Draft γ tokens per cycle, each accepted with probability α (i.i.d.), then verify them in
+    one target pass of γ + 1 tokens. `draft_cost`: one draft step's time as a fraction of a
+    target decode pass (a small draft model ~0.05-0.1; MTP heads ~1/L of the target)."""
+
+    draft_tokens: int = 3
+    acceptance: float = 0.7
+    draft_cost: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.draft_tokens, int) and self.draft_tokens >= 1):
+            raise SpecError(
+                f"draft length {self.draft_tokens}", rule="draft length γ ≥ 1", fix="give --draft 3"
+            )
+        if not 0.0 <= self.acceptance < 1.0 + 1e-12:
+            raise SpecError(
+                f"acceptance rate {self.acceptance}",
+                rule="acceptance α is a probability in [0, 1]",
+                fix="give e.g. --acceptance 0.7",
+            )
+        if self.draft_cost < 0:
+            raise SpecError(f"draft cost {self.draft_cost}", rule="≥ 0", fix="give e.g. 0.05")
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """E[tokens per cycle] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023): the accepted
+        prefix of the γ drafts plus the one token the target pass itself produces."""
+        a, g = self.acceptance, self.draft_tokens
+        return float(g + 1) if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
+
+
+def speculative_tpot(
+    step: StepModel, spec: Speculation, batch: Any, context: float
+) -> dict[str, Any]:
+    """TPOT with speculation at a decode batch: (t_verify(γ+1) + γ·t_draft) / E[tokens]."""
+    t1 = step.pass_time(PassShape(decode=batch, context=context)).time_s
+    g = spec.draft_tokens
+    verify = step.pass_time(
+        PassShape(prefill_seqs=batch, prefill_chunk=g + 1, prefill_context=context + g)
+    ).time_s
+    cycle = verify + g * spec.draft_cost * t1
+    E = spec.tokens_per_verify
+    return {
+        "tokens_per_verify": E,
+        "verify_s": verify,
+        "cycle_s": cycle,
+        "tpot_s": cycle / E,
+        "speedup": t1 * E / cycle,
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Disaggregated prefill / decode
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Disagg:
+    """Two pools: `prefill_replicas` of the prefill step model, `decode_replicas` of the decode one;
+    the KV cache of each prompt crosses `link_bw_bytes_per_s` (+ `link_latency_s`)."""
+
+    prefill_replicas: int
+    decode_replicas: int
+    link_bw_bytes_per_s: float
+    link_latency_s: float = 10e-6
+    kv_bytes_per_token: float = 0.0
+    prefill_batch: int = 1  # prompts a prefill replica runs per pass
+
+
+def disaggregated(
+    pre: StepModel,
+    dec: StepModel,
+    d: Disagg,
+    work: Workload,
+    concurrency: Any,
+    *,
+    decode_cap: Any = np.inf,
+    engine: EngineProfile | None = None,
+) -> dict[str, Any]:
+    """Closed-loop steady state of a disaggregated deployment at `concurrency` (all pools).
+
+    Prefill replicas run one prompt at a time (TTFT = queue + prefill + KV transfer); decode
+    replicas run pure decode passes at B_d = (C − X·TTFT) / decode_replicas sequences each.
+    """
+    C = np.asarray(concurrency, float)
+    G, P, Pn, ctx = work.gen, work.prompt, work.new_prompt, work.decode_context
+    ovh = engine.step_overhead_s if engine else 0.0
+    per = float(d.prefill_batch)  # prompts one prefill pass runs (one per attention-DP rank)
+    t_pf = _cohort_pass(pre, 0.0, ctx, per, Pn, P, Pn) + ovh
+    cap_pf = d.prefill_replicas * per / t_pf  # prompts/s the prefill pool can do
+    xfer = d.link_latency_s + P * d.kv_bytes_per_token / d.link_bw_bytes_per_s
+    cap = np.minimum(decode_cap, engine.max_num_seqs if engine else np.inf)
+    X = C / (t_pf + xfer + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
+    for _ in range(ITERATIONS):
+        rho = np.minimum(X / cap_pf, 0.95)
+        ttft_min = t_pf * (1 + rho / (2 * (1 - rho))) + xfer
+        Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
+        tau = _decode(dec, Bd, ctx, ovh)
+        X_new = np.minimum(
+            C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
+        )
+        X = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
+    ttft = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
+    # servers each pool needs at this throughput: the prefill:decode ratio that balances them
+    n_pre = X * t_pf
+    n_dec = X * (G - 1) * tau / np.maximum(Bd, 1.0)
+    return {
+        "ttft_s": ttft,
+        "tpot_s": tau,
+        "e2e_s": ttft + (G - 1) * tau,
+        "requests_per_s": X,
+        "decode_batch": Bd,
+        "prefill_s": t_pf,
+        "kv_transfer_s": xfer,
+        "prefill_utilisation": X * t_pf / d.prefill_replicas,
+        "prefill_decode_ratio": n_pre / np.maximum(n_dec, 1e-12),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Deployment metrics, cost and the Pareto
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What a deployment delivers (arrays over candidates)."""
+
+    ttft_s: Any
+    tpot_s: Any
+    e2e_s: Any
+    requests_per_s: Any
+    output_tokens_per_s: Any
+    input_tokens_per_s: Any
+    tokens_per_s_per_chip: Any
+    tokens_per_s_per_user: Any
+    chips: Any
+    usd_per_million_output_tokens: Any = None
+    usd_per_million_input_tokens: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+def deployment_metrics(
+    s: Steady,
+    work: Workload,
+    chips_per_replica: Any,
+    replicas: Any,
+    usd_per_chip_hour: float | None,
+) -> Metrics:
+    """Scale one replica's steady state to the deployment and price it.
+
+    Cost per second of the deployment splits between prefill and decode by the share of the
+    replicas' time each takes: $/M input = cost·share_prefill / input tokens/s, $/M output =
+    cost·(1 − share) / output tokens/s (their sum is the whole bill).
+    """
+    rps = s.requests_per_s * replicas
+    out_tps = rps * work.gen
+    in_tps = rps * work.prompt
+    chips = chips_per_replica * replicas
+    m = Metrics(
+        ttft_s=s.ttft_s,
+        tpot_s=s.tpot_s,
+        e2e_s=s.e2e_s,
+        requests_per_s=rps,
+        output_tokens_per_s=out_tps,
+        input_tokens_per_s=in_tps,
+        tokens_per_s_per_chip=out_tps / chips,
+        tokens_per_s_per_user=1.0 / s.tpot_s,
+        chips=chips,
+    )
+    if usd_per_chip_hour is not None:
+        usd_s = usd_per_chip_hour * chips / HOUR
+        share = np.clip(s.prefill_share, 0.0, 1.0)
+        object.__setattr__(m, "usd_per_million_output_tokens", usd_s * (1 - share) / out_tps * 1e6)
+        object.__setattr__(m, "usd_per_million_input_tokens", usd_s * share / in_tps * 1e6)
+    return m
+
+
+def pareto_front(per_user: Any, per_chip: Any) -> np.ndarray:
+    """Indices of the points no other point beats on both tokens/s/user and tokens/s/chip,
+    sorted by tokens/s/user (the latency/throughput frontier of applied-inference.md)."""
+    u = np.asarray(per_user, float)
+    c = np.asarray(per_chip, float)
+    ok = np.isfinite(u) & np.isfinite(c)
+    idx = np.nonzero(ok)[0]
+    order = idx[np.lexsort((-c[idx], -u[idx]))]  # by user speed desc, then chip throughput desc
+    front, best = [], -np.inf
+    for i in order:
+        if c[i] > best:
+            front.append(i)
+            best = c[i]
+    return np.array(sorted(front, key=lambda i: u[i]), dtype=int)
+
+
+def qps_per_chip(batch: Any, step_s: Any, decode_steps: Any, chips: Any) -> Any:
+    """Book applied-inference.md: queries/s per chip = B / (step · median decode steps · N)."""
+    return np.asarray(batch, float) / (np.asarray(step_s) * decode_steps * chips)
+
+
+Objective = Callable[[Metrics], Any]
+
+__all__ = [
+    "Disagg",
+    "Metrics",
+    "Speculation",
+    "Steady",
+    "Workload",
+    "deployment_metrics",
+    "disaggregated",
+    "load_lengths",
+    "pareto_front",
+    "qps_per_chip",
+    "speculative_tpot",
+    "steady_state",
+]
+
+
+def predict_measured_run(run: Any, *, efficiency: Any = None) -> dict[str, Any]:
+    """`roofline validate`'s entry point: TTFT, TPOT and output tokens/s for a measured run
+    (see serving_predict.py for how each workload mode is simulated)."""
+    from roofline.serving_predict import predict_measured_run as predict
+
+    return predict(run, efficiency=efficiency)

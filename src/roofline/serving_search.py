@@ -1,0 +1,586 @@
+"""The serving planner: topology × plan × batch × quantisation, searched as arrays.
+
+Each candidate is one replica shape (chips, tensor/pipeline/expert/attention-data degrees, weight
+and KV dtypes) running B sequences; the deployment holds as many replicas as the load needs
+(`concurrency` or `rate`) within the system's chips. Rejections are data with a name ("does not
+fit HBM", "misses the TTFT target", ...); the survivors are ranked by the objective (cost: $ per
+million output tokens; throughput: output tokens/s per chip; latency: TPOT), and the Pareto of
+tokens/s/user against tokens/s/chip is returned with the best plan's arithmetic.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from roofline.errors import PlanError
+from roofline.inference import (
+    IdealStep,
+    PassShape,
+    Quant,
+    ServePlan,
+    kv_replication,
+    weight_bytes,
+)
+from roofline.ledger import kv_cache_bytes_per_token
+from roofline.serving import Workload, deployment_metrics, pareto_front, steady_state
+from roofline.specs.efficiency import PEAK, Efficiency
+from roofline.specs.engines import EngineProfile
+from roofline.specs.model import ModelSpec
+from roofline.specs.system import System, parse_system
+from roofline.units import HOUR
+
+
+class Objective(enum.StrEnum):
+    COST = "cost"
+    THROUGHPUT = "throughput"
+    LATENCY = "latency"
+
+
+REJECT_HBM = "does not fit HBM"
+REJECT_KV = "KV cache does not fit at this batch"
+REJECT_TTFT = "misses the TTFT target"
+REJECT_TPOT = "misses the TPOT target"
+REJECT_CHIPS = "needs more chips than the system has"
+REJECT_LOAD = "cannot carry the load"
+
+
+@dataclass(frozen=True)
+class ServeQuery:
+    model: ModelSpec
+    system: System
+    workload: Workload
+    quants: tuple[Quant, ...] = (Quant(),)
+    plan: ServePlan | None = None
+    engine: EngineProfile | None = None
+    efficiency: Efficiency = PEAK
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    objective: Objective = Objective.COST
+    batches: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Flat arrays, one entry per candidate."""
+
+    chips: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    batch: np.ndarray
+    quant: np.ndarray  # index into query.quants
+    system: list[System] = field(default_factory=list)  # by chip count index
+    sys_index: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+
+    def __len__(self) -> int:
+        return len(self.chips)
+
+    def plan(self, i: int) -> ServePlan:
+        return ServePlan(
+            tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), ep=int(self.ep[i])
+        )
+
+
+def topologies(system: System) -> list[System]:
+    """Replica sizes to try: TPU slices of the system's chip doubling one axis at a time (book
+    applied-inference.md: 2x2, 4x2, 4x4, 4x8, ...) up to the system's shape; GPU counts 1, 2, 4,
+    ... up to the system."""
+    if system.is_tpu and system.topology:
+        full = tuple(system.topology)
+        shape = [1] * len(full)
+        out = [_slice(system, shape)]
+        while True:
+            grow = [i for i in range(len(full)) if shape[i] * 2 <= full[i]]
+            if not grow:
+                break
+            i = min(grow, key=lambda j: (shape[j], -j))
+            shape[i] *= 2
+            out.append(_slice(system, shape))
+        if out[-1].n_chips != system.n_chips:
+            out.append(system)
+        return out
+    out, n = [], 1
+    while n <= system.n_chips:
+        out.append(
+            parse_system(f"{system.chip.name}:{n}", usd_per_chip_hour=system.usd_per_chip_hour)
+        )
+        n *= 2
+    if out[-1].n_chips != system.n_chips:
+        out.append(system)
+    return out
+
+
+def _slice(system: System, shape: list[int]) -> System:
+    if tuple(shape) == tuple(system.topology):
+        return system
+    return parse_system(
+        f"{system.chip.name}:{'x'.join(map(str, shape))}",
+        usd_per_chip_hour=system.usd_per_chip_hour,
+    )
+
+
+def plans_for(model: ModelSpec, n: int, system: System) -> list[ServePlan]:
+    """Plans of one replica of n chips: tensor parallel within the fast domain (heads must
+    divide), pipeline over the rest; MoE models also expert parallel with attention data
+    parallel (DeepSeek's layout)."""
+    out = []
+    heads = model.n_heads
+    fast = n if system.is_tpu else (system.chip.nvlink_domain or 8)
+    for tp in (d for d in range(1, n + 1) if n % d == 0):
+        pp = n // tp
+        if heads % tp or tp > fast or pp > model.n_layers or (pp & (pp - 1)):
+            continue
+        out.append(ServePlan(tp=tp, pp=pp))
+        if model.moe is not None and tp > 1:
+            out.append(ServePlan(tp=tp, pp=pp, ep=tp))
+            out.append(ServePlan(tp=1, pp=pp, dp=tp, ep=tp))
+    return out
+
+
+def candidates(q: ServeQuery) -> Candidates:
+    systems = topologies(q.system)
+    rows: list[tuple[int, ...]] = []
+    for si, s in enumerate(systems):
+        plans = [q.plan] if q.plan is not None else plans_for(q.model, s.n_chips, s)
+        if q.plan is not None and q.plan.chips != s.n_chips:
+            continue
+        for p in plans:
+            for b in q.batches or _batches(q.workload.concurrency):
+                for qi in range(len(q.quants)):
+                    rows.append((s.n_chips, p.tp, p.pp, p.dp, p.ep, b, qi, si))
+    if not rows:
+        raise PlanError(
+            f"no replica of the plan {q.plan.describe() if q.plan else ''} fits {q.system.name}",
+            rule="a replica's chips (tp·pp·dp) are one of the system's sub-slices or GPU counts",
+            fix="change --plan or --system",
+        )
+    a = np.array(rows, dtype=np.int64)
+    return Candidates(*(a[:, i] for i in range(7)), system=systems, sys_index=a[:, 7])
+
+
+def _batches(concurrency: float | None = None) -> tuple[int, ...]:
+    """Sequences per replica to try: 1, 2, 4, ... 2048 — at a given concurrency only up to the
+    power of two that holds it (larger batches would run the same load)."""
+    out = tuple(2**k for k in range(0, 12))
+    if concurrency is None:
+        return out
+    top = 2 ** int(np.ceil(np.log2(max(concurrency, 1.0))))
+    return tuple(b for b in out if b <= top) or (1,)
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """Arrays of every candidate's metrics and its rejection (empty string = feasible)."""
+
+    cand: Candidates
+    metrics: dict[str, np.ndarray]
+    reason: np.ndarray
+
+
+def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dict[str, np.ndarray]:
+    """Weights, KV per sequence and capacity per chip for the selected candidates (inference.py's
+    memory_per_chip rules, vectorised over plans)."""
+    quant = q.quants[qi]
+    wb = weight_bytes(q.model, quant)
+    tp, pp, dp, n = (c.tp[sel].astype(float), c.pp[sel].astype(float), c.dp[sel], c.chips[sel])
+    w = wb["dense"] / (tp * pp) + wb["experts"] / n + wb["embeddings"] / tp
+    ctx = q.workload.max_context
+    kv_tok = kv_cache_bytes_per_token(q.model, quant.kv, context=ctx)
+    rep = np.array([kv_replication(q.model, ServePlan(tp=int(t))) for t in c.tp[sel]])
+    kv_seq = kv_tok * ctx * rep / (tp * pp)
+    hbm = q.system.chip.hbm_bytes
+    e = q.engine
+    usable = e.kv_memory_bytes(hbm, w, 0.0) if e else hbm - w
+    cap = np.floor(np.maximum(usable, 0.0) / kv_seq) * dp
+    return {"weights": w, "kv_seq": kv_seq, "cap": cap, "usable": usable}
+
+
+def evaluate(q: ServeQuery) -> Evaluated:
+    c = candidates(q)
+    n = len(c)
+    out: dict[str, np.ndarray] = {
+        k: np.full(n, np.nan)
+        for k in (
+            "ttft_s",
+            "tpot_s",
+            "e2e_s",
+            "tokens_per_s",
+            "tokens_per_s_per_chip",
+            "tokens_per_s_per_user",
+            "requests_per_s",
+            "replicas",
+            "deploy_chips",
+            "max_batch",
+            "memory_per_chip_bytes",
+            "weights_per_chip_bytes",
+            "usd_per_million_output_tokens",
+            "usd_per_million_input_tokens",
+            "step_time_s",
+            "prefill_share",
+        )
+    }
+    reason = np.full(n, "", dtype=object)
+    for qi, quant in enumerate(q.quants):
+        sel = c.quant == qi
+        mem = memory_arrays(q, c, qi, sel)
+        _evaluate_quant(q, c, sel, quant, mem, out, reason)
+    return Evaluated(c, out, reason)
+
+
+def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
+    idx = np.nonzero(sel)[0]
+    B = c.batch[sel].astype(float)
+    cap = mem["cap"]
+    w = q.workload
+    # B is the most sequences a replica runs; a given concurrency spreads over enough replicas
+    conc = np.minimum(B, np.maximum(cap, 1.0))
+    if w.concurrency is not None:
+        replicas = np.ceil(w.concurrency / conc)
+        conc = w.concurrency / replicas
+    s, dec = _steady(q, c, idx, quant, conc, np.maximum(cap, 1.0))
+    if w.rate is not None:
+        replicas = np.ceil(w.rate / s.requests_per_s)
+    elif w.concurrency is None:
+        replicas = np.ones_like(B)
+    chips_total = replicas * c.chips[sel]
+    m = deployment_metrics(s, w, c.chips[sel], replicas, q.system.usd_per_chip_hour)
+    vals = {
+        "ttft_s": m.ttft_s,
+        "tpot_s": m.tpot_s,
+        "e2e_s": m.e2e_s,
+        "tokens_per_s": m.output_tokens_per_s,
+        "tokens_per_s_per_chip": m.tokens_per_s_per_chip,
+        "tokens_per_s_per_user": m.tokens_per_s_per_user,
+        "requests_per_s": m.requests_per_s,
+        "replicas": replicas,
+        "deploy_chips": chips_total,
+        "max_batch": cap,
+        "memory_per_chip_bytes": mem["weights"] + np.minimum(B, cap) / c.dp[sel] * mem["kv_seq"],
+        "weights_per_chip_bytes": mem["weights"],
+        "step_time_s": dec,
+        "prefill_share": s.prefill_share,
+    }
+    if m.usd_per_million_output_tokens is not None:
+        vals["usd_per_million_output_tokens"] = m.usd_per_million_output_tokens
+        vals["usd_per_million_input_tokens"] = m.usd_per_million_input_tokens
+    for k, v in vals.items():
+        out[k][idx] = np.broadcast_to(np.asarray(v, float), idx.shape)
+    r = np.full(len(idx), "", dtype=object)
+    hbm = q.system.chip.hbm_bytes
+    r[(B > cap) & (cap >= 1)] = REJECT_KV
+    r[mem["usable"] <= 0] = REJECT_HBM
+    r[(cap < 1) & (mem["usable"] > 0)] = REJECT_HBM
+    ok = r == ""
+    if q.slo_ttft_s is not None:
+        r[ok & (m.ttft_s > q.slo_ttft_s)] = REJECT_TTFT
+    ok = r == ""
+    if q.slo_tpot_s is not None:
+        r[ok & (m.tpot_s > q.slo_tpot_s)] = REJECT_TPOT
+    ok = r == ""
+    r[ok & (chips_total > q.system.n_chips)] = REJECT_CHIPS
+    del hbm
+    reason[idx] = r
+
+
+def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, cap):
+    """Steady state of the candidates `idx` on the walk's sharded step, one step model per KV
+    layout (tensor parallel beyond the KV heads replicates them); also the decode pass time."""
+    from roofline.serving import Steady
+    from roofline.serving_step import ShardedStep, kv_replicated
+
+    fields = [f for f in Steady.__dataclass_fields__ if f != "gen_tokens"]
+    out = {f: np.zeros(len(idx)) for f in fields}
+    dec = np.zeros(len(idx))
+    rep = np.array([kv_replicated(q.model, int(t)) for t in c.tp[idx]])
+    for flag in (False, True):
+        part = np.nonzero(rep == flag)[0]
+        if not len(part):
+            continue
+        rows = np.column_stack(
+            [
+                c.sys_index[idx][part],
+                c.tp[idx][part],
+                c.pp[idx][part],
+                c.dp[idx][part],
+                c.ep[idx][part],
+            ]
+        )
+        uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+        plans = [ServePlan(tp=int(r[1]), pp=int(r[2]), dp=int(r[3]), ep=int(r[4])) for r in uniq]
+        systems = [c.system[int(r[0])] for r in uniq]
+        step = ShardedStep(q.model, systems, plans, quant, q.efficiency, select=inv.reshape(-1))
+        st = steady_state(step, q.engine, q.workload, conc[part], batch_cap=cap[part])
+        for f in fields:
+            out[f][part] = np.broadcast_to(np.asarray(getattr(st, f), float), part.shape)
+        d = step.pass_time(
+            PassShape(decode=np.maximum(st.decode_batch, 1.0), context=q.workload.decode_context)
+        )
+        dec[part] = d.time_s
+    return Steady(**out, gen_tokens=q.workload.gen), dec
+
+
+def score(ev: Evaluated, objective: Objective) -> np.ndarray:
+    """Lower is better; infeasible candidates get +inf."""
+    m = ev.metrics
+    if objective == Objective.COST:
+        usd = m["usd_per_million_output_tokens"]
+        s = np.where(np.isfinite(usd), usd, -m["tokens_per_s_per_chip"])
+    elif objective == Objective.THROUGHPUT:
+        s = -m["tokens_per_s_per_chip"]
+    else:
+        s = m["tpot_s"] + 1e-6 * m["ttft_s"]
+    return np.where(ev.reason == "", s, np.inf)
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    query: ServeQuery
+    evaluated: Evaluated
+    order: np.ndarray  # feasible candidates, best first
+    pareto: np.ndarray
+
+    @property
+    def best(self) -> int | None:
+        return int(self.order[0]) if len(self.order) else None
+
+    def rejections(self) -> dict[str, int]:
+        r = self.evaluated.reason
+        names, counts = np.unique(r[r != ""], return_counts=True)
+        return {str(k): int(v) for k, v in zip(names, counts, strict=True)}
+
+    def row(self, i: int) -> dict[str, Any]:
+        c = self.evaluated.cand
+        m = self.evaluated.metrics
+        quant = self.query.quants[int(c.quant[i])]
+        d: dict[str, Any] = {
+            "plan": c.plan(i).to_dict(),
+            "chips_per_replica": int(c.chips[i]),
+            "batch": int(c.batch[i]),
+            "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
+            "system": c.system[int(c.sys_index[i])].name,
+        }
+        d.update({k: _num(v[i]) for k, v in m.items()})
+        d["reason"] = str(self.evaluated.reason[i])
+        return d
+
+
+def _num(x: Any) -> Any:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def search(q: ServeQuery) -> ServeResult:
+    ev = evaluate(q)
+    s = score(ev, q.objective)
+    ok = np.isfinite(s)
+    order = np.nonzero(ok)[0][np.argsort(s[ok], kind="stable")]
+    m = ev.metrics
+    front = pareto_front(
+        np.where(ok, m["tokens_per_s_per_user"], np.nan),
+        np.where(ok, m["tokens_per_s_per_chip"], np.nan),
+    )
+    return ServeResult(q, ev, order, front)
+
+
+def chip_cost_per_s(system: System) -> float | None:
+    return None if system.usd_per_chip_hour is None else system.usd_per_chip_hour / HOUR
+
+
+__all__ = [
+    "Candidates",
+    "Evaluated",
+    "Objective",
+    "ServeQuery",
+    "ServeResult",
+    "evaluate",
+    "plans_for",
+    "search",
+    "step_report",
+    "topologies",
+]
+
+
+# --------------------------------------------------------------------------------------
+# One decode step (the book's questions)
+# --------------------------------------------------------------------------------------
+
+
+def step_report(
+    model: ModelSpec,
+    system: System,
+    plan: ServePlan,
+    batch: int,
+    context: float,
+    quant: Quant | None = None,
+    efficiency: Efficiency = PEAK,
+    *,
+    prompt: float | None = None,
+    engine: EngineProfile | None = None,
+    speculation: Any = None,
+) -> dict[str, Any]:
+    """Cost one decode step of `batch` sequences at KV length `context` on one replica of `plan`,
+    with the arithmetic: memory per chip (weights + KV + workspace), step time (weights and KV
+    read, FLOPs, bound), tokens/s, the batch sweep's Pareto, $ per million tokens."""
+    from roofline.inference import memory_per_chip
+
+    quant = quant or Quant()
+    if plan.chips > system.n_chips:
+        raise PlanError(
+            f"plan {plan.describe()} needs {plan.chips} chips, {system.name} has {system.n_chips}",
+            rule="a replica's chips (tp·pp·dp) fit in the system",
+            fix="lower the degrees or give a bigger --system",
+        )
+    chip = system.chip
+    step = _step_for(model, system, plan, quant, efficiency)
+    t = step.pass_time(PassShape(decode=float(batch), context=float(context)))
+    mem = memory_per_chip(model, plan, quant, batch, context, ideal=_is_ideal(plan))
+    hbm = chip.hbm_bytes
+    usable = (
+        engine.kv_memory_bytes(hbm, mem.weights_bytes, mem.activation_bytes)
+        if engine
+        else (hbm - mem.weights_bytes - mem.activation_bytes)
+    )
+    maxb = float(np.floor(max(_scalar(usable), 0.0) / (mem.kv_bytes_per_token * context)))
+    if not _is_ideal(plan):
+        maxb *= plan.dp
+    P = float(prompt if prompt is not None else context)
+    pre = step.pass_time(PassShape(prefill_seqs=1.0, prefill_chunk=P, prefill_context=P))
+    step_s = _scalar(t.time_s)
+    tps = batch / step_s
+    n = plan.chips
+    price = system.usd_per_chip_hour
+    sweep = np.array([b for b in (2**k for k in range(0, 16)) if b <= max(maxb, 1)], float)
+    sw = step.pass_time(PassShape(decode=sweep, context=float(context)))
+    front = pareto_front(1 / sw.time_s, sweep / sw.time_s / n)
+    out: dict[str, Any] = {
+        "plan": plan.to_dict(),
+        "batch": batch,
+        "context": context,
+        "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
+        "step_time_s": step_s,
+        "tpot_s": step_s,
+        "ttft_s": _scalar(pre.time_s),
+        "tokens_per_s": tps,
+        "tokens_per_s_per_chip": tps / n,
+        "tokens_per_s_per_user": 1.0 / step_s,
+        "bound": str(np.asarray(t.bound).reshape(-1)[0]),
+        "compute_time_s": _scalar(t.compute_s),
+        "hbm_time_s": _scalar(t.memory_s),
+        "comm_time_s": _scalar(t.comm_s),
+        "weights_read_bytes_per_chip": _scalar(t.weight_bytes_per_chip),
+        "kv_read_bytes_per_chip": _scalar(t.kv_bytes_per_chip),
+        "flops_per_chip": _scalar(t.flops_per_chip),
+        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(model, quant.kv, context=context),
+        "memory_per_chip_bytes": _scalar(mem.total_bytes),
+        "memory": {
+            "weights_bytes": _scalar(mem.weights_bytes),
+            "kv_bytes": _scalar(mem.kv_bytes),
+            "activation_bytes": _scalar(mem.activation_bytes),
+            "hbm_bytes": hbm,
+            "fits": bool(_scalar(mem.total_bytes) <= hbm),
+            "kv_replication": mem.kv_replication,
+        },
+        "max_batch": maxb,
+        "usd_per_million_output_tokens": None,
+        "usd_per_million_input_tokens": None,
+        "pareto": [
+            {
+                "batch": int(sweep[i]),
+                "tokens_per_s_per_user": float(1 / sw.time_s[i]),
+                "tokens_per_s_per_chip": float(sweep[i] / sw.time_s[i] / n),
+            }
+            for i in front
+        ],
+        "candidates_evaluated": int(len(sweep)),
+        "efficiency": getattr(efficiency, "name", "custom"),
+    }
+    if price is not None:
+        usd_s = price * n / HOUR
+        out["usd_per_million_output_tokens"] = usd_s / tps * 1e6
+        out["usd_per_million_input_tokens"] = usd_s * _scalar(pre.time_s) / P * 1e6
+    if speculation is not None:
+        from roofline.serving import speculative_tpot
+
+        sp = speculative_tpot(step, speculation, np.array([float(batch)]), float(context))
+        out["speculative"] = {
+            "draft_tokens": speculation.draft_tokens,
+            "acceptance": speculation.acceptance,
+            "draft_cost": speculation.draft_cost,
+            "tokens_per_verify": sp["tokens_per_verify"],
+            "verify_s": _scalar(sp["verify_s"]),
+            "tpot_s": _scalar(sp["tpot_s"]),
+            "speedup": _scalar(sp["speedup"]),
+        }
+    return out
+
+
+def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
+    """The best plan run disaggregated at the same load: one pool of that replica for prefill and
+    one for decode, the KV cache over the chips' link (NVLink inside an NVL72 rack, the node's NICs
+    between GPU nodes, DCN between TPU slices); the prefill:decode ratio that balances them."""
+    from roofline.ledger import kv_cache_bytes_per_token
+    from roofline.serving import Disagg, disaggregated
+    from roofline.serving_step import ShardedStep
+
+    q, c = res.query, res.evaluated.cand
+    plan, system = c.plan(i), c.system[int(c.sys_index[i])]
+    quant = q.quants[int(c.quant[i])]
+    step = ShardedStep(q.model, [system], [plan], quant, q.efficiency)
+    chip = system.chip
+    if chip.is_tpu:
+        link = chip.dcn_bw_bytes_per_s or 3e9
+    elif (chip.nvlink_domain or 8) >= 36 and chip.nvlink_bw_bytes_per_s:
+        link = chip.nvlink_bw_bytes_per_s
+    else:
+        link = (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
+    kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
+    d = Disagg(1, 1, link * plan.chips, 10e-6, kv, plan.dp)
+    conc = float(c.batch[i])
+    r = disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
+    return {
+        "ttft_s": _scalar(r["ttft_s"]),
+        "tpot_s": _scalar(r["tpot_s"]),
+        "kv_transfer_s": _scalar(r["kv_transfer_s"]),
+        "prefill_decode_ratio": _scalar(r["prefill_decode_ratio"]),
+        "link_bytes_per_s_per_chip": link,
+    }
+
+
+def _scalar(x: Any) -> float:
+    return float(np.asarray(x, float).reshape(-1)[0])
+
+
+def _step_for(model, system, plan, quant, efficiency):
+    """The walk's sharded step on a replica of `plan` (its collectives with per-hop latency);
+    the book's layout (KV heads, then the batch: kv=heads_batch) is the even split the book's
+    tables assume, which the algebra's rules do not express: the perfectly-sharded step."""
+    from roofline.serving_step import ShardedStep
+
+    if _is_ideal(plan):
+        return IdealStep(model, system.chip, plan, quant, efficiency)
+    replica = system if plan.chips == system.n_chips else _replica_system(system, plan.chips)
+    return ShardedStep(model, [replica], [plan], quant, efficiency)
+
+
+def _replica_system(system: System, n: int) -> System:
+    for s in topologies(system):
+        if s.n_chips == n:
+            return s
+    raise PlanError(
+        f"no {system.chip.name} slice of {n} chips inside {system.name}",
+        rule="a replica runs on one of the system's slices (TPU) or GPU counts",
+        fix="pick degrees that multiply to one of those chip counts",
+    )
+
+
+def _is_ideal(plan: ServePlan) -> bool:
+    """The book's layout splits everything evenly (heads then batch): no copies of weights or KV."""
+    from roofline.inference import KVLayout
+
+    return plan.kv_layout == KVLayout.HEADS_BATCH and plan.dp == 1 and plan.ep == 1

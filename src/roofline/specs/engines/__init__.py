@@ -1,0 +1,189 @@
+"""Serving-engine profiles as data: what a stack (vLLM, SGLang, TensorRT-LLM, JetStream) does
+around the model's forward pass.
+
+A profile says how the engine batches (prefill chunks mixed into decode steps, or prefill-first
+batches of their own; the token budget per step; the cap on running sequences), what host work
+stays on the critical path (per-step scheduler time unless it is overlapped with the GPU, kernel
+launches beyond the largest captured CUDA graph), and how much memory it gives the KV cache. Every
+number in `specs/engines/<name>.toml` carries its source; "estimate" marks a documented guess.
+The physics of the kernels themselves lives in the efficiency profile, not here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from roofline.errors import SpecError
+from roofline.specs.catalog import read_toml, resolve
+
+ENGINE_DIR = Path(__file__).parent
+_FRACTION_OF = ("total", "free_after_weights")
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One serving engine's scheduling, overheads and memory policy (see the module doc)."""
+
+    name: str
+    display: str
+    version: str
+    source: str
+    vendors: tuple[str, ...]
+    mixed_prefill_decode: bool  # prefill chunks ride in the decode step's forward pass
+    chunked_prefill: bool  # long prompts are split across steps by the token budget
+    max_num_batched_tokens: int  # token budget of one step (prefill chunk + decodes)
+    max_num_seqs: int  # cap on running sequences
+    overlap_scheduling: bool  # host scheduling of step n+1 hidden behind step n
+    step_overhead_s: float  # exposed host time per step
+    cuda_graphs: bool
+    max_graph_batch: int  # largest decode batch replayed from a captured graph
+    eager_launch_s_per_layer: float  # host launch time per layer beyond max_graph_batch
+    memory_fraction: (
+        float  # of the HBM ("total") or of what the weights leave ("free_after_weights")
+    )
+    memory_fraction_of: str
+    kv_block_tokens: int  # KV cache page size: a sequence's cache rounds up to whole blocks
+    prefix_caching: bool
+    disaggregated: bool
+    speculative: bool
+    tensor_parallel_allreduce: str
+    aliases: tuple[str, ...] = ()
+    max_num_batched_tokens_large_hbm: int | None = None  # budget on GPUs with >= 160 GB
+    max_graph_batch_small_tp: int | None = None  # graph cap when tp < 4
+    # the KV-cache dtype the engine runs when none is stated, for checkpoints whose weights are
+    # in `quantized_kv_weights` (ModelOpt FP8/NVFP4 checkpoints declare an FP8 KV cache)
+    quantized_kv_dtype: str = ""
+    quantized_kv_weights: tuple[str, ...] = ()
+
+    def kv_dtype_for(self, weights: str) -> str:
+        """The KV dtype for a checkpoint with `weights` when the run does not say (bf16 unless
+        the engine loads such checkpoints with a quantised KV cache)."""
+        if self.quantized_kv_dtype and weights in self.quantized_kv_weights:
+            return self.quantized_kv_dtype
+        return "bf16"
+
+    def token_budget(self, hbm_bytes: float) -> int:
+        """The per-step token budget on a chip with `hbm_bytes` of HBM."""
+        big = self.max_num_batched_tokens_large_hbm
+        return big if big and hbm_bytes >= 160e9 else self.max_num_batched_tokens
+
+    def graph_batch(self, tp: int) -> int:
+        small = self.max_graph_batch_small_tp
+        return small if small and tp < 4 else self.max_graph_batch
+
+    def kv_memory_bytes(self, hbm_bytes: Any, weight_bytes: Any, reserve_bytes: Any) -> Any:
+        """Bytes the engine gives the KV cache on one chip: its memory fraction of the HBM (or of
+        what the weights leave), less the weights and the activation workspace."""
+        if self.memory_fraction_of == "total":
+            return hbm_bytes * self.memory_fraction - weight_bytes - reserve_bytes
+        return (hbm_bytes - weight_bytes - reserve_bytes) * self.memory_fraction
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_SECTIONS = ("scheduler", "graphs", "memory", "features", "kv")
+
+
+def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
+    """Flatten the TOML sections and validate every field (the file, the rule and a fix)."""
+    flat: dict[str, Any] = {k: v for k, v in raw.items() if k not in _SECTIONS}
+    for sec in _SECTIONS:
+        sub = raw.get(sec, {})
+        if not isinstance(sub, dict):
+            raise SpecError(f"engine file {origin}: [{sec}] is not a table", fix=f"write [{sec}]")
+        flat.update(sub)
+    known = {f.name for f in fields(EngineProfile)}
+    for k in flat:
+        if k not in known:
+            near = difflib.get_close_matches(k, sorted(known), n=1)
+            raise SpecError(
+                f"engine file {origin}: unknown key {k!r}"
+                + (f" (did you mean {near[0]!r}?)" if near else ""),
+                rule="keys are the fields of roofline.specs.engines.EngineProfile",
+                fix="rename or remove the key",
+            )
+    missing = [
+        f.name for f in fields(EngineProfile) if f.default is not None and f.name not in flat
+    ]
+    missing = [
+        m for m in missing if m not in ("aliases", "quantized_kv_dtype", "quantized_kv_weights")
+    ]
+    if missing:
+        raise SpecError(
+            f"engine file {origin} lacks {missing[0]!r}",
+            rule="every EngineProfile field without a default is required",
+            fix=f"add `{missing[0]} = ...` to its section",
+        )
+    for k in ("vendors", "aliases", "quantized_kv_weights"):
+        flat[k] = tuple(flat.get(k, ()))
+    _check(flat, origin)
+    return EngineProfile(**flat)
+
+
+def _check(d: dict, origin: str) -> None:
+    def bad(key: str, rule: str) -> SpecError:
+        return SpecError(
+            f"engine file {origin}: {key} = {d[key]!r}", rule=rule, fix=f"correct {key}"
+        )
+
+    for k in ("max_num_batched_tokens", "max_num_seqs", "max_graph_batch", "kv_block_tokens"):
+        if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1:
+            raise bad(k, f"{k} is a positive whole number")
+    for k in ("step_overhead_s", "eager_launch_s_per_layer"):
+        v = d[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise bad(k, f"{k} is a finite time in seconds, >= 0")
+    v = d["memory_fraction"]
+    if not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise bad("memory_fraction", "memory_fraction is in (0, 1]")
+    if d["memory_fraction_of"] not in _FRACTION_OF:
+        raise bad("memory_fraction_of", "memory_fraction_of is one of " + ", ".join(_FRACTION_OF))
+    for k in (
+        "mixed_prefill_decode",
+        "chunked_prefill",
+        "overlap_scheduling",
+        "cuda_graphs",
+        "prefix_caching",
+        "disaggregated",
+        "speculative",
+    ):
+        if not isinstance(d[k], bool):
+            raise bad(k, f"{k} is true or false")
+
+
+@cache
+def _catalog() -> dict[str, tuple[Path, tuple[str, ...]]]:
+    out = {}
+    for p in sorted(ENGINE_DIR.glob("*.toml")):
+        raw = read_toml(p, "engine")
+        out[raw["name"]] = (p, tuple(raw.get("aliases", ())))
+    return out
+
+
+def engine_names() -> list[str]:
+    return list(_catalog())
+
+
+@cache
+def _load_named(key: str) -> EngineProfile:
+    path, _ = _catalog()[key]
+    return engine_from_dict(read_toml(path, "engine"), str(path))
+
+
+def load_engine(name_or_path: str | Path | EngineProfile) -> EngineProfile:
+    """An engine profile from a catalog name ('vllm', 'SGLang', 'TensorRT-LLM') or a TOML path."""
+    if isinstance(name_or_path, EngineProfile):
+        return name_or_path
+    s = str(name_or_path)
+    if s.endswith(".toml"):
+        return engine_from_dict(read_toml(Path(s), "engine"), s)
+    return _load_named(resolve(s, {k: v[1] for k, v in _catalog().items()}, "engine"))
+
+
+__all__ = ["EngineProfile", "engine_from_dict", "engine_names", "load_engine"]

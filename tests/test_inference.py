@@ -1,0 +1,180 @@
+"""Inference steps: plans, memory per chip, the perfectly-sharded step and the walk's sharded step.
+
+Each check pairs the tool with a closed form (bytes / bandwidth, the book's KV formula) or with
+the other step model (the walk at one chip is the ideal step; tensor parallelism adds exactly its
+collectives).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roofline.errors import PlanError
+from roofline.inference import (
+    IdealStep,
+    KVLayout,
+    PassShape,
+    Quant,
+    ServePlan,
+    kv_replication,
+    max_batch,
+    memory_per_chip,
+    parse_serve_plan,
+    weight_bytes,
+)
+from roofline.ledger import count_params, kv_cache_bytes_per_token
+from roofline.serving_step import ShardedStep, degrees_of, kv_replicated
+from roofline.specs.chip import load_chip
+from roofline.specs.efficiency import PEAK
+from roofline.specs.model import load_model
+from roofline.specs.plan import Strategy
+from roofline.specs.system import parse_system
+from roofline.units import dtype_bytes
+
+LLAMA = load_model("llama-3-70b")
+H100 = load_chip("h100")
+
+
+# ---- plans and quantisation ---------------------------------------------------------------------
+
+
+def test_parse_serve_plan():
+    p = parse_serve_plan("tp=8,ep=8,dp=1")
+    assert (p.tp, p.ep, p.chips, p.expert_tp) == (8, 8, 8, 1)
+    assert parse_serve_plan("tp=4,pp=2,kv=heads_batch").kv_layout == KVLayout.HEADS_BATCH
+    assert parse_serve_plan("mp=16").tp == 16
+
+
+@pytest.mark.parametrize(
+    "text", ["tp=8,ep=3", "tp=x", "tp", "foo=2", "tp=4,kv=diagonal", "tp=0", "tp=4,layout=2d"]
+)
+def test_bad_plans_name_the_rule(text):
+    with pytest.raises(PlanError):
+        parse_serve_plan(text)
+
+
+def test_quant_block_scaled_weights_carry_their_scales():
+    w = weight_bytes(LLAMA, Quant("nvfp4", "fp8", "nvfp4", embeddings="bf16"))
+    dense = weight_bytes(LLAMA, Quant("bf16"))["dense"]
+    assert w["dense"] == pytest.approx(dense / 2 * dtype_bytes("nvfp4"))
+    assert dtype_bytes("nvfp4") == 0.5 + 1 / 16
+
+
+# ---- memory per chip ----------------------------------------------------------------------------
+
+
+def test_memory_per_chip_closed_form():
+    q = Quant("int8", "int8", "bf16")
+    m = memory_per_chip(LLAMA, ServePlan(tp=8), q, 32, 8192)
+    wb = weight_bytes(LLAMA, q)
+    assert m.weights_bytes == pytest.approx(sum(wb.values()) / 8)
+    assert m.kv_bytes == pytest.approx(32 * 8192 * kv_cache_bytes_per_token(LLAMA, "int8") / 8)
+
+
+def test_kv_heads_replicate_beyond_k_unless_the_batch_takes_the_rest():
+    """tp=16 > K=8: Megatron keeps two copies of each KV head; the book's layout splits the batch."""
+    q = Quant()
+    mega = memory_per_chip(LLAMA, ServePlan(tp=16), q, 16, 4096)
+    book = memory_per_chip(LLAMA, parse_serve_plan("tp=16,kv=heads_batch"), q, 16, 4096)
+    assert kv_replication(LLAMA, ServePlan(tp=16)) == 2
+    assert mega.kv_bytes == pytest.approx(2 * book.kv_bytes)
+
+
+def test_mla_latent_replicates_over_tensor_parallelism():
+    ds = load_model("deepseek-v3")
+    assert kv_replication(ds, ServePlan(tp=8)) == 8
+    assert kv_replication(ds, ServePlan(tp=1, dp=8, ep=8)) == 1  # DP-attention: no copies
+
+
+def test_max_batch_is_free_memory_over_kv_per_sequence():
+    q = Quant("int8", "int8", "bf16")
+    plan = parse_serve_plan("tp=8,kv=heads_batch")
+    got = max_batch(LLAMA, plan, q, 8192, 16e9, ideal=True)
+    free = 8 * 16e9 - sum(weight_bytes(LLAMA, q).values())
+    assert got == np.floor(free / (8192 * kv_cache_bytes_per_token(LLAMA, "int8")))
+
+
+# ---- the ideal step -----------------------------------------------------------------------------
+
+
+def test_ideal_decode_is_bytes_over_bandwidth_at_small_batch():
+    st = IdealStep(LLAMA, H100, ServePlan(tp=8), Quant("fp8", "fp8", "bf16"), PEAK)
+    t = st.pass_time(PassShape(decode=1.0, context=4096))
+    assert str(t.bound) == "memory"
+    assert t.time_s == pytest.approx(t.hbm_bytes_per_chip / H100.hbm_bw_bytes_per_s)
+    assert t.weight_bytes_per_chip == pytest.approx(
+        sum(weight_bytes(LLAMA, Quant("fp8")).values()) / 8, rel=0.02
+    )
+
+
+def test_pipeline_decode_takes_pp_stage_times():
+    """pp stages run the batch as pp microbatches: the pass is pp × a stage at B/pp, so each
+    microbatch rereads the stage's weights (latency does not drop with stages)."""
+    a = IdealStep(LLAMA, H100, ServePlan(tp=4, pp=2), Quant(), PEAK)
+    b = IdealStep(LLAMA, H100, ServePlan(tp=4), Quant(), PEAK)
+    ta = a.pass_time(PassShape(decode=8.0, context=2048)).time_s
+    tb = b.pass_time(PassShape(decode=4.0, context=2048)).time_s
+    assert ta == pytest.approx(tb, rel=1e-9)  # 2 stages × (8 chips' share of 4 sequences)
+
+
+def test_moe_decode_reads_the_routed_experts():
+    m = load_model("mixtral-8x7b")
+    st = IdealStep(m, H100, ServePlan(tp=8), Quant(), PEAK)
+    one = st.pass_time(PassShape(decode=1.0, context=1)).weight_bytes_per_chip
+    many = st.pass_time(PassShape(decode=512.0, context=1)).weight_bytes_per_chip
+    pc = count_params(m)
+    assert one * 8 == pytest.approx(2 * pc.active, rel=0.02)  # top-2 of 8 experts
+    assert many * 8 == pytest.approx(2 * pc.total, rel=0.02)
+
+
+def _one(x) -> float:
+    return np.asarray(x).item()
+
+
+# ---- the walk's sharded step --------------------------------------------------------------------
+
+
+def test_walk_on_one_chip_is_the_ideal_step():
+    sys1 = parse_system("h100:1")
+    q = Quant("fp8", "bf16", "bf16")
+    w = ShardedStep(LLAMA, [sys1], [ServePlan()], q, PEAK)
+    i = IdealStep(LLAMA, H100, ServePlan(), q, PEAK)
+    for B in (1.0, 16.0, 256.0):
+        tw = w.pass_time(PassShape(decode=B, context=2048))
+        ti = i.pass_time(PassShape(decode=B, context=2048))
+        assert _one(tw.comm_s) == 0
+        assert _one(tw.time_s) == pytest.approx(_one(ti.time_s), rel=0.03)
+
+
+def test_tensor_parallel_decode_pays_two_allreduces_per_layer():
+    sys8 = parse_system("h100:8")
+    w = ShardedStep(LLAMA, [sys8], [ServePlan(tp=8)], Quant(), PEAK)
+    small = w.pass_time(PassShape(decode=1.0, context=2048))
+    big = w.pass_time(PassShape(decode=512.0, context=2048))
+    assert _one(small.comm_s) > 0
+    # latency-bound at batch 1 (Appendix C): 512x the bytes costs far less than 512x the time
+    assert _one(big.comm_s) < 100 * _one(small.comm_s)
+    assert _one(small.comm_s) >= 2 * LLAMA.n_layers * 1e-6  # at least a hop per AllReduce
+
+
+def test_a_mixed_pass_reads_the_weights_once():
+    sys8 = parse_system("h100:8")
+    w = ShardedStep(LLAMA, [sys8], [ServePlan(tp=8)], Quant(), PEAK)
+    d = w.pass_time(PassShape(decode=32.0, context=2048)).time_s
+    p = w.pass_time(PassShape(prefill_seqs=1.0, prefill_chunk=512, prefill_context=512)).time_s
+    mix = w.pass_time(
+        PassShape(
+            decode=32.0, context=2048, prefill_seqs=1.0, prefill_chunk=512, prefill_context=512
+        )
+    ).time_s
+    assert max(d, p) < mix < d + p
+
+
+def test_plan_to_strategies():
+    ds = load_model("deepseek-v3")
+    deg = degrees_of(ds, ServePlan(tp=1, dp=8, ep=8))
+    assert deg[Strategy.EP] == 8 and deg[Strategy.TP] == 1  # DP-attention + EP on the expert axis
+    assert degrees_of(LLAMA, ServePlan(tp=2, dp=4))[Strategy.DP] == 4
+    assert kv_replicated(LLAMA, 16) and not kv_replicated(LLAMA, 8)
+    assert not kv_replicated(ds, 8)  # the MLA latent has no KV heads to split

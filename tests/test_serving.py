@@ -1,0 +1,323 @@
+"""Serving: the continuous-batching steady state, speculative decoding, disaggregation, cost, the
+Pareto, the planner and validate's predictor.
+
+Properties are checked against their closed forms: Little's law at the fixed point, the
+speculative-decoding expectation, the bill split between input and output tokens, domination for
+the Pareto set.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from roofline.cli import main
+from roofline.errors import SpecError
+from roofline.inference import IdealStep, PassShape, Quant, ServePlan
+from roofline.serving import (
+    Disagg,
+    Speculation,
+    Workload,
+    deployment_metrics,
+    disaggregated,
+    load_lengths,
+    pareto_front,
+    predict_measured_run,
+    speculative_tpot,
+    steady_state,
+)
+from roofline.serving_search import Objective, ServeQuery, search
+from roofline.specs.chip import load_chip
+from roofline.specs.efficiency import PEAK
+from roofline.specs.engines import load_engine
+from roofline.specs.model import load_model
+from roofline.specs.system import parse_system
+
+LLAMA8 = load_model("llama-3.1-8b")
+H100 = load_chip("h100")
+
+
+ONE = ServePlan(tp=1)
+
+
+def ideal(plan=ONE, model=LLAMA8):
+    return IdealStep(model, H100, plan, Quant(), PEAK)
+
+
+# ---- workload -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"prompt_tokens": 0},
+        {"gen_tokens": [1, 2], "prompt_tokens": [1, 2, 3]},
+        {"prefix_hit": 1.0},
+        {"concurrency": -1},
+        {"prompt_tokens": 4.9e242, "gen_tokens": 4.9e242},
+        {"prompt_tokens": float("nan")},
+    ],
+)
+def test_bad_workloads_are_refused(kw):
+    with pytest.raises(SpecError):
+        Workload(**kw)
+
+
+def test_length_distribution_context_is_time_weighted(tmp_path):
+    f = tmp_path / "lens.csv"
+    f.write_text("prompt,output\n100,10\n1000,100\n")
+    P, G = load_lengths(str(f))
+    w = Workload(P, G)
+    # E[G·(P + G/2)] / E[G]: long requests decode longer, so they weigh more
+    assert w.decode_context == pytest.approx((10 * 105 + 100 * 1050) / 110)
+    with pytest.raises(SpecError):
+        bad = tmp_path / "bad.csv"
+        bad.write_text("1,2\nx,y\n")
+        load_lengths(str(bad))
+
+
+# ---- steady state -------------------------------------------------------------------------------
+
+
+def test_littles_law_holds_at_the_fixed_point():
+    C = np.array([1.0, 8.0, 64.0, 256.0])
+    s = steady_state(ideal(), load_engine("vllm"), Workload(1024, 256), C)
+    assert np.all(~s.capped)
+    assert s.requests_per_s * (s.steady_ttft_s + 255 * s.tpot_s) == pytest.approx(C, rel=1e-6)
+
+
+def test_more_concurrency_more_throughput_slower_tokens():
+    C = np.array([1.0, 4.0, 16.0, 64.0, 256.0])
+    s = steady_state(ideal(), load_engine("trtllm"), Workload(2048, 512), C)
+    assert np.all(np.diff(s.output_tokens_per_s) > 0)
+    assert np.all(np.diff(s.tpot_s) >= 0)
+
+
+def test_a_full_kv_cache_queues_requests():
+    """Beyond the batch the KV memory holds, extra requests wait: TTFT grows with C, throughput
+    saturates (Little's law on the waiting line)."""
+    C = np.array([128.0, 256.0, 512.0])
+    s = steady_state(ideal(), None, Workload(1024, 1024), C, batch_cap=64.0)
+    assert np.all(s.capped) and s.decode_batch == pytest.approx(64.0)
+    assert s.output_tokens_per_s[2] == pytest.approx(s.output_tokens_per_s[1], rel=0.02)
+    assert s.ttft_s[2] > 1.8 * s.ttft_s[1]
+
+
+def test_prefill_first_engines_space_out_decode_passes():
+    """SGLang runs prefill batches between decode passes: TPOT = decode pass / (1 − prefill share)."""
+    s = steady_state(ideal(), load_engine("sglang"), Workload(4096, 256), np.array([32.0]))
+    dec = ideal().pass_time(PassShape(decode=s.decode_batch, context=4096 + 128)).time_s
+    assert s.tpot_s == pytest.approx(dec / (1 - s.prefill_share), rel=1e-6)
+
+
+def test_prefix_cache_hits_cut_ttft():
+    """One request alone: a 75% hit computes a quarter of the prompt (over the full context)."""
+    a = steady_state(ideal(), load_engine("vllm"), Workload(8192, 128), np.array([1.0]))
+    b = steady_state(
+        ideal(), load_engine("vllm"), Workload(8192, 128, prefix_hit=0.75), np.array([1.0])
+    )
+    assert b.ttft_s < 0.5 * a.ttft_s
+
+
+# ---- speculative decoding ----------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(g=st.integers(1, 8), a=st.floats(0.0, 0.99))
+def test_tokens_per_verify_is_the_geometric_sum(g, a):
+    s = Speculation(draft_tokens=g, acceptance=a)
+    assert s.tokens_per_verify == pytest.approx(sum(a**i for i in range(g + 1)))
+    assert 1.0 <= s.tokens_per_verify <= g + 1
+
+
+def test_speculation_speeds_up_memory_bound_decode():
+    spec = Speculation(draft_tokens=4, acceptance=0.8, draft_cost=0.05)
+    r = speculative_tpot(ideal(), spec, np.array([1.0, 256.0]), 2048)
+    assert r["speedup"][0] > 2.0  # batch 1: the verify pass costs about one decode pass
+    assert r["speedup"][1] < r["speedup"][0]  # a big batch is nearer compute-bound
+    assert Speculation(4, 0.0).tokens_per_verify == 1.0
+
+
+# ---- disaggregation, cost, Pareto -------------------------------------------------------------
+
+
+def test_disaggregated_ttft_carries_the_kv_transfer():
+    w = Workload(4096, 256)
+    kv = 2 * 32 * 8 * 128 * 2  # bf16 bytes per token of LLaMA-3.1 8B
+    fast = disaggregated(ideal(), ideal(), Disagg(1, 1, 400e9, 0.0, kv), w, np.array([8.0]))
+    slow = disaggregated(ideal(), ideal(), Disagg(1, 1, 4e9, 0.0, kv), w, np.array([8.0]))
+    assert slow["kv_transfer_s"] == pytest.approx(4096 * kv / 4e9)
+    assert slow["ttft_s"] - fast["ttft_s"] == pytest.approx(
+        slow["kv_transfer_s"] - fast["kv_transfer_s"], rel=0.05
+    )
+    assert fast["prefill_decode_ratio"] > 0
+
+
+def test_the_bill_splits_between_input_and_output_tokens():
+    w = Workload(2048, 256)
+    s = steady_state(ideal(ServePlan(tp=2)), load_engine("vllm"), w, np.array([16.0, 128.0]))
+    m = deployment_metrics(s, w, 2, 3, 10.8)
+    bill = 10.8 * 6 / 3600
+    paid = (m.usd_per_million_input_tokens * m.input_tokens_per_s) / 1e6 + (
+        m.usd_per_million_output_tokens * m.output_tokens_per_s
+    ) / 1e6
+    assert paid == pytest.approx(bill)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 100), st.floats(0.1, 100)), min_size=1, max_size=40))
+def test_pareto_front_is_exactly_the_undominated_points(pts):
+    u = np.array([p[0] for p in pts])
+    c = np.array([p[1] for p in pts])
+    front = set(pareto_front(u, c).tolist())
+    for i in range(len(pts)):
+        dominated = any(
+            (u[j] >= u[i] and c[j] >= c[i]) and (u[j] > u[i] or c[j] > c[i])
+            for j in range(len(pts))
+        )
+        if dominated:
+            assert i not in front
+    # every undominated value pair is represented
+    kept = {(u[i], c[i]) for i in front}
+    for i in range(len(pts)):
+        if not any(
+            (u[j] >= u[i] and c[j] >= c[i]) and (u[j] > u[i] or c[j] > c[i])
+            for j in range(len(pts))
+        ):
+            assert (u[i], c[i]) in kept
+
+
+# ---- the planner --------------------------------------------------------------------------------
+
+
+def test_search_names_its_rejections_and_keeps_them_out():
+    q = ServeQuery(
+        load_model("llama-3-70b"),
+        parse_system("h100:16"),
+        Workload(1024, 256, concurrency=64),
+        quants=(Quant(), Quant("fp8", "fp8", "fp8")),
+        engine=load_engine("vllm"),
+        slo_tpot_s=0.05,
+        objective=Objective.COST,
+    )
+    r = search(q)
+    rej = r.rejections()
+    assert "does not fit HBM" in rej and "misses the TPOT target" in rej
+    best = r.row(r.best)
+    assert best["reason"] == "" and best["tpot_s"] <= 0.05
+    assert best["deploy_chips"] <= 16
+    for i in r.order:
+        assert r.evaluated.reason[i] == ""
+
+
+def test_serve_search_cli_json(tmp_path, capsys):
+    png = tmp_path / "p.png"
+    argv = [
+        "serve",
+        "--model",
+        "llama-3.1-8b",
+        "--system",
+        "h100:8",
+        "--concurrency",
+        "32",
+        "--slo-ttft",
+        "2s",
+        "--json",
+        "--plot",
+        str(png),
+    ]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for key in (
+        "plan",
+        "ttft_s",
+        "tpot_s",
+        "step_time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_chip",
+        "tokens_per_s_per_user",
+        "max_batch",
+        "kv_cache_bytes_per_token",
+        "memory_per_chip_bytes",
+        "bound",
+        "usd_per_million_output_tokens",
+        "usd_per_million_input_tokens",
+        "pareto",
+        "candidates_evaluated",
+    ):
+        assert key in doc, key
+    assert doc["ttft_s"] <= 2 and png.stat().st_size > 1000
+    assert "TPOT (first token excluded)" in doc["inputs"]["definitions"]
+
+
+def test_serve_cli_errors_are_one_paragraph(capsys):
+    assert main(["serve", "--plan", "tp=8", "--batch", "8"]) == 2
+    assert "needs --plan, --batch and --context" in capsys.readouterr().err
+    assert main(["serve", "--slo-tpot", "fast"]) == 2
+
+
+# ---- validate's predictor ----------------------------------------------------------------------
+
+
+def run(mode="aggregated", **kw):
+    par = SimpleNamespace(
+        tp=2, pp=1, dp=1, ep=1, moe_tp=1, workers=1, batch=None, gpus_per_worker=2
+    )
+    base = dict(
+        id="synthetic",
+        engine="vllm",
+        model=LLAMA8,
+        chip=H100,
+        chips=2,
+        disaggregated=mode == "disaggregated",
+        parallel=par,
+        prefill=par,
+        decode=par,
+        precision=SimpleNamespace(
+            weights="fp8", moe_weights="fp8", activations="fp8", kv_cache="bf16"
+        ),
+        workload=SimpleNamespace(
+            mode=mode, isl=1024, osl=256, concurrency=16, request_rate_rps=2.0, batch=8
+        ),
+        defaults=("KV-cache precision unstated",),
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize(
+    "mode", ["aggregated", "disaggregated", "offline", "online-rate", "fixed-batch"]
+)
+def test_predictor_covers_every_mode(mode):
+    p = predict_measured_run(run(mode), efficiency=PEAK)
+    assert p["output_tokens_per_s"] > 0
+    if mode != "offline":
+        assert p["tpot_s"] > 0 and p["ttft_s"] > 0
+
+
+def test_predictor_uses_the_engines_kv_default():
+    """A ModelOpt FP8 checkpoint runs an FP8 KV cache when the run does not say otherwise."""
+    p = predict_measured_run(run(), efficiency=PEAK)
+    assert any("kv=fp8" in n for n in p["notes"])
+
+
+def test_predictor_refuses_unknown_lengths():
+    with pytest.raises(SpecError):
+        predict_measured_run(
+            run(
+                workload=SimpleNamespace(
+                    mode="aggregated",
+                    isl=None,
+                    osl=None,
+                    concurrency=4,
+                    request_rate_rps=None,
+                    batch=None,
+                )
+            ),
+            efficiency=PEAK,
+        )

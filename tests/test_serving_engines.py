@@ -1,0 +1,76 @@
+"""Serving-engine profiles: every shipped file loads, carries sources, and bad files are refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from roofline.errors import SpecError
+from roofline.specs.engines import ENGINE_DIR, engine_names, load_engine
+
+
+def test_the_four_engines_load():
+    assert set(engine_names()) == {"vllm", "sglang", "trtllm", "jetstream"}
+    for n in engine_names():
+        e = load_engine(n)
+        assert e.max_num_batched_tokens >= 1024 and 0 < e.memory_fraction <= 1
+
+
+@pytest.mark.parametrize(
+    "alias,name", [("vLLM", "vllm"), ("TensorRT-LLM", "trtllm"), ("SGLang", "sglang")]
+)
+def test_aliases(alias, name):
+    assert load_engine(alias).name == name
+
+
+def test_every_number_has_a_source_comment():
+    """Each numeric line of an engine file ends with a comment naming its source (or 'estimate')."""
+    for p in ENGINE_DIR.glob("*.toml"):
+        for line in p.read_text().splitlines():
+            if re.match(r"^\w+\s*=\s*[0-9]", line):
+                assert "#" in line, f"{p.name}: {line!r} has no source"
+
+
+def test_budget_and_graph_caps_follow_the_hardware():
+    sg = load_engine("sglang")
+    assert sg.token_budget(80e9) == 8192 and sg.token_budget(180e9) == 16384
+    assert sg.graph_batch(2) == 256 and sg.graph_batch(8) == 512
+
+
+def test_kv_memory_under_both_fraction_rules():
+    v, t = load_engine("vllm"), load_engine("trtllm")
+    assert v.kv_memory_bytes(80e9, 16e9, 2e9) == pytest.approx(80e9 * 0.9 - 18e9)
+    assert t.kv_memory_bytes(80e9, 16e9, 2e9) == pytest.approx((80e9 - 18e9) * 0.9)
+
+
+def write(tmp: Path, body: str) -> str:
+    src = (ENGINE_DIR / "vllm.toml").read_text()
+    p = tmp / "e.toml"
+    p.write_text(body(src) if callable(body) else body)
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (
+            lambda s: s.replace("memory_fraction = 0.9 ", "memory_fraction = 1.5 "),
+            "memory_fraction",
+        ),
+        (lambda s: s.replace("max_num_seqs = 1024", "max_num_seqs = 0"), "max_num_seqs"),
+        (
+            lambda s: s.replace("step_overhead_s = 0.0006", "step_overhead_s = -1"),
+            "step_overhead_s",
+        ),
+        (lambda s: s.replace("kv_block_tokens = 16", "kv_blocks = 16"), "kv_blocks"),
+        (
+            lambda s: s.replace('memory_fraction_of = "total"', 'memory_fraction_of = "x"'),
+            "memory_fraction_of",
+        ),
+    ],
+)
+def test_bad_files_are_refused_with_the_key_named(tmp_path, edit, needle):
+    with pytest.raises(SpecError, match=needle):
+        load_engine(write(tmp_path, edit))
