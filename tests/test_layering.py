@@ -34,6 +34,7 @@ STAGES = {
     "report.table": 0,
     "report.jsonout": 0,
     "cli": 9,
+    "web": 9,  # the UI: a consumer like the CLI (runs its commands for their documents)
     "__main__": 9,
     "__init__": 10,
 }

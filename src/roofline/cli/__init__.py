@@ -26,6 +26,8 @@ COMMANDS = (
     "matmul",
     "train",
     "verify",
+    "report",
+    "ui",
 )
 
 
