@@ -127,6 +127,14 @@ def test_malformed_input_is_a_clear_4xx(ui_url, path, params, status, words):
         assert w in doc["error"]
 
 
+def test_requests_for_other_hosts_are_refused(ui_url):
+    req = urllib.request.Request(ui_url + "/api/models", headers={"Host": "attacker.example"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    e.value.close()
+    assert e.value.code == 400
+
+
 def test_bad_input_on_the_page_is_a_400_page(ui_url):
     status, body = get(ui_url, "/", {**SMALL, "seq": "-5"})
     assert status == 400
@@ -173,3 +181,16 @@ def test_load_on_loopback(ui_url):
         f"load: {LOAD_REQUESTS} requests in {wall:.2f} s, median {statistics.median(latencies) * 1e3:.1f} ms, p95 {p95 * 1e3:.1f} ms"
     )
     assert p95 < 2.0 and latencies[-1] < 10.0
+
+
+def test_ui_command_refuses_a_busy_or_bad_port(capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        assert main(["ui", "--port", str(busy)]) == 2
+    assert f"cannot listen on 127.0.0.1:{busy}" in capsys.readouterr().err
+    assert main(["ui", "--port", "70000"]) == 2
+    assert "Rule: a TCP port is 1..65535" in capsys.readouterr().err

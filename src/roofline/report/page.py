@@ -241,6 +241,21 @@ def top_plan_rows(docs: ReportDocuments) -> list[list[str]]:
 TOP_PLAN_HEADER = ["#", "plan", "chips", "step", "MFU", "mem/chip", "limited by", "run", "cost"]
 
 
+def top_plan_points(docs: ReportDocuments) -> list[dict[str, Any]]:
+    """The listed plans as (chips, step time) points."""
+    return [
+        {
+            "chips": plan_chips(c),
+            "step_time_s": c.get("step_time_s"),
+            "plan": plan_spec(c),
+            "step": fmt(c.get("step_time_s"), "time"),
+            "rank": rank,
+        }
+        for rank, c in enumerate(listed_plans(docs), 1)
+        if plan_chips(c) and _num(c.get("step_time_s"))
+    ]
+
+
 def pareto_data(docs: ReportDocuments) -> list[dict[str, Any]]:
     out = []
     for p in docs.train.get("pareto") or []:
@@ -454,8 +469,12 @@ def roof_lines(docs: ReportDocuments, x_lo: float, x_hi: float) -> list[dict[str
     """
     c = docs.chip
     bw = _num(c.get("hbm_bw_bytes_per_s"))
+    peaks = dict(c.get("peak_flops_per_s") or {})
+    used = {r.get("compute_dtype") for r in (docs.model.get("roofline") or {}).get("rows") or []}
+    if used & set(peaks):  # one roof per compute dtype the ops use (as `--plot` draws it)
+        peaks = {d: v for d, v in peaks.items() if d in used}
     out = []
-    for dtype, peak in (c.get("peak_flops_per_s") or {}).items():
+    for dtype, peak in peaks.items():
         ridge = _num((c.get("critical_intensity") or {}).get(dtype))
         if not bw or not ridge:
             continue

@@ -192,19 +192,38 @@ def pareto_chart(docs: ReportDocuments):
     rows = page.pareto_data(docs)
     if not rows:
         return None
-    base = alt.Chart(_data(rows)).encode(
-        x=alt.X(
-            "chips:Q",
-            scale=alt.Scale(type="log", base=2),
-            title="chips",
-            axis=alt.Axis(format="~g"),
-        ),
-        y=alt.Y("step_time_s:Q", title="step time (s)", scale=alt.Scale(zero=False)),
+    x = alt.X(
+        "chips:Q",
+        scale=alt.Scale(type="log", base=2, nice=False, padding=20),
+        title="chips",
+        axis=alt.Axis(format="~g"),
     )
+    y = alt.Y(
+        "step_time_s:Q",
+        title="step time (s)",
+        scale=alt.Scale(zero=False, padding=20),
+    )
+    top = (
+        alt.Chart(_data(page.top_plan_points(docs)))
+        .mark_point(size=120, color="#777", shape="diamond")
+        .encode(
+            x=x,
+            y=y,
+            tooltip=[
+                alt.Tooltip("rank:Q", title="top plan #"),
+                "plan:N",
+                alt.Tooltip("step:N", title="step"),
+            ],
+        )
+    )
+    base = alt.Chart(_data(rows)).encode(x=x, y=y)
     line = base.mark_line(color="#999", strokeDash=[3, 3])
     pts = base.mark_circle(size=140).encode(
         color=alt.Color(
-            "usd_per_million_tokens:Q", title="$ per M tokens", scale=alt.Scale(scheme="viridis")
+            "usd_per_million_tokens:Q",
+            title="$ per M tokens",
+            scale=alt.Scale(scheme="viridis"),
+            legend=alt.Legend(format="$.3~g"),
         ),
         tooltip=[
             "plan:N",
@@ -213,8 +232,8 @@ def pareto_chart(docs: ReportDocuments):
             alt.Tooltip("cost:N", title="cost"),
         ],
     )
-    return (line + pts).properties(
-        width=WIDTH, height=HEIGHT, title="Pareto set: chips vs step time vs cost"
+    return (top + line + pts).properties(
+        width=WIDTH, height=HEIGHT, title="Pareto set (circles) and top plans (diamonds)"
     )
 
 

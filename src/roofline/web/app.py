@@ -6,8 +6,10 @@ Routes (every input is a query parameter, so a URL is a shareable result):
   inputs; `config=<config.json text>` stands for a pasted Hugging Face config.
 - `GET /report.html?...` — the bare self-contained report page (what `roofline report` writes).
 - `GET /api/<command>?...` — exactly the document `roofline <command> ... --json` prints
-  (`train`, `model`, `system`, `chip`, `chips`, `models`, and `serve` once it exists);
-  `GET /api/report?...` — all documents of one report.
+  (`train`, `model`, `system`, `chip`, `chips`, `models`, and `serve` once it exists); options
+  by their long name (`batch-tokens` or `batch_tokens`), positionals by their argparse name
+  (`/api/model?model=llama-3-8b`, `/api/chip?name=h100`); `GET /api/report?...` — all
+  documents of one report.
 
 Bad input answers 400 with the CLI's one-paragraph message (what, rule, fix).
 """
@@ -127,19 +129,39 @@ def _error_page(e: RooflineError, form: str = "") -> str:
 def create_app() -> Any:
     """The ASGI app (Starlette). Import-time cheap: nothing is computed until a request."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.routing import Route
 
+    # answer only requests addressed to this machine (a web page cannot rebind a name to it)
+    local = Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost"])
     return Starlette(
         routes=[
             Route("/", index),
             Route("/report.html", report_page),
             Route("/api/{command}", api),
-        ]
+        ],
+        middleware=[local],
     )
+
+
+def check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise SpecError(
+                f"cannot listen on {host}:{port} ({e.strerror})",
+                rule="the UI needs a free local port",
+                fix=f"stop what uses it or pick another, e.g. --port {port + 1}",
+            ) from None
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     import uvicorn
 
+    check_port_free(host, port)
     print(f"roofline ui: http://{host}:{port}/  (Ctrl-C to stop)", flush=True)
     uvicorn.run(create_app(), host=host, port=port, log_level="warning")
