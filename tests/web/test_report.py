@@ -300,8 +300,25 @@ def test_comm_rows_show_raw_and_exposed_side_by_side():
 
 def test_summary_of_a_document_without_a_plan():
     """A back-of-envelope document (--assume-mfu) has no plan: the page lists its numbers."""
-    rows = dict(page.summary_rows(_docs({"inputs": {}, "run_time_s": 3.86e6, "mfu": 0.4})))
-    assert rows == {"run time s": "3.86e+06", "mfu": "0.4"}
+    doc = {"command": "train", "inputs": {}, "run_time_s": 3.86e6, "mfu": 0.4, "formula": "6·N·D"}
+    assert dict(page.summary_rows(_docs(doc))) == {
+        "run time s": "3.86e+06",
+        "mfu": "0.4",
+        "formula": "6·N·D",
+    }
+
+
+def test_back_of_envelope_report(tmp_path, capsys):
+    out = tmp_path / "mfu.html"
+    assert main(["report", "--model", "llama-3-8b", "--assume-mfu", "0.4", "--out", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "The estimate (no plan was costed)" in html and 'id="chart-timeline"' not in html
+    train = cli_json(capsys, ["train", "--model", "llama-3-8b", "--assume-mfu", "0.4"])
+    assert embedded(html, "roofline-documents")["train"] == train
+    assert train["formula"] in html
+    md = tmp_path / "mfu.md"
+    assert main(["report", "--model", "llama-3-8b", "--assume-mfu", "0.4", "--out", str(md)]) == 0
+    assert "## Step timeline" not in md.read_text() and (tmp_path / "mfu-roofline.png").exists()
 
 
 def test_docs_screenshot_exists():

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a `roofline serve --json` document: adds the serving section (TTFT/TPOT, Pareto)",
     )
-    p.add_argument("--json", action="store_true", help="print the report's documents as JSON too")
+    p.add_argument("--json", action="store_true", help="print the documents the report shows (JSON) instead of the one-line summary")
 
 
 def _format_and_out(args: argparse.Namespace) -> tuple[str, Path]:

@@ -114,8 +114,13 @@ def _plain(v: Any) -> str:
 def summary_rows(docs: ReportDocuments) -> list[Row]:
     """The chosen plan's key figures, as `roofline train` prints them."""
     c = chosen(docs)
-    if c is None:
-        return [(k.replace("_", " "), fmt(v, "g")) for k, v in docs.train.items() if _num(v)]
+    if c is None:  # e.g. --assume-mfu: the document's own scalars, the formula among them
+        skip = {"schema_version", "command"}
+        return [
+            (k.replace("_", " "), v if isinstance(v, str) else fmt(v, "g"))
+            for k, v in docs.train.items()
+            if k not in skip and (_num(v) is not None or isinstance(v, str))
+        ]
     rows: list[Row] = [
         ("plan", plan_spec(c)),
         ("system", str(docs.train.get("system_used", docs.train["inputs"].get("system")))),

@@ -70,6 +70,7 @@ def context(docs: ReportDocuments) -> dict[str, Any]:
         "note": docs.train.get("sub_slice_note", ""),
         "search": page.search_line(docs),
         "unplaced": unplaced,
+        "has_plan": page.chosen(docs) is not None,
         "has_pareto": bool(page.pareto_data(docs)),
         "top_header": page.TOP_PLAN_HEADER,
         "top_rows": page.top_plan_rows(docs),

@@ -55,34 +55,29 @@ def render_markdown(docs: ReportDocuments, out: Path) -> list[Path]:
 
 
 def _body(docs: ReportDocuments, img) -> str:
-    c = page.chosen(docs) or {}
+    c = page.chosen(docs)
     parts = [
         f"# roofline report: {page.title(docs)}",
         f"roofline {docs.version} · `{docs.commands.get('train', '')}`",
-        "## The chosen plan",
+        "## The chosen plan" if c is not None else "## The estimate (no plan was costed)",
         md_kv(page.summary_rows(docs)),
     ]
     if docs.train.get("why"):
         parts.append(f"Why it wins: {docs.train['why']}.")
     if docs.train.get("sub_slice_note"):
         parts.append(f"Note: {docs.train['sub_slice_note']}.")
-    parts += [
-        page.search_line(docs),
-        "## Roofline of the chip, with every ledger op",
-        img("roofline"),
-    ]
+    if c is not None:
+        parts.append(page.search_line(docs))
+    parts += ["## Roofline of the chip, with every ledger op", img("roofline")]
     unplaced = page.roofline_points(docs)[1]
     if unplaced:
         parts.append("Not on the log axes (no FLOPs): " + ", ".join(unplaced) + ".")
-    parts += ["## Step timeline", img("timeline"), "## Memory per chip", img("memory")]
-    parts += _plans(docs, img) + _communication(c) + _rejected(docs, img) + _serving(docs, img)
-    parts += _ledger(docs)
-    parts += [
-        "## Inputs",
-        md_kv(page.input_rows(docs)),
-        "## Assumptions",
-        md_kv(page.assumption_rows(docs)),
-    ]
+    if c is not None:
+        parts += ["## Step timeline", img("timeline"), "## Memory per chip", img("memory")]
+        parts += _plans(docs, img) + _communication(c) + _rejected(docs, img)
+    parts += _serving(docs, img) + _ledger(docs)
+    parts += ["## Inputs", md_kv(page.input_rows(docs))]
+    parts += ["## Assumptions", md_kv(page.assumption_rows(docs))]
     parts.append(
         "Every number here is a field of the CLI's `--json` documents: "
         + ", ".join(f"`{v}`" for v in docs.commands.values())
