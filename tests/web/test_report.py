@@ -324,3 +324,47 @@ def test_back_of_envelope_report(tmp_path, capsys):
 def test_docs_screenshot_exists():
     png = Path(__file__).parents[2] / "docs" / "report.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+SERVE_ARGS = "--system h100:8 --prompt 512 --gen 128"
+needs_serve = pytest.mark.skipif(
+    not documents.has_command("serve"), reason="this tree has no `roofline serve` (issue 11)"
+)
+
+
+@needs_serve
+def test_report_runs_serve_for_its_section(tmp_path, capsys):
+    out = tmp_path / "r.html"
+    base = ["--model", "llama-3-8b", "--system", "tpu-v5e:4x4"]
+    assert main(["report", *base, "--serve", SERVE_ARGS, "--out", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    docs = embedded(html, "roofline-documents")
+    serve = cli_json(capsys, ["serve", "--model", "llama-3-8b", *SERVE_ARGS.split()])
+    assert {k: v for k, v in docs["serve"].items() if k != "search_time_s"} == {
+        k: v for k, v in serve.items() if k != "search_time_s"
+    }
+    assert docs["commands"]["serve"].startswith("roofline serve --model llama-3-8b --system h100:8")
+    assert 'id="serving"' in html and "serve_pareto" in embedded(html, "roofline-charts")
+    assert fmt_time(serve["ttft_s"]) in html and fmt_time(serve["tpot_s"]) in html
+
+
+@pytest.mark.skipif(documents.has_command("serve"), reason="this tree has `roofline serve`")
+def test_serve_args_need_the_serve_command(capsys, tmp_path):
+    assert main(["report", "--serve", SERVE_ARGS, "--out", str(tmp_path / "r.html")]) == 2
+    assert "has no `serve` command" in capsys.readouterr().err
+
+
+def test_serve_and_serving_together_is_an_error(capsys, tmp_path):
+    serve = tmp_path / "serve.json"
+    serve.write_text(json.dumps(SERVE_DOC))
+    argv = [
+        "report",
+        "--serve",
+        SERVE_ARGS,
+        "--serving",
+        str(serve),
+        "--out",
+        str(tmp_path / "r.html"),
+    ]
+    assert main(argv) == 2
+    assert "--serve and --serving both given" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from roofline.cli import main
+from roofline.web.documents import has_command
 
 SMALL = {"model": "tiny-llama", "system": "tpu-v5e:4x4"}
 HF = Path(__file__).parents[1] / "data" / "hf" / "qwen3-0.6b.json"
@@ -194,3 +195,24 @@ def test_ui_command_refuses_a_busy_or_bad_port(capsys):
     assert f"cannot listen on 127.0.0.1:{busy}" in capsys.readouterr().err
     assert main(["ui", "--port", "70000"]) == 2
     assert "Rule: a TCP port is 1..65535" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not has_command("serve"), reason="this tree has no `roofline serve` (issue 11)")
+def test_api_report_with_serving(ui_url):
+    serve = {"serve.system": "h100:8", "serve.prompt": "512", "serve.gen": "128"}
+    status, body = get(
+        ui_url, "/api/report", {**SMALL, "model": "llama-3-8b", "serve": "on", **serve}
+    )
+    assert status == 200, body
+    doc = json.loads(body)["serve"]
+    direct = {"model": "llama-3-8b", "system": "h100:8", "prompt": "512", "gen": "128"}
+    status, body = get(ui_url, "/api/serve", direct)
+    assert status == 200 and json.loads(body) == doc
+
+
+def test_serving_inputs_are_checked(ui_url):
+    params = {**SMALL, "serve": "on", "serve.bogus": "1"}
+    status, body = get(ui_url, "/api/report", params)
+    assert status == 400
+    expected = "has no input 'bogus'" if has_command("serve") else "no `serve` command"
+    assert expected in json.loads(body)["error"]

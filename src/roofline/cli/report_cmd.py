@@ -36,7 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a `roofline serve --json` document: adds the serving section (TTFT/TPOT, Pareto)",
     )
-    p.add_argument("--json", action="store_true", help="print the documents the report shows (JSON) instead of the one-line summary")
+    p.add_argument(
+        "--serve",
+        metavar="ARGS",
+        help='run `roofline serve ARGS` for the serving section, e.g. "--system h100:16 --prompt 1024 --gen 256 --concurrency 64" (the report\'s model unless ARGS names one)',
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the documents the report shows (JSON) instead of the one-line summary",
+    )
 
 
 def _format_and_out(args: argparse.Namespace) -> tuple[str, Path]:
@@ -73,6 +82,35 @@ def load_serving(path: str) -> dict[str, Any]:
     return doc
 
 
+def _serve_argv(args: argparse.Namespace) -> list[str] | None:
+    import shlex
+
+    from roofline.web.documents import has_command
+
+    if args.serve is None:
+        return None
+    if args.serving:
+        raise SpecError(
+            "--serve and --serving both given",
+            rule="the serving section comes from one serve document",
+            fix="give --serve ARGS (run it now) or --serving FILE (one made before)",
+        )
+    if not has_command("serve"):
+        raise SpecError(
+            "--serve: this roofline has no `serve` command",
+            rule="the serving section runs `roofline serve`",
+            fix="use --serving FILE with a serve document, or a roofline that has `serve`",
+        )
+    try:
+        return shlex.split(args.serve)
+    except ValueError as e:
+        raise SpecError(
+            f"--serve {args.serve!r}: {e}",
+            rule="ARGS is a shell-quoted list of serve options",
+            fix='write e.g. --serve "--system h100:16 --concurrency 64"',
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from roofline.report.page_html import render_html, require_web_extra
     from roofline.report.page_md import render_markdown
@@ -81,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     require_web_extra()
     fmt, out = _format_and_out(args)
     serve = load_serving(args.serving) if args.serving else None
-    docs = report_documents(values_from_namespace("train", args), serve)
+    docs = report_documents(values_from_namespace("train", args), serve, _serve_argv(args))
     if fmt == "html":
         out.write_text(render_html(docs), encoding="utf-8")
         written = [out]

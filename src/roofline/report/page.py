@@ -509,19 +509,42 @@ SERVE_FIELDS = (
 
 
 def serve_rows(serve: Mapping[str, Any]) -> list[Row]:
+    """The serving document's chosen plan: TTFT/TPOT at its concurrency, throughput, cost."""
+    best = serve.get("best") if isinstance(serve.get("best"), Mapping) else {}
+    inputs = serve.get("inputs") or {}
     rows: list[Row] = []
     for label, key, kind in SERVE_FIELDS:
         if key not in serve:
             continue
         v = serve[key]
-        if key == "plan":
-            rows.append((label, plan_spec(serve)))
-        else:
-            rows.append((label, fmt(v, kind) if kind else str(v)))
-    conc = (serve.get("inputs") or {}).get("concurrency")
-    if conc is not None:
-        rows.insert(1, ("concurrency", str(conc)))
+        rows.append(
+            (label, plan_spec(serve) if key == "plan" else (fmt(v, kind) if kind else str(v)))
+        )
+    extra = [
+        ("concurrency", inputs.get("concurrency")),
+        ("request rate", inputs.get("rate")),
+        ("batch (requests in flight per replica)", best.get("batch")),
+        ("quantisation", _flat(best.get("quant"))),
+        ("replica", best.get("system")),
+        ("engine", inputs.get("engine")),
+        ("efficiency profile", inputs.get("profile")),
+    ]
+    at = 1 if rows and rows[0][0] == "plan" else 0
+    rows[at:at] = [(k, str(v)) for k, v in extra if v not in (None, "")]
+    if inputs.get("definitions"):
+        rows.append(("definitions", str(inputs["definitions"])))
     return rows
+
+
+def _flat(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k} {x}" for k, x in v.items())
+    return v
+
+
+def serve_rejected_rows(serve: Mapping[str, Any]) -> list[list[str]]:
+    rej = serve.get("rejections") or serve.get("rejected") or {}
+    return [[reason, f"{int(n):,}"] for reason, n in sorted(rej.items(), key=lambda kv: -kv[1])]
 
 
 def serve_pareto(serve: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -530,10 +553,15 @@ def serve_pareto(serve: Mapping[str, Any]) -> list[dict[str, Any]]:
         user, chip = _num(p.get("tokens_per_s_per_user")), _num(p.get("tokens_per_s_per_chip"))
         if user is None or chip is None:
             continue
-        point = {
-            k: (plan_spec(p) if k == "plan" else v)
-            for k, v in p.items()
-            if _num(v) is not None or k == "plan" or isinstance(v, str)
-        }
+        point = {k: plan_spec(p) if k == "plan" else _flat(v) for k, v in p.items()}
+        point = {k: v for k, v in point.items() if _num(v) is not None or isinstance(v, str)}
         out.append({**point, "tokens_per_s_per_user": user, "tokens_per_s_per_chip": chip})
     return out
+
+
+def serve_chosen_point(serve: Mapping[str, Any]) -> dict[str, Any] | None:
+    user, chip = _num(serve.get("tokens_per_s_per_user")), _num(serve.get("tokens_per_s_per_chip"))
+    if user is None or chip is None:
+        return None
+    label = f"{plan_spec(serve)}: TTFT {fmt(serve.get('ttft_s'), 'time')}, TPOT {fmt(serve.get('tpot_s'), 'time')}"
+    return {"tokens_per_s_per_user": user, "tokens_per_s_per_chip": chip, "label": label}

@@ -259,22 +259,26 @@ def rejected_chart(docs: ReportDocuments):
 
 def serve_pareto_chart(docs: ReportDocuments):
     alt = _alt()
-    if not docs.serve:
-        return None
-    rows = page.serve_pareto(docs.serve)
+    rows = page.serve_pareto(docs.serve) if docs.serve else []
     if not rows:
         return None
-    tips = [
-        alt.Tooltip(f"{k}:{'N' if isinstance(rows[0][k], str) else 'Q'}", title=k) for k in rows[0]
-    ]
-    base = alt.Chart(_data(rows)).encode(
-        x=alt.X("tokens_per_s_per_user:Q", title="tokens/s per user", scale=alt.Scale(zero=False)),
-        y=alt.Y("tokens_per_s_per_chip:Q", title="tokens/s per chip", scale=alt.Scale(zero=False)),
-    )
-    return (
-        base.mark_line(color="#999") + base.mark_circle(size=100).encode(tooltip=tips)
-    ).properties(
-        width=WIDTH, height=HEIGHT, title="Serving: tokens/s per user vs tokens/s per chip (Pareto)"
+    kinds = {k: "N" if isinstance(v, str) else "Q" for k, v in rows[0].items()}
+    tips = [alt.Tooltip(f"{k}:{t}", title=k.replace("_", " ")) for k, t in kinds.items()]
+    x = alt.X("tokens_per_s_per_user:Q", title="tokens/s per user", scale=alt.Scale(zero=False))
+    y = alt.Y("tokens_per_s_per_chip:Q", title="tokens/s per chip", scale=alt.Scale(zero=False))
+    base = alt.Chart(_data(rows)).encode(x=x, y=y)
+    layers = base.mark_line(color="#999") + base.mark_circle(size=100).encode(tooltip=tips)
+    chosen = page.serve_chosen_point(docs.serve)
+    if chosen:
+        layers += (
+            alt.Chart(_data([chosen]))
+            .mark_point(shape="diamond", size=260, color="#e45756", strokeWidth=2)
+            .encode(x=x, y=y, tooltip=[alt.Tooltip("label:N", title="chosen")])
+        )
+    return layers.properties(
+        width=WIDTH,
+        height=HEIGHT,
+        title="Serving: tokens/s per user vs per chip (Pareto; ◆ chosen)",
     )
 
 

@@ -81,6 +81,7 @@ def context(docs: ReportDocuments) -> dict[str, Any]:
         "collective_rows": page.collective_rows(c),
         "rejected_rows": page.rejected_rows(docs),
         "serve_rows": page.serve_rows(docs.serve) if docs.serve else [],
+        "serve_rejected": page.serve_rejected_rows(docs.serve) if docs.serve else [],
         "model_name": docs.model.get("inputs", {}).get("model", "?"),
         "ledger_shape": page.ledger_shape(docs).capitalize(),
         "ledger_header": page.LEDGER_HEADER,

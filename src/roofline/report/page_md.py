@@ -123,7 +123,11 @@ def _rejected(docs: ReportDocuments, img) -> list[str]:
 def _serving(docs: ReportDocuments, img) -> list[str]:
     if not docs.serve:
         return []
-    return ["## Serving", md_kv(page.serve_rows(docs.serve)), img("serve_pareto")]
+    out = ["## Serving", md_kv(page.serve_rows(docs.serve)), img("serve_pareto")]
+    rej = page.serve_rejected_rows(docs.serve)
+    if rej:
+        out += ["Rejected serving plans:", md_table(["reason", "plans"], rej, num=(1,))]
+    return out
 
 
 def _ledger(docs: ReportDocuments) -> list[str]:

@@ -29,6 +29,7 @@ from roofline.web.form import FORM_CSS, form_html
 
 API_COMMANDS = ("train", "model", "system", "chip", "chips", "models", "serve")
 UI_ONLY = frozenset({"config"})
+SERVE = "serve"  # `serve=on` adds the serving section; `serve.<input>=...` are its inputs
 MAX_CONFIG_BYTES = 64_000
 _PASTED = Path(tempfile.gettempdir()) / "roofline-ui-configs"
 
@@ -52,11 +53,34 @@ def pasted_config_path(text: str) -> str:
 
 def train_values(query: Mapping[str, str]) -> dict[str, str]:
     """The query's `roofline train` inputs (a pasted config becomes --model PATH)."""
-    values = {k: v for k, v in query.items() if k not in UI_ONLY}
+    values = {k: v for k, v in query.items() if k not in UI_ONLY and not k.startswith(SERVE)}
     config = (query.get("config") or "").strip()
     if config:
         values["model"] = pasted_config_path(config)
     return values
+
+
+def serve_argv(query: Mapping[str, str]) -> list[str] | None:
+    """`roofline serve` argv from `serve.<input>` keys when `serve=on` (else no serving)."""
+    if str(query.get(SERVE, "")).lower() not in ("1", "on", "true", "yes"):
+        return None
+    if not documents.has_command("serve"):
+        raise SpecError(
+            "serve=on: this roofline has no `serve` command",
+            rule="the serving section runs `roofline serve`",
+            fix="leave serving off",
+        )
+    prefix = SERVE + "."
+    values = {k[len(prefix) :]: v for k, v in query.items() if k.startswith(prefix)}
+    argv = documents.argv_for("serve", values)
+    config = (query.get("config") or "").strip()
+    if config and "model" not in values:
+        argv = ["--model", pasted_config_path(config), *argv]
+    return argv
+
+
+def report_documents(query: Mapping[str, str]):
+    return documents.report_documents(train_values(query), serve_argv=serve_argv(query))
 
 
 def _error_json(e: RooflineError, status: int = 400):
@@ -74,7 +98,7 @@ def api(request):
     query = dict(request.query_params)
     try:
         if command == "report":
-            return JSONResponse(documents.report_documents(train_values(query)).as_dict())
+            return JSONResponse(report_documents(query).as_dict())
         if command not in API_COMMANDS or not documents.has_command(command):
             raise SpecError(
                 f"no API for {command!r}",
@@ -95,7 +119,7 @@ def report_page(request):
     from roofline.report.page_html import render_html
 
     try:
-        docs = documents.report_documents(train_values(dict(request.query_params)))
+        docs = report_documents(dict(request.query_params))
     except RooflineError as e:
         return HTMLResponse(_error_page(e), status_code=400)
     return HTMLResponse(render_html(docs))
@@ -108,7 +132,7 @@ def index(request):
 
     query = dict(request.query_params)
     try:
-        docs = documents.report_documents(train_values(query))
+        docs = report_documents(query)
     except RooflineError as e:
         return HTMLResponse(_error_page(e, form_html(query, _presets())), status_code=400)
     return HTMLResponse(render_html(docs, before=form_html(query, _presets()), extra_css=FORM_CSS))

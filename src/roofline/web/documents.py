@@ -162,9 +162,15 @@ def _usage_error(command: str, argv: tuple[str, ...], stderr: str) -> SpecError:
 
 
 def report_documents(
-    train_values: Mapping[str, Any], serve: Mapping[str, Any] | None = None
+    train_values: Mapping[str, Any],
+    serve: Mapping[str, Any] | None = None,
+    serve_argv: list[str] | None = None,
 ) -> ReportDocuments:
-    """Every document a report shows: train, then the model ledger, system and chip it used."""
+    """Every document a report shows: train, then the model ledger, system and chip it used.
+
+    The serving section comes from `serve` (a `roofline serve --json` document already made)
+    or from running `roofline serve <serve_argv>` (the report's model unless it names one).
+    """
     argv = argv_for("train", train_values)
     train = document("train", argv)
     system = document("system", [train["inputs"]["system"]])
@@ -172,19 +178,29 @@ def report_documents(
     model_arg = _value(train_values, "model") or input_default("train", "model")
     model_argv = [model_arg, "--seq", str(train["inputs"]["seq_len"]), "--chip", chip["name"]]
     model = document("model", model_argv)
+    commands = {
+        "train": _shell("train", argv),
+        "model": _shell("model", model_argv),
+        "chip": _shell("chip", [chip["name"]]),
+    }
+    if serve_argv is not None:
+        serve_argv = _with_model(serve_argv, str(model_arg))
+        serve = document("serve", serve_argv)
+        commands["serve"] = _shell("serve", serve_argv)
     return ReportDocuments(
         train=train,
         model=model,
         system=system,
         chip=chip,
         serve=dict(serve) if serve else None,
-        commands={
-            "train": _shell("train", argv),
-            "model": _shell("model", model_argv),
-            "chip": _shell("chip", [chip["name"]]),
-        },
+        commands=commands,
         version=tool_version(),
     )
+
+
+def _with_model(argv: list[str], model: str) -> list[str]:
+    named = any(a == "--model" or a.startswith("--model=") for a in argv)
+    return list(argv) if named else ["--model", model, *argv]
 
 
 def _value(values: Mapping[str, Any], name: str) -> Any:

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
-from roofline.web.documents import input_actions
+from roofline.web.documents import has_command, input_actions
 
 TEMPLATE = Path(__file__).with_name("form.html.j2")
 # examples offered for the system box (any system `roofline system` reads is accepted)
@@ -24,6 +24,19 @@ SYSTEM_EXAMPLES = (
 )
 # the train inputs the form shows, in order (the rest keep their defaults; the URL may set them)
 FIELDS = ("batch_tokens", "seq", "tokens", "objective", "optimizer", "chips", "plan", "top")
+# the `roofline serve` inputs of the optional serving section (named serve.<input> in the URL)
+SERVE_FIELDS = (
+    "system",
+    "prompt",
+    "gen",
+    "concurrency",
+    "rate",
+    "slo_ttft",
+    "slo_tpot",
+    "weight_dtype",
+    "kv_dtype",
+    "engine",
+)
 
 FORM_CSS = """
 form#inputs { background: #fff; border-bottom: 1px solid #d9dde5; padding: 10px 28px 12px; display: grid;
@@ -49,14 +62,15 @@ def _template():
     return env.from_string(TEMPLATE.read_text(encoding="utf-8"))
 
 
-def _field(name: str, query: Mapping[str, str]) -> dict:
-    a = input_actions("train")[name]
-    default = "" if a.default is None else str(a.default)
+def _field(command: str, name: str, query: Mapping[str, str], prefix: str = "") -> dict:
+    a = input_actions(command)[name]
+    key = prefix + name
     return {
-        "name": name,
+        "name": key,
+        "id": key.replace(".", "-"),
         "label": name.replace("_", " "),
-        "value": query.get(name, query.get(name.replace("_", "-"), "")),
-        "placeholder": default,
+        "value": query.get(key, query.get(key.replace("_", "-"), "")),
+        "placeholder": "" if a.default is None else str(a.default),
         "choices": list(a.choices or []),
         "help": (a.help or "").replace("%%", "%"),
     }
@@ -64,12 +78,20 @@ def _field(name: str, query: Mapping[str, str]) -> dict:
 
 def form_html(query: Mapping[str, str], presets: list[str]) -> str:
     """The form, filled with the query's values (blank = the CLI's default)."""
-    model_default = str(input_actions("train")["model"].default)
+    train = input_actions("train")
+    serving = has_command("serve")
     return _template().render(
         presets=presets,
-        model=query.get("model") or model_default,
-        system=query.get("system") or str(input_actions("train")["system"].default),
+        model=query.get("model") or str(train["model"].default),
+        system=query.get("system") or str(train["system"].default),
         systems=SYSTEM_EXAMPLES,
         config=query.get("config", ""),
-        fields=[_field(n, query) for n in FIELDS if n in input_actions("train")],
+        fields=[_field("train", n, query) for n in FIELDS if n in train],
+        serving=serving,
+        serve_on=str(query.get("serve", "")).lower() in ("1", "on", "true", "yes"),
+        serve_fields=[
+            _field("serve", n, query, "serve.")
+            for n in SERVE_FIELDS
+            if serving and n in input_actions("serve")
+        ],
     )
