@@ -14,6 +14,7 @@ from roofline.report import page
 from roofline.report.page import ReportDocuments
 
 WIDTH, HEIGHT = 400, 300
+BAR_WIDTH = 340  # the bar charts leave room for plan labels on their y axis
 LABEL_LIMIT = 190  # px of a plan label on the y axis (the full plan is in the tooltip)
 PALETTE = {
     "compute": "#4c78a8",
@@ -139,7 +140,7 @@ def timeline_chart(docs: ReportDocuments):
             ],
         )
         .properties(
-            width=WIDTH,
+            width=BAR_WIDTH,
             height=max(60, 28 * len({r["plan"] for r in rows})),
             title="Step timeline of the listed plans",
         )
@@ -183,7 +184,7 @@ def memory_chart(docs: ReportDocuments):
         )
     n = len({r["plan"] for r in rows})
     return layers.properties(
-        width=WIDTH, height=max(60, 28 * n), title="Memory per chip against HBM"
+        width=BAR_WIDTH, height=max(60, 28 * n), title="Memory per chip against HBM"
     )
 
 
