@@ -29,6 +29,8 @@ STAGES = {
     "training": 6,
     "planner": 6,
     "verify": 7,
+    "validate": 7,
+    "calibrate": 7,
     "report": 8,
     # plain formatting helpers that import nothing from roofline: usable at any stage
     "report.table": 0,

@@ -339,11 +339,11 @@ def test_hf_missing_file(tmp_path):
 
 
 def test_hf_unknown_model_type(tmp_path):
-    p = _write(tmp_path, _llama3(model_type="gpt_neox"))
+    p = _write(tmp_path, _llama3(model_type="rwkv"))  # was gpt_neox, supported since issue 9
     with pytest.raises(SpecError) as e:
         load_hf_config(p)
     msg = str(e.value)
-    assert "gpt_neox" in msg and str(p) in msg
+    assert "rwkv" in msg and str(p) in msg
     for mt in ("llama", "mixtral", "qwen2", "qwen3", "gemma2", "deepseek_v3"):
         assert mt in msg
     assert set(SUPPORTED_MODEL_TYPES) >= {

@@ -17,7 +17,16 @@ KiB, MiB, GiB, TiB = 2.0**10, 2.0**20, 2.0**30, 2.0**40
 US, MS = 1e-6, 1e-3
 HOUR, DAY, YEAR = 3600.0, 86400.0, 365.0 * 86400.0
 
-# Bytes per element. Book convention: bf16 = 2, fp32 = 4, int8/fp8 = 1, int4/fp4 = 0.5.
+# Bytes per element as stored in HBM, block-scale overhead included. Book convention: bf16 = 2,
+# fp32 = 4, int8/fp8 = 1, int4/fp4 = 0.5 (the plain formats carry no per-block scale).
+# Block-scaled formats store one scale per block of values (OCP Microscaling Formats (MX) v1.0
+# spec, 2023: MX blocks of 32 with an 8-bit E8M0 scale; NVIDIA NVFP4: blocks of 16 with an FP8
+# E4M3 scale, plus one fp32 per tensor, negligible; DeepSeek-V3 report arXiv 2412.19437 §3.3:
+# fp8 weights in 128x128 blocks with one fp32 scale each):
+#   nvfp4     = 4 bits + 8 bits / 16 values  = 0.5 + 1/16    = 0.5625 B
+#   mxfp4     = 4 bits + 8 bits / 32 values  = 0.5 + 1/32    = 0.53125 B
+#   mxfp8     = 8 bits + 8 bits / 32 values  = 1 + 1/32      = 1.03125 B
+#   fp8_block = 8 bits + 32 bits / (128·128) = 1 + 4/16384   = 1.000244 B (weights)
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "tf32": 4.0,
@@ -27,7 +36,13 @@ DTYPE_BYTES: dict[str, float] = {
     "int8": 1.0,
     "fp4": 0.5,
     "int4": 0.5,
+    "nvfp4": 0.5 + 1 / 16,
+    "mxfp4": 0.5 + 1 / 32,
+    "mxfp8": 1.0 + 1 / 32,
+    "fp8_block": 1.0 + 4 / (128 * 128),
 }
+# The arithmetic a block-scaled format runs at: its element format's tensor-core peak.
+_COMPUTE_FORMAT = {"nvfp4": "fp4", "mxfp4": "fp4", "mxfp8": "fp8", "fp8_block": "fp8"}
 _DTYPE_ALIASES = {
     "f32": "fp32",
     "float32": "fp32",
@@ -47,25 +62,49 @@ _DTYPE_ALIASES = {
     "i4": "int4",
     "s4": "int4",
     "f4": "fp4",
-    "nvfp4": "fp4",
+    "e2m1": "fp4",
+    "fp8block": "fp8_block",
+    "fp8-block": "fp8_block",
+    "fp8_blockwise": "fp8_block",
+    "mx-fp4": "mxfp4",
+    "mx-fp8": "mxfp8",
 }
 
 
 def parse_dtype(name: str) -> str:
-    """Canonical dtype name (`bf16`, `fp32`, `int8`, ...) or a SpecError naming the choices."""
-    key = str(name).strip().lower()
+    """Canonical dtype name (`bf16`, `fp32`, `int8`, `nvfp4`, ...) or a SpecError naming the choices."""
+    if not isinstance(name, str):
+        raise SpecError(
+            f"dtype {name!r} is a {type(name).__name__}, not a name",
+            rule="dtypes are one of " + ", ".join(DTYPE_BYTES),
+            fix="write e.g. bf16, fp32, fp8, int8 or nvfp4",
+        )
+    key = name.strip().lower()
     key = _DTYPE_ALIASES.get(key, key)
     if key not in DTYPE_BYTES:
         raise SpecError(
-            f"unknown dtype {name!r}",
+            f"unknown dtype {name[:40]!r}",
             rule="dtypes are one of " + ", ".join(DTYPE_BYTES),
-            fix="write e.g. bf16, fp32, fp8, int8 or int4",
+            fix="write e.g. bf16, fp32, fp8, int8 or nvfp4",
         )
     return key
 
 
 def dtype_bytes(name: str) -> float:
+    """Bytes per element in memory, block scales included (nvfp4: 0.5625)."""
     return DTYPE_BYTES[parse_dtype(name)]
+
+
+def compute_format(name: str) -> str:
+    """The element format whose peak a dtype computes at: nvfp4/mxfp4 -> fp4, mxfp8/fp8_block -> fp8."""
+    d = parse_dtype(name)
+    return _COMPUTE_FORMAT.get(d, d)
+
+
+def block_scale_overhead(name: str) -> float:
+    """Scale bytes per element of a block-scaled dtype (nvfp4: 1/16 B); 0 for plain formats."""
+    d = parse_dtype(name)
+    return DTYPE_BYTES[d] - DTYPE_BYTES[_COMPUTE_FORMAT.get(d, d)]
 
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}

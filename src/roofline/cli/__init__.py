@@ -26,18 +26,26 @@ COMMANDS = (
     "matmul",
     "train",
     "verify",
+    "validate",
+    "calibrate",
     "report",
     "ui",
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; with `only`, just that subcommand's module is imported.
+
+    Each command module imports what it computes with, so building every subparser would load
+    the planner, numpy and matplotlib for `roofline chips`. `main` passes the command named on
+    the command line; `--help` and unknown commands build them all.
+    """
     parser = argparse.ArgumentParser(
         prog="roofline",
         description="Compute, don't guess: rooflines, sharding, communication and training plans for Transformers.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         modname = f"roofline.cli.{name}_cmd"
         if importlib.util.find_spec(modname) is None:
             continue
@@ -48,8 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_in(argv: list[str]) -> str | None:
+    """The subcommand named by the first positional argument, if it is one of COMMANDS."""
+    for a in argv:
+        if not a.startswith("-"):
+            return a if a in COMMANDS else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

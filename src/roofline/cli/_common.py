@@ -9,6 +9,8 @@ from roofline.errors import SpecError
 from roofline.report.jsonout import dumps
 from roofline.units import parse_quantity
 
+MAX_DIM = 1 << 40  # one named dim of an op or array: beyond 1e12 elements nothing is physical
+
 
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -32,6 +34,44 @@ def add_wraparound(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="force open lines on every ICI axis",
     )
+
+
+def int_flag(text: str | float, flag: str, *, lo: int = 1, hi: int, example: str = "") -> int:
+    """A whole-number flag value (suffixes allowed: 4k, 1Mi) within [lo, hi], or one paragraph."""
+    v = parse_quantity(text, what=flag)
+    if v != int(v) or not lo <= v <= hi:
+        why = " (larger is not a physical size)" if v > hi else ""
+        raise SpecError(
+            f"--{flag} {text}",
+            rule=(
+                f"--{flag} is a positive whole number up to {hi:,}{why}"
+                if lo == 1
+                else f"--{flag} is a whole number from {lo:,} to {hi:,}{why}"
+            ),
+            fix=f"give e.g. --{flag} {example or max(lo, 1)}",
+        )
+    return int(v)
+
+
+def number_flag(
+    text: str | float,
+    flag: str,
+    *,
+    lo: float = 0.0,
+    hi: float,
+    lo_open: bool = True,
+    example: str = "",
+) -> float:
+    """A finite number flag within (lo, hi] (or [lo, hi] with lo_open=False), or one paragraph."""
+    v = parse_quantity(text, what=flag)
+    if (v <= lo if lo_open else v < lo) or v > hi:
+        op = ">" if lo_open else ">="
+        raise SpecError(
+            f"--{flag} {text}",
+            rule=f"--{flag} is a number {op} {lo:g} and at most {hi:g}",
+            fix=f"give e.g. --{flag} {example or 1}",
+        )
+    return v
 
 
 def emit(
@@ -63,10 +103,10 @@ def parse_assignments(text: str, *, what: str, integer: bool = True) -> dict[str
         k, v = part.split("=", 1)
         val = parse_quantity(v, what=k.strip())
         if integer:
-            if val != int(val) or val <= 0:
+            if val != int(val) or val <= 0 or val > MAX_DIM:
                 raise SpecError(
                     f"{what} {k.strip()}={v.strip()}",
-                    rule="sizes are positive whole numbers",
+                    rule=f"sizes are positive whole numbers up to {MAX_DIM:,} (2^40)",
                     fix=f"give {k.strip()} a positive integer",
                 )
             val = int(val)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from roofline.cli._common import add_json, emit
 from roofline.cli.chips_cmd import interconnect
 from roofline.report.table import table
+from roofline.specs.catalog import is_file
 from roofline.specs.chip import CHIP_DIR, Chip, load_chip
 from roofline.units import HOUR, fmt_bytes, fmt_rate, fmt_time, fmt_usd
 
@@ -26,9 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _source_file(arg: str, chip: Chip) -> str | None:
-    p = Path(arg)
-    if arg.endswith(".toml") or p.is_file():
-        return str(p)
+    if arg.endswith(".toml") or is_file(arg):
+        return arg
     f = CHIP_DIR / f"{chip.name}.toml"
     return str(f) if f.is_file() else None
 
@@ -45,6 +44,11 @@ def chip_result(chip: Chip) -> dict[str, Any]:
         else {d: chip.peak(d) * HOUR / chip.usd_per_hour for d in chip.peak_flops_per_s}
     )
     out["interconnect"] = interconnect(chip)
+    out["default_dtype"] = chip.default_dtype
+    if chip.usd_per_hour is None:
+        out["usd_per_hour_reason"] = out["flops_per_usd_reason"] = (
+            chip.price_source or "no price in the chip file"
+        )
     return out
 
 
@@ -90,11 +94,14 @@ def _rows(chip: Chip) -> list[tuple[str, str]]:
             ("host", "x".join(map(str, chip.host_topology)) or None),
         ]
     rows += [
-        ("NVLink per GPU, one way", _opt(chip.nvlink_bw_bytes_per_s, bps)),
-        ("NVLink domain", _opt(chip.nvlink_domain, lambda v: f"{v} GPUs")),
+        (f"{chip.scaleup_fabric} per GPU, one way", _opt(chip.nvlink_bw_bytes_per_s, bps)),
+        (f"{chip.scaleup_fabric} domain", _opt(chip.nvlink_domain, lambda v: f"{v} GPUs")),
+        ("GPUs per tray", _opt(chip.gpus_per_tray, str)),
         (
             "node egress",
-            _opt(chip.node_egress_bytes_per_s, lambda v: f"{bps(v)} per NVLink domain"),
+            _opt(
+                chip.node_egress_bytes_per_s, lambda v: f"{bps(v)} per {chip.scaleup_fabric} domain"
+            ),
         ),
         ("PCIe, one way", _opt(chip.pcie_bw_bytes_per_s, bps)),
         ("DCN per chip", _opt(chip.dcn_bw_bytes_per_s, bps)),
@@ -102,7 +109,8 @@ def _rows(chip: Chip) -> list[tuple[str, str]]:
         ("price source", chip.price_source or None),
     ]
     if chip.usd_per_hour is not None:
-        rows.append(("bf16 FLOPs per $", f"{chip.peak('bf16') * HOUR / chip.usd_per_hour:.3g}"))
+        d = chip.default_dtype
+        rows.append((f"{d} FLOPs per $", f"{chip.peak(d) * HOUR / chip.usd_per_hour:.3g}"))
     return [(k, v) for k, v in rows if v is not None]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from roofline.cli._common import add_json, emit
+from roofline.cli._common import add_json, emit, int_flag
 from roofline.errors import SpecError
 from roofline.ledger import (
     Causal,
@@ -22,7 +22,7 @@ from roofline.ledger import (
 from roofline.roofline import analyze_ledger
 from roofline.specs.chip import load_chip
 from roofline.specs.model import ModelSpec, load_model
-from roofline.units import dtype_bytes, fmt_bytes, fmt_count, fmt_flops, fmt_time, parse_quantity
+from roofline.units import dtype_bytes, fmt_bytes, fmt_count, fmt_flops, fmt_time
 
 NAME = "model"
 HELP = "Ledger of one model (preset or config.json): parameters, FLOPs and bytes per einsum, KV cache, roofline per op."
@@ -60,15 +60,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-def _positive_int(text: str, what: str) -> int:
-    v = parse_quantity(text, what=what)
-    if v <= 0 or v != int(v):
+MAX_SEQ = 1 << 30  # tokens in one sequence (1,073,741,824), as roofline.specs.model.MAX_SEQ
+MAX_BATCH = 1 << 24  # sequences in one pass
+MAX_TOKENS = 1 << 40  # B·T: beyond a trillion tokens in one pass nothing is physical
+
+
+def _shape(args: argparse.Namespace, model: ModelSpec) -> tuple[int, int, int | None]:
+    seq = (
+        int_flag(args.seq, "seq", hi=MAX_SEQ, example="4096")
+        if args.seq is not None
+        else min(4096, model.max_seq_len)
+    )
+    batch = int_flag(args.batch, "batch", hi=MAX_BATCH, example="8")
+    kv_seq = (
+        int_flag(args.kv_seq, "kv-seq", hi=MAX_SEQ, example="8192")
+        if args.kv_seq is not None
+        else None
+    )
+    if batch * seq > MAX_TOKENS:
         raise SpecError(
-            f"--{what} {text}",
-            rule=f"{what} is a positive whole number",
-            fix=f"give e.g. --{what} 4096",
+            f"--batch {args.batch} × --seq {seq} = {batch * seq:,} tokens in one pass",
+            rule=f"a pass holds at most {MAX_TOKENS:,} tokens (2^40)",
+            fix="give a smaller batch or sequence",
         )
-    return int(v)
+    return seq, batch, kv_seq
+
+
+def model_source(arg: str) -> str:
+    """'preset' when a catalog name was given, 'file' for a TOML / config.json path."""
+    from roofline.specs.catalog import exists
+
+    return "file" if arg.endswith((".toml", ".json")) or exists(arg) else "preset"
 
 
 def _kv_formula(m: ModelSpec, kv_dtype: str) -> str:
@@ -128,6 +150,7 @@ def result(
     out: dict = {
         "params": pc.total,
         "active_params": pc.active,
+        **_conventions(model, pc),
         "params_breakdown": dict(pc.breakdown),
         "train_flops_per_token": train_tok,
         "forward_flops_per_token": fwd_tok,
@@ -157,6 +180,45 @@ def result(
             "time_upper_s": sum(float(r.time_upper_s) for _, r in priced),
         }
     return out
+
+
+ACTIVE_CONVENTION = (
+    "active_params counts every weight a token uses: the input embedding table, attention, "
+    "dense and shared-expert MLPs, the router, norms, the unembedding, and top_k of the "
+    "n_experts routed experts (their parameters × k/E); active_params_without_embedding leaves "
+    "out the input embedding table (a lookup, no FLOPs), as OpenAI's gpt-oss card counts. "
+    "Publishers differ: compare like with like"
+)
+
+
+def _conventions(model: ModelSpec, pc) -> dict:
+    """What the counts include: the MoE active-parameter convention and DeepSeek's MTP modules."""
+    embed = pc.breakdown.get("embed", 0.0)  # 0 when tied: the table then serves the unembedding
+    out: dict = {
+        "active_params_without_embedding": pc.active - embed,
+        "active_params_convention": ACTIVE_CONVENTION,
+        "mtp_modules": model.n_mtp_modules,
+    }
+    if model.n_mtp_modules:
+        out["mtp_params_excluded"] = model.n_mtp_modules * _mtp_module_params(model, pc)
+        out["mtp_note"] = (
+            f"params exclude the {model.n_mtp_modules} multi-token-prediction module(s) (MTP), "
+            "as the published total does (DeepSeek-V3: 671B; the HF hub lists 685B = 671B + the "
+            "MTP module's ~14B including its own embedding and head copies); mtp_params_excluded "
+            "estimates one module as one more MoE layer plus its 2D×D projection and norms"
+        )
+    return out
+
+
+def _mtp_module_params(model: ModelSpec, pc) -> float:
+    """One DeepSeek MTP module: a Transformer layer like the last (MoE) one + a [2D, D] projection."""
+    attn = sum(v for k, v in pc.breakdown.items() if k.startswith("attn/")) / model.n_layers
+    if model.n_moe_layers:
+        mlp = sum(v for k, v in pc.breakdown.items() if k.startswith("moe/")) / model.n_moe_layers
+    else:
+        mlp = pc.breakdown.get("mlp", 0.0) / max(model.n_dense_layers, 1)
+    D = model.d_model
+    return attn + mlp + 2 * D * D + (model.norms_per_layer + 2) * D
 
 
 def _by_block(breakdown: dict[str, float]) -> dict[str, float]:
@@ -254,7 +316,12 @@ def _text(
         [
             "active params",
             fmt_count(res["active_params"]),
-            "top-k of E routed experts counted" if model.moe else "dense: = params",
+            (
+                f"top-k of E routed experts counted, input embedding included; without it "
+                f"{fmt_count(res['active_params_without_embedding'])}"
+            )
+            if model.moe
+            else "dense: = params",
         ],
         [
             "forward FLOPs/token",
@@ -285,6 +352,13 @@ def _text(
         ],
     ]
     parts = [head, "", body, "", table(totals, ["total", "value", "arithmetic"], align="lrl")]
+    if model.moe:
+        parts += ["", "Active parameters: " + ACTIVE_CONVENTION + "."]
+    if res.get("mtp_note"):
+        parts += [
+            "",
+            f"MTP: {res['mtp_note']} (≈ {fmt_count(res['mtp_params_excluded'])} not counted).",
+        ]
     if "roofline" in res:
         rf = res["roofline"]
         rrows = [
@@ -328,9 +402,7 @@ def _text(
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    seq = _positive_int(args.seq, "seq") if args.seq is not None else min(4096, model.max_seq_len)
-    batch = _positive_int(args.batch, "batch")
-    kv_seq = _positive_int(args.kv_seq, "kv-seq") if args.kv_seq is not None else None
+    seq, batch, kv_seq = _shape(args, model)
     causal = Causal(args.causal)
     if args.plot and not args.chip:
         raise SpecError(
@@ -361,8 +433,12 @@ def run(args: argparse.Namespace) -> int:
                 title=f"{model.name} on {chip.name}, B={batch} T={seq}",
             )
         )
+    source = model_source(args.model)
     inputs = {
         "model": model.name,
+        "model_source": source,  # "preset" (catalog name) or "file" (TOML / config.json)
+        "model_arg": args.model,
+        "model_file": args.model if source == "file" else None,
         "seq": seq,
         "batch": batch,
         "kv_seq": kv_seq,

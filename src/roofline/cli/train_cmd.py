@@ -12,12 +12,12 @@ import sys
 from typing import Any
 
 from roofline.cli._common import add_json, emit
+from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import PlanError
 from roofline.ledger import count_params
 from roofline.memory import parse_optimizer
 from roofline.planner import PlanResult, SearchSpace, plan_training, terminal_progress
 from roofline.report.table import kv, table
-from roofline.specs.efficiency import default_efficiency, load_efficiency
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 from roofline.training import StepCost, Workload, assumed_mfu_run, evaluate_plan, parse_plan
@@ -63,9 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="back-of-envelope: 6·N·tokens / (chips · peak · MFU), as in the book",
     )
     p.add_argument("--top", type=int, default=5, help="how many plans to list (default 5)")
-    p.add_argument(
-        "--efficiency", help="efficiency profile TOML (default: the vendor's documented default)"
-    )
+    add_profile_arg(p)
     p.add_argument(
         "--optimizer",
         default="adam-bf16",
@@ -110,16 +108,13 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_quantity(args.batch_tokens, what="batch-tokens")
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
-    eff = (
-        load_efficiency(args.efficiency)
-        if args.efficiency
-        else default_efficiency(system.chip.vendor)
-    )
+    # the step model still reads constant fractions: the profile's view on this chip
+    eff = resolve_profile(args, system.chip).for_chip(system.chip)
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")
     if args.objective is None:
         args.objective = "cost" if system.usd_per_chip_hour is not None else "time"
-    inputs = _inputs(args, model, system, work)
+    inputs = _inputs(args, model, system, work) | {"profile": eff.to_dict()}
 
     if args.assume_mfu is not None and not args.plan:
         return _assumed(args, model, system, work, inputs)
@@ -380,7 +375,7 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
         rows.append(("why not", c.reason))
     e = c.efficiency
     notes = [
-        f"Assumptions: efficiency profile '{e.name}' (matmul {e.matmul:g}, HBM {e.hbm:g}, links {e.link:g} of peak; {e.source}).",
+        f"Assumptions: {e.describe()} (matmul {e.matmul:g}, HBM {e.hbm:g}, links {e.link:g} of peak; {e.source}).",
         "Overlap: FSDP gathers prefetched a layer ahead and gradient reductions hidden behind compute (exposed = max(0, comm - compute));",
         "tensor/sequence/expert collectives exposed unless collective_matmul=1; data-parallel gradient reduction once per step.",
     ]

@@ -15,12 +15,22 @@ from types import MappingProxyType
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.catalog import DATA_DIR, read_toml, resolve
-from roofline.units import DTYPE_BYTES, parse_dtype
+from roofline.specs.catalog import (
+    DATA_DIR,
+    check_int,
+    check_number,
+    check_str,
+    check_str_list,
+    is_file,
+    read_toml,
+    resolve,
+)
+from roofline.units import DTYPE_BYTES, compute_format, parse_dtype
 
 CHIP_DIR = DATA_DIR / "chips"
 
-# Dtypes whose peak falls back to another when a chip file does not list them.
+# Dtypes whose peak falls back to another when a chip file does not list them. bf16 has no
+# fallback: a chip without bf16 units (V100) cannot compute in bf16 (see Chip.peak).
 _PEAK_FALLBACK = {
     "fp16": "bf16",
     "tf32": "fp32",
@@ -29,6 +39,8 @@ _PEAK_FALLBACK = {
     "int4": "int8",
     "fp4": "fp8",
 }
+# The 16-bit dtypes a chip may train in, in order of preference (Chip.default_dtype).
+_HALF_DTYPES = ("bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,10 @@ class Chip:
     - `ici_link_bw_bytes_per_s`: TPU ICI, one way, per link (book `tpus.md` table).
     - `nvlink_bw_bytes_per_s`: GPU NVLink egress per GPU, one way (H100: 450e9).
     - `node_egress_bytes_per_s`: scale-out bandwidth of one node (H100 DGX: 400e9).
+    - `scaleup_fabric`: what the `nvlink_*` fields describe: "NVLink" (NVIDIA, switched) or
+      "Infinity Fabric" (AMD: xGMI links, fully connected inside an 8-GPU node).
+    - `gpus_per_tray`: GPUs on one compute tray of a rack-scale NVLink domain (GB200/GB300
+      NVL72: 4); a partly used domain holds whole trays.
     """
 
     name: str
@@ -75,6 +91,8 @@ class Chip:
     nvlink_bw_bytes_per_s: float | None = None
     nvlink_domain: int | None = None
     node_egress_bytes_per_s: float | None = None
+    scaleup_fabric: str = "NVLink"
+    gpus_per_tray: int | None = None
     # host and datacenter network
     pcie_bw_bytes_per_s: float | None = None
     dcn_bw_bytes_per_s: float | None = None
@@ -87,33 +105,58 @@ class Chip:
             _positive(self.name, f"peak_flops_per_s.{k}", v)
         _positive(self.name, "hbm_bytes", self.hbm_bytes)
         _positive(self.name, "hbm_bw_bytes_per_s", self.hbm_bw_bytes_per_s)
-        if "bf16" not in self.peak_flops_per_s:
+        if not any(d in self.peak_flops_per_s for d in _HALF_DTYPES):
             raise SpecError(
-                f"chip {self.name!r} has no bf16 peak",
-                rule="every chip file gives peak_flops_per_s.bf16",
+                f"chip {self.name!r} has no 16-bit peak",
+                rule="every chip file gives peak_flops_per_s.bf16 (or fp16 for chips without bf16, e.g. V100)",
                 fix="add `bf16 = ...` under [peak_flops_per_s]",
             )
 
     # -- derived -----------------------------------------------------------------
-    def peak(self, dtype: str = "bf16") -> float:
-        """Dense peak FLOP/s for a compute dtype (falls back along fp16→bf16, fp8↔int8)."""
-        d = parse_dtype(dtype)
+    @property
+    def default_dtype(self) -> str:
+        """The 16-bit dtype this chip trains in: bf16, or fp16 where there is no bf16 (V100)."""
+        return next(d for d in _HALF_DTYPES if d in self.peak_flops_per_s)
+
+    def peak(self, dtype: str = "bf16", *, fallback: str | None = None) -> float:
+        """Dense peak FLOP/s for a compute dtype.
+
+        Falls back along fp16→bf16, tf32→fp32, fp8↔int8, int4→int8, fp4→fp8; block-scaled
+        formats compute at their element format (nvfp4, mxfp4 → fp4; mxfp8, fp8_block → fp8).
+        A dtype the chip cannot compute in (bf16 on V100) is a SpecError, unless the caller
+        names a `fallback` dtype to price it at instead (e.g. `peak("bf16", fallback="fp16")`).
+        """
+        d = compute_format(dtype)
         seen = set()
         while d not in self.peak_flops_per_s:
             seen.add(d)
             nxt = _PEAK_FALLBACK.get(d)
             if nxt is None or nxt in seen:
-                raise SpecError(
-                    f"chip {self.name!r} has no {dtype} peak",
-                    rule="peaks listed: " + ", ".join(self.peak_flops_per_s),
-                    fix=f"compute in one of those dtypes, or add {dtype} to the chip file",
-                )
+                if fallback is not None:
+                    return self.peak(fallback)
+                raise self._no_peak(dtype)
             d = nxt
         return float(self.peak_flops_per_s[d])
 
-    def critical_intensity(self, dtype: str = "bf16") -> float:
+    def _no_peak(self, dtype: str) -> SpecError:
+        listed = ", ".join(self.peak_flops_per_s)
+        if parse_dtype(dtype) == "bf16":
+            return SpecError(
+                f"chip {self.name!r} has no bf16 peak ({self.generation} has no bf16 units)",
+                rule=f"a chip computes only in the dtypes its file lists: {listed}",
+                fix=f"compute in {self.default_dtype} on {self.name} (e.g. fp16[...] operands, or a "
+                f"{self.default_dtype} compute dtype), or price bf16 at the {self.default_dtype} rate "
+                f"explicitly with chip.peak('bf16', fallback='{self.default_dtype}')",
+            )
+        return SpecError(
+            f"chip {self.name!r} has no {dtype} peak",
+            rule="peaks listed: " + listed,
+            fix=f"compute in one of those dtypes, or add {dtype} to the chip file",
+        )
+
+    def critical_intensity(self, dtype: str = "bf16", *, fallback: str | None = None) -> float:
         """Peak FLOP/s over HBM bytes/s: the intensity above which an op is compute-bound."""
-        return self.peak(dtype) / self.hbm_bw_bytes_per_s
+        return self.peak(dtype, fallback=fallback) / self.hbm_bw_bytes_per_s
 
     @property
     def is_tpu(self) -> bool:
@@ -147,51 +190,48 @@ def _positive(chip: str, key: str, v: Any, origin: str | None = None) -> None:
         )
 
 
-# Optional numbers that, when present, must be positive and finite (checked with the file named).
-_POSITIVE_FIELDS = {
-    "vmem_bytes",
-    "vmem_bw_bytes_per_s",
-    "smem_bytes_per_sm",
-    "register_bytes_per_sm",
-    "l2_bytes",
-    "l2_bw_bytes_per_s",
-    "cores_per_chip",
-    "sm_count",
-    "mxus_per_core",
-    "tensor_cores",
-    "clock_hz",
-    "boost_clock_hz",
-    "ici_link_bw_bytes_per_s",
-    "ici_links_per_axis",
-    "ici_hop_latency_s",
-    "nvlink_bw_bytes_per_s",
-    "nvlink_domain",
-    "node_egress_bytes_per_s",
-    "pcie_bw_bytes_per_s",
-    "dcn_bw_bytes_per_s",
-    "usd_per_hour",
-    "hbm_bytes",
-    "hbm_bw_bytes_per_s",
+# Optional numbers that, when present, must be positive, finite and below a physical bound
+# (checked with the file named). Bounds are generous: 100x beyond any chip announced.
+_NUMBER_BOUNDS = {
+    "vmem_bytes": 1e12,
+    "vmem_bw_bytes_per_s": 1e16,
+    "smem_bytes_per_sm": 1e9,
+    "register_bytes_per_sm": 1e9,
+    "l2_bytes": 1e12,
+    "l2_bw_bytes_per_s": 1e16,
+    "clock_hz": 1e11,
+    "boost_clock_hz": 1e11,
+    "ici_link_bw_bytes_per_s": 1e14,
+    "ici_hop_latency_s": 1.0,
+    "nvlink_bw_bytes_per_s": 1e14,
+    "node_egress_bytes_per_s": 1e16,
+    "pcie_bw_bytes_per_s": 1e14,
+    "dcn_bw_bytes_per_s": 1e14,
+    "usd_per_hour": 1e5,
+    "hbm_bytes": 1e15,
+    "hbm_bw_bytes_per_s": 1e16,
 }
+_PEAK_BOUND = 1e19  # FLOP/s per chip: ~1000x the largest announced
+_INT_BOUNDS = {
+    "cores_per_chip": (1, 1024),
+    "sm_count": (1, 100_000),
+    "mxus_per_core": (1, 1024),
+    "tensor_cores": (1, 1_000_000),
+    "ici_links_per_axis": (1, 64),
+    "ici_axes": (0, 3),
+    "nvlink_domain": (1, 1_000_000),
+    "gpus_per_tray": (1, 1024),
+}
+_STR_FIELDS = {"name", "vendor", "generation", "description", "price_source", "scaleup_fabric"}
+_TOPOLOGY_FIELDS = ("pod_topology", "host_topology")
 _WRAPAROUND = ("multiple_of_4", "size_16", "none")
-
-_INT_FIELDS = {
-    "cores_per_chip",
-    "sm_count",
-    "mxus_per_core",
-    "tensor_cores",
-    "ici_links_per_axis",
-    "ici_axes",
-    "nvlink_domain",
-}
+_REQUIRED = ("name", "vendor", "generation", "peak_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s")
 
 
-def chip_from_dict(d: dict, origin: str) -> Chip:
-    """Build a Chip from a parsed TOML table; unknown keys are errors with a suggestion."""
+def _check_keys(data: dict, origin: str) -> None:
     import difflib
 
-    known = set(Chip.__dataclass_fields__)
-    data = dict(d)
+    known = set(Chip.__dataclass_fields__) | {"base"}
     unknown = [k for k in data if k not in known]
     if unknown:
         k = unknown[0]
@@ -199,56 +239,94 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
         raise SpecError(
             f"chip file {origin}: unknown key {k!r}"
             + (f" (did you mean {near[0]!r}?)" if near else ""),
-            rule="keys are the fields of roofline.specs.chip.Chip",
+            rule="keys are the fields of roofline.specs.chip.Chip (and `base` for a variant)",
             fix="rename or remove the key",
         )
-    for req in (
-        "name",
-        "vendor",
-        "generation",
-        "peak_flops_per_s",
-        "hbm_bytes",
-        "hbm_bw_bytes_per_s",
-    ):
+
+
+def _peaks(data: dict, name: str, origin: str) -> MappingProxyType:
+    table = data["peak_flops_per_s"]
+    if not isinstance(table, dict):
+        raise SpecError(
+            f"chip file {origin}: peak_flops_per_s must be a table",
+            fix="write [peak_flops_per_s] with bf16 = ...",
+        )
+    peaks = {}
+    for k, v in table.items():
+        dt = parse_dtype(k)
+        check_number(f"chip {name!r} (file {origin})", f"peak_flops_per_s.{k}", v, hi=_PEAK_BOUND)
+        peaks[dt] = float(v)
+    return MappingProxyType(peaks)
+
+
+def _typed_fields(data: dict, where: str) -> None:
+    """Check and convert every scalar field in place (strings, numbers, ints, lists)."""
+    for k in _STR_FIELDS & set(data):
+        check_str(where, k, data[k])
+    for k in sorted(_NUMBER_BOUNDS.keys() & set(data)):
+        data[k] = check_number(where, k, data[k], hi=_NUMBER_BOUNDS[k])
+    for k in sorted(_INT_BOUNDS.keys() & set(data)):
+        lo, hi = _INT_BOUNDS[k]
+        data[k] = check_int(where, k, data[k], lo, hi)
+    if "aliases" in data:
+        data["aliases"] = check_str_list(where, "aliases", data["aliases"])
+    for k in _TOPOLOGY_FIELDS:
+        if k in data:
+            v = data[k]
+            if not isinstance(v, list) or len(v) > 4:
+                check_int(where, k, v)  # raises with the rule for a list of whole numbers
+            data[k] = tuple(check_int(where, f"{k}[{i}]", x, 1, 4096) for i, x in enumerate(v))
+    if "sources" in data and not isinstance(data["sources"], dict):
+        raise SpecError(f"{where}: sources must be a table", fix="write [sources] with key = text")
+
+
+def chip_from_dict(d: dict, origin: str) -> Chip:
+    """Build a Chip from a parsed TOML table; unknown keys are errors with a suggestion.
+
+    A variant file names a catalog chip in `base` and gives only what differs (A100 40GB:
+    `base = "a100"` with its own name, memory and bandwidth).
+    """
+    data = dict(d)
+    _check_keys(data, origin)
+    if "base" in data:
+        base = check_str(f"chip file {origin}", "base", data.pop("base"))
+        parent = load_chip(base)
+        merged = {
+            k: v
+            for k, v in parent.__dict__.items()
+            if v is not None and k not in ("aliases", "sources", "description")
+        }
+        merged["peak_flops_per_s"] = dict(parent.peak_flops_per_s)
+        merged.update({k: v for k, v in data.items() if k != "peak_flops_per_s"})
+        merged["peak_flops_per_s"].update(data.get("peak_flops_per_s", {}))
+        for k in _TOPOLOGY_FIELDS:
+            merged[k] = list(merged.get(k, ()))
+        data = merged
+    for req in _REQUIRED:
         if req not in data:
             raise SpecError(
                 f"chip file {origin} lacks {req!r}",
                 rule="name, vendor, generation, peak_flops_per_s, hbm_bytes and hbm_bw_bytes_per_s are required",
                 fix=f"add `{req} = ...`",
             )
-    if not isinstance(data["peak_flops_per_s"], dict):
-        raise SpecError(
-            f"chip file {origin}: peak_flops_per_s must be a table",
-            fix="write [peak_flops_per_s] with bf16 = ...",
-        )
-    name = str(data["name"])
-    peaks = {}
-    for k, v in data["peak_flops_per_s"].items():
-        dt = parse_dtype(k)
-        _positive(name, f"peak_flops_per_s.{k}", v, origin)
-        peaks[dt] = float(v)
-    for k in sorted(_POSITIVE_FIELDS & set(data)):
-        _positive(name, k, data[k], origin)
+    name = check_str(f"chip file {origin}", "name", data["name"], max_chars=256)
+    where = f"chip {name!r} (file {origin})"
+    data["peak_flops_per_s"] = _peaks(data, name, origin)
+    _typed_fields(data, where)
     axes = data.get("ici_axes", 0)
-    if isinstance(axes, bool) or axes not in (0, 1, 2, 3):
+    if axes not in (0, 1, 2, 3):
         raise SpecError(
-            f"chip {name!r} (file {origin}): ici_axes = {axes!r}",
+            f"{where}: ici_axes = {axes!r}",
             rule="ici_axes is 0 (no ICI), 1, 2 or 3",
             fix="correct the value in the chip file",
         )
     if data.get("wraparound", "none") not in _WRAPAROUND:
         raise SpecError(
-            f"chip {name!r} (file {origin}): wraparound = {data['wraparound']!r}",
+            f"{where}: wraparound = {data['wraparound']!r}",
             rule="wraparound is one of " + ", ".join(_WRAPAROUND),
             fix="correct the value in the chip file",
         )
-    data["peak_flops_per_s"] = MappingProxyType(peaks)
     data["sources"] = MappingProxyType(dict(data.get("sources", {})))
-    for k in ("aliases", "pod_topology", "host_topology"):
-        if k in data:
-            data[k] = tuple(data[k])
-    for k in _INT_FIELDS & set(data):
-        data[k] = int(data[k])
     return Chip(**data)
 
 
@@ -275,9 +353,15 @@ def load_chip(name_or_path: str | Path | Chip) -> Chip:
     """A Chip from a catalog name ('tpu-v5e', 'v5e', 'H100') or a path to a TOML file."""
     if isinstance(name_or_path, Chip):
         return name_or_path
+    if not isinstance(name_or_path, (str, Path)):
+        raise SpecError(
+            f"chip {name_or_path!r} is a {type(name_or_path).__name__}",
+            rule="a chip is a Chip, a catalog name or a path to a chip TOML file",
+            fix='pass e.g. "h100" or "tpu-v5e"',
+        )
     s = str(name_or_path)
-    if s.endswith(".toml") or Path(s).is_file():
-        return chip_from_dict(read_toml(Path(s), "chip"), s)
+    if s.endswith(".toml") or is_file(s):
+        return chip_from_dict(read_toml(s, "chip"), s)
     key = resolve(s, {k: v[1] for k, v in _catalog().items()}, "chip")
     return _load_named(key)
 

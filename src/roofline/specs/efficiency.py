@@ -1,40 +1,464 @@
-"""Efficiency profiles: the achieved fractions of a chip's peaks.
+"""Efficiency profiles: the achieved fractions of a chip's peaks, as physics with sources.
 
-Peaks come from the chip file; what real kernels and collectives achieve comes from
-here, never from a per-run fudge factor. Defaults are documented from the book; the
-`calibrate` stage (a later issue) writes a profile measured on the user's own chip,
-which `load_efficiency(path)` reads (TOML with the same keys).
+Peaks come from the chip file (per dtype); what real kernels and collectives achieve comes
+from a profile, never from a per-run fudge factor. A profile answers, vectorised over numpy
+arrays:
+
+- `matmul_fraction(chip, dtype, m, n, k, grouped=False)`: the fraction of `chip.peak(dtype)`
+  a GEMM of per-chip shape (m, n, k) reaches: the large-GEMM ceiling of the chip family and
+  dtype, times tile quantisation (the output is computed in whole tiles), wave quantisation
+  (tiles are spread over the SMs / TensorCores in whole waves), small-dimension roll-off
+  (fixed per-tile cost, Hockney's half-performance length), a grouped-GEMM factor for expert
+  GEMMs and a fixed per-kernel time (ramp-up and tail).
+- `attention_fraction(chip, dtype, backward, head_dim, causal)`: flash attention's matmul
+  FLOPs over time, with the softmax's non-matmul work per score element as a fixed cost.
+- `hbm_fraction(chip)`, `vector_fraction(chip)` (memory-bound elementwise / norm kernels, as
+  a fraction of HBM bandwidth), `link_fraction(chip, tier)` for tier in `TIERS`.
+- `step_overhead_s`, `layer_overhead_s` (per layer per microbatch pass), `name`, `source`,
+  `calibrated` (measured-calibrated vs datasheet-only).
+
+A *constant* profile (`Efficiency(name, matmul, hbm, link, source)`, e.g. `PEAK` or the
+vendor `DEFAULTS`) has no chip families: every method returns its constants. A *physics*
+profile carries one `FamilyPhysics` per chip family (matched by chip name, alias or
+generation) and falls back to its constants for chips no family matches. Named profiles
+live in `specs/profiles/*.toml` (`load_profile`); `calibrate` writes the same format.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
-from roofline.errors import SpecError
-from roofline.specs.catalog import read_toml
+import numpy as np
+
+from roofline.errors import SpecError, UnknownNameError
+from roofline.specs.catalog import DATA_DIR, normalize, read_toml, resolve
+from roofline.units import parse_dtype
+
+PROFILE_DIR = DATA_DIR / "profiles"
+TIERS = ("ici", "nvlink", "scale_out", "dcn")
+
+# A dtype without its own large-GEMM fraction uses the next one along this chain.
+_DTYPE_FALLBACK = {
+    "fp16": "bf16",
+    "tf32": "bf16",
+    "fp32": "bf16",
+    "int8": "fp8",
+    "fp8": "bf16",
+    "fp4": "fp8",
+    "int4": "int8",
+}
+
+# Matmul FLOPs per attention score element (book transformers.md; FlashAttention-2 §3.1):
+# forward QK^T and PV = 2 * 2 * head_dim; backward recomputes QK^T and forms dV, dP, dQ, dK = 5 * 2 * head_dim.
+_ATTN_MM_FLOPS_PER_SCORE = {False: 4.0, True: 10.0}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One fittable physical parameter: its bounds, unit and meaning."""
+
+    lo: float
+    hi: float
+    unit: str
+    meaning: str
+
+
+# The physical parameters of one chip family. Keys with a ".dtype" / ".tier" suffix are families of
+# parameters (`mm_fraction.bf16`, `link.nvlink`); `bounds_of` resolves them.
+PARAMS: dict[str, Param] = {
+    "mm_fraction": Param(
+        0.2,
+        1.0,
+        "fraction",
+        "large, well-shaped GEMM throughput over the dtype's dense peak (clocks under power, issue overhead)",
+    ),
+    "m_half": Param(
+        0.0, 4096.0, "elements", "half-performance length of the GEMM's m (rows streamed per tile)"
+    ),
+    "n_half": Param(0.0, 4096.0, "elements", "half-performance length of the GEMM's n"),
+    "k_half": Param(
+        0.0, 4096.0, "elements", "per-tile prologue/epilogue cost in elements of the k loop"
+    ),
+    "kernel_fixed_s": Param(0.0, 50e-6, "s", "fixed time per GEMM kernel (ramp-up and tail)"),
+    "grouped_fraction": Param(
+        0.2, 1.0, "fraction", "grouped expert GEMM throughput over a dense GEMM of the same shape"
+    ),
+    "attn_fwd": Param(
+        0.2, 1.0, "fraction", "flash-attention forward matmul efficiency at infinite head dim"
+    ),
+    "attn_bwd": Param(
+        0.2, 1.0, "fraction", "flash-attention backward matmul efficiency at infinite head dim"
+    ),
+    "attn_softmax_flops": Param(
+        0.0,
+        2048.0,
+        "matmul FLOP per score",
+        "softmax work (exp, max, rescale) per score element not hidden under the matmuls, in matmul-FLOP time",
+    ),
+    "attn_causal": Param(
+        0.3,
+        1.0,
+        "fraction",
+        "causal kernel efficiency relative to full (masked diagonal blocks, imbalance)",
+    ),
+    "hbm": Param(0.3, 1.0, "fraction", "achieved HBM copy bandwidth over peak"),
+    "vector": Param(
+        0.1,
+        1.0,
+        "fraction",
+        "memory-bound elementwise/norm kernel bandwidth over peak HBM bandwidth",
+    ),
+    "link": Param(0.2, 1.0, "fraction", "achieved collective bandwidth over the link tier's peak"),
+}
+OVERHEADS: dict[str, Param] = {
+    "step_overhead_s": Param(
+        0.0, 10.0, "s", "fixed time per training step (optimizer launch, data, logging)"
+    ),
+    "layer_overhead_s": Param(
+        0.0, 10e-3, "s", "fixed time per layer per microbatch pass (launches, syncs)"
+    ),
+}
+
+
+def bounds_of(key: str) -> Param:
+    """The Param of a flattened key: 'mm_fraction.fp8' -> PARAMS['mm_fraction']."""
+    base = key.split(".", 1)[0]
+    if base in PARAMS:
+        return PARAMS[base]
+    if base in OVERHEADS:
+        return OVERHEADS[base]
+    raise SpecError(
+        f"unknown efficiency parameter {key!r}",
+        rule="parameters: " + ", ".join([*PARAMS, *OVERHEADS]),
+        fix="use one of those names (dtype or tier after a dot: mm_fraction.fp8, link.nvlink)",
+    )
+
+
+def _check(where: str, key: str, v: Any) -> float:
+    p = bounds_of(key)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or not (p.lo <= v <= p.hi) or (p.unit == "fraction" and v <= 0):
+        raise SpecError(
+            f"{where}: {key} = {v!r}",
+            rule=f"{key} is {p.meaning}, a number in [{p.lo:g}, {p.hi:g}] {p.unit}",
+            fix=f"set {key} within those bounds",
+        )
+    return float(v)
+
+
+@dataclass(frozen=True)
+class FamilyPhysics:
+    """The efficiency physics of one chip family (every number has a meaning in PARAMS)."""
+
+    family: str
+    match: tuple[str, ...]  # chip names, aliases or generations this family covers
+    tile: tuple[int, int, int]  # output tile (m, n) and k step of the family's GEMM kernels
+    mm_fraction: Mapping[str, float]  # dtype -> large-GEMM fraction of that dtype's peak
+    m_half: float = 0.0
+    n_half: float = 0.0
+    k_half: float = 0.0
+    kernel_fixed_s: float = 0.0
+    grouped_fraction: float = 1.0
+    attn_fwd: float = 1.0
+    attn_bwd: float = 1.0
+    attn_softmax_flops: float = 0.0
+    attn_causal: float = 1.0
+    hbm: float = 1.0
+    vector: float = 1.0
+    link: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    wave_units: int | None = None  # None: the chip's sm_count (GPU) or cores_per_chip (TPU)
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    _keys: frozenset = field(init=False, repr=False, compare=False, default=frozenset())
+
+    def params(self) -> dict[str, float]:
+        """Flattened fittable parameters: {'mm_fraction.bf16': 0.78, 'k_half': 128, 'link.nvlink': .8, ...}."""
+        out = {f"mm_fraction.{d}": v for d, v in self.mm_fraction.items()}
+        for k in PARAMS:
+            if k not in ("mm_fraction", "link"):
+                out[k] = float(getattr(self, k))
+        out.update({f"link.{t}": v for t, v in self.link.items()})
+        return out
+
+    def with_params(self, values: Mapping[str, float]) -> FamilyPhysics:
+        """A copy with some flattened parameters replaced (bounds checked)."""
+        mm, link, plain = dict(self.mm_fraction), dict(self.link), {}
+        for key, v in values.items():
+            v = _check(f"family {self.family!r}", key, v)
+            base, _, sub = key.partition(".")
+            if base == "mm_fraction":
+                mm[parse_dtype(sub)] = v
+            elif base == "link":
+                link[_tier(sub)] = v
+            elif base in OVERHEADS:
+                raise SpecError(
+                    f"family {self.family!r}: {key} is a profile-level overhead",
+                    fix="set it on the profile, not on a chip family",
+                )
+            else:
+                plain[base] = v
+        return replace(self, mm_fraction=MappingProxyType(mm), link=MappingProxyType(link), **plain)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_keys", frozenset(normalize(m) for m in self.match))
+
+    def covers(self, chip: Any) -> bool:
+        keys = _chip_keys(
+            chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ()))
+        )
+        return not self._keys.isdisjoint(keys)
+
+    def mm_ceiling(self, dtype: str) -> float:
+        d, seen = parse_dtype(dtype), set()
+        while d not in self.mm_fraction:
+            seen.add(d)
+            d = _DTYPE_FALLBACK.get(d, "bf16")
+            if d in seen:
+                return max(self.mm_fraction.values())
+        return float(self.mm_fraction[d])
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Fractions (0, 1] of peak: matmul FLOP/s, HBM bandwidth, interconnect bandwidth."""
+    """An efficiency profile. `Efficiency(name, matmul, hbm, link, source)` is a constant one.
+
+    `matmul`, `hbm` and `link` are the constants for chips no family covers (and, for a
+    constant profile, for every chip). `families` holds the per-chip-family physics;
+    `frameworks` holds per-framework overrides fitted on measured runs (see `for_framework`).
+    """
 
     name: str
     matmul: float
     hbm: float
     link: float
     source: str = ""
+    calibrated: bool = False
+    step_overhead_s: float = 0.0
+    layer_overhead_s: float = 0.0
+    families: tuple[FamilyPhysics, ...] = ()
+    frameworks: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    framework: str = ""  # the framework whose overrides are applied ("" = none)
 
     def __post_init__(self) -> None:
         for f in ("matmul", "hbm", "link"):
             v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and 0 < v <= 1):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
                 raise SpecError(
                     f"efficiency profile {self.name!r}: {f} = {v!r}",
                     rule="efficiencies are fractions in (0, 1]",
                     fix=f"set {f} to e.g. 0.8",
                 )
+        for f in OVERHEADS:
+            _check(f"efficiency profile {self.name!r}", f, getattr(self, f))
 
+    # -- lookup --------------------------------------------------------------------
+    def family_for(self, chip: Any) -> FamilyPhysics | None:
+        """The family physics that covers `chip`, or None (the profile's constants apply)."""
+        for fam in self.families:
+            if fam.covers(chip):
+                return fam
+        return None
+
+    def family_named(self, family: str) -> FamilyPhysics:
+        for fam in self.families:
+            if normalize(fam.family) == normalize(family):
+                return fam
+        raise SpecError(
+            f"efficiency profile {self.name!r} has no chip family {family!r}",
+            rule="families: "
+            + (", ".join(f.family for f in self.families) or "none (constant profile)"),
+            fix="name one of those families",
+        )
+
+    # -- the contract ----------------------------------------------------------------
+    def matmul_fraction(
+        self, chip: Any, dtype: str, m: Any, n: Any, k: Any, grouped: Any = False
+    ) -> np.ndarray:
+        """Fraction of `chip.peak(dtype)` a GEMM of per-chip shape (m, n, k) reaches (array)."""
+        m, n, k, grouped = np.broadcast_arrays(
+            np.asarray(m, float),
+            np.asarray(n, float),
+            np.asarray(k, float),
+            np.asarray(grouped, bool),
+        )
+        fam = self.family_for(chip)
+        if fam is None:
+            return np.full(m.shape, float(self.matmul))
+        eta = fam.mm_ceiling(dtype) * _shape_factor(fam, chip, dtype, m, n, k)
+        eta = np.where(grouped, eta * fam.grouped_fraction, eta)
+        if fam.kernel_fixed_s > 0:  # t = t_ideal / eta + t_fixed  ->  fraction = t_ideal / t
+            t_ideal = 2.0 * m * n * k / chip.peak(dtype)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                eta = np.where(t_ideal > 0, t_ideal / (t_ideal / eta + fam.kernel_fixed_s), eta)
+        return eta
+
+    def attention_fraction(
+        self, chip: Any, dtype: str, backward: Any, head_dim: Any, causal: Any
+    ) -> np.ndarray:
+        """Fraction of `chip.peak(dtype)` flash attention's matmul FLOPs reach (array)."""
+        bwd, hd, cz = np.broadcast_arrays(
+            np.asarray(backward, bool), np.asarray(head_dim, float), np.asarray(causal, bool)
+        )
+        fam = self.family_for(chip)
+        if fam is None:
+            return np.full(hd.shape, float(self.matmul))
+        mm = np.where(bwd, _ATTN_MM_FLOPS_PER_SCORE[True], _ATTN_MM_FLOPS_PER_SCORE[False]) * hd
+        # FlashAttention-3 §3: the softmax's exponentials run on the slow special-function units;
+        # what is not hidden under the matmuls costs attn_softmax_flops per score element.
+        eta = np.where(bwd, fam.attn_bwd, fam.attn_fwd) * mm / (mm + fam.attn_softmax_flops)
+        eta = np.where(cz, eta * fam.attn_causal, eta)
+        return eta * _dtype_ratio(fam, dtype)
+
+    def hbm_fraction(self, chip: Any) -> float:
+        fam = self.family_for(chip)
+        return float(self.hbm if fam is None else fam.hbm)
+
+    def vector_fraction(self, chip: Any) -> float:
+        """Fraction of HBM bandwidth memory-bound elementwise / norm kernels reach."""
+        fam = self.family_for(chip)
+        return float(self.hbm if fam is None else fam.vector)
+
+    def link_fraction(self, chip: Any, tier: str) -> float:
+        t = _tier(tier)
+        fam = self.family_for(chip)
+        if fam is None:
+            return float(self.link)
+        return float(fam.link.get(t, self.link))
+
+    # -- derived profiles --------------------------------------------------------------
+    def for_framework(self, framework: str | None) -> Efficiency:
+        """This profile with the overrides fitted for `framework` applied (itself if none)."""
+        if not framework or self.framework == framework:
+            return self
+        over = self.frameworks.get(framework)
+        if over is None:
+            return self
+        fams = []
+        for fam in self.families:
+            vals = over.get("families", {}).get(fam.family)
+            fams.append(fam.with_params(vals) if vals else fam)
+        ovh = {k: over[k] for k in OVERHEADS if k in over}
+        return replace(
+            self,
+            families=tuple(fams),
+            framework=framework,
+            calibrated=bool(over.get("calibrated", self.calibrated)),
+            **ovh,
+        )
+
+    def for_chip(self, chip: Any, dtype: str = "bf16") -> Efficiency:
+        """A constant profile with this one's large-GEMM, HBM and fastest-link fractions on `chip`
+        (for callers that still read `.matmul/.hbm/.link`)."""
+        fam = self.family_for(chip)
+        if fam is None:
+            return self
+        tier = "ici" if getattr(chip, "vendor", "") == "google" else "nvlink"
+        return replace(
+            self,
+            matmul=fam.mm_ceiling(dtype),
+            hbm=fam.hbm,
+            link=self.link_fraction(chip, tier),
+            families=(),
+            frameworks=MappingProxyType({}),
+        )
+
+    def with_family(self, fam: FamilyPhysics) -> Efficiency:
+        """A copy with `fam` replacing the family of the same name (or appended)."""
+        if any(f.family == fam.family for f in self.families):
+            fams = tuple(fam if f.family == fam.family else f for f in self.families)
+        else:
+            fams = (*self.families, fam)
+        return replace(self, families=fams)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Identity and numbers, for every prediction's output."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "calibrated": self.calibrated,
+            "kind": "measured-calibrated" if self.calibrated else "datasheet-only",
+            "framework": self.framework or None,
+            "matmul": self.matmul,
+            "hbm": self.hbm,
+            "link": self.link,
+            "step_overhead_s": self.step_overhead_s,
+            "layer_overhead_s": self.layer_overhead_s,
+            "families": {
+                f.family: {"match": list(f.match), "tile": list(f.tile), **f.params()}
+                for f in self.families
+            },
+        }
+
+    def describe(self) -> str:
+        """One line for a report: which profile, measured or datasheet."""
+        kind = "measured-calibrated" if self.calibrated else "datasheet-only"
+        fw = f", framework {self.framework}" if self.framework else ""
+        return f"efficiency profile '{self.name}' ({kind}{fw})"
+
+
+@lru_cache(maxsize=4096)
+def _chip_keys(name: str, generation: str, aliases: tuple[str, ...]) -> frozenset:
+    return frozenset(normalize(x) for x in (name, generation, *aliases))
+
+
+def _tier(tier: str) -> str:
+    t = str(tier).strip().lower().replace("-", "_")
+    if t not in TIERS:
+        raise SpecError(
+            f"unknown link tier {tier!r}",
+            rule="tiers: " + ", ".join(TIERS),
+            fix="name one of those tiers",
+        )
+    return t
+
+
+def _wave_units(fam: FamilyPhysics, chip: Any) -> int:
+    if fam.wave_units:
+        return int(fam.wave_units)
+    if getattr(chip, "sm_count", None):
+        return int(chip.sm_count)
+    return int(getattr(chip, "cores_per_chip", 1) or 1)
+
+
+def _shape_factor(
+    fam: FamilyPhysics, chip: Any, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray
+) -> np.ndarray:
+    """Tile quantisation, work quantisation over the chip's units and small-dimension roll-off.
+
+    - Tiles: the output is computed in whole (tile_m x tile_n) tiles and k in whole k steps
+      (NVIDIA, "Matrix Multiplication Background User's Guide", tile quantization).
+    - Waves: the work items (tiles x k steps) are spread over the SMs / TensorCores in whole
+      waves; k-splitting (stream-K, Osama et al. 2023; cuBLAS and CUTLASS on Hopper) makes the
+      items the k steps, not the tiles, so small-m GEMMs still fill the chip.
+    - Roll-off: a fixed per-tile cost (pipeline fill, epilogue) is Hockney's half-performance
+      length per dimension; `k_half` is in bf16 k elements and scales with the dtype's rate.
+    """
+    tm, tn, tk = fam.tile
+    m, n, k = np.maximum(m, 1.0), np.maximum(n, 1.0), np.maximum(k, 1.0)
+    tiles_m, tiles_n, steps_k = np.ceil(m / tm), np.ceil(n / tn), np.ceil(k / tk)
+    tile_q = (m * n * k) / (tiles_m * tm * tiles_n * tn * steps_k * tk)
+    units = _wave_units(fam, chip)
+    items = tiles_m * tiles_n * steps_k
+    wave_q = items / (np.ceil(items / units) * units)
+    k_half = fam.k_half * chip.peak(dtype) / chip.peak("bf16")
+    roll = (m / (m + fam.m_half)) * (n / (n + fam.n_half)) * (k / (k + k_half))
+    return tile_q * wave_q * roll
+
+
+def _dtype_ratio(fam: FamilyPhysics, dtype: str) -> float:
+    """Attention in a low-precision dtype keeps the family's bf16 kernel efficiency scaled by
+    how well GEMMs in that dtype reach their own peak (FlashAttention-3 fp8 vs fp16)."""
+    return fam.mm_ceiling(dtype) / fam.mm_ceiling("bf16")
+
+
+# -- the constants kept for old callers --------------------------------------------------
 
 # Book roofline.md: "H100/B200 ~80-85% of peak in practice, TPUs closer to 95%";
 # gpus.md: 8xH100 AllReduce reaches ~370 of 450 GB/s (0.82); sharding.md: v5e AllGather ~95% of peak.
@@ -61,22 +485,161 @@ def default_efficiency(vendor: str) -> Efficiency:
     return DEFAULTS.get(vendor, DEFAULTS["nvidia"])
 
 
-def load_efficiency(path: str | Path) -> Efficiency:
-    raw = read_toml(Path(path), "efficiency profile")
-    known = {f.name for f in fields(Efficiency)}
-    bad = [k for k in raw if k not in known]
+# The profile a prediction uses when none is named: None = the vendor constants above (today's
+# numbers). The lead switches this to the shipped fitted profile's name when it is ready.
+DEFAULT_PROFILE: str | None = None
+
+
+def default_profile(chip: Any) -> Efficiency:
+    """The profile used when the user names none (see DEFAULT_PROFILE)."""
+    if DEFAULT_PROFILE is None:
+        return default_efficiency(getattr(chip, "vendor", "nvidia"))
+    return load_profile(DEFAULT_PROFILE)
+
+
+# -- files -------------------------------------------------------------------------
+
+_TOP_KEYS = {f.name for f in fields(Efficiency)} - {"families", "frameworks", "framework"}
+_FAMILY_KEYS = {f.name for f in fields(FamilyPhysics)} - {"family", "_keys"}
+
+
+def profile_from_dict(raw: Mapping[str, Any], origin: str) -> Efficiency:
+    """Build a profile from a parsed TOML table (see specs/profiles/*.toml for the format)."""
+    data = dict(raw)
+    fams_raw = data.pop("family", {})
+    fw_raw = data.pop("framework", {})
+    data.pop("param_sources", None)
+    bad = [k for k in data if k not in _TOP_KEYS]
     if bad:
         raise SpecError(
-            f"efficiency file {path}: unknown key {bad[0]!r}",
-            rule="keys: " + ", ".join(sorted(known)),
+            f"efficiency file {origin}: unknown key {bad[0]!r}",
+            rule="top-level keys: " + ", ".join(sorted(_TOP_KEYS)) + ", [family.*], [framework.*]",
             fix="remove or rename the key",
         )
-    raw.setdefault("name", Path(path).stem)
+    data.setdefault("name", Path(origin).stem)
+    fams = tuple(_family_from_dict(name, t, origin) for name, t in fams_raw.items())
+    frameworks = {
+        fw: MappingProxyType(_framework_from_dict(fw, t, fams, origin)) for fw, t in fw_raw.items()
+    }
     try:
-        return Efficiency(**raw)
+        return Efficiency(**data, families=fams, frameworks=MappingProxyType(frameworks))
     except TypeError as e:
         raise SpecError(
-            f"efficiency file {path}: {e}",
+            f"efficiency file {origin}: {e}",
             rule="matmul, hbm and link are required",
             fix="add the missing keys",
         ) from None
+
+
+def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhysics:
+    where = f"efficiency file {origin}, family {name!r}"
+    bad = [k for k in t if k not in _FAMILY_KEYS]
+    if bad:
+        raise SpecError(
+            f"{where}: unknown key {bad[0]!r}",
+            rule="family keys: " + ", ".join(sorted(_FAMILY_KEYS)),
+            fix="remove or rename the key",
+        )
+    for req in ("match", "tile", "mm_fraction"):
+        if req not in t:
+            raise SpecError(
+                f"{where} lacks {req!r}",
+                rule="match, tile and mm_fraction are required",
+                fix=f"add `{req} = ...`",
+            )
+    tile = tuple(int(x) for x in t["tile"])
+    if len(tile) != 3 or min(tile) < 1:
+        raise SpecError(
+            f"{where}: tile = {t['tile']!r}",
+            rule="tile is [m, n, k], positive integers",
+            fix="e.g. tile = [128, 256, 64]",
+        )
+    base = FamilyPhysics(
+        family=name,
+        match=tuple(str(x) for x in t["match"]),
+        tile=tile,
+        mm_fraction=MappingProxyType({}),
+        wave_units=t.get("wave_units"),
+        sources=MappingProxyType(dict(t.get("sources", {}))),
+    )
+    values = {f"mm_fraction.{d}": v for d, v in t["mm_fraction"].items()}
+    values.update({f"link.{tier}": v for tier, v in t.get("link", {}).items()})
+    values.update({k: t[k] for k in PARAMS if k in t and k not in ("mm_fraction", "link")})
+    return base.with_params(values)
+
+
+def _framework_from_dict(
+    fw: str, t: Mapping[str, Any], fams: tuple[FamilyPhysics, ...], origin: str
+) -> dict[str, Any]:
+    """[framework.NAME] holds overheads and [framework.NAME.family.FAMILY] flattened overrides."""
+    out: dict[str, Any] = {"families": {}}
+    for k, v in t.items():
+        if k == "family":
+            for fam_name, vals in v.items():
+                if fam_name not in {f.family for f in fams}:
+                    raise SpecError(
+                        f"efficiency file {origin}: framework {fw!r} overrides unknown family {fam_name!r}",
+                        fix="define [family." + fam_name + "] first",
+                    )
+                for key, val in vals.items():
+                    _check(f"efficiency file {origin}, framework {fw!r}", key, val)
+                out["families"][fam_name] = dict(vals)
+        elif k in OVERHEADS:
+            out[k] = _check(f"efficiency file {origin}, framework {fw!r}", k, v)
+        elif k in ("calibrated", "source"):
+            out[k] = v
+        else:
+            raise SpecError(
+                f"efficiency file {origin}: framework {fw!r}: unknown key {k!r}",
+                rule="framework keys: step_overhead_s, layer_overhead_s, calibrated, source, [family.*]",
+                fix="remove or rename the key",
+            )
+    return out
+
+
+def load_efficiency(path: str | Path) -> Efficiency:
+    """A profile from a TOML file (constant or physics; `calibrate` writes this format)."""
+    return profile_from_dict(read_toml(Path(path), "efficiency profile"), str(path))
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def load_profile(name_or_path: str | Path | Efficiency) -> Efficiency:
+    """A profile by catalog name ('peak', 'datasheet', ...) or a path to a TOML file."""
+    if isinstance(name_or_path, Efficiency):
+        return name_or_path
+    s = str(name_or_path)
+    if s.endswith(".toml") or Path(s).is_file():
+        return load_efficiency(s)
+    try:
+        key = resolve(s, {n: () for n in profile_names()}, "profile")
+    except UnknownNameError as e:
+        raise UnknownNameError(
+            e.what,
+            rule="a profile is a name in specs/profiles ("
+            + ", ".join(profile_names())
+            + ") or a TOML file",
+            fix="name one of those profiles, or give the path of a file written by `roofline calibrate`",
+        ) from None
+    return load_efficiency(PROFILE_DIR / f"{key}.toml")
+
+
+__all__ = [
+    "Efficiency",
+    "FamilyPhysics",
+    "PARAMS",
+    "OVERHEADS",
+    "TIERS",
+    "PEAK",
+    "DEFAULTS",
+    "default_efficiency",
+    "default_profile",
+    "DEFAULT_PROFILE",
+    "load_efficiency",
+    "load_profile",
+    "profile_names",
+    "profile_from_dict",
+    "bounds_of",
+]

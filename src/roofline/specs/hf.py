@@ -1,33 +1,103 @@
 """Read a Hugging Face `config.json` into a ModelSpec.
 
-Supported `model_type`s: llama, mistral, mixtral, qwen2, qwen3, gemma2, deepseek_v2, deepseek_v3.
-Only the fields that fix the architecture's shapes are read (rope scaling, softcapping, dtypes
-and the like are ignored). Defaults follow the transformers config classes where a field may
-be absent (num_key_value_heads = num_attention_heads, head_dim = hidden_size / heads,
-tie_word_embeddings per family). Every problem is a SpecError naming the file and the field.
+Supported `model_type`s: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, deepseek_v2,
+deepseek_v3, gpt_oss, nemotron, gpt2, gpt_neox, phi3. Only the fields that fix the architecture's
+shapes are read (rope scaling, softcapping, dtypes and the like are ignored). Field names and
+defaults follow the transformers config classes (`src/transformers/models/<type>/configuration_*.py`):
+num_key_value_heads = num_attention_heads, head_dim = hidden_size / heads, tie_word_embeddings
+per family; GPT-2 spells its fields n_layer, n_embd, n_head, n_inner (default 4·n_embd),
+n_positions. Not modelled (a few per mille of the parameters at most): learned position
+embeddings (GPT-2), MLP/output biases and LayerNorm biases (GPT-2, GPT-NeoX), expert biases and
+attention sinks (gpt-oss). Every problem is a SpecError naming the file and the field; sizes above
+the physical bounds of roofline.specs.model are errors, not hangs.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.model import MLASpec, MLPKind, ModelSpec, MoESpec
+from roofline.specs.catalog import is_dir, read_text_file
+from roofline.specs.model import (
+    MAX_EXPERTS,
+    MAX_FF,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SEQ,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    MLASpec,
+    MLPKind,
+    ModelSpec,
+    MoESpec,
+    divisors,
+)
 
-# model_type -> (family, tie_word_embeddings default of its transformers config class)
-_FAMILIES: dict[str, tuple[str, bool]] = {
-    "llama": ("llama", False),
-    "mistral": ("mistral", False),
-    "mixtral": ("mixtral", False),
-    "qwen2": ("qwen", False),
-    "qwen3": ("qwen", False),
-    "gemma2": ("gemma", True),
-    "deepseek_v2": ("deepseek", False),
-    "deepseek_v3": ("deepseek", False),
+_STANDARD_KEYS = {
+    "n_layers": "num_hidden_layers",
+    "d_model": "hidden_size",
+    "d_ff": "intermediate_size",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "vocab": "vocab_size",
+    "max_seq_len": "max_position_embeddings",
+}
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What a model_type's transformers config class defaults to, and how it names its fields."""
+
+    family: str
+    tie_default: bool = False  # tie_word_embeddings default of the config class
+    mlp: MLPKind = MLPKind.GATED  # SwiGLU/GeGLU; PLAIN for GELU / squared-ReLU MLPs
+    bias_default: bool = False  # attention_bias default (q/k/v biases)
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    keys: dict[str, str] = field(default_factory=lambda: dict(_STANDARD_KEYS))
+
+
+_GPT2_KEYS = {
+    "n_layers": "n_layer",
+    "d_model": "n_embd",
+    "d_ff": "n_inner",
+    "n_heads": "n_head",
+    "n_kv_heads": "n_head",
+    "vocab": "vocab_size",
+    "max_seq_len": "n_positions",
+}
+_FAMILIES: dict[str, _Family] = {
+    "llama": _Family("llama"),
+    "mistral": _Family("mistral"),
+    "mixtral": _Family("mixtral"),
+    "qwen2": _Family("qwen", bias_default=True),  # Qwen2 always has q/k/v bias
+    "qwen3": _Family("qwen", qk_norm=True),
+    "qwen3_moe": _Family("qwen", qk_norm=True),
+    "gemma2": _Family("gemma", tie_default=True, norms_per_layer=4),  # pre/post norms
+    "deepseek_v2": _Family("deepseek"),
+    "deepseek_v3": _Family("deepseek"),
+    "gpt_oss": _Family("gpt-oss", bias_default=True),  # GptOssConfig.attention_bias = True
+    "nemotron": _Family("nemotron", mlp=MLPKind.PLAIN),  # hidden_act relu2, up/down only
+    "gpt2": _Family(
+        "gpt2", tie_default=True, mlp=MLPKind.PLAIN, bias_default=True, keys=_GPT2_KEYS
+    ),
+    "gpt_neox": _Family("gpt-neox", mlp=MLPKind.PLAIN, bias_default=True),
+    "phi3": _Family("phi"),
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILIES)
+_BOUNDS = {
+    "n_layers": MAX_LAYERS,
+    "d_model": MAX_WIDTH,
+    "d_ff": MAX_FF,
+    "n_heads": MAX_HEADS,
+    "n_kv_heads": MAX_HEADS,
+    "vocab": MAX_VOCAB,
+    "max_seq_len": MAX_SEQ,
+}
+_DEFAULT_BOUND = 1 << 30
 
 
 class _Cfg:
@@ -42,7 +112,14 @@ class _Cfg:
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
 
-    def int(self, key: str, default: int | None = None, *, allow_zero: bool = False) -> int:
+    def int(
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        allow_zero: bool = False,
+        hi: int = _DEFAULT_BOUND,
+    ) -> int:
         v = self.data.get(key)
         if v is None:
             if default is not None:
@@ -58,11 +135,19 @@ class _Cfg:
         lo = 0 if allow_zero else 1
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             kind = "a non-negative integer" if allow_zero else "a positive integer"
-            raise self._err(key, f"is {v!r}", rule=f"{key} is {kind}", fix=f"set {key} to {kind}")
+            shown = repr(v) if len(repr(v)) < 60 else repr(v)[:55] + "..."
+            raise self._err(key, f"is {shown}", rule=f"{key} is {kind}", fix=f"set {key} to {kind}")
+        if v > hi:
+            raise self._err(
+                key,
+                f"is {v:,}",
+                rule=f"{key} is at most {hi:,} (larger is not a physical size)",
+                fix=f"check {key}: copy config.json unchanged from the model's Hugging Face repo",
+            )
         return v
 
-    def opt_int(self, key: str) -> int | None:
-        return self.int(key) if self.has(key) else None
+    def opt_int(self, key: str, hi: int = _DEFAULT_BOUND) -> int | None:
+        return self.int(key, hi=hi) if self.has(key) else None
 
     def bool(self, key: str, default: bool) -> bool:
         v = self.data.get(key)
@@ -76,18 +161,7 @@ class _Cfg:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(
-            f"HF config {str(path)!r} does not exist",
-            fix="give the path of a config.json file or of a directory that holds one",
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(
-            f"HF config {str(path)!r} cannot be read ({e})",
-            fix="check the file's permissions and that it is UTF-8 text",
-        ) from None
+    text = read_text_file(path, "HF config")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -95,6 +169,12 @@ def _read(path: Path) -> dict[str, Any]:
             f"HF config {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}",
             rule="config.json is a JSON object",
             fix=f"correct the syntax at line {e.lineno}, column {e.colno} (or download config.json again)",
+        ) from None
+    except RecursionError:
+        raise SpecError(
+            f"HF config {str(path)!r} nests too deeply to be a config.json",
+            rule="config.json is a flat JSON object of fields such as hidden_size",
+            fix="point at the model's config.json",
         ) from None
     if not isinstance(data, dict):
         raise SpecError(
@@ -122,21 +202,26 @@ def _window(c: _Cfg, n_layers: int) -> tuple[int | None, int]:
                 rule="sliding-window layers are all layers, or every other layer starting at layer 0",
                 fix="use a config whose layer_types is all 'sliding_attention' or alternates starting with it",
             )
-        return c.int("sliding_window"), period
+        return c.int("sliding_window", hi=MAX_SEQ), period
+    if mt == "gpt_oss":
+        # GptOssConfig: layer_types defaults to sliding on even layers (0, 2, ...), window 128
+        return c.int("sliding_window", 128, hi=MAX_SEQ), 2
+    if mt == "phi3":
+        w = c.opt_int("sliding_window", hi=MAX_SEQ)  # Phi3: the window applies to every layer
+        return (w, 1) if w is not None else (None, 0)
     if mt == "gemma2":
         # HF Gemma2: layers 0, 2, 4, ... use the sliding window
-        w = c.opt_int("sliding_window") or c.opt_int("sliding_window_size")
+        w = c.opt_int("sliding_window", hi=MAX_SEQ) or c.opt_int("sliding_window_size", hi=MAX_SEQ)
         return (w, 2) if w is not None else (None, 0)
     if mt in ("mistral", "mixtral"):
-        w = c.opt_int("sliding_window")
+        w = c.opt_int("sliding_window", hi=MAX_SEQ)
         return (w, 1) if w is not None else (None, 0)
-    if mt in ("qwen2", "qwen3"):
+    if mt in ("qwen2", "qwen3", "qwen3_moe"):
         if not c.bool("use_sliding_window", False):
             return None, 0  # sliding_window is present but unused
-        # HF Qwen2/Qwen3: layers i >= max_window_layers use the window
-        first = c.int(
-            "max_window_layers", 28, allow_zero=True
-        )  # 28: the Qwen2Config/Qwen3Config default
+        # HF Qwen2/Qwen3: layers i >= max_window_layers use the window (default 28 in
+        # Qwen2Config/Qwen3Config; Qwen3MoeConfig has no such field: every layer)
+        first = c.int("max_window_layers", 0 if mt == "qwen3_moe" else 28, allow_zero=True)
         if first >= n_layers:
             return None, 0
         if first > 0:
@@ -147,22 +232,66 @@ def _window(c: _Cfg, n_layers: int) -> tuple[int | None, int]:
                 "not on the layers from max_window_layers on",
                 fix="set use_sliding_window to false to estimate with full attention",
             )
-        return c.int("sliding_window"), 1
+        return c.int("sliding_window", hi=MAX_SEQ), 1
     return None, 0
+
+
+def _experts(c: _Cfg, e_key: str, k_key: str) -> tuple[int, int]:
+    E, k = c.int(e_key, hi=MAX_EXPERTS), c.int(k_key, hi=MAX_EXPERTS)
+    if k > E:
+        raise c._err(
+            k_key,
+            f"is {k}, more than {e_key}={E}",
+            rule="a token picks at most all experts",
+            fix=f"correct {k_key}",
+        )
+    return E, k
+
+
+def _qwen3_moe(c: _Cfg, n_layers: int) -> MoESpec:
+    """Qwen3MoeConfig: MoE on every layer except mlp_only_layers (dense, intermediate_size)."""
+    if c.int("decoder_sparse_step", 1) != 1:
+        raise c._err(
+            "decoder_sparse_step",
+            f"is {c.data['decoder_sparse_step']!r}",
+            rule="this tool represents MoE on every layer after a run of leading dense layers",
+            fix="set decoder_sparse_step to 1",
+        )
+    dense = c.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or dense != list(range(len(dense))) or len(dense) > n_layers:
+        raise c._err(
+            "mlp_only_layers",
+            f"is {str(dense)[:60]}",
+            rule="dense (MLP-only) layers are the first layers, [0, 1, ..., k-1], or none",
+            fix="use [] or a leading run of layer indices",
+        )
+    E, k = _experts(c, "num_experts", "num_experts_per_tok")
+    return MoESpec(
+        n_experts=E,
+        top_k=k,
+        d_ff_expert=c.int("moe_intermediate_size", hi=MAX_FF),
+        dense_layers=len(dense),
+    )
 
 
 def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
     mt = c.model_type
     if mt == "mixtral":
-        E, k = c.int("num_local_experts"), c.int("num_experts_per_tok")
-        if k > E:
-            raise c._err(
-                "num_experts_per_tok",
-                f"is {k}, more than num_local_experts={E}",
-                rule="a token picks at most all experts",
-                fix="correct num_experts_per_tok",
-            )
-        return MoESpec(n_experts=E, top_k=k, d_ff_expert=c.int("intermediate_size"))
+        E, k = _experts(c, "num_local_experts", "num_experts_per_tok")
+        return MoESpec(n_experts=E, top_k=k, d_ff_expert=c.int("intermediate_size", hi=MAX_FF))
+    if mt == "gpt_oss":
+        # GptOssConfig: every layer routes to num_local_experts SwiGLU experts of width
+        # intermediate_size (the router has a bias); no shared experts, no dense layers
+        e_key = "num_local_experts" if c.has("num_local_experts") else "num_experts"
+        E, k = _experts(c, e_key, "num_experts_per_tok")
+        return MoESpec(
+            n_experts=E,
+            top_k=k,
+            d_ff_expert=c.int("intermediate_size", hi=MAX_FF),
+            router_bias=True,
+        )
+    if mt == "qwen3_moe":
+        return _qwen3_moe(c, n_layers)
     if mt in ("deepseek_v2", "deepseek_v3"):
         if c.int("moe_layer_freq", 1) != 1:
             raise c._err(
@@ -171,7 +300,7 @@ def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
                 rule="this tool represents MoE on every layer after the first_k_dense_replace dense ones",
                 fix="set moe_layer_freq to 1",
             )
-        dense = c.int("first_k_dense_replace", 0, allow_zero=True)
+        dense = c.int("first_k_dense_replace", 0, allow_zero=True, hi=MAX_LAYERS)
         if dense > n_layers:
             raise c._err(
                 "first_k_dense_replace",
@@ -179,20 +308,12 @@ def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
                 rule="the dense layers are some of the layers",
                 fix="correct first_k_dense_replace",
             )
-        E = c.int("n_routed_experts")
-        k = c.int("num_experts_per_tok")
-        if k > E:
-            raise c._err(
-                "num_experts_per_tok",
-                f"is {k}, more than n_routed_experts={E}",
-                rule="a token picks at most all experts",
-                fix="correct num_experts_per_tok",
-            )
+        E, k = _experts(c, "n_routed_experts", "num_experts_per_tok")
         return MoESpec(
             n_experts=E,
             top_k=k,
-            d_ff_expert=c.int("moe_intermediate_size"),
-            n_shared_experts=c.int("n_shared_experts", 0, allow_zero=True),
+            d_ff_expert=c.int("moe_intermediate_size", hi=MAX_FF),
+            n_shared_experts=c.int("n_shared_experts", 0, allow_zero=True, hi=1024),
             dense_layers=dense,
             router_bias=c.data.get("topk_method") == "noaux_tc",
         )
@@ -203,12 +324,69 @@ def _mla(c: _Cfg) -> MLASpec | None:
     if c.model_type not in ("deepseek_v2", "deepseek_v3"):
         return None
     return MLASpec(
-        q_lora_rank=c.opt_int("q_lora_rank"),
-        kv_lora_rank=c.int("kv_lora_rank"),
-        qk_nope_head_dim=c.int("qk_nope_head_dim"),
-        qk_rope_head_dim=c.int("qk_rope_head_dim"),
-        v_head_dim=c.int("v_head_dim"),
+        q_lora_rank=c.opt_int("q_lora_rank", hi=MAX_WIDTH),
+        kv_lora_rank=c.int("kv_lora_rank", hi=MAX_WIDTH),
+        qk_nope_head_dim=c.int("qk_nope_head_dim", hi=MAX_HEADS),
+        qk_rope_head_dim=c.int("qk_rope_head_dim", hi=MAX_HEADS),
+        v_head_dim=c.int("v_head_dim", hi=MAX_HEADS),
     )
+
+
+def _model_type(data: dict[str, Any], origin: str) -> str:
+    mt = data.get("model_type")
+    if mt is None:
+        raise SpecError(
+            f"HF config {origin}: field 'model_type' is missing",
+            rule="config.json names its architecture in model_type",
+            fix=f'add "model_type": one of {", ".join(SUPPORTED_MODEL_TYPES)}',
+        )
+    if not isinstance(mt, str) or mt not in _FAMILIES:
+        shown = repr(mt) if len(repr(mt)) < 60 else repr(mt)[:55] + "..."
+        raise SpecError(
+            f"HF config {origin}: model_type {shown} is not supported",
+            rule=f"model_type is a string, one of {', '.join(SUPPORTED_MODEL_TYPES)}",
+            fix="write a model TOML file for it (see src/roofline/specs/models/*.toml) or use a preset",
+        )
+    return mt
+
+
+def _head_dim(c: _Cfg, fam: _Family, D: int, N: int, K: int) -> int:
+    if N % K:
+        raise c._err(
+            fam.keys["n_kv_heads"],
+            f"= {K} does not divide {fam.keys['n_heads']} = {N}",
+            rule="grouped-query attention shares each KV head among N/K query heads",
+            fix=f"use {fam.keys['n_kv_heads']} in {divisors(N)}",
+        )
+    if c.has("head_dim"):
+        return c.int("head_dim", hi=MAX_HEADS)
+    if c.model_type == "gemma2":
+        return 256  # Gemma2Config's default head_dim
+    if D % N:
+        raise c._err(
+            "head_dim",
+            f"is missing and {fam.keys['d_model']} = {D} is not divisible by {fam.keys['n_heads']} = {N}",
+            rule="head_dim defaults to hidden_size / num_attention_heads",
+            fix='add "head_dim": <value>',
+        )
+    return D // N
+
+
+def _shape(c: _Cfg, fam: _Family) -> dict[str, int]:
+    """The core sizes under the family's field names, bounded (GPT-2: n_inner defaults to 4·D)."""
+    k = fam.keys
+    out = {f: c.int(k[f], hi=_BOUNDS[f]) for f in ("n_layers", "d_model", "n_heads", "vocab")}
+    if c.model_type == "gpt2":
+        out["d_ff"] = c.int(k["d_ff"], 4 * out["d_model"], hi=MAX_FF)
+    else:
+        out["d_ff"] = c.int(k["d_ff"], hi=MAX_FF)
+    n_kv_key = (
+        "num_key_value_heads" if k is _STANDARD_KEYS or "n_kv_heads" not in k else k["n_kv_heads"]
+    )
+    out["n_kv_heads"] = c.int(n_kv_key, out["n_heads"], hi=MAX_HEADS)
+    if c.has(k["max_seq_len"]):
+        out["max_seq_len"] = c.int(k["max_seq_len"], hi=MAX_SEQ)
+    return out
 
 
 def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
@@ -218,94 +396,42 @@ def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
     name for a file called config.json).
     """
     path = Path(path_or_dir)
-    if path.is_dir():
+    if is_dir(path):
         path = path / "config.json"
-    origin = repr(str(path))
+    origin = repr(str(path)) if len(str(path)) < 200 else repr(str(path)[:195] + "...")
     data = _read(path)
-    mt = data.get("model_type")
-    if mt is None:
-        raise SpecError(
-            f"HF config {origin}: field 'model_type' is missing",
-            rule="config.json names its architecture in model_type",
-            fix=f'add "model_type": one of {", ".join(SUPPORTED_MODEL_TYPES)}',
-        )
-    if mt not in _FAMILIES:
-        raise SpecError(
-            f"HF config {origin}: model_type {mt!r} is not supported",
-            rule=f"supported model_types are {', '.join(SUPPORTED_MODEL_TYPES)}",
-            fix="write a model TOML file for it (see src/roofline/specs/models/*.toml) or use a preset",
-        )
-    family, tie_default = _FAMILIES[mt]
+    mt = _model_type(data, origin)
+    fam = _FAMILIES[mt]
     c = _Cfg(data, origin, mt)
-
-    L = c.int("num_hidden_layers")
-    D = c.int("hidden_size")
-    F = c.int("intermediate_size")
-    N = c.int("num_attention_heads")
-    V = c.int("vocab_size")
-    K = c.int("num_key_value_heads", N)
+    shape = _shape(c, fam)
     mla = _mla(c)
-    if mla is not None:
-        H = mla.qk_nope_head_dim + mla.qk_rope_head_dim  # q/k head dim; MLA's ranks live in mla
+    if mla is not None:  # q/k head dim; MLA's ranks live in mla
+        H = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     else:
-        if N % K:
-            divisors = [d for d in range(1, N + 1) if N % d == 0]
-            raise c._err(
-                "num_key_value_heads",
-                f"= {K} does not divide num_attention_heads = {N}",
-                rule="grouped-query attention shares each KV head among N/K query heads",
-                fix=f"use num_key_value_heads in {divisors}",
-            )
-        if c.has("head_dim"):
-            H = c.int("head_dim")
-        elif mt == "gemma2":
-            H = 256  # Gemma2Config's default head_dim
-        elif D % N:
-            raise c._err(
-                "head_dim",
-                f"is missing and hidden_size = {D} is not divisible by num_attention_heads = {N}",
-                rule="head_dim defaults to hidden_size / num_attention_heads",
-                fix='add "head_dim": <value>',
-            )
-        else:
-            H = D // N
-    window, period = _window(c, L)
-    moe = _moe(c, L)
-
+        H = _head_dim(c, fam, shape["d_model"], shape["n_heads"], shape["n_kv_heads"])
+    window, period = _window(c, shape["n_layers"])
+    moe = _moe(c, shape["n_layers"])
     name = data.get("_name_or_path")
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str) or not name.strip() or len(name) > 256:
         name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
-    kwargs: dict[str, Any] = {}
-    if c.has("max_position_embeddings"):
-        kwargs["max_seq_len"] = c.int("max_position_embeddings")
     spec = dict(
         name=name,
-        n_layers=L,
-        d_model=D,
-        d_ff=F,
-        n_heads=N,
-        n_kv_heads=K,
+        **shape,
         d_head=H,
-        vocab=V,
-        mlp=MLPKind.GATED,  # every supported family uses SwiGLU/GeGLU
-        tied_embeddings=c.bool("tie_word_embeddings", tie_default),
-        qkv_bias=True
-        if mt == "qwen2"
-        else c.bool("attention_bias", False),  # Qwen2 always has q/k/v bias
-        qk_norm=mt == "qwen3",
+        mlp=fam.mlp,
+        tied_embeddings=c.bool("tie_word_embeddings", fam.tie_default),
+        qkv_bias=True if mt in ("qwen2", "gpt2") else c.bool("attention_bias", fam.bias_default),
+        qk_norm=fam.qk_norm,
         moe=moe,
         mla=mla,
         sliding_window=window,
         local_layer_period=period,
-        norms_per_layer=4
-        if mt == "gemma2"
-        else 2,  # Gemma2: pre/post norms around attention and MLP
-        n_mtp_modules=c.int("num_nextn_predict_layers", 0, allow_zero=True)
+        norms_per_layer=fam.norms_per_layer,
+        n_mtp_modules=c.int("num_nextn_predict_layers", 0, allow_zero=True, hi=64)
         if mt == "deepseek_v3"
         else 0,
-        family=family,
+        family=fam.family,
         source=f"HF config.json {path}",
-        **kwargs,
     )
     try:
         return ModelSpec(**spec)

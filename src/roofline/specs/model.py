@@ -6,6 +6,7 @@ heads, K kv heads, H head dim, V vocab, E experts, k experts per token.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, fields, replace
 from functools import cache
@@ -13,9 +14,65 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.catalog import DATA_DIR, read_toml, resolve
+from roofline.specs.catalog import (
+    DATA_DIR,
+    check_bool,
+    check_int,
+    check_number,
+    check_str,
+    check_str_list,
+    exists,
+    is_dir,
+    is_file,
+    read_toml,
+    resolve,
+)
 
 MODEL_DIR = DATA_DIR / "models"
+
+# Upper bounds where a size stops being physical (the largest published models: ~200 layers,
+# d_model 25k, vocab 256k, 384 experts, 10M-token context). Each is far above any model built, and
+# low enough that counting FLOPs, parameters and bytes stays finite and quick.
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1 << 20  # d_model, q/kv LoRA ranks: 1,048,576
+MAX_FF = 1 << 24  # d_ff, d_ff_expert: 16,777,216
+MAX_HEADS = 1 << 16  # query/kv heads, head dims: 65,536
+MAX_VOCAB = 1 << 24  # 16,777,216 tokens
+MAX_EXPERTS = 1 << 16
+MAX_SEQ = 1 << 30  # tokens of context: 1,073,741,824
+MAX_PARAMS = 1e16  # published parameter counts
+
+# field -> (lo, hi) for integer fields; each names its bound in the error
+_INT_FIELDS: dict[str, tuple[int, int]] = {
+    "n_layers": (1, MAX_LAYERS),
+    "d_model": (1, MAX_WIDTH),
+    "d_ff": (1, MAX_FF),
+    "n_heads": (1, MAX_HEADS),
+    "n_kv_heads": (1, MAX_HEADS),
+    "d_head": (1, MAX_HEADS),
+    "vocab": (1, MAX_VOCAB),
+    "local_layer_period": (0, MAX_LAYERS),
+    "norms_per_layer": (0, 16),
+    "max_seq_len": (1, MAX_SEQ),
+    "n_mtp_modules": (0, 64),
+}
+_OPT_INT_FIELDS = {"sliding_window": (1, MAX_SEQ)}
+_BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "qk_norm")
+_STR_FIELDS = ("name", "family", "source")
+_OPT_NUMBER_FIELDS = ("published_params", "published_active_params")
+_MOE_INT = {
+    "n_experts": (1, MAX_EXPERTS),
+    "top_k": (1, MAX_EXPERTS),
+    "d_ff_expert": (1, MAX_FF),
+    "n_shared_experts": (0, 1024),
+    "dense_layers": (0, MAX_LAYERS),
+}
+_MLA_INT = {
+    "kv_lora_rank": (1, MAX_WIDTH),
+    "qk_nope_head_dim": (1, MAX_HEADS),
+    "qk_rope_head_dim": (0, MAX_HEADS),
+    "v_head_dim": (1, MAX_HEADS),
+}
 
 
 class MLPKind(enum.StrEnum):
@@ -42,6 +99,13 @@ class MoESpec:
     dense_layers: int = 0  # first layers that use a dense MLP of width ModelSpec.d_ff
     router_bias: bool = False
 
+    def __post_init__(self) -> None:
+        for f, (lo, hi) in _MOE_INT.items():
+            check_int("[moe]", f, getattr(self, f), lo, hi)
+        if self.d_ff_shared is not None:
+            check_int("[moe]", "d_ff_shared", self.d_ff_shared, 1, MAX_FF)
+        check_bool("[moe]", "router_bias", self.router_bias)
+
 
 @dataclass(frozen=True)
 class MLASpec:
@@ -52,6 +116,12 @@ class MLASpec:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+
+    def __post_init__(self) -> None:
+        for f, (lo, hi) in _MLA_INT.items():
+            check_int("[mla]", f, getattr(self, f), lo, hi)
+        if self.q_lora_rank is not None:
+            check_int("[mla]", "q_lora_rank", self.q_lora_rank, 1, MAX_WIDTH)
 
 
 @dataclass(frozen=True)
@@ -82,19 +152,42 @@ class ModelSpec:
     published_active_params: float | None = None
 
     def __post_init__(self) -> None:
-        for f in ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "d_head", "vocab"):
+        where = f"model {self.name!r}" if isinstance(self.name, str) else "model"
+        for f in _STR_FIELDS:
+            check_str(where, f, getattr(self, f))
+        for f, (lo, hi) in _INT_FIELDS.items():
+            check_int(where, f, getattr(self, f), lo, hi)
+        for f, (lo, hi) in _OPT_INT_FIELDS.items():
+            if getattr(self, f) is not None:
+                check_int(where, f, getattr(self, f), lo, hi)
+        for f in _BOOL_FIELDS:
+            check_bool(where, f, getattr(self, f))
+        for f in _OPT_NUMBER_FIELDS:
+            if getattr(self, f) is not None:
+                check_number(where, f, getattr(self, f), hi=MAX_PARAMS)
+        if not isinstance(self.mlp, MLPKind):
+            raise SpecError(
+                f"{where}: mlp = {self.mlp!r}",
+                rule="mlp is 'gated' (SwiGLU/GeGLU) or 'plain'",
+                fix='write mlp = "gated" or mlp = "plain"',
+            )
+        for f, kind in (("moe", MoESpec), ("mla", MLASpec)):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if v is not None and not isinstance(v, kind):
                 raise SpecError(
-                    f"model {self.name!r}: {f} = {v!r}",
-                    rule=f"{f} is a positive integer",
-                    fix=f"set {f} to a positive whole number",
+                    f"{where}: {f} = {v!r}",
+                    rule=f"{f} is a [{f}] table with the fields of {kind.__name__}",
+                    fix=f"write a [{f}] table (see specs/models/deepseek-v3.toml) or remove {f}",
                 )
+        if not isinstance(self.aliases, tuple):
+            raise SpecError(
+                f"{where}: aliases = {self.aliases!r}", rule="aliases is a tuple of names"
+            )
         if self.mla is None and self.n_heads % self.n_kv_heads:
             raise SpecError(
                 f"model {self.name!r}: n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}",
                 rule="grouped-query attention shares each KV head among N/K query heads, so K must divide N",
-                fix=f"use n_kv_heads in {_divisors(self.n_heads)}",
+                fix=f"use n_kv_heads in {divisors(self.n_heads)}",
             )
         if self.moe is not None:
             m = self.moe
@@ -110,12 +203,6 @@ class ModelSpec:
                     rule="0 <= dense_layers <= n_layers",
                     fix="correct moe.dense_layers",
                 )
-        if self.sliding_window is not None and self.sliding_window <= 0:
-            raise SpecError(
-                f"model {self.name!r}: sliding_window={self.sliding_window}",
-                rule="a window is a positive token count",
-                fix="remove it or give a positive value",
-            )
 
     # -- derived ----------------------------------------------------------------
     @property
@@ -144,7 +231,10 @@ class ModelSpec:
 
     @property
     def n_local_layers(self) -> int:
-        return sum(self.is_local_layer(i) for i in range(self.n_layers))
+        """Layers i in [0, L) with i % period == 0: ceil(L / period) (closed form, no loop)."""
+        if self.sliding_window is None or self.local_layer_period <= 0:
+            return 0
+        return -(-self.n_layers // self.local_layer_period)
 
     def with_(self, **changes: Any) -> ModelSpec:
         return replace(self, **changes)
@@ -164,58 +254,110 @@ class ModelSpec:
         return out
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int) -> list[int]:
+    """Divisors of n in increasing order, in O(sqrt n) (n is bounded by MAX_HEADS where used)."""
+    small, large, i = [], [], 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+def _subtable(data: dict, key: str, kind: type, where: str) -> Any:
+    """[moe] / [mla] table -> MoESpec / MLASpec, unknown keys and missing fields named."""
+    import difflib
+
+    v = data[key]
+    if not isinstance(v, dict):
+        raise SpecError(
+            f"{where}: {key} = {v!r}" + ("" if isinstance(v, (int, float, str)) else ""),
+            rule=f"{key} is a [{key}] table with the fields of {kind.__name__}",
+            fix=f"write a [{key}] table (see specs/models/deepseek-v3.toml) or remove `{key} = ...`",
+        )
+    known = [f.name for f in fields(kind)]
+    for k in v:
+        if k not in known:
+            near = difflib.get_close_matches(k, known, n=1)
+            raise SpecError(
+                f"{where}: unknown key {k!r} in [{key}]"
+                + (f" (did you mean {near[0]!r}?)" if near else ""),
+                rule=f"[{key}] keys are " + ", ".join(known),
+                fix="rename or remove the key",
+            )
+    v = dict(v)
+    if kind is MLASpec:
+        v.setdefault("q_lora_rank", None)  # TOML has no null: absent = a plain Q projection
+    required = [f.name for f in fields(kind) if f.default is dataclasses.MISSING]
+    for k in required:
+        if k not in v:
+            raise SpecError(
+                f"{where}: [{key}] lacks {k!r}",
+                rule=f"[{key}] needs " + ", ".join(required),
+                fix=f"add `{k} = ...` under [{key}]",
+            )
+    return kind(**v)
 
 
 def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
-    """Build a ModelSpec from a TOML-shaped dict ([moe] and [mla] sub-tables allowed)."""
+    """Build a ModelSpec from a TOML-shaped dict ([moe] and [mla] sub-tables allowed).
+
+    Every value is type- and range-checked before any arithmetic; errors name the file.
+    """
     import difflib
 
     data = dict(d)
+    where = f"model file {origin}"
     known = {f.name for f in fields(ModelSpec)}
     unknown = [k for k in data if k not in known]
     if unknown:
         k = unknown[0]
         near = difflib.get_close_matches(k, sorted(known), n=1)
         raise SpecError(
-            f"model file {origin}: unknown key {k!r}"
-            + (f" (did you mean {near[0]!r}?)" if near else ""),
+            f"{where}: unknown key {k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""),
             rule="keys are the fields of roofline.specs.model.ModelSpec",
             fix="rename or remove the key",
         )
     for req in ("name", "n_layers", "d_model", "d_ff", "n_heads", "vocab"):
         if req not in data:
             raise SpecError(
-                f"model file {origin} lacks {req!r}",
+                f"{where} lacks {req!r}",
                 rule="name, n_layers, d_model, d_ff, n_heads and vocab are required",
                 fix=f"add `{req} = ...`",
             )
-    data.setdefault("n_kv_heads", data["n_heads"])
-    if "d_head" not in data:
-        if data["d_model"] % data["n_heads"]:
-            raise SpecError(
-                f"model file {origin}: d_head not given and d_model={data['d_model']} is not divisible by n_heads={data['n_heads']}",
-                rule="d_head defaults to d_model / n_heads",
-                fix="give d_head explicitly",
-            )
-        data["d_head"] = data["d_model"] // data["n_heads"]
     try:
+        for f in ("d_model", "n_heads"):  # read before d_head's default divides them
+            check_int(where, f, data[f], *_INT_FIELDS[f])
+        data.setdefault("n_kv_heads", data["n_heads"])
+        if "d_head" not in data:
+            if data["d_model"] % data["n_heads"]:
+                raise SpecError(
+                    f"{where}: d_head not given and d_model={data['d_model']} is not divisible by n_heads={data['n_heads']}",
+                    rule="d_head defaults to d_model / n_heads",
+                    fix="give d_head explicitly",
+                )
+            data["d_head"] = data["d_model"] // data["n_heads"]
         if "mlp" in data:
-            data["mlp"] = MLPKind(data["mlp"])
-        if isinstance(data.get("moe"), dict):
-            data["moe"] = MoESpec(**data["moe"])
-        if isinstance(data.get("mla"), dict):
-            data["mla"] = MLASpec(**data["mla"])
-    except (TypeError, ValueError) as e:
-        raise SpecError(
-            f"model file {origin}: {e}",
-            rule="mlp is 'gated' or 'plain'; [moe] and [mla] take the fields of MoESpec/MLASpec",
-            fix="correct the table",
-        ) from None
-    if "aliases" in data:
-        data["aliases"] = tuple(data["aliases"])
-    return ModelSpec(**data)
+            mlp = check_str(where, "mlp", data["mlp"], max_chars=16)
+            if mlp not in {k.value for k in MLPKind}:
+                raise SpecError(
+                    f"{where}: mlp = {mlp!r}",
+                    rule="mlp is 'gated' (SwiGLU/GeGLU) or 'plain'",
+                    fix='write mlp = "gated" or mlp = "plain"',
+                )
+            data["mlp"] = MLPKind(mlp)
+        for key, kind in (("moe", MoESpec), ("mla", MLASpec)):
+            if key in data:
+                data[key] = _subtable(data, key, kind, where)
+        if "aliases" in data:
+            data["aliases"] = check_str_list(where, "aliases", data["aliases"])
+        return ModelSpec(**data)
+    except SpecError as e:
+        if e.what.startswith(where):
+            raise
+        raise SpecError(f"{where}: {e.what}", rule=e.rule, fix=e.fix) from None
 
 
 @cache
@@ -241,13 +383,25 @@ def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
     """A ModelSpec from a preset name, a model TOML file, or a Hugging Face config.json."""
     if isinstance(name_or_path, ModelSpec):
         return name_or_path
+    if not isinstance(name_or_path, (str, Path)):
+        raise SpecError(
+            f"model {name_or_path!r} is a {type(name_or_path).__name__}",
+            rule="a model is a ModelSpec, a preset name, a model TOML file or a HF config.json",
+            fix='pass e.g. "llama-3-8b" or a path',
+        )
     s = str(name_or_path)
-    if s.endswith(".json") or (Path(s).is_dir() and (Path(s) / "config.json").exists()):
+    if s.endswith(".json") or (is_dir(s) and is_file(Path(s) / "config.json")):
         from roofline.specs.hf import load_hf_config
 
         return load_hf_config(s)
-    if s.endswith(".toml"):
-        return model_from_dict(read_toml(Path(s), "model"), s)
+    if is_dir(s):
+        raise SpecError(
+            f"model path {s[:200]!r} is a directory without a config.json",
+            rule="a model is a preset name, a model TOML file, a HF config.json or a directory holding one",
+            fix="point at the config.json or the TOML file itself",
+        )
+    if s.endswith(".toml") or exists(s):
+        return model_from_dict(read_toml(s, "model"), s)
     key = resolve(s, {k: v[1] for k, v in _catalog().items()}, "model")
     return _load_named(key)
 

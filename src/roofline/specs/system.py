@@ -46,7 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.catalog import DATA_DIR, read_toml
+from roofline.specs.catalog import (
+    DATA_DIR,
+    check_bool,
+    check_int,
+    check_name_length,
+    check_number,
+    check_str,
+    is_file,
+    read_toml,
+)
 from roofline.specs.chip import Chip, load_chip
 from roofline.units import parse_quantity
 
@@ -57,6 +66,13 @@ SCALEOUT_HOP_LATENCY_S = 3e-6  # NCCL tuning.cc hwLat network ring step 2.7-4 µ
 DCN_HOP_LATENCY_S = 10e-6  # documented guess; the book gives no DCN latency
 NODES_PER_SU = 32  # gpus.md: DGX H100 SuperPod scalable unit = 32 nodes of 8 GPUs (256 GPUs)
 NVL72_RACKS_PER_SU = 8  # NVIDIA GB200 SuperPod: 8 NVL72 racks (576 GPUs) per scalable unit
+# Upper bounds where a size stops being physical: the largest clusters announced hold a few
+# hundred thousand accelerators, so 2^20 chips (and a DCN of 4096 slices) is far beyond any.
+MAX_CHIPS = 1 << 20
+MAX_SLICES = 4096
+MAX_BW_BYTES_PER_S = 1e15  # per chip, one way: ~1000x any link built
+# The name of a GPU system's scale-up dim, by the chip's fabric.
+_SCALEUP_DIM = {"NVLink": "nvlink", "Infinity Fabric": "xgmi"}
 
 
 class DimKind(enum.StrEnum):
@@ -85,10 +101,14 @@ class PhysDim:
     hop_latency_s: float = 1e-6
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+        if (
+            not isinstance(self.size, int)
+            or isinstance(self.size, bool)
+            or not 1 <= self.size <= MAX_CHIPS
+        ):
             raise SpecError(
                 f"physical dim {self.name!r}: size = {self.size!r}",
-                rule="a dim size is a positive whole number",
+                rule=f"a dim size is a whole number from 1 to {MAX_CHIPS:,}",
                 fix="give a size of 1 or more",
             )
         for key in ("bw_bytes_per_s", "hop_latency_s"):
@@ -98,11 +118,15 @@ class PhysDim:
                 or isinstance(v, bool)
                 or not math.isfinite(v)
                 or v < 0
-                or (key == "bw_bytes_per_s" and v == 0)
+                or (key == "bw_bytes_per_s" and not 0 < v <= MAX_BW_BYTES_PER_S)
+                or (key == "hop_latency_s" and v > 1.0)
             ):
+                bound = (
+                    f"at most {MAX_BW_BYTES_PER_S:g}" if key == "bw_bytes_per_s" else "at most 1 s"
+                )
                 raise SpecError(
                     f"physical dim {self.name!r}: {key} = {v!r}",
-                    rule=f"{key} is a positive finite number",
+                    rule=f"{key} is a positive finite number, {bound}",
                     fix=f"correct {key}",
                 )
         object.__setattr__(self, "kind", DimKind(self.kind))
@@ -156,6 +180,13 @@ class System:
                 rule="a system has a positive whole number of chips",
                 fix="give at least one chip",
             )
+        if self.n_chips > MAX_CHIPS:
+            raise SpecError(
+                f"system {self.name!r} has {self.n_chips:,} chips",
+                rule=f"a system has at most {MAX_CHIPS:,} chips (2^20; the largest clusters "
+                "announced hold a few hundred thousand)",
+                fix="give a smaller chip count",
+            )
         names = [d.name for d in self.dims]
         if len(set(names)) != len(names):
             raise SpecError(
@@ -171,7 +202,10 @@ class System:
                 fix="correct a dim size or n_chips",
             )
         if self.usd_per_chip_hour is not None and (
-            not math.isfinite(self.usd_per_chip_hour) or self.usd_per_chip_hour < 0
+            not isinstance(self.usd_per_chip_hour, (int, float))
+            or isinstance(self.usd_per_chip_hour, bool)
+            or not math.isfinite(self.usd_per_chip_hour)
+            or self.usd_per_chip_hour < 0
         ):
             raise SpecError(
                 f"system {self.name!r}: usd_per_chip_hour = {self.usd_per_chip_hour!r}",
@@ -246,13 +280,21 @@ def parse_system(
     "ideal" bidirectional ring on a v5e 4x4), `tier_bw` ({dim name: per-chip bytes/s},
     e.g. `{"spine": 25e9}`), `nodes_per_leaf` (GPU nodes per scalable unit).
     """
+    nodes_per_leaf = _option_int("nodes_per_leaf", nodes_per_leaf)
     if isinstance(spec, System):
         system = spec
     else:
+        if not isinstance(spec, (str, Path)):
+            raise SpecError(
+                f"system {spec!r} is a {type(spec).__name__}",
+                rule="a system is a spec string (h100:1024, tpu-v5p:16x20x28), a path to a TOML file, or a System",
+                fix='pass e.g. "h100:64"',
+            )
         s = str(spec).strip()
-        if s.endswith(".toml") or (("/" in s or "\\" in s) and Path(s).is_file()):
+        check_name_length(s, "system")
+        if s.endswith(".toml") or (("/" in s or "\\" in s) and is_file(s)):
             system = _system_from_toml(Path(s), nodes_per_leaf=nodes_per_leaf)
-        elif ":" not in s and (SYSTEM_DIR / f"{s}.toml").is_file():
+        elif ":" not in s and is_file(SYSTEM_DIR / f"{s}.toml"):
             system = _system_from_toml(SYSTEM_DIR / f"{s}.toml", nodes_per_leaf=nodes_per_leaf)
         else:
             system = _parse_spec_string(s, nodes_per_leaf=nodes_per_leaf)
@@ -265,6 +307,31 @@ def parse_system(
     )
 
 
+def _option_int(name: str, v: Any) -> int | None:
+    if v is None:
+        return None
+    return check_int("parse_system option", name, v, 1, MAX_CHIPS)
+
+
+def _option_bool(name: str, v: Any) -> bool | None:
+    return None if v is None else check_bool("parse_system option", name, v)
+
+
+def _option_tier_bw(tier_bw: Any) -> dict[str, float] | None:
+    if tier_bw is None:
+        return None
+    if not isinstance(tier_bw, Mapping):
+        raise SpecError(
+            f"tier_bw = {tier_bw!r} is a {type(tier_bw).__name__}",
+            rule="tier_bw maps dim names to per-chip one-way bandwidths in bytes/s",
+            fix='pass e.g. tier_bw={"spine": 25e9}',
+        )
+    return {
+        str(k): check_number("tier_bw", str(k), v, hi=MAX_BW_BYTES_PER_S)
+        for k, v in tier_bw.items()
+    }
+
+
 def _apply_options(
     system: System,
     *,
@@ -274,10 +341,14 @@ def _apply_options(
     tier_bw: Mapping[str, float] | None,
 ) -> System:
     changes: dict[str, Any] = {}
+    sharp, wraparound = _option_bool("sharp", sharp), _option_bool("wraparound", wraparound)
+    tier_bw = _option_tier_bw(tier_bw)
     if sharp is not None:
-        changes["sharp"] = bool(sharp)
+        changes["sharp"] = sharp
     if usd_per_chip_hour is not None:
-        changes["usd_per_chip_hour"] = float(usd_per_chip_hour)
+        changes["usd_per_chip_hour"] = check_number(
+            "price", "usd_per_chip_hour", usd_per_chip_hour, lo=0.0, lo_open=False, hi=1e5
+        )
     dims = list(system.dims)
     if wraparound is not None:
         dims = [
@@ -334,14 +405,8 @@ def _parse_spec_string(s: str, *, nodes_per_leaf: int | None) -> System:
         if not nm:
             raise
         chip = load_chip(nm.group("base"))
-        domain_override = int(nm.group("n"))
-    slices = int(m.group("slices")) if m.group("slices") else 1
-    if slices < 1:
-        raise SpecError(
-            f"system {s!r}: {slices} slices",
-            rule="the slice count is a positive whole number",
-            fix="write e.g. 2xtpu-v5p:16x20x28",
-        )
+        domain_override = _bounded_int(s, nm.group("n"), "NVLink domain size", 1, MAX_CHIPS)
+    slices = _bounded_int(s, m.group("slices") or "1", "slice count", 1, MAX_SLICES)
     shape = m.group("shape")
     if chip.is_tpu or chip.ici_axes:
         system = _tpu_system(s, chip, shape, slices)
@@ -356,6 +421,18 @@ def _parse_spec_string(s: str, *, nodes_per_leaf: int | None) -> System:
     return dataclasses.replace(system, sharp=sharp) if sharp else system
 
 
+def _bounded_int(s: str, digits: str, what: str, lo: int, hi: int) -> int:
+    """int(digits) within [lo, hi], or one paragraph (also for 5000-digit input)."""
+    v = int(digits) if len(digits) <= 12 else hi + 1
+    if not lo <= v <= hi:
+        raise SpecError(
+            f"system {s[:80]!r}: {what} {digits[:20]}{'...' if len(digits) > 20 else ''}",
+            rule=f"the {what} is a whole number from {lo} to {hi:,}",
+            fix=f"give a {what} in that range",
+        )
+    return v
+
+
 def _parse_topology(s: str, shape: str) -> tuple[int, ...]:
     parts = re.split(r"\s*[x×*]\s*", shape.strip().lower())
     if not all(re.fullmatch(r"\d+", p) for p in parts):
@@ -364,7 +441,19 @@ def _parse_topology(s: str, shape: str) -> tuple[int, ...]:
             rule="a TPU topology is axis sizes joined by x, e.g. 4x4x4",
             fix="write e.g. tpu-v5p:4x4x4",
         )
-    out = tuple(int(p) for p in parts)
+    if len(parts) > 4:
+        raise SpecError(
+            f"system {s[:80]!r}: topology {shape[:40]!r} has {len(parts)} axes",
+            rule="a TPU topology has at most 3 axes (4 with a DCN prefix)",
+            fix="write e.g. tpu-v5p:4x4x4",
+        )
+    out = tuple(int(p) if len(p) <= 12 else MAX_CHIPS + 1 for p in parts)
+    if any(v > MAX_CHIPS for v in out):
+        raise SpecError(
+            f"system {s[:80]!r}: topology {shape[:40]!r} has an axis over {MAX_CHIPS:,}",
+            rule=f"a system has at most {MAX_CHIPS:,} chips",
+            fix="give smaller axis sizes",
+        )
     if any(v <= 0 for v in out):
         raise SpecError(
             f"system {s!r}: topology {shape!r} has an axis of size 0",
@@ -464,8 +553,87 @@ def _tpu_system(s: str, chip: Chip, shape: str | None, slices: int) -> System:
     )
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+def _largest_divisor_at_most(n: int, cap: int, step: int = 1) -> int:
+    """The largest d <= cap dividing n with step | d (0 if none); O(sqrt n), no trial list."""
+    best, i = 0, 1
+    while i * i <= n:
+        if n % i == 0:
+            for d in (i, n // i):
+                if d <= cap and d % step == 0 and d > best:
+                    best = d
+        i += 1
+    return best
+
+
+def _gpu_count(s: str, chip: Chip, shape: str | None, node: int) -> int:
+    if shape is None:
+        return node
+    try:
+        v = parse_quantity(shape, what="GPU count")
+    except SpecError:
+        v = float("nan")
+    if not math.isfinite(v) or v != int(v):
+        raise SpecError(
+            f"cannot read GPU count {shape[:40]!r} in system {s[:80]!r}",
+            rule="a GPU system is CHIP:N with N a whole number",
+            fix=f"write e.g. {chip.name}:1024",
+        )
+    if v <= 0:
+        raise SpecError(
+            f"system {s!r}: {int(v)} GPUs",
+            rule="a system has at least one GPU",
+            fix=f"write e.g. {chip.name}:{node}",
+        )
+    if v > MAX_CHIPS:
+        raise SpecError(
+            f"system {s[:80]!r}: {v:,.0f} GPUs",
+            rule=f"a system has at most {MAX_CHIPS:,} chips (2^20; the largest clusters announced "
+            "hold a few hundred thousand)",
+            fix=f"write e.g. {chip.name}:16384",
+        )
+    return int(v)
+
+
+def _gpus_per_domain(s: str, chip: Chip, n: int, node: int) -> tuple[int, str]:
+    """GPUs used in each scale-up domain, and a note when domains are partly used.
+
+    HGX-style nodes are whole (8 GPUs). Rack-scale domains (GB200/GB300 NVL72, trays of 4)
+    may be partly used: N GPUs spread evenly over ceil-ish N/72 racks, whole trays each.
+    """
+    if n % node == 0:
+        return node, ""
+    tray = chip.gpus_per_tray
+    per = _largest_divisor_at_most(n, node, tray) if tray else 0
+    if per:
+        racks = n // per
+        return per, (
+            f" ({racks} {node}-GPU domains with {per} GPUs ({per // tray} trays of {tray}) in use each)"
+        )
+    lo, hi = (n // node) * node, (n // node + 1) * node
+    if tray:
+        lo, hi = (n // tray) * tray, (n // tray + 1) * tray
+        raise SpecError(
+            f"system {s!r}: {n} GPUs is not a whole number of {tray}-GPU trays",
+            rule=f"{chip.name} domains of {node} are built from trays of {tray} GPUs; a system "
+            "larger than one domain uses the same number of whole trays in each",
+            fix=f"use {lo} or {hi} GPUs, or at most {node} for one domain",
+        )
+    raise SpecError(
+        f"system {s!r}: {n} GPUs is not a whole number of {node}-GPU {chip.scaleup_fabric} nodes",
+        rule=f"GPU systems larger than one node are whole nodes of {node} ({chip.name})",
+        fix=f"use {lo} or {hi} GPUs, or at most {node} for one node",
+    )
+
+
+def _scaleup_dim(chip: Chip, size: int) -> PhysDim:
+    return PhysDim(
+        _SCALEUP_DIM.get(chip.scaleup_fabric, "scaleup"),
+        DimKind.NVLINK,
+        size,
+        float(chip.nvlink_bw_bytes_per_s),  # type: ignore[arg-type]
+        False,
+        NVLINK_HOP_LATENCY_S,
+    )
 
 
 def _gpu_system(
@@ -478,97 +646,46 @@ def _gpu_system(
             fix="add nvlink_bw_bytes_per_s (GPU) or ici_link_bw_bytes_per_s (TPU) to the chip file",
         )
     node = domain_override or chip.nvlink_domain or 8
-    if shape is None:
-        n = node
-    else:
-        try:
-            v = parse_quantity(shape, what="GPU count")
-        except SpecError:
-            v = float("nan")
-        if not math.isfinite(v) or v != int(v):
-            raise SpecError(
-                f"cannot read GPU count {shape!r} in system {s!r}",
-                rule="a GPU system is CHIP:N with N a whole number",
-                fix=f"write e.g. {chip.name}:1024",
-            )
-        n = int(v)
-    if n <= 0:
-        raise SpecError(
-            f"system {s!r}: {n} GPUs",
-            rule="a system has at least one GPU",
-            fix=f"write e.g. {chip.name}:{node}",
-        )
-    dims: list[PhysDim] = []
+    n = _gpu_count(s, chip, shape, node)
+    fabric = chip.scaleup_fabric
     if n <= node:
-        dims.append(
-            PhysDim(
-                "nvlink",
-                DimKind.NVLINK,
-                n,
-                float(chip.nvlink_bw_bytes_per_s),
-                False,
-                NVLINK_HOP_LATENCY_S,
-            )
-        )
-        desc = f"{n} {chip.name} in one NVLink domain"
+        desc = f"{n} {chip.name} in one {fabric} domain"
         if n > 1 and node % n:
             desc += f" (a partial {node}-GPU node)"
         return System(
             name=s,
             chip=chip,
             n_chips=n,
-            dims=tuple(d for d in dims if d.size > 1) or tuple(dims),
+            dims=(_scaleup_dim(chip, n),),
             usd_per_chip_hour=chip.usd_per_hour,
             topology=(1, n),
             description=desc,
         )
-    if n % node:
-        lo, hi = (n // node) * node, (n // node + 1) * node
-        raise SpecError(
-            f"system {s!r}: {n} GPUs is not a whole number of {node}-GPU NVLink nodes",
-            rule=f"GPU systems larger than one node are whole nodes of {node} ({chip.name})",
-            fix=f"use {lo} or {hi} GPUs, or at most {node} for one node",
-        )
+    per, partial = _gpus_per_domain(s, chip, n, node)
     if chip.node_egress_bytes_per_s is None:
         raise SpecError(
-            f"system {s!r}: {n // node} nodes but chip {chip.name!r} has no node_egress_bytes_per_s",
+            f"system {s!r}: {n // per} nodes but chip {chip.name!r} has no node_egress_bytes_per_s",
             rule="multi-node GPU systems need the node's scale-out bandwidth",
             fix="add node_egress_bytes_per_s to the chip file",
         )
-    nodes = n // node
-    per_gpu = (
-        float(chip.node_egress_bytes_per_s) / node
-    )  # gpus.md: rail-optimised, node egress shared by its GPUs
+    nodes = n // per
+    # gpus.md: rail-optimised, the node's egress is shared by its GPUs (a partly used
+    # rack keeps one NIC per GPU, so the per-GPU share is that of a full domain)
+    per_gpu = float(chip.node_egress_bytes_per_s) / node
     cap = nodes_per_leaf or (NODES_PER_SU if node <= 8 else NVL72_RACKS_PER_SU)
-    if cap < 1:
-        raise SpecError(
-            f"nodes_per_leaf = {cap}",
-            rule="a scalable unit holds at least one node",
-            fix="give nodes_per_leaf >= 1",
-        )
     leaf = nodes if nodes <= cap else _largest_divisor_at_most(nodes, cap)
-    if (
-        leaf == 1
-    ):  # a prime node count above one SU: one fat-tree tier (same per-GPU bandwidth by default)
+    if leaf == 1:  # a prime node count above one SU: one fat-tree tier (same per-GPU bandwidth)
         leaf = nodes
     spine = nodes // leaf
+    dims: list[PhysDim] = []
     if spine > 1:
         dims.append(
             PhysDim("spine", DimKind.SCALEOUT, spine, per_gpu, False, SCALEOUT_HOP_LATENCY_S)
         )
     if leaf > 1:
         dims.append(PhysDim("leaf", DimKind.SCALEOUT, leaf, per_gpu, False, SCALEOUT_HOP_LATENCY_S))
-    dims.append(
-        PhysDim(
-            "nvlink",
-            DimKind.NVLINK,
-            node,
-            float(chip.nvlink_bw_bytes_per_s),
-            False,
-            NVLINK_HOP_LATENCY_S,
-        )
-    )
-    desc = f"{nodes} nodes of {node} {chip.name}"
+    dims.append(_scaleup_dim(chip, per))
+    desc = f"{nodes} nodes of {per} {chip.name}" + partial
     if spine > 1:
         desc += f"; {spine} scalable units of {leaf} nodes under a spine"
         if leaf < cap:
@@ -581,7 +698,7 @@ def _gpu_system(
         n_chips=n,
         dims=tuple(dims),
         usd_per_chip_hour=chip.usd_per_hour,
-        topology=(nodes, node),
+        topology=(nodes, per),
         description=desc,
     )
 
@@ -601,80 +718,130 @@ _TOML_KEYS = {
 _DIM_KEYS = {"name", "kind", "size", "bw_bytes_per_s", "wraparound", "hop_latency_s"}
 
 
+def _check_toml_values(raw: dict, where: str) -> dict:
+    """Type- and range-check the scalar keys of a system file (before any arithmetic)."""
+    out = dict(raw)
+    for k in ("name", "description", "base", "chip"):
+        if k in out:
+            out[k] = check_str(where, k, out[k])
+    for k in ("sharp", "wraparound"):
+        if k in out:
+            out[k] = check_bool(where, k, out[k])
+    if "nodes_per_leaf" in out:
+        out["nodes_per_leaf"] = check_int(
+            where, "nodes_per_leaf", out["nodes_per_leaf"], 1, MAX_CHIPS
+        )
+    if "usd_per_chip_hour" in out:
+        out["usd_per_chip_hour"] = check_number(
+            where, "usd_per_chip_hour", out["usd_per_chip_hour"], lo=0.0, lo_open=False, hi=1e5
+        )
+    tier_bw = out.get("tier_bw")
+    if tier_bw is not None:
+        if not isinstance(tier_bw, dict):
+            raise SpecError(
+                f"{where}: tier_bw must be a table",
+                fix="write [tier_bw] with e.g. spine = 25e9",
+            )
+        out["tier_bw"] = {
+            k: check_number(where, f"tier_bw.{k}", v, hi=MAX_BW_BYTES_PER_S)
+            for k, v in tier_bw.items()
+        }
+    if "dims" in out and (
+        not isinstance(out["dims"], list) or not all(isinstance(d, dict) for d in out["dims"])
+    ):
+        raise SpecError(
+            f"{where}: dims = {str(out['dims'])[:60]!r}",
+            rule="dims is a list of tables, one [[dims]] block per physical dim",
+            fix="write each dim as a [[dims]] block with name, kind, size and bw_bytes_per_s",
+        )
+    return out
+
+
+def _toml_dim(d: dict, i: int, chip: Chip, where: str) -> PhysDim:
+    bad = sorted(set(d) - _DIM_KEYS)
+    if bad:
+        raise SpecError(
+            f"{where}: dims[{i}] has unknown key {bad[0]!r}",
+            rule="dim keys are " + ", ".join(sorted(_DIM_KEYS)),
+            fix="rename or remove the key",
+        )
+    for req in ("name", "kind", "size", "bw_bytes_per_s"):
+        if req not in d:
+            raise SpecError(
+                f"{where}: dims[{i}] lacks {req!r}",
+                rule="every dim has name, kind, size and bw_bytes_per_s",
+                fix=f"add {req}",
+            )
+    at = f"{where}: dims[{i}]"
+    name = check_str(at, "name", d["name"], max_chars=64)
+    kinds = ", ".join(k.value for k in DimKind)
+    kind_text = check_str(at, "kind", d["kind"], max_chars=64).lower()
+    if kind_text not in {k.value for k in DimKind}:
+        raise SpecError(
+            f"{at} kind = {d['kind']!r}", rule="kind is one of " + kinds, fix="use one of those"
+        )
+    kind = DimKind(kind_text)
+    default_lat = {
+        DimKind.ICI: chip.ici_hop_latency_s,
+        DimKind.NVLINK: NVLINK_HOP_LATENCY_S,
+        DimKind.SCALEOUT: SCALEOUT_HOP_LATENCY_S,
+        DimKind.DCN: DCN_HOP_LATENCY_S,
+    }[kind]
+    return PhysDim(
+        name,
+        kind,
+        check_int(at, "size", d["size"], 1, MAX_CHIPS),
+        check_number(at, "bw_bytes_per_s", d["bw_bytes_per_s"], hi=MAX_BW_BYTES_PER_S),
+        check_bool(at, "wraparound", d.get("wraparound", False)),
+        check_number(
+            at, "hop_latency_s", d.get("hop_latency_s", default_lat), lo_open=False, hi=1.0
+        ),
+    )
+
+
 def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
     """Read a user system file; see specs/systems/example-custom.toml for the keys."""
-    raw = read_toml(path, "system")
     origin = str(path)
+    raw = read_toml(path, "system")
+    where = f"system file {origin}"
     unknown = sorted(set(raw) - _TOML_KEYS)
     if unknown:
         raise SpecError(
-            f"system file {origin}: unknown key {unknown[0]!r}",
+            f"{where}: unknown key {unknown[0]!r}",
             rule="keys are " + ", ".join(sorted(_TOML_KEYS)),
             fix="rename or remove the key",
         )
+    raw = _check_toml_values(raw, where)
     if "base" in raw:
-        system = _parse_spec_string(
-            str(raw["base"]), nodes_per_leaf=raw.get("nodes_per_leaf", nodes_per_leaf)
-        )
         if "dims" in raw:
             raise SpecError(
-                f"system file {origin} has both base and [[dims]]",
+                f"{where} has both base and [[dims]]",
                 rule="a system file either starts from a base spec or lists every dim",
                 fix="keep one of them",
             )
+        system = _parse_spec_string(
+            raw["base"], nodes_per_leaf=raw.get("nodes_per_leaf", nodes_per_leaf)
+        )
     else:
         if "chip" not in raw or "dims" not in raw:
             raise SpecError(
-                f"system file {origin} lacks {'chip' if 'chip' not in raw else 'dims'!r}",
+                f"{where} lacks {'chip' if 'chip' not in raw else 'dims'!r}",
                 rule='a system file gives `base = "h100:1024"` or both `chip` and a [[dims]] list',
                 fix="add it",
             )
         chip = load_chip(raw["chip"])
-        dims = []
-        for i, d in enumerate(raw["dims"]):
-            bad = sorted(set(d) - _DIM_KEYS)
-            if bad:
-                raise SpecError(
-                    f"system file {origin}: dims[{i}] has unknown key {bad[0]!r}",
-                    rule="dim keys are " + ", ".join(sorted(_DIM_KEYS)),
-                    fix="rename or remove the key",
-                )
-            for req in ("name", "kind", "size", "bw_bytes_per_s"):
-                if req not in d:
-                    raise SpecError(
-                        f"system file {origin}: dims[{i}] lacks {req!r}",
-                        rule="every dim has name, kind, size and bw_bytes_per_s",
-                        fix=f"add {req}",
-                    )
-            try:
-                kind = DimKind(str(d["kind"]).lower())
-            except ValueError:
-                raise SpecError(
-                    f"system file {origin}: dims[{i}] kind = {d['kind']!r}",
-                    rule="kind is one of " + ", ".join(k.value for k in DimKind),
-                    fix="use one of those",
-                ) from None
-            default_lat = {
-                DimKind.ICI: chip.ici_hop_latency_s,
-                DimKind.NVLINK: NVLINK_HOP_LATENCY_S,
-                DimKind.SCALEOUT: SCALEOUT_HOP_LATENCY_S,
-                DimKind.DCN: DCN_HOP_LATENCY_S,
-            }[kind]
-            dims.append(
-                PhysDim(
-                    str(d["name"]),
-                    kind,
-                    int(d["size"]),
-                    float(d["bw_bytes_per_s"]),
-                    bool(d.get("wraparound", False)),
-                    float(d.get("hop_latency_s", default_lat)),
-                )
+        if not raw["dims"]:
+            raise SpecError(
+                f"{where}: dims is empty",
+                rule="a system has at least one dim",
+                fix="add a [[dims]] block",
             )
+        dims = [_toml_dim(d, i, chip, where) for i, d in enumerate(raw["dims"])]
         dims = [d for d in dims if d.size > 1] or dims[:1]
         n = math.prod(d.size for d in dims)
         slices = math.prod(d.size for d in dims if d.kind is DimKind.DCN)
         system = System(
-            name=str(raw.get("name", path.stem)),
+            name=raw.get("name", path.stem),
             chip=chip,
             n_chips=n,
             dims=tuple(dims),
@@ -682,25 +849,15 @@ def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
             n_slices=slices,
             topology=tuple(d.size for d in dims),
         )
-    changes: dict[str, Any] = {}
-    if "name" in raw:
-        changes["name"] = str(raw["name"])
-    if "description" in raw:
-        changes["description"] = str(raw["description"])
+    changes = {k: raw[k] for k in ("name", "description") if k in raw}
     if changes:
         system = dataclasses.replace(system, **changes)
-    tier_bw = raw.get("tier_bw")
-    if tier_bw is not None and not isinstance(tier_bw, dict):
-        raise SpecError(
-            f"system file {origin}: tier_bw must be a table",
-            fix="write [tier_bw] with e.g. spine = 25e9",
-        )
     return _apply_options(
         system,
         sharp=raw.get("sharp"),
         usd_per_chip_hour=raw.get("usd_per_chip_hour"),
         wraparound=raw.get("wraparound"),
-        tier_bw=tier_bw,
+        tier_bw=raw.get("tier_bw"),
     )
 
 

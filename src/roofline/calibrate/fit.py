@@ -1,0 +1,353 @@
+"""Fit physical efficiency parameters to measurements, refuse what the data cannot identify,
+and cross-validate by held-out groups.
+
+The interface is small on purpose: a `Problem` is a list of observations (each with its
+measured value and labels such as source and chip family) and a function from parameter
+values to the predicted value of a subset of the observations. The same machinery fits the
+local accelerator's microbenchmarks (`calibrate --device`) and published training runs
+(`calibrate --from-runs`).
+
+- Residuals are log(predicted / measured): a relative error, symmetric in over/under.
+- Parameters are searched in [0, 1] over their physical bounds (`efficiency.bounds_of`; a
+  name may carry its chip family, 'hopper/mm_fraction.bf16'), by
+  scipy's `least_squares` (trust-region reflective).
+- Identifiability, before fitting: the Jacobian of the residuals in those unit coordinates
+  (central differences at the prior). A parameter whose column is ~0 moves no prediction
+  (refused: "the runs do not depend on it"); one whose column lies in the span of the
+  parameters already accepted (|cos| above `COLLINEAR_COS`) cannot be told apart from them
+  (refused: "collinear with ..."). Parameters are tried in the order given (the primary,
+  best-sourced physics first). No more parameters than observations are fitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from roofline.specs.efficiency import Param
+from roofline.specs.efficiency import bounds_of as _bounds
+
+
+def bounds_of(name: str) -> Param:
+    """Bounds of a candidate; 'hopper/mm_fraction.bf16' names a family's parameter."""
+    return _bounds(name.rsplit("/", 1)[-1])
+
+
+# A column whose largest entry is below this moves no prediction by more than ~0.1% across
+# the parameter's whole bound range (linearised).
+FLAT_TOL = 1e-3
+# Two unit-normalised Jacobian columns with |cos| above this are the same direction.
+COLLINEAR_COS = 0.995
+_STEP = 0.02  # finite-difference step in unit coordinates
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Observations with measured values and a model `predict(values, idx) -> predicted[idx]`."""
+
+    ids: tuple[str, ...]
+    measured: np.ndarray
+    predict: Callable[[Mapping[str, float], np.ndarray], np.ndarray]
+    prior: Mapping[str, float]
+    labels: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    quantity: str = "time_s"
+    # which observations a parameter can move (None: all); lets the Jacobian perturb parameters
+    # with disjoint scopes (different chip families) in one evaluation
+    scope: Callable[[str], np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        m = np.asarray(self.measured, float)
+        if m.shape != (len(self.ids),) or not np.all(np.isfinite(m)) or np.any(m <= 0):
+            raise ValueError("measured: one positive finite value per observation")
+        object.__setattr__(self, "measured", m)
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    def mask(self, name: str) -> np.ndarray:
+        return np.ones(self.n, bool) if self.scope is None else np.asarray(self.scope(name), bool)
+
+    def errors(self, values: Mapping[str, float], idx: np.ndarray | None = None) -> np.ndarray:
+        """Signed relative error predicted / measured - 1 of observations `idx`."""
+        idx = np.arange(self.n) if idx is None else idx
+        return np.asarray(self.predict(values, idx), float) / self.measured[idx] - 1.0
+
+
+@dataclass(frozen=True)
+class Refusal:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FitResult:
+    values: dict[str, float]  # every candidate: fitted, or the prior if refused
+    fitted: tuple[str, ...]
+    refused: tuple[Refusal, ...]
+    at_bound: tuple[str, ...]
+    error_before: np.ndarray  # predicted / measured - 1 at the prior (fit observations)
+    error_after: np.ndarray
+    prior: dict[str, float] = field(default_factory=dict)  # the starting values
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "values": self.values,
+            "prior": self.prior,
+            "fitted": list(self.fitted),
+            "refused": [{"name": r.name, "reason": r.reason} for r in self.refused],
+            "at_bound": list(self.at_bound),
+            "median_abs_error_before": _med(self.error_before),
+            "median_abs_error_after": _med(self.error_after),
+        }
+
+
+class _Unit:
+    """Map parameter values to and from unit coordinates over their physical bounds."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self.lo = np.array([bounds_of(n).lo for n in names])
+        self.hi = np.array([bounds_of(n).hi for n in names])
+        # fractions are open at 0: keep the search off it
+        self.lo = np.where(
+            [bounds_of(n).unit == "fraction" for n in names], np.maximum(self.lo, 1e-3), self.lo
+        )
+
+    def to_z(self, values: Mapping[str, float]) -> np.ndarray:
+        x = np.array([values[n] for n in self.names], float)
+        return np.clip((x - self.lo) / (self.hi - self.lo), 0.0, 1.0)
+
+    def to_values(self, z: np.ndarray, base: Mapping[str, float]) -> dict[str, float]:
+        out = dict(base)
+        out.update(zip(self.names, (self.lo + z * (self.hi - self.lo)).tolist(), strict=True))
+        return out
+
+
+def _residuals(problem: Problem, unit: _Unit, base: Mapping[str, float], idx: np.ndarray):
+    def fun(z: np.ndarray) -> np.ndarray:
+        pred = np.asarray(problem.predict(unit.to_values(z, base), idx), float)
+        return np.log(np.maximum(pred, 1e-300) / problem.measured[idx])
+
+    return fun
+
+
+def _colors(problem: Problem, names: Sequence[str], idx: np.ndarray) -> list[list[int]]:
+    """Groups of parameters whose scopes (on `idx`) do not overlap: perturbed together."""
+    masks = [problem.mask(n)[idx] for n in names]
+    groups: list[tuple[list[int], np.ndarray]] = []
+    for j, m in enumerate(masks):
+        for members, used in groups:
+            if not np.any(used & m):
+                members.append(j)
+                used |= m
+                break
+        else:
+            groups.append(([j], m.copy()))
+    return [g for g, _ in groups]
+
+
+def jacobian(
+    problem: Problem, names: Sequence[str], idx: np.ndarray, base: Mapping[str, float]
+) -> np.ndarray:
+    """d log(pred) / d z for each candidate (columns), by central differences in unit space."""
+    unit = _Unit(names)
+    fun = _residuals(problem, unit, base, idx)
+    z0 = unit.to_z(base)
+    J = np.zeros((len(idx), len(names)))
+    for group in _colors(problem, names, idx):
+        za, zb = z0.copy(), z0.copy()
+        for j in group:
+            za[j], zb[j] = max(z0[j] - _STEP, 0.0), min(z0[j] + _STEP, 1.0)
+        diff = fun(zb) - fun(za)
+        for j in group:
+            rows = problem.mask(names[j])[idx]
+            J[rows, j] = diff[rows] / (zb[j] - za[j])
+    return J
+
+
+def identify(
+    problem: Problem,
+    names: Sequence[str],
+    idx: np.ndarray | None = None,
+    base: Mapping[str, float] | None = None,
+) -> tuple[tuple[str, ...], tuple[Refusal, ...]]:
+    """Which of `names` the observations `idx` can identify (in order), and why the rest not."""
+    idx = np.arange(problem.n) if idx is None else idx
+    base = dict(problem.prior if base is None else base)
+    J = jacobian(problem, names, idx, base)
+    accepted: list[int] = []
+    refused: list[Refusal] = []
+    for j, name in enumerate(names):
+        col = J[:, j]
+        b = bounds_of(name)
+        if np.max(np.abs(col), initial=0.0) < FLAT_TOL:
+            refused.append(
+                Refusal(
+                    name,
+                    f"Jacobian column ~0: moving {name} across its bounds [{b.lo:g}, {b.hi:g}] {b.unit} changes no prediction by more than {FLAT_TOL:.1%} — the observations do not depend on it",
+                )
+            )
+            continue
+        if len(accepted) >= len(idx):
+            refused.append(Refusal(name, f"only {len(idx)} observations for more parameters"))
+            continue
+        partner = _collinear_with(J, accepted, j)
+        if partner:
+            refused.append(
+                Refusal(
+                    name,
+                    f"collinear with {', '.join(names[p] for p in partner)}: every observation moves with them in the same proportion (|cos| > {COLLINEAR_COS}), so the data cannot tell them apart",
+                )
+            )
+            continue
+        accepted.append(j)
+    return tuple(names[j] for j in accepted), tuple(refused)
+
+
+def _collinear_with(J: np.ndarray, accepted: list[int], j: int) -> list[int]:
+    """The accepted columns that span column j (empty if j adds a new direction)."""
+    if not accepted:
+        return []
+    A = J[:, accepted] / np.linalg.norm(J[:, accepted], axis=0)
+    c = J[:, j] / np.linalg.norm(J[:, j])
+    coef, *_ = np.linalg.lstsq(A, c, rcond=None)
+    resid = np.linalg.norm(c - A @ coef)
+    if resid > np.sqrt(1 - COLLINEAR_COS**2):
+        return []
+    order = np.argsort(-np.abs(coef))
+    return [accepted[i] for i in order if abs(coef[i]) > 0.05 * np.max(np.abs(coef))]
+
+
+def fit(
+    problem: Problem,
+    names: Sequence[str],
+    idx: np.ndarray | None = None,
+    *,
+    loss: str = "linear",
+) -> FitResult:
+    """Least-squares fit of the identifiable `names` on observations `idx` (all by default)."""
+    idx = np.arange(problem.n) if idx is None else np.asarray(idx)
+    base = dict(problem.prior)
+    missing = [n for n in names if n not in base]
+    if missing:
+        raise KeyError(f"no prior value for {missing}")
+    ok, refused = identify(problem, names, idx, base)
+    before = problem.errors(base, idx)
+    if not ok:
+        return FitResult(
+            base, (), refused, (), before, before, dict(base), "nothing identifiable to fit"
+        )
+    unit = _Unit(ok)
+    sparsity = np.stack([problem.mask(n)[idx] for n in ok], axis=1).astype(int)
+    sol = least_squares(
+        _residuals(problem, unit, base, idx),
+        unit.to_z(base),
+        bounds=(0.0, 1.0),
+        loss=loss,
+        f_scale=0.1,
+        jac_sparsity=None if problem.scope is None else sparsity,
+        x_scale=1.0,
+    )
+    values = unit.to_values(sol.x, base)
+    at_bound = tuple(n for n, z in zip(ok, sol.x, strict=True) if z <= 1e-6 or z >= 1 - 1e-6)
+    after = problem.errors(values, idx)
+    return FitResult(values, ok, refused, at_bound, before, after, dict(base), sol.message)
+
+
+@dataclass(frozen=True)
+class Fold:
+    held_out: str
+    n_train: int
+    n_test: int
+    error_before: np.ndarray  # held-out observations at the prior
+    error_after: np.ndarray  # held-out observations at this fold's fit
+    values: dict[str, float]
+    fitted: tuple[str, ...]
+    refused: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CrossValidation:
+    by: str
+    folds: tuple[Fold, ...]
+    names: tuple[str, ...]
+
+    @property
+    def error_before(self) -> np.ndarray:
+        return np.concatenate([f.error_before for f in self.folds]) if self.folds else np.zeros(0)
+
+    @property
+    def error_after(self) -> np.ndarray:
+        return np.concatenate([f.error_after for f in self.folds]) if self.folds else np.zeros(0)
+
+    def spread(self) -> dict[str, dict[str, float]]:
+        """Each parameter's value across the folds that fitted it: min, max, mean, std."""
+        out = {}
+        for n in self.names:
+            v = np.array([f.values[n] for f in self.folds if n in f.fitted])
+            if len(v):
+                out[n] = {
+                    "folds": len(v),
+                    "min": float(v.min()),
+                    "max": float(v.max()),
+                    "mean": float(v.mean()),
+                    "std": float(v.std()),
+                }
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "median_abs_error_before": _med(self.error_before),
+            "median_abs_error_after": _med(self.error_after),
+            "folds": [
+                {
+                    "held_out": f.held_out,
+                    "n_train": f.n_train,
+                    "n_test": f.n_test,
+                    "median_abs_error_before": _med(f.error_before),
+                    "median_abs_error_after": _med(f.error_after),
+                    "fitted": {n: f.values[n] for n in f.fitted},
+                    "refused": list(f.refused),
+                }
+                for f in self.folds
+            ],
+            "spread": self.spread(),
+        }
+
+
+def cross_validate(
+    problem: Problem, names: Sequence[str], by: str, *, loss: str = "linear"
+) -> CrossValidation:
+    """Leave-one-`by`-out: fit on the other groups, measure the error on the held-out one."""
+    labels = np.asarray(problem.labels[by], dtype=object)
+    folds = []
+    for g in sorted(set(labels.tolist())):
+        test = np.flatnonzero(labels == g)
+        train = np.flatnonzero(labels != g)
+        if len(train) == 0:
+            continue
+        r = fit(problem, names, train, loss=loss)
+        folds.append(
+            Fold(
+                str(g),
+                len(train),
+                len(test),
+                problem.errors(problem.prior, test),
+                problem.errors(r.values, test),
+                r.values,
+                r.fitted,
+                tuple(x.name for x in r.refused),
+            )
+        )
+    return CrossValidation(by, tuple(folds), tuple(names))
+
+
+def _med(e: np.ndarray) -> float | None:
+    return float(np.median(np.abs(e))) if len(e) else None

@@ -1,0 +1,118 @@
+"""Text tables for calibration: measured vs predicted per kernel, the fit, the CV folds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from roofline.calibrate.fit import CrossValidation, FitResult, bounds_of
+from roofline.report.table import table
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None or not np.isfinite(x) else f"{x * 100:+.1f}%"
+
+
+def apct(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:.1f}%"
+
+
+def _med(e: np.ndarray) -> float | None:
+    return float(np.median(np.abs(e))) if len(e) else None
+
+
+def fmt_s(t: float) -> str:
+    return f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.3f} ms" if t < 1 else f"{t:.3f} s"
+
+
+def kernel_table(
+    labels: Sequence[str],
+    rates: Sequence[str],
+    measured: np.ndarray,
+    before: np.ndarray,
+    after: np.ndarray,
+) -> str:
+    rows = [
+        (lab, fmt_s(m), rate, fmt_s(b), pct(b / m - 1), fmt_s(a), pct(a / m - 1))
+        for lab, rate, m, b, a in zip(labels, rates, measured, before, after, strict=True)
+    ]
+    head = ("kernel", "measured", "achieved", "datasheet", "err", "fitted", "err")
+    return table(rows, head)
+
+
+def by_kind(
+    kinds: Sequence[str], measured: np.ndarray, before: np.ndarray, after: np.ndarray
+) -> str:
+    rows = []
+    ks = np.asarray(kinds, dtype=object)
+    for k in dict.fromkeys(kinds):
+        sel = ks == k
+        rows.append(
+            (
+                k,
+                int(sel.sum()),
+                apct(_med(before[sel] / measured[sel] - 1)),
+                apct(_med(after[sel] / measured[sel] - 1)),
+            )
+        )
+    rows.append(
+        ("all", len(ks), apct(_med(before / measured - 1)), apct(_med(after / measured - 1)))
+    )
+    return table(rows, ("kernels", "n", "median |err| datasheet", "median |err| fitted"))
+
+
+def fit_table(r: FitResult) -> str:
+    rows = []
+    for n in r.fitted:
+        b = bounds_of(n)
+        flag = "at bound" if n in r.at_bound else ""
+        rows.append(
+            (n, f"{r.prior[n]:.4g}", f"{r.values[n]:.4g}", f"[{b.lo:g}, {b.hi:g}] {b.unit}", flag)
+        )
+    out = table(rows, ("parameter", "before", "fitted", "bounds", "")) if rows else "nothing fitted"
+    if r.refused:
+        out += "\n\nNot fitted (kept at the starting value):\n" + "\n".join(
+            f"- {x.name}: {x.reason}" for x in r.refused
+        )
+    return out
+
+
+def cv_table(cv: CrossValidation) -> str:
+    rows = [
+        (
+            f.held_out,
+            f.n_train,
+            f.n_test,
+            apct(_med(f.error_before)),
+            apct(_med(f.error_after)),
+            f"{len(f.fitted)} / {len(f.refused)}",
+        )
+        for f in cv.folds
+    ]
+    pooled = ("pooled held-out", "", len(cv.error_after), apct(_med(cv.error_before)))
+    rows.append((*pooled, apct(_med(cv.error_after)), ""))
+    head = (
+        f"held-out {cv.by}",
+        "train",
+        "test",
+        "median |err| before",
+        "after",
+        "fitted / refused",
+    )
+    out = table(rows, head)
+    spread = cv.spread()
+    if spread:
+        srows = [
+            (
+                n,
+                s["folds"],
+                f"{s['mean']:.4g}",
+                f"{s['min']:.4g}",
+                f"{s['max']:.4g}",
+                f"{s['std']:.3g}",
+            )
+            for n, s in spread.items()
+        ]
+        out += "\n\n" + table(srows, ("parameter", "folds", "mean", "min", "max", "std"))
+    return out

@@ -1,0 +1,142 @@
+"""`roofline calibrate`: fit the efficiency physics on your accelerator or on measured runs.
+
+    roofline calibrate --device [--quick] --out my-chip.toml
+    roofline calibrate --from-runs measured_training.yaml [--framework megatron] --out fitted.toml
+
+`--device` times JAX microbenchmarks on the local device (matmul sweep per dtype, grouped
+GEMM, HBM copy, RMS norm, flash attention prefill/decode, all-reduce with several devices),
+fits the chip family's physical parameters within their bounds and prints measured vs
+predicted per kernel with the datasheet-only profile and with the fitted one.
+`--from-runs` fits the parameters per chip family (and framework) on training runs in the
+measured_training.yaml schema, with leave-one-source-out and leave-one-chip-family-out
+cross-validation. Both write a profile that `--profile FILE` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from roofline.cli._common import add_json, emit
+from roofline.errors import SpecError
+
+NAME = "calibrate"
+HELP = "fit the efficiency profile on the local accelerator (--device) or on measured runs (--from-runs)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--device", action="store_true", help="microbenchmark the local accelerator with JAX"
+    )
+    mode.add_argument(
+        "--from-runs", metavar="FILE", help="measured runs (measured_training.yaml schema)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="--device: a few seconds instead of a few minutes"
+    )
+    p.add_argument(
+        "--chip",
+        help="--device: the catalog chip (or chip TOML) of the local device (default: detected)",
+    )
+    p.add_argument(
+        "--framework", help="--from-runs: fit only runs of this framework (default: each framework)"
+    )
+    p.add_argument("--base", default="datasheet", help="profile to start from (default: datasheet)")
+    p.add_argument("--out", help="write the fitted profile here (TOML, for --profile FILE)")
+    p.add_argument(
+        "--docs",
+        metavar="FILE",
+        help="--from-runs: write the CV tables into FILE between its markers",
+    )
+    add_json(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.device:
+        return _device(args)
+    return _runs(args)
+
+
+def _device(args: argparse.Namespace) -> int:
+    from roofline.calibrate import render
+    from roofline.calibrate.device import run_device_calibration
+    from roofline.calibrate.write import chip_to_toml, profile_to_toml
+
+    quiet = args.json
+    say = None if quiet else (lambda s: print(s, file=sys.stderr))
+    if say:
+        say(f"timing microbenchmarks{' (quick)' if args.quick else ''} ...")
+    cal = run_device_calibration(quick=args.quick, base=args.base, chip=args.chip, progress=say)
+    written = _write_device(args.out, cal, profile_to_toml, chip_to_toml)
+    d = cal.to_dict() | {"written": written}
+    inputs = {"quick": args.quick, "base": args.base, "chip": cal.chip.name}
+    return emit(args, NAME, inputs, d, _device_text(cal, written, render))
+
+
+def _write_device(out: str | None, cal, profile_to_toml, chip_to_toml) -> list[str]:
+    if not out:
+        return []
+    path = Path(out)
+    head = f"Written by `roofline calibrate --device`: {cal.after.source}.\nRegenerate on the same machine with the same command."
+    path.write_text(profile_to_toml(cal.after, head))
+    written = [str(path)]
+    if cal.chip.vendor == "cpu":  # not in the catalog: write the chip the profile's family covers
+        chip_path = path.with_name(path.stem + ".chip.toml")
+        chip_path.write_text(
+            chip_to_toml(
+                cal.chip,
+                "The calibrating host CPU as a chip (nominal peaks = best measured rates).",
+            )
+        )
+        written.append(str(chip_path))
+    return written
+
+
+def _device_text(cal, written: list[str], render) -> str:
+    from roofline.calibrate.device import KernelKind, tflops
+
+    rates = []
+    for k, m in zip(cal.kernels, cal.measured_s, strict=True):
+        if k.kind in (KernelKind.MATMUL, KernelKind.ATTENTION):
+            rates.append(f"{tflops(k, m):.3g} TFLOP/s")
+        else:
+            rates.append(f"{k.nbytes / m / 1e9:.3g} GB/s")
+    pb, pa = cal.predicted_before_s, cal.predicted_after_s
+    kinds = [k.kind.value for k in cal.kernels]
+    lines = [
+        f"Device: {cal.device_kind} ({cal.platform}), chip {cal.chip.name}, JAX {cal.jax_version}",
+        *[f"Note: {n}" for n in cal.notes],
+        "",
+        render.kernel_table([k.label for k in cal.kernels], rates, cal.measured_s, pb, pa),
+        "",
+        "How far the datasheet-only profile was, and the fitted one (signed error = predicted/measured - 1):",
+        render.by_kind(kinds, cal.measured_s, pb, pa),
+        "",
+        f"Fitted parameters of family '{cal.after.family_for(cal.chip).family}':",
+        render.fit_table(cal.result),
+        "",
+        f"Profile: {cal.after.describe()} — {cal.after.source}",
+    ]
+    lines += [f"Wrote {w}" for w in written] or ["(not written: pass --out FILE to keep it)"]
+    return "\n".join(lines)
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from roofline.calibrate.runs import calibrate_from_runs, runs_text
+
+    try:
+        res = calibrate_from_runs(
+            args.from_runs, framework=args.framework, base=args.base, out=args.out, docs=args.docs
+        )
+    except ModuleNotFoundError as e:  # the run readers live in roofline.validate (h3)
+        if not (e.name or "").startswith("roofline.validate"):
+            raise
+        raise SpecError(
+            f"calibrate --from-runs needs the measured-run readers of `roofline validate` ({e.name} is missing)",
+            rule="runs are read, mapped to plans and predicted by roofline.validate",
+            fix="use a build that includes `roofline validate`",
+        ) from None
+    inputs = {"from_runs": args.from_runs, "framework": args.framework, "base": args.base}
+    return emit(args, NAME, inputs, res.to_dict(), runs_text(res))

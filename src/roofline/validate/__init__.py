@@ -1,0 +1,115 @@
+"""`roofline validate`: predict published measured runs from their configs; report the error.
+
+>>> from roofline.validate import validate
+>>> report = validate("training")             # the public training runs shipped with roofline
+>>> report.summary()["n"] > 0
+True
+
+`validate(runs)` reads a runs file (schema detected from content: training, inference or
+serving), maps every entry to the tool's inputs (defaults written down per run), predicts it
+and returns a report whose `to_dict()` is the `--json` document. docs/validate.md documents
+every default, FLOP convention and skip rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from roofline.errors import SpecError
+from roofline.specs.catalog import DATA_DIR as SPEC_DIR
+from roofline.specs.efficiency import PEAK, Efficiency, load_efficiency
+from roofline.validate.runfile import BUILTIN, RunFile, Schema, load_runs
+from roofline.validate.scoreboard import TrainingReport, validate_training
+from roofline.validate.serving_runs import ServingRun, map_serving_run
+from roofline.validate.serving_score import (
+    ServingPrediction,
+    ServingPredictor,
+    ServingReport,
+    validate_serving,
+)
+from roofline.validate.training_runs import TrainingRun, map_training_run
+
+PROFILE_DIR = SPEC_DIR / "profiles"
+
+
+def load_profile(profile: str | Path | Efficiency | None) -> Efficiency | None:
+    """`None`/'default' (each chip vendor's documented default), 'peak', a named profile in
+    specs/profiles/, or a profile TOML file."""
+    if profile is None or isinstance(profile, Efficiency):
+        return profile
+    s = str(profile)
+    if s in ("default", "datasheet"):
+        return None
+    if s == "peak":
+        return PEAK
+    if s.endswith(".toml") or Path(s).is_file():
+        return load_efficiency(s)
+    named = PROFILE_DIR / f"{s}.toml"
+    if named.is_file():
+        return load_efficiency(named)
+    names = sorted(p.stem for p in PROFILE_DIR.glob("*.toml")) if PROFILE_DIR.is_dir() else []
+    raise SpecError(
+        f"unknown efficiency profile {s!r}",
+        rule="a profile is 'default', 'peak', "
+        + (", ".join(names) + ", " if names else "")
+        + "or a TOML file",
+        fix="write --profile default or --profile path/to/profile.toml",
+    )
+
+
+def _dedupe(runs: list) -> list:
+    """A repeated id is skipped (the first entry with that id is kept)."""
+    seen: set[str] = set()
+    out = []
+    for r in runs:
+        if r.id in seen:
+            r = replace(
+                r, skipped_reason=f"duplicate id {r.id!r} (the first entry with it is used)"
+            )
+        seen.add(r.id)
+        out.append(r)
+    return out
+
+
+def validate(
+    runs: str | Path | RunFile,
+    *,
+    profile: str | Path | Efficiency | None = None,
+    framework: str = "auto",
+    planner: bool = False,
+    predictor: ServingPredictor | None = None,
+) -> TrainingReport | ServingReport:
+    """Validate a runs file (path or 'training' / 'inference' / 'serving')."""
+    rf = runs if isinstance(runs, RunFile) else load_runs(runs)
+    eff = load_profile(profile)
+    name = (
+        "default"
+        if profile is None
+        else (eff.name if isinstance(eff, Efficiency) else str(profile))
+    )
+    if rf.schema == Schema.TRAINING:
+        mapped = _dedupe([map_training_run(e) for e in rf.entries])
+        return validate_training(
+            mapped, efficiency=eff, profile_name=name, framework=framework, planner=planner
+        )
+    mapped_s = _dedupe([map_serving_run(e, rf.schema.value) for e in rf.entries])
+    return validate_serving(mapped_s, rf.schema.value, efficiency=eff, predictor=predictor)
+
+
+__all__ = [
+    "BUILTIN",
+    "RunFile",
+    "Schema",
+    "ServingPrediction",
+    "ServingPredictor",
+    "ServingReport",
+    "ServingRun",
+    "TrainingReport",
+    "TrainingRun",
+    "load_profile",
+    "load_runs",
+    "map_serving_run",
+    "map_training_run",
+    "validate",
+]

@@ -1,0 +1,359 @@
+"""Predict every mapped training run through the public API and score the predictions.
+
+`validate_training(runs)` costs each run's published plan with `roofline.evaluate_plan` (the
+framework profile passed through when the core accepts `framework=`), compares predicted
+with measured tokens/s per chip, and summarises the error overall and by source, chip
+family, stack, precision and the structured causes of the error analysis (sequence length,
+pipeline, MoE, model size). With `planner=True` it also lets the planner choose a plan for the
+same chips, batch and sequence and reports how far the planner's predicted throughput sits
+above the measured throughput of the run's own plan.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from roofline.errors import RooflineError
+from roofline.ledger import count_params
+from roofline.planner import plan_training
+from roofline.specs.efficiency import Efficiency, default_efficiency
+from roofline.training import evaluate_plan
+from roofline.validate.conventions import CONVENTIONS
+from roofline.validate.stats import breakdown, relative_error, summarize
+from roofline.validate.training_runs import TrainingRun
+
+TAKES_FRAMEWORK = "framework" in inspect.signature(evaluate_plan).parameters
+PLANNER_TAKES_FRAMEWORK = "framework" in inspect.signature(plan_training).parameters
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    run: TrainingRun
+    predicted_tokens_per_s_per_chip: float | None = None
+    error: float | None = None
+    skipped_reason: str = ""
+    prediction: dict[str, Any] = field(default_factory=dict)
+    planner: dict[str, Any] | None = None
+
+    @property
+    def covered(self) -> bool:
+        return self.error is not None
+
+
+def _framework_for(run: TrainingRun, framework: str) -> str:
+    if framework in ("auto", ""):
+        return run.inputs.framework if run.inputs else ""
+    return "" if framework == "none" else framework
+
+
+def predict_run(
+    run: TrainingRun, efficiency: Efficiency | None, framework: str = "auto"
+) -> TrainingResult:
+    """Cost one mapped run's published plan; a run that cannot be costed gets the reason."""
+    if not run.mapped:
+        return TrainingResult(run, skipped_reason=run.skipped_reason or "not mapped")
+    x = run.inputs
+    assert x is not None and run.measured is not None
+    eff = efficiency or default_efficiency(x.system.chip.vendor)
+    kw: dict[str, Any] = {"efficiency": eff}
+    fw = _framework_for(run, framework)
+    if fw and TAKES_FRAMEWORK:
+        kw["framework"] = fw
+    try:
+        cost = evaluate_plan(x.model, x.system, x.workload, x.plan, **kw)
+    except RooflineError as e:
+        return TrainingResult(run, skipped_reason=f"the core cannot cost plan {x.plan_text}: {e}")
+    if run.layout_defaulted and not cost.fits:
+        return TrainingResult(
+            run,
+            skipped_reason=f"parallel layout not published and the stack's default layout does not fit: {cost.reason}",
+        )
+    pred = cost.tokens_per_s / x.system.n_chips
+    meas = run.measured.tokens_per_s_per_chip
+    assert meas is not None
+    info = {
+        "step_time_s": cost.step_time_s,
+        "mfu": cost.mfu,
+        "compute_time_s": cost.compute_time_s,
+        "exposed_comm_time_s": cost.exposed_comm_time_s,
+        "bubble_fraction": cost.bubble_fraction,
+        "bottleneck": cost.bottleneck,
+        "fits": cost.fits,
+        "memory_note": cost.reason,
+        "efficiency": eff.name,
+        "framework": fw if (fw and TAKES_FRAMEWORK) else "",
+    }
+    return TrainingResult(run, pred, relative_error(pred, meas), "", info)
+
+
+_PLANNER_CACHE: dict[tuple, tuple[float, str, int]] = {}
+
+
+def _planner_best(model, system, workload, eff, optimizer, framework) -> tuple[float, str, int]:
+    """The planner's fastest plan on exactly this system (cached per process: CI and repeated
+    validate calls reuse searches)."""
+    key = (
+        repr(model),
+        system.name,
+        workload.batch_tokens,
+        workload.seq_len,
+        repr(eff),
+        optimizer,
+        framework,
+    )
+    if key in _PLANNER_CACHE:
+        return _PLANNER_CACHE[key]
+    kw: dict[str, Any] = {}
+    if framework and PLANNER_TAKES_FRAMEWORK:
+        kw["framework"] = framework
+    res = plan_training(
+        model,
+        system,
+        workload,
+        objective="time",
+        top_k=1,
+        efficiency=eff,
+        optimizer=optimizer,
+        allow_sub_slices=False,
+        **kw,
+    )
+    out = (
+        res.best.tokens_per_s / system.n_chips,
+        res.best.plan.describe(),
+        res.candidates_evaluated,
+    )
+    _PLANNER_CACHE[key] = out
+    return out
+
+
+def planner_check(
+    result: TrainingResult, efficiency: Efficiency | None, framework: str = "auto"
+) -> TrainingResult:
+    """Add the planner's best plan for the run's chips, batch and sequence (its predicted
+    throughput vs the measured throughput of the run's own plan)."""
+    if not result.covered:
+        return result
+    run = result.run
+    x = run.inputs
+    assert x is not None and run.measured is not None and run.measured.tokens_per_s_per_chip
+    eff = efficiency or default_efficiency(x.system.chip.vendor)
+    t0 = time.perf_counter()
+    try:
+        best, plan, n = _planner_best(
+            x.model,
+            x.system,
+            x.workload,
+            eff,
+            x.plan.optimizer.name,
+            _framework_for(run, framework),
+        )
+    except RooflineError as e:
+        info = {"skipped_reason": f"planner found no plan: {e}"}
+    else:
+        info = {
+            "predicted_tokens_per_s_per_chip": best,
+            "plan": plan,
+            "excess_over_measured": best / run.measured.tokens_per_s_per_chip - 1,
+            "excess_over_own_plan_prediction": best / result.predicted_tokens_per_s_per_chip - 1
+            if result.predicted_tokens_per_s_per_chip
+            else None,
+            "candidates_evaluated": n,
+        }
+    info["search_time_s"] = time.perf_counter() - t0
+    return TrainingResult(
+        run,
+        result.predicted_tokens_per_s_per_chip,
+        result.error,
+        result.skipped_reason,
+        result.prediction,
+        info,
+    )
+
+
+# -- features for the breakdowns (the error analysis' structured causes) --------------
+
+
+def _size_bucket(params: float) -> str:
+    if params < 10e9:
+        return "<10B"
+    if params < 100e9:
+        return "10-100B"
+    return ">=100B"
+
+
+def _seq_bucket(seq: int) -> str:
+    if seq <= 4096:
+        return "<=4k"
+    if seq <= 8192:
+        return "8k"
+    return ">8k"
+
+
+def features(r: TrainingResult) -> dict[str, str]:
+    """Structured descriptors of a run (only for mapped runs; {} otherwise)."""
+    x = r.run.inputs
+    if x is None:
+        return {}
+    d = x.plan.degrees
+    m = x.model
+    axes = (
+        "+".join(s for s in ("dp", "fsdp", "tp", "sp", "ep", "pp") if getattr(d, s) > 1) or "single"
+    )
+    return {
+        "seq_len": _seq_bucket(x.workload.seq_len),
+        "pipeline": "pp>1" if d.pp > 1 else "pp=1",
+        "moe": "moe" if m.moe is not None else "dense",
+        "model_size": _size_bucket(count_params(m).total),
+        "compute_dtype": x.compute_dtype,
+        "context_parallel": "cp>1" if d.sp > 1 else "cp=1",
+        "tensor_parallel": "tp>1" if d.tp > 1 else "tp=1",
+        "remat": str(x.plan.remat),
+        "layout": axes,
+    }
+
+
+CAUSES = (
+    "seq_len",
+    "pipeline",
+    "moe",
+    "model_size",
+    "compute_dtype",
+    "context_parallel",
+    "tensor_parallel",
+    "remat",
+)
+
+
+def result_dict(r: TrainingResult) -> dict[str, Any]:
+    run = r.run
+    m = run.measured
+    conv = CONVENTIONS.get(m.convention) if m and m.convention else None
+    x = run.inputs
+    return {
+        "id": run.id,
+        "source": run.source.family,
+        "document": run.source.document,
+        "stack": run.source.stack,
+        "chip_family": run.chip_family,
+        "chips": run.chips,
+        "precision": run.precision,
+        "compute_dtype": run.compute_dtype,
+        "predicted_tokens_per_s_per_chip": r.predicted_tokens_per_s_per_chip,
+        "measured_tokens_per_s_per_chip": m.tokens_per_s_per_chip if m else None,
+        "error": r.error,
+        "defaults": list(run.defaults),
+        "skipped_reason": r.skipped_reason or None,
+        "measured_metric": m.metric if m else None,
+        "conversion": m.conversion if m else None,
+        "convention": {
+            "key": conv.key,
+            "formula": conv.formula,
+            "source": conv.source,
+            "assumed": m.assumed,
+        }
+        if conv and m
+        else None,
+        "checks": list(run.checks),
+        "model": x.model.name if x else None,
+        "seq_len": run.seq_len,
+        "system": x.topology if x else None,
+        "plan": x.plan_text if x else None,
+        "framework": x.framework if x else None,
+        "layout_from_stack_defaults": run.layout_defaulted,
+        "prediction": r.prediction or None,
+        "planner": r.planner,
+        "features": features(r),
+    }
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    results: tuple[TrainingResult, ...]
+    profile: str
+    framework: str
+    planner: bool
+
+    def summary(self) -> dict[str, Any]:
+        return summarize([r.error for r in self.results if r.covered], total=len(self.results))
+
+    def breakdowns(self) -> dict[str, Any]:
+        res = self.results
+
+        def err(r: TrainingResult) -> float | None:
+            return r.error
+
+        out = {
+            "by_source": breakdown(res, lambda r: r.run.source.family, err),
+            "by_chip_family": breakdown(res, lambda r: r.run.chip_family or "unknown", err),
+            "by_stack": breakdown(res, lambda r: r.run.source.stack, err),
+        }
+        mapped = [r for r in res if r.run.inputs is not None]
+        out["by_cause"] = {
+            c: breakdown(mapped, lambda r, c=c: features(r).get(c), err) for c in CAUSES
+        }
+        return out
+
+    def planner_summary(self) -> dict[str, Any] | None:
+        if not self.planner:
+            return None
+        rows = [r for r in self.results if r.planner and "excess_over_measured" in r.planner]
+        ex = [r.planner["excess_over_measured"] for r in rows]
+        s = summarize(ex, total=sum(1 for r in self.results if r.covered))
+        import numpy as np
+
+        s["median_excess"] = s.pop("bias")
+        s["mean_excess"] = s.pop("mean_error")
+        s["within_15"] = float(np.mean(np.asarray(ex) <= 0.15)) if ex else None
+        s["search_time_s"] = sum(
+            r.planner.get("search_time_s", 0.0) for r in self.results if r.planner
+        )
+        for k in ("median_abs_error", "mean_abs_error", "within_10", "within_20"):
+            s.pop(k, None)
+        return s
+
+    def skipped(self) -> dict[str, int]:
+        return dict(Counter(_reason_key(r.skipped_reason) for r in self.results if not r.covered))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "schema": "training",
+            "profile": self.profile,
+            "framework": self.framework,
+            "framework_applied": TAKES_FRAMEWORK,
+            "runs": [result_dict(r) for r in self.results],
+            "summary": self.summary(),
+            **self.breakdowns(),
+            "skipped": self.skipped(),
+        }
+        if self.planner:
+            out["planner"] = self.planner_summary()
+        from roofline.validate.analysis import analyse
+
+        out["analysis"] = analyse(self)
+        return out
+
+
+def _reason_key(reason: str) -> str:
+    """Group skip reasons by their first clause ('chip not in catalog: GB300' -> 'chip not in catalog')."""
+    return reason.split(":")[0].split(" (")[0].strip()
+
+
+def validate_training(
+    runs: list[TrainingRun],
+    *,
+    efficiency: Efficiency | None = None,
+    profile_name: str = "default",
+    framework: str = "auto",
+    planner: bool = False,
+) -> TrainingReport:
+    results = []
+    for run in runs:
+        r = predict_run(run, efficiency, framework)
+        if planner:
+            r = planner_check(r, efficiency, framework)
+        results.append(r)
+    return TrainingReport(tuple(results), profile_name, framework, planner)

@@ -1,0 +1,263 @@
+"""Who measured a run: the publishing source, the software stack it ran on, and that stack's
+documented defaults for what the source does not state.
+
+A run's source is recognised from its `source` block (title, url, location). Each source names
+a `document` (one published table, with its own FLOP convention: see `conventions.py`), a
+`source` family (the breakdown key of `roofline validate`) and a `stack` (the software that
+ran it, which picks the framework profile). Unknown sources map to stack "unknown": their
+directly measured tokens/s are still used, but no FLOP convention is assumed for them.
+
+Every default below carries the reason a reader can check; docs/validate.md lists them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Source:
+    document: str  # one published table, e.g. "maxtext-readme-v5p"
+    family: str  # breakdown key, e.g. "maxtext"
+    stack: str  # software that ran it, e.g. "maxtext"
+
+
+# (regex over title + url + location, lower-cased) -> Source. First match wins: specific first.
+_PATTERNS: tuple[tuple[str, Source], ...] = (
+    (r"narayanan|2104\.04473", Source("megatron-narayanan2021", "megatron-lm", "megatron")),
+    (r"korthikanti|2205\.05198", Source("megatron-korthikanti2022", "megatron-lm", "megatron")),
+    (r"megatron-bridge", Source("megatron-bridge", "megatron-bridge", "megatron")),
+    (r"dgxc-benchmarking|dgx cloud", Source("dgx-cloud", "dgx-cloud", "megatron")),
+    (r"nemo framework performance|nvidia/nemo", Source("nemo", "nemo", "megatron")),
+    (r"megatron-lm", Source("megatron-lm-readme-2024", "megatron-lm", "megatron")),
+    (r"maxtext.*tiering|tiering\.md", Source("maxtext-tiering", "maxtext", "maxtext")),
+    (r"maxtext.*v5p table", Source("maxtext-readme-v5p", "maxtext", "maxtext")),
+    (r"maxtext.*v5e table", Source("maxtext-readme-v5e", "maxtext", "maxtext")),
+    (r"maxtext.*v4 table", Source("maxtext-readme-v4", "maxtext", "maxtext")),
+    (r"maxtext", Source("maxtext", "maxtext", "maxtext")),
+    (r"torchtitan", Source("torchtitan", "torchtitan", "torchtitan")),
+    (r"llm-foundry|mosaicml", Source("llm-foundry", "llm-foundry", "llm-foundry")),
+    (r"llama 3|herd of models|2407\.21783", Source("llama3-paper", "llama3-paper", "meta")),
+    (r"palm|2204\.02311", Source("palm-paper", "palm-paper", "pax")),
+    (r"deepspeed", Source("deepspeed", "deepspeed", "deepspeed")),
+)
+
+UNKNOWN = Source("unknown", "unknown", "unknown")
+
+
+def identify(source: Any) -> Source:
+    """The Source of a run's `source` block (a mapping with title/url/location, or a string)."""
+    if isinstance(source, dict):
+        text = " ".join(str(source.get(k, "")) for k in ("title", "url", "location"))
+    else:
+        text = str(source or "")
+    low = text.lower()
+    for pattern, src in _PATTERNS:
+        if re.search(pattern, low):
+            return src
+    return UNKNOWN
+
+
+@dataclass(frozen=True)
+class StackDefaults:
+    """What a stack does when a run does not say (each value with its reason)."""
+
+    framework: str  # framework profile name passed to the core (issue 9 item 1)
+    framework_why: str
+    remat: str
+    remat_why: str
+    sequence_parallel_with_tp: bool
+    sp_why: str
+    collective_matmul: bool  # TP collectives overlapped with their matmuls
+    cm_why: str
+    zero: int  # ZeRO stage over the data-parallel axis
+    zero_why: str
+    optimizer: str
+    optimizer_why: str
+    microbatch_size: int  # sequences per data-parallel rank per microbatch when unstated
+    microbatch_why: str
+    ep_from_dp: bool  # expert parallelism carved out of the data-parallel ranks
+    layout_why: str  # what the stack does with an unpublished layout
+
+
+_MBS1 = (
+    "micro-batch size unstated: 1 sequence, as in every NVIDIA-published recipe of this file that "
+    "states it for a model above 8B (NeMo, Megatron-Bridge, DGX Cloud rows: MBS=1)"
+)
+
+STACKS: dict[str, StackDefaults] = {
+    "megatron": StackDefaults(
+        framework="megatron",
+        framework_why="Megatron-LM / NeMo / Megatron-Bridge / DGX Cloud recipes all run Megatron-Core",
+        remat="none",
+        remat_why=(
+            "recompute unstated: none (Megatron-LM arguments.py: --recompute-granularity defaults "
+            "to None; Megatron-Bridge/NeMo pre-training recipes set no recompute unless a row says so)"
+        ),
+        sequence_parallel_with_tp=True,
+        sp_why="sequence parallelism with TP>1 (Megatron-Bridge/NeMo recipes, e.g. llama3_70b.py: sequence_parallel=True)",
+        collective_matmul=True,
+        cm_why="TP communication overlap (Megatron-Bridge/NeMo recipes: CommOverlapConfig(tp_comm_overlap=True); Megatron-LM README runs: --tp-comm-overlap)",
+        zero=1,
+        zero_why="distributed optimizer (ZeRO-1 over DP): Megatron-Bridge/NeMo recipes use_distributed_optimizer=True; --overlap-param-gather requires it",
+        optimizer="adam-fp32-master",
+        optimizer_why="Megatron mixed precision: bf16 params, fp32 grads, fp32 master + Adam moments",
+        microbatch_size=1,
+        microbatch_why=_MBS1,
+        ep_from_dp=True,
+        layout_why="Megatron's default layout is tp=pp=1 (pure data parallel)",
+    ),
+    "maxtext": StackDefaults(
+        framework="maxtext",
+        framework_why="MaxText (JAX/XLA)",
+        remat="full",
+        remat_why="remat_policy unstated: 'full' (MaxText configs/base.yml default)",
+        sequence_parallel_with_tp=False,
+        sp_why="MaxText's tensor axis does not add Megatron-style sequence parallelism by default",
+        collective_matmul=False,
+        cm_why="XLA collective matmul is opt-in (a LIBTPU/XLA flag), not a MaxText default",
+        zero=0,
+        zero_why="the DCN data axis replicates parameters and optimizer state (MaxText logical-axis rules)",
+        optimizer="adam-fp32",
+        optimizer_why="MaxText base.yml weight_dtype float32 (fp32 params, grads, Adam moments)",
+        microbatch_size=0,  # per_device_batch_size is per chip; gradient_accumulation_steps: 1
+        microbatch_why="MaxText gradient_accumulation_steps defaults to 1: one microbatch per step",
+        ep_from_dp=False,
+        layout_why=(
+            "MaxText defaults (configs/base.yml): ici_fsdp_parallelism=-1 (FSDP over every chip of a "
+            "slice), dcn_data_parallelism=-1 (data parallel across slices), per_device_batch_size 12"
+        ),
+    ),
+    "torchtitan": StackDefaults(
+        framework="torchtitan",
+        framework_why="torchtitan (FSDP2 + TP + PP)",
+        remat="matmuls",
+        remat_why="activation checkpointing unstated: selective op-level (torchtitan llama3 train configs' default)",
+        sequence_parallel_with_tp=True,
+        sp_why="torchtitan's TP plan shards norms and dropout over the sequence (SequenceParallel) with TP",
+        collective_matmul=False,
+        cm_why="async TP only when a run says so (torchtitan: parallelism.enable_async_tensor_parallel defaults to false)",
+        zero=1,
+        zero_why="FSDP2 shards everything over its axis; a separate replicate axis keeps ZeRO-1 semantics",
+        optimizer="adam-fp32-master",
+        optimizer_why="FSDP2 mixed precision: bf16 compute, fp32 sharded master params and Adam moments",
+        microbatch_size=0,  # local_batch_size is per data-parallel rank per step
+        microbatch_why="torchtitan's local batch size is the whole per-rank batch (no gradient accumulation)",
+        ep_from_dp=False,
+        layout_why="torchtitan's default layout is FSDP over every GPU (data_parallel_shard_degree=-1)",
+    ),
+    "llm-foundry": StackDefaults(
+        framework="torchtitan",
+        framework_why=(
+            "llm-foundry runs PyTorch FSDP FULL_SHARD (no TP/PP): gathers weights per layer in forward "
+            "and backward, as torchtitan's FSDP does, so it uses that profile"
+        ),
+        remat="none",
+        remat_why="activation checkpointing unstated: none (Composer fsdp_config.activation_checkpointing defaults to false)",
+        sequence_parallel_with_tp=False,
+        sp_why="no tensor parallelism in llm-foundry",
+        collective_matmul=False,
+        cm_why="no tensor parallelism in llm-foundry",
+        zero=1,
+        zero_why="FSDP FULL_SHARD over all GPUs (the fsdp axis)",
+        optimizer="adam-fp32-master",
+        optimizer_why="Composer amp_bf16: fp32 master params and moments",
+        microbatch_size=0,
+        microbatch_why="device_train_microbatch_size with grad_accum as published",
+        ep_from_dp=False,
+        layout_why="llm-foundry trains FSDP-only over every GPU",
+    ),
+    "deepspeed": StackDefaults(
+        framework="deepspeed",
+        framework_why="DeepSpeed (ZeRO stages over the data-parallel ranks)",
+        remat="none",
+        remat_why="activation checkpointing unstated: none (DeepSpeed enables it only when configured)",
+        sequence_parallel_with_tp=False,
+        sp_why="no Megatron-style sequence parallelism unless stated",
+        collective_matmul=False,
+        cm_why="no TP overlap unless stated",
+        zero=0,
+        zero_why="ZeRO stage unstated: 0 (DeepSpeed zero_optimization.stage defaults to 0)",
+        optimizer="adam-fp32-master",
+        optimizer_why="DeepSpeed mixed precision: fp32 master params and Adam moments",
+        microbatch_size=1,
+        microbatch_why="train_micro_batch_size_per_gpu unstated: 1 sequence",
+        ep_from_dp=False,
+        layout_why="DeepSpeed's default layout is data parallel over every GPU",
+    ),
+    "meta": StackDefaults(
+        framework="torchtitan",
+        framework_why="Meta's Llama 3 stack (FSDP + TP + PP + CP in PyTorch), torchtitan's ancestor",
+        remat="none",
+        remat_why="activation checkpointing not stated in the Llama 3 table: none assumed",
+        sequence_parallel_with_tp=True,
+        sp_why="sequence parallelism with TP (standard in PyTorch 4D parallelism)",
+        collective_matmul=False,
+        cm_why="no TP overlap stated",
+        zero=2,
+        zero_why="Llama 3 paper: FSDP shards optimizer states and gradients but does not reshard weights after forward (ZeRO-2 over DP)",
+        optimizer="adam-fp32-master",
+        optimizer_why="bf16 compute with fp32 master weights and moments",
+        microbatch_size=1,
+        microbatch_why="micro-batch size unstated: 1 sequence",
+        ep_from_dp=False,
+        layout_why="no default layout",
+    ),
+}
+
+_GENERIC = StackDefaults(
+    framework="",
+    framework_why="unknown stack: no framework profile",
+    remat="full",
+    remat_why="remat unstated and stack unknown: full (the book's default)",
+    sequence_parallel_with_tp=False,
+    sp_why="unknown stack: no sequence parallelism assumed",
+    collective_matmul=False,
+    cm_why="unknown stack: TP collectives exposed",
+    zero=1,
+    zero_why="unknown stack: ZeRO-1",
+    optimizer="adam-bf16",
+    optimizer_why="unknown stack: the book's 10 bytes/param",
+    microbatch_size=1,
+    microbatch_why="micro-batch size unstated: 1 sequence",
+    ep_from_dp=False,
+    layout_why="no default layout",
+)
+
+
+def defaults_for(stack: str) -> StackDefaults:
+    return STACKS.get(stack, _GENERIC)
+
+
+@dataclass(frozen=True)
+class DocumentOverride:
+    """A published table whose stack version differs from the stack's present defaults."""
+
+    sequence_parallel: bool | None = None
+    collective_matmul: bool | None = None
+    zero: int | None = None
+    seq_len: int | None = None
+    why: str = ""
+
+
+DOCUMENTS: dict[str, DocumentOverride] = {
+    "megatron-narayanan2021": DocumentOverride(
+        sequence_parallel=False,
+        collective_matmul=False,
+        zero=0,
+        why="2021 Megatron-LM: sequence parallelism (2022), TP comm overlap and the distributed optimizer did not exist yet",
+    ),
+    "maxtext-readme-v4": DocumentOverride(
+        seq_len=1024,
+        why=(
+            "sequence length unstated: MaxText configs/base.yml max_target_length was 1024 when the v4 "
+            "table was published (commit 281e04bf, 2023-04-27; 2048 only from 2023-09-06)"
+        ),
+    ),
+    "llama3-paper": DocumentOverride(
+        seq_len=8192,
+        why="sequence length unstated: 8192, the 8K pre-training stage the table describes",
+    ),
+}

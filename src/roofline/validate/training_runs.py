@@ -1,0 +1,524 @@
+"""Training runs in the schema of `measured_training.yaml` -> the tool's inputs and a measurement.
+
+One entry maps to: a ModelSpec (dims.py), a System (systems.py), a Workload (global batch in
+sequences × seq_len), a plan string in the tool's plan vocabulary (degrees, microbatches,
+remat, ZeRO, schedule, sequence parallelism, collective matmul, optimizer), the stack's
+framework profile, the run's compute dtype (recorded; the plan vocabulary gains it in issue 9)
+and the measured tokens/s per chip (conventions.py). Whatever the entry does not state is
+filled from the stack's documented defaults (sources.py), each default written into
+`defaults`. An entry that cannot be mapped gets a `skipped_reason` and no inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from roofline.errors import RooflineError
+from roofline.ledger import count_params
+from roofline.specs.model import ModelSpec
+from roofline.specs.system import System
+from roofline.training import Plan, Workload, evaluate_plan, parse_plan
+from roofline.validate.conventions import (
+    CONVENTIONS,
+    DOCUMENT_CONVENTION,
+    MFU_AT_COMPUTE_PEAK,
+    Measured,
+    direct_tokens,
+    from_flops,
+)
+from roofline.validate.dims import build_model
+from roofline.validate.sources import DOCUMENTS, Source, StackDefaults, defaults_for, identify
+from roofline.validate.systems import chip_for_family, system_for
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the tool is given for one run."""
+
+    model: ModelSpec
+    system: System
+    workload: Workload
+    plan: Plan
+    plan_text: str
+    framework: str
+    compute_dtype: str
+    topology: str
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    id: str
+    source: Source
+    chip_family: str
+    chips: int | None
+    compute_dtype: str  # bf16 | fp16 | fp8 | fp4 | unknown
+    precision: str  # as published
+    seq_len: int | None
+    measured: Measured | None
+    inputs: Inputs | None
+    defaults: tuple[str, ...] = ()
+    skipped_reason: str = ""
+    checks: tuple[dict[str, Any], ...] = ()  # the other published metrics, converted
+    params: float | None = None  # parameter count used by conventions (published or counted)
+    layout_defaulted: bool = False  # the layout is the stack's default (not published)
+
+    @property
+    def mapped(self) -> bool:
+        return self.inputs is not None and self.measured is not None and not self.skipped_reason
+
+
+class _Skip(Exception):
+    """An entry cannot be mapped; the message is the reason."""
+
+
+def _num(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and re.fullmatch(r"\s*\d+\s*", v):
+        return int(v)
+    return None
+
+
+def compute_dtype(text: str) -> str:
+    """'FP8 (Transformer Engine)' -> 'fp8'; 'NVFP4' -> 'fp4'; 'amp_bf16' -> 'bf16'; else 'unknown'."""
+    low = text.lower()
+    if "fp4" in low:
+        return "fp4"
+    if "fp8" in low or "float8" in low:
+        return "fp8"
+    if "bf16" in low or "bfloat16" in low:
+        return "bf16"
+    if "fp16" in low:
+        return "fp16"
+    return "unknown"
+
+
+def published_remat(text: str) -> str | None:
+    """The tool's remat policy for a published description, None if it cannot be read.
+
+    Megatron 'selective', torchtitan 'selective (op)' and MaxText 'minimal' keep the matmul
+    outputs and rerun the rest -> `matmuls`; 'full' in any stack -> `full`.
+    """
+    low = text.lower()
+    if "selective" in low or low.strip() == "minimal":
+        return "matmuls"
+    if "full" in low:
+        return "full"
+    if low.strip() in ("none", "off", "no", "false"):
+        return "none"
+    return None
+
+
+def _global_batch(p: dict, seq: int, ways: int, notes: list[str]) -> int:
+    if (g := _num(p.get("global_batch_seqs"))) is not None and g > 0:
+        return g
+    gt = p.get("global_batch_tokens")
+    if gt is not None:
+        v = float(gt) if isinstance(gt, (int, float)) else None
+        if v is None:
+            m = re.fullmatch(r"\s*([0-9.]+)\s*([KMG])\s*", str(gt))
+            if not m:
+                raise _Skip(f"global batch {gt!r} cannot be read")
+            num, suf = float(m.group(1)), m.group(2)
+            dec, binary = (
+                num * {"K": 1e3, "M": 1e6, "G": 1e9}[suf],
+                num * {"K": 2**10, "M": 2**20, "G": 2**30}[suf],
+            )
+            v = dec if (dec / seq).is_integer() else binary
+            if v == binary:
+                notes.append(
+                    f"global batch {gt} read as {int(binary)} tokens (binary M: a whole number of {seq}-token sequences)"
+                )
+        if not (v / seq).is_integer():
+            raise _Skip(
+                f"global batch of {v:g} tokens is not a whole number of {seq}-token sequences"
+            )
+        return int(v / seq)
+    if (mb := _num(p.get("microbatch"))) is not None:
+        notes.append(
+            f"global batch unstated: microbatch {mb} × {ways} data-parallel ranks = {mb * ways} sequences"
+        )
+        return mb * ways
+    raise _Skip("global batch not published")
+
+
+_LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "fsdp", "fsdp_column", "dcn_dp")
+
+
+@dataclass
+class _Layout:
+    deg: dict[str, int]
+    defaulted: bool  # the layout is the stack's default, not published
+    fsdp_note: str = ""
+
+
+def _fsdp_degree(p: dict, notes: list[str]) -> int:
+    if (f := _num(p.get("fsdp"))) is not None:
+        return max(f, 1)
+    if (f := _num(p.get("fsdp_column"))) is not None:
+        return max(f, 1)  # Megatron-Bridge FSDP column: 0 = DDP, N = FSDP over N GPUs
+    if isinstance(p.get("fsdp"), str):
+        notes.append(f"fsdp {p['fsdp']!r} has no degree: weights are not sharded (see zero)")
+    return 1
+
+
+def _layout(
+    p: dict, hw: dict, chips: int, st: StackDefaults, stack: str, notes: list[str]
+) -> _Layout:
+    if not any(k in p for k in _LAYOUT_KEYS):
+        slices = _num(hw.get("slices")) or 1
+        if stack == "maxtext":
+            deg = {"dp": slices, "fsdp": chips // slices}
+        elif stack in ("torchtitan", "llm-foundry"):
+            deg = {"fsdp": chips}
+        elif stack == "megatron":
+            deg = {"dp": chips}
+        else:
+            raise _Skip("parallel layout (tp/pp/dp) not published")
+        notes.append(f"layout unstated: {st.layout_why}")
+        return _Layout({"tp": 1, "pp": 1, "sp": 1, "ep": 1, "dp": 1, "fsdp": 1, **deg}, True)
+    deg = {
+        "tp": _num(p.get("tp")) or 1,
+        "pp": _num(p.get("pp")) or 1,
+        "sp": _num(p.get("cp")) or 1,
+        "ep": _num(p.get("ep")) or 1,
+        "fsdp": _fsdp_degree(p, notes),
+    }
+    if (d := _num(p.get("dcn_dp"))) is not None:
+        deg["dp"] = d  # MaxText: FSDP/TP inside a slice, data parallel across slices over DCN
+    elif (d := _num(p.get("dp"))) is not None:
+        if st.ep_from_dp and deg["ep"] > 1:
+            d //= deg["ep"]
+            notes.append("expert parallelism carved out of the data-parallel ranks (Megatron)")
+        deg["dp"] = d
+    else:
+        rest = chips / math.prod(deg.values())
+        if not rest.is_integer() or rest < 1:
+            raise _Skip(f"degrees {deg} do not divide {chips} chips")
+        deg["dp"] = int(rest)
+        if rest > 1:
+            notes.append(f"dp unstated: chips / (tp·pp·cp·ep·fsdp) = {int(rest)}")
+    n = math.prod(deg.values())
+    if n != chips:
+        raise _Skip(f"published degrees {deg} use {n} chips, the run has {chips}")
+    return _Layout(deg, False)
+
+
+def _microbatches(p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[str]) -> int:
+    if (ga := _num(p.get("grad_accum"))) is not None and ga > 0:
+        mb = _num(p.get("microbatch"))
+        if mb and gbs != ways * mb * ga:
+            notes.append(f"global batch {gbs} != ranks {ways} × microbatch {mb} × grad_accum {ga}")
+        return ga
+    if "microbatch_per_chip" in p:
+        return 1  # MaxText per_device_batch_size; gradient_accumulation_steps 1
+    mbs = _num(p.get("microbatch"))
+    if mbs is None:
+        if st.microbatch_size == 0:
+            return 1
+        mbs = st.microbatch_size
+        notes.append(st.microbatch_why)
+    if mbs < 1 or gbs % (ways * mbs):
+        raise _Skip(f"global batch {gbs} does not split into {ways} ranks × microbatch {mbs}")
+    return gbs // (ways * mbs)
+
+
+def _schedule(p: dict, pp: int, layers: int, notes: list[str]) -> str:
+    if pp <= 1:
+        return ""
+    v = _num(p.get("vp")) or 1
+    if (k := _num(p.get("vp_layers_per_virtual_stage"))) and layers % (pp * k) == 0:
+        v = layers // (pp * k)
+    if v > 1 and layers % (pp * v) == 0:
+        return f"schedule=interleaved,virtual={v}"
+    if v > 1:
+        notes.append(
+            f"interleaved schedule vp={v} needs layers ({layers}) divisible by pp·vp = {pp * v}: "
+            "1F1B assumed (uneven virtual stages are not expressible yet)"
+        )
+    return "schedule=1f1b"
+
+
+def _text_of(*blocks: Any) -> str:
+    return " ".join(str(v) for b in blocks if isinstance(b, dict) for v in b.values()).lower()
+
+
+def _remat(p: dict, st: StackDefaults, notes: list[str]) -> str:
+    raw = p.get("remat")
+    if raw is not None:
+        r = published_remat(str(raw))
+        if r is not None:
+            return r
+        notes.append(f"remat {raw!r} not recognised: {st.remat} ({st.remat_why})")
+        return st.remat
+    notes.append(st.remat_why)
+    return st.remat
+
+
+def _flags(p: dict, hw: dict, tp: int, st: StackDefaults, doc: str, notes: list[str]) -> list[str]:
+    over = DOCUMENTS.get(doc)
+    out = []
+    if tp > 1:
+        sp = st.sequence_parallel_with_tp
+        if over and over.sequence_parallel is not None:
+            sp = over.sequence_parallel
+        elif sp:
+            notes.append(st.sp_why)
+        cm = st.collective_matmul
+        text = _text_of(p, hw)
+        if p.get("async_tp") is True or "--tp-comm-overlap" in text:
+            cm = True
+        elif over and over.collective_matmul is not None:
+            cm = over.collective_matmul
+        elif cm:
+            notes.append(st.cm_why)
+        out += [f"megatron_sp={int(sp)}", f"collective_matmul={int(cm)}"]
+    return out
+
+
+def _measure(
+    entry: dict,
+    src: Source,
+    model: ModelSpec,
+    chips: int,
+    seq: int,
+    gbs: int,
+    params: float | None,
+    peak: float,
+) -> tuple[Measured, tuple[dict[str, Any], ...]]:
+    meas = entry.get("measured") if isinstance(entry.get("measured"), dict) else {}
+    conv = CONVENTIONS.get(DOCUMENT_CONVENTION.get(src.document, ""))
+    candidates: list[Measured] = []
+    if (d := direct_tokens(meas, chips, gbs * seq)) is not None:
+        candidates.append(d)
+    if conv is not None:
+        for key in ("tflops_per_chip", "mfu_pct"):
+            if key in meas and (f := from_flops({key: meas[key]}, conv, model, seq, params, peak)):
+                candidates.append(f)
+    if not candidates:
+        why = (
+            "no measured token rate, and the source's FLOP convention is unknown"
+            if conv is None
+            else "no measured metric the tool can convert (tokens/s, step time, TFLOP/s or MFU)"
+        )
+        raise _Skip(why)
+    primary = candidates[0]
+    checks = tuple(
+        {
+            "metric": c.metric,
+            "tokens_per_s_per_chip": c.tokens_per_s_per_chip,
+            "vs_used": c.tokens_per_s_per_chip / primary.tokens_per_s_per_chip - 1,
+            "conversion": c.conversion,
+        }
+        for c in candidates[1:]
+        if c.tokens_per_s_per_chip
+    )
+    return primary, checks
+
+
+def _params_for(
+    src: Source, built_params: float | None, model: ModelSpec, notes: list[str]
+) -> float | None:
+    conv = CONVENTIONS.get(DOCUMENT_CONVENTION.get(src.document, ""))
+    counted = count_params(model).total
+    if built_params is not None and abs(counted / built_params - 1) > 0.10:
+        notes.append(
+            f"dims give {counted / 1e9:.3g}B parameters, the entry states {built_params / 1e9:.3g}B"
+        )
+    if conv is not None and conv.needs_params and built_params is None:
+        notes.append(f"N_p for {conv.key}: {counted / 1e9:.4g}B counted from the dims")
+        return counted
+    return built_params
+
+
+def map_training_run(entry: Any) -> TrainingRun:
+    """One measured-training entry -> TrainingRun (mapped, or with a skipped_reason)."""
+    if not isinstance(entry, dict):
+        return TrainingRun(
+            str(entry)[:40],
+            identify(None),
+            "",
+            None,
+            "unknown",
+            "",
+            None,
+            None,
+            None,
+            skipped_reason="entry is not a mapping",
+        )
+    rid = str(entry.get("id") or "?")
+    src = identify(entry.get("source"))
+    hw = entry.get("hardware") if isinstance(entry.get("hardware"), dict) else {}
+    p = entry.get("parallelism") if isinstance(entry.get("parallelism"), dict) else {}
+    fam = str(hw.get("chip_family") or hw.get("chip") or "")
+    chips = _num(hw.get("chips"))
+    prec = str(p.get("precision") or "")
+    dtype = compute_dtype(prec)
+    m = entry.get("model") if isinstance(entry.get("model"), dict) else {}
+    seq = _num(m.get("seq_len"))
+    base = dict(
+        id=rid,
+        source=src,
+        chip_family=fam,
+        chips=chips,
+        compute_dtype=dtype,
+        precision=prec,
+        seq_len=seq,
+    )
+    notes: list[str] = []
+    try:
+        inputs, measured, checks, params, defaulted = _map(
+            entry, src, hw, p, m, chips, dtype, notes
+        )
+    except _Skip as e:
+        return TrainingRun(
+            **base, measured=None, inputs=None, defaults=tuple(notes), skipped_reason=str(e)
+        )
+    return TrainingRun(
+        **{**base, "seq_len": inputs.workload.seq_len},
+        measured=measured,
+        inputs=inputs,
+        defaults=tuple(notes),
+        checks=checks,
+        params=params,
+        layout_defaulted=defaulted,
+    )
+
+
+def _basics(entry, src, hw, m, chips, notes):
+    """Model, chip and sequence length, or _Skip."""
+    built = build_model(m, str(entry.get("id")))
+    notes.extend(built.defaults)
+    if built.spec is None:
+        raise _Skip(built.reason)
+    if not chips:
+        raise _Skip("chip count not published")
+    chip, why = chip_for_family(str(hw.get("chip_family") or hw.get("chip") or ""))
+    if chip is None:
+        raise _Skip(why)
+    _chip_variant_note(hw, chip, notes)
+    over = DOCUMENTS.get(src.document)
+    seq = _num(m.get("seq_len"))
+    if seq is None:
+        if over is None or over.seq_len is None:
+            raise _Skip("sequence length not published")
+        seq = over.seq_len
+        notes.append(over.why)
+    return built, chip, seq
+
+
+def _chip_variant_note(hw: dict, chip: Any, notes: list[str]) -> None:
+    """Say so when the published chip's memory differs from the catalog chip's (e.g. H100 96GB)."""
+    mt = re.search(r"(\d+)\s*GB", str(hw.get("chip") or ""))
+    if mt and abs(int(mt.group(1)) * 1e9 / chip.hbm_bytes - 1) > 0.05:
+        notes.append(
+            f"published chip {hw.get('chip')!r} differs from catalog {chip.name} "
+            f"({chip.hbm_bytes / 1e9:.0f} GB): the catalog's numbers are used"
+        )
+
+
+def _zero(p: dict, deg: dict[str, int], st: StackDefaults, over: Any, notes: list[str]) -> int:
+    """ZeRO stage over `dp`: a numeric `zero_stage` as published (3 = FSDP over dp), else the
+    document's or the stack's default."""
+    if (z := _num(p.get("zero_stage"))) is not None and 0 <= z <= 3:
+        return z
+    if over and over.zero is not None:
+        return over.zero
+    if deg["dp"] > 1:
+        notes.append(st.zero_why)
+    return st.zero
+
+
+def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
+    over = DOCUMENTS.get(src.document)
+    ways = deg["dp"] * deg["fsdp"] * deg["ep"]
+    mb = _microbatches(p, gbs, ways, st, notes)
+    remat = _remat(p, st, notes)
+    zero = _zero(p, deg, st, over, notes)
+    parts = [f"{k}={deg[k]}" for k in ("dp", "fsdp", "tp", "sp", "ep", "pp") if deg[k] > 1] or [
+        "dp=1"
+    ]
+    parts += [f"microbatch={mb}", f"remat={remat}", f"zero={zero}"]
+    if sched := _schedule(p, deg["pp"], model.n_layers, notes):
+        parts.append(sched)
+    parts += _flags(p, hw, deg["tp"], st, src.document, notes)
+    parts.append(f"optimizer={st.optimizer}")
+    return ",".join(parts)
+
+
+MAXTEXT_BATCHES = (12, 8, 4, 2, 1)  # per_device_batch_size: base.yml default 12, then halving
+
+
+def _default_maxtext_batch(
+    p, hw, deg, chips, seq, model, system, st, src, notes
+) -> tuple[int, str]:
+    """MaxText layout unpublished: the largest per-device batch <= the default 12 whose plan fits."""
+    for b in MAXTEXT_BATCHES:
+        trial: list[str] = []
+        text = _plan_text(p, hw, deg, b * chips, model, st, src, trial)
+        cost = evaluate_plan(model, system, Workload(float(b * chips * seq), seq), parse_plan(text))
+        if cost.fits or b == MAXTEXT_BATCHES[-1]:
+            notes.extend(trial)
+            notes.append(
+                f"global batch unstated: per_device_batch_size {b} × {chips} chips (MaxText default 12, "
+                + ("the default" if b == 12 else "halved until the plan fits HBM")
+                + ")"
+            )
+            return b * chips, text
+    raise AssertionError("unreachable")
+
+
+def _map(entry, src, hw, p, m, chips, dtype, notes):
+    st = defaults_for(src.stack)
+    built, chip, seq = _basics(entry, src, hw, m, chips, notes)
+    model = built.spec
+    lay = _layout(p, hw, chips, st, src.stack, notes)
+    choice = system_for(chip, chips, _num(hw.get("slices")) or 1)
+    if choice.system is None:
+        raise _Skip(choice.reason)
+    try:
+        if lay.defaulted and src.stack == "maxtext":
+            gbs, plan_text = _default_maxtext_batch(
+                p, hw, lay.deg, chips, seq, model, choice.system, st, src, notes
+            )
+        else:
+            gbs = _global_batch(p, seq, lay.deg["dp"] * lay.deg["fsdp"] * lay.deg["ep"], notes)
+            plan_text = _plan_text(p, hw, lay.deg, gbs, model, st, src, notes)
+    except _Skip as e:
+        if lay.defaulted:
+            raise _Skip(
+                f"parallel layout not published, and the stack default ({st.layout_why}) fails: {e}"
+            ) from None
+        raise
+    try:
+        plan = parse_plan(plan_text)
+        work = Workload(float(gbs * seq), seq)
+    except RooflineError as e:
+        raise _Skip(f"plan {plan_text} cannot be expressed: {e}") from None
+    if dtype == "unknown":
+        notes.append(
+            f"precision {'unstated' if not p.get('precision') else repr(p.get('precision'))}: bf16 assumed"
+        )
+    params = _params_for(src, built.published_params, model, notes)
+    peak_dtype = (
+        dtype if src.document in MFU_AT_COMPUTE_PEAK and dtype in ("fp8", "fp4") else "bf16"
+    )
+    measured, checks = _measure(entry, src, model, chips, seq, gbs, params, chip.peak(peak_dtype))
+    inputs = Inputs(
+        model,
+        choice.system,
+        work,
+        plan,
+        plan_text,
+        st.framework,
+        dtype if dtype != "unknown" else "bf16",
+        choice.assumed,
+    )
+    return inputs, measured, checks, params, lay.defaulted

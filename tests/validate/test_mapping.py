@@ -1,0 +1,229 @@
+"""Training entries -> the tool's inputs: layout, batch, microbatches, schedule, defaults, skips."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from roofline.specs.chip import load_chip
+from roofline.validate.systems import tpu_shape
+from roofline.validate.training_runs import compute_dtype, map_training_run, published_remat
+
+
+def run_of(entries, rid, **changes):
+    e = copy.deepcopy(entries[rid])
+    for path, v in changes.items():
+        block, _, key = path.partition("__")
+        if v is None:
+            e[block].pop(key, None)
+        else:
+            e[block][key] = v
+    return map_training_run(e)
+
+
+def test_gpt_style_defaults_are_filled_and_listed(training_entries):
+    r = map_training_run(training_entries["megatron-h100-weak-1.7b"])
+    m = r.inputs.model
+    assert (m.d_ff, m.n_kv_heads, m.mlp.value) == (4 * 2048, 16, "plain")
+    text = " ".join(r.defaults)
+    for phrase in (
+        "d_ff unstated",
+        "kv_heads unstated",
+        "MLP kind unstated",
+        "recompute unstated",
+        "micro-batch size unstated",
+        "precision unstated",
+    ):
+        assert phrase in text
+
+
+def test_megatron_layout_batch_and_interleaving(training_entries):
+    r = map_training_run(training_entries["nemo2407-h100-fp8-llama3-70b-64gpu"])
+    d = r.inputs.plan.degrees
+    assert (d.dp, d.tp, d.sp, d.pp) == (2, 4, 2, 4)
+    assert r.inputs.plan.microbatches == 64  # 128 sequences / (dp 2 × MBS 1)
+    assert (r.inputs.plan.schedule.value, r.inputs.plan.virtual_stages) == ("interleaved", 5)
+    assert r.inputs.plan.sequence_parallel and r.inputs.plan.collective_matmul
+    assert r.inputs.workload.batch_tokens == 128 * 8192
+    assert r.compute_dtype == "fp8"
+
+
+def test_expert_parallelism_is_carved_out_of_data_parallel(training_entries):
+    r = map_training_run(training_entries["mbridge-26.04.01-dgx-b200-mxfp8-deepseek-v3-256gpu"])
+    d = r.inputs.plan.degrees
+    assert (d.dp, d.ep, d.pp) == (1, 32, 8)
+    assert r.inputs.plan.microbatches == 4096 // 32
+
+
+def test_uneven_virtual_stages_fall_back_to_1f1b_with_a_note(training_entries):
+    r = map_training_run(training_entries["mbridge-26.04.01-dgx-h100-fp8-llama-3.1-405b-1024gpu"])
+    assert r.inputs.plan.schedule.value == "1f1b"
+    assert any("1F1B assumed" in d for d in r.defaults)
+
+
+def test_narayanan_virtual_stages_from_layers_per_stage(training_entries):
+    r = map_training_run(training_entries["megatron-a100-narayanan2021-76b"])
+    assert r.inputs.plan.virtual_stages == 60 // (4 * 5)
+    assert not r.inputs.plan.sequence_parallel and r.inputs.plan.zero == 0  # 2021 Megatron
+
+
+def test_torchtitan_global_batch_from_local_batch(training_entries):
+    r = map_training_run(training_entries["tt-h100-llama3-70b-tp8-bf16-vanilla-256gpu"])
+    assert r.inputs.workload.sequences == 16 * 32  # local batch × FSDP ranks
+    assert r.inputs.plan.microbatches == 1
+    assert not r.inputs.plan.collective_matmul  # vanilla TP
+    fp8 = map_training_run(training_entries["tt-h100-llama3-70b-tp8-fp8tw-asynctp-256gpu"])
+    assert fp8.inputs.plan.collective_matmul  # async TP
+
+
+def test_torchtitan_h100_variant_is_named(training_entries):
+    r = map_training_run(training_entries["tt-h100-llama3.1-8b-fsdp-eager-8gpu"])
+    assert any("96GB" in d and "catalog" in d for d in r.defaults)
+
+
+def test_maxtext_multislice_topology(training_entries):
+    r = map_training_run(training_entries["maxtext-v5e-32x256-128b"])
+    assert r.inputs.system.n_slices == 32 and r.inputs.system.n_chips == 8192
+    d = r.inputs.plan.degrees
+    assert (d.dp, d.fsdp, d.tp) == (32, 16, 16)
+    assert r.inputs.topology.startswith("32xtpu-v5e:16x16")
+
+
+def test_maxtext_v4_sequence_length_from_the_base_config_of_its_time(training_entries):
+    r = map_training_run(training_entries["maxtext-v4-1x128-22b"])
+    assert r.seq_len == 1024 and any("max_target_length was 1024" in d for d in r.defaults)
+
+
+def test_unpublished_maxtext_layout_uses_stack_defaults_that_fit(training_entries):
+    r = map_training_run(training_entries["maxtext-tier-v6e-256-llama3.1-8b"])
+    assert r.layout_defaulted and r.inputs.plan.degrees.fsdp == 256
+    assert any("per_device_batch_size" in d for d in r.defaults)
+
+
+@pytest.mark.parametrize(
+    "chip,n,shape",
+    [
+        ("tpu-v5p", 64, (4, 4, 4)),
+        ("tpu-v5p", 128, (4, 4, 8)),
+        ("tpu-v5p", 256, (4, 8, 8)),
+        ("tpu-v5e", 256, (16, 16)),
+        ("tpu-v5e", 8, (2, 4)),
+        ("tpu-v4p", 64, (4, 4, 4)),
+    ],
+)
+def test_tpu_slice_shapes(chip, n, shape):
+    assert tpu_shape(load_chip(chip), n) == shape
+
+
+def test_tpu_slice_larger_than_the_pod_has_no_shape():
+    assert tpu_shape(load_chip("tpu-v5e"), 512) is None
+
+
+@pytest.mark.parametrize(
+    "rid,reason",
+    [
+        ("palm-540b-tpuv4-6144chip", "model dims not published"),
+        ("megatron-h100-strong-gpt3-175b-4608gpu", "parallel layout not published"),
+    ],
+)
+def test_unmappable_runs_say_why(training_entries, rid, reason):
+    r = map_training_run(training_entries[rid])
+    assert r.inputs is None and reason in r.skipped_reason
+
+
+def test_a_chip_family_the_catalog_lacks_is_a_skip_not_a_substitute(training_entries):
+    r = run_of(
+        training_entries, "mpt-h100-80gb-amp_bf16-1b-seq2048-8gpu", hardware__chip_family="XPU-9000"
+    )
+    assert r.inputs is None and r.skipped_reason.startswith("chip not in catalog: XPU-9000")
+
+
+def test_missing_batch_is_a_skip_not_a_traceback(training_entries):
+    r = run_of(
+        training_entries,
+        "dgxc-2411-llama3.1-8b-bf16-8gpu",
+        parallelism__global_batch_seqs=None,
+        parallelism__microbatch=None,
+    )
+    assert r.skipped_reason == "global batch not published"
+
+
+def test_degrees_that_do_not_multiply_to_the_chips_are_a_skip(training_entries):
+    r = run_of(training_entries, "dgxc-2411-llama3.1-8b-bf16-8gpu", parallelism__dp=3)
+    assert "use 6 chips, the run has 8" in r.skipped_reason
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        None,
+        42,
+        "text",
+        {},
+        {"id": "x"},
+        {"id": "x", "model": "GPT", "hardware": [], "parallelism": 5},
+        {
+            "id": "x",
+            "model": {"layers": "many", "d_model": 1, "vocab": 2},
+            "hardware": {"chip_family": "H100", "chips": 8},
+        },
+    ],
+)
+def test_malformed_entries_are_skipped_with_a_reason(entry):
+    r = map_training_run(entry)
+    assert r.inputs is None and r.skipped_reason
+
+
+def test_bad_model_dims_are_a_skip():
+    e = {
+        "id": "x",
+        "model": {"layers": 2, "d_model": 100, "heads": 3, "vocab": 10, "seq_len": 8},
+        "hardware": {"chip_family": "H100", "chips": 8},
+        "parallelism": {"dp": 8, "global_batch_seqs": 8},
+        "measured": {"tokens_per_sec_per_chip": 1.0},
+    }
+    r = map_training_run(e)
+    assert "head_dim not published" in r.skipped_reason
+
+
+@pytest.mark.parametrize(
+    "text,dtype",
+    [
+        ("FP8 (Transformer Engine)", "fp8"),
+        ("NVFP4", "fp4"),
+        ("MXFP8", "fp8"),
+        ("amp_bf16 (MP mode DEFAULT)", "bf16"),
+        ("fp16 (loss-scale 8192)", "fp16"),
+        ("Float8 + bf16", "fp8"),
+        ("bf16 (int8 AQT not enabled)", "bf16"),
+        ("not given per row (see notes)", "unknown"),
+    ],
+)
+def test_compute_dtype(text, dtype):
+    assert compute_dtype(text) == dtype
+
+
+@pytest.mark.parametrize(
+    "text,remat",
+    [
+        ("full (--activations-checkpoint-method uniform)", "full"),
+        ("minimal", "matmuls"),
+        ("selective AC", "matmuls"),
+        ("full AC", "full"),
+        ("none", "none"),
+        ("selective (op) - default of llama3_8b.toml", "matmuls"),
+        ("magic", None),
+    ],
+)
+def test_published_remat(text, remat):
+    assert published_remat(text) == remat
+
+
+def test_numeric_zero_stage_is_used_and_stage_3_is_fsdp(training_entries):
+    e = copy.deepcopy(training_entries["dgxc-2411-llama3.1-8b-bf16-128gpu"])
+    e["parallelism"]["zero_stage"] = 2
+    assert map_training_run(e).inputs.plan.zero == 2
+    e["parallelism"]["zero_stage"] = 3
+    d = map_training_run(e).inputs.plan.degrees
+    assert (d.dp, d.fsdp) == (1, 64)

@@ -1,0 +1,131 @@
+"""Inference/serving files: schema detection, typed records, skip rules, per-metric scoring."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from roofline.validate import load_runs, validate
+from roofline.validate.runfile import Schema, entry_schema
+from roofline.validate.serving_runs import Metric, map_serving_run
+from roofline.validate.serving_score import NO_MODEL, ServingPrediction
+
+
+def test_schemas_are_detected_from_content(serving_file):
+    assert load_runs("training").schema == Schema.TRAINING
+    assert load_runs("inference").schema == Schema.INFERENCE
+    assert serving_file.schema == Schema.SERVING
+
+
+def test_aggregated_aic_entry(serving_entries):
+    rid = next(i for i, e in serving_entries.items() if "llama-3.1-70b" == e["model"]["family"])
+    r = map_serving_run(serving_entries[rid], "serving")
+    assert r.mapped and r.model is not None and r.model.n_layers == 80
+    assert (
+        r.parallel is not None
+        and r.parallel.tp * r.parallel.pp * r.parallel.dp * r.parallel.workers == r.chips
+    )
+    assert r.workload.isl and r.workload.osl and r.workload.concurrency
+    e = serving_entries[rid]["measured"]
+    assert r.measured.ttft_s == pytest.approx(e["ttft_ms"] / 1000)
+    assert r.measured.tpot_s == pytest.approx(e["tpot_ms"] / 1000)
+    assert r.measured.output_tokens_per_s is None  # AIC's throughput is derived, not measured
+
+
+def test_disaggregated_entry_keeps_both_roles(serving_entries):
+    rid = next(
+        i
+        for i, e in serving_entries.items()
+        if e["workload"]["mode"] == "disaggregated" and e["hardware"]["chip_family"] == "H200"
+    )
+    r = map_serving_run(serving_entries[rid], "serving")
+    assert r.disaggregated and r.prefill is not None and r.decode is not None and r.parallel is None
+    p = serving_entries[rid]["parallelism"]
+    assert (r.decode.workers, r.decode.tp) == (p["decode"]["workers"], p["decode"]["tp"])
+
+
+def test_mla_moe_model_is_built(serving_entries):
+    rid = next(i for i, e in serving_entries.items() if e["model"]["family"] == "deepseek-v3")
+    r = map_serving_run(serving_entries[rid], "serving")
+    assert r.model.mla is not None and r.model.moe is not None and r.model.moe.n_experts == 256
+    assert any("MTP" in d for d in r.defaults)
+
+
+@pytest.mark.parametrize(
+    "family,reason",
+    [("qwen3.5-397b-a17b", "linear-attention"), ("glm-5", "DSA sparse attention")],
+)
+def test_unmodelled_attention_is_skipped(serving_entries, family, reason):
+    rid = next(i for i, e in serving_entries.items() if e["model"]["family"] == family)
+    assert reason in map_serving_run(serving_entries[rid], "serving").skipped_reason
+
+
+def test_suspect_quality_is_skipped(serving_entries):
+    e = copy.deepcopy(next(iter(serving_entries.values())))
+    e["quality"], e["flags"] = "suspect", ["tp_not_divisor_of_heads"]
+    assert "suspect" in map_serving_run(e, "serving").skipped_reason
+
+
+def test_inference_file_conversions():
+    runs = {e["id"]: map_serving_run(e, "inference") for e in load_runs("inference").entries}
+    nim = runs["nim180-h100x2-fp8-tp2-llama3.3-70b-5000-500-c25"]
+    assert nim.measured.tpot_s == pytest.approx(
+        0.03875
+    ) and nim.measured.output_tokens_per_s == pytest.approx(623.4)
+    lat = runs["vllm-ci9523-a100-latency_llama8B_tp1"]
+    assert lat.measured.output_tokens_per_s == pytest.approx(8 * 128 / 1.57927)
+    share = runs["sglang060bench-vllm-a100-tp1-8b-rps4"]
+    assert "ShareGPT" in share.skipped_reason or "lengths not given" in share.skipped_reason
+    assert share.measured.tpot_s == pytest.approx(0.01414)  # median_tpot, not the 129 ms chunk ITL
+
+
+def test_without_a_serving_model_runs_are_skipped_but_counted():
+    rep = validate("inference", predictor=None)
+    doc = rep.to_dict()
+    if rep.predictor_available:
+        pytest.skip("the serving model exists: covered by test_metrics_are_scored_separately")
+    assert set(doc["summary"]) == {"ttft", "tpot", "throughput"}
+    for s in doc["summary"].values():
+        assert {"n", "median_abs_error", "bias"} <= set(s) and s["n"] == 0
+    assert doc["skipped"][NO_MODEL] > 0
+
+
+def test_metrics_are_scored_separately(serving_file):
+    """A predictor +50% on TTFT and −50% on TPOT: the two errors must not cancel anywhere."""
+
+    def fake(run, *, efficiency):
+        m = run.measured
+        return ServingPrediction(
+            ttft_s=m.ttft_s * 1.5 if m.ttft_s else None,
+            tpot_s=m.tpot_s * 0.5 if m.tpot_s else None,
+            output_tokens_per_s=m.output_tokens_per_s,
+        )
+
+    rf = serving_file
+    small = type(rf)(rf.path, rf.schema, rf.entries[:40])
+    s = validate(small, predictor=fake).to_dict()["summary"]
+    assert s["ttft"]["bias"] == pytest.approx(0.5) and s["tpot"]["bias"] == pytest.approx(-0.5)
+    assert s["ttft"]["median_abs_error"] == pytest.approx(0.5) and s["ttft"]["n"] > 0
+    assert s["throughput"]["n"] == 0  # AIC measures no throughput
+
+
+def test_serving_plot_has_one_panel_per_metric(serving_file, tmp_path):
+    from roofline.validate.plot import plot_serving
+
+    def fake(run, *, efficiency):
+        m = run.measured
+        return {
+            "ttft_s": m.ttft_s and m.ttft_s * 1.1,
+            "tpot_s": m.tpot_s,
+            "output_tokens_per_s": None,
+        }
+
+    small = type(serving_file)(serving_file.path, serving_file.schema, serving_file.entries[:30])
+    out = plot_serving(validate(small, predictor=fake), tmp_path / "s.png")
+    assert out.stat().st_size > 10_000
+
+
+def test_entry_schema_of_non_mappings():
+    assert entry_schema(3) is None and entry_schema({"id": "x"}) == Schema.TRAINING
+    assert Metric("tpot") is Metric.TPOT
