@@ -176,7 +176,8 @@ def report_documents(
     system = document("system", [train["inputs"]["system"]])
     chip = document("chip", [system["chip"]])
     model_arg = _value(train_values, "model") or input_default("train", "model")
-    model_argv = [model_arg, "--seq", str(train["inputs"]["seq_len"]), "--chip", chip["name"]]
+    seq = train["inputs"].get("seq_len", train["inputs"].get("seq"))
+    model_argv = [model_arg, "--seq", str(seq), "--chip", chip["name"]]
     model = document("model", model_argv)
     commands = {
         "train": _shell("train", argv),
