@@ -30,7 +30,7 @@ def test_regression_recovers_planted_factors(training_report):
         f = features(r)
         log = (
             math.log(1.5)
-            + math.log(0.7) * (f["compute_dtype"] == "fp8")
+            + math.log(0.7) * (f["compute_dtype"] in ("fp8", "fp4"))
             + math.log(1.9) * (f["seq_len"] == ">8k")
         )
         return math.exp(log) - 1

@@ -61,10 +61,9 @@ def regression(report: TrainingReport) -> dict[str, Any]:
     """log(pred/meas) ~ intercept + indicators; the base case is a Megatron-family GPU run,
     <= 8k tokens, no pipeline, dense, 10-100B parameters, bf16, no full remat."""
     rs = _covered(report)
-    names = [n for n, f in FEATURES.items() if any(f(r) for r in rs)]
+    names, X, dropped = _identifiable_columns(rs)
     if len(rs) <= len(names) + 1:
         return {"n": len(rs), "factors": {}, "note": "too few runs for the regression"}
-    X = np.array([[1.0] + [float(FEATURES[n](r)) for n in names] for r in rs])
     y = np.log([1 + r.error for r in rs])
     beta, *_ = np.linalg.lstsq(X, y, rcond=None)
     fit = X @ beta
@@ -84,7 +83,26 @@ def regression(report: TrainingReport) -> dict[str, Any]:
             for i, (n, b, s) in enumerate(zip(names, beta[1:], se[1:], strict=True))
         },
         "median_abs_error_of_fit_residual": float(np.median(np.abs(np.exp(resid) - 1))),
+        "not_identifiable": dropped,
     }
+
+
+def _identifiable_columns(rs: list) -> tuple[list[str], np.ndarray, list[str]]:
+    """Indicator columns that add rank to the design (a feature true for every covered run, or
+    equal to a combination of others, cannot be told apart from them: it is listed, not fitted)."""
+    cols = [np.ones(len(rs))]
+    names: list[str] = []
+    dropped: list[str] = []
+    for n, f in FEATURES.items():
+        c = np.array([float(f(r)) for r in rs])
+        if not c.any():
+            continue
+        if np.linalg.matrix_rank(np.column_stack([*cols, c])) > len(cols):
+            cols.append(c)
+            names.append(n)
+        else:
+            dropped.append(n)
+    return names, np.column_stack(cols), dropped
 
 
 def analyse(report: TrainingReport) -> dict[str, Any]:
