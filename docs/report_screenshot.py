@@ -60,7 +60,7 @@ def open_offline(context, allowed_prefixes: tuple[str, ...]) -> list[str]:
 
 def screenshot(html: Path, out: Path, browser) -> list[str]:
     """Open `html` with the network cut, wait for every chart, save the viewport to `out`."""
-    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1, offline=True)
     blocked = open_offline(context, ("file://",))
     page = context.new_page()
     page.goto(html.resolve().as_uri())

@@ -33,7 +33,9 @@ class Watched:
     """A page whose console errors, page errors and off-page requests are recorded."""
 
     def __init__(self, browser, allowed: tuple[str, ...], viewport=shots.VIEWPORT):
-        self.context = browser.new_context(viewport=viewport)
+        # a file:// page also runs with the browser offline; the UI needs loopback
+        offline = allowed == ("file://",)
+        self.context = browser.new_context(viewport=viewport, offline=offline)
         self.blocked = shots.open_offline(self.context, allowed)
         self.page = self.context.new_page()
         self.errors: list[str] = []
