@@ -92,6 +92,10 @@ ORDER = (
     "report.plots",
     "serving_plot",
     "report",
+    "report.page",
+    "report.page_charts",
+    "report.page_html",
+    "report.page_md",
     "cli._common",
     "cli._profile",
     "cli.chips_cmd",
@@ -108,6 +112,12 @@ ORDER = (
     "cli.validate_cmd",
     "cli.calibrate_cmd",
     "cli",
+    "web",
+    "web.documents",
+    "web.form",
+    "web.app",
+    "cli.report_cmd",
+    "cli.ui_cmd",
     "__main__",
     "__init__",
 )
@@ -126,8 +136,6 @@ DEFERRED = {
         "specs.model",
         "specs.hf",
     ): "load_model hands config.json files to the HF loader, which builds ModelSpecs",
-    ("validate.scoreboard", "validate.analysis"): "the analysis of a scoreboard reads its results",
-    ("serving", "serving_predict"): "validate's entry point roofline.serving.predict_measured_run hands the run to serving_predict",
 }
 
 

@@ -29,6 +29,8 @@ COMMANDS = (
     "verify",
     "validate",
     "calibrate",
+    "report",
+    "ui",
 )
 
 

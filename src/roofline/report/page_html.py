@@ -1,0 +1,108 @@
+"""The proposal page as one self-contained HTML file: styles, data, charts and Vega inlined.
+
+Opening it needs no network: the Vega/Vega-Lite/Vega-Embed bundle comes from vl-convert
+(which ships it) and is written into the page; the CLI documents the page shows are embedded
+as JSON (`<script id="roofline-documents">`), so a reader can check any number against them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from roofline.errors import SpecError
+from roofline.report import page
+from roofline.report.page import ReportDocuments
+from roofline.report.page_charts import charts
+
+TEMPLATE = Path(__file__).with_name("page.html.j2")
+WEB_EXTRA = "pip install '.[web]'  (the report and the UI need Altair, vl-convert, Jinja2, Starlette and uvicorn)"
+
+
+def require_web_extra() -> None:
+    """A clear error (not an ImportError traceback) when the optional `web` extra is missing."""
+    import importlib.util
+
+    missing = [m for m in ("altair", "vl_convert", "jinja2") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SpecError(
+            f"the report needs {', '.join(missing)}, which is not installed",
+            rule="the report and UI dependencies are the optional extra `web`",
+            fix=WEB_EXTRA,
+        )
+
+
+@functools.cache
+def vega_bundle() -> str:
+    """Vega, Vega-Lite and Vega-Embed as one script (from the vl-convert package; offline)."""
+    import vl_convert
+
+    return vl_convert.javascript_bundle()
+
+
+@functools.cache
+def _template():
+    import jinja2
+
+    env = jinja2.Environment(
+        autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+    )
+    return env.from_string(TEMPLATE.read_text(encoding="utf-8"))
+
+
+def script_json(obj: Any) -> str:
+    """JSON safe inside a <script> element (no `</script>` or `<!--` can close it early)."""
+    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def context(docs: ReportDocuments) -> dict[str, Any]:
+    """Everything the template shows, read off the documents by `roofline.report.page`."""
+    unplaced = page.roofline_points(docs)[1]
+    c = page.chosen(docs) or {}
+    return {
+        "title": page.title(docs),
+        "version": docs.version,
+        "commands": {"train": "", "model": "", "serve": "", **docs.commands},
+        "summary": page.summary_rows(docs),
+        "why": docs.train.get("why", ""),
+        "note": docs.train.get("sub_slice_note", ""),
+        "search": page.search_line(docs),
+        "unplaced": unplaced,
+        "has_plan": page.chosen(docs) is not None,
+        "has_pareto": bool(page.pareto_data(docs)),
+        "top_header": page.TOP_PLAN_HEADER,
+        "top_rows": page.top_plan_rows(docs),
+        "pareto_rows": [
+            [str(p["chips"]), p["step"], p["cost"], p["plan"]] for p in page.pareto_data(docs)
+        ],
+        "comm_rows": page.comm_rows(c),
+        "collective_rows": page.collective_rows(c),
+        "rejected_rows": page.rejected_rows(docs),
+        "serve_rows": page.serve_rows(docs.serve) if docs.serve else [],
+        "serve_rejected": page.serve_rejected_rows(docs.serve) if docs.serve else [],
+        "model_name": docs.model.get("inputs", {}).get("model", "?"),
+        "ledger_shape": page.ledger_shape(docs).capitalize(),
+        "ledger_header": page.LEDGER_HEADER,
+        "ledger_rows": page.ledger_rows(docs),
+        "ledger_totals": page.ledger_total_rows(docs),
+        "inputs": page.input_rows(docs),
+        "assumptions": page.assumption_rows(docs),
+    }
+
+
+def render_html(
+    docs: ReportDocuments, *, before: str = "", after: str = "", extra_css: str = ""
+) -> str:
+    """The report page. `before`/`after`/`extra_css` are trusted HTML/CSS the UI adds (its form)."""
+    require_web_extra()
+    return _template().render(
+        **context(docs),
+        documents_json=script_json(docs.as_dict()),
+        charts_json=script_json(charts(docs)),
+        vega_js=vega_bundle(),
+        before=before,
+        after=after,
+        extra_css=extra_css,
+    )
