@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
 from roofline.errors import SpecError
 from roofline.specs.model import MLPKind, ModelSpec
 from roofline.specs.plan import Causal as Causal  # the counting convention is plan vocabulary
@@ -36,6 +34,8 @@ def expected_distinct_experts(n_experts: float, top_k: float, tokens: Any) -> An
     step at batch B (T = 1) of a layer reads this many experts' weights; real routers are
     skewed (hot experts), which touches fewer — this is the uniform-routing expectation.
     """
+    import numpy as np  # lazily: `roofline models` and `chips` answer without numpy
+
     t = np.asarray(tokens, dtype=float)
     out = n_experts * (1.0 - np.power(1.0 - top_k / n_experts, t))
     return float(out) if out.ndim == 0 else out
@@ -604,7 +604,7 @@ def _mla_ops(
 
 def _causal_factor(T: float, S: float, window: float | None, causal: Causal) -> float:
     """Scalar form of `causal_fraction` (FULL counts the dense matrix: the book's 12BT²NH)."""
-    if causal == Causal.FULL:
+    if causal == Causal.FULL or T <= 1:  # one query row (decode, a 1-token ledger) sees every key
         return 1.0
     return float(causal_fraction(T, S, window))
 
@@ -616,15 +616,18 @@ def causal_fraction(T: Any, S: Any, window: float | None = None) -> Any:
     T < S: a chunk after a cached prefix; T == 1: decode). The query at position p attends to
     min(p, W) keys, so the work is Σ_{p=S−T+1..S} min(p, W) over T·min(S, W): causal
     self-attention keeps (T+1)/(2T), a window W ≤ T keeps 1 − (W−1)/(2T), decode keeps all.
+    More queries than keys (T > S) is cross attention: no causal mask, the whole matrix.
     Vectorised over numpy arrays of T and S.
     """
+    import numpy as np  # lazily: `roofline models` and `chips` answer without numpy
+
     T = np.asarray(T, dtype=float)
     S = np.asarray(S, dtype=float)
     W = S if window is None else np.minimum(S, float(window))
     lo = S - T + 1  # first query position (1-based)
     top = np.minimum(S, W)  # positions lo..top see p keys, the rest see W
     work = (lo + top) * (top - lo + 1) / 2 + np.maximum(0.0, S - W) * W
-    out = np.where((T <= 1) | (lo >= W), 1.0, work / (T * W))
+    out = np.where((T <= 1) | (lo >= W) | (T > S), 1.0, work / (T * W))
     return float(out) if out.ndim == 0 else out
 
 
