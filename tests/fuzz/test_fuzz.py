@@ -13,7 +13,6 @@ Budget: EXAMPLES below sum to the number of cases CI runs (test_case_budget stat
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -94,20 +93,11 @@ test_fuzz_chip_file = _family_test("chip_file")
 test_fuzz_system_file = _family_test("system_file")
 test_fuzz_train = _family_test("train")
 test_fuzz_validate = _family_test("validate")
-test_fuzz_serve = pytest.mark.skipif(
-    importlib.util.find_spec("roofline.cli.serve_cmd") is None,
-    reason="`roofline serve` is not on this branch yet (h5-serve)",
-)(_family_test("serve"))
+test_fuzz_serve = _family_test("serve")
 
-# Open findings in h1's train/planner code (docs/fuzz-findings.md, issue 12): `train` above
-# leaves their inputs out; this test keeps them in and turns XPASS once they are fixed.
-test_fuzz_train_known = pytest.mark.xfail(
-    strict=False,
-    reason="open findings F1-F3, F5 in docs/fuzz-findings.md (h1): --assume-mfu outside (0, 1] "
-    "(ZeroDivisionError at 0, MFU 200% at 2, nan/inf text), schedule=interleaved,virtual=0 "
-    "(ZeroDivisionError in training.check_plan), virtual=-2 (negative bubble, 117% shares), "
-    "NaN usd_per_million_tokens for unpriced chips (--json)",
-)(_family_test("train_known", shrink=False))
+# Findings F1-F3, F5 (docs/fuzz-findings.md), now fixed: --assume-mfu outside (0, 1],
+# schedule=interleaved with virtual <= 0, unpriced chips. This family keeps their inputs in.
+test_fuzz_train_known = _family_test("train_known", shrink=False)
 
 
 def test_case_budget():
@@ -176,8 +166,24 @@ OPEN_FINDINGS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("finding", "argv"), OPEN_FINDINGS, ids=[f for f, _ in OPEN_FINDINGS])
-@pytest.mark.xfail(strict=False, reason="open finding in another owner's module (see the id)")
+# fixed findings stay as regression tests; the ones still open are expected to fail
+STILL_OPEN = {"F8"}
+
+
+@pytest.mark.parametrize(
+    ("finding", "argv"),
+    [
+        pytest.param(
+            f,
+            a,
+            marks=[pytest.mark.xfail(strict=True, reason="open finding (docs/fuzz-findings.md)")]
+            if f in STILL_OPEN
+            else [],
+        )
+        for f, a in OPEN_FINDINGS
+    ],
+    ids=[f for f, _ in OPEN_FINDINGS],
+)
 def test_open_findings(finding, argv):
     if finding == "F7":  # reads a device forever: in a child process with memory and time caps
         return _in_child(argv)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
+from roofline.specs.catalog import exists, is_file, read_text_file
 
 DATA_DIR = Path(__file__).parent
 BUILTIN = {
@@ -43,6 +44,9 @@ class RunFile:
     entries: tuple[Any, ...]
 
 
+MAX_RUNS_FILE_BYTES = 64 * 2**20  # the public serving file is ~0.7 MB; far above any real one
+
+
 def resolve_path(runs: str | Path) -> Path:
     s = str(runs)
     if s in BUILTIN and not Path(s).exists():
@@ -59,18 +63,14 @@ def _load_yaml(path: Path) -> Any:
             rule="roofline validate reads YAML",
             fix="pip install pyyaml",
         ) from None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not is_file(path) and not exists(path):
         raise SpecError(
             f"runs file {str(path)!r} does not exist",
             rule="--runs is a YAML file of measured runs, or one of " + ", ".join(BUILTIN),
             fix="check the path, or write --runs training",
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(
-            f"runs file {str(path)!r} cannot be read ({e})", fix="check the file"
-        ) from None
+        )
+    # one checked reader: no directories, devices (/dev/zero never ends) or giant files
+    text = read_text_file(path, "measured-runs", max_bytes=MAX_RUNS_FILE_BYTES)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         return yaml.load(text, Loader=loader)
