@@ -92,13 +92,13 @@ def read_text_file(path: str | Path, what: str, *, max_bytes: int = MAX_SPEC_FIL
     if stat.S_ISDIR(st.st_mode):
         raise SpecError(
             f"{what} file {shown} is a directory",
-            rule=f"a {what} is read from one file",
+            rule=f"a {what} file is one file, not a folder",
             fix="give the path of the file inside it",
         )
     if not stat.S_ISREG(st.st_mode):
         raise SpecError(
             f"{what} file {shown} is not a regular file (a device, pipe or socket)",
-            rule=f"a {what} is read from a regular file",
+            rule=f"a {what} file is a regular file",
             fix="save the spec to a file and give its path",
         )
     if st.st_size > max_bytes:
