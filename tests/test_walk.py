@@ -184,9 +184,9 @@ def test_routed_expert_weights_are_read_only_for_the_chosen_experts():
 def test_every_kernel_launch_pays_the_profiles_fixed_time():
     """A physics profile's kernel_overhead_s is added once per op per pass (a grouped expert
     GEMM is one launch), compute- or memory-bound; a constant profile adds nothing."""
+    from roofline.rules import Strategy
     from roofline.specs.efficiency import PEAK, load_profile
     from roofline.walk import MeshRows, walk_rows
-    from roofline.rules import Strategy
 
     ds = load_profile("datasheet")
     sysm = parse_system("h100:8")
