@@ -33,7 +33,7 @@ import numpy as np
 from roofline.collectives import CollectiveKind
 from roofline.cost import CommModel, ComputeModel, mesh_for
 from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
-from roofline.memory import NON_LAYER_ROWS, rerun_by, saved_bytes
+from roofline.memory import NON_LAYER_ROWS, saved_bytes
 from roofline.mesh import Mesh
 from roofline.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
 from roofline.sharding import (
@@ -48,6 +48,7 @@ from roofline.sharding import (
     plan_training_einsum,
 )
 from roofline.specs.efficiency import Efficiency
+from roofline.specs.framework import OverlapClass
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
     Causal,
@@ -59,6 +60,7 @@ from roofline.specs.plan import (
     mesh_axes_of,
 )
 from roofline.specs.system import System
+from roofline.stack import Stack, policy_for_op, stack_of
 from roofline.units import dtype_bytes
 
 
@@ -87,13 +89,33 @@ class Overlap(enum.StrEnum):
     OTHER = "other"  # any other activation traffic (e.g. gathers over batch axes)
 
 
+# The framework profiles' name of each class (specs.framework.OverlapClass).
+FRAMEWORK_CLASS: Mapping[Overlap, OverlapClass] = {
+    Overlap.WEIGHT_GATHER: OverlapClass.WEIGHT_GATHER,
+    Overlap.GRAD_REDUCE_MB: OverlapClass.GRAD_REDUCE,
+    Overlap.GRAD_REDUCE_STEP: OverlapClass.GRAD_REDUCE,
+    Overlap.TENSOR: OverlapClass.TENSOR,
+    Overlap.SEQUENCE: OverlapClass.SEQUENCE,
+    Overlap.EXPERT: OverlapClass.EXPERT,
+    Overlap.PIPELINE: OverlapClass.PIPELINE,
+    Overlap.OTHER: OverlapClass.OTHER,
+}
+
+
+def per_step_gradient(c: Comm) -> bool:
+    """A weight-gradient reduction over replicas of the weight (data, context-parallel or, for
+    dense weights, expert-parallel ranks), not over its FSDP shards: summed once per step after
+    gradient accumulation, not once per microbatch (issue 9 cause 1)."""
+    return c.tensor.startswith(("dW", "dw")) and "fsdp" not in c.axes
+
+
 def overlap_class(c: Comm) -> Overlap:
     """The overlap class of a collective the algebra chose (the one home of the rule)."""
     t = c.tensor
     if t.startswith(("dW", "dw")):
-        if "fsdp" in c.axes or "expert" in c.axes:
-            return Overlap.GRAD_REDUCE_MB
-        return Overlap.GRAD_REDUCE_STEP
+        if "fsdp" in c.axes:
+            return Overlap.GRAD_REDUCE_MB  # FSDP reduce-scatters every microbatch
+        return Overlap.GRAD_REDUCE_STEP  # replicas (data, seq, expert) sum once per step
     if t.startswith(("W", "w_")):
         return Overlap.WEIGHT_GATHER
     if c.kind == CollectiveKind.ALL_TO_ALL and "expert" in c.axes:
@@ -224,16 +246,29 @@ class Totals:
     flops: Mapping[tuple[bool, frozenset[RematKind]], Any]
     comm_s: Mapping[tuple[Overlap, bool, frozenset[RematKind]], Any]
     reusable_s: Mapping[Overlap, Any]
+    # compute seconds by (forward?, rerun_by, op class): the windows collectives hide behind
+    compute_class_s: Mapping[tuple[bool, frozenset[RematKind], OpClass], Any] = field(
+        default_factory=dict
+    )
+    # compute seconds of the rows outside the layer stack (embedding, LM head), all passes
+    edge_s: Any = 0.0
 
     @staticmethod
     def of(walk: Walk) -> Totals:
         compute: dict = {}
+        by_class: dict = {}
+        edge: Any = 0.0
         flops: dict = {}
         comm: dict = {}
         reusable: dict = {}
         for r in walk.ops:
             k = (r.pass_ == Pass.FORWARD, r.rerun_by)
-            compute[k] = compute.get(k, 0.0) + r.copies * r.time_s
+            t = r.copies * r.time_s
+            compute[k] = compute.get(k, 0.0) + t
+            kc = (*k, r.op_class)
+            by_class[kc] = by_class.get(kc, 0.0) + t
+            if r.op in NON_LAYER_ROWS:
+                edge = edge + t
             flops[k] = flops.get(k, 0.0) + r.copies * r.flops_per_chip
         for c in walk.collectives:
             t = c.copies * c.time_s
@@ -241,7 +276,7 @@ class Totals:
             comm[k2] = comm.get(k2, 0.0) + t
             if np.any(c.reusable):
                 reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
-        return Totals(compute, flops, comm, reusable)
+        return Totals(compute, flops, comm, reusable, by_class, edge)
 
 
 # --------------------------------------------------------------------------------------
@@ -421,15 +456,19 @@ class WalkOptions:
     trusted: bool = True  # specs come from rules: skip the algebra's input checks
     choices: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (op, pass) -> option
     remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
+    stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
 
 
 class _Walker:
     """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
 
-    def __init__(self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp):
+    def __init__(self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp, mb):
         self.model, self.ledger, self.rules = model, ledger, rules
         self.mesh, self.seqs, self.phase = mesh_sizes, sequences, phase
         self.pricing, self.opts, self.pp = pricing, opts, pp
+        self.stack = stack_of(opts.stack)
+        # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
+        self.step_share = 1.0 / np.asarray(mb, float)
         self.shared = SharedCollectives()
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
         self.ops: list[OpRecord] = []
@@ -458,7 +497,7 @@ class _Walker:
 
     def matmul(self, op: Op, sizes: dict, copies: Any) -> None:
         op_class = OpClass.EXPERT_GEMM if "experts" in op.inputs[1].dims else OpClass.DENSE_GEMM
-        dtype = self.opts.dtypes.of(op_class).value
+        dtype = self.opts.dtypes.for_op(op.name, op_class).value
         plans = list(self.plan(op, sizes, dtype))
         for i, label in enumerate(self.passes):
             idx = self.opts.choices.get((op.name, label.value))
@@ -469,7 +508,7 @@ class _Walker:
             plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype, op)
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
-        reruns = rerun_by(op)
+        reruns = self.stack.rerun_by(op)
         for label, ep in zip(self.passes, plans, strict=True):
             rr = reruns if label == Pass.FORWARD else NO_RERUN
             self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
@@ -487,15 +526,28 @@ class _Walker:
                 hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
                 check_divisible=False,
                 trusted=self.opts.trusted,
-                policy=self.opts.policy,
+                policy=policy_for_op(self.opts.policy, op.name),
                 weights=_weight_names(op),
                 weight_read_fraction=self.weight_read_fraction(op),
+                comm_share=self.comm_share,
             )
             if self.phase == Phase.TRAIN:
                 self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
             else:
                 self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
         return self.same[key]
+
+    def comm_share(self, c: Comm) -> Any:
+        """The share of a collective's time one microbatch's option choice carries: a per-step
+        gradient sum is paid once for the M microbatches of a step."""
+        return self.step_share if per_step_gradient(c) else 1.0
+
+    def rerun_collective(self, reruns: frozenset[RematKind], cls: Overlap, c_kind) -> Any:
+        """The remat kinds that rerun a collective of class `cls` inside an op they rerun."""
+        if not reruns:
+            return NO_RERUN
+        fc = FRAMEWORK_CLASS[cls]
+        return frozenset(k for k in reruns if self.stack.reruns_collective(k, fc, c_kind))
 
     def weight_read_fraction(self, op: Op) -> Any:
         """Share of a weight one pass reads from HBM: 1, or for a routed-expert row the
@@ -540,9 +592,10 @@ class _Walker:
             phase="backward",
             check_divisible=False,
             trusted=self.opts.trusted,
-            policy=self.opts.policy,
+            policy=policy_for_op(self.opts.policy, op.name),
             weights=_weight_names(op),
             weight_read_fraction=self.weight_read_fraction(op),
+            comm_share=self.comm_share,
         )
 
     def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
@@ -576,9 +629,9 @@ class _Walker:
             for c in o.comms:
                 counted, reusable = self.shared.count(c, block, sel, self.opts.merge_reductions)
                 cls = overlap_class(c)
-                # remat reruns a forward collective with its op, but weights are gathered once
-                # for the recompute and the backward pass together (a backward re-gather)
-                rr = reruns if cls != Overlap.WEIGHT_GATHER else NO_RERUN
+                # remat reruns a forward collective with its op as the stack says; weights are
+                # gathered once for the recompute and the backward pass (a backward re-gather)
+                rr = self.rerun_collective(reruns, cls, c.kind)
                 self.colls.append(
                     CollectiveRecord(
                         op.name,
@@ -620,7 +673,7 @@ class _Walker:
         for label in self.passes:  # the backward pass: two contractions of the same size
             fwd = label == Pass.FORWARD
             comp = fl / p.attention_peak(dtype, not fwd, head_dim)
-            rr = rerun_by(op) if fwd else NO_RERUN
+            rr = self.stack.rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(
                     op.name,
@@ -672,7 +725,7 @@ class _Walker:
             by,
             comp,
             mem,
-            rerun_by(op),
+            self.stack.rerun_by(op),
             launch_s=p.launch_s,
         )
         self.ops.append(rec)
@@ -688,7 +741,9 @@ class _Walker:
         s = spec_of(k, self.rules)
         b = s.local_bytes(sizes, self.mesh)
         shard = str(replace(s, axes=_with_seq(s)))
-        fwd_rr = rerun_by(op)
+        fwd_rr = self.rerun_collective(
+            self.stack.rerun_by(op), Overlap.SEQUENCE, CollectiveKind.ALL_GATHER
+        )
         why = "context parallelism: K/V gathered along the sequence"
         t_ag = self.pricing.comm(CollectiveKind.ALL_GATHER, b, ("seq",))
         t_rs = self.pricing.comm(CollectiveKind.REDUCE_SCATTER, b, ("seq",))
@@ -743,7 +798,11 @@ class _Walker:
         t = self.pricing.comm(CollectiveKind.ALL_TO_ALL, b, ("expert",))
         why = "MoE dispatch/combine over the expert axis"
         for label in self.passes[:2]:
-            rr = rerun_by(op) if label == Pass.FORWARD else NO_RERUN
+            rr = NO_RERUN
+            if label == Pass.FORWARD:
+                rr = self.rerun_collective(
+                    self.stack.rerun_by(op), Overlap.EXPERT, CollectiveKind.ALL_TO_ALL
+                )
             for name in ("dispatch", "combine"):
                 self.colls.append(
                     CollectiveRecord(
@@ -851,11 +910,14 @@ def walk_ledger(
     pricing: AlgebraPricing,
     options: WalkOptions = WalkOptions(),
     mesh_reason: np.ndarray | None = None,
+    microbatches: Any = 1.0,
 ) -> Walk:
     """Walk every row of `ledger` under `rules` on meshes of `mesh_sizes` (arrays per row),
-    `sequences` per microbatch; see the module docstring."""
+    `sequences` per microbatch, `microbatches` per step; see the module docstring."""
     pp = mesh_sizes.get("stage", 1.0)
-    w = _Walker(model, ledger, rules, mesh_sizes, sequences, phase, pricing, options, pp)
+    w = _Walker(
+        model, ledger, rules, mesh_sizes, sequences, phase, pricing, options, pp, microbatches
+    )
     for op in ledger:
         w.visit(op)
     seq = ledger.sizes["seq"]
@@ -941,6 +1003,7 @@ def walk_rows(
         pricing=pricing,
         options=options,
         mesh_reason=reason,
+        microbatches=rows.microbatches.astype(float),
     )
 
 

@@ -149,10 +149,10 @@ STACKS: dict[str, StackDefaults] = {
         layout_why="torchtitan's default layout is FSDP over every GPU (data_parallel_shard_degree=-1)",
     ),
     "llm-foundry": StackDefaults(
-        framework="torchtitan",
+        framework="llm-foundry",
         framework_why=(
-            "llm-foundry runs PyTorch FSDP FULL_SHARD (no TP/PP): gathers weights per layer in forward "
-            "and backward, as torchtitan's FSDP does, so it uses that profile"
+            "llm-foundry runs Composer's PyTorch FSDP1 FULL_SHARD (no TP/PP): its own profile "
+            "(BACKWARD_POST prefetch, reshard after forward)"
         ),
         remat="none",
         remat_why="activation checkpointing unstated: none (Composer fsdp_config.activation_checkpointing defaults to false)",
