@@ -35,6 +35,7 @@ from roofline.memory import LAST_PROJECTIONS, NON_LAYER_ROWS
 from roofline.memory import rerun_by as book_rerun_by
 from roofline.sharding import CHEAPEST, Option, OptionContext, OptionPolicy
 from roofline.specs.framework import (
+    AttentionKernel,
     AxisRole,
     CPMethod,
     Dispatch,
@@ -67,6 +68,16 @@ _REMAT_NAMES: Mapping[RematKind, tuple[str, ...]] = {
     RematKind.MATMULS: ("selective", "minimal", "matmuls"),
     RematKind.FULL: ("full",),
     RematKind.CHECKPOINTS: ("full",),
+}
+
+# Speed of a stack's attention kernel relative to the efficiency profile's reference kernel of
+# the chip generation, (forward, backward). The datasheet profile's Hopper attention is
+# FlashAttention-3 (specs/profiles/datasheet.toml, [fa3]); FlashAttention-2 on Hopper is slower:
+# FA3 (Shah et al. 2024, abstract and §4.1) is 1.5-2.0x faster than FA2 in the forward pass and
+# 1.5-1.75x in the backward pass (midpoints 1.75 and 1.6). Ampere's reference is FA2 itself,
+# Blackwell's cuDNN, TPU's splash: pairs not listed run at the reference speed.
+ATTENTION_KERNEL_SPEED: Mapping[tuple[AttentionKernel, str], tuple[float, float]] = {
+    (AttentionKernel.FLASH_ATTENTION_2, "hopper"): (1 / 1.75, 1 / 1.6),
 }
 
 # The plan's schedules in the profile's vocabulary.
@@ -284,6 +295,17 @@ class Stack:
     @property
     def node_limited_routing(self) -> bool:
         return self.framework.expert_parallel.node_limited_routing
+
+    # -- kernels -------------------------------------------------------------------------------
+    def attention_speed(self, chip: Any, backward: bool) -> float:
+        """The stack's attention kernel speed against the profile's reference kernel on `chip`
+        (`ATTENTION_KERNEL_SPEED`; 1 where the stack names no kernel or the pair is unlisted)."""
+        k = self.framework.kernels.attention if self.framework.kernels else None
+        if k is None:
+            return 1.0
+        gen = str(getattr(chip, "generation", "")).lower()
+        speed = ATTENTION_KERNEL_SPEED.get((k, gen))
+        return 1.0 if speed is None else speed[1 if backward else 0]
 
     # -- overheads ----------------------------------------------------------------------------
     @property

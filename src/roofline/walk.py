@@ -48,7 +48,7 @@ from roofline.sharding import (
     plan_training_einsum,
 )
 from roofline.specs.efficiency import Efficiency
-from roofline.specs.framework import OverlapClass
+from roofline.specs.framework import Dispatch, OverlapClass
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
     Causal,
@@ -462,11 +462,14 @@ class WalkOptions:
 class _Walker:
     """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
 
-    def __init__(self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp, mb):
+    def __init__(
+        self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp, mb, scale_up
+    ):
         self.model, self.ledger, self.rules = model, ledger, rules
         self.mesh, self.seqs, self.phase = mesh_sizes, sequences, phase
         self.pricing, self.opts, self.pp = pricing, opts, pp
         self.stack = stack_of(opts.stack)
+        self.scale_up = scale_up  # GPUs per NVLink domain per row (0: a TPU torus; None: unknown)
         # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
         self.step_share = 1.0 / np.asarray(mb, float)
         self.shared = SharedCollectives()
@@ -670,9 +673,11 @@ class _Walker:
         p = self.pricing
         head_dim = op.sizes.get("head_dim", 0.0)
         mem = by / p.hbm_bw_bytes_per_s
+        chip = p.compute.chip if p.compute is not None else None
         for label in self.passes:  # the backward pass: two contractions of the same size
             fwd = label == Pass.FORWARD
-            comp = fl / p.attention_peak(dtype, not fwd, head_dim)
+            speed = self.stack.attention_speed(chip, not fwd) if chip is not None else 1.0
+            comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
             rr = self.stack.rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(
@@ -794,7 +799,7 @@ class _Walker:
         parallelism), forward (rerun with the expert matmuls under remat) and backward."""
         xe = Tensor("xe", ("experts", "capacity", "embed"), op.inputs[0].dtype)
         s = spec_of(xe, self.rules)
-        b = s.local_bytes(sizes, self.mesh)
+        b = s.local_bytes(sizes, self.mesh) * self.dispatch_share(op)
         t = self.pricing.comm(CollectiveKind.ALL_TO_ALL, b, ("expert",))
         why = "MoE dispatch/combine over the expert axis"
         for label in self.passes[:2]:
@@ -823,6 +828,31 @@ class _Walker:
                         why=why,
                     )
                 )
+
+    def dispatch_share(self, op: Op) -> Any:
+        """The share of (tokens × top_k × d_model) per chip the dispatch really moves.
+
+        - Under Megatron sequence parallelism each tensor rank dispatches its own sequence
+          shard of the tokens (Megatron-Core MoE token dispatchers, torchtitan's TP+EP), not
+          the whole microbatch: 1/tp.
+        - A dispatcher that sends a token once per destination node and forwards it over
+          NVLink there (DeepEP, Megatron's flex dispatcher) moves, across nodes, the expected
+          number of distinct nodes its top_k experts sit on, N·(1 − (1 − 1/N)^k), not k
+          copies (N: the NVLink domains the expert group spans; uniform routing).
+        """
+        share: Any = 1.0
+        tp = np.asarray(self.mesh.get("tensor", 1.0), float)
+        if self.rules.sequence_parallel:
+            share = share / tp
+        if self.stack.dispatch == Dispatch.DEEPEP and self.scale_up is not None:
+            k = float(op.sizes.get("top_k", 1.0))
+            ep = np.asarray(self.mesh.get("expert", 1.0), float)
+            stride = np.asarray(self.mesh.get("seq", 1.0), float) * tp
+            per_node = np.clip(self.scale_up / stride, 1.0, ep)
+            nodes = np.where(self.scale_up > 0, ep / per_node, 1.0)
+            distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
+            share = share * np.where(nodes > 1, np.minimum(distinct, k) / k, 1.0)
+        return share
 
     # -- per step -----------------------------------------------------------------------
     def pipeline_hop(self, seq: float) -> None:
@@ -911,12 +941,24 @@ def walk_ledger(
     options: WalkOptions = WalkOptions(),
     mesh_reason: np.ndarray | None = None,
     microbatches: Any = 1.0,
+    scale_up: Any = None,
 ) -> Walk:
     """Walk every row of `ledger` under `rules` on meshes of `mesh_sizes` (arrays per row),
-    `sequences` per microbatch, `microbatches` per step; see the module docstring."""
+    `sequences` per microbatch, `microbatches` per step, on systems whose NVLink domains hold
+    `scale_up` GPUs (0 for TPU tori; None: unknown); see the module docstring."""
     pp = mesh_sizes.get("stage", 1.0)
     w = _Walker(
-        model, ledger, rules, mesh_sizes, sequences, phase, pricing, options, pp, microbatches
+        model,
+        ledger,
+        rules,
+        mesh_sizes,
+        sequences,
+        phase,
+        pricing,
+        options,
+        pp,
+        microbatches,
+        scale_up,
     )
     for op in ledger:
         w.visit(op)
@@ -1004,7 +1046,16 @@ def walk_rows(
         options=options,
         mesh_reason=reason,
         microbatches=rows.microbatches.astype(float),
+        scale_up=np.array([_scale_up(systems[int(i)]) for i in rows.system_idx], float),
     )
+
+
+def _scale_up(system: System) -> float:
+    """GPUs per NVLink domain (the innermost physical dim of a GPU cluster); 0 for a TPU."""
+    inner = system.dims[-1] if system.dims else None
+    if system.chip.is_tpu or inner is None or inner.name != "nvlink":
+        return 0.0
+    return float(inner.size)
 
 
 def _meshes(

@@ -508,7 +508,7 @@ class Plan:
             if self.schedule == Schedule.INTERLEAVED:
                 parts.append(f"virtual={self.virtual_stages}")
         for flag, on in (
-            ("megatron_sp", self.sequence_parallel),
+            ("megatron_sp", self.sequence_parallel and d.tp > 1),
             ("collective_matmul", self.collective_matmul),
             ("overlap_ep", self.overlap_ep),
         ):

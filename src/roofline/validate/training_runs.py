@@ -476,7 +476,9 @@ def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
         return ""
     keys = st.dtypes(recipe.name).describe()
     if keys:
-        notes.append(f"precision {precision!r} = {framework} recipe {recipe.name!r}: {', '.join(keys)}")
+        notes.append(
+            f"precision {precision!r} = {framework} recipe {recipe.name!r}: {', '.join(keys)}"
+        )
     return "".join("," + k for k in keys)
 
 
