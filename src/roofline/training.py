@@ -599,18 +599,36 @@ def _in_flight(ctx: _Context) -> Any:
     return np.where(pp > 1, np.where(gpipe, M, np.minimum(M, pp)), 1.0)
 
 
+def _per_candidate(x: Any, w: Walk, inv: np.ndarray) -> Any:
+    return np.broadcast_to(np.asarray(x, float), (w.n,))[inv]
+
+
+def _zero_groups(ctx: _Context) -> tuple[Any, Any]:
+    """The ranks ZeRO shards optimizer state (and gradients) over, for dense and for expert
+    weights: every rank holding a replica. For the stacks that is the data axis with the
+    context-parallel ranks (Megatron's distributed optimizer uses the data-parallel group with
+    context parallelism, torchtitan's FSDP the dp_shard×cp mesh) and, for dense weights, the
+    expert-parallel ranks too (Megatron carves EP out of DP; expert weights shard over the
+    expert-data-parallel group only). The idealised machine shards over `data` (the book)."""
+    dp = ctx.deg[Strategy.DP]
+    if ctx.stack.book:
+        return dp, dp
+    replicas = dp * ctx.deg[Strategy.SP]
+    return replicas * ctx.deg[Strategy.EP], replicas
+
+
 def _memory(
     model: ModelSpec, w: Walk, ctx: _Context, opt: OptimizerPolicy, remats
 ) -> TrainingMemory:
     mp = w.memory
     assert mp is not None
     inv, pp = ctx.inv, ctx.deg[Strategy.PP]
-    p, g, o = persistent_bytes(
-        mp.params_local[inv] if np.ndim(mp.params_local) else mp.params_local,
-        opt,
-        ctx.deg[Strategy.DP],
-        ctx.zero,
-    )
+    total = _per_candidate(mp.params_local, w, inv)
+    expert = _per_candidate(mp.expert_params_local, w, inv)
+    dense_group, expert_group = _zero_groups(ctx)
+    p, g, o = persistent_bytes(total - expert, opt, dense_group, ctx.zero)
+    pe, ge, oe = persistent_bytes(expert, opt, expert_group, ctx.zero)
+    p, g, o = p + pe, g + ge, o + oe
     saved = [np.broadcast_to(np.asarray(mp.saved_per_layer[r], float), (w.n,)) for r in remats]
     act_layer = np.choose(ctx.remat_idx, [s[inv] for s in saved])
     layers_per_stage = np.ceil(model.n_layers / pp)

@@ -210,6 +210,7 @@ class MemoryPieces:
     weights_gathered_bytes: Any  # every layer's weights after the FSDP gather (bytes)
     saved_per_layer: Mapping[Remat, Any]  # activation bytes one layer keeps, by remat policy
     logits_bytes: Any  # the fp32 logits of one microbatch
+    expert_params_local: Any = 0.0  # the routed experts' share of params_local
 
 
 @dataclass(frozen=True)
@@ -829,6 +830,18 @@ class _Walker:
                     )
                 )
 
+    def edge_params(self, edges: list[Any]) -> Any:
+        """Embedding and LM-head parameters on the fullest stage: both without a pipeline; with
+        one, the first stage holds the embedding and the last the head, so a stack that lays
+        out its stages (not the idealised machine, which keeps both) holds the larger one."""
+        both = _edge_sum(edges)
+        if self.stack.book or not edges:
+            return both
+        one = edges[0]
+        for e in edges[1:]:
+            one = np.maximum(one, e)
+        return np.where(np.asarray(self.pp, float) > 1, one, both)
+
     def dispatch_share(self, op: Op) -> Any:
         """The share of (tokens × top_k × d_model) per chip the dispatch really moves.
 
@@ -882,21 +895,33 @@ class _Walker:
     def memory(self, seq: float) -> MemoryPieces:
         rules, mesh, led, m = self.rules, self.mesh, self.ledger, self.model
         params_local: Any = 0.0
+        experts: Any = 0.0
         gathered: Any = 0.0
+        edges: list[Any] = []
         for op in led:
             w = op.weight
             if w is None:
                 continue
             per = w.elements(op.sizes) / shard_factor(w.dims, rules, True, mesh)
+            if op.name in NON_LAYER_ROWS:
+                edges.append(per)
+                continue
             params_local = params_local + per * self.copies(op)
-            if op.name not in NON_LAYER_ROWS:
-                gathered = gathered + per * mesh["fsdp"] * dtype_bytes(w.dtype) * op.count
+            if "experts" in w.dims:
+                experts = experts + per * self.copies(op)
+            gathered = gathered + per * mesh["fsdp"] * dtype_bytes(w.dtype) * op.count
+        params_local = params_local + self.edge_params(edges)
         x_sizes = {"batch": self.seqs, "seq": led.sizes["seq"], "embed": m.d_model}
 
         def local(op: Op | None, t: Tensor) -> Any:
             if op is None:
                 return spec_of(t, rules, block_io=True).local_bytes(x_sizes, mesh)
-            return spec_of(t, rules).local_bytes(op_sizes(op, self.seqs), mesh)
+            # under sequence parallelism a block's input and output are kept sharded over the
+            # tensor axis (Megatron saves the sharded input and gathers it again backward)
+            io = (op.name in _BLOCK_INPUT_OPS and t is op.inputs[0]) or (
+                op.name in _BLOCK_OUTPUT_OPS and t is op.out
+            )
+            return spec_of(t, rules, block_io=io).local_bytes(op_sizes(op, self.seqs), mesh)
 
         remats = dict.fromkeys((*self.opts.remats, Remat(RematKind.NONE)))
         saved = {r: saved_bytes(led, r, local) / m.n_layers for r in remats}
@@ -907,7 +932,11 @@ class _Walker:
             * 4.0
             / shard_factor(("batch", "seq", "vocab"), rules, False, mesh)
         )
-        return MemoryPieces(params_local, gathered, saved, logits)
+        return MemoryPieces(params_local, gathered, saved, logits, experts)
+
+
+def _edge_sum(edges: list[Any]) -> Any:
+    return sum(edges, start=0.0)
 
 
 def _weight_names(op: Op) -> frozenset[str]:

@@ -114,8 +114,13 @@ STACKS: dict[str, StackDefaults] = {
         framework_why="MaxText (JAX/XLA)",
         remat="full",
         remat_why="remat_policy unstated: 'full' (MaxText configs/base.yml default)",
-        sequence_parallel_with_tp=False,
-        sp_why="MaxText's tensor axis does not add Megatron-style sequence parallelism by default",
+        sequence_parallel_with_tp=True,
+        sp_why=(
+            "MaxText's logical axis rules shard activation_embed over the tensor axis (base.yml "
+            "logical_axis_rules): the residual stream between blocks is split over tensor, as "
+            "under Megatron sequence parallelism (XLA reduce-scatters and all-gathers around the "
+            "TP matmuls)"
+        ),
         collective_matmul=False,
         cm_why="XLA collective matmul is opt-in (a LIBTPU/XLA flag), not a MaxText default",
         zero=0,
