@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from roofline.collectives import CollectiveKind
+from roofline.errors import SpecError
 from roofline.ledger import Op
 from roofline.memory import LAST_PROJECTIONS, NON_LAYER_ROWS
 from roofline.memory import rerun_by as book_rerun_by
@@ -345,16 +346,30 @@ def _compute(dtype: str) -> str:
     return d
 
 
+# The memory class a stack's policy must have to stand for a plan remat kind (MaxText's alias
+# "none" names its full policy, nothing_saveable: a name alone is not enough).
+_REMAT_MEMORY = {
+    RematKind.NONE: "none",
+    RematKind.MATMULS: "matmuls",
+    RematKind.FULL: "full",
+    RematKind.CHECKPOINTS: "full",
+}
+
+
 def _remat_map(fw: Framework) -> dict[RematKind, RematPolicy | None]:
+    """The stack's policy for each plan remat kind: the first of `_REMAT_NAMES` the profile
+    lists with the kind's memory class (None: the book's rule applies)."""
     out: dict[RematKind, RematPolicy | None] = {}
     for kind, names in _REMAT_NAMES.items():
         pol = None
         for n in names:
             try:
-                pol = fw.remat.policy(n)
-                break
-            except Exception:  # noqa: BLE001 - SpecError: the stack has no policy by that name
+                p = fw.remat.policy(n)
+            except SpecError:
                 continue
+            if p.memory == _REMAT_MEMORY[kind]:
+                pol = p
+                break
         out[kind] = pol
     return out
 
