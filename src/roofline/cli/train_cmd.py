@@ -22,7 +22,15 @@ from roofline.report.text import stack_note, term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 from roofline.stack import stack_of
-from roofline.training import AssumedRun, StepCost, Workload, assumed_run, evaluate_plan, parse_plan
+from roofline.training import (
+    AssumedRun,
+    StepCost,
+    Workload,
+    assumed_run,
+    evaluate_plan,
+    parse_plan,
+    training_profile,
+)
 from roofline.units import DAY, fmt_bytes, fmt_count, fmt_time, fmt_usd, parse_quantity
 
 NAME = "train"
@@ -126,7 +134,12 @@ def run(args: argparse.Namespace) -> int:
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
     stack = stack_of(args.framework)
-    eff = resolve_profile(args, system.chip, framework=args.framework)
+    named = getattr(args, "profile", None) or getattr(args, "efficiency", None)
+    eff = (
+        resolve_profile(args, system.chip, framework=args.framework)
+        if named
+        else training_profile().for_framework(args.framework)
+    )
     dtypes = stack.dtypes(args.precision) if args.precision else None
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")

@@ -25,13 +25,13 @@ from roofline.planner.space import SearchSpace, enumerate_plans
 from roofline.planner.systems import sub_slices, systems_for_counts
 from roofline.report.text import algebra_advice, sub_slice_note, why_it_wins
 from roofline.sharding import CHEAPEST, Cheapest, OptionPolicy
-from roofline.specs.efficiency import Efficiency, default_efficiency
+from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Plan, Strategy, Workload, parse_optimizer
 from roofline.specs.system import System
 from roofline.stack import Stack, stack_of
-from roofline.training import StepCost, evaluate_plan, evaluate_plans
+from roofline.training import StepCost, evaluate_plan, evaluate_plans, training_profile
 
 
 class SubsetReason(enum.StrEnum):
@@ -157,7 +157,7 @@ def plan_training(
     t0 = time.perf_counter()
     stack = stack_of(framework)
     space = (space or SearchSpace()).for_stack(stack, model)
-    eff = efficiency or default_efficiency(system.chip.vendor)
+    eff = training_profile(efficiency)
     opt = parse_optimizer(optimizer)
     _check_objective(objective)
     workload.require_whole_sequences()

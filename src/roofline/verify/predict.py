@@ -285,19 +285,7 @@ def predict_train_step(
     rk = RematKind.FULL if remat else RematKind.NONE
     keeps = stack.fsdp_when(False)[0] != Regather.ALWAYS
     colls, once = _predicted(w, rk, dt, deg, keeps_gathers=keeps)
-    notes = [
-        "ledger rows embed and unembed left out: the program is the layer stack only",
-        "norm scales (ledger row 'norms', elementwise) carry no predicted collectives",
-    ]
-    if not stack.book:
-        notes.append(
-            f"options chosen by the {stack.name} profile's policy; backward FSDP re-gathers "
-            + ("kept" if not keeps else "skipped without remat")
-        )
-    if kv_rep:
-        notes.append(
-            f"kv_heads={model.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (rules.rules_of)"
-        )
+    notes = _notes(model, deg, stack, keeps, kv_rep)
     flops = _dot_flops(w, rk)
     inputs = {
         "model": model.name,
@@ -352,6 +340,23 @@ def predict_train_step(
         tuple(notes),
         again,
     )
+
+
+def _notes(model: ModelSpec, deg: Degrees, stack: Stack, keeps: bool, kv_rep: bool) -> list[str]:
+    notes = [
+        "ledger rows embed and unembed left out: the program is the layer stack only",
+        "norm scales (ledger row 'norms', elementwise) carry no predicted collectives",
+    ]
+    if not stack.book:
+        notes.append(
+            f"options chosen by the {stack.name} profile's policy; backward FSDP re-gathers "
+            + ("kept" if not keeps else "skipped without remat")
+        )
+    if kv_rep:
+        notes.append(
+            f"kv_heads={model.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (rules.rules_of)"
+        )
+    return notes
 
 
 def _check_program(model: ModelSpec, deg: Degrees, n_layers: int) -> None:
