@@ -23,7 +23,7 @@ the details kept.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -42,7 +42,15 @@ from roofline.memory import (
 from roofline.rules import Structure, kv_heads_replicated
 from roofline.sharding import CHEAPEST, OptionPolicy
 from roofline.specs.efficiency import Efficiency, load_profile
-from roofline.specs.framework import CPMethod, Exposed, Framework, Per, Regather, Window
+from roofline.specs.framework import (
+    CPMethod,
+    Exposed,
+    Framework,
+    OverlapMode,
+    Per,
+    Regather,
+    Window,
+)
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
     ComputeDtypes,
@@ -246,15 +254,19 @@ _PLAN_KEY_CLASSES = {"collective_matmul": Overlap.TENSOR, "overlap_ep": Overlap.
 
 @dataclass(frozen=True)
 class ModeArrays:
-    """An overlap mode per candidate: hidden fraction per pass, window and exposed part."""
+    """A class's overlap mode per candidate: the mechanism on where `on`, else off."""
 
-    forward: np.ndarray
-    backward: np.ndarray
-    window: np.ndarray  # Window values (object array)
-    exposed: np.ndarray  # Exposed values (object array)
+    on: np.ndarray  # bool per candidate
+    on_mode: OverlapMode
+    off_mode: OverlapMode
 
-    def fraction(self, forward: bool) -> np.ndarray:
-        return self.forward if forward else self.backward
+    def pick(self, f: Callable[[OverlapMode], Any]) -> Any:
+        """f of the mode in force per candidate (each mode evaluated once, only if used)."""
+        if self.on.all():
+            return f(self.on_mode)
+        if not self.on.any():
+            return f(self.off_mode)
+        return np.where(self.on, f(self.on_mode), f(self.off_mode))
 
 
 def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
@@ -301,12 +313,7 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
         default_on = np.array([ov.mode(None, c) is ov.on for c in sets])[where.reshape(-1)]
         flag = ctx.flags.get(flag_of.get(cls, ""), None)
         on = default_on | (flag if flag is not None and ov.plan_key else False)
-        out[cls] = ModeArrays(
-            np.where(on, ov.on.forward, ov.off.forward),
-            np.where(on, ov.on.backward, ov.off.backward),
-            np.where(on, ov.on.window, ov.off.window),
-            np.where(on, ov.on.exposed, ov.off.exposed),
-        )
+        out[cls] = ModeArrays(np.broadcast_to(on, default_on.shape), ov.on, ov.off)
     return out
 
 
@@ -320,32 +327,44 @@ _CHUNKS = {
 }
 
 
-def _tail(mode: ModeArrays, comm: Any, cls: Overlap, ctx: _Context, layers: Any) -> Any:
+def _tail(m: OverlapMode, comm: Any, cls: Overlap, ctx: _Context, layers: Any) -> Any:
     """The part of a class's time that stays exposed even with its mechanism on."""
-    e = mode.exposed
-    chunks = ctx.deg[_CHUNKS[cls]] if cls in _CHUNKS else 1.0
-    per_layer = comm / np.maximum(layers, 1.0)
-    return np.select(
-        [e == Exposed.NONE, e == Exposed.FIRST_CHUNK, e == Exposed.ALL, e == Exposed.FILL_DRAIN],
-        [0.0 * comm, comm / np.maximum(chunks, 1.0), comm, comm / np.maximum(ctx.M, 1.0)],
-        per_layer,  # one_layer, one_bucket: the last (or first) layer's worth
-    )
+    e = m.exposed
+    if e == Exposed.NONE:
+        return 0.0 * comm
+    if e == Exposed.ALL:
+        return comm
+    if e == Exposed.FIRST_CHUNK:
+        chunks = ctx.deg[_CHUNKS[cls]] if cls in _CHUNKS else 1.0
+        return comm / np.maximum(chunks, 1.0)
+    if e == Exposed.FILL_DRAIN:
+        return comm / np.maximum(ctx.M, 1.0)
+    return comm / np.maximum(layers, 1.0)  # one_layer, one_bucket: the last (or first) layer
 
 
-def _window(mode: ModeArrays, cls: Overlap, win: Mapping[str, Any], ctx: _Context) -> Any:
+def _window(m: OverlapMode, cls: Overlap, win: Mapping[str, Any], ctx: _Context) -> Any:
     """The compute a class can hide behind in one pass (profile `window`)."""
-    w = mode.window
-    own = {Overlap.TENSOR: win["gemm"], Overlap.SEQUENCE: win["attention"]}.get(cls, win["pass"])
-    local = win["attention"] / np.maximum(ctx.deg[Strategy.SP], 1.0)
-    return np.select([w == Window.OWN_MATMUL, w == Window.LOCAL_CHUNK], [own, local], win["pass"])
+    if m.window == Window.OWN_MATMUL:
+        return {Overlap.TENSOR: win["gemm"], Overlap.SEQUENCE: win["attention"]}.get(
+            cls, win["pass"]
+        )
+    if m.window == Window.LOCAL_CHUNK:
+        return win["attention"] / np.maximum(ctx.deg[Strategy.SP], 1.0)
+    return win["pass"]
 
 
-def _hidden(mode, cls, comm, forward: bool, win, ctx, layers) -> Any:
-    """Seconds of a class's collectives hidden in one pass: the hidden fraction of what is not
-    always exposed, at most the compute of its window."""
-    tail = _tail(mode, comm, cls, ctx, layers)
-    hideable = mode.fraction(forward) * np.maximum(comm - tail, 0.0)
-    return np.minimum(hideable, _window(mode, cls, win, ctx))
+def _hidden(mode: ModeArrays, cls, comm, forward: bool, win, ctx, layers) -> tuple[Any, Any]:
+    """(seconds of a class's collectives hidden in one pass, its window): the hidden fraction
+    of what is not always exposed, at most the compute of its window."""
+
+    def one(m: OverlapMode) -> Any:
+        if m.fraction("forward" if forward else "backward") == 0.0:
+            return 0.0 * comm
+        tail = _tail(m, comm, cls, ctx, layers)
+        hideable = m.fraction("forward" if forward else "backward") * np.maximum(comm - tail, 0.0)
+        return np.minimum(hideable, _window(m, cls, win, ctx))
+
+    return mode.pick(one), mode.pick(lambda m: _window(m, cls, win, ctx))
 
 
 # --------------------------------------------------------------------------------------
@@ -699,8 +718,8 @@ def _microbatch_exposure(
                 comm = s.comm((c,), forward=True)
                 comm = comm if forward else comm_all[c] - comm
                 comm = comm * _fsdp_share(c, ctx)
-                hidden = hidden + _hidden(modes[c], c, comm, forward, win, ctx, layers)
-                cap = np.maximum(cap, _window(modes[c], c, win, ctx))
+                h, w_c = _hidden(modes[c], c, comm, forward, win, ctx, layers)
+                hidden, cap = hidden + h, np.maximum(cap, w_c)
                 total = total + comm
             exposed[g.name] = exposed.get(g.name, 0.0) + total - np.minimum(hidden, cap)
     raw = {c: v * _fsdp_share(c, ctx) for c, v in comm_all.items()}
@@ -746,8 +765,8 @@ def _replica_sync(s: _Sums, ctx: _Context, modes, layers: Any) -> tuple[Any, Any
     back = _pass_windows(s, False)
     fwd = _pass_windows(s, True)
     g_mode, w_mode = modes[Overlap.GRAD_REDUCE_STEP], modes[Overlap.WEIGHT_GATHER]
-    g_exp = grad - _hidden(g_mode, Overlap.GRAD_REDUCE_STEP, grad, False, back, ctx, layers)
-    w_exp = gather - _hidden(w_mode, Overlap.GRAD_REDUCE_STEP, gather, True, fwd, ctx, layers)
+    g_exp = grad - _hidden(g_mode, Overlap.GRAD_REDUCE_STEP, grad, False, back, ctx, layers)[0]
+    w_exp = gather - _hidden(w_mode, Overlap.GRAD_REDUCE_STEP, gather, True, fwd, ctx, layers)[0]
     times = np.where(per_mb, ctx.M, 1.0)
     return grad * times, gather, g_exp * times + w_exp
 
