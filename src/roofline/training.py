@@ -410,7 +410,9 @@ def evaluate_plans(
     opt = optimizer or parse_optimizer("adam-bf16")
     remat_list = list(remats or [structure.remat])
     rows, inv = _distinct_rows(cand)
-    led = ledger_for(model, Phase.TRAIN, workload.seq_len, causal=workload.causal)
+    led = ledger_for(
+        model, Phase.TRAIN, workload.seq_len, causal=workload.causal, training_rows=not stack.book
+    )
     if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
         led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))
     if plan is not None:

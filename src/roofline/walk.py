@@ -704,13 +704,19 @@ class _Walker:
         An elementwise op reads and writes its tensors once, each sharded by its own spec (a
         norm's weight vector does not grow with the batch); the gather reads and writes the
         rows of its output."""
-        sh = shard_factor(op.out.dims, self.rules, False, self.mesh)
+        # norms and residual adds act on the residual stream, which Megatron sequence
+        # parallelism keeps split over the tensor axis (that is what SP shards)
+        io = op.name in _STREAM_OPS
+        out = spec_of(op.out, self.rules, block_io=io)
+        sh = _prod_axes(out, self.mesh)
         fl = op.flops / op.count / op.sizes["batch"] * self.seqs / sh
         if op.kind == OpKind.GATHER:
             by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
         else:
             by = sum(
-                spec_of(t, self.rules).local_bytes(sizes, self.mesh)
+                spec_of(t, self.rules, block_io=io and not t.is_param).local_bytes(
+                    sizes, self.mesh
+                )
                 for t in (*op.inputs, op.out)
                 if not t.on_chip
             )
@@ -935,6 +941,17 @@ class _Walker:
         return MemoryPieces(params_local, gathered, saved, logits, experts)
 
 
+# elementwise rows on the residual stream (split over tensor under sequence parallelism)
+_STREAM_OPS = ("norms", "residual")
+
+
+def _prod_axes(s: Spec, mesh: Mapping[str, Any]) -> Any:
+    n: Any = 1.0
+    for a in s.used_axes:
+        n = n * mesh[a]
+    return n
+
+
 def _edge_sum(edges: list[Any]) -> Any:
     return sum(edges, start=0.0)
 
@@ -1022,12 +1039,40 @@ def ledger_for(
     seq: int,
     kv_seq: int | None = None,
     causal: Causal = Causal.HALF,
+    *,
+    training_rows: bool = False,
 ) -> Ledger:
     """The ledger a phase walks (batch 1; the walk scales it): training and prefill over `seq`
-    query tokens, decode over one new token reading a KV cache of `kv_seq` tokens."""
+    query tokens, decode over one new token reading a KV cache of `kv_seq` tokens.
+
+    `training_rows` (a training step of a real stack) adds the memory-bound kernels every
+    training step runs that the inference ledger does not hold (`training_ledger_rows`)."""
     if phase == Phase.DECODE:
         return build_ledger(model, batch=1, seq=1, kv_seq=kv_seq or seq, causal=causal)
-    return build_ledger(model, batch=1, seq=seq, causal=causal)
+    led = build_ledger(model, batch=1, seq=seq, causal=causal)
+    if training_rows and phase == Phase.TRAIN:
+        led = replace(led, ops=(*led.ops, *training_ledger_rows(model, led)))
+    return led
+
+
+def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
+    """The residual adds (two per layer: after attention and after the MLP; each reads the
+    stream and the block output and writes the sum) and the loss (softmax cross-entropy over
+    the vocabulary in fp32: the stacks upcast the logits, e.g. Megatron-Core's
+    vocab_parallel_cross_entropy and torch's cross_entropy; ~5 FLOPs per logit for max, exp,
+    sum, log and the gradient), each a memory-bound kernel forward and backward."""
+    dt = led.ops[0].out.dtype if led.ops else "bf16"
+    sizes = dict(led.sizes)
+    sizes.setdefault("vocab", model.vocab)
+    sizes.setdefault("embed", model.d_model)
+    x = Tensor("x", ("batch", "seq", "embed"), dt)
+    y = Tensor("y", ("batch", "seq", "embed"), dt)
+    logits = Tensor("logits", ("batch", "seq", "vocab"), dt)
+    probs = Tensor("probs", ("batch", "seq", "vocab"), "fp32")
+    return (
+        Op("residual", OpKind.ELEMENTWISE, (x, y), x, sizes, 2 * model.n_layers, 1.0, 1.0),
+        Op("loss", OpKind.ELEMENTWISE, (logits,), probs, sizes, 1, 1.0, 5.0),
+    )
 
 
 def walk_rows(
@@ -1117,6 +1162,7 @@ __all__ = [
     "Walk",
     "WalkOptions",
     "ledger_for",
+    "training_ledger_rows",
     "op_sizes",
     "op_specs",
     "overlap_class",
