@@ -37,6 +37,25 @@ MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
 
 
+def microbatch_counts(counts: tuple[int, ...], workload: Workload) -> tuple[int, ...]:
+    """The microbatch counts tried: the space's (powers of two), and where the batch holds an
+    odd factor o > 1 (3840 sequences = 15·2^8) also o·2^k up to the largest count, so that a
+    pipeline over such a batch finds as many microbatches as stages (DeepSeek-V3's 15Mi-token
+    batch on pp=16 needs 30 or 60)."""
+    seqs = int(workload.sequences)
+    odd = seqs
+    while odd and odd % 2 == 0:
+        odd //= 2
+    top = max(counts)
+    extra = []
+    if odd > 1:
+        m = odd
+        while m <= top:
+            extra.append(m)
+            m *= 2
+    return tuple(sorted(set(counts) | set(extra)))
+
+
 def _stack_runs(stack: Stack, s: Strategy) -> bool:
     """Whether a stack implements a strategy (data parallelism always)."""
     fw = stack.framework
@@ -217,7 +236,7 @@ def enumerate_plans(
     """Every plan of the space, filtered by the named rules, grouped into Structures."""
     F, domains_txt = _meshes(model, workload, systems, space)
     # stage 1: mesh × microbatches × schedule, where the divisibility rules act
-    mbs = np.array(space.microbatches)
+    mbs = np.array(microbatch_counts(space.microbatches, workload))
     scheds = np.array([s.code for s in space.schedules])
     fi, mb, sc = (x.reshape(-1) for x in np.meshgrid(np.arange(len(F)), mbs, scheds, indexing="ij"))
     rows = F[fi]
