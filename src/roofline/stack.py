@@ -23,7 +23,7 @@ before framework profiles.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -43,6 +43,7 @@ from roofline.specs.framework import (
     Exposed,
     Family,
     Framework,
+    Kernels,
     LoadBalance,
     Move,
     Overlap,
@@ -307,6 +308,18 @@ class Stack:
         gen = str(getattr(chip, "generation", "")).lower()
         speed = ATTENTION_KERNEL_SPEED.get((k, gen))
         return 1.0 if speed is None else speed[1 if backward else 0]
+
+    @property
+    def flash_attention(self) -> bool:
+        """The attention kernel keeps the score matrix on chip (every stack since 2022; an
+        `unfused` kernel writes it to HBM and runs QK^T and PV as batched GEMMs)."""
+        k = self.framework.kernels.attention if self.framework.kernels else None
+        return k != AttentionKernel.UNFUSED
+
+    def with_attention_kernel(self, kernel: AttentionKernel, source: str) -> Stack:
+        """This stack running another attention kernel (an older version of it)."""
+        fw = replace(self.framework, kernels=Kernels(kernel, source))
+        return _build(fw)
 
     # -- overheads ----------------------------------------------------------------------------
     @property

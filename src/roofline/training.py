@@ -411,7 +411,12 @@ def evaluate_plans(
     remat_list = list(remats or [structure.remat])
     rows, inv = _distinct_rows(cand)
     led = ledger_for(
-        model, Phase.TRAIN, workload.seq_len, causal=workload.causal, training_rows=not stack.book
+        model,
+        Phase.TRAIN,
+        workload.seq_len,
+        causal=workload.causal,
+        training_rows=not stack.book,
+        flash=stack.flash_attention,
     )
     if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
         led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))

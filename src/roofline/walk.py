@@ -677,8 +677,11 @@ class _Walker:
         chip = p.compute.chip if p.compute is not None else None
         for label in self.passes:  # the backward pass: two contractions of the same size
             fwd = label == Pass.FORWARD
-            speed = self.stack.attention_speed(chip, not fwd) if chip is not None else 1.0
-            comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
+            if not self.stack.flash_attention:  # batched GEMMs QK^T and PV
+                comp = fl / p.matmul_peak(dtype)
+            else:
+                speed = self.stack.attention_speed(chip, not fwd) if chip is not None else 1.0
+                comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
             rr = self.stack.rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(
@@ -1041,15 +1044,17 @@ def ledger_for(
     causal: Causal = Causal.HALF,
     *,
     training_rows: bool = False,
+    flash: bool = True,
 ) -> Ledger:
     """The ledger a phase walks (batch 1; the walk scales it): training and prefill over `seq`
     query tokens, decode over one new token reading a KV cache of `kv_seq` tokens.
 
     `training_rows` (a training step of a real stack) adds the memory-bound kernels every
-    training step runs that the inference ledger does not hold (`training_ledger_rows`)."""
+    training step runs that the inference ledger does not hold (`training_ledger_rows`);
+    `flash=False` writes the attention scores to HBM (a stack without a flash kernel)."""
     if phase == Phase.DECODE:
         return build_ledger(model, batch=1, seq=1, kv_seq=kv_seq or seq, causal=causal)
-    led = build_ledger(model, batch=1, seq=seq, causal=causal)
+    led = build_ledger(model, batch=1, seq=seq, causal=causal, flash=flash)
     if training_rows and phase == Phase.TRAIN:
         led = replace(led, ops=(*led.ops, *training_ledger_rows(model, led)))
     return led

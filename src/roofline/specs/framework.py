@@ -198,6 +198,9 @@ class AttentionKernel(enum.StrEnum):
     FLASH_ATTENTION_3 = "flash-attention-3"  # Shah et al. 2024 (Hopper)
     CUDNN = "cudnn"  # cuDNN fused attention (Transformer Engine's FusedAttention)
     SPLASH = "splash"  # Pallas splash attention (TPU)
+    # no flash kernel: batched GEMMs with the score matrix written to HBM and a separate softmax
+    # (Megatron's fused scale-mask-softmax before FlashAttention, Dao et al. 2022)
+    UNFUSED = "unfused"
 
 
 class Dispatch(enum.StrEnum):

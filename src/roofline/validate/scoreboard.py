@@ -62,7 +62,9 @@ def predict_run(
     kw: dict[str, Any] = {"efficiency": eff}
     fw = _framework_for(run, framework)
     if fw and TAKES_FRAMEWORK:
-        kw["framework"] = fw
+        # the run's own stack as its document ran it (an older version), when auto
+        own = framework in ("auto", "") and x.stack is not None
+        kw["framework"] = x.stack if own else fw
     try:
         cost = evaluate_plan(x.model, x.system, x.workload, x.plan, **kw)
     except RooflineError as e:

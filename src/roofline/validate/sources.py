@@ -245,6 +245,8 @@ class DocumentOverride:
     zero: int | None = None
     seq_len: int | None = None
     why: str = ""
+    attention_kernel: str | None = None  # specs.framework.AttentionKernel value
+    kernel_why: str = ""
 
 
 DOCUMENTS: dict[str, DocumentOverride] = {
@@ -253,6 +255,12 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         collective_matmul=False,
         zero=0,
         why="2021 Megatron-LM: sequence parallelism (2022), TP comm overlap and the distributed optimizer did not exist yet",
+        attention_kernel="unfused",
+        kernel_why=(
+            "2021 Megatron-LM predates FlashAttention (Dao et al. 2022): attention ran as batched "
+            "GEMMs around its fused scale-mask-softmax kernel, the score matrix written to HBM "
+            "(Narayanan et al. 2021 §2.1; Korthikanti et al. 2022 count its 5as²b bytes)"
+        ),
     ),
     "maxtext-readme-v4": DocumentOverride(
         seq_len=1024,

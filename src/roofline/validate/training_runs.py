@@ -46,6 +46,8 @@ class Inputs:
     framework: str
     compute_dtype: str
     topology: str
+    # the stack as this document ran it where it differs from the profile (an older version)
+    stack: Any = None
 
 
 @dataclass(frozen=True)
@@ -461,6 +463,20 @@ def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
     return ",".join(parts)
 
 
+def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
+    """The stack as a document ran it where its version differs from the profile (None: the
+    profile itself), e.g. 2021 Megatron-LM without a flash attention kernel."""
+    over = DOCUMENTS.get(document)
+    if over is None or over.attention_kernel is None:
+        return None
+    from roofline.specs.framework import AttentionKernel
+    from roofline.stack import stack_of
+
+    notes.append(over.kernel_why)
+    kernel = AttentionKernel(over.attention_kernel)
+    return stack_of(framework).with_attention_kernel(kernel, over.kernel_why)
+
+
 def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     """The compute dtypes of the run's precision recipe in its stack's profile (e.g. NeMo FP8:
     dense and expert matmuls fp8, attention and the LM head bf16), as plan keys."""
@@ -550,5 +566,6 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
         st.framework,
         dtype if dtype != "unknown" else "bf16",
         choice.assumed,
+        _document_stack(st.framework, src.document, notes),
     )
     return inputs, measured, checks, params, lay.defaulted
