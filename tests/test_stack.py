@@ -323,3 +323,33 @@ def test_train_cli_framework_and_precision(capsys):
     assert np.isfinite(r["step_time_s"])
     assert main([*argv[:-1], "--framework", "no-such-stack"]) == 2
     assert "unknown framework" in capsys.readouterr().err
+
+
+def test_causal_context_parallel_imbalance_without_load_balancing():
+    """Contiguous chunks: the last of sp ranks does (2·sp-1)/sp of the average causal work;
+    every stack's zigzag layout balances it (Megatron's 2·cp chunks, torchtitan's, MaxText's)."""
+    from dataclasses import replace
+
+    from roofline.specs.framework import LoadBalance
+    from roofline.stack import _build
+
+    mg = stack_of("megatron")
+    assert mg.cp_load_balance == LoadBalance.ZIGZAG
+    fw = mg.framework
+    flat = _build(replace(fw, context_parallel=replace(fw.context_parallel,
+                                                       load_balance=LoadBalance.NONE)))  # fmt: skip
+    plan = parse_plan("sp=4,dp=2,remat=none")
+    w = Workload(2 * 32768, 32768)
+    sysm = parse_system("h100:8")
+
+    def attention_s(stack):
+        from roofline.training import _evaluate_one
+
+        r = _evaluate_one(L8, sysm, w, plan, PEAK, keep=True, fw=stack)
+        return sum(
+            float(np.asarray(o.copies * o.compute_s).reshape(-1)[0])
+            for o in r.walk.ops
+            if o.op.startswith("attn/s") or o.op.startswith("attn/context")
+        )
+
+    assert attention_s(flat) == pytest.approx(attention_s(mg) * (2 * 4 - 1) / 4, rel=1e-9)

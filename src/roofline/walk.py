@@ -48,7 +48,7 @@ from roofline.sharding import (
     plan_training_einsum,
 )
 from roofline.specs.efficiency import Efficiency
-from roofline.specs.framework import Dispatch, OverlapClass
+from roofline.specs.framework import Dispatch, LoadBalance, OverlapClass
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
     Causal,
@@ -682,6 +682,7 @@ class _Walker:
             else:
                 speed = self.stack.attention_speed(chip, not fwd) if chip is not None else 1.0
                 comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
+            comp = comp * self.cp_imbalance(op)
             rr = self.stack.rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(
@@ -850,6 +851,16 @@ class _Walker:
         for e in edges[1:]:
             one = np.maximum(one, e)
         return np.where(np.asarray(self.pp, float) > 1, one, both)
+
+    def cp_imbalance(self, op: Op) -> Any:
+        """Causal attention under context parallelism with contiguous sequence chunks: rank i
+        attends to i+1 chunks, so the last of sp ranks does (2·sp − 1)/sp of the average work
+        and the others wait for it. Zigzag / striped layouts (every stack's) balance it."""
+        sp = np.asarray(self.mesh.get("seq", 1.0), float)
+        causal = op.flop_factor < 1.0  # the ledger counts the causal half
+        if not causal or self.stack.cp_load_balance != LoadBalance.NONE:
+            return 1.0
+        return np.where(sp > 1, (2 * sp - 1) / sp, 1.0)
 
     def dispatch_share(self, op: Op) -> Any:
         """The share of (tokens × top_k × d_model) per chip the dispatch really moves.
