@@ -1,46 +1,47 @@
-"""`calibrate --from-runs` machinery on synthetic runs with known true parameters: per chip
-family and framework, refusals with reasons, leave-one-source/family-out CV, the profile
-written and read back, the CV table written into the docs."""
+"""`calibrate --from-runs` machinery on synthetic runs with known true factors: the joint fit
+recovers them (shared GEMM scale, a family's pooled deviation, attention, per-framework
+overheads), refuses what the runs cannot identify with the reason, cross-validates leaving
+each source and each chip family out, writes a profile over its base that predicts what the
+fit predicted, and re-predicts only what a parameter moves (the cache)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from roofline.calibrate import scales
+from roofline.calibrate.evaluate import Evaluator
 from roofline.calibrate.kernels import Kernel, KernelKind, predict_time_s
-from roofline.calibrate.runs import RunCase, apply, calibrate_cases, runs_text, write_cv_docs
-from roofline.calibrate.write import profile_to_toml
+from roofline.calibrate.runs import RunCase, calibrate_cases, masks_of
+from roofline.calibrate.ship import profile_text, provenance, runs_text, write_cv_docs
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import load_efficiency, load_profile
 
 BASE = load_profile("datasheet")
-CHIPS = {"hopper": load_chip("h100"), "ampere": load_chip("a100"), "tpu-v5p": load_chip("tpu-v5p")}
+CHIPS = {
+    "hopper": load_chip("h100"),
+    "ampere": load_chip("a100"),
+    "tpu-v5p": load_chip("tpu-v5p"),
+    "blackwell": load_chip("b200"),
+}
 TRUTH = {
-    "hopper/mm_fraction.bf16": 0.55,
-    "hopper/attn_fwd": 0.6,
-    "ampere/mm_fraction.bf16": 0.62,
-    "tpu-v5p/mm_fraction.bf16": 0.7,
-    "step_overhead_s": 0.05,
+    "gemm_scale": 0.8,
+    "gemm_scale@ampere": 1.1,
+    "attn_scale": 0.7,
+    "step_overhead_s@megatron": 0.05,
+    "step_overhead_s@torchtitan": 0.2,
 }
 
 
-def run_payload(d_model: int, seq: int, tokens: int, grouped: bool = False):
-    """A toy training step: the layer GEMMs, attention and a norm, 24 layers."""
+def run_payload(d_model: int, seq: int, tokens: int, layers: int):
+    """A toy training step: the layer GEMMs, attention and a norm."""
     ks = [
         Kernel(KernelKind.MATMUL, "qkvo", m=tokens, n=4 * d_model, k=d_model),
-        Kernel(
-            KernelKind.MATMUL,
-            "mlp",
-            m=tokens,
-            n=8 * d_model,
-            k=d_model,
-            grouped=grouped,
-            groups=8 if grouped else 1,
-        ),
+        Kernel(KernelKind.MATMUL, "mlp", m=tokens, n=8 * d_model, k=d_model),
         Kernel(
             KernelKind.ATTENTION,
             "attn",
-            batch=tokens // seq,
+            batch=max(tokens // seq, 1),
             heads=d_model // 128,
             q_len=seq,
             kv_len=seq,
@@ -50,182 +51,174 @@ def run_payload(d_model: int, seq: int, tokens: int, grouped: bool = False):
         ),
         Kernel(KernelKind.VECTOR, "norm", nbytes=4.0 * tokens * d_model),
     ]
-    return {"kernels": ks, "count": 3 * 24, "tokens": tokens}
+    return {"kernels": ks, "count": 3 * layers, "tokens": tokens, "layers": layers}
 
 
 def predictor(profile, cases):
     out = []
     for c in cases:
-        p = c.payload
-        t = (
-            float(np.sum(predict_time_s(profile, c.chip, p["kernels"]))) * p["count"]
-            + profile.step_overhead_s
-        )
+        p, prof = c.payload, profile.for_framework(c.framework)
+        t = float(np.sum(predict_time_s(prof, c.chip, p["kernels"]))) * p["count"]
+        t += prof.step_overhead_s + prof.layer_overhead_s * 2 * p["layers"]
         out.append(p["tokens"] / t)
     return np.array(out)
 
 
-def make_cases(truth=TRUTH, noise=0.0):
-    rng = np.random.default_rng(3)
-    cases = []
-    i = 0
-    for fam, fw, src in (
-        ("hopper", "megatron", "nemo"),
-        ("hopper", "megatron", "mlm"),
-        ("hopper", "torchtitan", "titan"),
-        ("ampere", "megatron", "mlm"),
-        ("tpu-v5p", "maxtext", "maxtext"),
-    ):
-        for d, s in ((2048, 2048), (8192, 8192), (4096, 16384)):
-            c = RunCase(
-                f"{src}-{fam}-{d}-{s}", src, fam, fw, CHIPS[fam], 1.0, run_payload(d, s, 4 * s)
-            )
-            cases.append(c)
-            i += 1
-    truth_prof = apply(BASE, truth)
-    meas = predictor(truth_prof, cases) * np.exp(rng.normal(0, noise, len(cases)))
+GROUPS = (
+    ("hopper", "megatron", "nemo"),
+    ("hopper", "megatron", "mlm"),
+    ("hopper", "torchtitan", "titan"),
+    ("ampere", "megatron", "mlm"),
+    ("ampere", "torchtitan", "titan"),
+    ("tpu-v5p", "maxtext", "maxtext"),
+)
+SHAPES = ((2048, 2048, 24), (8192, 8192, 80), (4096, 16384, 32), (4096, 4096, 48))
+
+
+def make_cases(truth=TRUTH, groups=GROUPS, shapes=SHAPES):
+    cases = [
+        RunCase(f"{src}-{fam}-{d}-{s}", src, fam, fw, CHIPS[fam], 1.0, run_payload(d, s, 4 * s, n))
+        for fam, fw, src in groups
+        for d, s, n in shapes
+    ]
+    meas = predictor(scales.apply(BASE, truth), cases)
     return [
         RunCase(c.id, c.source, c.family, c.framework, c.chip, float(m), c.payload)
         for c, m in zip(cases, meas, strict=True)
     ]
 
 
+KINDS = ("gemm_scale", "attn_scale", "step_overhead_s")
+
+
 @pytest.fixture(scope="module")
-def pooled():
-    return calibrate_cases(make_cases(), predictor, min_runs=100)  # frameworks not fitted alone
+def cal():
+    return calibrate_cases(make_cases(), predictor, kinds=KINDS)
 
 
-def test_pooled_fit_recovers_the_family_physics(pooled):
-    (ff,) = pooled.fits
-    for k in (
-        "hopper/mm_fraction.bf16",
-        "ampere/mm_fraction.bf16",
-        "tpu-v5p/mm_fraction.bf16",
-        "step_overhead_s",
-    ):
-        assert k in ff.result.fitted
-        assert ff.result.values[k] == pytest.approx(TRUTH[k], rel=0.03), k
-    assert (
-        np.median(np.abs(ff.result.error_after)) < 0.01 < np.median(np.abs(ff.result.error_before))
+def test_the_joint_fit_recovers_the_planted_factors(cal):
+    r = cal.fit.result
+    v = r.values
+    assert v["attn_scale"] == pytest.approx(0.7, rel=0.02)
+    assert v["step_overhead_s@megatron"] == pytest.approx(0.05, rel=0.05)
+    assert v["step_overhead_s@torchtitan"] == pytest.approx(0.2, rel=0.05)
+    # per family, the product of the shared scale and the family's pooled deviation
+    for fam, true in (("hopper", 0.8), ("ampere", 0.88), ("tpu-v5p", 0.8)):
+        got = v["gemm_scale"] * v.get(f"gemm_scale@{fam}", 1.0)
+        assert got == pytest.approx(true, rel=0.02), fam
+    assert np.median(np.abs(r.error_after)) < 0.01 < np.median(np.abs(r.error_before))
+    prof = cal.profile
+    assert prof.calibrated and prof.name == "fitted"
+    hop = prof.family_named("hopper")
+    assert hop.mm_ceiling("bf16") == pytest.approx(
+        BASE.family_named("hopper").mm_ceiling("bf16") * v["gemm_scale"] * v["gemm_scale@hopper"]
     )
-    prof = pooled.profile
-    assert prof.calibrated and prof.family_named("hopper").mm_ceiling("bf16") == pytest.approx(
-        0.55, rel=0.03
-    )
+    assert prof.for_framework("torchtitan").step_overhead_s == pytest.approx(0.2, rel=0.05)
 
 
-def test_unidentifiable_parameters_are_refused_with_reasons(pooled):
-    (ff,) = pooled.fits
-    refused = {r.name: r.reason for r in ff.result.refused}
-    # no run moves fp8 GEMMs, DCN or expert GEMMs: nothing depends on them
-    for k in (
-        "hopper/mm_fraction.fp8",
-        "hopper/link.dcn",
-        "hopper/grouped_fraction",
-        "tpu-v5p/link.nvlink",
-    ):
-        assert "Jacobian column ~0" in refused[k], k
-    assert ff.result.values["hopper/link.dcn"] == BASE.family_named("hopper").link["dcn"]
+def test_unidentifiable_parameters_are_refused_with_reasons():
+    cases = make_cases(groups=(*GROUPS, ("blackwell", "megatron", "nemo")), shapes=SHAPES[:2])
+    res = calibrate_cases(cases, predictor, kinds=("gemm_scale", "lowp_scale"), cv=False)
+    refused = {x.name: x.reason for x in res.fit.result.refused}
+    # two runs of a family: its deviation keeps the shared value
+    assert "2 runs of chip family blackwell in the fit (< 3)" in refused["gemm_scale@blackwell"]
+    # no run computes in fp8: nothing depends on the low-precision scale
+    assert "0 runs computing GEMMs in fp8/fp4" in refused["lowp_scale"]
+    assert res.fit.result.values["gemm_scale@blackwell"] == 1.0
 
 
-def test_cross_validation_by_source_and_chip_family(pooled):
-    (ff,) = pooled.fits
-    by = {cv.by: cv for cv in ff.cv}
+def test_collinear_overheads_are_refused():
+    # every run has the same layer count: per-step and per-layer fixed time look alike
+    cases = make_cases(shapes=((2048, 2048, 24), (8192, 8192, 24), (4096, 16384, 24)))
+    res = calibrate_cases(cases, predictor, kinds=("step_overhead_s", "layer_overhead_s"), cv=False)
+    refused = {x.name: x.reason for x in res.fit.result.refused}
+    assert "collinear with layer_overhead_s@megatron" in refused["step_overhead_s@megatron"]
+
+
+def test_cross_validation_by_source_and_chip_family(cal):
+    by = {cv.by: cv for cv in cal.fit.cv}
     assert set(by) == {"source", "chip family"}
     assert [f.held_out for f in by["source"].folds] == sorted({"nemo", "mlm", "titan", "maxtext"})
-    # holding out a family leaves its own parameters unfitted (datasheet values); only what is
-    # shared (the per-step overhead) transfers to it
     fam = {f.held_out: f for f in by["chip family"].folds}
-    assert "tpu-v5p/mm_fraction.bf16" in fam["tpu-v5p"].refused
-    assert fam["tpu-v5p"].values["tpu-v5p/mm_fraction.bf16"] == BASE.family_named(
-        "tpu-v5p"
-    ).mm_ceiling("bf16")
-    assert fam["tpu-v5p"].values["step_overhead_s"] == pytest.approx(0.05, rel=0.05)
-    assert np.median(np.abs(fam["tpu-v5p"].error_after)) > 0.1  # 0.95 vs the true 0.7 remains
-    # holding out one Hopper source still leaves Hopper runs to fit from
+    # a held-out family is not fitted on: its deviation is refused, the shared factors transfer
+    assert "gemm_scale@tpu-v5p" in fam["tpu-v5p"].refused
+    assert np.max(np.abs(fam["tpu-v5p"].error_after)) < 0.05  # it shares the true 0.8
+    # ampere's own +10% does not transfer to a fold without ampere runs
+    assert np.median(np.abs(fam["ampere"].error_after)) > 0.05
+    # holding out maxtext (the only TPU source): the shared GEMM scale still applies
     src = {f.held_out: f for f in by["source"].folds}
-    assert np.max(np.abs(src["nemo"].error_after)) < 0.02
+    assert np.median(np.abs(src["maxtext"].error_after)) < 0.05
+    assert np.median(np.abs(src["maxtext"].error_before)) > 0.1
     spread = by["source"].spread()
-    assert spread["hopper/mm_fraction.bf16"]["std"] < 0.01
-    text = runs_text(pooled)
-    assert (
-        "Leave-one-source-out" in text
-        and "Leave-one-chip family-out" in text
-        and "Not fitted" in text
-    )
+    assert spread["attn_scale"]["std"] < 0.02
+    text = runs_text(cal)
+    for s in ("Leave-one-source-out", "Leave-one-chip family-out", "all held-out runs"):
+        assert s in text
 
 
-def test_per_framework_fits_become_overrides(tmp_path):
-    truth = dict(TRUTH)
-    cases = make_cases(truth)
-    # torchtitan runs 20% slower at the same hardware physics: its own fit must absorb it
-    cases = [
-        c
-        if c.framework != "torchtitan"
-        else RunCase(
-            c.id,
-            c.source,
-            c.family,
-            c.framework,
-            c.chip,
-            c.measured_tokens_per_s_per_chip * 0.8,
-            c.payload,
-        )
-        for c in cases
-    ]
-    res = calibrate_cases(cases, predictor, min_runs=3, cv=False)
-    fws = {f.framework for f in res.fits}
-    assert fws == {"", "megatron", "torchtitan", "maxtext"}
+def test_the_written_profile_is_the_fit_over_its_base(cal, tmp_path):
+    prov = provenance(cal, "training", "datasheet", "roofline calibrate --from-runs training")
+    res = type(cal)(cal.profile.__class__(**{**cal.profile.__dict__, "provenance": prov}), cal.fit)
     path = tmp_path / "fitted.toml"
-    path.write_text(profile_to_toml(res.profile, "test"))
+    path.write_text(profile_text(res, "datasheet"))
     back = load_efficiency(path)
-    tt, mg = back.for_framework("torchtitan"), back.for_framework("megatron")
-    assert tt.calibrated and tt.framework == "torchtitan"
-    h100 = CHIPS["hopper"]
-    f_tt = float(tt.matmul_fraction(h100, "bf16", 8192, 8192, 8192))
-    f_mg = float(mg.matmul_fraction(h100, "bf16", 8192, 8192, 8192))
-    assert f_tt < f_mg  # slower stack, lower fitted efficiency (or more overhead)
-    # the written file predicts what the fit predicted
-    tt_cases = [c for c in cases if c.framework == "torchtitan"]
-    np.testing.assert_allclose(
-        predictor(tt, tt_cases),
-        predictor(res.profile.for_framework("torchtitan"), tt_cases),
-        rtol=1e-4,
-    )
+    assert back.calibrated and back.name == "fitted"
+    assert back.provenance["runs_sha256"] == prov["runs_sha256"] and back.provenance["fitted"]
+    # only fitted values are written; the rest (tiles, sources, families without changes) is the base's
+    text = path.read_text()
+    assert 'base = "datasheet"' in text and "k_half" not in text
+    assert back.family_named("volta").k_half == BASE.family_named("volta").k_half
+    cases = make_cases()
+    np.testing.assert_allclose(predictor(back, cases), predictor(cal.profile, cases), rtol=1e-5)
+    d = back.for_framework("megatron").to_dict()
+    assert d["kind"] == "measured-calibrated" and d["provenance"]["base"] == "datasheet"
+
+
+def test_only_what_a_parameter_moves_is_predicted_again():
+    cases = make_cases()
+    calls = []
+
+    def counting(profile, cs):
+        calls.append(len(cs))
+        return predictor(profile, cs)
+
+    params = [scales.FitParam("gemm_scale"), scales.FitParam("gemm_scale", family="ampere")]
+    masks = masks_of(params, cases)
+    ev = Evaluator(BASE, cases, masks, counting, scales.apply)
+    idx = np.arange(len(cases))
+    base = {"gemm_scale": 1.0, "gemm_scale@ampere": 1.0}
+    ev(base, idx)
+    ev({**base, "gemm_scale@ampere": 1.1}, idx)
+    assert calls == [len(cases), int(masks["gemm_scale@ampere"].sum())]
+    ev(base, idx[:3])  # cached
+    assert len(calls) == 2
+    with Evaluator(BASE, cases, masks, predictor, scales.apply, jobs=2) as par:
+        np.testing.assert_allclose(
+            par({**base, "gemm_scale": 0.9}, idx), ev({**base, "gemm_scale": 0.9}, idx)
+        )
 
 
 def test_runs_the_model_cannot_predict_are_skipped_with_reason():
     cases = make_cases()
-    bad = RunCase(
-        "weird",
-        "x",
-        "hopper",
-        "megatron",
-        CHIPS["hopper"],
-        100.0,
-        {"kernels": [], "count": 0, "tokens": 0},
-    )
+    bad = RunCase("weird", "x", "hopper", "megatron", CHIPS["hopper"], 100.0, None)
     other = RunCase("mi300", "x", "not-a-family", "megatron", CHIPS["hopper"], 100.0, None)
 
     def pred(profile, cs):
-        return np.array([np.nan if c.id == "weird" else predictor(profile, [c])[0] for c in cs])
+        return np.array([np.nan if c.payload is None else predictor(profile, [c])[0] for c in cs])
 
-    res = calibrate_cases([*cases, bad, other], pred, min_runs=100, cv=False)
+    res = calibrate_cases([*cases, bad, other], pred, kinds=("gemm_scale",), cv=False)
     assert "cannot predict" in res.skipped["weird"] and "not in profile" in res.skipped["mi300"]
 
 
-def test_cv_table_goes_between_the_doc_markers(tmp_path, pooled):
+def test_cv_table_goes_between_the_doc_markers(tmp_path, cal):
     doc = tmp_path / "calibration.md"
     doc.write_text(
         "# Calibration\n\nbefore\n<!-- calibrate:cv-table:begin -->\nPLACEHOLDER-XYZ\n<!-- calibrate:cv-table:end -->\nafter\n"
     )
-    write_cv_docs(doc, pooled, "roofline calibrate --from-runs X")
+    write_cv_docs(doc, cal, "roofline calibrate --from-runs X")
     text = doc.read_text()
-    assert (
-        "PLACEHOLDER-XYZ" not in text
-        and text.startswith("# Calibration")
-        and text.rstrip().endswith("after")
-    )
+    assert "PLACEHOLDER-XYZ" not in text and text.startswith("# Calibration")
+    assert text.rstrip().endswith("after")
     assert (
         "Generated by `roofline calibrate --from-runs X`" in text and "Leave-one-source-out" in text
     )

@@ -9,8 +9,14 @@ local accelerator's microbenchmarks (`calibrate --device`) and published trainin
 
 - Residuals are log(predicted / measured): a relative error, symmetric in over/under.
 - Parameters are searched in [0, 1] over their physical bounds (`efficiency.bounds_of`; a
-  name may carry its chip family, 'hopper/mm_fraction.bf16'), by
-  scipy's `least_squares` (trust-region reflective).
+  name may carry its chip family, 'hopper/mm_fraction.bf16'; a problem may bring its own
+  `bounds`), by scipy's `least_squares` (trust-region reflective).
+- A parameter may carry a prior weight `w`: the residual w * log(value / prior) joins the
+  observations' log errors, i.e. the prior counts as w^2 observations at the prior value
+  (partial pooling: a chip family's deviation from a shared scale is pulled towards 1 as if
+  by one more run, unless its runs say otherwise).
+- A parameter moves only the observations of its `scope`; one whose scope holds fewer than
+  `min_rows` fitted observations is refused ("k runs of ... in the fit").
 - Identifiability, before fitting: the Jacobian of the residuals in those unit coordinates
   (central differences at the prior). A parameter whose column is ~0 moves no prediction
   (refused: "the runs do not depend on it"); one whose column lies in the span of the
@@ -58,6 +64,13 @@ class Problem:
     # which observations a parameter can move (None: all); lets the Jacobian perturb parameters
     # with disjoint scopes (different chip families) in one evaluation
     scope: Callable[[str], np.ndarray] | None = None
+    # a parameter's bounds (None: the efficiency profile's PARAMS / OVERHEADS)
+    bounds: Callable[[str], Param] | None = None
+    # prior weight per parameter (w * log(value / prior) is a residual: w^2 pseudo-observations)
+    prior_weight: Mapping[str, float] = field(default_factory=dict)
+    # fewest fitted observations in a parameter's scope (what each scope is called, for reasons)
+    min_rows: int = 1
+    scope_name: Callable[[str], str] | None = None
 
     def __post_init__(self) -> None:
         m = np.asarray(self.measured, float)
@@ -71,6 +84,9 @@ class Problem:
 
     def mask(self, name: str) -> np.ndarray:
         return np.ones(self.n, bool) if self.scope is None else np.asarray(self.scope(name), bool)
+
+    def bound(self, name: str) -> Param:
+        return bounds_of(name) if self.bounds is None else self.bounds(name)
 
     def errors(self, values: Mapping[str, float], idx: np.ndarray | None = None) -> np.ndarray:
         """Signed relative error predicted / measured - 1 of observations `idx`."""
@@ -110,14 +126,13 @@ class FitResult:
 class _Unit:
     """Map parameter values to and from unit coordinates over their physical bounds."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], bound: Callable[[str], Param] = bounds_of) -> None:
         self.names = tuple(names)
-        self.lo = np.array([bounds_of(n).lo for n in names])
-        self.hi = np.array([bounds_of(n).hi for n in names])
+        b = [bound(n) for n in names]
+        self.lo = np.array([x.lo for x in b], float)
+        self.hi = np.array([x.hi for x in b], float)
         # fractions are open at 0: keep the search off it
-        self.lo = np.where(
-            [bounds_of(n).unit == "fraction" for n in names], np.maximum(self.lo, 1e-3), self.lo
-        )
+        self.lo = np.where([x.unit == "fraction" for x in b], np.maximum(self.lo, 1e-3), self.lo)
 
     def to_z(self, values: Mapping[str, float]) -> np.ndarray:
         x = np.array([values[n] for n in self.names], float)
@@ -129,10 +144,21 @@ class _Unit:
         return out
 
 
-def _residuals(problem: Problem, unit: _Unit, base: Mapping[str, float], idx: np.ndarray):
+def _residuals(
+    problem: Problem, unit: _Unit, base: Mapping[str, float], idx: np.ndarray, priors: bool = True
+):
+    """log(predicted / measured) of observations `idx`, then the prior terms of `unit`'s names."""
+    pri = [n for n in unit.names if n in problem.prior_weight] if priors else []
+
     def fun(z: np.ndarray) -> np.ndarray:
-        pred = np.asarray(problem.predict(unit.to_values(z, base), idx), float)
-        return np.log(np.maximum(pred, 1e-300) / problem.measured[idx])
+        values = unit.to_values(z, base)
+        pred = np.asarray(problem.predict(values, idx), float)
+        r = np.log(np.maximum(pred, 1e-300) / problem.measured[idx])
+        if not pri:
+            return r
+        w = problem.prior_weight
+        p = [w[n] * np.log(values[n] / problem.prior[n]) for n in pri]
+        return np.concatenate([r, p])
 
     return fun
 
@@ -156,8 +182,8 @@ def jacobian(
     problem: Problem, names: Sequence[str], idx: np.ndarray, base: Mapping[str, float]
 ) -> np.ndarray:
     """d log(pred) / d z for each candidate (columns), by central differences in unit space."""
-    unit = _Unit(names)
-    fun = _residuals(problem, unit, base, idx)
+    unit = _Unit(names, problem.bound)
+    fun = _residuals(problem, unit, base, idx, priors=False)
     z0 = unit.to_z(base)
     J = np.zeros((len(idx), len(names)))
     for group in _colors(problem, names, idx):
@@ -181,11 +207,22 @@ def identify(
     idx = np.arange(problem.n) if idx is None else idx
     base = dict(problem.prior if base is None else base)
     J = jacobian(problem, names, idx, base)
+    J = np.vstack([J, _prior_rows(problem, names, base)])
     accepted: list[int] = []
     refused: list[Refusal] = []
     for j, name in enumerate(names):
-        col = J[:, j]
-        b = bounds_of(name)
+        col = J[: len(idx), j]
+        b = problem.bound(name)
+        support = int(np.sum(problem.mask(name)[idx]))
+        if support < problem.min_rows:
+            where = problem.scope_name(name) if problem.scope_name else "observations"
+            refused.append(
+                Refusal(
+                    name,
+                    f"{support} {where} in the fit (< {problem.min_rows}): too few to identify it; it keeps its starting value",
+                )
+            )
+            continue
         if np.max(np.abs(col), initial=0.0) < FLAT_TOL:
             refused.append(
                 Refusal(
@@ -210,6 +247,18 @@ def identify(
     return tuple(names[j] for j in accepted), tuple(refused)
 
 
+def _prior_rows(problem: Problem, names: Sequence[str], base: Mapping[str, float]) -> np.ndarray:
+    """d(prior residual)/dz per parameter with a prior (one row each; none without priors)."""
+    unit = _Unit(names, problem.bound)
+    rows = []
+    for j, n in enumerate(names):
+        if n in problem.prior_weight:
+            row = np.zeros(len(names))
+            row[j] = problem.prior_weight[n] * (unit.hi[j] - unit.lo[j]) / base[n]
+            rows.append(row)
+    return np.array(rows).reshape(len(rows), len(names))
+
+
 def _collinear_with(J: np.ndarray, accepted: list[int], j: int) -> list[int]:
     """The accepted columns that span column j (empty if j adds a new direction)."""
     if not accepted:
@@ -232,12 +281,14 @@ def fit(
     loss: str = "linear",
     start: Mapping[str, float] | None = None,
     tol: float = 1e-8,
+    diff_step: float | None = None,
 ) -> FitResult:
     """Least-squares fit of the identifiable `names` on observations `idx` (all by default).
 
     Identifiability is judged at the prior; the search starts at `start` (e.g. the fit on all
     observations, for a cross-validation fold) or the prior. `tol` is scipy's ftol (xtol is
-    its square root: a unit-coordinate step).
+    its square root: a unit-coordinate step); `diff_step` its finite-difference step (unit
+    coordinates; None: scipy's default, ~1e-8).
     """
     idx = np.arange(problem.n) if idx is None else np.asarray(idx)
     base = dict(problem.prior)
@@ -252,7 +303,7 @@ def fit(
         )
     values, at_bound, messages = dict(base), [], []
     for names_c, rows_c in _components(problem, ok, idx):
-        unit = _Unit(names_c)
+        unit = _Unit(names_c, problem.bound)
         sol = least_squares(
             _residuals(problem, unit, base, rows_c),
             unit.to_z({**base, **(start or {})}),
@@ -262,6 +313,7 @@ def fit(
             x_scale=1.0,
             xtol=max(np.sqrt(tol), 1e-8),
             ftol=tol,
+            diff_step=diff_step,
         )
         values.update(unit.to_values(sol.x, {}))
         at_bound += [n for n, z in zip(names_c, sol.x, strict=True) if z <= 1e-6 or z >= 1 - 1e-6]
@@ -360,6 +412,7 @@ def cross_validate(
     loss: str = "linear",
     start: Mapping[str, float] | None = None,
     tol: float = 1e-8,
+    diff_step: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CrossValidation:
     """Leave-one-`by`-out: fit on the other groups, measure the error on the held-out one."""
@@ -372,7 +425,7 @@ def cross_validate(
             continue
         if progress:
             progress(f"  fold: {by} {g} held out ({len(test)} observations)")
-        r = fit(problem, names, train, loss=loss, start=start, tol=tol)
+        r = fit(problem, names, train, loss=loss, start=start, tol=tol, diff_step=diff_step)
         folds.append(
             Fold(
                 str(g),

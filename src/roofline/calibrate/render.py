@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from roofline.calibrate.fit import CrossValidation, FitResult, bounds_of
 from roofline.report.table import table
+from roofline.specs.efficiency import Param
 
 
 def pct(x: float | None) -> str:
@@ -62,15 +63,21 @@ def by_kind(
     return table(rows, ("kernels", "n", "median |err| datasheet", "median |err| fitted"))
 
 
-def fit_table(r: FitResult) -> str:
+def fit_table(
+    r: FitResult,
+    bound: Callable[[str], Param] = bounds_of,
+    support: Mapping[str, int] | None = None,
+) -> str:
+    """Fitted parameters (start, fitted, bounds[, runs in scope]) and the refused ones."""
     rows = []
     for n in r.fitted:
-        b = bounds_of(n)
+        b = bound(n)
         flag = "at bound" if n in r.at_bound else ""
-        rows.append(
-            (n, f"{r.prior[n]:.4g}", f"{r.values[n]:.4g}", f"[{b.lo:g}, {b.hi:g}] {b.unit}", flag)
-        )
-    out = table(rows, ("parameter", "before", "fitted", "bounds", "")) if rows else "nothing fitted"
+        row = (n, f"{r.prior[n]:.4g}", f"{r.values[n]:.4g}", f"[{b.lo:g}, {b.hi:g}] {b.unit}")
+        rows.append((*row, support[n], flag) if support else (*row, flag))
+    head = ("parameter", "start", "fitted", "bounds")
+    head = (*head, "runs", "") if support else (*head, "")
+    out = table(rows, head) if rows else "nothing fitted"
     if r.refused:
         out += "\n\nNot fitted (kept at the starting value):\n" + "\n".join(
             f"- {x.name}: {x.reason}" for x in r.refused
@@ -78,7 +85,12 @@ def fit_table(r: FitResult) -> str:
     return out
 
 
+def _bias(e: np.ndarray) -> float | None:
+    return float(np.median(e)) if len(e) else None
+
+
 def cv_table(cv: CrossValidation) -> str:
+    """Per fold: the held-out runs' median |error| and bias before and after the fold's fit."""
     rows = [
         (
             f.held_out,
@@ -86,17 +98,22 @@ def cv_table(cv: CrossValidation) -> str:
             f.n_test,
             apct(_med(f.error_before)),
             apct(_med(f.error_after)),
+            pct(_bias(f.error_before)),
+            pct(_bias(f.error_after)),
             f"{len(f.fitted)} / {len(f.refused)}",
         )
         for f in cv.folds
     ]
-    pooled = ("pooled held-out", "", len(cv.error_after), apct(_med(cv.error_before)))
-    rows.append((*pooled, apct(_med(cv.error_after)), ""))
+    eb, ea = cv.error_before, cv.error_after
+    pooled = ("all held-out runs", "", len(ea), apct(_med(eb)), apct(_med(ea)))
+    rows.append((*pooled, pct(_bias(eb)), pct(_bias(ea)), ""))
     head = (
         f"held-out {cv.by}",
         "train",
         "test",
         "median |err| before",
+        "after",
+        "bias before",
         "after",
         "fitted / refused",
     )

@@ -1,18 +1,19 @@
-"""`calibrate --from-runs`: fit the physical parameters per chip family x framework on
-measured training runs, with leave-one-source-out and leave-one-chip-family-out CV.
+"""`calibrate --from-runs`: fit a few physical factors on measured training runs through the
+real step model, with leave-one-source-out and leave-one-chip-family-out cross-validation.
 
-The interface is small: a list of `RunCase`s (id, source, chip family, framework, the chip,
-the measured tokens/s per chip, and whatever the predictor needs) and a predictor
-`(profile, cases) -> predicted tokens/s per chip` (NaN where a run cannot be predicted).
-`roofline.validate` supplies both for files in the measured_training.yaml schema
-(`cases_from_file`); tests use synthetic ones whose true parameters are known.
+The interface is small: a list of `RunCase`s (id, source, chip family, framework, compute
+dtype, the chip, the measured tokens/s per chip, and whatever the predictor needs) and a
+predictor `(profile, cases) -> predicted tokens/s per chip` (NaN where a run cannot be
+predicted). `roofline.validate` supplies both for files in the measured_training.yaml schema
+(`cases_from_file`, `predict_cases`: the published plan with `--framework auto`, the run's
+stack and precision recipe); tests use synthetic ones whose true parameters are known.
 
-Only physical parameters are fitted, per chip family (the large-GEMM ceiling per dtype,
-attention forward/backward, grouped GEMMs, HBM, elementwise, link tiers, k roll-off, kernel
-time) and per framework (per-step and per-layer overheads); never a per-run factor. What the
-runs cannot identify is refused with the reason (see `fit.identify`) and keeps its datasheet
-value. A framework's fit is stored as that framework's overrides in the written profile
-(`profile.for_framework(name)` applies it); the fit over all runs sets the families.
+What is fitted (`calibrate.scales`): a shared GEMM scale with partially pooled per-family
+deviations, a low-precision GEMM scale, an attention scale, an elementwise scale, and fixed
+overheads per framework — never a per-run factor. What the runs cannot identify (too few runs
+in a parameter's scope, no run depending on it, collinear with a parameter already taken) is
+refused with the reason and keeps its starting value (`fit.identify`). The command, the
+profile file and the docs table are in `calibrate.ship`.
 """
 
 from __future__ import annotations
@@ -20,39 +21,24 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from roofline.calibrate import scales
+from roofline.calibrate.evaluate import Evaluator, Predictor
 from roofline.calibrate.fit import CrossValidation, FitResult, Problem, cross_validate, fit
-from roofline.specs.efficiency import OVERHEADS, Efficiency, load_profile
+from roofline.specs.efficiency import Efficiency, load_profile
 
-# Candidate parameters per chip family, primary physics first (identify() keeps this order).
-# Kernel-level physics that end-to-end runs cannot separate from the rest (the k roll-off,
-# the fixed kernel time, tiles) is left to `calibrate --device`.
-FAMILY_CANDIDATES = (
-    "mm_fraction.bf16",
-    "mm_fraction.fp8",
-    "attn_fwd",
-    "attn_bwd",
-    "grouped_fraction",
-    "link.nvlink",
-    "link.ici",
-    "link.scale_out",
-    "link.dcn",
-    "hbm",
-    "vector",
-)
-PROFILE_CANDIDATES = ("step_overhead_s", "layer_overhead_s")
-# The step model (training.evaluate_plan) reads constant fractions until the walk reads the
-# profile's methods; until then each run is priced with the profile's constant view on its chip
-# (`Efficiency.for_chip`: the bf16 large-GEMM ceiling, HBM, the fastest link tier) and only those
-# parameters can move a prediction. The walk's author flips this (and the full list applies).
-CONSTANT_VIEW = True
-CONSTANT_VIEW_CANDIDATES = ("mm_fraction.bf16", "link.nvlink", "link.ici", "hbm")
-_ORDER = (*FAMILY_CANDIDATES[:9], *PROFILE_CANDIDATES, *FAMILY_CANDIDATES[9:])
 CV_GROUPINGS = ("source", "chip family")
+# Fewest runs in a parameter's scope for it to be fitted: a family with 2 runs keeps the shared
+# GEMM scale, a framework with 2 runs its sourced overheads.
+MIN_RUNS = 3
+# Predicted throughput to ~0.1%: scipy's ftol on the cost, xtol (its root) in unit coordinates.
+RUNS_TOL = 1e-5
+# Finite-difference step in unit coordinates: large enough that a discrete choice inside the
+# step model (an option flipping) does not dominate a derivative.
+DIFF_STEP = 2e-3
 
 
 @dataclass(frozen=True)
@@ -64,37 +50,35 @@ class RunCase:
     chip: Any
     measured_tokens_per_s_per_chip: float
     payload: Any = None
-
-
-Predictor = Callable[[Efficiency, Sequence[RunCase]], np.ndarray]
+    dtype: str = "bf16"  # the dense GEMMs' compute dtype
 
 
 @dataclass(frozen=True)
-class FrameworkFit:
-    framework: str  # "" = all runs
+class RunsFit:
     cases: tuple[RunCase, ...]
-    names: tuple[str, ...]
+    params: tuple[scales.FitParam, ...]
     result: FitResult
     cv: tuple[CrossValidation, ...]
-    datasheet_error: np.ndarray | None = None  # when the fit started elsewhere than the datasheet
+    evaluations: int = 0  # step-model calls the fit and CV made
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "framework": self.framework or "all",
             "runs": [c.id for c in self.cases],
             "candidates": list(self.names),
             "fit": self.result.to_dict(),
             "cv": [cv.to_dict() for cv in self.cv],
-            "datasheet_median_abs_error": (
-                None if self.datasheet_error is None else _med(self.datasheet_error)
-            ),
+            "step_model_evaluations": self.evaluations,
         }
 
 
 @dataclass(frozen=True)
 class RunsCalibration:
     profile: Efficiency
-    fits: tuple[FrameworkFit, ...]
+    fit: RunsFit | None
     skipped: Mapping[str, str] = field(default_factory=dict)  # run id -> why it was not used
     written: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -102,113 +86,86 @@ class RunsCalibration:
     def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile.to_dict(),
-            "fits": [f.to_dict() for f in self.fits],
+            "fit": None if self.fit is None else self.fit.to_dict(),
             "skipped": dict(self.skipped),
             "written": list(self.written),
             "notes": list(self.notes),
         }
 
 
-# -- parameters <-> profile -------------------------------------------------------------------
+# -- the problem -----------------------------------------------------------------------------
 
 
-def _split(values: Mapping[str, float]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    fams: dict[str, dict[str, float]] = {}
-    ovh: dict[str, float] = {}
-    for k, v in values.items():
-        if "/" in k:
-            fam, name = k.split("/", 1)
-            fams.setdefault(fam, {})[name] = float(v)
-        else:
-            ovh[k] = float(v)
-    return fams, ovh
-
-
-def apply(profile: Efficiency, values: Mapping[str, float]) -> Efficiency:
-    """`profile` with family parameters ('hopper/hbm') and profile overheads set."""
-    fams, ovh = _split(values)
-    for fam, vals in fams.items():
-        profile = profile.with_family(profile.family_named(fam).with_params(vals))
-    return replace(profile, **ovh)
-
-
-def candidates(
-    profile: Efficiency,
-    cases: Sequence[RunCase],
-    family_names: Sequence[str] = FAMILY_CANDIDATES,
-    profile_names: Sequence[str] = PROFILE_CANDIDATES,
-) -> tuple[list[str], dict[str, float]]:
-    """Candidate names for the families the runs touch, and their current (prior) values."""
-    names, prior = [], {}
-    fams = sorted({c.family for c in cases})
-    for fam in fams:
-        phys = profile.family_named(fam)
-        p = phys.params()
-        for n in family_names:
-            key = f"{fam}/{n}"
-            names.append(key)
-            if n in p:
-                prior[key] = p[n]
-            elif n.startswith("mm_fraction."):
-                prior[key] = phys.mm_ceiling(n.split(".", 1)[1])
-            else:  # a link tier the family does not list: the profile's constant
-                prior[key] = float(profile.link)
-    for n in profile_names:
-        names.append(n)
-        prior[n] = float(getattr(profile, n))
-    # primary physics of every family first, then the secondary ones
-    order = {n: i for i, n in enumerate(_ORDER)}
-    names.sort(key=lambda k: order[k.rsplit("/", 1)[-1]])
-    return names, prior
-
-
-# -- the fit ----------------------------------------------------------------------------------
+def masks_of(params: Sequence[scales.FitParam], cases: Sequence[RunCase]) -> dict[str, np.ndarray]:
+    return {
+        p.name: np.array([p.covers(c.family, c.framework, c.dtype) for c in cases], bool)
+        for p in params
+    }
 
 
 def build_problem(
-    base: Efficiency, cases: Sequence[RunCase], predictor: Predictor, constant_view: bool = False
-) -> tuple[Problem, list[str]]:
-    if constant_view:
-        names, prior = candidates(base, cases, CONSTANT_VIEW_CANDIDATES, ())
-    else:
-        names, prior = candidates(base, cases)
-    measured = np.array([c.measured_tokens_per_s_per_chip for c in cases], float)
-
-    def predict(values: Mapping[str, float], idx: np.ndarray) -> np.ndarray:
-        return np.asarray(predictor(apply(base, values), [cases[i] for i in idx]), float)
-
+    base: Efficiency,
+    cases: Sequence[RunCase],
+    evaluator: Evaluator,
+    params: Sequence[scales.FitParam],
+) -> Problem:
+    names = [p.name for p in params]
+    by_name = {p.name: p for p in params}
+    prior = {}
+    for p in params:
+        if p.framework:  # an overhead: the framework's current override, or the profile's
+            prior[p.name] = float(getattr(base.for_framework(p.framework), p.kind))
+        else:
+            prior[p.name] = p.start
+    masks = evaluator.masks
     labels = {"source": [c.source for c in cases], "chip family": [c.family for c in cases]}
     return Problem(
-        tuple(c.id for c in cases), measured, predict, prior, labels, "tokens_per_s_per_chip"
-    ), names
+        tuple(c.id for c in cases),
+        np.array([c.measured_tokens_per_s_per_chip for c in cases], float),
+        lambda values, idx: evaluator(values, idx),
+        {n: prior[n] for n in names},
+        labels,
+        "tokens_per_s_per_chip",
+        scope=lambda n: masks[n],
+        bounds=lambda n: by_name[n].bounds,
+        prior_weight=scales.prior_weights(params),
+        min_rows=MIN_RUNS,
+        scope_name=lambda n: by_name[n].scope_name(),
+    )
 
 
-def fit_cases(
+def fit_runs(
     base: Efficiency,
     cases: Sequence[RunCase],
     predictor: Predictor,
-    framework: str = "",
+    *,
     cv: bool = True,
-    constant_view: bool = False,
+    jobs: int = 1,
+    kinds: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
-) -> FrameworkFit:
-    problem, names = build_problem(base, cases, predictor, constant_view)
-    if progress:
-        progress(f"fitting {framework or 'all runs'}: {len(cases)} runs, {len(names)} candidates")
-    result = fit(problem, names, loss="soft_l1", tol=RUNS_TOL)
-    start = {n: result.values[n] for n in result.fitted}  # folds start from the full fit
-    cvs = tuple(
-        cross_validate(
-            problem, names, by, loss="soft_l1", start=start, tol=RUNS_TOL, progress=progress
+) -> RunsFit:
+    """The joint fit over `cases`, then each CV grouping's folds (starting from the fit)."""
+    params = [
+        p
+        for p in scales.candidates([c.family for c in cases], [c.framework for c in cases])
+        if kinds is None or p.kind in kinds
+    ]
+    with Evaluator(base, cases, masks_of(params, cases), predictor, scales.apply, jobs) as ev:
+        problem = build_problem(base, cases, ev, params)
+        names = [p.name for p in params]
+        if progress:
+            progress(f"fitting {len(cases)} runs, {len(names)} candidates")
+        kw = {"loss": "soft_l1", "tol": RUNS_TOL, "diff_step": DIFF_STEP}
+        result = fit(problem, names, **kw)
+        if progress:
+            progress(f"  fitted ({ev.evaluated} step-model calls so far)")
+        start = {n: result.values[n] for n in result.fitted}
+        cvs = tuple(
+            cross_validate(problem, names, by, start=start, progress=progress, **kw)
+            for by in CV_GROUPINGS
+            if cv and len(set(problem.labels[by])) > 1
         )
-        for by in CV_GROUPINGS
-        if cv and len(set(problem.labels[by])) > 1
-    )
-    return FrameworkFit(framework, tuple(cases), tuple(names), result, cvs)
-
-
-# Predicted throughput to ~0.1%: each evaluation of a published run costs a step model call.
-RUNS_TOL = 1e-6
+        return RunsFit(tuple(cases), tuple(params), result, cvs, ev.evaluated)
 
 
 def usable(
@@ -236,65 +193,29 @@ def calibrate_cases(
     *,
     base: str | Efficiency = "datasheet",
     framework: str | None = None,
-    min_runs: int = 3,
     cv: bool = True,
-    constant_view: bool = False,
+    jobs: int = 1,
+    kinds: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> RunsCalibration:
-    """Fit on all runs (the families) and per framework (its overrides), each cross-validated."""
+    """Fit the factors on `cases` (those of `framework` if given), cross-validated."""
     prof = load_profile(base)
     keep, skipped = usable(prof, cases, predictor)
     if framework:
         keep = [c for c in keep if c.framework == framework]
-    fits = []
-    kw = {"cv": cv, "constant_view": constant_view, "progress": progress}
-    datasheet = prof
-    if not framework and len(keep) >= 3:
-        pooled = fit_cases(datasheet, keep, predictor, **kw)
-        fits.append(pooled)
-        prof = apply(prof, {k: pooled.result.values[k] for k in pooled.result.fitted})
-    frameworks = dict(prof.frameworks)
-    for fw in sorted({c.framework for c in keep}):
-        sub = [c for c in keep if c.framework == fw]
-        if len(sub) < min_runs:
-            for c in sub:
-                skipped.setdefault(
-                    c.id,
-                    f"framework {fw!r} has {len(sub)} usable runs (< {min_runs}): not fitted alone",
-                )
-            continue
-        # start from the all-runs fit: what the framework's overrides sit on in the profile
-        ff = fit_cases(prof, sub, predictor, fw, **kw)
-        ff = replace(ff, datasheet_error=_errors(datasheet, sub, predictor))
-        fits.append(ff)
-        frameworks[fw] = MappingProxyType(_override(ff))
+    if len(keep) < MIN_RUNS:
+        note = f"{len(keep)} usable runs (< {MIN_RUNS}): nothing fitted"
+        return RunsCalibration(prof, None, skipped, notes=(note,))
+    rf = fit_runs(prof, keep, predictor, cv=cv, jobs=jobs, kinds=kinds, progress=progress)
+    values = {n: rf.result.values[n] for n in rf.result.fitted}
     fitted = replace(
-        prof,
+        scales.apply(prof, values),
         name="fitted" if not framework else f"fitted-{framework}",
-        calibrated=bool(fits),
-        source=f"roofline calibrate --from-runs on {len(keep)} runs"
+        calibrated=bool(values),
+        source=f"datasheet physics x factors fitted by `roofline calibrate --from-runs` on {len(keep)} measured training runs"
         + (f" (framework {framework})" if framework else ""),
-        frameworks=MappingProxyType(frameworks),
     )
-    notes = (
-        (
-            "the step model reads constant fractions (Efficiency.for_chip) until the walk reads the "
-            "profile's methods: only " + ", ".join(CONSTANT_VIEW_CANDIDATES) + " were candidates",
-        )
-        if constant_view
-        else ()
-    )
-    return RunsCalibration(fitted, tuple(fits), skipped, notes=notes)
-
-
-def _errors(prof: Efficiency, cases: Sequence[RunCase], predictor: Predictor) -> np.ndarray:
-    meas = np.array([c.measured_tokens_per_s_per_chip for c in cases])
-    return np.asarray(predictor(prof, cases), float) / meas - 1.0
-
-
-def _override(ff: FrameworkFit) -> dict[str, Any]:
-    fams, ovh = _split({k: ff.result.values[k] for k in ff.result.fitted})
-    return {"calibrated": True, **ovh, "families": fams}
+    return RunsCalibration(fitted, rf, skipped)
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -312,7 +233,8 @@ def cases_from_file(path: str | Path, base: Efficiency) -> tuple[list[RunCase], 
             rule="calibrate --from-runs fits training runs (the measured_training.yaml schema)",
             fix="give a training-runs file",
         )
-    cases, skipped = [], {}
+    cases: list[RunCase] = []
+    skipped: dict[str, str] = {}
     for e in rf.entries:
         run = map_training_run(e)
         if run.id in skipped or any(c.id == run.id for c in cases):
@@ -320,145 +242,44 @@ def cases_from_file(path: str | Path, base: Efficiency) -> tuple[list[RunCase], 
         elif not run.mapped:
             skipped[run.id] = run.skipped_reason or "not mapped"
         else:
-            chip = run.inputs.system.chip
-            fam = base.family_for(chip)
-            fw = run.inputs.framework or run.source.stack
-            meas = run.measured.tokens_per_s_per_chip
-            cases.append(
-                RunCase(
-                    run.id, run.source.family, fam.family if fam else chip.name, fw, chip, meas, run
-                )
-            )
+            cases.append(_case(run, base))
     return cases, skipped
 
 
+def _case(run: Any, base: Efficiency) -> RunCase:
+    chip = run.inputs.system.chip
+    fam = base.family_for(chip)
+    return RunCase(
+        run.id,
+        run.source.family,
+        fam.family if fam else chip.name,
+        run.inputs.framework or run.source.stack,
+        chip,
+        run.measured.tokens_per_s_per_chip,
+        run,
+        str(run.compute_dtype or "bf16"),
+    )
+
+
 def predict_cases(profile: Efficiency, cases: Sequence[RunCase]) -> np.ndarray:
-    """Tokens/s per chip of each case's published plan (roofline validate's prediction)."""
+    """Tokens/s per chip of each case's published plan (roofline validate's prediction, with
+    the profile's overrides for the run's framework)."""
     from roofline.validate.scoreboard import predict_run
 
     out = []
     for c in cases:
-        if not CONSTANT_VIEW:
-            out.append(_predict_one(predict_run, c, profile))
-            continue
-        eff = profile.for_chip(c.chip)
-        key = (c.id, eff.matmul, eff.hbm, eff.link)  # all the constant view can vary
-        if key not in _CACHE:
-            _CACHE[key] = _predict_one(predict_run, c, eff)
-        out.append(_CACHE[key])
+        r = predict_run(c.payload, profile.for_framework(c.framework), framework="auto")
+        out.append(r.predicted_tokens_per_s_per_chip if r.covered else float("nan"))
     return np.array(out, float)
-
-
-_CACHE: dict[tuple, float] = {}
-
-
-def _predict_one(predict_run: Callable, c: RunCase, eff: Efficiency) -> float:
-    r = predict_run(c.payload, eff, framework="auto")
-    return r.predicted_tokens_per_s_per_chip if r.covered else float("nan")
-
-
-def calibrate_from_runs(
-    path: str | Path,
-    *,
-    framework: str | None = None,
-    base: str = "datasheet",
-    out: str | None = None,
-    docs: str | None = None,
-    cv: bool = True,
-    progress: Callable[[str], None] | None = None,
-) -> RunsCalibration:
-    """The command: read runs with roofline.validate, fit, cross-validate, write."""
-    from roofline.calibrate.write import profile_to_toml
-
-    prof = load_profile(base)
-    cases, unmapped = cases_from_file(path, prof)
-    res = calibrate_cases(
-        cases,
-        predict_cases,
-        base=prof,
-        framework=framework,
-        constant_view=CONSTANT_VIEW,
-        cv=cv,
-        progress=progress,
-    )
-    res = replace(res, skipped={**unmapped, **res.skipped})
-    cmd = f"roofline calibrate --from-runs {path}" + (
-        f" --framework {framework}" if framework else ""
-    )
-    written = []
-    if out:
-        Path(out).write_text(profile_to_toml(res.profile, f"Written by `{cmd} --out {out}`."))
-        written.append(out)
-    if docs:
-        write_cv_docs(docs, res, cmd + (f" --out {out}" if out else "") + f" --docs {docs}")
-        written.append(docs)
-    return replace(res, written=tuple(written))
-
-
-BEGIN, END = "<!-- calibrate:cv-table:begin -->", "<!-- calibrate:cv-table:end -->"
-
-
-def write_cv_docs(path: str | Path, res: RunsCalibration, command: str) -> None:
-    """Replace the text between the CV-table markers of `path` with this calibration's tables."""
-    p = Path(path)
-    text = p.read_text() if p.exists() else f"{BEGIN}\n{END}\n"
-    if BEGIN not in text or END not in text:
-        text += f"\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    body = f"Generated by `{command}`.\n\n```\n{runs_text(res)}\n```\n"
-    p.write_text(head + BEGIN + "\n" + body + END + tail)
-
-
-def runs_text(res: RunsCalibration) -> str:
-    from roofline.calibrate import render
-
-    out = []
-    for ff in res.fits:
-        who = "all runs" if not ff.framework else f"framework {ff.framework}"
-        before, after = (
-            render.apct(_med(ff.result.error_before)),
-            render.apct(_med(ff.result.error_after)),
-        )
-        out.append(f"== {who}: {len(ff.cases)} runs ==")
-        if ff.datasheet_error is None:
-            out.append(f"throughput median |error| (in-sample): datasheet {before}, fitted {after}")
-        else:
-            ds = render.apct(_med(ff.datasheet_error))
-            out.append(
-                f"throughput median |error| (in-sample): datasheet {ds}, all-runs fit {before}, "
-                f"{who} fit {after} ('before' below = the all-runs fit)"
-            )
-        out.append(render.fit_table(ff.result))
-        for cv in ff.cv:
-            out += ["", f"Leave-one-{cv.by}-out (held-out runs; error = predicted/measured - 1):"]
-            if cv.by == "chip family":
-                out.append(
-                    "(a held-out family keeps its datasheet physics: only shared parameters transfer)"
-                )
-            out.append(render.cv_table(cv))
-        out.append("")
-    if res.skipped:
-        out.append(f"Runs not used ({len(res.skipped)}):")
-        out += [f"- {k}: {v}" for k, v in res.skipped.items()]
-    out += [f"Note: {n}" for n in res.notes]
-    out.append(f"Profile: {res.profile.describe()}")
-    out += [f"Wrote {w}" for w in res.written]
-    return "\n".join(out)
-
-
-def _med(e: np.ndarray) -> float | None:
-    return float(np.median(np.abs(e))) if len(e) else None
 
 
 __all__ = [
     "RunCase",
-    "Predictor",
     "RunsCalibration",
-    "FrameworkFit",
+    "RunsFit",
+    "MIN_RUNS",
     "calibrate_cases",
-    "calibrate_from_runs",
-    "runs_text",
-    "write_cv_docs",
-    "OVERHEADS",
+    "cases_from_file",
+    "predict_cases",
+    "fit_runs",
 ]

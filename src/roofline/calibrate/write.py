@@ -70,6 +70,9 @@ def profile_to_toml(p: Efficiency, header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+toml_value, toml_key = _v, _key
+
+
 def chip_to_toml(c: Chip, header: str = "") -> str:
     """A chip file for a chip the catalog does not have (the calibrated host CPU)."""
     lines = [f"# {h}" for h in header.splitlines()] if header else []

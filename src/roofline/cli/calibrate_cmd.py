@@ -1,15 +1,17 @@
 """`roofline calibrate`: fit the efficiency physics on your accelerator or on measured runs.
 
     roofline calibrate --device [--quick] --out my-chip.toml
-    roofline calibrate --from-runs measured_training.yaml [--framework megatron] --out fitted.toml
+    roofline calibrate --from-runs training [--framework megatron] --out fitted.toml [--docs FILE]
 
 `--device` times JAX microbenchmarks on the local device (matmul sweep per dtype, grouped
 GEMM, HBM copy, RMS norm, flash attention prefill/decode, all-reduce with several devices),
 fits the chip family's physical parameters within their bounds and prints measured vs
 predicted per kernel with the datasheet-only profile and with the fitted one.
-`--from-runs` fits the parameters per chip family (and framework) on training runs in the
-measured_training.yaml schema, with leave-one-source-out and leave-one-chip-family-out
-cross-validation. Both write a profile that `--profile FILE` reads.
+`--from-runs` fits a few physical factors (a shared GEMM scale with per-family deviations,
+low-precision GEMMs, attention, elementwise kernels, fixed overheads per framework) through
+the step model on training runs in the measured_training.yaml schema (`training` = the public
+runs), with leave-one-source-out and leave-one-chip-family-out cross-validation. Both write a
+profile that `--profile FILE` reads.
 """
 
 from __future__ import annotations
@@ -41,7 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--device: the catalog chip (or chip TOML) of the local device (default: detected)",
     )
     p.add_argument(
-        "--framework", help="--from-runs: fit only runs of this framework (default: each framework)"
+        "--framework", help="--from-runs: fit only runs of this framework (default: all runs)"
+    )
+    p.add_argument(
+        "--jobs",
+        help="--from-runs: worker processes for the step model (default: up to 2 cores)",
     )
     p.add_argument("--base", default="datasheet", help="profile to start from (default: datasheet)")
     p.add_argument("--out", help="write the fitted profile here (TOML, for --profile FILE)")
@@ -127,8 +133,10 @@ def _device_text(cal, written: list[str], render) -> str:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from roofline.calibrate.runs import calibrate_from_runs, runs_text
+    from roofline.calibrate.ship import calibrate_from_runs, runs_text
+    from roofline.cli._common import int_flag
 
+    jobs = None if args.jobs is None else int_flag(args.jobs, "jobs", hi=64, example="2")
     try:
         say = None if args.json else (lambda m: print(m, file=sys.stderr))
         res = calibrate_from_runs(
@@ -138,6 +146,7 @@ def _runs(args: argparse.Namespace) -> int:
             out=args.out,
             docs=args.docs,
             cv=not args.no_cv,
+            jobs=jobs,
             progress=say,
         )
     except ModuleNotFoundError as e:  # the run readers live in roofline.validate (h3)

@@ -261,6 +261,9 @@ class Efficiency:
         default_factory=lambda: MappingProxyType({})
     )
     framework: str = ""  # the framework whose overrides are applied ("" = none)
+    # how a measured-calibrated profile was made (date, command, runs file and its sha256,
+    # the fitted parameters, the cross-validated error): the file's [provenance] table
+    provenance: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __hash__(self) -> int:
         plain = (self.name, self.matmul, self.hbm, self.link, self.source, self.calibrated)
@@ -406,8 +409,9 @@ class Efficiency:
             "name": self.name,
             "source": self.source,
             "calibrated": self.calibrated,
-            "kind": "measured-calibrated" if self.calibrated else "datasheet-only",
+            "kind": self.kind,
             "framework": self.framework or None,
+            **({"provenance": _plain(self.provenance)} if self.provenance else {}),
             "matmul": self.matmul,
             "hbm": self.hbm,
             "link": self.link,
@@ -424,6 +428,11 @@ class Efficiency:
         kind = "measured-calibrated" if self.calibrated else "datasheet-only"
         fw = f", framework {self.framework}" if self.framework else ""
         return f"efficiency profile '{self.name}' ({kind}{fw})"
+
+    @property
+    def kind(self) -> str:
+        """'measured-calibrated' or 'datasheet-only' (what every prediction's output says)."""
+        return "measured-calibrated" if self.calibrated else "datasheet-only"
 
 
 @lru_cache(maxsize=4096)
@@ -530,36 +539,140 @@ def default_profile(chip: Any) -> Efficiency:
 
 # -- files -------------------------------------------------------------------------
 
-_TOP_KEYS = {f.name for f in fields(Efficiency)} - {"families", "frameworks", "framework"}
+_TOP_KEYS = {f.name for f in fields(Efficiency)} - {
+    "families",
+    "frameworks",
+    "framework",
+    "provenance",
+}
 _FAMILY_KEYS = {f.name for f in fields(FamilyPhysics)} - {"family", "_keys"}
+_MAX_BASE_DEPTH = 4
 
 
-def profile_from_dict(raw: Mapping[str, Any], origin: str) -> Efficiency:
-    """Build a profile from a parsed TOML table (see specs/profiles/*.toml for the format)."""
+def _plain(x: Any) -> Any:
+    """Mappings (and proxies) as plain dicts, for JSON."""
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def profile_from_dict(raw: Mapping[str, Any], origin: str, _depth: int = 0) -> Efficiency:
+    """Build a profile from a parsed TOML table (see specs/profiles/*.toml for the format).
+
+    `base = "NAME|FILE"` starts from that profile: top-level keys, [family.X] tables (only the
+    keys given; a family the base lacks needs match, tile and mm_fraction) and [framework.X]
+    tables then override it (how `calibrate` writes a fitted profile: only what it fitted).
+    `[provenance]` records how a calibrated profile was made."""
     data = dict(raw)
     fams_raw = data.pop("family", {})
     fw_raw = data.pop("framework", {})
     data.pop("param_sources", None)
+    prov = data.pop("provenance", {})
+    base_ref = data.pop("base", None)
     bad = [k for k in data if k not in _TOP_KEYS]
     if bad:
         raise SpecError(
             f"efficiency file {origin}: unknown key {bad[0]!r}",
-            rule="top-level keys: " + ", ".join(sorted(_TOP_KEYS)) + ", [family.*], [framework.*]",
+            rule="top-level keys: "
+            + ", ".join(sorted([*_TOP_KEYS, "base"]))
+            + ", [family.*], [framework.*], [provenance]",
             fix="remove or rename the key",
         )
     data.setdefault("name", Path(origin).stem)
-    fams = tuple(_family_from_dict(name, t, origin) for name, t in fams_raw.items())
-    frameworks = {
-        fw: MappingProxyType(_framework_from_dict(fw, t, fams, origin)) for fw, t in fw_raw.items()
-    }
+    base = None if base_ref is None else _base_profile(base_ref, origin, _depth)
+    fams = _families(fams_raw, base, origin)
+    frameworks = dict(base.frameworks) if base is not None else {}
+    frameworks.update(
+        {
+            fw: MappingProxyType(_framework_from_dict(fw, t, fams, origin))
+            for fw, t in fw_raw.items()
+        }
+    )
+    if base is not None:
+        data = {k: getattr(base, k) for k in _TOP_KEYS if k != "name"} | data
     try:
-        return Efficiency(**data, families=fams, frameworks=MappingProxyType(frameworks))
+        return Efficiency(
+            **data,
+            families=fams,
+            frameworks=MappingProxyType(frameworks),
+            provenance=MappingProxyType(dict(prov)),
+        )
     except TypeError as e:
         raise SpecError(
             f"efficiency file {origin}: {e}",
             rule="matmul, hbm and link are required",
             fix="add the missing keys",
         ) from None
+
+
+def _base_profile(ref: Any, origin: str, depth: int) -> Efficiency:
+    """The profile a file's `base` names: a catalog name, or a TOML path (relative to the file)."""
+    if not isinstance(ref, str) or depth >= _MAX_BASE_DEPTH:
+        raise SpecError(
+            f"efficiency file {origin}: base = {ref!r}",
+            rule=f"base names one profile (a catalog name or a TOML file), at most {_MAX_BASE_DEPTH} deep",
+            fix='e.g. base = "datasheet"',
+        )
+    near = Path(origin).parent / ref
+    if ref.endswith(".toml") and is_file(str(near)):
+        ref = str(near)
+    if ref.endswith(".toml") or is_file(ref):
+        return profile_from_dict(read_toml(Path(ref), "efficiency profile"), ref, depth + 1)
+    check_name_length(ref, "profile")
+    key = resolve(ref, {n: () for n in profile_names()}, "profile")
+    path = PROFILE_DIR / f"{key}.toml"
+    return profile_from_dict(read_toml(path, "efficiency profile"), str(path), depth + 1)
+
+
+def _families(
+    fams_raw: Mapping[str, Any], base: Efficiency | None, origin: str
+) -> tuple[FamilyPhysics, ...]:
+    """The base's families with the file's tables applied (new families appended)."""
+    fams = list(base.families) if base is not None else []
+    for name, t in fams_raw.items():
+        old = next((i for i, f in enumerate(fams) if f.family == name), None)
+        if old is None:
+            fams.append(_family_from_dict(name, t, origin))
+        else:
+            fams[old] = _family_over(fams[old], t, origin)
+    return tuple(fams)
+
+
+def _family_over(fam: FamilyPhysics, t: Mapping[str, Any], origin: str) -> FamilyPhysics:
+    """`fam` with the keys of a partial [family.X] table replaced."""
+    where = f"efficiency file {origin}, family {fam.family!r}"
+    bad = [k for k in t if k not in _FAMILY_KEYS]
+    if bad:
+        raise SpecError(
+            f"{where}: unknown key {bad[0]!r}",
+            rule="family keys: " + ", ".join(sorted(_FAMILY_KEYS)),
+            fix="remove or rename the key",
+        )
+    plain: dict[str, Any] = {k: t[k] for k in _FAMILY_KEYS - set(PARAMS) if k in t}
+    if "match" in t:
+        plain["match"] = tuple(str(x) for x in t["match"])
+    if "tile" in t:
+        plain["tile"] = _tile(t["tile"], where)
+    if "sources" in t:
+        plain["sources"] = MappingProxyType({**fam.sources, **dict(t["sources"])})
+    out = replace(fam, **plain) if plain else fam
+    values = {f"mm_fraction.{d}": v for d, v in t.get("mm_fraction", {}).items()}
+    values.update({f"link.{tier}": v for tier, v in t.get("link", {}).items()})
+    values.update({k: t[k] for k in PARAMS if k in t and k not in ("mm_fraction", "link")})
+    return out.with_params(values)
+
+
+def _tile(raw: Any, where: str) -> tuple[int, int, int]:
+    tile = tuple(int(x) for x in raw)
+    if len(tile) != 3 or min(tile) < 1:
+        raise SpecError(
+            f"{where}: tile = {raw!r}",
+            rule="tile is [m, n, k], positive integers",
+            fix="e.g. tile = [128, 256, 64]",
+        )
+    return tile  # type: ignore[return-value]
 
 
 def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhysics:
@@ -578,17 +691,10 @@ def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhy
                 rule="match, tile and mm_fraction are required",
                 fix=f"add `{req} = ...`",
             )
-    tile = tuple(int(x) for x in t["tile"])
-    if len(tile) != 3 or min(tile) < 1:
-        raise SpecError(
-            f"{where}: tile = {t['tile']!r}",
-            rule="tile is [m, n, k], positive integers",
-            fix="e.g. tile = [128, 256, 64]",
-        )
     base = FamilyPhysics(
         family=name,
         match=tuple(str(x) for x in t["match"]),
-        tile=tile,
+        tile=_tile(t["tile"], where),
         mm_fraction=MappingProxyType({}),
         wave_units=t.get("wave_units"),
         sources=MappingProxyType(dict(t.get("sources", {}))),
