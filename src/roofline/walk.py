@@ -718,9 +718,7 @@ class _Walker:
             by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
         else:
             by = sum(
-                spec_of(t, self.rules, block_io=io and not t.is_param).local_bytes(
-                    sizes, self.mesh
-                )
+                spec_of(t, self.rules, block_io=io and not t.is_param).local_bytes(sizes, self.mesh)
                 for t in (*op.inputs, op.out)
                 if not t.on_chip
             )
