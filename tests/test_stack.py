@@ -353,3 +353,14 @@ def test_causal_context_parallel_imbalance_without_load_balancing():
         )
 
     assert attention_s(flat) == pytest.approx(attention_s(mg) * (2 * 4 - 1) / 4, rel=1e-9)
+
+
+def test_v100_computes_in_fp16_by_default():
+    """V100 has no bf16 peak: a plan naming no dtype computes in the chip's fp16, in the planner
+    and under the datasheet physics (whose GEMM roll-off reads the dtype's peak)."""
+    sysm = parse_system("v100:16")
+    w = Workload(2**19, 2048)
+    res = plan_training(L8, sysm, w, top_k=1, framework="megatron")
+    assert res.best.compute_dtype == "fp16"
+    c = evaluate_plan(L8, sysm, w, parse_plan("dp=16,remat=full"))
+    assert c.compute_dtype == "fp16" and c.mfu == pytest.approx(c.mfu_compute_dtype)

@@ -108,7 +108,7 @@ LAST_PROJECTIONS = ("mlp/down", "moe/down", "moe/shared/down")
 NON_LAYER_ROWS = ("embed", "unembed", "loss")
 # Memory-bound kernels of a training step the inference ledger does not hold (walk.ledger_for):
 # their backward needs none of their inputs (an add), or the LM head's saved output (the loss).
-TRAINING_ROWS = ("residual", "loss")
+TRAINING_ROWS = ("residual", "loss", "moe/permute", "moe/unpermute")
 _RERUN_BY_ANY_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS, RematKind.MATMULS})
 _RERUN_BY_LAYER_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS})
 

@@ -161,10 +161,11 @@ class ShardedStep:
             frac = op.weight_read_fraction_at(seqs * op.sizes["seq"])
             unread = w_local * (1.0 - frac)  # routed experts no token chose
             comp[i] += r.copies * np.asarray(r.compute_s, float)
-            mem[i] += r.copies * (np.asarray(r.memory_s, float) - unread / hbm)
+            # the walk already reads only the chosen experts' weights (h8: walk fix (a))
+            mem[i] += r.copies * np.asarray(r.memory_s, float)
             wts[i] += r.copies * (w_local - unread) / hbm
             fl[i] += r.copies * np.asarray(r.flops_per_chip, float)
-            by[i] += r.copies * (np.asarray(r.hbm_bytes_per_chip, float) - unread)
+            by[i] += r.copies * np.asarray(r.hbm_bytes_per_chip, float)
             if op.kind == OpKind.ATTENTION:
                 kv[i] += r.copies * _kv_local(op, rules, mesh, seqs)
         comm = np.zeros(len(seqs))

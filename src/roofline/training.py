@@ -421,7 +421,7 @@ def evaluate_plans(
     if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
         led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))
     if plan is not None:
-        dtypes = plan.dtypes
+        dtypes = effective_dtypes(plan, systems[0].chip)
     options = WalkOptions(
         dtypes=dtypes if dtypes is not None else default_dtypes(systems[0].chip),
         policy=stack.policy if policy is CHEAPEST else policy,
@@ -435,6 +435,12 @@ def evaluate_plans(
     ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
     ctx = replace(ctx, n_rows=(w.n,), dtypes=options.dtypes)
     return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums, with_terms)
+
+
+def effective_dtypes(plan: Plan, chip: Any) -> ComputeDtypes:
+    """The dtypes a plan computes in: its own, or where it names none (bf16 everywhere) the
+    chip's 16-bit dtype (V100 trains in fp16)."""
+    return default_dtypes(chip) if plan.dtypes.is_default else plan.dtypes
 
 
 def default_dtypes(chip: Any) -> ComputeDtypes:
@@ -898,6 +904,7 @@ class StepCost:
     overhead_time_s: float = 0.0  # the profile's fixed per-layer and per-step costs
     mfu_compute_dtype: float = 0.0  # model FLOPs over the dense matmuls' dtype peak
     framework: str = "ideal"  # the stack whose behaviour was costed
+    compute_dtype: str = "bf16"  # the dense matmuls' dtype (the second MFU's peak)
 
     @property
     def terms(self) -> dict[str, float]:
@@ -932,7 +939,7 @@ class StepCost:
             "step_time_s": self.step_time_s,
             "mfu": self.mfu,
             "mfu_compute_dtype": self.mfu_compute_dtype,
-            "compute_dtype": self.plan.dtypes.matmul.value,
+            "compute_dtype": self.compute_dtype,
             "framework": self.framework,
             "hfu": self.hfu,
             "tokens_per_s": self.tokens_per_s,
@@ -1118,9 +1125,10 @@ def evaluate_plan(
 
     step, tokens_s, mfu, hfu = f(r.step_time_s), f(r.tokens_per_s), f(r.mfu), f(r.hfu)
     mfu_dt = f(r.mfu_compute_dtype)
+    dtypes = effective_dtypes(plan, system.chip)
     if assume_mfu is not None:
         mfu = hfu = check_mfu(assume_mfu)
-        mfu_dt = mfu * mfu_peak(system.chip) / compute_peak(system.chip, plan.dtypes)
+        mfu_dt = mfu * mfu_peak(system.chip) / compute_peak(system.chip, dtypes)
         step = r.model_flops / (system.n_chips * mfu_peak(system.chip) * mfu)
         tokens_s = workload.batch_tokens / step
     return StepCost(
@@ -1149,6 +1157,7 @@ def evaluate_plan(
         collectives=_collective_rows(r.walk),
         mfu_compute_dtype=mfu_dt,
         framework=stack.name,
+        compute_dtype=dtypes.matmul.value,
     )
 
 

@@ -718,9 +718,7 @@ class _Walker:
             by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
         else:
             by = sum(
-                spec_of(t, self.rules, block_io=io and not t.is_param).local_bytes(
-                    sizes, self.mesh
-                )
+                spec_of(t, self.rules, block_io=io and not t.is_param).local_bytes(sizes, self.mesh)
                 for t in (*op.inputs, op.out)
                 if not t.on_chip
             )
@@ -1073,7 +1071,8 @@ def ledger_for(
 
 def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
     """The residual adds (two per layer: after attention and after the MLP; each reads the
-    stream and the block output and writes the sum) and the loss (softmax cross-entropy over
+    stream and the block output and writes the sum), MoE token permutation (below) and the
+    loss (softmax cross-entropy over
     the vocabulary in fp32: the stacks upcast the logits, e.g. Megatron-Core's
     vocab_parallel_cross_entropy and torch's cross_entropy; ~5 FLOPs per logit for max, exp,
     sum, log and the gradient), each a memory-bound kernel forward and backward."""
@@ -1085,10 +1084,23 @@ def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
     y = Tensor("y", ("batch", "seq", "embed"), dt)
     logits = Tensor("logits", ("batch", "seq", "vocab"), dt)
     probs = Tensor("probs", ("batch", "seq", "vocab"), "fp32")
-    return (
+    rows = [
         Op("residual", OpKind.ELEMENTWISE, (x, y), x, sizes, 2 * model.n_layers, 1.0, 1.0),
         Op("loss", OpKind.ELEMENTWISE, (logits,), probs, sizes, 1, 1.0, 5.0),
-    )
+    ]
+    up = next((o for o in led.ops if o.name == "moe/up"), None)
+    if up is not None:
+        # MoE token permutation: tokens copied top_k times into expert order before the expert
+        # GEMMs and weighted back after them (Megatron-Core moe_utils permute/unpermute,
+        # torchtitan's token reorder): memory-bound gathers and scatters of top_k·d per token
+        msz = dict(up.sizes)
+        xe = Tensor("xe", ("experts", "capacity", "embed"), dt)
+        xt = Tensor("x", ("batch", "seq", "embed"), dt)
+        rows += [
+            Op("moe/permute", OpKind.ELEMENTWISE, (xt,), xe, msz, up.count, 1.0, 0.0),
+            Op("moe/unpermute", OpKind.ELEMENTWISE, (xe,), xt, msz, up.count, 1.0, 1.0),
+        ]
+    return tuple(rows)
 
 
 def walk_rows(

@@ -434,8 +434,8 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
 
 def _mfu_text(c: StepCost) -> str:
     """MFU against the bf16 peak and, for fp8/fp4 plans, against the compute dtype's peak."""
-    d = c.plan.dtypes.matmul.value
-    peak16 = "bf16" if c.system.chip.default_dtype == "bf16" else c.system.chip.default_dtype
+    d = c.compute_dtype
+    peak16 = c.system.chip.default_dtype
     out = f"{c.mfu:.1%} of the {peak16} peak"
     if d != peak16:
         out += f", {c.mfu_compute_dtype:.1%} of the {d} peak (the matmuls' compute dtype)"
