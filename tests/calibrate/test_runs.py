@@ -83,12 +83,21 @@ def make_cases(truth=TRUTH, groups=GROUPS, shapes=SHAPES):
     ]
     meas = predictor(scales.apply(BASE, truth), cases)
     return [
-        RunCase(c.id, c.source, c.family, c.framework, c.chip, float(m), c.payload)
+        RunCase(
+            c.id,
+            c.source,
+            c.family,
+            c.framework,
+            c.chip,
+            float(m),
+            c.payload,
+            tokens_per_step_per_chip=c.payload["tokens"],
+        )
         for c, m in zip(cases, meas, strict=True)
     ]
 
 
-KINDS = ("gemm_scale", "attn_scale", "step_overhead_s")
+KINDS = ("gemm_scale", "gemm_scale@", "attn_scale", "step_overhead_s@")
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +127,9 @@ def test_the_joint_fit_recovers_the_planted_factors(cal):
 
 def test_unidentifiable_parameters_are_refused_with_reasons():
     cases = make_cases(groups=(*GROUPS, ("blackwell", "megatron", "nemo")), shapes=SHAPES[:2])
-    res = calibrate_cases(cases, predictor, kinds=("gemm_scale", "lowp_scale"), cv=False)
+    res = calibrate_cases(
+        cases, predictor, kinds=("gemm_scale", "gemm_scale@", "lowp_scale"), cv=False
+    )
     refused = {x.name: x.reason for x in res.fit.result.refused}
     # two runs of a family: its deviation keeps the shared value
     assert "2 runs of chip family blackwell in the fit (< 3)" in refused["gemm_scale@blackwell"]
@@ -130,7 +141,9 @@ def test_unidentifiable_parameters_are_refused_with_reasons():
 def test_collinear_overheads_are_refused():
     # every run has the same layer count: per-step and per-layer fixed time look alike
     cases = make_cases(shapes=((2048, 2048, 24), (8192, 8192, 24), (4096, 16384, 24)))
-    res = calibrate_cases(cases, predictor, kinds=("step_overhead_s", "layer_overhead_s"), cv=False)
+    res = calibrate_cases(
+        cases, predictor, kinds=("step_overhead_s@", "layer_overhead_s@"), cv=False
+    )
     refused = {x.name: x.reason for x in res.fit.result.refused}
     assert "collinear with layer_overhead_s@megatron" in refused["step_overhead_s@megatron"]
 

@@ -7,7 +7,13 @@ values of those parameters alone. A finite-difference Jacobian column of a famil
 parameter then re-predicts that family's runs only, and a cross-validation fold that starts
 from the full fit re-uses every prediction the full fit made at that point.
 
-Predictions are exact (the step model runs for every new key); nothing is interpolated.
+A fixed time per step is added to the step the model predicts with the overhead at its
+starting value (`additive`: the step model adds it after everything else,
+`training._step`), so a per-step overhead never re-runs the model: tokens/s per chip =
+tokens per step per chip / step time. `check_additive` re-runs the model at given values and
+reports the largest difference (the command checks it on the final fit; a test pins it).
+
+Otherwise predictions are exact (the step model runs for every new key).
 """
 
 from __future__ import annotations
@@ -53,10 +59,17 @@ class Evaluator:
         predictor: Predictor,
         apply: Apply,
         jobs: int = 1,
+        additive: Mapping[str, float] | None = None,
+        step_tokens: Sequence[float] | None = None,
     ) -> None:
         self.base, self.cases, self.predictor, self.apply = base, list(cases), predictor, apply
         self.masks = {n: np.asarray(m, bool) for n, m in masks.items()}
         self.jobs = jobs
+        # per-step seconds added after the model: {name: starting value}; needs the tokens
+        # each chip processes per step to turn tokens/s into step time
+        ok = step_tokens is not None and all(t and np.isfinite(t) for t in step_tokens)
+        self.additive = dict(additive or {}) if ok else {}
+        self.step_tokens = np.asarray(step_tokens if ok else [], float)
         self.cache: dict[tuple, float] = {}
         self.evaluated = 0  # step-model calls made (cache misses)
         self._pool: Any = None
@@ -65,6 +78,16 @@ class Evaluator:
         return (i, *((n, float(values[n])) for n, m in self.masks.items() if m[i] and n in values))
 
     def __call__(self, values: Mapping[str, float], idx: Sequence[int]) -> np.ndarray:
+        model_values = {**values, **{n: v for n, v in self.additive.items() if n in values}}
+        pred = self.model(model_values, idx)
+        extra = self._extra_s(values, idx)
+        if extra is None:
+            return pred
+        tok = self.step_tokens[np.asarray(idx, int)]
+        return tok / (tok / pred + extra)
+
+    def model(self, values: Mapping[str, float], idx: Sequence[int]) -> np.ndarray:
+        """The step model's predictions (cached by each run's parameters)."""
         keys = [self.key(int(i), values) for i in idx]
         missing = sorted({int(k[0]) for k in keys if k not in self.cache})
         if missing:
@@ -73,6 +96,28 @@ class Evaluator:
                 self.cache[self.key(i, values)] = float(p)
             self.evaluated += len(missing)
         return np.array([self.cache[k] for k in keys], float)
+
+    def _extra_s(self, values: Mapping[str, float], idx: Sequence[int]) -> np.ndarray | None:
+        """Per-step seconds beyond the starting values of the additive overheads."""
+        if not self.additive:
+            return None
+        ix = np.asarray(idx, int)
+        extra = np.zeros(len(ix))
+        for n, start in self.additive.items():
+            if n in values and values[n] != start:
+                extra += np.where(self.masks[n][ix], float(values[n]) - start, 0.0)
+        return extra
+
+    def check_additive(self, values: Mapping[str, float], idx: Sequence[int]) -> float:
+        """Largest |relative difference| between the additive shortcut and the step model run
+        with the overheads in `values` (0 when nothing is additive)."""
+        if not self.additive:
+            return 0.0
+        ix = [int(i) for i in idx]
+        fast = self(values, ix)
+        prof = self.apply(self.base, dict(values))
+        slow = np.asarray(self.predictor(prof, [self.cases[i] for i in ix]), float)
+        return float(np.max(np.abs(fast / slow - 1.0)))
 
     def _predict(self, values: dict[str, float], idx: list[int]) -> list[float]:
         if self.jobs <= 1 or len(idx) < 2 or "fork" not in mp.get_all_start_methods():

@@ -51,6 +51,7 @@ class RunCase:
     measured_tokens_per_s_per_chip: float
     payload: Any = None
     dtype: str = "bf16"  # the dense GEMMs' compute dtype
+    tokens_per_step_per_chip: float | None = None  # turns tokens/s into step time
 
 
 @dataclass(frozen=True)
@@ -111,12 +112,7 @@ def build_problem(
 ) -> Problem:
     names = [p.name for p in params]
     by_name = {p.name: p for p in params}
-    prior = {}
-    for p in params:
-        if p.framework:  # an overhead: the framework's current override, or the profile's
-            prior[p.name] = float(getattr(base.for_framework(p.framework), p.kind))
-        else:
-            prior[p.name] = p.start
+    prior = {p.name: _start(base, p) for p in params}
     masks = evaluator.masks
     labels = {"source": [c.source for c in cases], "chip family": [c.family for c in cases]}
     return Problem(
@@ -134,6 +130,18 @@ def build_problem(
     )
 
 
+def _start(base: Efficiency, p: scales.FitParam) -> float:
+    """A candidate's starting value: a framework overhead is the base's (its override, else the
+    profile's); a factor starts at 1."""
+    if p.framework:
+        return float(getattr(base.for_framework(p.framework), p.kind))
+    return p.start
+
+
+# The per-step overhead shortcut (calibrate.evaluate) must agree with the step model.
+ADDITIVE_TOL = 1e-6
+
+
 def fit_runs(
     base: Efficiency,
     cases: Sequence[RunCase],
@@ -142,27 +150,39 @@ def fit_runs(
     cv: bool = True,
     jobs: int = 1,
     kinds: Sequence[str] | None = None,
+    cv_by: Sequence[str] = CV_GROUPINGS,
     progress: Callable[[str], None] | None = None,
 ) -> RunsFit:
-    """The joint fit over `cases`, then each CV grouping's folds (starting from the fit)."""
+    """The joint fit over `cases`, then each CV grouping's folds (starting from the fit).
+    `kinds`: which candidates (entries of `scales.ORDER`; default `scales.DEFAULT_KINDS`)."""
     params = [
         p
         for p in scales.candidates([c.family for c in cases], [c.framework for c in cases])
-        if kinds is None or p.kind in kinds
+        if p.key in (scales.DEFAULT_KINDS if kinds is None else kinds)
     ]
-    with Evaluator(base, cases, masks_of(params, cases), predictor, scales.apply, jobs) as ev:
+    masks = masks_of(params, cases)
+    additive = {p.name: _start(base, p) for p in params if p.kind == "step_overhead_s"}
+    tokens = [c.tokens_per_step_per_chip for c in cases]
+    ev = Evaluator(base, cases, masks, predictor, scales.apply, jobs, additive, tokens)
+    with ev:
         problem = build_problem(base, cases, ev, params)
         names = [p.name for p in params]
         if progress:
             progress(f"fitting {len(cases)} runs, {len(names)} candidates")
         kw = {"loss": "soft_l1", "tol": RUNS_TOL, "diff_step": DIFF_STEP}
         result = fit(problem, names, **kw)
+        gap = ev.check_additive(result.values, range(len(cases)))
+        if gap > ADDITIVE_TOL:
+            raise AssertionError(
+                f"the step model no longer adds a per-step overhead after everything else "
+                f"(shortcut off by {gap:.2%}): calibrate.evaluate's additive rule needs updating"
+            )
         if progress:
             progress(f"  fitted ({ev.evaluated} step-model calls so far)")
         start = {n: result.values[n] for n in result.fitted}
         cvs = tuple(
             cross_validate(problem, names, by, start=start, progress=progress, **kw)
-            for by in CV_GROUPINGS
+            for by in cv_by
             if cv and len(set(problem.labels[by])) > 1
         )
         return RunsFit(tuple(cases), tuple(params), result, cvs, ev.evaluated)
@@ -196,6 +216,7 @@ def calibrate_cases(
     cv: bool = True,
     jobs: int = 1,
     kinds: Sequence[str] | None = None,
+    cv_by: Sequence[str] = CV_GROUPINGS,
     progress: Callable[[str], None] | None = None,
 ) -> RunsCalibration:
     """Fit the factors on `cases` (those of `framework` if given), cross-validated."""
@@ -206,7 +227,9 @@ def calibrate_cases(
     if len(keep) < MIN_RUNS:
         note = f"{len(keep)} usable runs (< {MIN_RUNS}): nothing fitted"
         return RunsCalibration(prof, None, skipped, notes=(note,))
-    rf = fit_runs(prof, keep, predictor, cv=cv, jobs=jobs, kinds=kinds, progress=progress)
+    rf = fit_runs(
+        prof, keep, predictor, cv=cv, jobs=jobs, kinds=kinds, cv_by=cv_by, progress=progress
+    )
     values = {n: rf.result.values[n] for n in rf.result.fitted}
     fitted = replace(
         scales.apply(prof, values),
@@ -258,6 +281,7 @@ def _case(run: Any, base: Efficiency) -> RunCase:
         run.measured.tokens_per_s_per_chip,
         run,
         str(run.compute_dtype or "bf16"),
+        run.inputs.workload.batch_tokens / run.inputs.system.n_chips,
     )
 
 
