@@ -71,6 +71,10 @@ class Problem:
     # fewest fitted observations in a parameter's scope (what each scope is called, for reasons)
     min_rows: int = 1
     scope_name: Callable[[str], str] | None = None
+    # {parameter: partner}: in the parameter's scope the observations depend on the two only
+    # through their product (a family's deviation and a shared scale), so its Jacobian column
+    # is the partner's, rescaled: no model evaluation for it
+    products: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         m = np.asarray(self.measured, float)
@@ -304,9 +308,13 @@ def fit(
     values, at_bound, messages = dict(base), [], []
     for names_c, rows_c in _components(problem, ok, idx):
         unit = _Unit(names_c, problem.bound)
+        jac: Any = "2-point"
+        if any(problem.products.get(n) in names_c for n in names_c):
+            jac = _linked_jacobian(problem, unit, base, rows_c, diff_step or 1e-6)
         sol = least_squares(
             _residuals(problem, unit, base, rows_c),
             unit.to_z({**base, **(start or {})}),
+            jac=jac,
             bounds=(0.0, 1.0),
             loss=loss,
             f_scale=0.1,
@@ -321,6 +329,42 @@ def fit(
     after = problem.errors(values, idx)
     msg = "; ".join(dict.fromkeys(messages))
     return FitResult(values, ok, refused, tuple(at_bound), before, after, dict(base), msg)
+
+
+def _linked_jacobian(
+    problem: Problem, unit: _Unit, base: Mapping[str, float], idx: np.ndarray, h: float
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Forward differences in unit coordinates, except for a parameter whose column follows
+    from its product partner's (`Problem.products`) and its prior term (analytic)."""
+    fun = _residuals(problem, unit, base, idx)
+    names = unit.names
+    pos = {n: j for j, n in enumerate(names)}
+    linked = {
+        j: pos[problem.products[n]] for j, n in enumerate(names) if problem.products.get(n) in pos
+    }
+    masks = [problem.mask(n)[idx] for n in names]
+    pri = [n for n in names if n in problem.prior_weight]
+    width = unit.hi - unit.lo
+    n_obs = len(idx)
+
+    def jac(z: np.ndarray) -> np.ndarray:
+        f0 = fun(z)
+        J = np.zeros((len(f0), len(names)))
+        for j in range(len(names)):
+            if j not in linked:
+                step = h if z[j] + h <= 1.0 else -h
+                zj = z.copy()
+                zj[j] += step
+                J[:, j] = (fun(zj) - f0) / step
+        v = unit.lo + z * width
+        for j, s in linked.items():
+            # d log(pred)/d log(v_j) = d log(pred)/d log(v_s) in j's scope; z-units convert
+            J[:n_obs, j] = np.where(masks[j], J[:n_obs, s] * v[s] / width[s] * width[j] / v[j], 0.0)
+            if names[j] in pri:
+                J[n_obs + pri.index(names[j]), j] = problem.prior_weight[names[j]] * width[j] / v[j]
+        return J
+
+    return jac
 
 
 def _components(

@@ -125,6 +125,7 @@ def build_problem(
         scope=lambda n: masks[n],
         bounds=lambda n: by_name[n].bounds,
         prior_weight=scales.prior_weights(params),
+        products=scales.products(params),
         min_rows=MIN_RUNS,
         scope_name=lambda n: by_name[n].scope_name(),
     )

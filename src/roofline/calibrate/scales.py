@@ -175,6 +175,14 @@ def prior_weights(params: Sequence[FitParam]) -> dict[str, float]:
     return {p.name: w for p in params if p.family and KINDS[p.kind].pooled}
 
 
+def products(params: Sequence[FitParam]) -> dict[str, str]:
+    """{family deviation: its shared scale}: a family's runs see only their product."""
+    shared = {p.kind for p in params if not p.family and not p.framework}
+    return {
+        p.name: p.kind for p in params if p.family and p.kind in shared and KINDS[p.kind].pooled
+    }
+
+
 # -- values -> profile ---------------------------------------------------------------------
 
 
@@ -244,4 +252,5 @@ __all__ = [
     "framework_values",
     "parse",
     "prior_weights",
+    "products",
 ]
