@@ -302,6 +302,7 @@ class PassTimes:
     weight_bytes_per_chip: Any
     kv_bytes_per_chip: Any  # the KV cache read this pass
     breakdown: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    launch_s: Any = 0.0  # fixed kernel time inside rows_s (the profile's kernel_overhead_s)
 
     @property
     def bound(self) -> Any:
@@ -423,7 +424,7 @@ class IdealStep:
 
     @property
     def rows(self) -> Rows:
-        return _rows(self.model, self.quant)
+        return rows_of(self.model, self.quant)
 
     def _price(self, ops: tuple[Op, ...], batch: Any, seq: Any, kv_seq: Any, acc: dict) -> None:
         N = self.n_chips
@@ -515,7 +516,8 @@ class IdealStep:
 
 
 @functools.cache
-def _rows(model: ModelSpec, quant: Quant) -> Rows:
+def rows_of(model: ModelSpec, quant: Quant) -> Rows:
+    """The model's rows split for pass pricing (cached)."""
     return Rows.of(model, quant)
 
 
@@ -680,5 +682,6 @@ __all__ = [
     "memory_per_chip",
     "parse_serve_plan",
     "power_of_two_at_least",
+    "rows_of",
     "weight_bytes",
 ]
