@@ -109,10 +109,24 @@ def test_a_full_kv_cache_queues_requests():
 
 
 def test_prefill_first_engines_space_out_decode_passes():
-    """SGLang runs prefill batches between decode passes: TPOT = decode pass / (1 − prefill share)."""
-    s = steady_state(ideal(), load_engine("sglang"), Workload(4096, 256), np.array([32.0]))
+    """Under Poisson arrivals SGLang runs prefill batches between decode passes:
+    TPOT = decode pass / (1 − prefill share)."""
+    w = Workload(4096, 256, rate=1.0)
+    s = steady_state(ideal(), load_engine("sglang"), w, np.array([32.0]))
     dec = ideal().pass_time(PassShape(decode=s.decode_batch, context=4096 + 128)).time_s
     assert s.tpot_s == pytest.approx(dec / (1 - s.prefill_share), rel=1e-6)
+
+
+def test_prefill_first_engines_run_closed_loops_in_waves():
+    """A closed loop of fixed lengths on a prefill-first engine: the 32 prompts run in 16 prefill
+    batches of 2 (8192-token budget on an 80 GB chip) before anyone decodes, then all 32 decode
+    in lockstep, finish together and come back together (every wave is a first wave)."""
+    s = steady_state(ideal(), load_engine("sglang"), Workload(4096, 256), np.array([32.0]))
+    t_b = ideal().pass_time(PassShape(prefill_seqs=2, prefill_chunk=4096, prefill_context=4096))
+    tau = ideal().pass_time(PassShape(decode=32, context=4096 + 128)).time_s
+    assert s.ttft_s == pytest.approx((16 + 1) / 2 * t_b.time_s, rel=1e-9)
+    assert s.tpot_s == pytest.approx(tau + (16 - 1) / 2 * t_b.time_s / 255, rel=1e-9)
+    assert s.requests_per_s == pytest.approx(32 / (16 * t_b.time_s + 255 * tau), rel=1e-9)
 
 
 def test_prefix_cache_hits_cut_ttft():
@@ -321,3 +335,15 @@ def test_predictor_refuses_unknown_lengths():
             ),
             efficiency=PEAK,
         )
+
+
+def test_narrow_weights_compute_in_bf16_where_the_chip_lacks_the_units():
+    """fp4 weights on Hopper run weight-only (W4A16) kernels: the GEMMs compute in bf16; on
+    Blackwell they compute in fp4; fp8 computes in fp8 on Hopper and bf16 on Ampere."""
+    from roofline.serving_step import _compute
+
+    assert _compute("nvfp4", H100) == "bf16"
+    assert _compute("nvfp4", load_chip("b200")) == "fp4"
+    assert _compute("fp8", H100) == "fp8"
+    assert _compute("fp8", load_chip("a100")) == "bf16"
+    assert _compute("int4", H100) == "bf16"

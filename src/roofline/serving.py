@@ -119,6 +119,14 @@ class Workload:
         return self.prompt * (1.0 - self.prefix_hit)
 
     @property
+    def synchronized(self) -> bool:
+        """A closed loop (no Poisson rate) of fixed lengths: requests that start together
+        finish together and come back together."""
+        return (
+            self.rate is None and np.size(self.prompt_tokens) == 1 and np.size(self.gen_tokens) == 1
+        )
+
+    @property
     def decode_context(self) -> float:
         """Mean KV length of a running sequence, weighted by time in decode: E[G·(P + G/2)]/E[G]."""
         P = np.asarray(self.prompt_tokens, float)
@@ -231,6 +239,8 @@ def steady_state(
     k = np.clip(np.floor(budget / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     cap = np.minimum(batch_cap, engine.max_num_seqs if engine else np.inf)
     ovh = _engine_overhead(step, engine, C) if step_overhead_s is None else step_overhead_s
+    if not mixed and work.synchronized:
+        return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
     def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
         seqs = k if Pn <= chunk else np.ones_like(k)
@@ -274,6 +284,42 @@ def steady_state(
         first_wave_ttft_s=first,
         steady_ttft_s=ttft_ss,
         capped=Bd >= cap - 1e-6,
+        gen_tokens=G,
+    )
+
+
+def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
+    """A prefill-first engine under a closed loop of fixed lengths: every wave is a first wave.
+
+    Waiting prompts run before any decode (SGLang's scheduler: a prefill batch whenever one can
+    be admitted), so all B admitted requests are prefilled in ⌈B/k⌉ back-to-back batches, then
+    decode in lockstep, finish on the same pass and come back together. The i-th batch's
+    requests see TTFT = i·n_chunks·t_batch; requests beyond B wait a whole wave (Little's law).
+    """
+    G, P, Pn, ctx = work.gen, work.prompt, work.new_prompt, work.decode_context
+    kk = np.minimum(k, np.maximum(B, 1.0))
+    seqs = kk if Pn <= chunk else np.ones_like(kk)
+    t_b = _cohort_pass(step, 0.0, ctx, seqs, chunk, P, Pn) + ovh
+    n_b = np.ceil(B / kk)
+    first = (n_b + 1) / 2 * n_chunks * t_b  # mean over the wave
+    tau = _decode(step, np.maximum(B, 1.0), ctx, ovh)
+    wave = n_b * n_chunks * t_b + (G - 1) * tau
+    X = B / wave
+    tpot = (wave - first) / max(G - 1, 1)
+    ttft = np.maximum(C / X - (G - 1) * tpot, first)
+    pre = n_b * n_chunks * t_b / wave
+    return Steady(
+        concurrency=C,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=ttft + (G - 1) * tpot,
+        requests_per_s=X,
+        decode_batch=B,
+        pass_s=tau,
+        prefill_share=pre,
+        first_wave_ttft_s=first,
+        steady_ttft_s=ttft,
+        capped=C > B,
         gen_tokens=G,
     )
 

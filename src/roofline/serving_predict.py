@@ -221,7 +221,7 @@ def _rate(run, eff, engine, quant) -> dict[str, Any]:
         raise SpecError(f"run {run.id}: no request rate", fix="give request_rate_rps")
     step, replicas = _aggregated_step(run, eff, quant)
     cap = replica_capacity(step, engine, P + G)
-    work = Workload(P, G)
+    work = Workload(P, G, rate=lam)
     grid = np.unique(np.geomspace(0.05, max(cap, 1.0), 64))
     s = steady_state(step, engine, work, grid, batch_cap=max(cap, 1.0))
     X = np.asarray(s.requests_per_s) * replicas

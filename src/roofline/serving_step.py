@@ -50,9 +50,15 @@ from roofline.walk import MeshRows, Pass, WalkOptions, shard_factor, walk_rows
 GRID = np.unique(np.round(np.geomspace(1, 65536, 49), 6))  # decode batch grid (1/4 octave)
 
 
-def _compute(dtype: str) -> str:
+def _compute(dtype: str, chip: Any) -> str:
+    """The format a GEMM computes in on `chip`: the activations' format where the chip has units
+    for it, else bf16 — a weight-only kernel dequantises narrow weights into 16-bit math (fp4
+    weights on Hopper run W4A16: vLLM's and TensorRT-LLM's MXFP4 MoE on H100/H200 use Triton
+    kernels with bf16 activations; fp8 on Ampere runs W8A16 Marlin)."""
     d = compute_format(dtype)
-    return d if d in ("bf16", "fp8", "fp4", "int8") else "bf16"
+    if d in ("fp8", "fp4", "int8") and d in chip.peak_flops_per_s:
+        return d
+    return "bf16"
 
 
 def degrees_of(model: ModelSpec, plan: ServePlan) -> dict[Strategy, int]:
@@ -134,9 +140,9 @@ class ShardedStep:
         self.active = frozenset(s for s in Strategy if np.any(self.degrees[s] > 1))
         self.kv_rep = flags.pop()
         dt = ComputeDtypes(
-            matmul=_compute(self.quant.compute),
+            matmul=_compute(self.quant.compute, self.chip),
             attention="bf16",
-            experts=_compute(self.quant.compute),
+            experts=_compute(self.quant.compute, self.chip),
         )
         self.options = WalkOptions(dtypes=dt)
         self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
