@@ -347,3 +347,23 @@ def test_narrow_weights_compute_in_bf16_where_the_chip_lacks_the_units():
     assert _compute("fp8", H100) == "fp8"
     assert _compute("fp8", load_chip("a100")) == "bf16"
     assert _compute("int4", H100) == "bf16"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--plan", "tp=8", "--batch", "1", "--context", "5.9e152"],  # the fuzz tier's finding
+        ["--plan", "tp=8", "--batch", "1e40", "--context", "8192"],
+        ["--plan", "tp=8", "--batch", "1", "--context", "8192", "--prompt", "1e12"],
+        ["--concurrency", "1e300"],
+        ["--rate", "0"],
+        ["--gen", "0"],
+    ],
+)
+def test_every_serve_size_is_bounded_by_one_rule(extra, capsys):
+    """Tokens, sequences and requests are at most 2^30 (and at least 1, or above 0 for loads):
+    one paragraph naming the flag and the rule, never a NaN or an inf in a report."""
+    assert main(["serve", "--model", "tiny-llama", "--chip", "h100", *extra]) == 2
+    err = capsys.readouterr().err
+    assert "2^30" in err or "whole number up to 1,073,741,824" in err
+    assert "nan" not in err.lower().split("rule")[0]

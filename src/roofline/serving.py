@@ -303,11 +303,13 @@ def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
     n_b = np.ceil(B / kk)
     first = (n_b + 1) / 2 * n_chunks * t_b  # mean over the wave
     tau = _decode(step, np.maximum(B, 1.0), ctx, ovh)
-    wave = n_b * n_chunks * t_b + (G - 1) * tau
+    prefill = n_b * n_chunks * t_b
+    wave = prefill + (G - 1) * tau
     X = B / wave
-    tpot = (wave - first) / max(G - 1, 1)
+    # the first-to-second token gap holds the rest of the wave's prefills (G = 1: no gap)
+    tpot = tau + (prefill - first) / (G - 1) if G > 1 else tau
     ttft = np.maximum(C / X - (G - 1) * tpot, first)
-    pre = n_b * n_chunks * t_b / wave
+    pre = prefill / wave
     return Steady(
         concurrency=C,
         ttft_s=ttft,
