@@ -367,3 +367,32 @@ def test_every_serve_size_is_bounded_by_one_rule(extra, capsys):
     err = capsys.readouterr().err
     assert "2^30" in err or "whole number up to 1,073,741,824" in err
     assert "nan" not in err.lower().split("rule")[0]
+
+
+@pytest.mark.parametrize("conc", [64.0, 100.0])
+def test_the_cheapest_plan_is_on_its_pareto_front_at_the_load_it_serves(conc):
+    """h4's report finding: the chosen plan sat below the front and showed a batch (the most a
+    replica was sized for) that was not the load. Cost is now the whole bill per output token
+    (equal chip prices: the most tokens/s per chip, which nothing on the front beats) and
+    `batch` is the requests in flight per replica (concurrency / replicas)."""
+    q = ServeQuery(
+        load_model("llama-3-70b"),
+        parse_system("h100:16"),
+        Workload(1024, 256, concurrency=conc),
+        quants=(Quant(), Quant("fp8", "fp8", "fp8")),
+        engine=load_engine("vllm"),
+        objective=Objective.COST,
+    )
+    res = search(q)
+    b = res.row(res.best)
+    front = [res.row(int(i)) for i in res.pareto]
+    assert not any(
+        p["tokens_per_s_per_chip"] > b["tokens_per_s_per_chip"]
+        and p["tokens_per_s_per_user"] > b["tokens_per_s_per_user"]
+        for p in front
+    )
+    assert max(p["tokens_per_s_per_chip"] for p in front) == pytest.approx(
+        b["tokens_per_s_per_chip"]
+    )
+    assert b["batch"] * b["replicas"] == pytest.approx(conc)
+    assert b["batch"] <= b["batch_cap"]

@@ -181,6 +181,7 @@ class Evaluated:
     cand: Candidates
     metrics: dict[str, np.ndarray]
     reason: np.ndarray
+    prompt_per_output: float = 1.0  # input tokens per output token of the workload
 
 
 def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dict[str, np.ndarray]:
@@ -223,6 +224,7 @@ def evaluate(q: ServeQuery) -> Evaluated:
             "usd_per_million_input_tokens",
             "step_time_s",
             "prefill_share",
+            "concurrency_per_replica",
         )
     }
     reason = np.full(n, "", dtype=object)
@@ -230,7 +232,7 @@ def evaluate(q: ServeQuery) -> Evaluated:
         sel = c.quant == qi
         mem = memory_arrays(q, c, qi, sel)
         _evaluate_quant(q, c, sel, quant, mem, out, reason)
-    return Evaluated(c, out, reason)
+    return Evaluated(c, out, reason, q.workload.prompt / q.workload.gen)
 
 
 def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
@@ -265,6 +267,7 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
         "weights_per_chip_bytes": mem["weights"],
         "step_time_s": dec,
         "prefill_share": s.prefill_share,
+        "concurrency_per_replica": conc,
     }
     if m.usd_per_million_output_tokens is not None:
         vals["usd_per_million_output_tokens"] = m.usd_per_million_output_tokens
@@ -329,7 +332,11 @@ def score(ev: Evaluated, objective: Objective) -> np.ndarray:
     """Lower is better; infeasible candidates get +inf."""
     m = ev.metrics
     if objective == Objective.COST:
-        usd = m["usd_per_million_output_tokens"]
+        # the whole bill per output token (prefill time included): splitting off the input
+        # tokens' share would favour plans that spend longer in prefill
+        usd = m["usd_per_million_output_tokens"] + m["usd_per_million_input_tokens"] * (
+            ev.prompt_per_output
+        )
         s = np.where(np.isfinite(usd), usd, -m["tokens_per_s_per_chip"])
     elif objective == Objective.THROUGHPUT:
         s = -m["tokens_per_s_per_chip"]
@@ -361,7 +368,10 @@ class ServeResult:
         d: dict[str, Any] = {
             "plan": c.plan(i).to_dict(),
             "chips_per_replica": int(c.chips[i]),
-            "batch": int(c.batch[i]),
+            # requests in flight on each replica (the load over the replicas), not the most it
+            # was sized for: that is max_batch / batch_cap
+            "batch": _num(m["concurrency_per_replica"][i]),
+            "batch_cap": int(c.batch[i]),
             "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
             "system": c.system[int(c.sys_index[i])].name,
         }
@@ -561,7 +571,7 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
         link = (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
     kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
     d = Disagg(1, 1, link * plan.chips, 10e-6, kv, plan.dp)
-    conc = float(c.batch[i])
+    conc = float(res.evaluated.metrics["concurrency_per_replica"][i])
     r = disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
     return {
         "ttft_s": _scalar(r["ttft_s"]),

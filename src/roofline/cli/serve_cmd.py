@@ -376,7 +376,7 @@ def _search_text(res, doc: dict, args) -> str:
     best = [
         (
             "plan",
-            f"{b['plan']['spec']} on {b['system']} × {b['replicas']:g} replica(s), batch {b['batch']}",
+            f"{b['plan']['spec']} on {b['system']} × {b['replicas']:g} replica(s), {b['batch']:g} requests in flight each",
         ),
         (
             "quantisation",
@@ -407,7 +407,7 @@ def _search_text(res, doc: dict, args) -> str:
             (
                 r["plan"]["spec"],
                 r["chips_per_replica"],
-                r["batch"],
+                f"{r['batch']:g}",
                 "/".join(r["quant"][k] for k in ("weights", "kv", "compute")),
                 fmt_time(r["ttft_s"]),
                 fmt_time(r["tpot_s"]),
@@ -424,7 +424,7 @@ def _search_text(res, doc: dict, args) -> str:
         [
             (
                 p["plan"]["spec"],
-                p["batch"],
+                f"{p['batch']:g}",
                 p["quant"]["weights"],
                 f"{p['tokens_per_s_per_user']:,.1f}",
                 f"{p['tokens_per_s_per_chip']:,.1f}",
