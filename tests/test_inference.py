@@ -12,7 +12,6 @@ import pytest
 
 from roofline.errors import PlanError
 from roofline.inference import (
-    IdealStep,
     KVLayout,
     PassShape,
     Quant,
@@ -24,7 +23,7 @@ from roofline.inference import (
     weight_bytes,
 )
 from roofline.ledger import count_params, kv_cache_bytes_per_token
-from roofline.serving_step import ShardedStep, degrees_of, kv_replicated
+from roofline.serving_step import IdealStep, ShardedStep, degrees_of, kv_replicated
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.model import load_model

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from roofline.cli import main
 from roofline.errors import SpecError
-from roofline.inference import IdealStep, PassShape, Quant, ServePlan
+from roofline.inference import PassShape, Quant, ServePlan
 from roofline.serving import (
     Disagg,
     Speculation,
@@ -32,6 +32,7 @@ from roofline.serving import (
     steady_state,
 )
 from roofline.serving_search import Objective, ServeQuery, search
+from roofline.serving_step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.engines import load_engine

@@ -27,7 +27,6 @@ import numpy as np
 
 from roofline.errors import RooflineError, SpecError
 from roofline.inference import (
-    IdealStep,
     PassShape,
     Quant,
     ServePlan,
@@ -36,7 +35,7 @@ from roofline.inference import (
 )
 from roofline.ledger import kv_cache_bytes_per_token
 from roofline.serving import Disagg, Workload, disaggregated, steady_state
-from roofline.serving_step import ShardedStep
+from roofline.serving_step import IdealStep, ShardedStep
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.engines import EngineProfile, engine_names, load_engine
 from roofline.specs.system import parse_system

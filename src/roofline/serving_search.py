@@ -19,7 +19,6 @@ import numpy as np
 
 from roofline.errors import PlanError
 from roofline.inference import (
-    IdealStep,
     PassShape,
     Quant,
     ServePlan,
@@ -28,6 +27,7 @@ from roofline.inference import (
 )
 from roofline.ledger import kv_cache_bytes_per_token
 from roofline.serving import Workload, deployment_metrics, pareto_front, steady_state
+from roofline.serving_step import IdealStep
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.engines import EngineProfile
 from roofline.specs.model import ModelSpec

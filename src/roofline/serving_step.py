@@ -26,7 +26,7 @@ is walked at the chunk's shape and cached.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -122,6 +122,8 @@ class ShardedStep:
     efficiency: Efficiency = PEAK
     overhead_s: float = 0.0
     select: Any = None
+    # the book's even split: every row's FLOPs and bytes over this many chips (IdealStep)
+    even_split: float = 1.0
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -269,12 +271,13 @@ class ShardedStep:
         z = np.zeros(shp)
         rows: dict[str, Any] = {}
         tot = {f: z.copy() for f in _FIELDS}
+        N = self.even_split
         for p in parts:
             for i, n in enumerate(p["names"]):
-                r = np.maximum(p["compute"][i], p["memory"][i]) + p["launch"][i]
+                r = np.maximum(p["compute"][i], p["memory"][i]) / N + p["launch"][i]
                 rows[n] = rows.get(n, z) + r
                 for f in _FIELDS:
-                    tot[f] = tot[f] + p[f][i]
+                    tot[f] = tot[f] + p[f][i] / (1.0 if f == "launch" else N)
         rows_s = sum(rows.values(), z.copy())
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
         over = z + self.overhead_s + layer
@@ -296,6 +299,76 @@ class ShardedStep:
 
     def memory_per_chip(self, batch: Any, context: Any):
         return memory_per_chip(self.model, self.plan, self.quant, batch, context)
+
+
+@dataclass
+class IdealStep:
+    """The book's perfectly-sharded bound (the model of every table in inference.md and
+    applied-inference.md): the walk of the ledger on ONE chip, every row's FLOPs and HBM bytes
+    split evenly over the replica's chips, no collectives — "step = (params + KV) / (N·W)",
+    "2·params·B / (N·C)", row by row. With pp stages the batch runs as pp microbatches of B/pp
+    (each rereads the stage's weights: pipelining buys memory, not latency)."""
+
+    model: ModelSpec
+    chip: Any
+    plan: ServePlan = field(default_factory=ServePlan)
+    quant: Quant = field(default_factory=Quant)
+    efficiency: Efficiency = PEAK
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._step = ShardedStep(
+            self.model,
+            [_one_chip(self.chip)],
+            [ServePlan()],
+            self.quant,
+            self.efficiency,
+            self.overhead_s,
+            even_split=float(self.plan.chips),
+        )
+
+    def pass_time(self, shape: PassShape) -> PassTimes:
+        pp = float(self.plan.pp)
+        sub = replace(
+            shape,
+            decode=np.asarray(shape.decode, float) / pp,
+            prefill_seqs=np.asarray(shape.prefill_seqs, float) / pp,
+        )
+        t = self._step.pass_time(sub)
+        # scalar shapes give scalars (the book's questions); arrays keep their shape
+        scalar = all(np.ndim(getattr(shape, f)) == 0 for f in ("decode", "prefill_seqs"))
+        out = (lambda a: np.asarray(a, float).reshape(())) if scalar else np.asarray  # noqa: E731
+        return PassTimes(
+            *(out(getattr(t, f)) * pp for f in _PASS_SUMS),
+            breakdown={k: out(v) * pp for k, v in t.breakdown.items()},
+            launch_s=out(t.launch_s) * pp,
+        )
+
+    def memory_per_chip(self, batch: Any, context: Any):
+        return memory_per_chip(self.model, self.plan, self.quant, batch, context, ideal=True)
+
+
+_PASS_SUMS = (
+    "time_s",
+    "compute_s",
+    "memory_s",
+    "rows_s",
+    "comm_s",
+    "overhead_s",
+    "flops_per_chip",
+    "hbm_bytes_per_chip",
+    "weight_bytes_per_chip",
+    "kv_bytes_per_chip",
+)
+
+
+def _one_chip(chip: Any) -> System:
+    """A system of one chip (a 1x1 slice of a TPU)."""
+    from roofline.specs.system import gpu_cluster, tpu_slice
+
+    if chip.is_tpu:
+        return tpu_slice(chip, (1,) * max(len(chip.pod_topology or ()), 2))
+    return gpu_cluster(chip, 1)
 
 
 def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, which) -> dict:
