@@ -397,3 +397,15 @@ def test_the_cheapest_plan_is_on_its_pareto_front_at_the_load_it_serves(conc):
     )
     assert b["batch"] * b["replicas"] == pytest.approx(conc)
     assert b["batch"] <= b["batch_cap"]
+
+
+def test_decode_first_budgets_chunk_a_prompt_as_long_as_the_budget():
+    """vLLM schedules the running decodes first (one token each of the 8192-token budget), so an
+    8192-token prompt arriving while others decode is prefilled over two passes: TTFT rises by
+    about a pass over the prompt alone; a lone request (nobody decoding) takes one pass."""
+    eng = load_engine("vllm")
+    one = steady_state(ideal(), eng, Workload(8192, 256), np.array([1.0]))
+    busy = steady_state(ideal(), eng, Workload(8192, 256), np.array([16.0]))
+    solo = ideal().pass_time(PassShape(prefill_seqs=1, prefill_chunk=8192, prefill_context=8192))
+    assert one.ttft_s == pytest.approx(solo.time_s + one.pass_s / 2, rel=0.02)
+    assert busy.ttft_s > one.ttft_s + busy.pass_s

@@ -234,10 +234,17 @@ def steady_state(
     ctx = work.decode_context
     budget = float(engine.token_budget(step.chip.hbm_bytes)) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
-    chunk = min(Pn, budget) if (engine is None or engine.chunked_prefill) else Pn
-    n_chunks = float(np.ceil(Pn / chunk))
-    k = np.clip(np.floor(budget / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     cap = np.minimum(batch_cap, engine.max_num_seqs if engine else np.inf)
+    # decode-first budgets (vLLM, TensorRT-LLM): the running decodes take one token each of the
+    # step's budget before prefill chunks take the rest, so a prompt as long as the budget is
+    # chunked over two passes when anyone else is decoding
+    k0 = np.minimum(np.floor(budget / Pn), np.maximum(C, 1.0))
+    running = np.maximum(np.minimum(C, cap) - k0, 0.0) if mixed else np.zeros_like(C)
+    avail = np.maximum(budget - running, 1.0)
+    chunked = engine is None or engine.chunked_prefill
+    chunk = float(min(Pn, np.min(avail))) if chunked else Pn
+    n_chunks = float(np.ceil(Pn / chunk))
+    k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = _engine_overhead(step, engine, C) if step_overhead_s is None else step_overhead_s
     if not mixed and work.synchronized:
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
@@ -256,7 +263,9 @@ def steady_state(
         per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
         rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
         tau = tau_d / (1.0 - rho)
-        wait = rho / (2 * (1 - rho)) * t_pf  # cohorts queue behind each other (M/D/1)
+        # cohorts queue behind each other (M/D/1); in a closed loop a cohort has only the other
+        # C/k − 1 cohorts to queue behind
+        wait = rho / (2 * (1 - rho)) * t_pf * np.maximum(1.0 - k / np.maximum(C, 1.0), 0.0)
         ttft_min = tau_d / 2 + n_chunks * t_pf + wait
         Bd_new = np.minimum(C * (G - 1) * tau / ((G - 1) * tau + ttft_min), cap)
         Bd_new = np.maximum(Bd_new, np.minimum(C, 1.0))
