@@ -279,6 +279,8 @@ def _step_text(r: dict, model, system) -> str:
                 ("max batch at this context", f"{r['max_batch']:g}"),
                 ("HBM time (weights + KV read)", fmt_time(r["hbm_time_s"])),
                 ("compute time", fmt_time(r["compute_time_s"])),
+                ("kernel launches", fmt_time(r["launch_time_s"]) + "  (fixed time per kernel)"),
+                ("collectives", fmt_time(r["comm_time_s"]) + "  (exposed, with per-hop latency)"),
                 ("step time", f"{fmt_time(r['step_time_s'])}  ({r['bound']}-bound)"),
                 (
                     "tokens/s",
