@@ -409,3 +409,16 @@ def test_decode_first_budgets_chunk_a_prompt_as_long_as_the_budget():
     solo = ideal().pass_time(PassShape(prefill_seqs=1, prefill_chunk=8192, prefill_context=8192))
     assert one.ttft_s == pytest.approx(solo.time_s + one.pass_s / 2, rel=0.02)
     assert busy.ttft_s > one.ttft_s + busy.pass_s
+
+
+def test_a_disaggregated_first_wave_queues_for_the_prefill_pool():
+    """All C requests of a benchmark start together: the first wave queues for the prefill pool's
+    passes (one prompt per pass here), and its share of the requests weighs into the mean TTFT."""
+    kv = 2 * 32 * 8 * 128 * 2  # bf16 bytes per token of LLaMA-3.1 8B
+    d = Disagg(1, 1, 400e9, 0.0, kv)
+    C = np.array([16.0])
+    base = disaggregated(ideal(), ideal(), d, Workload(1024, 256), C)
+    wave = disaggregated(ideal(), ideal(), d, Workload(1024, 256, first_wave_share=0.1), C)
+    xfer = 1024 * kv / 400e9
+    first = (16 + 1) / 2 * base["prefill_s"] + xfer
+    assert wave["ttft_s"] == pytest.approx(0.9 * base["ttft_s"] + 0.1 * first, rel=1e-9)

@@ -475,7 +475,11 @@ def disaggregated(
             C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
         )
         X = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
-    ttft = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
+    ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
+    # the first wave: all C arrive together and queue for the prefill pool's passes
+    first = np.maximum((C / (d.prefill_replicas * per) + 1) / 2 * t_pf + xfer, ttft_min)
+    w = work.first_wave_share
+    ttft = (1 - w) * ttft_ss + w * first
     # servers each pool needs at this throughput: the prefill:decode ratio that balances them
     n_pre = X * t_pf
     n_dec = X * (G - 1) * tau / np.maximum(Bd, 1.0)

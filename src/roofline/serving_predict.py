@@ -271,7 +271,8 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     d = Disagg(max(pre_p.workers, 1), max(dec_p.workers, 1), bw, 10e-6, kv_tok, per_pass)
     cap = replica_capacity(dec, engine, P + G)
     C = float(run.workload.concurrency or 1)
-    r = disaggregated(pre, dec, d, Workload(P, G), C, decode_cap=max(cap, 1.0), engine=engine)
+    work = Workload(P, G, first_wave_share=FIRST_WAVE_SHARE)
+    r = disaggregated(pre, dec, d, work, C, decode_cap=max(cap, 1.0), engine=engine)
     return {
         "ttft_s": _f(r["ttft_s"]),
         "tpot_s": _f(r["tpot_s"]),
