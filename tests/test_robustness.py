@@ -216,7 +216,9 @@ def test_a_huge_chip_range_is_clipped_not_searched():
     up to the planner's named cap (planner.systems.SubsetSearch.max_gpus_in_range), quickly."""
     from roofline.planner.systems import DEFAULT_SEARCH
 
-    out = run_cli(["train", "--model", "tiny-llama", "--system", "h100:8", "--chips", "1-1e9"], 30.0)
+    out = run_cli(
+        ["train", "--model", "tiny-llama", "--system", "h100:8", "--chips", "1-1e9"], 30.0
+    )
     assert out.rc == 0 and not out.crash and not out.timed_out and not out.problems()
     searched = out.out.split("chip counts searched (--chips): ")[1].split(";")[0]
     assert max(int(n) for n in searched.split(", ")) == DEFAULT_SEARCH.max_gpus_in_range

@@ -162,3 +162,40 @@ def test_the_planner_searches_with_the_option_policy():
     assert forced.best.step_time_s >= free.best.step_time_s * (1 - 1e-12)
     again = evaluate_plan(m, forced.best.system, w, forced.best.plan, policy=pol)
     assert again.step_time_s == pytest.approx(forced.best.step_time_s, rel=1e-12)
+
+
+def test_routed_expert_weights_are_read_only_for_the_chosen_experts():
+    """A decode step of one token reads top_k of E experts' weights (the ledger's fraction),
+    and a large batch reads them all: the walk prices the weight's HBM bytes with it."""
+    m = load_model("mixtral-8x7b")
+    one = _one_chip(m, Phase.DECODE, 1, 1, 1024)
+    up = next(r for r in one.ops if r.op == "moe/up")
+    led = build_ledger(m, batch=1, seq=1, kv_seq=1024)
+    op = next(o for o in led if o.name == "moe/up")
+    assert _f(up.hbm_bytes_per_chip) == pytest.approx(op.bytes / op.count, rel=1e-12)
+    w_bytes = op.weight.nbytes(op.sizes)
+    # one token reads k/E of the weight (2 of 8 experts for Mixtral)
+    assert op.weight_read_fraction == pytest.approx(m.moe.top_k / m.moe.n_experts)
+    big = _one_chip(m, Phase.DECODE, 4096, 1, 1024)
+    up_big = next(r for r in big.ops if r.op == "moe/up")
+    assert _f(up_big.hbm_bytes_per_chip) - _f(up.hbm_bytes_per_chip) > 0.7 * w_bytes
+
+
+def test_every_kernel_launch_pays_the_profiles_fixed_time():
+    """A physics profile's kernel_overhead_s is added once per op per pass (a grouped expert
+    GEMM is one launch), compute- or memory-bound; a constant profile adds nothing."""
+    from roofline.rules import Strategy
+    from roofline.specs.efficiency import PEAK, load_profile
+    from roofline.walk import MeshRows, walk_rows
+
+    ds = load_profile("datasheet")
+    sysm = parse_system("h100:8")
+    launch = ds.kernel_overhead_s(sysm.chip)
+    assert launch > 0
+    led = ledger_for(MODEL, Phase.TRAIN, 1024)
+    rows = MeshRows(np.array([0]), {s: np.array([1]) for s in Strategy}, np.array([1]))
+    w = walk_rows(MODEL, [sysm], Structure(frozenset()), rows, 1.0, led, ds)
+    for r in w.ops:
+        assert _f(r.time_s) == pytest.approx(max(_f(r.compute_s), _f(r.memory_s)) + launch)
+    w0 = walk_rows(MODEL, [sysm], Structure(frozenset()), rows, 1.0, led, PEAK)
+    assert all(_f(r.time_s) == max(_f(r.compute_s), _f(r.memory_s)) for r in w0.ops)

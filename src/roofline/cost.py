@@ -50,6 +50,8 @@ class ComputeModel:
         self.hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
         # memory-bound elementwise / norm kernels reach their own fraction of HBM bandwidth
         self.vector_hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * eff.vector_fraction(chip)
+        # fixed time per kernel launch, added once per op per pass (0 for constant profiles)
+        self.kernel_overhead_s = float(eff.kernel_overhead_s(chip))
 
     def peak(self, dtype: str) -> float:
         """The chip's dense peak in `dtype`; bf16 on a chip without bf16 units (V100) runs in

@@ -842,8 +842,19 @@ def _slice_to(cur: Spec, out: Spec, phase: str, steps: list[CommStep]) -> Spec |
     return cur
 
 
-def _numeric(r: Recipe, contracting: Sequence[str], sizes, mesh, comm_fn) -> Option:
-    """Put numbers on a recipe: bytes per chip, collective times, FLOPs and HBM bytes."""
+def _numeric(
+    r: Recipe,
+    contracting: Sequence[str],
+    sizes,
+    mesh,
+    comm_fn,
+    weights: frozenset[str] = frozenset(),
+    weight_read_fraction: Any = 1.0,
+) -> Option:
+    """Put numbers on a recipe: bytes per chip, collective times, FLOPs and HBM bytes.
+
+    Operands named in `weights` move `weight_read_fraction` of their bytes through HBM (a
+    routed-expert weight: a pass reads only the experts its tokens chose)."""
     comms = []
     for c in r.steps:
         b = c.array.local_bytes(sizes, mesh)
@@ -866,7 +877,10 @@ def _numeric(r: Recipe, contracting: Sequence[str], sizes, mesh, comm_fn) -> Opt
         * nat.local_elements(sizes, mesh)
         * _prod(sizes[d] / _prod(mesh[a] for a in L.axes_of(d)) for d in contracting)
     )
-    hbm = L.local_bytes(sizes, mesh) + R.local_bytes(sizes, mesh) + nat.local_bytes(sizes, mesh)
+    hbm = nat.local_bytes(sizes, mesh)
+    for x in (L, R):
+        b = x.local_bytes(sizes, mesh)
+        hbm = hbm + (b * weight_read_fraction if x.name in weights else b)
     t = sum((c.time_s for c in comms), start=0.0)
     return Option(r.label, L, R, nat, r.out, tuple(comms), flops, hbm, t)
 
@@ -887,6 +901,7 @@ def plan_einsum(
     trusted: bool = False,
     policy: OptionPolicy = CHEAPEST,
     weights: frozenset[str] = frozenset(),
+    weight_read_fraction: Any = 1.0,
 ) -> EinsumPlan:
     """Cost every legal way to compute `out = lhs · rhs` with the given shardings; `policy`
     picks one (default: the cheapest, see `option_cost`).
@@ -895,14 +910,15 @@ def plan_einsum(
     `allow_conflict=False` turns the book's case 4 (an axis on a free dim of both
     operands) into a ShardingError listing the two legal fixes instead of resolving it.
     `trusted`: the specs come from rules (the walk), so the checks and the case name are
-    skipped. `weights` names the operands that are parameters (for policies).
+    skipped. `weights` names the operands that are parameters (for policies);
+    `weight_read_fraction` is the share of their bytes a pass reads (routed experts).
     """
     e = None if trusted else _Einsum(lhs, rhs, out, phase)
     if e is not None:
         _check_einsum(e, sizes, mesh, check_divisible, allow_conflict)
     contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
     options = [
-        _numeric(r, contracting, sizes, mesh, comm_fn)
+        _numeric(r, contracting, sizes, mesh, comm_fn, weights, weight_read_fraction)
         for r in _symbolic_options(lhs, rhs, out, phase)
     ]
     if not options:

@@ -125,6 +125,9 @@ class OpRecord:
     memory_s: Any
     rerun_by: frozenset[RematKind] = NO_RERUN
     einsum: EinsumPlan | None = field(default=None, repr=False, compare=False)
+    # fixed seconds per kernel launch (the profile's `kernel_overhead_s`): one launch per op
+    # per pass, whatever bounds the kernel (a grouped expert GEMM is one launch)
+    launch_s: Any = 0.0
 
     @property
     def hbm_bytes_per_chip(self) -> Any:
@@ -134,8 +137,8 @@ class OpRecord:
 
     @property
     def time_s(self) -> Any:
-        """The op's roofline: max(compute, memory)."""
-        return np.maximum(self.compute_s, self.memory_s)
+        """The op's roofline max(compute, memory), plus its kernel launch."""
+        return np.maximum(self.compute_s, self.memory_s) + self.launch_s
 
     def gemm(self) -> GemmShape | None:
         """The per-chip GEMM (m, n, k, count) of a matmul's chosen option (None otherwise)."""
@@ -390,6 +393,11 @@ class AlgebraPricing:
     vector_flops_per_s: float = 1.0
     vector_hbm_bytes_per_s: float | None = None  # elementwise kernels' bandwidth (default: hbm)
 
+    @property
+    def launch_s(self) -> float:
+        """Fixed seconds per kernel launch (0 without a compute model or for TPUs)."""
+        return 0.0 if self.compute is None else self.compute.kernel_overhead_s
+
     def matmul_peak(self, dtype: str) -> float:
         """The FLOP/s the algebra ranks an einsum's options with (a large GEMM in `dtype`)."""
         if self.compute is None:
@@ -458,7 +466,7 @@ class _Walker:
                 plans[i] = plans[i].with_choice(idx)
         block = op.name.rsplit("/", 1)[0]
         if self.phase == Phase.TRAIN and self.opts.merge_reductions:
-            plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype)
+            plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype, op)
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
         reruns = rerun_by(op)
@@ -474,14 +482,14 @@ class _Walker:
         key = (lhs, rhs, out, tuple(sorted((k, v) for k, v in op.sizes.items() if k != "batch")))
         if key not in self.same:
             p = self.pricing
-            w = op.weight
             kw = dict(
                 peak_flops_per_s=p.matmul_peak(dtype),
                 hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
                 check_divisible=False,
                 trusted=self.opts.trusted,
                 policy=self.opts.policy,
-                weights=frozenset() if w is None else frozenset({w.name, "d" + w.name}),
+                weights=_weight_names(op),
+                weight_read_fraction=self.weight_read_fraction(op),
             )
             if self.phase == Phase.TRAIN:
                 self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
@@ -489,7 +497,16 @@ class _Walker:
                 self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
         return self.same[key]
 
-    def merged_dlhs(self, bl: EinsumPlan, block: str, sizes: dict, dtype: str) -> EinsumPlan:
+    def weight_read_fraction(self, op: Op) -> Any:
+        """Share of a weight one pass reads from HBM: 1, or for a routed-expert row the
+        expected distinct experts the microbatch's tokens chose (ledger.Op)."""
+        if not op.routed:
+            return 1.0
+        return op.weight_read_fraction_at(self.seqs * op.sizes["seq"])
+
+    def merged_dlhs(
+        self, bl: EinsumPlan, block: str, sizes: dict, dtype: str, op: Op
+    ) -> EinsumPlan:
         """Re-plan a d_lhs einsum knowing which reductions of the block's dx are already paid.
 
         The partial input-gradients of one block (dq, dk, dv -> dx; gate and up -> dx) are
@@ -524,6 +541,8 @@ class _Walker:
             check_divisible=False,
             trusted=self.opts.trusted,
             policy=self.opts.policy,
+            weights=_weight_names(op),
+            weight_read_fraction=self.weight_read_fraction(op),
         )
 
     def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
@@ -544,6 +563,7 @@ class _Walker:
             ep.memory_time_s,
             reruns,
             ep,
+            self.pricing.launch_s,
         )
 
     def einsum_collectives(self, op, label, ep, block, copies, reruns) -> None:
@@ -602,7 +622,19 @@ class _Walker:
             comp = fl / p.attention_peak(dtype, not fwd, head_dim)
             rr = rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
-                OpRecord(op.name, label, OpClass.ATTENTION, dtype, copies, fl, by, comp, mem, rr)
+                OpRecord(
+                    op.name,
+                    label,
+                    OpClass.ATTENTION,
+                    dtype,
+                    copies,
+                    fl,
+                    by,
+                    comp,
+                    mem,
+                    rr,
+                    launch_s=p.launch_s,
+                )
             )
         if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
             self.context_parallel(op, sizes, copies)
@@ -630,12 +662,23 @@ class _Walker:
         )
         cls = OpClass.EMBEDDING if op.kind == OpKind.GATHER else OpClass.ELEMENTWISE
         dtype = op.out.dtype
-        self.ops.append(
-            OpRecord(op.name, Pass.FORWARD, cls, dtype, copies, fl, by, comp, mem, rerun_by(op))
+        rec = OpRecord(
+            op.name,
+            Pass.FORWARD,
+            cls,
+            dtype,
+            copies,
+            fl,
+            by,
+            comp,
+            mem,
+            rerun_by(op),
+            launch_s=p.launch_s,
         )
+        self.ops.append(rec)
         if self.phase == Phase.TRAIN:  # one backward pass: the gradient of the input (the table)
             back = Pass.D_RHS if cls == OpClass.EMBEDDING else Pass.D_LHS
-            self.ops.append(OpRecord(op.name, back, cls, dtype, copies, fl, by, comp, mem))
+            self.ops.append(replace(rec, pass_=back, rerun_by=NO_RERUN))
 
     def context_parallel(self, op: Op, sizes: dict, copies: Any) -> None:
         """K and V gathered along the sequence before attention (forward, rerun with attention
@@ -776,6 +819,12 @@ class _Walker:
             / shard_factor(("batch", "seq", "vocab"), rules, False, mesh)
         )
         return MemoryPieces(params_local, gathered, saved, logits)
+
+
+def _weight_names(op: Op) -> frozenset[str]:
+    """The operand names that are the op's parameter (and its gradient)."""
+    w = op.weight
+    return frozenset() if w is None else frozenset({w.name, "d" + w.name})
 
 
 def _dtype_of(c: Comm, ep: EinsumPlan) -> str:

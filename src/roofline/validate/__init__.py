@@ -39,7 +39,7 @@ def load_profile(profile: str | Path | Efficiency | None) -> Efficiency | None:
     if profile is None or isinstance(profile, Efficiency):
         return profile
     s = str(profile)
-    if s in ("default", "datasheet"):
+    if s == "default":
         return None
     if s == "peak":
         return PEAK
