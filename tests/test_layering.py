@@ -42,6 +42,7 @@ ORDER = (
     "mesh",
     "collectives",
     "sharding",
+    "stack",
     "cost",
     "walk",
     "feasibility",

@@ -141,6 +141,7 @@ class CommModel:
 
     def __init__(self, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency) -> None:
         self.inv, self.meshes, self.eff = inverse, meshes, eff
+        self._links: dict[tuple[str, str], float] = {}
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self.pid: dict[str, np.ndarray] = {}
         self.sig_of: list[tuple] = []
@@ -161,6 +162,14 @@ class CommModel:
                     self.sig_of.append(sig)
                 ids[i] = j
             self.pid[a] = ids
+
+    def link(self, chip: Chip, tier: str) -> float:
+        """The profile's link fraction for a chip and tier (looked up once per search)."""
+        key = (chip.name, tier)
+        hit = self._links.get(key)
+        if hit is None:
+            hit = self._links[key] = self.eff.link_fraction(chip, tier)
+        return hit
 
     def coef(self, kind: CollectiveKind, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(latency_s, seconds_per_byte) per row for a collective of `kind` over `axes`."""
@@ -188,7 +197,7 @@ class CommModel:
                 m = self.meshes[first[c]]
                 assert m is not None
                 u = _unit(kind, present, ukey, m)
-                link = self.eff.link_fraction(m.system.chip, u.tier)
+                link = self.link(m.system.chip, u.tier)
                 vals[c] = (u.latency_s, u.seconds_per_byte / link)
             lat[vidx] = vals[where, 0]
             spb[vidx] = vals[where, 1]

@@ -154,6 +154,38 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _uneven_bad(m: ModelSpec, w: Workload, a: Arrays) -> np.ndarray:
+    """A stack that lays out uneven stages still needs a layer (or the embedding / the loss,
+    counted as one layer each) for every virtual stage."""
+    pp = a.deg[Strategy.PP]
+    il = a.schedule == Schedule.INTERLEAVED.code
+    return (pp > 1) & il & (m.n_layers + EDGE_LAYERS < pp * np.where(il, a.virtual, 1))
+
+
+# the embedding and the loss, counted as one layer each when a stack balances uneven stages
+EDGE_LAYERS = 2
+
+UNEVEN_RULE = Rule(
+    "fewer layers than pp·virtual stages",
+    _uneven_bad,
+    lambda m, w, a, i: (
+        f"layers={m.n_layers} (+ the embedding and the loss) are fewer than pp·virtual="
+        f"{int(a.deg[Strategy.PP][i] * a.virtual[i])} stages"
+    ),
+)
+
+
+def rules_for(uneven_stages: bool) -> tuple[Rule, ...]:
+    """The rules a stack's plans satisfy: where the stack lays out uneven pipeline stages
+    (Megatron's first/last or layout, torchtitan's balanced split) layers need not divide
+    pp·virtual; every stage still needs work."""
+    if not uneven_stages:
+        return RULES
+    return tuple(
+        UNEVEN_RULE if r.name == "layers not divisible by pp·virtual stages" else r for r in RULES
+    )
+
+
 def violations(
     model: ModelSpec, workload: Workload, a: Arrays, rules=RULES
 ) -> list[tuple[Rule, Any]]:
@@ -161,15 +193,18 @@ def violations(
     return [(r, np.asarray(r.bad(model, workload, a), dtype=bool)) for r in rules]
 
 
-def plan_problems(model: ModelSpec, n_chips: int, workload: Workload, plan: Plan) -> list[str]:
-    """Why one plan cannot run on `n_chips` (empty: it can), one sentence per broken rule."""
+def plan_problems(
+    model: ModelSpec, n_chips: int, workload: Workload, plan: Plan, *, uneven_stages: bool = False
+) -> list[str]:
+    """Why one plan cannot run on `n_chips` (empty: it can), one sentence per broken rule
+    (`uneven_stages`: the stack lays out uneven pipeline stages, see `rules_for`)."""
     out = []
     if plan.degrees.n_chips != n_chips:
         out.append(
             f"plan uses {plan.degrees.n_chips} chips ({plan.describe()}) but the system has {n_chips}"
         )
     a = Arrays.of(plan)
-    for rule, bad in violations(model, workload, a):
+    for rule, bad in violations(model, workload, a, rules_for(uneven_stages)):
         if bad[0]:
             out.append(rule.message(model, workload, a, 0))
     return out

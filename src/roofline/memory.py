@@ -37,7 +37,7 @@ def saved_tensors(ledger: Ledger, remat: Remat) -> list[tuple[Op, Tensor]]:
     out: list[tuple[Op, Tensor]] = []
     seen: set[tuple[str, str]] = set()
     for op in ledger:
-        if op.name in ("embed", "unembed", "norms"):
+        if op.name in ("embed", "unembed", "norms", *TRAINING_ROWS):
             continue
         block = op.name.split("/")[0]
         if remat.kind == RematKind.MATMULS:
@@ -105,7 +105,10 @@ def saved_activation_bytes_per_token(
 # (docs/verify.md, fsdp=8 with remat).
 LAST_PROJECTIONS = ("mlp/down", "moe/down", "moe/shared/down")
 # Rows outside the layer stack: remat never reruns them.
-NON_LAYER_ROWS = ("embed", "unembed")
+NON_LAYER_ROWS = ("embed", "unembed", "loss")
+# Memory-bound kernels of a training step the inference ledger does not hold (walk.ledger_for):
+# their backward needs none of their inputs (an add), or the LM head's saved output (the loss).
+TRAINING_ROWS = ("residual", "loss", "moe/permute", "moe/unpermute")
 _RERUN_BY_ANY_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS, RematKind.MATMULS})
 _RERUN_BY_LAYER_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS})
 

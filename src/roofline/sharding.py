@@ -902,6 +902,7 @@ def plan_einsum(
     policy: OptionPolicy = CHEAPEST,
     weights: frozenset[str] = frozenset(),
     weight_read_fraction: Any = 1.0,
+    comm_share: Callable[[Comm], Any] | None = None,
 ) -> EinsumPlan:
     """Cost every legal way to compute `out = lhs · rhs` with the given shardings; `policy`
     picks one (default: the cheapest, see `option_cost`).
@@ -911,7 +912,9 @@ def plan_einsum(
     operands) into a ShardingError listing the two legal fixes instead of resolving it.
     `trusted`: the specs come from rules (the walk), so the checks and the case name are
     skipped. `weights` names the operands that are parameters (for policies);
-    `weight_read_fraction` is the share of their bytes a pass reads (routed experts).
+    `weight_read_fraction` is the share of their bytes a pass reads (routed experts);
+    `comm_share(c)` is the share of collective c's time this einsum's choice carries (a
+    gradient sum paid once per step weighs 1/M in a microbatch's choice; default 1).
     """
     e = None if trusted else _Einsum(lhs, rhs, out, phase)
     if e is not None:
@@ -933,7 +936,7 @@ def plan_einsum(
         choice: Any = 0
     else:
         costs = tuple(
-            option_cost(c, m, np.asarray(o.comm_time_s, float))
+            option_cost(c, m, _choice_comm(o, comm_share))
             for c, m, o in zip(comp, memt, options, strict=True)
         )
         ctx = OptionContext(lhs, rhs, out, phase, tuple(options), costs, weights)
@@ -955,6 +958,13 @@ def plan_einsum(
     return EinsumPlan(
         expr, lhs, rhs, out, case, tuple(options), choice, compute_t, mem_t, rep, sizes, mesh
     )
+
+
+def _choice_comm(o: Option, share: Callable[[Comm], Any] | None) -> Any:
+    """The communication seconds the option choice weighs (each collective × its share)."""
+    if share is None:
+        return np.asarray(o.comm_time_s, float)
+    return sum((np.asarray(c.time_s, float) * share(c) for c in o.comms), start=np.zeros(()))
 
 
 def _scalar(x: Any) -> Any:

@@ -23,7 +23,7 @@ the details kept.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import PlanError
-from roofline.feasibility import plan_problems
+from roofline.feasibility import EDGE_LAYERS, plan_problems
 from roofline.ledger import count_params
 from roofline.memory import (
     TrainingMemory,
@@ -41,9 +41,20 @@ from roofline.memory import (
 )
 from roofline.rules import Structure, kv_heads_replicated
 from roofline.sharding import CHEAPEST, OptionPolicy
-from roofline.specs.efficiency import Efficiency, default_efficiency
+from roofline.specs.efficiency import Efficiency, load_profile
+from roofline.specs.framework import (
+    CPMethod,
+    Exposed,
+    Framework,
+    OverlapMode,
+    Per,
+    Regather,
+    Window,
+)
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
+    ComputeDtypes,
+    OpClass,
     OptimizerPolicy,
     Phase,
     Plan,
@@ -56,8 +67,10 @@ from roofline.specs.plan import (
     parse_plan,
 )
 from roofline.specs.system import System
+from roofline.stack import Stack, stack_of
 from roofline.units import DAY
 from roofline.walk import (
+    FRAMEWORK_CLASS,
     MeshRows,
     Overlap,
     Totals,
@@ -85,7 +98,20 @@ __all__ = [
     "run_cost_usd",
     "step_terms",
     "structure_of",
+    "training_profile",
 ]
+
+# The efficiency profile a training prediction uses when none is given: the datasheet physics
+# (GEMMs by per-chip shape, attention by pass and head dim, kernel launches; every value cited
+# in specs/profiles/datasheet.toml). It measures better on the public runs than the vendor
+# constants (docs/validate.md); `efficiency=` or `--profile` chooses another.
+DEFAULT_TRAINING_PROFILE = "datasheet"
+
+
+def training_profile(efficiency: Efficiency | None = None) -> Efficiency:
+    """The profile a training prediction runs under (the default when none is given)."""
+    return efficiency if efficiency is not None else load_profile(DEFAULT_TRAINING_PROFILE)
+
 
 # MFU is reported against the bf16 peak (the convention of every published training run).
 MFU_PEAK_DTYPE = "bf16"
@@ -94,6 +120,12 @@ MFU_PEAK_DTYPE = "bf16"
 def mfu_peak(chip: Any) -> float:
     """The peak MFU is measured against: bf16, or the chip's 16-bit dtype where it has no bf16."""
     return chip.peak(MFU_PEAK_DTYPE, fallback=chip.default_dtype)
+
+
+def compute_peak(chip: Any, dtypes: ComputeDtypes) -> float:
+    """The peak of the dtype the dense matmuls compute in (fp8 runs: the fp8 peak), the
+    second MFU a report gives next to the bf16 one."""
+    return chip.peak(dtypes.matmul.value, fallback=chip.default_dtype)
 
 
 def model_flops(model: ModelSpec, tokens: Any) -> Any:
@@ -185,36 +217,154 @@ class StepArrays:
     hfu: np.ndarray
     tokens_per_s: np.ndarray
     infeasible: np.ndarray  # bool
+    mfu_compute_dtype: np.ndarray  # model FLOPs against the dense matmuls' dtype peak
     reason: Any  # reason[i] -> str ("" if feasible); .counts() -> {reason: count}
     walk: Walk | None = None  # the records (kept for single plans)
     terms: Mapping[str, np.ndarray] = field(default_factory=dict)  # see step_terms
 
 
 # --------------------------------------------------------------------------------------
-# Overlap: what each class of collective hides behind (the hook framework profiles set)
+# Overlap: what each class of collective hides behind (the framework profile says)
 # --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ExposureGroup:
-    """Collectives of some overlap classes, exposed on the timeline by one rule:
-    "hidden": behind the microbatch's compute (exposed = max(0, comm − compute));
-    "exposed": on the critical path; "flag:NAME": hidden when the plan's flag NAME is set."""
+    """Collectives of some overlap classes reported together. Classes of one group travel on
+    the same links (FSDP gathers and gradient reductions), so together they hide behind the
+    compute of a pass at most once."""
 
     name: str
     classes: tuple[Overlap, ...]
-    rule: str
 
 
 # Per microbatch. Data-parallel gradient reduction (per step) and pipeline hops are laid
-# separately (see `_timeline`).
+# separately (see `_step`).
 EXPOSURE = (
-    ExposureGroup("fsdp+grad", (Overlap.WEIGHT_GATHER, Overlap.GRAD_REDUCE_MB), "hidden"),
-    ExposureGroup("tp", (Overlap.TENSOR,), "flag:collective_matmul"),
-    ExposureGroup("sp", (Overlap.SEQUENCE,), "exposed"),
-    ExposureGroup("ep", (Overlap.EXPERT,), "flag:overlap_ep"),
-    ExposureGroup("other", (Overlap.OTHER,), "exposed"),
+    ExposureGroup("fsdp+grad", (Overlap.WEIGHT_GATHER, Overlap.GRAD_REDUCE_MB)),
+    ExposureGroup("tp", (Overlap.TENSOR,)),
+    ExposureGroup("sp", (Overlap.SEQUENCE,)),
+    ExposureGroup("ep", (Overlap.EXPERT,)),
+    ExposureGroup("other", (Overlap.OTHER,)),
 )
+
+# The plan flag that switches a class's mechanism on (the profile's `plan_key`).
+_PLAN_KEY_CLASSES = {"collective_matmul": Overlap.TENSOR, "overlap_ep": Overlap.EXPERT}
+
+
+@dataclass(frozen=True)
+class ModeArrays:
+    """A class's overlap mode per candidate: the mechanism on where `on`, else off."""
+
+    on: np.ndarray  # bool per candidate
+    on_mode: OverlapMode
+    off_mode: OverlapMode
+
+    def pick(self, f: Callable[[OverlapMode], Any]) -> Any:
+        """f of the mode in force per candidate (each mode evaluated once, only if used)."""
+        if self.on.all():
+            return f(self.on_mode)
+        if not self.on.any():
+            return f(self.off_mode)
+        return np.where(self.on, f(self.on_mode), f(self.off_mode))
+
+
+def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
+    """Which of the profiles' requirements hold for each candidate (specs.framework.Requirement)."""
+    d, n = ctx.deg, len(ctx.inv)
+    stack = ctx.stack
+    full = np.array([r.kind in (RematKind.FULL, RematKind.CHECKPOINTS) for r in ctx.remats])
+    yes, no = np.ones(n, dtype=bool), np.zeros(n, dtype=bool)
+    fp8 = "fp8" in chip.peak_flops_per_s
+    return {
+        "sequence_parallel": yes if ctx.sequence_parallel else no,
+        "tensor_parallel": d[Strategy.TP] > 1,
+        "data_parallel": (d[Strategy.DP] > 1) | (d[Strategy.FSDP] > 1),
+        "pipeline_parallel": d[Strategy.PP] > 1,
+        "virtual_stages": (ctx.schedule == Schedule.INTERLEAVED.code) & (ctx.virtual > 1),
+        "expert_parallel": d[Strategy.EP] > 1,
+        # the walk's dispatch is an all-to-all (the MoE recipes' alltoall / flex dispatchers)
+        "all_to_all_dispatch": d[Strategy.EP] > 1,
+        "ring_attention": yes if stack.cp_method == CPMethod.RING else no,
+        "no_full_remat": ~full[ctx.remat_idx],
+        "distributed_optimizer": (ctx.zero >= 1) | (d[Strategy.FSDP] > 1),
+        "zero3": d[Strategy.FSDP] > 1,
+        "compile": no,
+        "tpu": yes if chip.is_tpu else no,
+        "gpu": no if chip.is_tpu else yes,
+        "fp8_hardware": yes if fp8 else no,
+        "blackwell": yes if "blackwell" in chip.generation.lower() else no,
+    }
+
+
+def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeArrays]:
+    """The overlap mode in force per class and candidate: the plan's flag, else the stack's
+    default given the conditions that hold (specs.framework.Overlap.mode)."""
+    names = tuple(cond)
+    packed = np.zeros(len(ctx.inv), dtype=np.int64)
+    for j, k in enumerate(names):
+        packed |= cond[k].astype(np.int64) << j
+    uniq, where = np.unique(packed, return_inverse=True)
+    sets = [frozenset(k for j, k in enumerate(names) if (int(u) >> j) & 1) for u in uniq]
+    flag_of = {c: k for k, c in _PLAN_KEY_CLASSES.items()}
+    out = {}
+    for cls in Overlap:
+        ov = ctx.stack.overlap(FRAMEWORK_CLASS[cls])
+        default_on = np.array([ov.mode(None, c) is ov.on for c in sets])[where.reshape(-1)]
+        flag = ctx.flags.get(flag_of.get(cls, ""), None)
+        on = default_on | (flag if flag is not None and ov.plan_key else False)
+        out[cls] = ModeArrays(np.broadcast_to(on, default_on.shape), ov.on, ov.off)
+    return out
+
+
+# the mesh degree a decomposed collective of each class is chunked over (first_chunk)
+_CHUNKS = {
+    Overlap.TENSOR: Strategy.TP,
+    Overlap.SEQUENCE: Strategy.SP,
+    Overlap.EXPERT: Strategy.EP,
+    Overlap.WEIGHT_GATHER: Strategy.FSDP,
+    Overlap.GRAD_REDUCE_MB: Strategy.FSDP,
+}
+
+
+def _tail(m: OverlapMode, comm: Any, cls: Overlap, ctx: _Context, layers: Any) -> Any:
+    """The part of a class's time that stays exposed even with its mechanism on."""
+    e = m.exposed
+    if e == Exposed.NONE:
+        return 0.0 * comm
+    if e == Exposed.ALL:
+        return comm
+    if e == Exposed.FIRST_CHUNK:
+        chunks = ctx.deg[_CHUNKS[cls]] if cls in _CHUNKS else 1.0
+        return comm / np.maximum(chunks, 1.0)
+    if e == Exposed.FILL_DRAIN:
+        return comm / np.maximum(ctx.M, 1.0)
+    return comm / np.maximum(layers, 1.0)  # one_layer, one_bucket: the last (or first) layer
+
+
+def _window(m: OverlapMode, cls: Overlap, win: Mapping[str, Any], ctx: _Context) -> Any:
+    """The compute a class can hide behind in one pass (profile `window`)."""
+    if m.window == Window.OWN_MATMUL:
+        return {Overlap.TENSOR: win["gemm"], Overlap.SEQUENCE: win["attention"]}.get(
+            cls, win["pass"]
+        )
+    if m.window == Window.LOCAL_CHUNK:
+        return win["attention"] / np.maximum(ctx.deg[Strategy.SP], 1.0)
+    return win["pass"]
+
+
+def _hidden(mode: ModeArrays, cls, comm, forward: bool, win, ctx, layers) -> tuple[Any, Any]:
+    """(seconds of a class's collectives hidden in one pass, its window): the hidden fraction
+    of what is not always exposed, at most the compute of its window."""
+
+    def one(m: OverlapMode) -> Any:
+        if m.fraction("forward" if forward else "backward") == 0.0:
+            return 0.0 * comm
+        tail = _tail(m, comm, cls, ctx, layers)
+        hideable = m.fraction("forward" if forward else "backward") * np.maximum(comm - tail, 0.0)
+        return np.minimum(hideable, _window(m, cls, win, ctx))
+
+    return mode.pick(one), mode.pick(lambda m: _window(m, cls, win, ctx))
 
 
 # --------------------------------------------------------------------------------------
@@ -238,38 +388,66 @@ def evaluate_plans(
     policy: OptionPolicy = CHEAPEST,
     plan: Plan | None = None,
     with_terms: bool = False,
+    framework: str | Framework | Stack | None = None,
+    dtypes: ComputeDtypes | None = None,
 ) -> StepArrays:
     """Evaluate every candidate of one Structure at once (numpy arrays in, arrays out).
 
     `system` may be a list (sub-slices of one pod, same chip): `cand.system_idx` picks one
     per candidate. `remats` (with `cand.remat_idx`) and `cand.collective_matmul` vary those
     choices per candidate too; otherwise `structure.remat` / `structure.collective_matmul` apply.
-    `policy` chooses among the algebra's options (default: the cheapest); `plan` (single
-    plans) supplies the compute dtypes; `with_terms` adds the per-pass terms of `step_terms`.
+    `framework` is the stack whose behaviour is costed (None: the idealised machine); its
+    option policy applies unless `policy` names another. `plan` (single plans) or `dtypes`
+    supply the compute dtypes; `with_terms` adds the per-pass terms of `step_terms`.
 
     Two phases: the walk runs once per distinct (system, mesh, microbatch) — the only inputs
     the einsums see — and the timeline then combines its sums with each candidate's remat,
     ZeRO stage, schedule and overlap choices.
     """
     systems = list(system) if isinstance(system, (list, tuple)) else [system]
-    eff = eff or default_efficiency(systems[0].chip.vendor)
+    eff = training_profile(eff)
+    stack = stack_of(framework)
     opt = optimizer or parse_optimizer("adam-bf16")
     remat_list = list(remats or [structure.remat])
     rows, inv = _distinct_rows(cand)
-    led = ledger_for(model, Phase.TRAIN, workload.seq_len, causal=workload.causal)
+    led = ledger_for(
+        model,
+        Phase.TRAIN,
+        workload.seq_len,
+        causal=workload.causal,
+        training_rows=not stack.book,
+        flash=stack.flash_attention,
+    )
     if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
         led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))
+    if plan is not None:
+        dtypes = effective_dtypes(plan, systems[0].chip)
     options = WalkOptions(
-        dtypes=plan.dtypes if plan is not None else WalkOptions().dtypes,
-        policy=policy,
+        dtypes=dtypes if dtypes is not None else default_dtypes(systems[0].chip),
+        policy=stack.policy if policy is CHEAPEST else policy,
         keep_einsums=keep_einsums,
         merge_reductions=merge_reductions,
         trusted=not keep_einsums,
         remats=tuple(remat_list),
+        stack=stack,
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
-    ctx = replace(_Context.of(cand, structure, remat_list, inv, len(cand)), n_rows=(w.n,))
+    ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
+    ctx = replace(ctx, n_rows=(w.n,), dtypes=options.dtypes)
     return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums, with_terms)
+
+
+def effective_dtypes(plan: Plan, chip: Any) -> ComputeDtypes:
+    """The dtypes a plan computes in: its own, or where it names none (bf16 everywhere) the
+    chip's 16-bit dtype (V100 trains in fp16)."""
+    return default_dtypes(chip) if plan.dtypes.is_default else plan.dtypes
+
+
+def default_dtypes(chip: Any) -> ComputeDtypes:
+    """Compute dtypes when the plan names none: bf16, or the chip's 16-bit dtype (V100: fp16)."""
+    if chip.default_dtype == "bf16":
+        return ComputeDtypes()
+    return ComputeDtypes.uniform(chip.default_dtype)
 
 
 def _distinct_rows(cand: Candidates) -> tuple[MeshRows, np.ndarray]:
@@ -304,19 +482,25 @@ class _Context:
     sys_idx: np.ndarray
     remats: tuple[Remat, ...]  # the remat policies `remat_idx` indexes
     remat_idx: np.ndarray
-    reuse: np.ndarray  # no remat: the backward pass reuses the forward's weight gathers
+    reuse: np.ndarray  # the backward pass reuses the forward's FSDP weight gathers
     flags: Mapping[str, np.ndarray]  # collective_matmul, overlap_ep
+    stack: Stack
+    sequence_parallel: bool = False  # Megatron SP (the structure's)
     n_rows: tuple[int, ...] = (1,)  # the walk's rows (shape of its arrays)
+    dtypes: ComputeDtypes = ComputeDtypes()
 
     @staticmethod
-    def of(cand: Candidates, st: Structure, remats: list[Remat], inv, n: int) -> _Context:
+    def of(
+        cand: Candidates, st: Structure, remats: list[Remat], inv, n: int, stack: Stack
+    ) -> _Context:
         r_idx = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
         no_remat = np.array([r.kind == RematKind.NONE for r in remats])[r_idx]
         cm = cand.collective_matmul
         oe = cand.overlap_ep
+        deg = {s: cand.deg.get(s, np.ones(n)).astype(float) for s in Strategy}
         return _Context(
             inv,
-            {s: cand.deg.get(s, np.ones(n)).astype(float) for s in Strategy},
+            deg,
             cand.microbatches.astype(float),
             cand.zero,
             cand.schedule,
@@ -324,11 +508,13 @@ class _Context:
             cand.system_idx if cand.system_idx is not None else np.zeros(n, dtype=int),
             tuple(remats),
             r_idx,
-            no_remat,
+            _reuses_gathers(stack, deg[Strategy.PP] > 1, no_remat),
             {
                 "collective_matmul": cm if cm is not None else np.full(n, st.collective_matmul),
                 "overlap_ep": oe if oe is not None else np.zeros(n, dtype=bool),
             },
+            stack,
+            bool(st.sequence_parallel),
         )
 
     def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
@@ -336,6 +522,21 @@ class _Context:
         if not rerun_by:
             return np.zeros(len(self.inv))
         return np.array([float(r.kind in rerun_by) for r in self.remats])[self.remat_idx]
+
+
+def _reuses_gathers(stack: Stack, pipelined: np.ndarray, no_remat: np.ndarray) -> np.ndarray:
+    """Whether the backward pass reuses the forward's FSDP gathers: never where the stack
+    reshards after the forward (PyTorch FSDP, Megatron-FSDP), always where it keeps them, and
+    without remat only for the idealised machine / XLA (regather with remat)."""
+    out = no_remat.copy()
+    for piped in (False, True):
+        regather = stack.fsdp_when(piped)[0]
+        sel = pipelined == piped
+        if regather == Regather.ALWAYS:
+            out = np.where(sel, False, out)
+        elif regather == Regather.NEVER:
+            out = np.where(sel, True, out)
+    return out
 
 
 class _Sums:
@@ -366,11 +567,20 @@ class _Sums:
             out = out + np.broadcast_to(np.asarray(v, float), self.ctx.n_rows)[self.ctx.inv] * m
         return out
 
-    def compute(self, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
-        """Compute seconds per microbatch (forward incl. recompute unless `forward` filters)."""
-        items = [
-            (k, v) for k, v in self.tot.compute_s.items() if forward is None or k[0] == forward
-        ]
+    def compute(
+        self,
+        *,
+        forward: bool | None = None,
+        rerun_only: bool = False,
+        classes: tuple[OpClass, ...] | None = None,
+    ) -> Any:
+        """Compute seconds per microbatch (forward incl. recompute unless `forward` filters),
+        of every op or of the ops of some `classes`."""
+        if classes is None:
+            src = self.tot.compute_s.items()
+        else:
+            src = [((f, r), v) for (f, r, c), v in self.tot.compute_class_s.items() if c in classes]
+        items = [(k, v) for k, v in src if forward is None or k[0] == forward]
         return self._sum(items, forward is None, rerun_only)
 
     def flops(self, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
@@ -401,6 +611,24 @@ def _exposed(group: ExposureGroup, comm: Any, compute: Any, ctx: _Context) -> An
     return comm
 
 
+def _balanced_stage(t_mb: Any, edge: Any, n_layers: int, ctx: _Context) -> Any:
+    """One microbatch on the fullest pipeline stage.
+
+    The walk lays ceil(L/pp) layers and both the embedding and the LM head on it. A stack that
+    lays out uneven stages (Megatron's first/last counts or layout, torchtitan's balanced split)
+    counts the embedding and the loss as one layer each and spreads L + 2 layers over pp·v
+    (virtual) stages: the fullest stage holds ceil((L + 2)/(pp·v))·v layers and no edge row,
+    which is shorter whenever the edges would otherwise sit on one overfull stage."""
+    pp = ctx.deg[Strategy.PP]
+    if not ctx.stack.uneven_stages:
+        return t_mb
+    v = np.where(ctx.schedule == Schedule.INTERLEAVED.code, ctx.virtual, 1).astype(float)
+    even = np.ceil(n_layers / pp)
+    units = np.ceil((n_layers + EDGE_LAYERS) / (pp * v)) * v
+    per_layer = (t_mb - edge) / even
+    return np.where(pp > 1, np.minimum(t_mb, units * per_layer), t_mb)
+
+
 def _pipeline(t_mb: Any, ctx: _Context) -> tuple[Any, Any, Any]:
     """(stage time incl. bubble, bubble time, bubble fraction): fill (p−1)/v over M microbatches."""
     pp, M = ctx.deg[Strategy.PP], ctx.M
@@ -416,18 +644,36 @@ def _in_flight(ctx: _Context) -> Any:
     return np.where(pp > 1, np.where(gpipe, M, np.minimum(M, pp)), 1.0)
 
 
+def _per_candidate(x: Any, w: Walk, inv: np.ndarray) -> Any:
+    return np.broadcast_to(np.asarray(x, float), (w.n,))[inv]
+
+
+def _zero_groups(ctx: _Context) -> tuple[Any, Any]:
+    """The ranks ZeRO shards optimizer state (and gradients) over, for dense and for expert
+    weights: every rank holding a replica. For the stacks that is the data axis with the
+    context-parallel ranks (Megatron's distributed optimizer uses the data-parallel group with
+    context parallelism, torchtitan's FSDP the dp_shard×cp mesh) and, for dense weights, the
+    expert-parallel ranks too (Megatron carves EP out of DP; expert weights shard over the
+    expert-data-parallel group only). The idealised machine shards over `data` (the book)."""
+    dp = ctx.deg[Strategy.DP]
+    if ctx.stack.book:
+        return dp, dp
+    replicas = dp * ctx.deg[Strategy.SP]
+    return replicas * ctx.deg[Strategy.EP], replicas
+
+
 def _memory(
     model: ModelSpec, w: Walk, ctx: _Context, opt: OptimizerPolicy, remats
 ) -> TrainingMemory:
     mp = w.memory
     assert mp is not None
     inv, pp = ctx.inv, ctx.deg[Strategy.PP]
-    p, g, o = persistent_bytes(
-        mp.params_local[inv] if np.ndim(mp.params_local) else mp.params_local,
-        opt,
-        ctx.deg[Strategy.DP],
-        ctx.zero,
-    )
+    total = _per_candidate(mp.params_local, w, inv)
+    expert = _per_candidate(mp.expert_params_local, w, inv)
+    dense_group, expert_group = _zero_groups(ctx)
+    p, g, o = persistent_bytes(total - expert, opt, dense_group, ctx.zero)
+    pe, ge, oe = persistent_bytes(expert, opt, expert_group, ctx.zero)
+    p, g, o = p + pe, g + ge, o + oe
     saved = [np.broadcast_to(np.asarray(mp.saved_per_layer[r], float), (w.n,)) for r in remats]
     act_layer = np.choose(ctx.remat_idx, [s[inv] for s in saved])
     layers_per_stage = np.ceil(model.n_layers / pp)
@@ -452,41 +698,128 @@ def _memory(
     return TrainingMemory(p, g, o, acts, temps)
 
 
+def _pass_windows(s: _Sums, forward: bool) -> dict[str, Any]:
+    """Compute seconds per microbatch in one pass, whole and by op class (overlap windows).
+    The backward pass holds remat's recompute."""
+    gemm = (OpClass.DENSE_GEMM, OpClass.EXPERT_GEMM)
+
+    def of(classes: tuple[OpClass, ...] | None) -> Any:
+        if forward:
+            return s.compute(forward=True, classes=classes)
+        return s.compute(forward=False, classes=classes) + s.compute(
+            rerun_only=True, classes=classes
+        )
+
+    return {"pass": of(None), "gemm": of(gemm), "attention": of((OpClass.ATTENTION,))}
+
+
+def _microbatch_exposure(
+    s: _Sums, ctx: _Context, modes, layers: Any
+) -> tuple[dict[Overlap, Any], dict[str, Any]]:
+    """(raw seconds per class, exposed seconds per group) of one microbatch's collectives.
+
+    Per pass, each class hides its profile's fraction of what is not always exposed, at most
+    the compute of its window; a group's classes share their links, so together they hide
+    at most one window's worth."""
+    comm_all = {c: s.comm((c,)) for c in Overlap if c not in _PER_STEP}
+    exposed = {}
+    for forward in (True, False):
+        win = _pass_windows(s, forward)
+        for g in EXPOSURE:
+            total, hidden, cap = 0.0, 0.0, 0.0
+            for c in g.classes:
+                comm = s.comm((c,), forward=True)
+                comm = comm if forward else comm_all[c] - comm
+                comm = comm * _fsdp_share(c, ctx)
+                h, w_c = _hidden(modes[c], c, comm, forward, win, ctx, layers)
+                hidden, cap = hidden + h, np.maximum(cap, w_c)
+                total = total + comm
+            exposed[g.name] = exposed.get(g.name, 0.0) + total - np.minimum(hidden, cap)
+    raw = {c: v * _fsdp_share(c, ctx) for c, v in comm_all.items()}
+    return raw, exposed
+
+
+_PER_STEP = (Overlap.GRAD_REDUCE_STEP, Overlap.PIPELINE)
+
+
+def _fsdp_share(c: Overlap, ctx: _Context) -> Any:
+    """FSDP traffic of one microbatch: all of it, or 1/M where the stack gathers and reduces
+    once per step (torchtitan and Megatron-FSDP under pipeline parallelism)."""
+    if c not in (Overlap.WEIGHT_GATHER, Overlap.GRAD_REDUCE_MB):
+        return 1.0
+    out: Any = 1.0
+    for piped in (False, True):
+        _, gather, reduce_ = ctx.stack.fsdp_when(piped)
+        per = gather if c == Overlap.WEIGHT_GATHER else reduce_
+        if per == Per.STEP:
+            out = np.where((ctx.deg[Strategy.PP] > 1) == piped, 1.0 / ctx.M, out)
+    return out
+
+
+def _replica_sync(s: _Sums, ctx: _Context, modes, layers: Any) -> tuple[Any, Any, Any]:
+    """The replicas' gradient sum and ZeRO-1/2 parameter gather over the `data` axis:
+    (gradient seconds per step, parameter-gather seconds per step, exposed seconds per step).
+
+    The walk prices the gradient sum as an all-reduce of bf16 gradients; the stack reduces in
+    its own dtype (fp32 in Megatron and PyTorch), as a reduce-scatter when the optimizer state
+    is sharded (ZeRO >= 1; AR = RS + AG), followed by an all-gather of the updated bf16
+    parameters. Paid once per step (behind the last microbatch's backward; the gather behind
+    the first forward) or once per microbatch where the stack reduces every microbatch."""
+    ar = s.comm((Overlap.GRAD_REDUCE_STEP,))
+    st = ctx.stack
+    if st.book:
+        grad, gather = ar, 0.0 * ar
+    else:
+        sharded = ctx.zero >= 1
+        grad = ar * st.grad_reduce_bytes_factor * np.where(sharded, 0.5, 1.0)
+        gather = np.where(sharded & st.param_gather, 0.5 * ar, 0.0)
+    per_mb = np.array([st.grad_reduce_per(int(z)) == Per.MICROBATCH for z in range(4)])
+    per_mb = per_mb[np.clip(ctx.zero, 0, 3)]
+    back = _pass_windows(s, False)
+    fwd = _pass_windows(s, True)
+    g_mode, w_mode = modes[Overlap.GRAD_REDUCE_STEP], modes[Overlap.WEIGHT_GATHER]
+    g_exp = grad - _hidden(g_mode, Overlap.GRAD_REDUCE_STEP, grad, False, back, ctx, layers)[0]
+    w_exp = gather - _hidden(w_mode, Overlap.GRAD_REDUCE_STEP, gather, True, fwd, ctx, layers)[0]
+    times = np.where(per_mb, ctx.M, 1.0)
+    return grad * times, gather, g_exp * times + w_exp
+
+
 def _step(
     model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep, with_terms
 ) -> StepArrays:
     s = _Sums(tot, ctx)
     chip = systems[0].chip
     M = ctx.M
+    pp = ctx.deg[Strategy.PP]
+    layers = np.ceil(model.n_layers / pp)
+    modes = _modes(ctx, _conditions(ctx, chip))
     compute = s.compute()
-    comm = {
-        c: s.comm((c,)) for c in Overlap if c not in (Overlap.GRAD_REDUCE_STEP, Overlap.PIPELINE)
-    }
-    exposed = {}
-    for g in EXPOSURE:
-        exposed[g.name] = _exposed(g, sum(comm[c] for c in g.classes), compute, ctx)
-    # fixed costs of the profile: per layer per microbatch pass (forward and backward), per step
-    overhead_mb = eff.layer_overhead_s * 2 * np.ceil(model.n_layers / ctx.deg[Strategy.PP])
+    comm, exposed = _microbatch_exposure(s, ctx, modes, layers)
+    # fixed costs: per layer per microbatch pass (forward and backward), per step
+    layer_s = eff.layer_overhead_s + ctx.stack.layer_overhead_s
+    step_s = eff.step_overhead_s + ctx.stack.step_overhead_s
+    overhead_mb = layer_s * 2 * layers
     t_mb = compute + sum(exposed.values()) + overhead_mb
+    edge = np.broadcast_to(np.asarray(tot.edge_s, float), ctx.n_rows)[ctx.inv]
+    t_mb = _balanced_stage(t_mb, edge, model.n_layers, ctx)
     t_pipe, bubble_t, bubble_frac = _pipeline(t_mb, ctx)
     hop = s.comm((Overlap.PIPELINE,), forward=True)
-    p2p = 2 * hop * np.maximum(ctx.deg[Strategy.PP] - 1, 0)
-    grad_step = s.comm((Overlap.GRAD_REDUCE_STEP,))
-    grad_step_exposed = np.maximum(0.0, grad_step - s.compute(forward=False))
+    p2p = 2 * hop * np.maximum(pp - 1, 0)
+    grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers)
     mem = _memory(model, w, ctx, opt, _remats(w))
-    hbm = chip.hbm_bw_bytes_per_s * eff.hbm
+    hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
     opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
-    step = t_pipe + p2p + grad_step_exposed + opt_t + eff.step_overhead_s
-    exposed_comm = sum(exposed.values()) * M + p2p + grad_step_exposed
+    step = t_pipe + p2p + sync_exposed + opt_t + step_s
+    exposed_comm = sum(exposed.values()) * M + p2p + sync_exposed
     n_chips = np.array([sy.n_chips for sy in systems], dtype=float)[ctx.sys_idx]
     mf = model_flops(model, workload.batch_tokens)
     peak = mfu_peak(chip)
     flops_mb = s.flops()
     comm_step = {c.value: v * M for c, v in comm.items()}
-    comm_step[Overlap.GRAD_REDUCE_STEP.value] = grad_step
+    comm_step[Overlap.GRAD_REDUCE_STEP.value] = grad_step + param_gather
     comm_step[Overlap.PIPELINE.value] = p2p
     exposed_step = {k: v * M for k, v in exposed.items()}
-    exposed_step["grad_step"] = grad_step_exposed
+    exposed_step["grad_step"] = sync_exposed
     exposed_step["pp"] = p2p
     mem_total = mem.total
     mesh_bad = w.mesh_bad[ctx.inv]
@@ -498,7 +831,7 @@ def _step(
         bubble_time_s=bubble_t,
         bubble_fraction=bubble_frac,
         optimizer_time_s=opt_t,
-        overhead_time_s=overhead_mb * M + eff.step_overhead_s,
+        overhead_time_s=overhead_mb * M + step_s,
         comm=comm_step,
         exposed=exposed_step,
         memory=mem.as_dict(),
@@ -506,6 +839,7 @@ def _step(
         flops_per_chip=flops_mb * M,
         model_flops=mf,
         mfu=mf / (step * n_chips * peak),
+        mfu_compute_dtype=mf / (step * n_chips * compute_peak(chip, ctx.dtypes)),
         hfu=flops_mb * M / (step * peak),
         tokens_per_s=workload.batch_tokens / step,
         infeasible=mesh_bad | over,
@@ -568,6 +902,9 @@ class StepCost:
     efficiency: Efficiency
     collectives: tuple[dict, ...] = ()
     overhead_time_s: float = 0.0  # the profile's fixed per-layer and per-step costs
+    mfu_compute_dtype: float = 0.0  # model FLOPs over the dense matmuls' dtype peak
+    framework: str = "ideal"  # the stack whose behaviour was costed
+    compute_dtype: str = "bf16"  # the dense matmuls' dtype (the second MFU's peak)
 
     @property
     def terms(self) -> dict[str, float]:
@@ -601,6 +938,9 @@ class StepCost:
             "plan": self.plan.to_dict(),
             "step_time_s": self.step_time_s,
             "mfu": self.mfu,
+            "mfu_compute_dtype": self.mfu_compute_dtype,
+            "compute_dtype": self.compute_dtype,
+            "framework": self.framework,
             "hfu": self.hfu,
             "tokens_per_s": self.tokens_per_s,
             "memory_per_chip_bytes": self.memory_per_chip_bytes,
@@ -646,13 +986,16 @@ def candidates_of(plan: Plan) -> Candidates:
     )
 
 
-def check_plan(model: ModelSpec, system: System, workload: Workload, plan: Plan) -> list[str]:
+def check_plan(
+    model: ModelSpec, system: System, workload: Workload, plan: Plan, stack: Stack | None = None
+) -> list[str]:
     """Reasons (possibly none) why a plan cannot run, before costing it (feasibility.py)."""
-    return plan_problems(model, system.n_chips, workload, plan)
+    uneven = stack is not None and stack.uneven_stages
+    return plan_problems(model, system.n_chips, workload, plan, uneven_stages=uneven)
 
 
 def _evaluate_one(
-    model, system, workload, plan: Plan, eff, *, keep: bool, ops=None, policy=CHEAPEST
+    model, system, workload, plan: Plan, eff, *, keep: bool, ops=None, policy=CHEAPEST, fw=None
 ) -> StepArrays:
     return evaluate_plans(
         model,
@@ -667,6 +1010,7 @@ def _evaluate_one(
         policy=policy,
         plan=plan,
         with_terms=True,
+        framework=fw,
     )
 
 
@@ -755,28 +1099,36 @@ def evaluate_plan(
     efficiency: Efficiency | None = None,
     assume_mfu: float | None = None,
     policy: OptionPolicy = CHEAPEST,
+    framework: str | Framework | Stack | None = None,
 ) -> StepCost:
     """Cost one plan. Raises PlanError if it cannot run at all (indivisible, wrong chip count).
 
-    `policy` chooses among the algebra's options for every einsum (default: the cheapest).
+    `framework` (a name such as "megatron", a `specs.framework.Framework` or None for the
+    idealised machine) says what the stack does: its option policy, remat semantics, overlap,
+    gradient timing and overheads. `policy` overrides its option policy (default: the stack's;
+    the idealised machine takes the cheapest option).
     """
     _check_types(model=model, system=system, workload=workload, plan=plan)
-    problems = check_plan(model, system, workload, plan)
+    stack = stack_of(framework)
+    problems = check_plan(model, system, workload, plan, stack)
     if problems:
         raise PlanError(
             f"plan {plan.describe()} cannot run: " + "; ".join(problems),
             rule="every sharded dimension splits evenly and the mesh uses every chip",
             fix="change the degrees (e.g. run `roofline train` without --plan to search)",
         )
-    eff = efficiency or default_efficiency(system.chip.vendor)
-    r = _evaluate_one(model, system, workload, plan, eff, keep=True, policy=policy)
+    eff = training_profile(efficiency)
+    r = _evaluate_one(model, system, workload, plan, eff, keep=True, policy=policy, fw=stack)
 
     def f(a: Any) -> float:
         return float(np.asarray(a).reshape(-1)[0])
 
     step, tokens_s, mfu, hfu = f(r.step_time_s), f(r.tokens_per_s), f(r.mfu), f(r.hfu)
+    mfu_dt = f(r.mfu_compute_dtype)
+    dtypes = effective_dtypes(plan, system.chip)
     if assume_mfu is not None:
         mfu = hfu = check_mfu(assume_mfu)
+        mfu_dt = mfu * mfu_peak(system.chip) / compute_peak(system.chip, dtypes)
         step = r.model_flops / (system.n_chips * mfu_peak(system.chip) * mfu)
         tokens_s = workload.batch_tokens / step
     return StepCost(
@@ -803,6 +1155,9 @@ def evaluate_plan(
         model_flops=r.model_flops,
         efficiency=eff,
         collectives=_collective_rows(r.walk),
+        mfu_compute_dtype=mfu_dt,
+        framework=stack.name,
+        compute_dtype=dtypes.matmul.value,
     )
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from roofline.collectives import CollectiveKind
 from roofline.cost import CommModel, ComputeModel, mesh_for
 from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
-from roofline.memory import NON_LAYER_ROWS, rerun_by, saved_bytes
+from roofline.memory import NON_LAYER_ROWS, saved_bytes
 from roofline.mesh import Mesh
 from roofline.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
 from roofline.sharding import (
@@ -48,6 +48,7 @@ from roofline.sharding import (
     plan_training_einsum,
 )
 from roofline.specs.efficiency import Efficiency
+from roofline.specs.framework import Dispatch, LoadBalance, OverlapClass
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
     Causal,
@@ -59,6 +60,7 @@ from roofline.specs.plan import (
     mesh_axes_of,
 )
 from roofline.specs.system import System
+from roofline.stack import Stack, policy_for_op, stack_of
 from roofline.units import dtype_bytes
 
 
@@ -87,13 +89,33 @@ class Overlap(enum.StrEnum):
     OTHER = "other"  # any other activation traffic (e.g. gathers over batch axes)
 
 
+# The framework profiles' name of each class (specs.framework.OverlapClass).
+FRAMEWORK_CLASS: Mapping[Overlap, OverlapClass] = {
+    Overlap.WEIGHT_GATHER: OverlapClass.WEIGHT_GATHER,
+    Overlap.GRAD_REDUCE_MB: OverlapClass.GRAD_REDUCE,
+    Overlap.GRAD_REDUCE_STEP: OverlapClass.GRAD_REDUCE,
+    Overlap.TENSOR: OverlapClass.TENSOR,
+    Overlap.SEQUENCE: OverlapClass.SEQUENCE,
+    Overlap.EXPERT: OverlapClass.EXPERT,
+    Overlap.PIPELINE: OverlapClass.PIPELINE,
+    Overlap.OTHER: OverlapClass.OTHER,
+}
+
+
+def per_step_gradient(c: Comm) -> bool:
+    """A weight-gradient reduction over replicas of the weight (data, context-parallel or, for
+    dense weights, expert-parallel ranks), not over its FSDP shards: summed once per step after
+    gradient accumulation, not once per microbatch (issue 9 cause 1)."""
+    return c.tensor.startswith(("dW", "dw")) and "fsdp" not in c.axes
+
+
 def overlap_class(c: Comm) -> Overlap:
     """The overlap class of a collective the algebra chose (the one home of the rule)."""
     t = c.tensor
     if t.startswith(("dW", "dw")):
-        if "fsdp" in c.axes or "expert" in c.axes:
-            return Overlap.GRAD_REDUCE_MB
-        return Overlap.GRAD_REDUCE_STEP
+        if "fsdp" in c.axes:
+            return Overlap.GRAD_REDUCE_MB  # FSDP reduce-scatters every microbatch
+        return Overlap.GRAD_REDUCE_STEP  # replicas (data, seq, expert) sum once per step
     if t.startswith(("W", "w_")):
         return Overlap.WEIGHT_GATHER
     if c.kind == CollectiveKind.ALL_TO_ALL and "expert" in c.axes:
@@ -188,6 +210,7 @@ class MemoryPieces:
     weights_gathered_bytes: Any  # every layer's weights after the FSDP gather (bytes)
     saved_per_layer: Mapping[Remat, Any]  # activation bytes one layer keeps, by remat policy
     logits_bytes: Any  # the fp32 logits of one microbatch
+    expert_params_local: Any = 0.0  # the routed experts' share of params_local
 
 
 @dataclass(frozen=True)
@@ -224,16 +247,29 @@ class Totals:
     flops: Mapping[tuple[bool, frozenset[RematKind]], Any]
     comm_s: Mapping[tuple[Overlap, bool, frozenset[RematKind]], Any]
     reusable_s: Mapping[Overlap, Any]
+    # compute seconds by (forward?, rerun_by, op class): the windows collectives hide behind
+    compute_class_s: Mapping[tuple[bool, frozenset[RematKind], OpClass], Any] = field(
+        default_factory=dict
+    )
+    # compute seconds of the rows outside the layer stack (embedding, LM head), all passes
+    edge_s: Any = 0.0
 
     @staticmethod
     def of(walk: Walk) -> Totals:
         compute: dict = {}
+        by_class: dict = {}
+        edge: Any = 0.0
         flops: dict = {}
         comm: dict = {}
         reusable: dict = {}
         for r in walk.ops:
             k = (r.pass_ == Pass.FORWARD, r.rerun_by)
-            compute[k] = compute.get(k, 0.0) + r.copies * r.time_s
+            t = r.copies * r.time_s
+            compute[k] = compute.get(k, 0.0) + t
+            kc = (*k, r.op_class)
+            by_class[kc] = by_class.get(kc, 0.0) + t
+            if r.op in NON_LAYER_ROWS:
+                edge = edge + t
             flops[k] = flops.get(k, 0.0) + r.copies * r.flops_per_chip
         for c in walk.collectives:
             t = c.copies * c.time_s
@@ -241,7 +277,7 @@ class Totals:
             comm[k2] = comm.get(k2, 0.0) + t
             if np.any(c.reusable):
                 reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
-        return Totals(compute, flops, comm, reusable)
+        return Totals(compute, flops, comm, reusable, by_class, edge)
 
 
 # --------------------------------------------------------------------------------------
@@ -421,15 +457,22 @@ class WalkOptions:
     trusted: bool = True  # specs come from rules: skip the algebra's input checks
     choices: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (op, pass) -> option
     remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
+    stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
 
 
 class _Walker:
     """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
 
-    def __init__(self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp):
+    def __init__(
+        self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp, mb, scale_up
+    ):
         self.model, self.ledger, self.rules = model, ledger, rules
         self.mesh, self.seqs, self.phase = mesh_sizes, sequences, phase
         self.pricing, self.opts, self.pp = pricing, opts, pp
+        self.stack = stack_of(opts.stack)
+        self.scale_up = scale_up  # GPUs per NVLink domain per row (0: a TPU torus; None: unknown)
+        # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
+        self.step_share = 1.0 / np.asarray(mb, float)
         self.shared = SharedCollectives()
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
         self.ops: list[OpRecord] = []
@@ -458,7 +501,7 @@ class _Walker:
 
     def matmul(self, op: Op, sizes: dict, copies: Any) -> None:
         op_class = OpClass.EXPERT_GEMM if "experts" in op.inputs[1].dims else OpClass.DENSE_GEMM
-        dtype = self.opts.dtypes.of(op_class).value
+        dtype = self.opts.dtypes.for_op(op.name, op_class).value
         plans = list(self.plan(op, sizes, dtype))
         for i, label in enumerate(self.passes):
             idx = self.opts.choices.get((op.name, label.value))
@@ -469,7 +512,7 @@ class _Walker:
             plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype, op)
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
-        reruns = rerun_by(op)
+        reruns = self.stack.rerun_by(op)
         for label, ep in zip(self.passes, plans, strict=True):
             rr = reruns if label == Pass.FORWARD else NO_RERUN
             self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
@@ -487,15 +530,28 @@ class _Walker:
                 hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
                 check_divisible=False,
                 trusted=self.opts.trusted,
-                policy=self.opts.policy,
+                policy=policy_for_op(self.opts.policy, op.name),
                 weights=_weight_names(op),
                 weight_read_fraction=self.weight_read_fraction(op),
+                comm_share=self.comm_share,
             )
             if self.phase == Phase.TRAIN:
                 self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
             else:
                 self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
         return self.same[key]
+
+    def comm_share(self, c: Comm) -> Any:
+        """The share of a collective's time one microbatch's option choice carries: a per-step
+        gradient sum is paid once for the M microbatches of a step."""
+        return self.step_share if per_step_gradient(c) else 1.0
+
+    def rerun_collective(self, reruns: frozenset[RematKind], cls: Overlap, c_kind) -> Any:
+        """The remat kinds that rerun a collective of class `cls` inside an op they rerun."""
+        if not reruns:
+            return NO_RERUN
+        fc = FRAMEWORK_CLASS[cls]
+        return frozenset(k for k in reruns if self.stack.reruns_collective(k, fc, c_kind))
 
     def weight_read_fraction(self, op: Op) -> Any:
         """Share of a weight one pass reads from HBM: 1, or for a routed-expert row the
@@ -540,9 +596,10 @@ class _Walker:
             phase="backward",
             check_divisible=False,
             trusted=self.opts.trusted,
-            policy=self.opts.policy,
+            policy=policy_for_op(self.opts.policy, op.name),
             weights=_weight_names(op),
             weight_read_fraction=self.weight_read_fraction(op),
+            comm_share=self.comm_share,
         )
 
     def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
@@ -576,9 +633,9 @@ class _Walker:
             for c in o.comms:
                 counted, reusable = self.shared.count(c, block, sel, self.opts.merge_reductions)
                 cls = overlap_class(c)
-                # remat reruns a forward collective with its op, but weights are gathered once
-                # for the recompute and the backward pass together (a backward re-gather)
-                rr = reruns if cls != Overlap.WEIGHT_GATHER else NO_RERUN
+                # remat reruns a forward collective with its op as the stack says; weights are
+                # gathered once for the recompute and the backward pass (a backward re-gather)
+                rr = self.rerun_collective(reruns, cls, c.kind)
                 self.colls.append(
                     CollectiveRecord(
                         op.name,
@@ -617,10 +674,16 @@ class _Walker:
         p = self.pricing
         head_dim = op.sizes.get("head_dim", 0.0)
         mem = by / p.hbm_bw_bytes_per_s
+        chip = p.compute.chip if p.compute is not None else None
         for label in self.passes:  # the backward pass: two contractions of the same size
             fwd = label == Pass.FORWARD
-            comp = fl / p.attention_peak(dtype, not fwd, head_dim)
-            rr = rerun_by(op) if fwd else NO_RERUN
+            if not self.stack.flash_attention:  # batched GEMMs QK^T and PV
+                comp = fl / p.matmul_peak(dtype)
+            else:
+                speed = self.stack.attention_speed(chip, not fwd) if chip is not None else 1.0
+                comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
+            comp = comp * self.cp_imbalance(op)
+            rr = self.stack.rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(
                     op.name,
@@ -645,13 +708,17 @@ class _Walker:
         An elementwise op reads and writes its tensors once, each sharded by its own spec (a
         norm's weight vector does not grow with the batch); the gather reads and writes the
         rows of its output."""
-        sh = shard_factor(op.out.dims, self.rules, False, self.mesh)
+        # norms and residual adds act on the residual stream, which Megatron sequence
+        # parallelism keeps split over the tensor axis (that is what SP shards)
+        io = op.name in _STREAM_OPS
+        out = spec_of(op.out, self.rules, block_io=io)
+        sh = _prod_axes(out, self.mesh)
         fl = op.flops / op.count / op.sizes["batch"] * self.seqs / sh
         if op.kind == OpKind.GATHER:
             by = op.bytes / op.count / op.sizes["batch"] * self.seqs / sh
         else:
             by = sum(
-                spec_of(t, self.rules).local_bytes(sizes, self.mesh)
+                spec_of(t, self.rules, block_io=io and not t.is_param).local_bytes(sizes, self.mesh)
                 for t in (*op.inputs, op.out)
                 if not t.on_chip
             )
@@ -672,7 +739,7 @@ class _Walker:
             by,
             comp,
             mem,
-            rerun_by(op),
+            self.stack.rerun_by(op),
             launch_s=p.launch_s,
         )
         self.ops.append(rec)
@@ -688,7 +755,9 @@ class _Walker:
         s = spec_of(k, self.rules)
         b = s.local_bytes(sizes, self.mesh)
         shard = str(replace(s, axes=_with_seq(s)))
-        fwd_rr = rerun_by(op)
+        fwd_rr = self.rerun_collective(
+            self.stack.rerun_by(op), Overlap.SEQUENCE, CollectiveKind.ALL_GATHER
+        )
         why = "context parallelism: K/V gathered along the sequence"
         t_ag = self.pricing.comm(CollectiveKind.ALL_GATHER, b, ("seq",))
         t_rs = self.pricing.comm(CollectiveKind.REDUCE_SCATTER, b, ("seq",))
@@ -739,11 +808,15 @@ class _Walker:
         parallelism), forward (rerun with the expert matmuls under remat) and backward."""
         xe = Tensor("xe", ("experts", "capacity", "embed"), op.inputs[0].dtype)
         s = spec_of(xe, self.rules)
-        b = s.local_bytes(sizes, self.mesh)
+        b = s.local_bytes(sizes, self.mesh) * self.dispatch_share(op)
         t = self.pricing.comm(CollectiveKind.ALL_TO_ALL, b, ("expert",))
         why = "MoE dispatch/combine over the expert axis"
         for label in self.passes[:2]:
-            rr = rerun_by(op) if label == Pass.FORWARD else NO_RERUN
+            rr = NO_RERUN
+            if label == Pass.FORWARD:
+                rr = self.rerun_collective(
+                    self.stack.rerun_by(op), Overlap.EXPERT, CollectiveKind.ALL_TO_ALL
+                )
             for name in ("dispatch", "combine"):
                 self.colls.append(
                     CollectiveRecord(
@@ -764,6 +837,53 @@ class _Walker:
                         why=why,
                     )
                 )
+
+    def edge_params(self, edges: list[Any]) -> Any:
+        """Embedding and LM-head parameters on the fullest stage: both without a pipeline; with
+        one, the first stage holds the embedding and the last the head, so a stack that lays
+        out its stages (not the idealised machine, which keeps both) holds the larger one."""
+        both = _edge_sum(edges)
+        if self.stack.book or not edges:
+            return both
+        one = edges[0]
+        for e in edges[1:]:
+            one = np.maximum(one, e)
+        return np.where(np.asarray(self.pp, float) > 1, one, both)
+
+    def cp_imbalance(self, op: Op) -> Any:
+        """Causal attention under context parallelism with contiguous sequence chunks: rank i
+        attends to i+1 chunks, so the last of sp ranks does (2·sp − 1)/sp of the average work
+        and the others wait for it. Zigzag / striped layouts (every stack's) balance it."""
+        sp = np.asarray(self.mesh.get("seq", 1.0), float)
+        causal = op.flop_factor < 1.0  # the ledger counts the causal half
+        if not causal or self.stack.cp_load_balance != LoadBalance.NONE:
+            return 1.0
+        return np.where(sp > 1, (2 * sp - 1) / sp, 1.0)
+
+    def dispatch_share(self, op: Op) -> Any:
+        """The share of (tokens × top_k × d_model) per chip the dispatch really moves.
+
+        - Under Megatron sequence parallelism each tensor rank dispatches its own sequence
+          shard of the tokens (Megatron-Core MoE token dispatchers, torchtitan's TP+EP), not
+          the whole microbatch: 1/tp.
+        - A dispatcher that sends a token once per destination node and forwards it over
+          NVLink there (DeepEP, Megatron's flex dispatcher) moves, across nodes, the expected
+          number of distinct nodes its top_k experts sit on, N·(1 − (1 − 1/N)^k), not k
+          copies (N: the NVLink domains the expert group spans; uniform routing).
+        """
+        share: Any = 1.0
+        tp = np.asarray(self.mesh.get("tensor", 1.0), float)
+        if self.rules.sequence_parallel:
+            share = share / tp
+        if self.stack.dispatch == Dispatch.DEEPEP and self.scale_up is not None:
+            k = float(op.sizes.get("top_k", 1.0))
+            ep = np.asarray(self.mesh.get("expert", 1.0), float)
+            stride = np.asarray(self.mesh.get("seq", 1.0), float) * tp
+            per_node = np.clip(self.scale_up / stride, 1.0, ep)
+            nodes = np.where(self.scale_up > 0, ep / per_node, 1.0)
+            distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
+            share = share * np.where(nodes > 1, np.minimum(distinct, k) / k, 1.0)
+        return share
 
     # -- per step -----------------------------------------------------------------------
     def pipeline_hop(self, seq: float) -> None:
@@ -793,21 +913,33 @@ class _Walker:
     def memory(self, seq: float) -> MemoryPieces:
         rules, mesh, led, m = self.rules, self.mesh, self.ledger, self.model
         params_local: Any = 0.0
+        experts: Any = 0.0
         gathered: Any = 0.0
+        edges: list[Any] = []
         for op in led:
             w = op.weight
             if w is None:
                 continue
             per = w.elements(op.sizes) / shard_factor(w.dims, rules, True, mesh)
+            if op.name in NON_LAYER_ROWS:
+                edges.append(per)
+                continue
             params_local = params_local + per * self.copies(op)
-            if op.name not in NON_LAYER_ROWS:
-                gathered = gathered + per * mesh["fsdp"] * dtype_bytes(w.dtype) * op.count
+            if "experts" in w.dims:
+                experts = experts + per * self.copies(op)
+            gathered = gathered + per * mesh["fsdp"] * dtype_bytes(w.dtype) * op.count
+        params_local = params_local + self.edge_params(edges)
         x_sizes = {"batch": self.seqs, "seq": led.sizes["seq"], "embed": m.d_model}
 
         def local(op: Op | None, t: Tensor) -> Any:
             if op is None:
                 return spec_of(t, rules, block_io=True).local_bytes(x_sizes, mesh)
-            return spec_of(t, rules).local_bytes(op_sizes(op, self.seqs), mesh)
+            # under sequence parallelism a block's input and output are kept sharded over the
+            # tensor axis (Megatron saves the sharded input and gathers it again backward)
+            io = (op.name in _BLOCK_INPUT_OPS and t is op.inputs[0]) or (
+                op.name in _BLOCK_OUTPUT_OPS and t is op.out
+            )
+            return spec_of(t, rules, block_io=io).local_bytes(op_sizes(op, self.seqs), mesh)
 
         remats = dict.fromkeys((*self.opts.remats, Remat(RematKind.NONE)))
         saved = {r: saved_bytes(led, r, local) / m.n_layers for r in remats}
@@ -818,7 +950,22 @@ class _Walker:
             * 4.0
             / shard_factor(("batch", "seq", "vocab"), rules, False, mesh)
         )
-        return MemoryPieces(params_local, gathered, saved, logits)
+        return MemoryPieces(params_local, gathered, saved, logits, experts)
+
+
+# elementwise rows on the residual stream (split over tensor under sequence parallelism)
+_STREAM_OPS = ("norms", "residual")
+
+
+def _prod_axes(s: Spec, mesh: Mapping[str, Any]) -> Any:
+    n: Any = 1.0
+    for a in s.used_axes:
+        n = n * mesh[a]
+    return n
+
+
+def _edge_sum(edges: list[Any]) -> Any:
+    return sum(edges, start=0.0)
 
 
 def _weight_names(op: Op) -> frozenset[str]:
@@ -851,11 +998,26 @@ def walk_ledger(
     pricing: AlgebraPricing,
     options: WalkOptions = WalkOptions(),
     mesh_reason: np.ndarray | None = None,
+    microbatches: Any = 1.0,
+    scale_up: Any = None,
 ) -> Walk:
     """Walk every row of `ledger` under `rules` on meshes of `mesh_sizes` (arrays per row),
-    `sequences` per microbatch; see the module docstring."""
+    `sequences` per microbatch, `microbatches` per step, on systems whose NVLink domains hold
+    `scale_up` GPUs (0 for TPU tori; None: unknown); see the module docstring."""
     pp = mesh_sizes.get("stage", 1.0)
-    w = _Walker(model, ledger, rules, mesh_sizes, sequences, phase, pricing, options, pp)
+    w = _Walker(
+        model,
+        ledger,
+        rules,
+        mesh_sizes,
+        sequences,
+        phase,
+        pricing,
+        options,
+        pp,
+        microbatches,
+        scale_up,
+    )
     for op in ledger:
         w.visit(op)
     seq = ledger.sizes["seq"]
@@ -889,12 +1051,56 @@ def ledger_for(
     seq: int,
     kv_seq: int | None = None,
     causal: Causal = Causal.HALF,
+    *,
+    training_rows: bool = False,
+    flash: bool = True,
 ) -> Ledger:
     """The ledger a phase walks (batch 1; the walk scales it): training and prefill over `seq`
-    query tokens, decode over one new token reading a KV cache of `kv_seq` tokens."""
+    query tokens, decode over one new token reading a KV cache of `kv_seq` tokens.
+
+    `training_rows` (a training step of a real stack) adds the memory-bound kernels every
+    training step runs that the inference ledger does not hold (`training_ledger_rows`);
+    `flash=False` writes the attention scores to HBM (a stack without a flash kernel)."""
     if phase == Phase.DECODE:
         return build_ledger(model, batch=1, seq=1, kv_seq=kv_seq or seq, causal=causal)
-    return build_ledger(model, batch=1, seq=seq, causal=causal)
+    led = build_ledger(model, batch=1, seq=seq, causal=causal, flash=flash)
+    if training_rows and phase == Phase.TRAIN:
+        led = replace(led, ops=(*led.ops, *training_ledger_rows(model, led)))
+    return led
+
+
+def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
+    """The residual adds (two per layer: after attention and after the MLP; each reads the
+    stream and the block output and writes the sum), MoE token permutation (below) and the
+    loss (softmax cross-entropy over
+    the vocabulary in fp32: the stacks upcast the logits, e.g. Megatron-Core's
+    vocab_parallel_cross_entropy and torch's cross_entropy; ~5 FLOPs per logit for max, exp,
+    sum, log and the gradient), each a memory-bound kernel forward and backward."""
+    dt = led.ops[0].out.dtype if led.ops else "bf16"
+    sizes = dict(led.sizes)
+    sizes.setdefault("vocab", model.vocab)
+    sizes.setdefault("embed", model.d_model)
+    x = Tensor("x", ("batch", "seq", "embed"), dt)
+    y = Tensor("y", ("batch", "seq", "embed"), dt)
+    logits = Tensor("logits", ("batch", "seq", "vocab"), dt)
+    probs = Tensor("probs", ("batch", "seq", "vocab"), "fp32")
+    rows = [
+        Op("residual", OpKind.ELEMENTWISE, (x, y), x, sizes, 2 * model.n_layers, 1.0, 1.0),
+        Op("loss", OpKind.ELEMENTWISE, (logits,), probs, sizes, 1, 1.0, 5.0),
+    ]
+    up = next((o for o in led.ops if o.name == "moe/up"), None)
+    if up is not None:
+        # MoE token permutation: tokens copied top_k times into expert order before the expert
+        # GEMMs and weighted back after them (Megatron-Core moe_utils permute/unpermute,
+        # torchtitan's token reorder): memory-bound gathers and scatters of top_k·d per token
+        msz = dict(up.sizes)
+        xe = Tensor("xe", ("experts", "capacity", "embed"), dt)
+        xt = Tensor("x", ("batch", "seq", "embed"), dt)
+        rows += [
+            Op("moe/permute", OpKind.ELEMENTWISE, (xt,), xe, msz, up.count, 1.0, 0.0),
+            Op("moe/unpermute", OpKind.ELEMENTWISE, (xe,), xt, msz, up.count, 1.0, 1.0),
+        ]
+    return tuple(rows)
 
 
 def walk_rows(
@@ -941,7 +1147,17 @@ def walk_rows(
         pricing=pricing,
         options=options,
         mesh_reason=reason,
+        microbatches=rows.microbatches.astype(float),
+        scale_up=np.array([_scale_up(systems[int(i)]) for i in rows.system_idx], float),
     )
+
+
+def _scale_up(system: System) -> float:
+    """GPUs per NVLink domain (the innermost physical dim of a GPU cluster); 0 for a TPU."""
+    inner = system.dims[-1] if system.dims else None
+    if system.chip.is_tpu or inner is None or inner.name != "nvlink":
+        return 0.0
+    return float(inner.size)
 
 
 def _meshes(
@@ -974,6 +1190,7 @@ __all__ = [
     "Walk",
     "WalkOptions",
     "ledger_for",
+    "training_ledger_rows",
     "op_sizes",
     "op_specs",
     "overlap_class",

@@ -56,10 +56,19 @@ def test_expert_parallelism_is_carved_out_of_data_parallel(training_entries):
     assert r.inputs.plan.microbatches == 4096 // 32
 
 
-def test_uneven_virtual_stages_fall_back_to_1f1b_with_a_note(training_entries):
+def test_uneven_virtual_stages_are_laid_out_by_megatron(training_entries):
+    """126 layers over pp=8 × vp=8: Megatron lays out uneven virtual stages (the embedding and
+    the loss count as a layer each), so the run keeps its interleaved schedule, with a note."""
     r = map_training_run(training_entries["mbridge-26.04.01-dgx-h100-fp8-llama-3.1-405b-1024gpu"])
-    assert r.inputs.plan.schedule.value == "1f1b"
-    assert any("1F1B assumed" in d for d in r.defaults)
+    assert r.inputs.plan.schedule.value == "interleaved"
+    assert r.inputs.plan.virtual_stages == 8
+    assert any("uneven" in d and "megatron" in d for d in r.defaults)
+    # a plan the stack could not lay out would fall back to 1F1B (ideal: layers must divide)
+    from roofline.validate.training_runs import _schedule
+
+    notes: list[str] = []
+    assert _schedule({"vp": 8}, 8, 126, "ideal", notes) == "schedule=1f1b"
+    assert any("1F1B assumed" in n for n in notes)
 
 
 def test_narayanan_virtual_stages_from_layers_per_stage(training_entries):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from roofline.cli._common import add_json, emit
@@ -17,10 +18,19 @@ from roofline.errors import PlanError
 from roofline.ledger import count_params
 from roofline.planner import PlanResult, SearchSpace, plan_training
 from roofline.report.table import kv, table
-from roofline.report.text import term_phrase
+from roofline.report.text import stack_note, term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
-from roofline.training import AssumedRun, StepCost, Workload, assumed_run, evaluate_plan, parse_plan
+from roofline.stack import stack_of
+from roofline.training import (
+    AssumedRun,
+    StepCost,
+    Workload,
+    assumed_run,
+    evaluate_plan,
+    parse_plan,
+    training_profile,
+)
 from roofline.units import DAY, fmt_bytes, fmt_count, fmt_time, fmt_usd, parse_quantity
 
 NAME = "train"
@@ -65,6 +75,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=5, help="how many plans to list (default 5)")
     add_profile_arg(p)
     p.add_argument(
+        "--framework",
+        metavar="NAME|FILE",
+        help="the training stack whose behaviour is costed: megatron, torchtitan, deepspeed, "
+        "maxtext, llm-foundry, ideal (default: the idealised machine of the book) or a TOML "
+        "profile (docs/frameworks.md)",
+    )
+    p.add_argument(
+        "--precision",
+        metavar="RECIPE",
+        help="the stack's precision recipe, e.g. fp8 or fp8-current (dense and expert matmuls in "
+        "fp8, attention and the LM head in bf16); default bf16",
+    )
+    p.add_argument(
         "--optimizer",
         default="adam-bf16",
         help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32, sgd-bf16",
@@ -99,6 +122,8 @@ def _inputs(args: argparse.Namespace, model, system, work: Workload) -> dict[str
         "plan": args.plan,
         "assume_mfu": args.assume_mfu,
         "optimizer": args.optimizer,
+        "framework": args.framework,
+        "precision": args.precision,
     }
 
 
@@ -108,7 +133,14 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_quantity(args.batch_tokens, what="batch-tokens")
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
-    eff = resolve_profile(args, system.chip)
+    stack = stack_of(args.framework)
+    named = getattr(args, "profile", None) or getattr(args, "efficiency", None)
+    eff = (
+        resolve_profile(args, system.chip, framework=args.framework)
+        if named
+        else training_profile().for_framework(args.framework)
+    )
+    dtypes = stack.dtypes(args.precision) if args.precision else None
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")
     if args.objective is None:
@@ -121,8 +153,18 @@ def run(args: argparse.Namespace) -> int:
         plan = parse_plan(
             args.plan if "optimizer" in args.plan else args.plan + f",optimizer={args.optimizer}"
         )
+        if dtypes is not None and plan.dtypes.is_default:
+            plan = replace(plan, dtypes=dtypes)
         sysm = _system_for_plan(system, plan.degrees.n_chips)
-        cost = evaluate_plan(model, sysm, work, plan, efficiency=eff, assume_mfu=args.assume_mfu)
+        cost = evaluate_plan(
+            model,
+            sysm,
+            work,
+            plan,
+            efficiency=eff,
+            assume_mfu=args.assume_mfu,
+            framework=stack,
+        )
         result = cost.to_dict()
         if args.plot:
             from roofline.report.plots import plan_breakdown_chart
@@ -136,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
             _render_one(model, work, cost, header=f"Plan {plan.describe()}"),
         )
     if args.deadline:
-        return _deadline(args, model, system, work, eff, inputs)
+        return _deadline(args, model, system, work, eff, inputs, stack, dtypes)
     chips = parse_chip_counts(args.chips) if args.chips else None
     res = plan_training(
         model,
@@ -150,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         chips=chips,
         progress=None if args.json else _terminal_progress(sys.stderr),
         space=SearchSpace(),
+        framework=stack,
+        dtypes=dtypes,
     )
     if args.plot:
         from roofline.report.plots import plan_breakdown_chart
@@ -213,12 +257,20 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * mult
 
 
-def _deadline(args, model, system, work: Workload, eff, inputs) -> int:
+def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -> int:
     from roofline.planner import chips_for_deadline
 
     dl = parse_duration(args.deadline)
     res = chips_for_deadline(
-        model, system, work, dl, efficiency=eff, optimizer=args.optimizer, top_k=args.top
+        model,
+        system,
+        work,
+        dl,
+        efficiency=eff,
+        optimizer=args.optimizer,
+        top_k=args.top,
+        framework=stack,
+        dtypes=dtypes,
     )
     tried = table(
         [[s, n, "-" if t == float("inf") else f"{t / DAY:.1f}"] for s, n, t in res.tried],
@@ -342,10 +394,7 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
             f"{fmt_time(c.exposed_comm_time_s)} + bubble {fmt_time(c.bubble_time_s)} + optimizer {fmt_time(c.optimizer_time_s)}"
             + (f" + overheads {fmt_time(c.overhead_time_s)}" if c.overhead_time_s else ""),
         ),
-        (
-            "MFU",
-            f"{c.mfu:.1%}  (6·N·tokens / (step · chips · peak); HFU {c.hfu:.1%} counts recompute and attention)",
-        ),
+        ("MFU", _mfu_text(c)),
         (
             "tokens/s",
             f"{fmt_count(c.tokens_per_s)}  ({fmt_count(c.tokens_per_s / s.n_chips)} per chip)",
@@ -378,11 +427,22 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
     e = c.efficiency
     notes = [
         f"Assumptions: {e.describe()} (matmul {e.matmul:g}, HBM {e.hbm:g}, links {e.link:g} of peak; {e.source}).",
-        "Overlap: FSDP gathers prefetched a layer ahead and gradient reductions hidden behind compute (exposed = max(0, comm - compute));",
-        "tensor collectives exposed unless collective_matmul=1, expert all-to-alls unless overlap_ep=1, sequence and other",
-        "activation collectives exposed; data-parallel gradient reduction once per step.",
+        stack_note(c.framework),
     ]
     return header + "\n\n" + kv(rows) + "\n\n" + "\n".join(notes)
+
+
+def _mfu_text(c: StepCost) -> str:
+    """MFU against the bf16 peak and, for fp8/fp4 plans, against the compute dtype's peak."""
+    d = c.compute_dtype
+    peak16 = c.system.chip.default_dtype
+    out = f"{c.mfu:.1%} of the {peak16} peak"
+    if d != peak16:
+        out += f", {c.mfu_compute_dtype:.1%} of the {d} peak (the matmuls' compute dtype)"
+    return (
+        out
+        + f"  (6·N·tokens / (step · chips · peak); HFU {c.hfu:.1%} counts recompute and attention)"
+    )
 
 
 def _render_search(model, system, work: Workload, res: PlanResult) -> str:
@@ -405,6 +465,8 @@ def _render_search(model, system, work: Workload, res: PlanResult) -> str:
         parts.append("Note: " + res.sub_slice_note + ".")
     parts.append(_render_one(model, work, b, header=f"Best plan by {res.objective}:"))
     parts.append("Why it wins: " + res.why + ".")
+    if res.advice:
+        parts.append("Advice: " + res.advice + ".")
     rows = []
     for i, c in enumerate(res.top, 1):
         rows.append(

@@ -87,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="price the algebra's options on this system's chip (e.g. h100:8) instead of compute-first",
     )
     p.add_argument(
+        "--framework",
+        default=None,
+        help="the stack whose option policy predicts the collectives (maxtext = XLA's habits: "
+        "FSDP gathers weights, TP moves activations; default: the algebra's cheapest option)",
+    )
+    p.add_argument(
         "--final",
         action="store_true",
         help="diff against the final HLO instead of the post-SPMD one",
@@ -273,6 +279,7 @@ def _verify_model(args: argparse.Namespace):
         final=args.final,
         bytes_tol=args.bytes_tol,
         flops_tol=args.flops_tol,
+        framework=args.framework,
     )
     inputs = {
         "model": model.name,

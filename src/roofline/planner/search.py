@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from roofline.errors import PlanError
@@ -23,13 +23,15 @@ from roofline.planner.rank import (
 )
 from roofline.planner.space import SearchSpace, enumerate_plans
 from roofline.planner.systems import sub_slices, systems_for_counts
-from roofline.report.text import sub_slice_note, why_it_wins
-from roofline.sharding import CHEAPEST, OptionPolicy
-from roofline.specs.efficiency import Efficiency, default_efficiency
+from roofline.report.text import algebra_advice, sub_slice_note, why_it_wins
+from roofline.sharding import CHEAPEST, Cheapest, OptionPolicy
+from roofline.specs.efficiency import Efficiency
+from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import Strategy, Workload, parse_optimizer
+from roofline.specs.plan import ComputeDtypes, Plan, Strategy, Workload, parse_optimizer
 from roofline.specs.system import System
-from roofline.training import StepCost, evaluate_plan, evaluate_plans
+from roofline.stack import Stack, stack_of
+from roofline.training import StepCost, evaluate_plan, evaluate_plans, training_profile
 
 
 class SubsetReason(enum.StrEnum):
@@ -59,6 +61,8 @@ class PlanResult:
     chips_given: bool = False  # --chips chose the counts
     tie_tolerance: float = 0.01
     feasible_per_system: dict[str, int] = field(default_factory=dict)
+    # the best plan with the algebra's cheapest options, where they beat the stack's
+    algebra_alternative: StepCost | None = None
 
     @property
     def best(self) -> StepCost:
@@ -89,6 +93,11 @@ class PlanResult:
     def why(self) -> str:
         return why_it_wins(self.best, self.runner_up, self.objective, self.tie_tolerance)
 
+    @property
+    def advice(self) -> str:
+        """Where the algebra finds a cheaper way to run the best plan than its stack does."""
+        return algebra_advice(self.best, self.algebra_alternative)
+
     def to_dict(self) -> dict[str, Any]:
         b = self.best.to_dict()
         return {
@@ -104,6 +113,7 @@ class PlanResult:
             "domains": self.domains,
             "objective": self.objective,
             "why": self.why,
+            "advice": self.advice or None,
             "top": [c.to_dict() for c in self.top],
             "pareto": list(self.pareto),
             "search_time_s": self.search_time_s,
@@ -135,14 +145,19 @@ def plan_training(
     tie_tolerance: float = 0.01,
     progress: Callable[[int, int], None] | None = None,
     policy: OptionPolicy = CHEAPEST,
+    framework: str | Framework | Stack | None = None,
+    dtypes: ComputeDtypes | None = None,
 ) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
 
-    `policy` chooses among the algebra's options for every einsum of every plan (default:
-    the cheapest; a framework profile's policy makes the search cost what that stack does)."""
+    `framework` is the stack the plans run on (None: the idealised machine): the search keeps
+    only what it can run (strategies, schedules, remat policies, ZeRO stages, overlap switches)
+    and costs what it does. `policy` overrides its option policy; `dtypes` are the compute
+    dtypes (default bf16)."""
     t0 = time.perf_counter()
-    space = space or SearchSpace()
-    eff = efficiency or default_efficiency(system.chip.vendor)
+    stack = stack_of(framework)
+    space = (space or SearchSpace()).for_stack(stack, model)
+    eff = training_profile(efficiency)
     opt = parse_optimizer(optimizer)
     _check_objective(objective)
     workload.require_whole_sequences()
@@ -157,7 +172,8 @@ def plan_training(
             rule="; ".join(f"{k}: {v}" for k, v in found.domains.items()),
             fix="try another chip count (--chips) or batch size",
         )
-    families = _cost(found.groups, model, systems, workload, eff, opt, space, progress, policy)
+    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, dtypes)
+    families = _cost(found.groups, ctx, progress)
     rejected = found.rejected
     for f in families:
         rejected.update(f.rejected)
@@ -174,8 +190,10 @@ def plan_training(
     def cost_of(row: int) -> StepCost:
         f = families[int(ranked.family[row])]
         sysm = systems[int(f.cand.system_idx[int(ranked.index[row])])]
-        plan = plan_at(families, ranked, row, space, opt)
-        return evaluate_plan(model, sysm, workload, plan, efficiency=eff, policy=policy)
+        plan = ctx.plan(plan_at(families, ranked, row, space, opt))
+        return evaluate_plan(
+            model, sysm, workload, plan, efficiency=eff, policy=policy, framework=stack
+        )
 
     top = [cost_of(r) for r in rows]
     runner = _runner_up(families, ranked, systems, top, len(rows), cost_of)
@@ -194,6 +212,7 @@ def plan_training(
         chips_given=bool(chips),
         tie_tolerance=tie_tolerance,
         feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
+        algebra_alternative=_algebra_alternative(top[0], ctx),
     )
 
 
@@ -215,7 +234,50 @@ def _runner_up(
     return None if row is None else cost_of(row)
 
 
-def _cost(groups, model, systems, workload, eff, opt, space, progress, policy) -> list[Family]:
+@dataclass(frozen=True)
+class _Costing:
+    """What every evaluation of one search shares."""
+
+    model: ModelSpec
+    systems: list[System]
+    workload: Workload
+    eff: Efficiency
+    opt: Any
+    space: SearchSpace
+    policy: OptionPolicy
+    stack: Stack
+    dtypes: ComputeDtypes | None
+
+    def plan(self, plan: Plan) -> Plan:
+        return plan if self.dtypes is None else replace(plan, dtypes=self.dtypes)
+
+
+# the algebra's own choice among the options, never the stack's (advice only)
+ALGEBRA = Cheapest("algebra")
+
+
+def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
+    """The best plan costed with the algebra's cheapest options instead of the stack's (None
+    for the idealised machine, or when that is not cheaper): what report.text words as advice."""
+    if ctx.stack.book:
+        return None
+    alt = evaluate_plan(
+        ctx.model,
+        best.system,
+        ctx.workload,
+        best.plan,
+        efficiency=ctx.eff,
+        policy=ALGEBRA,
+        framework=ctx.stack,
+    )
+    return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
+
+
+# below this relative gain the algebra's cheaper options are not worth a sentence
+ALGEBRA_ADVICE_MARGIN = 0.03
+
+
+def _cost(groups, ctx: _Costing, progress) -> list[Family]:
     """Evaluate every family: one vectorised walk each.
 
     (Splitting the families over processes was measured slower on the 2-core target, because
@@ -226,15 +288,17 @@ def _cost(groups, model, systems, workload, eff, opt, space, progress, policy) -
     done = 0
     for st, cand in groups:
         r = evaluate_plans(
-            model,
-            systems,
-            workload,
+            ctx.model,
+            ctx.systems,
+            ctx.workload,
             st,
             cand,
-            eff=eff,
-            optimizer=opt,
-            remats=list(space.remats),
-            policy=policy,
+            eff=ctx.eff,
+            optimizer=ctx.opt,
+            remats=list(ctx.space.remats),
+            policy=ctx.policy,
+            framework=ctx.stack,
+            dtypes=ctx.dtypes,
         )
         out.append(Family.of(st, cand, r))
         done += len(cand)

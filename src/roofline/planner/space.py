@@ -13,19 +13,63 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from roofline.feasibility import RULES, Arrays, Rule, ep_must_divide, tp_must_divide, violations
+from roofline.feasibility import (
+    Arrays,
+    Rule,
+    ep_must_divide,
+    rules_for,
+    tp_must_divide,
+    violations,
+)
 from roofline.rules import Structure, kv_heads_replicated
+from roofline.specs.framework import Move, OverlapClass
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload
 from roofline.specs.system import System
+from roofline.stack import Stack
 from roofline.training import Candidates
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
+
+
+def microbatch_counts(counts: tuple[int, ...], workload: Workload) -> tuple[int, ...]:
+    """The microbatch counts tried: the space's (powers of two), and where the batch holds an
+    odd factor o > 1 (3840 sequences = 15·2^8) also o·2^k up to the largest count, so that a
+    pipeline over such a batch finds as many microbatches as stages (DeepSeek-V3's 15Mi-token
+    batch on pp=16 needs 30 or 60)."""
+    seqs = int(workload.sequences)
+    odd = seqs
+    while odd and odd % 2 == 0:
+        odd //= 2
+    top = max(counts)
+    extra = []
+    if odd > 1:
+        m = odd
+        while m <= top:
+            extra.append(m)
+            m *= 2
+    return tuple(sorted(set(counts) | set(extra)))
+
+
+def _stack_runs(stack: Stack, s: Strategy) -> bool:
+    """Whether a stack implements a strategy (data parallelism always)."""
+    fw = stack.framework
+    if s == Strategy.FSDP:
+        return fw.fsdp.supported
+    if s == Strategy.PP:
+        return bool(fw.pipeline.schedules)
+    if s == Strategy.SP:
+        return bool(fw.context_parallel.methods)
+    if s == Strategy.EP:
+        return bool(fw.expert_parallel.dispatch)
+    if s == Strategy.TP:
+        return any(fw.move(f, "tensor") != Move.CHEAPEST for f in ("dense", "expert", "vocab"))
+    return True
 
 
 def divisors(n: int) -> list[int]:
@@ -66,8 +110,36 @@ class SearchSpace:
     max_stage_imbalance: float = 1.10  # uneven pipeline stages: fullest / average layers per stage
     megatron_sp: tuple[bool, ...] = (False, True)
     collective_matmul: tuple[bool, ...] = (False, True)
+    overlap_ep: tuple[bool, ...] = (False,)  # expert all-to-alls behind compute (MoE stacks)
+    # the stack lays out uneven pipeline stages (layers need not divide pp·virtual)
+    uneven_stages: bool = False
     # search-space bounds applied as named rules (counted like feasibility rules)
     bounds: tuple[Rule, ...] = field(default=(FEWER_MICROBATCHES_THAN_STAGES,))
+
+    def for_stack(self, stack: Stack, model: ModelSpec) -> SearchSpace:
+        """This space restricted to what `stack` can run: its strategies, schedules, remat
+        policies, ZeRO stages and overlap switches (the idealised machine keeps everything)."""
+        if stack.book:
+            return self
+        fw = stack.framework
+        strategies = [s for s in self.strategies if _stack_runs(stack, s)]
+        remats = tuple(r for r in self.remats if stack.remat_policy(r.kind) is not None)
+        zeros = tuple(z for z in self.zero_stages if z in fw.data_parallel.zero_stages)
+        tensor = stack.overlap(OverlapClass.TENSOR)
+        sp_with_tp = "sequence_parallel" in {r.value for r in tensor.requires}
+        expert = stack.overlap(OverlapClass.EXPERT)
+        return replace(
+            self,
+            strategies=tuple(strategies),
+            remats=remats or (Remat(RematKind.NONE),),
+            zero_stages=zeros or (fw.data_parallel.default_zero,),
+            schedules=tuple(s for s in self.schedules if stack.supports_schedule(s))
+            or (Schedule.ONE_F_ONE_B,),
+            megatron_sp=(True,) if sp_with_tp else (False,),
+            collective_matmul=(False, True) if tensor.plan_key else (False,),
+            overlap_ep=(False, True) if expert.plan_key and model.moe is not None else (False,),
+            uneven_stages=stack.uneven_stages,
+        )
 
     def domains(
         self, model: ModelSpec, workload: Workload, chips: int
@@ -164,7 +236,7 @@ def enumerate_plans(
     """Every plan of the space, filtered by the named rules, grouped into Structures."""
     F, domains_txt = _meshes(model, workload, systems, space)
     # stage 1: mesh × microbatches × schedule, where the divisibility rules act
-    mbs = np.array(space.microbatches)
+    mbs = np.array(microbatch_counts(space.microbatches, workload))
     scheds = np.array([s.code for s in space.schedules])
     fi, mb, sc = (x.reshape(-1) for x in np.meshgrid(np.arange(len(F)), mbs, scheds, indexing="ij"))
     rows = F[fi]
@@ -174,9 +246,11 @@ def enumerate_plans(
     deg = {s: rows[:, 1 + j] for j, s in enumerate(Strategy)}
     # how many full candidates each stage-1 row stands for (choices that apply to it)
     tp1, dp1 = deg[Strategy.TP] > 1, deg[Strategy.DP] > 1
+    ep1 = deg[Strategy.EP] > 1
     weight = (
         np.where(tp1, len(space.megatron_sp) * len(space.collective_matmul), 1)
         * np.where(dp1, len(space.zero_stages), 1)
+        * np.where(ep1, len(space.overlap_ep), 1)
         * len(space.remats)
     )
     virtual = np.where(sc == Schedule.INTERLEAVED.code, space.interleaved_virtual_stages, 1)
@@ -196,12 +270,8 @@ def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
     """The feasibility rules the domains do not already guarantee (the batch split and the
     interleaved stages), with the space's own bounds between them. A rejected plan is counted
     under the first rule it breaks, in this order."""
-    by_name = {r.name: r for r in RULES}
-    return (
-        by_name["batch not divisible by dp·fsdp·ep·microbatches"],
-        *space.bounds,
-        by_name["layers not divisible by pp·virtual stages"],
-    )
+    rules = rules_for(space.uneven_stages)
+    return (rules[0], *space.bounds, rules[-1])
 
 
 def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Structure, Candidates]]:
@@ -209,23 +279,26 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
     matmul only with tp, ZeRO stages only with dp, every remat), grouped into Structures."""
     j = {s: 1 + i for i, s in enumerate(Strategy)}
     tp1, dp1 = rows[:, j[Strategy.TP]] > 1, rows[:, j[Strategy.DP]] > 1
+    ep1 = rows[:, j[Strategy.EP]] > 1
     parts = []
     for msp_v in space.megatron_sp:
         for cm_v in space.collective_matmul:
             for z_v in space.zero_stages:
-                m_ok = tp1 | (
-                    (msp_v == space.megatron_sp[0]) & (cm_v == space.collective_matmul[0])
-                )
-                m_ok &= dp1 | (z_v == space.zero_stages[0])
-                idx = np.nonzero(m_ok)[0]
-                for ri_v in range(len(space.remats)):
-                    parts.append((idx, msp_v, cm_v, z_v, ri_v))
+                for oe_v in space.overlap_ep:
+                    m_ok = tp1 | (
+                        (msp_v == space.megatron_sp[0]) & (cm_v == space.collective_matmul[0])
+                    )
+                    m_ok &= dp1 | (z_v == space.zero_stages[0])
+                    m_ok &= ep1 | (oe_v == space.overlap_ep[0])
+                    idx = np.nonzero(m_ok)[0]
+                    for ri_v in range(len(space.remats)):
+                        parts.append((idx, msp_v, cm_v, z_v, ri_v, oe_v))
     sel = np.concatenate([p[0] for p in parts])
 
     def col(k: int, dtype=None):
         return np.concatenate([np.full(len(p[0]), p[k]) for p in parts]).astype(dtype or int)
 
-    msp, cmv, zv, ri = col(1, bool), col(2, bool), col(3), col(4)
+    msp, cmv, zv, ri, oev = col(1, bool), col(2, bool), col(3), col(4), col(5, bool)
     rows, mb, sc, virtual = rows[sel], mb[sel], sc[sel], virtual[sel]
     tp = rows[:, j[Strategy.TP]]
     kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, tp)
@@ -247,6 +320,7 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
             system_idx=rows[g, 0],
             remat_idx=ri[g],
             collective_matmul=cmv[g],
+            overlap_ep=oev[g],
         )
         st = Structure(active, space.remats[0], bool(key >> 1 & 1), False, bool(key & 1))
         groups.append((st, cand))

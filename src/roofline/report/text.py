@@ -94,3 +94,55 @@ def money(usd: float | None) -> str | None:
     if usd is None or usd != usd or usd in (float("inf"), float("-inf")):
         return None
     return f"{usd}"
+
+
+def _moves(c: Any) -> dict[tuple[str, str], set[str]]:
+    """What each (op, einsum) of a costed plan moves: 'all-gather W over fsdp', ..."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for r in c.collectives:
+        if not r["counted"]:
+            continue
+        out.setdefault((r["op"], r["einsum"]), set()).add(
+            f"{r['kind']} {r['tensor']} over {'+'.join(r['axes'])}"
+        )
+    return out
+
+
+def algebra_advice(best: Any, alt: Any | None, *, limit: int = 2) -> str:
+    """One sentence where the algebra's cheapest options beat what the plan's stack does
+    (empty when they do not): how much faster and the first differing choices."""
+    if alt is None:
+        return ""
+    gain = best.step_time_s / alt.step_time_s - 1
+    a, b = _moves(best), _moves(alt)
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, set()) != b.get(key, set()):
+            theirs = ", ".join(sorted(a.get(key, set()))) or "no collective"
+            ours = ", ".join(sorted(b.get(key, set()))) or "no collective"
+            diffs.append(f"{key[0]} ({key[1]}): {ours} instead of {theirs}")
+    detail = "; ".join(diffs[:limit]) + (
+        f"; and {len(diffs) - limit} more" if len(diffs) > limit else ""
+    )
+    return (
+        f"the algebra finds {best.plan.describe()} {gain:.0%} faster ({alt.step_time_s:.3g} s vs "
+        f"{best.step_time_s:.3g} s per step) than what {best.framework} does"
+        + (f": {detail}" if detail else "")
+    )
+
+
+def stack_note(framework: str) -> str:
+    """One line on what the costed stack does (the old idealised-machine note for `ideal`)."""
+    if framework in ("", "ideal"):
+        return (
+            "Stack: the idealised machine (--framework ideal): the algebra's cheapest option per "
+            "einsum; FSDP gathers and gradient reductions hidden behind compute, tensor "
+            "collectives exposed unless collective_matmul=1, expert all-to-alls unless "
+            "overlap_ep=1, sequence and other activation collectives exposed; the replicas' "
+            "gradient sum once per step."
+        )
+    return (
+        f"Stack: {framework} (--framework {framework}): its option policy, remat semantics, "
+        "gradient timing, overlap per collective class and pipeline layout as its profile "
+        "states them (docs/frameworks.md)."
+    )

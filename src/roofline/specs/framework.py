@@ -190,6 +190,19 @@ class LoadBalance(enum.StrEnum):
     PERFECT = "perfect"  # idealised: causal work split evenly
 
 
+class AttentionKernel(enum.StrEnum):
+    """The attention kernel a stack runs (its speed differs from the efficiency profile's
+    reference kernel per chip family; see roofline.stack.ATTENTION_KERNEL_SPEED)."""
+
+    FLASH_ATTENTION_2 = "flash-attention-2"  # Dao 2023 (flash-attn 2, PyTorch SDPA's flash backend)
+    FLASH_ATTENTION_3 = "flash-attention-3"  # Shah et al. 2024 (Hopper)
+    CUDNN = "cudnn"  # cuDNN fused attention (Transformer Engine's FusedAttention)
+    SPLASH = "splash"  # Pallas splash attention (TPU)
+    # no flash kernel: batched GEMMs with the score matrix written to HBM and a separate softmax
+    # (Megatron's fused scale-mask-softmax before FlashAttention, Dao et al. 2022)
+    UNFUSED = "unfused"
+
+
 class Dispatch(enum.StrEnum):
     ALL_TO_ALL = "all_to_all"
     ALLGATHER = "allgather"  # every rank gathers all tokens, keeps its experts' (no a2a)
@@ -528,6 +541,15 @@ class Overhead:
 
 
 @dataclass(frozen=True)
+class Kernels:
+    """The kernels a stack runs where they differ in speed between stacks (optional table)."""
+
+    attention: AttentionKernel | None
+    source: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Overheads:
     step: Overhead  # per optimizer step (optimizer launch, data loading, logging)
     layer: Overhead  # per layer per microbatch pass (kernel launches)
@@ -553,6 +575,7 @@ class Framework:
     overheads: Overheads
     aliases: tuple[str, ...] = ()
     notes: str = ""
+    kernels: Kernels | None = None
 
     def move(self, family: Family | str, axis: AxisRole | str) -> Move:
         return self.options.move(family, axis)
@@ -1025,6 +1048,18 @@ def _parse_overhead(t: _Table) -> Overhead:
     return o
 
 
+def _parse_kernels(t: _Table | None) -> Kernels | None:
+    if t is None:
+        return None
+    k = Kernels(
+        attention=t.enum("attention", AttentionKernel, None),
+        source=t.source(),
+        note=t.text("note", ""),
+    )
+    t.done()
+    return k
+
+
 def _parse_overheads(t: _Table) -> Overheads:
     step, layer = t.sub("step"), t.sub("layer")
     assert step is not None and layer is not None
@@ -1067,6 +1102,7 @@ def framework_from_dict(raw: dict, origin: str = "<dict>") -> Framework:
         overheads=_parse_overheads(sub("overheads")),
         aliases=t.texts("aliases", ()),
         notes=t.text("notes", ""),
+        kernels=_parse_kernels(t.sub("kernels", None)),
     )
     t.done()
     return fw
@@ -1134,6 +1170,8 @@ def framework_for_source(text: str) -> str | None:
 
 
 __all__ = [
+    "AttentionKernel",
+    "Kernels",
     "COLLECTIVE_KINDS",
     "REMAT_MEMORY_KINDS",
     "REQUIRED_OVERLAP",

@@ -390,9 +390,11 @@ class ComputeDtypes:
     matmul: ComputeDtype = ComputeDtype.BF16
     attention: ComputeDtype = ComputeDtype.BF16
     experts: ComputeDtype = ComputeDtype.BF16
+    # the LM head (unembedding): fp8 recipes keep it in bf16 (Transformer Engine, torchao)
+    vocab: ComputeDtype = ComputeDtype.BF16
 
     def __post_init__(self) -> None:
-        for f in ("matmul", "attention", "experts"):
+        for f in _DTYPE_FIELDS:
             object.__setattr__(self, f, _compute_dtype(getattr(self, f), f"{f}_dtype"))
 
     def of(self, op_class: OpClass) -> ComputeDtype:
@@ -402,6 +404,15 @@ class ComputeDtypes:
             return self.matmul
         return self.attention
 
+    def for_op(self, op_name: str, op_class: OpClass) -> ComputeDtype:
+        """The dtype of one ledger op: the LM head has its own (`vocab`)."""
+        return self.vocab if op_name == "unembed" else self.of(op_class)
+
+    @staticmethod
+    def uniform(dtype: Any) -> ComputeDtypes:
+        """Every op class in one dtype (fp16 training on chips without bf16)."""
+        return ComputeDtypes(**dict.fromkeys(_DTYPE_FIELDS, dtype))
+
     @property
     def is_default(self) -> bool:
         return self == ComputeDtypes()
@@ -410,9 +421,12 @@ class ComputeDtypes:
         d = ComputeDtypes()
         return [
             f"{f}_dtype={getattr(self, f).value}"
-            for f in ("matmul", "attention", "experts")
+            for f in _DTYPE_FIELDS
             if getattr(self, f) != getattr(d, f)
         ]
+
+
+_DTYPE_FIELDS = ("matmul", "attention", "experts", "vocab")
 
 
 # ------------------------------------------------------------------------------ plan
@@ -494,7 +508,7 @@ class Plan:
             if self.schedule == Schedule.INTERLEAVED:
                 parts.append(f"virtual={self.virtual_stages}")
         for flag, on in (
-            ("megatron_sp", self.sequence_parallel),
+            ("megatron_sp", self.sequence_parallel and d.tp > 1),
             ("collective_matmul", self.collective_matmul),
             ("overlap_ep", self.overlap_ep),
         ):
@@ -521,6 +535,7 @@ class Plan:
                 "matmul": self.dtypes.matmul.value,
                 "attention": self.dtypes.attention.value,
                 "experts": self.dtypes.experts.value,
+                "vocab": self.dtypes.vocab.value,
             },
             "mesh_axes": [list(a) for a in d.mesh_axes()],
         }
@@ -528,7 +543,8 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, optimizer, matmul_dtype, attention_dtype, expert_dtype"
+    "collective_matmul, overlap_ep, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
 _FLAG_FALSE = ("0", "false", "no", "off")
@@ -581,6 +597,7 @@ for _keys, _field, _reader in (
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),
     (("expert_dtype", "experts_dtype"), "dtype:experts", lambda k, v: _compute_dtype(v, k)),
+    (("vocab_dtype", "head_dtype"), "dtype:vocab", lambda k, v: _compute_dtype(v, k)),
 ):
     for _k in _keys:
         _PLAN_KEY_READERS[_k] = (_field, _reader)

@@ -81,6 +81,10 @@ def validate(
     predictor: ServingPredictor | None = None,
 ) -> TrainingReport | ServingReport:
     """Validate a runs file (path or 'training' / 'inference' / 'serving')."""
+    if framework not in ("auto", "none", ""):
+        from roofline.stack import stack_of
+
+        stack_of(framework)  # an unknown stack is a one-paragraph error, not a silent no-op
     rf = runs if isinstance(runs, RunFile) else load_runs(runs)
     eff = load_profile(profile)
     name = (

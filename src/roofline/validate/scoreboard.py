@@ -20,8 +20,8 @@ from typing import Any
 from roofline.errors import RooflineError
 from roofline.ledger import count_params
 from roofline.planner import plan_training
-from roofline.specs.efficiency import Efficiency, default_efficiency
-from roofline.training import evaluate_plan
+from roofline.specs.efficiency import Efficiency
+from roofline.training import evaluate_plan, training_profile
 from roofline.validate.conventions import CONVENTIONS
 from roofline.validate.stats import breakdown, relative_error, summarize
 from roofline.validate.training_runs import TrainingRun
@@ -58,11 +58,13 @@ def predict_run(
         return TrainingResult(run, skipped_reason=run.skipped_reason or "not mapped")
     x = run.inputs
     assert x is not None and run.measured is not None
-    eff = efficiency or default_efficiency(x.system.chip.vendor)
+    eff = training_profile(efficiency)
     kw: dict[str, Any] = {"efficiency": eff}
     fw = _framework_for(run, framework)
     if fw and TAKES_FRAMEWORK:
-        kw["framework"] = fw
+        # the run's own stack as its document ran it (an older version), when auto
+        own = framework in ("auto", "") and x.stack is not None
+        kw["framework"] = x.stack if own else fw
     try:
         cost = evaluate_plan(x.model, x.system, x.workload, x.plan, **kw)
     except RooflineError as e:
@@ -140,7 +142,7 @@ def planner_check(
     run = result.run
     x = run.inputs
     assert x is not None and run.measured is not None and run.measured.tokens_per_s_per_chip
-    eff = efficiency or default_efficiency(x.system.chip.vendor)
+    eff = training_profile(efficiency)
     t0 = time.perf_counter()
     try:
         best, plan, n = _planner_best(

@@ -114,8 +114,13 @@ STACKS: dict[str, StackDefaults] = {
         framework_why="MaxText (JAX/XLA)",
         remat="full",
         remat_why="remat_policy unstated: 'full' (MaxText configs/base.yml default)",
-        sequence_parallel_with_tp=False,
-        sp_why="MaxText's tensor axis does not add Megatron-style sequence parallelism by default",
+        sequence_parallel_with_tp=True,
+        sp_why=(
+            "MaxText's logical axis rules shard activation_embed over the tensor axis (base.yml "
+            "logical_axis_rules): the residual stream between blocks is split over tensor, as "
+            "under Megatron sequence parallelism (XLA reduce-scatters and all-gathers around the "
+            "TP matmuls)"
+        ),
         collective_matmul=False,
         cm_why="XLA collective matmul is opt-in (a LIBTPU/XLA flag), not a MaxText default",
         zero=0,
@@ -149,10 +154,10 @@ STACKS: dict[str, StackDefaults] = {
         layout_why="torchtitan's default layout is FSDP over every GPU (data_parallel_shard_degree=-1)",
     ),
     "llm-foundry": StackDefaults(
-        framework="torchtitan",
+        framework="llm-foundry",
         framework_why=(
-            "llm-foundry runs PyTorch FSDP FULL_SHARD (no TP/PP): gathers weights per layer in forward "
-            "and backward, as torchtitan's FSDP does, so it uses that profile"
+            "llm-foundry runs Composer's PyTorch FSDP1 FULL_SHARD (no TP/PP): its own profile "
+            "(BACKWARD_POST prefetch, reshard after forward)"
         ),
         remat="none",
         remat_why="activation checkpointing unstated: none (Composer fsdp_config.activation_checkpointing defaults to false)",
@@ -240,6 +245,8 @@ class DocumentOverride:
     zero: int | None = None
     seq_len: int | None = None
     why: str = ""
+    attention_kernel: str | None = None  # specs.framework.AttentionKernel value
+    kernel_why: str = ""
 
 
 DOCUMENTS: dict[str, DocumentOverride] = {
@@ -248,6 +255,12 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         collective_matmul=False,
         zero=0,
         why="2021 Megatron-LM: sequence parallelism (2022), TP comm overlap and the distributed optimizer did not exist yet",
+        attention_kernel="unfused",
+        kernel_why=(
+            "2021 Megatron-LM predates FlashAttention (Dao et al. 2022): attention ran as batched "
+            "GEMMs around its fused scale-mask-softmax kernel, the score matrix written to HBM "
+            "(Narayanan et al. 2021 §2.1; Korthikanti et al. 2022 count its 5as²b bytes)"
+        ),
     ),
     "maxtext-readme-v4": DocumentOverride(
         seq_len=1024,

@@ -46,6 +46,8 @@ class Inputs:
     framework: str
     compute_dtype: str
     topology: str
+    # the stack as this document ran it where it differs from the profile (an older version)
+    stack: Any = None
 
 
 @dataclass(frozen=True)
@@ -230,18 +232,26 @@ def _microbatches(p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[s
     return gbs // (ways * mbs)
 
 
-def _schedule(p: dict, pp: int, layers: int, notes: list[str]) -> str:
+def _schedule(p: dict, pp: int, layers: int, framework: str, notes: list[str]) -> str:
+    from roofline.stack import stack_of
+
     if pp <= 1:
         return ""
+    uneven = stack_of(framework).uneven_stages
     v = _num(p.get("vp")) or 1
     if (k := _num(p.get("vp_layers_per_virtual_stage"))) and layers % (pp * k) == 0:
         v = layers // (pp * k)
-    if v > 1 and layers % (pp * v) == 0:
+    if v > 1 and (layers % (pp * v) == 0 or uneven):
+        if layers % (pp * v):
+            notes.append(
+                f"vp={v}: {layers} layers over pp·vp = {pp * v} virtual stages are uneven; "
+                f"{framework} lays them out (the embedding and the loss count as a layer each)"
+            )
         return f"schedule=interleaved,virtual={v}"
     if v > 1:
         notes.append(
-            f"interleaved schedule vp={v} needs layers ({layers}) divisible by pp·vp = {pp * v}: "
-            "1F1B assumed (uneven virtual stages are not expressible yet)"
+            f"interleaved schedule vp={v} needs layers ({layers}) divisible by pp·vp = {pp * v} "
+            f"in {framework}: 1F1B assumed"
         )
     return "schedule=1f1b"
 
@@ -446,11 +456,46 @@ def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
         "dp=1"
     ]
     parts += [f"microbatch={mb}", f"remat={remat}", f"zero={zero}"]
-    if sched := _schedule(p, deg["pp"], model.n_layers, notes):
+    if sched := _schedule(p, deg["pp"], model.n_layers, st.framework, notes):
         parts.append(sched)
     parts += _flags(p, hw, deg["tp"], st, src.document, notes)
     parts.append(f"optimizer={st.optimizer}")
     return ",".join(parts)
+
+
+def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
+    """The stack as a document ran it where its version differs from the profile (None: the
+    profile itself), e.g. 2021 Megatron-LM without a flash attention kernel."""
+    over = DOCUMENTS.get(document)
+    if over is None or over.attention_kernel is None:
+        return None
+    from roofline.specs.framework import AttentionKernel
+    from roofline.stack import stack_of
+
+    notes.append(over.kernel_why)
+    kernel = AttentionKernel(over.attention_kernel)
+    return stack_of(framework).with_attention_kernel(kernel, over.kernel_why)
+
+
+def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
+    """The compute dtypes of the run's precision recipe in its stack's profile (e.g. NeMo FP8:
+    dense and expert matmuls fp8, attention and the LM head bf16), as plan keys."""
+    from roofline.stack import stack_of
+
+    if not precision.strip():
+        return ""
+    st = stack_of(framework)
+    try:
+        recipe = st.recipe(precision)
+    except RooflineError:
+        notes.append(f"precision {precision!r} is not a recipe of {framework}: bf16 assumed")
+        return ""
+    keys = st.dtypes(recipe.name).describe()
+    if keys:
+        notes.append(
+            f"precision {precision!r} = {framework} recipe {recipe.name!r}: {', '.join(keys)}"
+        )
+    return "".join("," + k for k in keys)
 
 
 MAXTEXT_BATCHES = (12, 8, 4, 2, 1)  # per_device_batch_size: base.yml default 12, then halving
@@ -497,6 +542,7 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
                 f"parallel layout not published, and the stack default ({st.layout_why}) fails: {e}"
             ) from None
         raise
+    plan_text += _dtypes_text(str(p.get("precision") or ""), st.framework, notes)
     try:
         plan = parse_plan(plan_text)
         work = Workload(float(gbs * seq), seq)
@@ -520,5 +566,6 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
         st.framework,
         dtype if dtype != "unknown" else "bf16",
         choice.assumed,
+        _document_stack(st.framework, src.document, notes),
     )
     return inputs, measured, checks, params, lay.defaulted

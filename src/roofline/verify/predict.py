@@ -41,9 +41,11 @@ from roofline.ledger import Causal, DtypePolicy, build_ledger
 from roofline.mesh import make_mesh as make_cost_mesh
 from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees, rules_of
 from roofline.sharding import EinsumPlan, Spec, plan_einsum
+from roofline.specs.framework import Regather
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import OpClass, Plan, Remat, RematKind
 from roofline.specs.system import System, parse_system
+from roofline.stack import Stack, stack_of
 from roofline.training import structure_of
 from roofline.walk import AlgebraPricing, CollectiveRecord, Walk, WalkOptions, walk_ledger
 
@@ -260,6 +262,7 @@ def predict_train_step(
     capacity_factor: float = 1.0,
     system: str | None = None,
     choices: Mapping[tuple[str, str], int] | None = None,
+    framework: str | None = None,
 ) -> Prediction:
     """Collectives and FLOPs per device the training cost predicts for `build_train_step(...)`.
 
@@ -268,24 +271,21 @@ def predict_train_step(
     the partial dx of Q, K and V once. `system`: see `Pricing`. `choices` overrides the
     algebra's pick for some einsums, {(ledger row, "forward" | "d_lhs" | "d_rhs"): option
     index} (how `diff` tests whether XLA took one of the alternatives the algebra costed).
+    `framework`: the stack whose option policy picks among the algebra's options and whose
+    FSDP regather rule applies (e.g. "maxtext" for XLA; None: the algebra's cheapest option).
     """
     deg = _as_degrees(plan)
     _check_program(model, deg, n_layers)
     dt = _dtype_name(dtype)
     choices = dict(choices or {})
+    stack = stack_of(framework)
     w, pricing, kv_rep = _walk_program(
-        model, deg, int(batch), int(seq), dt, int(n_layers), bool(remat), system, choices
+        model, deg, int(batch), int(seq), dt, int(n_layers), bool(remat), system, choices, stack
     )
     rk = RematKind.FULL if remat else RematKind.NONE
-    colls, once = _predicted(w, rk, dt, deg)
-    notes = [
-        "ledger rows embed and unembed left out: the program is the layer stack only",
-        "norm scales (ledger row 'norms', elementwise) carry no predicted collectives",
-    ]
-    if kv_rep:
-        notes.append(
-            f"kv_heads={model.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (rules.rules_of)"
-        )
+    keeps = stack.fsdp_when(False)[0] != Regather.ALWAYS
+    colls, once = _predicted(w, rk, dt, deg, keeps_gathers=keeps)
+    notes = _notes(model, deg, stack, keeps, kv_rep)
     flops = _dot_flops(w, rk)
     inputs = {
         "model": model.name,
@@ -301,6 +301,7 @@ def predict_train_step(
         "d_model": model.d_model,
         "moe": model.moe is not None,
         "choices": {f"{k[0]}:{k[1]}": v for k, v in choices.items()},
+        "framework": stack.name,
     }
     name = (
         f"{model.name}:{_plan_str(deg)}"
@@ -323,6 +324,7 @@ def predict_train_step(
             capacity_factor=capacity_factor,
             system=system,
             choices=ch,
+            framework=framework,
         )
 
     return Prediction(
@@ -338,6 +340,23 @@ def predict_train_step(
         tuple(notes),
         again,
     )
+
+
+def _notes(model: ModelSpec, deg: Degrees, stack: Stack, keeps: bool, kv_rep: bool) -> list[str]:
+    notes = [
+        "ledger rows embed and unembed left out: the program is the layer stack only",
+        "norm scales (ledger row 'norms', elementwise) carry no predicted collectives",
+    ]
+    if not stack.book:
+        notes.append(
+            f"options chosen by the {stack.name} profile's policy; backward FSDP re-gathers "
+            + ("kept" if not keeps else "skipped without remat")
+        )
+    if kv_rep:
+        notes.append(
+            f"kv_heads={model.n_kv_heads} not divisible by tp={deg.tp}: K/V projections replicated (rules.rules_of)"
+        )
+    return notes
 
 
 def _check_program(model: ModelSpec, deg: Degrees, n_layers: int) -> None:
@@ -369,6 +388,7 @@ def _walk_program(
     remat: bool,
     system: str | None,
     choices: Mapping[tuple[str, str], int],
+    stack: Stack,
 ) -> tuple[Walk, Pricing, bool]:
     """The walk of the program's layers: its dtype, dense attention, no embedding rows, the
     verify pricing, and the algebra's checks on (specs from rules, but tiny dims)."""
@@ -383,7 +403,14 @@ def _walk_program(
     algebra = AlgebraPricing(
         pricing.comm, None, pricing.peak_flops_per_s, pricing.hbm_bw_bytes_per_s
     )
-    opts = WalkOptions(keep_einsums=True, trusted=False, choices=choices, remats=(rk,))
+    opts = WalkOptions(
+        keep_einsums=True,
+        trusted=False,
+        choices=choices,
+        remats=(rk,),
+        policy=stack.policy,
+        stack=stack,
+    )
     w = walk_ledger(
         m, led, rules_of(structure, m), mesh_sizes, float(batch), pricing=algebra, options=opts
     )
@@ -391,9 +418,10 @@ def _walk_program(
 
 
 def _predicted(
-    w: Walk, remat: RematKind, dt: str, deg: Degrees
+    w: Walk, remat: RematKind, dt: str, deg: Degrees, *, keeps_gathers: bool = True
 ) -> tuple[list[PredictedCollective], list[PredictedCollective]]:
-    """The walk's chosen collectives: those paid here, and those counted with another row."""
+    """The walk's chosen collectives: those paid here, and those counted with another row
+    (`keeps_gathers`: without remat the backward pass reuses the forward's FSDP gathers)."""
     order = tuple(a for a in AXIS_ORDER if a in dict(deg.mesh_axes()))
     colls: list[PredictedCollective] = []
     once: list[PredictedCollective] = []
@@ -403,7 +431,7 @@ def _predicted(
         copies = _f(c.copies)
         if not _b(c.counted):
             once.append(_pc(c, copies, order, _ONCE_WHY.get(c.kind, "counted once")))
-        elif _b(c.reusable) and remat == RematKind.NONE:
+        elif _b(c.reusable) and remat == RematKind.NONE and keeps_gathers:
             once.append(
                 _pc(c, copies, order, "gathered weight kept from the forward pass (no remat)")
             )
@@ -497,6 +525,7 @@ def predict_matmul(
     dtype: str = "bf16",
     system: str | None = None,
     choices: Mapping[tuple[str, str], int] | None = None,
+    framework: str | None = None,
 ) -> Prediction:
     """The algebra's plan for one of the book's sharded matmuls (`build_matmul`'s arguments).
 

@@ -1,0 +1,420 @@
+"""A training stack as the step model reads it: a framework profile applied to the walk.
+
+`specs/framework.py` holds what each stack does as sourced data (docs/frameworks.md). This
+module turns one profile into the answers the walk, the timeline and the planner ask for:
+
+- `policy`: which of the algebra's options an einsum may take (per einsum family and mesh
+  axis, the operand the stack moves: FSDP gathers weights, Megatron TP moves activations,
+  expert parallelism moves tokens; replicas only exchange weight gradients);
+- `rerun_by(op)` / `reruns_collective`: what each plan remat policy reruns under this stack
+  (Megatron's full recompute reruns the whole layer with its TP collectives, selective the
+  attention core; XLA drops the last projection);
+- `grad_reduce_per`, `fsdp_when`: when gradient sums and FSDP gathers are paid;
+- `overlap(cls)`: the overlap mechanism per class (fractions, window, exposed part);
+- `dtypes(recipe)`: a precision recipe's compute dtype per op class;
+- pipeline schedules and uneven stages, context-parallel method and load balance, expert
+  dispatch and node-limited routing, fixed overheads.
+
+`stack_of(None)` is the idealised machine of the book (the `ideal` profile): the cheapest
+option everywhere and the book's remat rule (`memory.rerun_by`), i.e. the model as it was
+before framework profiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from roofline.collectives import CollectiveKind
+from roofline.errors import SpecError
+from roofline.ledger import Op
+from roofline.memory import LAST_PROJECTIONS, NON_LAYER_ROWS
+from roofline.memory import rerun_by as book_rerun_by
+from roofline.sharding import CHEAPEST, Option, OptionContext, OptionPolicy
+from roofline.specs.framework import (
+    AttentionKernel,
+    AxisRole,
+    CPMethod,
+    Dispatch,
+    Exposed,
+    Family,
+    Framework,
+    Kernels,
+    LoadBalance,
+    Move,
+    Overlap,
+    OverlapClass,
+    OverlapMode,
+    Per,
+    Recipe,
+    Regather,
+    RematPolicy,
+    Uneven,
+    Window,
+    family_of,
+    load_framework,
+)
+from roofline.specs.framework import Schedule as FwSchedule
+from roofline.specs.plan import ComputeDtypes, RematKind, Schedule
+
+IDEAL = "ideal"
+
+# The stack's own names a plan remat kind stands for, in order of preference (the first one
+# the profile lists wins): Megatron "selective", torchtitan "selective-op", MaxText "minimal".
+_REMAT_NAMES: Mapping[RematKind, tuple[str, ...]] = {
+    RematKind.NONE: ("none",),
+    RematKind.MATMULS: ("selective", "minimal", "matmuls"),
+    RematKind.FULL: ("full",),
+    RematKind.CHECKPOINTS: ("full",),
+}
+
+# Speed of a stack's attention kernel relative to the efficiency profile's reference kernel of
+# the chip generation, (forward, backward). The datasheet profile's Hopper attention is
+# FlashAttention-3 (specs/profiles/datasheet.toml, [fa3]); FlashAttention-2 on Hopper is slower:
+# FA3 (Shah et al. 2024, abstract and §4.1) is 1.5-2.0x faster than FA2 in the forward pass and
+# 1.5-1.75x in the backward pass (midpoints 1.75 and 1.6). Ampere's reference is FA2 itself,
+# Blackwell's cuDNN, TPU's splash: pairs not listed run at the reference speed.
+ATTENTION_KERNEL_SPEED: Mapping[tuple[AttentionKernel, str], tuple[float, float]] = {
+    (AttentionKernel.FLASH_ATTENTION_2, "hopper"): (1 / 1.75, 1 / 1.6),
+}
+
+# The plan's schedules in the profile's vocabulary.
+_SCHEDULE = {
+    Schedule.GPIPE: (FwSchedule.GPIPE,),
+    Schedule.ONE_F_ONE_B: (FwSchedule.ONE_F_ONE_B,),
+    Schedule.INTERLEAVED: (FwSchedule.INTERLEAVED, FwSchedule.CIRCULAR, FwSchedule.LOOPED_BFS),
+}
+
+_COLLECTIVE_KIND = {
+    CollectiveKind.ALL_GATHER: "all-gather",
+    CollectiveKind.REDUCE_SCATTER: "reduce-scatter",
+    CollectiveKind.ALL_REDUCE: "all-reduce",
+    CollectiveKind.ALL_TO_ALL: "all-to-all",
+    CollectiveKind.PERMUTE: "permute",
+}
+
+
+# --------------------------------------------------------------------------------------
+# The option policy: which operand moves over which axis
+# --------------------------------------------------------------------------------------
+
+
+def move_allows(move: Move, moves_weight: bool) -> bool:
+    """Whether a collective over an axis is one the stack issues: `weights` moves only
+    parameters (and their gradients), `activations` / `tokens` / `kv` / `heads` never move a
+    parameter, `cheapest` anything."""
+    if move == Move.CHEAPEST:
+        return True
+    if move == Move.WEIGHTS:
+        return moves_weight
+    return not moves_weight
+
+
+@dataclass(frozen=True)
+class MovePolicy:
+    """The cheapest option whose every collective moves what the stack moves over its axes
+    (the cheapest of all when none does: the algebra never leaves an einsum without a way)."""
+
+    name: str
+    moves: Mapping[str, Move]  # mesh axis -> move
+
+    def allows(self, option: Option, ctx: OptionContext) -> bool:
+        for c in option.comms:
+            w = c.tensor in ctx.weights
+            for a in c.axes:
+                if not move_allows(self.moves.get(a, Move.CHEAPEST), w):
+                    return False
+        return True
+
+    def choose(self, ctx: OptionContext) -> Any:
+        ok = np.array([self.allows(o, ctx) for o in ctx.options])
+        costs = np.stack(np.broadcast_arrays(*ctx.costs))
+        if ok.any():
+            costs = np.where(ok.reshape((-1,) + (1,) * (costs.ndim - 1)), costs, np.inf)
+        return np.argmin(costs, axis=0)
+
+
+@dataclass(frozen=True)
+class FamilyPolicy:
+    """One `MovePolicy` per einsum family (`specs.framework.family_of` of the ledger op);
+    the walk asks `for_op(name)`."""
+
+    name: str
+    by_family: Mapping[Family, MovePolicy]
+
+    def for_op(self, op_name: str) -> OptionPolicy:
+        return self.by_family.get(family_of(op_name), CHEAPEST)
+
+    def choose(self, ctx: OptionContext) -> Any:  # an einsum without an op: the dense rule
+        return self.for_op("").choose(ctx)
+
+
+def policy_for_op(policy: OptionPolicy, op_name: str) -> OptionPolicy:
+    """The policy the walk applies to one ledger op (family policies pick by the op's family)."""
+    for_op = getattr(policy, "for_op", None)
+    return for_op(op_name) if for_op is not None else policy
+
+
+def _family_policy(fw: Framework) -> OptionPolicy:
+    if all(
+        fw.move(f, a) == Move.CHEAPEST for f in Family for a in AxisRole
+    ):  # the idealised machine
+        return CHEAPEST
+    by = {}
+    for fam in Family:
+        moves = {a.value: fw.move(fam, a) for a in AxisRole}
+        by[fam] = MovePolicy(f"{fw.name}:{fam.value}", moves)
+    return FamilyPolicy(fw.name, by)
+
+
+# --------------------------------------------------------------------------------------
+# The stack
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A framework profile as the step model applies it (see the module docstring)."""
+
+    framework: Framework
+    policy: OptionPolicy
+    remat: Mapping[RematKind, RematPolicy | None] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.framework.name
+
+    @property
+    def book(self) -> bool:
+        """The idealised machine: the book's rules, exactly as before framework profiles."""
+        return self.framework.name == IDEAL
+
+    # -- remat ---------------------------------------------------------------------------
+    def remat_policy(self, kind: RematKind) -> RematPolicy | None:
+        """The stack's policy a plan remat kind stands for (None: the book's rule)."""
+        return self.remat.get(kind)
+
+    def rerun_by(self, op: Op) -> frozenset[RematKind]:
+        """The plan remat kinds whose backward pass reruns `op`'s forward under this stack."""
+        if self.book:
+            return book_rerun_by(op)
+        if op.name in NON_LAYER_ROWS:
+            return frozenset()
+        out = set()
+        for kind, pol in self.remat.items():
+            if pol is None:
+                if kind in book_rerun_by(op):
+                    out.add(kind)
+                continue
+            if op.name in LAST_PROJECTIONS and not pol.reruns_last_projection:
+                continue
+            if pol.reruns_op(op.name):
+                out.add(kind)
+        return frozenset(out)
+
+    def reruns_collective(self, kind: RematKind, cls: OverlapClass, ckind: CollectiveKind) -> bool:
+        """Whether remat `kind` reruns a collective of class `cls` inside a rerun op (a
+        policy may save some collectives' outputs, e.g. torchtitan's reduce-scatters)."""
+        if cls == OverlapClass.WEIGHT_GATHER:
+            return False  # weights are gathered once for the recompute and backward together
+        pol = self.remat.get(kind)
+        if pol is None or self.book or cls == OverlapClass.OTHER:
+            return True
+        if _COLLECTIVE_KIND.get(ckind) in pol.keeps_collective_kinds:
+            return False
+        return cls in pol.reruns_collectives
+
+    # -- data parallelism and FSDP --------------------------------------------------------
+    def grad_reduce_per(self, zero: int) -> Per:
+        return self.framework.data_parallel.grad_reduce_per(zero)
+
+    def fsdp_when(self, pipelined: bool) -> tuple[Regather, Per, Per]:
+        return self.framework.fsdp.when(pipelined)
+
+    @property
+    def grad_reduce_bytes_factor(self) -> float:
+        """Bytes of the replicas' gradient sum against bf16 (fp32 reduction: 2)."""
+        from roofline.units import dtype_bytes
+
+        return dtype_bytes(self.framework.data_parallel.grad_reduce.dtype) / 2.0
+
+    @property
+    def fsdp_grad_bytes_factor(self) -> float:
+        from roofline.units import dtype_bytes
+
+        return dtype_bytes(self.framework.fsdp.grad_reduce_dtype) / 2.0
+
+    @property
+    def param_gather(self) -> bool:
+        """ZeRO-1/2 all-gather the updated parameters over the replicas after each step."""
+        return self.framework.data_parallel.param_gather is not None and not self.book
+
+    # -- overlap ---------------------------------------------------------------------------
+    def overlap(self, cls: OverlapClass) -> Overlap:
+        """The class's mechanism; a class the profile does not list (`other`) is exposed."""
+        return self.framework.overlap.get(cls) or _EXPOSED[cls]
+
+    # -- precision ----------------------------------------------------------------------------
+    def recipe(self, name: str | None = None) -> Recipe:
+        return self.framework.precision.recipe(name)
+
+    def dtypes(self, name: str | None = None) -> ComputeDtypes:
+        """The compute dtypes of a precision recipe (None: the stack's default)."""
+        return recipe_dtypes(self.recipe(name))
+
+    # -- pipeline, context and expert parallelism -------------------------------------------
+    def supports_schedule(self, schedule: Schedule) -> bool:
+        return any(self.framework.pipeline.supports(s) for s in _SCHEDULE[schedule])
+
+    @property
+    def uneven_stages(self) -> bool:
+        """Stages may hold different numbers of layers (Megatron first/last or a layout,
+        torchtitan's balanced split, MaxText's partial pipeline)."""
+        return any(u != Uneven.NONE for u in self.framework.pipeline.uneven)
+
+    @property
+    def pipeline_edge_layers(self) -> float:
+        """Layers the embedding and the loss count as when stages are split."""
+        p = self.framework.pipeline
+        return p.embedding_layers + p.loss_layers
+
+    @property
+    def cp_method(self) -> CPMethod | None:
+        return self.framework.context_parallel.default
+
+    @property
+    def cp_load_balance(self) -> LoadBalance:
+        return self.framework.context_parallel.load_balance
+
+    @property
+    def dispatch(self) -> Dispatch | None:
+        return self.framework.expert_parallel.default
+
+    @property
+    def node_limited_routing(self) -> bool:
+        return self.framework.expert_parallel.node_limited_routing
+
+    # -- kernels -------------------------------------------------------------------------------
+    def attention_speed(self, chip: Any, backward: bool) -> float:
+        """The stack's attention kernel speed against the profile's reference kernel on `chip`
+        (`ATTENTION_KERNEL_SPEED`; 1 where the stack names no kernel or the pair is unlisted)."""
+        k = self.framework.kernels.attention if self.framework.kernels else None
+        if k is None:
+            return 1.0
+        gen = str(getattr(chip, "generation", "")).lower()
+        speed = ATTENTION_KERNEL_SPEED.get((k, gen))
+        return 1.0 if speed is None else speed[1 if backward else 0]
+
+    @property
+    def flash_attention(self) -> bool:
+        """The attention kernel keeps the score matrix on chip (every stack since 2022; an
+        `unfused` kernel writes it to HBM and runs QK^T and PV as batched GEMMs)."""
+        k = self.framework.kernels.attention if self.framework.kernels else None
+        return k != AttentionKernel.UNFUSED
+
+    def with_attention_kernel(self, kernel: AttentionKernel, source: str) -> Stack:
+        """This stack running another attention kernel (an older version of it)."""
+        fw = replace(self.framework, kernels=Kernels(kernel, source))
+        return _build(fw)
+
+    # -- overheads ----------------------------------------------------------------------------
+    @property
+    def step_overhead_s(self) -> float:
+        return self.framework.overheads.step.value_s or 0.0
+
+    @property
+    def layer_overhead_s(self) -> float:
+        return self.framework.overheads.layer.value_s or 0.0
+
+
+def _exposed_overlap(cls: OverlapClass) -> Overlap:
+    mode = OverlapMode(0.0, 0.0, Window.PASS, Exposed.ALL, "no mechanism hides this class")
+    return Overlap(cls, "off", mode, mode)
+
+
+_EXPOSED = {c: _exposed_overlap(c) for c in OverlapClass}
+
+
+def recipe_dtypes(r: Recipe) -> ComputeDtypes:
+    """A precision recipe's compute dtypes: dense and expert matmuls, attention, the LM head."""
+    return ComputeDtypes(
+        matmul=_compute(r.dtype(Family.DENSE)),
+        attention=_compute(r.dtype(Family.ATTENTION)),
+        experts=_compute(r.dtype(Family.EXPERT)),
+        vocab=_compute(r.dtype(Family.VOCAB)),
+    )
+
+
+def _compute(dtype: str) -> str:
+    """A recipe dtype as a compute dtype (block-scaled formats compute at their element type)."""
+    d = dtype.lower()
+    if "fp4" in d:
+        return "fp4"
+    if "fp8" in d:
+        return "fp8"
+    return d
+
+
+# The memory class a stack's policy must have to stand for a plan remat kind (MaxText's alias
+# "none" names its full policy, nothing_saveable: a name alone is not enough).
+_REMAT_MEMORY = {
+    RematKind.NONE: "none",
+    RematKind.MATMULS: "matmuls",
+    RematKind.FULL: "full",
+    RematKind.CHECKPOINTS: "full",
+}
+
+
+def _remat_map(fw: Framework) -> dict[RematKind, RematPolicy | None]:
+    """The stack's policy for each plan remat kind: the first of `_REMAT_NAMES` the profile
+    lists with the kind's memory class (None: the book's rule applies)."""
+    out: dict[RematKind, RematPolicy | None] = {}
+    for kind, names in _REMAT_NAMES.items():
+        pol = None
+        for n in names:
+            try:
+                p = fw.remat.policy(n)
+            except SpecError:
+                continue
+            if p.memory == _REMAT_MEMORY[kind]:
+                pol = p
+                break
+        out[kind] = pol
+    return out
+
+
+@cache
+def _stack_named(name: str) -> Stack:
+    return _build(load_framework(name))
+
+
+def _build(fw: Framework) -> Stack:
+    return Stack(fw, _family_policy(fw), _remat_map(fw))
+
+
+def stack_of(framework: str | Framework | Stack | None) -> Stack:
+    """The stack for a framework name, alias, TOML path or profile (None: the ideal machine).
+    An unknown name is a one-paragraph UnknownNameError (load_framework)."""
+    if isinstance(framework, Stack):
+        return framework
+    if framework is None or framework == "":
+        return _stack_named(IDEAL)
+    if isinstance(framework, Framework):
+        return _build(framework)
+    return _stack_named(str(framework))
+
+
+__all__ = [
+    "FamilyPolicy",
+    "IDEAL",
+    "MovePolicy",
+    "Stack",
+    "move_allows",
+    "policy_for_op",
+    "recipe_dtypes",
+    "stack_of",
+]
