@@ -16,10 +16,6 @@ BUDGET = 100  # lines, from `def` to the last line of the body
 EXCEPTIONS = {
     "ledger.py:_attention_ops": "the attention rows of the ledger written out one by one (MHA/GQA "
     "and MLA); ledger.py is being extended for decode this round",
-    "serving_search.py:step_report": "one decode step's report; to be split with the serving "
-    "accuracy work (same files) this round",
-    "verify/decode.py:build_decode_step": "the decode program built in one JAX function; to be split "
-    "with the serving accuracy work this round",
 }
 
 

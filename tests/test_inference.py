@@ -12,7 +12,6 @@ import pytest
 
 from roofline.errors import PlanError
 from roofline.inference import (
-    IdealStep,
     KVLayout,
     PassShape,
     Quant,
@@ -24,7 +23,7 @@ from roofline.inference import (
     weight_bytes,
 )
 from roofline.ledger import count_params, kv_cache_bytes_per_token
-from roofline.serving_step import ShardedStep, degrees_of, kv_replicated
+from roofline.serving_step import IdealStep, ShardedStep, degrees_of, kv_replicated
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.model import load_model
@@ -178,3 +177,21 @@ def test_plan_to_strategies():
     assert degrees_of(LLAMA, ServePlan(tp=2, dp=4))[Strategy.DP] == 4
     assert kv_replicated(LLAMA, 16) and not kv_replicated(LLAMA, 8)
     assert not kv_replicated(ds, 8)  # the MLA latent has no KV heads to split
+
+
+def test_small_m_gemms_tile_tokens_by_the_instructions_smallest_side():
+    """datasheet: Hopper GEMM libraries swap the operands of a decode GEMM so the tokens are
+    wgmma's N (8..256 in steps of 8): one token computes in an 8-row tile, not a 128-row one, and
+    a one-token-per-expert decode GEMM stays memory-bound (it was priced 16x compute-bound)."""
+    from roofline.specs.efficiency import load_profile
+
+    eff = load_profile("datasheet")
+    fam = eff.family_for(H100)
+    assert fam.tile_m_min == 8 and fam.tile[0] == 128
+    f1, f8, f128 = (float(eff.matmul_fraction(H100, "bf16", m, 4096, 4096)) for m in (1, 8, 128))
+    assert f8 == pytest.approx(8 * f1, rel=1e-9)  # same 8-row tile: 8x the useful rows
+    assert f128 == pytest.approx(f8, rel=1e-9)  # a filled tile of either size: the same rate
+    # one token of a 2880 x 2880 bf16 expert: compute time far below the weight read
+    t_math = 2 * 2880 * 2880 / (H100.peak("bf16") * f1)
+    t_mem = 2880 * 2880 * 2 / (H100.hbm_bw_bytes_per_s * eff.hbm_fraction(H100))
+    assert t_math < 0.5 * t_mem

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from roofline.cli import main
 from roofline.errors import SpecError
-from roofline.inference import IdealStep, PassShape, Quant, ServePlan
+from roofline.inference import PassShape, Quant, ServePlan
 from roofline.serving import (
     Disagg,
     Speculation,
@@ -32,6 +32,7 @@ from roofline.serving import (
     steady_state,
 )
 from roofline.serving_search import Objective, ServeQuery, search
+from roofline.serving_step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.engines import load_engine
@@ -109,10 +110,24 @@ def test_a_full_kv_cache_queues_requests():
 
 
 def test_prefill_first_engines_space_out_decode_passes():
-    """SGLang runs prefill batches between decode passes: TPOT = decode pass / (1 − prefill share)."""
-    s = steady_state(ideal(), load_engine("sglang"), Workload(4096, 256), np.array([32.0]))
+    """Under Poisson arrivals SGLang runs prefill batches between decode passes:
+    TPOT = decode pass / (1 − prefill share)."""
+    w = Workload(4096, 256, rate=1.0)
+    s = steady_state(ideal(), load_engine("sglang"), w, np.array([32.0]))
     dec = ideal().pass_time(PassShape(decode=s.decode_batch, context=4096 + 128)).time_s
     assert s.tpot_s == pytest.approx(dec / (1 - s.prefill_share), rel=1e-6)
+
+
+def test_prefill_first_engines_run_closed_loops_in_waves():
+    """A closed loop of fixed lengths on a prefill-first engine: the 32 prompts run in 16 prefill
+    batches of 2 (8192-token budget on an 80 GB chip) before anyone decodes, then all 32 decode
+    in lockstep, finish together and come back together (every wave is a first wave)."""
+    s = steady_state(ideal(), load_engine("sglang"), Workload(4096, 256), np.array([32.0]))
+    t_b = ideal().pass_time(PassShape(prefill_seqs=2, prefill_chunk=4096, prefill_context=4096))
+    tau = ideal().pass_time(PassShape(decode=32, context=4096 + 128)).time_s
+    assert s.ttft_s == pytest.approx((16 + 1) / 2 * t_b.time_s, rel=1e-9)
+    assert s.tpot_s == pytest.approx(tau + (16 - 1) / 2 * t_b.time_s / 255, rel=1e-9)
+    assert s.requests_per_s == pytest.approx(32 / (16 * t_b.time_s + 255 * tau), rel=1e-9)
 
 
 def test_prefix_cache_hits_cut_ttft():
@@ -321,3 +336,89 @@ def test_predictor_refuses_unknown_lengths():
             ),
             efficiency=PEAK,
         )
+
+
+def test_narrow_weights_compute_in_bf16_where_the_chip_lacks_the_units():
+    """fp4 weights on Hopper run weight-only (W4A16) kernels: the GEMMs compute in bf16; on
+    Blackwell they compute in fp4; fp8 computes in fp8 on Hopper and bf16 on Ampere."""
+    from roofline.serving_step import _compute
+
+    assert _compute("nvfp4", H100) == "bf16"
+    assert _compute("nvfp4", load_chip("b200")) == "fp4"
+    assert _compute("fp8", H100) == "fp8"
+    assert _compute("fp8", load_chip("a100")) == "bf16"
+    assert _compute("int4", H100) == "bf16"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--plan", "tp=8", "--batch", "1", "--context", "5.9e152"],  # the fuzz tier's finding
+        ["--plan", "tp=8", "--batch", "1e40", "--context", "8192"],
+        ["--plan", "tp=8", "--batch", "1", "--context", "8192", "--prompt", "1e12"],
+        ["--concurrency", "1e300"],
+        ["--rate", "0"],
+        ["--gen", "0"],
+    ],
+)
+def test_every_serve_size_is_bounded_by_one_rule(extra, capsys):
+    """Tokens, sequences and requests are at most 2^30 (and at least 1, or above 0 for loads):
+    one paragraph naming the flag and the rule, never a NaN or an inf in a report."""
+    assert main(["serve", "--model", "tiny-llama", "--chip", "h100", *extra]) == 2
+    err = capsys.readouterr().err
+    assert "2^30" in err or "whole number up to 1,073,741,824" in err
+    assert "nan" not in err.lower().split("rule")[0]
+
+
+@pytest.mark.parametrize("conc", [64.0, 100.0])
+def test_the_cheapest_plan_is_on_its_pareto_front_at_the_load_it_serves(conc):
+    """h4's report finding: the chosen plan sat below the front and showed a batch (the most a
+    replica was sized for) that was not the load. Cost is now the whole bill per output token
+    (equal chip prices: the most tokens/s per chip, which nothing on the front beats) and
+    `batch` is the requests in flight per replica (concurrency / replicas)."""
+    q = ServeQuery(
+        load_model("llama-3-70b"),
+        parse_system("h100:16"),
+        Workload(1024, 256, concurrency=conc),
+        quants=(Quant(), Quant("fp8", "fp8", "fp8")),
+        engine=load_engine("vllm"),
+        objective=Objective.COST,
+    )
+    res = search(q)
+    b = res.row(res.best)
+    front = [res.row(int(i)) for i in res.pareto]
+    assert not any(
+        p["tokens_per_s_per_chip"] > b["tokens_per_s_per_chip"]
+        and p["tokens_per_s_per_user"] > b["tokens_per_s_per_user"]
+        for p in front
+    )
+    assert max(p["tokens_per_s_per_chip"] for p in front) == pytest.approx(
+        b["tokens_per_s_per_chip"]
+    )
+    assert b["batch"] * b["replicas"] == pytest.approx(conc)
+    assert b["batch"] <= b["batch_cap"]
+
+
+def test_decode_first_budgets_chunk_a_prompt_as_long_as_the_budget():
+    """vLLM schedules the running decodes first (one token each of the 8192-token budget), so an
+    8192-token prompt arriving while others decode is prefilled over two passes: TTFT rises by
+    about a pass over the prompt alone; a lone request (nobody decoding) takes one pass."""
+    eng = load_engine("vllm")
+    one = steady_state(ideal(), eng, Workload(8192, 256), np.array([1.0]))
+    busy = steady_state(ideal(), eng, Workload(8192, 256), np.array([16.0]))
+    solo = ideal().pass_time(PassShape(prefill_seqs=1, prefill_chunk=8192, prefill_context=8192))
+    assert one.ttft_s == pytest.approx(solo.time_s + one.pass_s / 2, rel=0.02)
+    assert busy.ttft_s > one.ttft_s + busy.pass_s
+
+
+def test_a_disaggregated_first_wave_queues_for_the_prefill_pool():
+    """All C requests of a benchmark start together: the first wave queues for the prefill pool's
+    passes (one prompt per pass here), and its share of the requests weighs into the mean TTFT."""
+    kv = 2 * 32 * 8 * 128 * 2  # bf16 bytes per token of LLaMA-3.1 8B
+    d = Disagg(1, 1, 400e9, 0.0, kv)
+    C = np.array([16.0])
+    base = disaggregated(ideal(), ideal(), d, Workload(1024, 256), C)
+    wave = disaggregated(ideal(), ideal(), d, Workload(1024, 256, first_wave_share=0.1), C)
+    xfer = 1024 * kv / 400e9
+    first = (16 + 1) / 2 * base["prefill_s"] + xfer
+    assert wave["ttft_s"] == pytest.approx(0.9 * base["ttft_s"] + 0.1 * first, rel=1e-9)

@@ -2,27 +2,24 @@
 
 A serving replica runs passes. A pass decodes one token for each of B running sequences (KV length
 S each) and, when the engine mixes them in, prefills a chunk of new prompt tokens. Its cost is the
-ledger's rows at those shapes (book inference.md): weight rows once per pass for all the pass's
-tokens (routed experts: only the distinct ones the tokens chose), attention rows per part (decode
-reads each sequence's KV cache; prefill is causal flash attention over the prompt), each row on the
-chip's roofline max(FLOPs / (peak·matmul eff), bytes / (HBM·hbm eff)).
+ledger's rows at those shapes walked by the sharded-einsum algebra (serving_step.py): weight rows
+once per pass for all the pass's tokens (routed experts: only the distinct ones the tokens chose),
+attention rows per part (decode reads each sequence's KV cache; prefill is causal flash attention
+over the prompt), each row on the chip's roofline (book inference.md).
 
-`StepModel` is the interface the serving layer (serving.py) prices passes through. `IdealStep` is
-the book's perfectly-sharded bound: every row's FLOPs and bytes split evenly over the replica's
-chips, no collectives (the model of every table in inference.md and applied-inference.md). The
-sharded step from the walk (tensor parallelism over heads and MLP, expert parallelism, pipeline,
-collectives with per-hop latency) plugs in behind the same interface.
-
-Memory per chip (`memory_per_chip`) follows the plan: dense weights over tp·pp, expert weights over
-all chips of the replica, the KV cache over min(tp, K) KV heads (replicated when tp > K: each chip
-keeps the KV heads its query heads need), the batch over dp and the layers over pp.
+This module holds what the step models share: quantisation (`Quant`), the replica's plan
+(`ServePlan`), the pass shape and its cost record (`PassShape`, `PassTimes`), the `StepModel`
+interface, the split of the ledger's rows into token rows and per-part rows (`Rows`), and memory
+per chip. Memory per chip (`memory_per_chip`) follows the plan: dense weights over tp·pp, expert
+weights over all chips of the replica, the KV cache over min(tp, K) KV heads (replicated when
+tp > K: each chip keeps the KV heads its query heads need), the batch over dp and the layers
+over pp.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -42,9 +39,8 @@ from roofline.ledger import (
     count_params,
     kv_cache_bytes_per_token,
 )
-from roofline.roofline import compute_dtype
 from roofline.specs.chip import Chip
-from roofline.specs.efficiency import PEAK, Efficiency
+from roofline.specs.efficiency import Efficiency
 from roofline.specs.model import ModelSpec
 from roofline.units import dtype_bytes, parse_dtype
 
@@ -302,6 +298,7 @@ class PassTimes:
     weight_bytes_per_chip: Any
     kv_bytes_per_chip: Any  # the KV cache read this pass
     breakdown: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    launch_s: Any = 0.0  # fixed kernel time inside rows_s (the profile's kernel_overhead_s)
 
     @property
     def bound(self) -> Any:
@@ -344,7 +341,8 @@ class PassShape:
 
 
 class StepModel(Protocol):
-    """What the serving layer needs from a step model (IdealStep now; the walk's sharded step)."""
+    """What the serving layer needs from a step model (serving_step.ShardedStep: the walk's
+    sharded step; serving_step.IdealStep: the book's even split of the one-chip walk)."""
 
     model: ModelSpec
     chip: Chip
@@ -357,178 +355,10 @@ class StepModel(Protocol):
     def memory_per_chip(self, batch: Any, context: Any) -> MemoryPerChip: ...
 
 
-_TOKEN_DIMS = ("batch", "seq", "capacity")
-
-
-def gemm_shape(op: Op, batch: Any, seq: Any, split: Any = 1.0) -> tuple[Any, Any, Any]:
-    """Per-chip GEMM shape (m, n, k) of a matmul row at (batch, seq): m the tokens (per expert for
-    routed rows), k the contraction, n the output features over `split` chips."""
-    sz: dict[str, Any] = dict(op.sizes)
-    sz.update(batch=batch, seq=seq)
-    if "capacity" in sz:
-        sz["capacity"] = batch * seq * sz["top_k"] / sz["experts"]
-    m: Any = 1.0
-    n: Any = 1.0
-    for d in op.out.dims:
-        if d in _TOKEN_DIMS:
-            m = m * sz[d]
-        elif d != "experts":
-            n = n * sz[d]
-    k = math.prod(sz[d] for d in op.contracting) if op.contracting else 1.0
-    return m, n / split, k
-
-
-def row_efficiency(eff: Efficiency, chip: Chip, op: Op, dtype: str, shape: Any) -> Any:
-    """Achieved fraction of the compute peak for one row: the profile's matmul fraction at the
-    row's per-chip GEMM shape (grouped for routed experts), its flash-attention fraction for
-    score/context rows; constant profiles answer with their one number."""
-    if op.kind == OpKind.MATMUL and hasattr(eff, "matmul_fraction"):
-        m, n, k = shape
-        return eff.matmul_fraction(chip, dtype, m, n, k, grouped=op.routed)
-    if op.kind == OpKind.ATTENTION and hasattr(eff, "attention_fraction"):
-        hd = op.sizes.get("head_dim", op.sizes.get("kv_a_dim", 128))
-        return eff.attention_fraction(chip, dtype, False, hd, op.flop_factor < 1.0)
-    return eff.matmul
-
-
-def bandwidth_efficiency(eff: Efficiency, chip: Chip, op: Op) -> float:
-    """Achieved fraction of HBM bandwidth: elementwise kernels at the profile's vector fraction."""
-    if op.kind == OpKind.ELEMENTWISE and hasattr(eff, "vector_fraction"):
-        return float(eff.vector_fraction(chip))
-    fn = getattr(eff, "hbm_fraction", None)
-    return float(fn(chip)) if callable(fn) else eff.hbm
-
-
-@dataclass(frozen=True)
-class IdealStep:
-    """The book's bound: every row split evenly over the replica's chips, no collectives.
-
-    Exactly the model of inference.md's tables ("step = (params + KV) / total HBM bandwidth",
-    "2·params·B / (N·C)") generalised to every ledger row: each row pays max(FLOPs/(N·C·eff),
-    bytes/(N·W·eff)). Real sharding (replicated KV heads, collectives) comes from the walk.
-    """
-
-    model: ModelSpec
-    chip: Chip
-    plan: ServePlan = field(default_factory=ServePlan)
-    quant: Quant = field(default_factory=Quant)
-    efficiency: Efficiency = PEAK
-    overhead_s: float = 0.0  # fixed per-pass overhead (engine + launch), added to every pass
-    chips: Any = None  # chips the rows split over (array: one per candidate); default plan.chips
-    pp: Any = None  # pipeline stages (array: one per candidate); default plan.pp
-
-    @property
-    def n_chips(self) -> Any:
-        return self.plan.chips if self.chips is None else np.asarray(self.chips, float)
-
-    @property
-    def rows(self) -> Rows:
-        return _rows(self.model, self.quant)
-
-    def _price(self, ops: tuple[Op, ...], batch: Any, seq: Any, kv_seq: Any, acc: dict) -> None:
-        N = self.n_chips
-        for op in ops:
-            fl, by = eval_row(op, batch, seq, kv_seq)
-            fl, by = np.asarray(fl, float) / N, np.asarray(by, float) / N
-            dt = compute_dtype([t.dtype for t in op.inputs]) if op.inputs else "bf16"
-            shape = gemm_shape(op, batch, seq, N) if op.kind == OpKind.MATMUL else None
-            eta = row_efficiency(self.efficiency, self.chip, op, dt, shape)
-            t_math = fl / (self.chip.peak(dt) * eta)
-            W = self.chip.hbm_bw_bytes_per_s * bandwidth_efficiency(self.efficiency, self.chip, op)
-            t_mem = by / W
-            acc["compute"] = acc["compute"] + t_math
-            acc["memory"] = acc["memory"] + t_mem
-            acc["rows"] = acc["rows"] + np.maximum(t_math, t_mem)
-            acc["flops"] = acc["flops"] + fl
-            acc["bytes"] = acc["bytes"] + by
-            w = op.weight
-            if w is not None and op.kind == OpKind.GATHER:
-                acc["weights"] = acc["weights"] + by / 2  # the B·T rows looked up, not the table
-            elif w is not None:
-                wb = w.nbytes(op.sizes) * op.count * op.weight_read_fraction_at(batch * seq) / N
-                acc["weights"] = acc["weights"] + wb
-            if op.kind == OpKind.ATTENTION:
-                acc["kv"] = acc["kv"] + _kv_read(op, batch, seq, kv_seq) / N
-            acc["by_row"][op.name] = acc["by_row"].get(op.name, 0.0) + np.maximum(t_math, t_mem)
-
-    def pass_time(self, shape: PassShape) -> PassTimes:
-        """One pass. With pp pipeline stages the batch runs as pp microbatches: each token crosses
-        every stage, so the pass takes pp stage-times at B/pp sequences (each microbatch reads the
-        stage's weights again: pipelining buys memory, not latency)."""
-        pp = np.asarray(self.plan.pp if self.pp is None else self.pp, float)
-        sub = replace(
-            shape,
-            decode=np.asarray(shape.decode, float) / pp,
-            prefill_seqs=np.asarray(shape.prefill_seqs, float) / pp,
-        )
-        t = self._pass(sub)
-        if np.all(pp == 1):
-            return t
-        return PassTimes(
-            *(np.asarray(getattr(t, f), float) * pp for f in _PASS_SUMS),
-            breakdown=MappingProxyType({k: v * pp for k, v in t.breakdown.items()}),
-        )
-
-    def _pass(self, shape: PassShape) -> PassTimes:
-        r = self.rows
-        z = np.zeros(
-            np.broadcast(
-                np.asarray(shape.decode),
-                np.asarray(shape.prefill_seqs),
-                np.asarray(shape.context),
-                np.asarray(self.n_chips),
-            ).shape
-        )
-        acc: dict[str, Any] = {
-            k: z.copy() for k in ("compute", "memory", "rows", "flops", "bytes", "weights", "kv")
-        }
-        acc["by_row"] = {}
-        dec = np.asarray(shape.decode, float)
-        pseq = np.asarray(shape.prefill_seqs, float)
-        self._price(r.shared, shape.tokens, 1.0, None, acc)
-        if np.any(dec > 0):
-            self._price(r.decode, dec, 1.0, shape.context, acc)
-        if np.any(pseq > 0):
-            self._price(r.prefill, pseq, shape.prefill_chunk, shape.prefill_context, acc)
-        layer_s = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
-        over = (
-            z
-            + self.overhead_s
-            + layer_s / np.asarray(self.plan.pp if self.pp is None else self.pp, float)
-        )
-        return PassTimes(
-            time_s=acc["rows"] + over,
-            compute_s=acc["compute"],
-            memory_s=acc["memory"],
-            rows_s=acc["rows"],
-            comm_s=z.copy(),
-            overhead_s=over,
-            flops_per_chip=acc["flops"],
-            hbm_bytes_per_chip=acc["bytes"],
-            weight_bytes_per_chip=acc["weights"],
-            kv_bytes_per_chip=acc["kv"],
-            breakdown=MappingProxyType(acc["by_row"]),
-        )
-
-    def memory_per_chip(self, batch: Any, context: Any) -> MemoryPerChip:
-        return memory_per_chip(self.model, self.plan, self.quant, batch, context, ideal=True)
-
-
 @functools.cache
-def _rows(model: ModelSpec, quant: Quant) -> Rows:
+def rows_of(model: ModelSpec, quant: Quant) -> Rows:
+    """The model's rows split for pass pricing (cached)."""
     return Rows.of(model, quant)
-
-
-def _kv_read(op: Op, batch: Any, seq: Any, kv_seq: Any) -> Any:
-    """HBM bytes of the KV cache an attention row reads (its operands over kv_seq, not seq)."""
-    sz = dict(op.sizes)
-    sz.update(batch=batch, seq=seq)
-    sz["kv_seq"] = kv_seq if op.window is None else np.minimum(kv_seq, op.window)
-    tot: Any = 0.0
-    for t in op.inputs:
-        if "kv_seq" in t.dims and "seq" not in t.dims and not t.on_chip:
-            tot = tot + t.nbytes(sz) * op.count
-    return np.asarray(tot, float)
 
 
 # --------------------------------------------------------------------------------------
@@ -664,7 +494,6 @@ def power_of_two_at_least(n: Any) -> Any:
 
 
 __all__ = [
-    "IdealStep",
     "KVLayout",
     "MemoryPerChip",
     "PassShape",
@@ -680,5 +509,6 @@ __all__ = [
     "memory_per_chip",
     "parse_serve_plan",
     "power_of_two_at_least",
+    "rows_of",
     "weight_bytes",
 ]

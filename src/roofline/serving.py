@@ -119,6 +119,14 @@ class Workload:
         return self.prompt * (1.0 - self.prefix_hit)
 
     @property
+    def synchronized(self) -> bool:
+        """A closed loop (no Poisson rate) of fixed lengths: requests that start together
+        finish together and come back together."""
+        return (
+            self.rate is None and np.size(self.prompt_tokens) == 1 and np.size(self.gen_tokens) == 1
+        )
+
+    @property
     def decode_context(self) -> float:
         """Mean KV length of a running sequence, weighted by time in decode: E[G·(P + G/2)]/E[G]."""
         P = np.asarray(self.prompt_tokens, float)
@@ -226,11 +234,20 @@ def steady_state(
     ctx = work.decode_context
     budget = float(engine.token_budget(step.chip.hbm_bytes)) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
-    chunk = min(Pn, budget) if (engine is None or engine.chunked_prefill) else Pn
-    n_chunks = float(np.ceil(Pn / chunk))
-    k = np.clip(np.floor(budget / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     cap = np.minimum(batch_cap, engine.max_num_seqs if engine else np.inf)
+    # decode-first budgets (vLLM, TensorRT-LLM): the running decodes take one token each of the
+    # step's budget before prefill chunks take the rest, so a prompt as long as the budget is
+    # chunked over two passes when anyone else is decoding
+    k0 = np.minimum(np.floor(budget / Pn), np.maximum(C, 1.0))
+    running = np.maximum(np.minimum(C, cap) - k0, 0.0) if mixed else np.zeros_like(C)
+    avail = np.maximum(budget - running, 1.0)
+    chunked = engine is None or engine.chunked_prefill
+    chunk = float(min(Pn, np.min(avail))) if chunked else Pn
+    n_chunks = float(np.ceil(Pn / chunk))
+    k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = _engine_overhead(step, engine, C) if step_overhead_s is None else step_overhead_s
+    if not mixed and work.synchronized:
+        return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
     def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
         seqs = k if Pn <= chunk else np.ones_like(k)
@@ -246,7 +263,9 @@ def steady_state(
         per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
         rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
         tau = tau_d / (1.0 - rho)
-        wait = rho / (2 * (1 - rho)) * t_pf  # cohorts queue behind each other (M/D/1)
+        # cohorts queue behind each other (M/D/1); in a closed loop a cohort has only the other
+        # C/k − 1 cohorts to queue behind
+        wait = rho / (2 * (1 - rho)) * t_pf * np.maximum(1.0 - k / np.maximum(C, 1.0), 0.0)
         ttft_min = tau_d / 2 + n_chunks * t_pf + wait
         Bd_new = np.minimum(C * (G - 1) * tau / ((G - 1) * tau + ttft_min), cap)
         Bd_new = np.maximum(Bd_new, np.minimum(C, 1.0))
@@ -274,6 +293,44 @@ def steady_state(
         first_wave_ttft_s=first,
         steady_ttft_s=ttft_ss,
         capped=Bd >= cap - 1e-6,
+        gen_tokens=G,
+    )
+
+
+def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
+    """A prefill-first engine under a closed loop of fixed lengths: every wave is a first wave.
+
+    Waiting prompts run before any decode (SGLang's scheduler: a prefill batch whenever one can
+    be admitted), so all B admitted requests are prefilled in ⌈B/k⌉ back-to-back batches, then
+    decode in lockstep, finish on the same pass and come back together. The i-th batch's
+    requests see TTFT = i·n_chunks·t_batch; requests beyond B wait a whole wave (Little's law).
+    """
+    G, P, Pn, ctx = work.gen, work.prompt, work.new_prompt, work.decode_context
+    kk = np.minimum(k, np.maximum(B, 1.0))
+    seqs = kk if Pn <= chunk else np.ones_like(kk)
+    t_b = _cohort_pass(step, 0.0, ctx, seqs, chunk, P, Pn) + ovh
+    n_b = np.ceil(B / kk)
+    first = (n_b + 1) / 2 * n_chunks * t_b  # mean over the wave
+    tau = _decode(step, np.maximum(B, 1.0), ctx, ovh)
+    prefill = n_b * n_chunks * t_b
+    wave = prefill + (G - 1) * tau
+    X = B / wave
+    # the first-to-second token gap holds the rest of the wave's prefills (G = 1: no gap)
+    tpot = tau + (prefill - first) / (G - 1) if G > 1 else tau
+    ttft = np.maximum(C / X - (G - 1) * tpot, first)
+    pre = prefill / wave
+    return Steady(
+        concurrency=C,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=ttft + (G - 1) * tpot,
+        requests_per_s=X,
+        decode_batch=B,
+        pass_s=tau,
+        prefill_share=pre,
+        first_wave_ttft_s=first,
+        steady_ttft_s=ttft,
+        capped=C > B,
         gen_tokens=G,
     )
 
@@ -418,7 +475,11 @@ def disaggregated(
             C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
         )
         X = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
-    ttft = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
+    ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
+    # the first wave: all C arrive together and queue for the prefill pool's passes
+    first = np.maximum((C / (d.prefill_replicas * per) + 1) / 2 * t_pf + xfer, ttft_min)
+    w = work.first_wave_share
+    ttft = (1 - w) * ttft_ss + w * first
     # servers each pool needs at this throughput: the prefill:decode ratio that balances them
     n_pre = X * t_pf
     n_dec = X * (G - 1) * tau / np.maximum(Bd, 1.0)

@@ -27,7 +27,6 @@ import numpy as np
 
 from roofline.errors import RooflineError, SpecError
 from roofline.inference import (
-    IdealStep,
     PassShape,
     Quant,
     ServePlan,
@@ -36,7 +35,7 @@ from roofline.inference import (
 )
 from roofline.ledger import kv_cache_bytes_per_token
 from roofline.serving import Disagg, Workload, disaggregated, steady_state
-from roofline.serving_step import ShardedStep
+from roofline.serving_step import IdealStep, ShardedStep
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.engines import EngineProfile, engine_names, load_engine
 from roofline.specs.system import parse_system
@@ -221,7 +220,7 @@ def _rate(run, eff, engine, quant) -> dict[str, Any]:
         raise SpecError(f"run {run.id}: no request rate", fix="give request_rate_rps")
     step, replicas = _aggregated_step(run, eff, quant)
     cap = replica_capacity(step, engine, P + G)
-    work = Workload(P, G)
+    work = Workload(P, G, rate=lam)
     grid = np.unique(np.geomspace(0.05, max(cap, 1.0), 64))
     s = steady_state(step, engine, work, grid, batch_cap=max(cap, 1.0))
     X = np.asarray(s.requests_per_s) * replicas
@@ -272,7 +271,8 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     d = Disagg(max(pre_p.workers, 1), max(dec_p.workers, 1), bw, 10e-6, kv_tok, per_pass)
     cap = replica_capacity(dec, engine, P + G)
     C = float(run.workload.concurrency or 1)
-    r = disaggregated(pre, dec, d, Workload(P, G), C, decode_cap=max(cap, 1.0), engine=engine)
+    work = Workload(P, G, first_wave_share=FIRST_WAVE_SHARE)
+    r = disaggregated(pre, dec, d, work, C, decode_cap=max(cap, 1.0), engine=engine)
     return {
         "ttft_s": _f(r["ttft_s"]),
         "tpot_s": _f(r["tpot_s"]),

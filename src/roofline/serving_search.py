@@ -19,7 +19,6 @@ import numpy as np
 
 from roofline.errors import PlanError
 from roofline.inference import (
-    IdealStep,
     PassShape,
     Quant,
     ServePlan,
@@ -28,6 +27,7 @@ from roofline.inference import (
 )
 from roofline.ledger import kv_cache_bytes_per_token
 from roofline.serving import Workload, deployment_metrics, pareto_front, steady_state
+from roofline.serving_step import IdealStep
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.engines import EngineProfile
 from roofline.specs.model import ModelSpec
@@ -181,6 +181,7 @@ class Evaluated:
     cand: Candidates
     metrics: dict[str, np.ndarray]
     reason: np.ndarray
+    prompt_per_output: float = 1.0  # input tokens per output token of the workload
 
 
 def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dict[str, np.ndarray]:
@@ -223,6 +224,7 @@ def evaluate(q: ServeQuery) -> Evaluated:
             "usd_per_million_input_tokens",
             "step_time_s",
             "prefill_share",
+            "concurrency_per_replica",
         )
     }
     reason = np.full(n, "", dtype=object)
@@ -230,7 +232,7 @@ def evaluate(q: ServeQuery) -> Evaluated:
         sel = c.quant == qi
         mem = memory_arrays(q, c, qi, sel)
         _evaluate_quant(q, c, sel, quant, mem, out, reason)
-    return Evaluated(c, out, reason)
+    return Evaluated(c, out, reason, q.workload.prompt / q.workload.gen)
 
 
 def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
@@ -265,6 +267,7 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
         "weights_per_chip_bytes": mem["weights"],
         "step_time_s": dec,
         "prefill_share": s.prefill_share,
+        "concurrency_per_replica": conc,
     }
     if m.usd_per_million_output_tokens is not None:
         vals["usd_per_million_output_tokens"] = m.usd_per_million_output_tokens
@@ -329,7 +332,11 @@ def score(ev: Evaluated, objective: Objective) -> np.ndarray:
     """Lower is better; infeasible candidates get +inf."""
     m = ev.metrics
     if objective == Objective.COST:
-        usd = m["usd_per_million_output_tokens"]
+        # the whole bill per output token (prefill time included): splitting off the input
+        # tokens' share would favour plans that spend longer in prefill
+        usd = m["usd_per_million_output_tokens"] + m["usd_per_million_input_tokens"] * (
+            ev.prompt_per_output
+        )
         s = np.where(np.isfinite(usd), usd, -m["tokens_per_s_per_chip"])
     elif objective == Objective.THROUGHPUT:
         s = -m["tokens_per_s_per_chip"]
@@ -361,7 +368,10 @@ class ServeResult:
         d: dict[str, Any] = {
             "plan": c.plan(i).to_dict(),
             "chips_per_replica": int(c.chips[i]),
-            "batch": int(c.batch[i]),
+            # requests in flight on each replica (the load over the replicas), not the most it
+            # was sized for: that is max_batch / batch_cap
+            "batch": _num(m["concurrency_per_replica"][i]),
+            "batch_cap": int(c.batch[i]),
             "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
             "system": c.system[int(c.sys_index[i])].name,
         }
@@ -427,8 +437,6 @@ def step_report(
     """Cost one decode step of `batch` sequences at KV length `context` on one replica of `plan`,
     with the arithmetic: memory per chip (weights + KV + workspace), step time (weights and KV
     read, FLOPs, bound), tokens/s, the batch sweep's Pareto, $ per million tokens."""
-    from roofline.inference import memory_per_chip
-
     quant = quant or Quant()
     if plan.chips > system.n_chips:
         raise PlanError(
@@ -436,28 +444,15 @@ def step_report(
             rule="a replica's chips (tp·pp·dp) fit in the system",
             fix="lower the degrees or give a bigger --system",
         )
-    chip = system.chip
     step = _step_for(model, system, plan, quant, efficiency)
     t = step.pass_time(PassShape(decode=float(batch), context=float(context)))
-    mem = memory_per_chip(model, plan, quant, batch, context, ideal=_is_ideal(plan))
-    hbm = chip.hbm_bytes
-    usable = (
-        engine.kv_memory_bytes(hbm, mem.weights_bytes, mem.activation_bytes)
-        if engine
-        else (hbm - mem.weights_bytes - mem.activation_bytes)
-    )
-    maxb = float(np.floor(max(_scalar(usable), 0.0) / (mem.kv_bytes_per_token * context)))
-    if not _is_ideal(plan):
-        maxb *= plan.dp
+    memory, maxb = _step_memory(model, system, plan, quant, batch, context, engine)
     P = float(prompt if prompt is not None else context)
     pre = step.pass_time(PassShape(prefill_seqs=1.0, prefill_chunk=P, prefill_context=P))
     step_s = _scalar(t.time_s)
     tps = batch / step_s
     n = plan.chips
-    price = system.usd_per_chip_hour
-    sweep = np.array([b for b in (2**k for k in range(0, 16)) if b <= max(maxb, 1)], float)
-    sw = step.pass_time(PassShape(decode=sweep, context=float(context)))
-    front = pareto_front(1 / sw.time_s, sweep / sw.time_s / n)
+    sweep, pareto = _batch_sweep(step, context, maxb, n)
     out: dict[str, Any] = {
         "plan": plan.to_dict(),
         "batch": batch,
@@ -473,51 +468,86 @@ def step_report(
         "compute_time_s": _scalar(t.compute_s),
         "hbm_time_s": _scalar(t.memory_s),
         "comm_time_s": _scalar(t.comm_s),
+        "launch_time_s": _scalar(t.launch_s),
         "weights_read_bytes_per_chip": _scalar(t.weight_bytes_per_chip),
         "kv_read_bytes_per_chip": _scalar(t.kv_bytes_per_chip),
         "flops_per_chip": _scalar(t.flops_per_chip),
         "kv_cache_bytes_per_token": kv_cache_bytes_per_token(model, quant.kv, context=context),
-        "memory_per_chip_bytes": _scalar(mem.total_bytes),
-        "memory": {
-            "weights_bytes": _scalar(mem.weights_bytes),
-            "kv_bytes": _scalar(mem.kv_bytes),
-            "activation_bytes": _scalar(mem.activation_bytes),
-            "hbm_bytes": hbm,
-            "fits": bool(_scalar(mem.total_bytes) <= hbm),
-            "kv_replication": mem.kv_replication,
-        },
+        "memory_per_chip_bytes": memory["total_bytes"],
+        "memory": {k: v for k, v in memory.items() if k != "total_bytes"},
         "max_batch": maxb,
         "usd_per_million_output_tokens": None,
         "usd_per_million_input_tokens": None,
-        "pareto": [
-            {
-                "batch": int(sweep[i]),
-                "tokens_per_s_per_user": float(1 / sw.time_s[i]),
-                "tokens_per_s_per_chip": float(sweep[i] / sw.time_s[i] / n),
-            }
-            for i in front
-        ],
+        "pareto": pareto,
         "candidates_evaluated": int(len(sweep)),
         "efficiency": getattr(efficiency, "name", "custom"),
     }
+    price = system.usd_per_chip_hour
     if price is not None:
         usd_s = price * n / HOUR
         out["usd_per_million_output_tokens"] = usd_s / tps * 1e6
         out["usd_per_million_input_tokens"] = usd_s * _scalar(pre.time_s) / P * 1e6
     if speculation is not None:
-        from roofline.serving import speculative_tpot
-
-        sp = speculative_tpot(step, speculation, np.array([float(batch)]), float(context))
-        out["speculative"] = {
-            "draft_tokens": speculation.draft_tokens,
-            "acceptance": speculation.acceptance,
-            "draft_cost": speculation.draft_cost,
-            "tokens_per_verify": sp["tokens_per_verify"],
-            "verify_s": _scalar(sp["verify_s"]),
-            "tpot_s": _scalar(sp["tpot_s"]),
-            "speedup": _scalar(sp["speedup"]),
-        }
+        out["speculative"] = _speculative(step, speculation, batch, context)
     return out
+
+
+def _step_memory(model, system, plan, quant, batch, context, engine) -> tuple[dict, float]:
+    """Memory per chip of one decode step and the largest batch the engine's KV memory holds
+    at this context (the book's even split for kv=heads_batch plans)."""
+    from roofline.inference import memory_per_chip
+
+    ideal = _is_ideal(plan)
+    mem = memory_per_chip(model, plan, quant, batch, context, ideal=ideal)
+    hbm = system.chip.hbm_bytes
+    usable = (
+        engine.kv_memory_bytes(hbm, mem.weights_bytes, mem.activation_bytes)
+        if engine
+        else (hbm - mem.weights_bytes - mem.activation_bytes)
+    )
+    maxb = float(np.floor(max(_scalar(usable), 0.0) / (mem.kv_bytes_per_token * context)))
+    if not ideal:
+        maxb *= plan.dp
+    total = _scalar(mem.total_bytes)
+    return {
+        "total_bytes": total,
+        "weights_bytes": _scalar(mem.weights_bytes),
+        "kv_bytes": _scalar(mem.kv_bytes),
+        "activation_bytes": _scalar(mem.activation_bytes),
+        "hbm_bytes": hbm,
+        "fits": bool(total <= hbm),
+        "kv_replication": mem.kv_replication,
+    }, maxb
+
+
+def _batch_sweep(step, context: float, max_batch: float, chips: int) -> tuple[np.ndarray, list]:
+    """Decode steps at batches 1, 2, 4, … up to the max batch: the latency/throughput Pareto."""
+    sweep = np.array([b for b in (2**k for k in range(0, 16)) if b <= max(max_batch, 1)], float)
+    sw = step.pass_time(PassShape(decode=sweep, context=float(context)))
+    front = pareto_front(1 / sw.time_s, sweep / sw.time_s / chips)
+    return sweep, [
+        {
+            "batch": int(sweep[i]),
+            "tokens_per_s_per_user": float(1 / sw.time_s[i]),
+            "tokens_per_s_per_chip": float(sweep[i] / sw.time_s[i] / chips),
+        }
+        for i in front
+    ]
+
+
+def _speculative(step, speculation, batch: int, context: float) -> dict[str, Any]:
+    from roofline.serving import speculative_tpot
+
+    sp = speculative_tpot(step, speculation, np.array([float(batch)]), float(context))
+    return {
+        "draft_tokens": speculation.draft_tokens,
+        "acceptance": speculation.acceptance,
+        "draft_cost": speculation.draft_cost,
+        "tokens_per_verify": sp["tokens_per_verify"],
+        "verify_s": _scalar(sp["verify_s"]),
+        "tpot_s": _scalar(sp["tpot_s"]),
+        "speedup": _scalar(sp["speedup"]),
+    }
 
 
 def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
@@ -541,7 +571,7 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
         link = (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
     kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
     d = Disagg(1, 1, link * plan.chips, 10e-6, kv, plan.dp)
-    conc = float(c.batch[i])
+    conc = float(res.evaluated.metrics["concurrency_per_replica"][i])
     r = disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
     return {
         "ttft_s": _scalar(r["ttft_s"]),

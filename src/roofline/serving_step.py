@@ -15,14 +15,18 @@ A replica's plan becomes strategies on a mesh of its chips:
 Collectives are priced on the replica's mesh with their per-hop latency (book Appendix C), and
 a decode step's tensor-parallel AllReduces sit on its critical path.
 
-Decode costs are tabulated once per context on a geometric grid of batch sizes (one walk with a
-row per grid point and candidate) and interpolated in log(batch); prefill chunks are walked at
-their shape and cached. A pass that mixes both pays each row's weights once.
+A pass runs as an engine runs it: every matmul, norm and activation once over all the pass's
+tokens (decodes and prefill chunks in one GEMM; routed experts read for the experts all of them
+chose), the output head over the sampled rows, and each part's attention on its own. Each row
+pays the profile's fixed kernel time per launch (the walk's `launch_s`). Token rows and decode
+attention are tabulated once per context on a geometric grid of batch sizes (one walk with a row
+per grid point and candidate) and interpolated linearly between grid points; prefill attention
+is walked at the chunk's shape and cached.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +37,7 @@ from roofline.inference import (
     Quant,
     ServePlan,
     memory_per_chip,
+    rows_of,
 )
 from roofline.ledger import OpKind, build_ledger, decode_ledger
 from roofline.specs.efficiency import PEAK, Efficiency
@@ -45,9 +50,15 @@ from roofline.walk import MeshRows, Pass, WalkOptions, shard_factor, walk_rows
 GRID = np.unique(np.round(np.geomspace(1, 65536, 49), 6))  # decode batch grid (1/4 octave)
 
 
-def _compute(dtype: str) -> str:
+def _compute(dtype: str, chip: Any) -> str:
+    """The format a GEMM computes in on `chip`: the activations' format where the chip has units
+    for it, else bf16 — a weight-only kernel dequantises narrow weights into 16-bit math (fp4
+    weights on Hopper run W4A16: vLLM's and TensorRT-LLM's MXFP4 MoE on H100/H200 use Triton
+    kernels with bf16 activations; fp8 on Ampere runs W8A16 Marlin)."""
     d = compute_format(dtype)
-    return d if d in ("bf16", "fp8", "fp4", "int8") else "bf16"
+    if d in ("fp8", "fp4", "int8") and d in chip.peak_flops_per_s:
+        return d
+    return "bf16"
 
 
 def degrees_of(model: ModelSpec, plan: ServePlan) -> dict[Strategy, int]:
@@ -67,16 +78,27 @@ def kv_replicated(model: ModelSpec, tp: int) -> bool:
 
 @dataclass(frozen=True)
 class _Tab:
-    """Per-op decode costs on the batch grid: arrays (ops × grid × candidates)."""
+    """Per-op costs of one walk, summed over the op's records: arrays (ops × rows...).
+
+    `comm` holds the collectives each op's einsums pay (the pipeline hop under "pipeline");
+    `launch` the fixed kernel time (the profile's `kernel_overhead_s` per launch × copies)."""
 
     names: tuple[str, ...]
     compute: np.ndarray
     memory: np.ndarray
-    weight_s: np.ndarray  # the weight reads inside memory (what a mixed pass pays once)
     flops: np.ndarray
     nbytes: np.ndarray
     kv_bytes: np.ndarray
-    comm: np.ndarray  # (grid × candidates): exposed collectives of the pass
+    weight_bytes: np.ndarray  # the parameters read (routed experts: the ones chosen)
+    comm: np.ndarray
+    launch: np.ndarray
+
+    def reshaped(self, g: int, n: int) -> _Tab:
+        rs = lambda a: a.reshape(a.shape[:-1] + (g, n))  # noqa: E731
+        return _Tab(self.names, *(rs(getattr(self, f)) for f in _FIELDS))
+
+    def taken(self, inv: np.ndarray) -> _Tab:
+        return _Tab(self.names, *(getattr(self, f)[..., inv] for f in _FIELDS))
 
 
 @dataclass
@@ -85,6 +107,12 @@ class ShardedStep:
 
     `plans[j]` runs on `systems[j]` (its chip count = tp·pp·dp). Candidate i uses plan
     `select[i]` (default: one candidate per plan); decode tables are walked once per plan.
+
+    A pass is the ledger's rows at its shape, as an engine runs them: the token rows (every
+    matmul, norm and activation) once over all the pass's tokens (decodes plus prefill chunks:
+    one GEMM of m = all tokens, routed experts read for the experts all of them chose), the
+    output head over the sampled rows (one per sequence), and each part's attention on its own
+    (decode over the KV cache, prefill causal over the chunk).
     """
 
     model: ModelSpec
@@ -94,6 +122,8 @@ class ShardedStep:
     efficiency: Efficiency = PEAK
     overhead_s: float = 0.0
     select: Any = None
+    # the book's even split: every row's FLOPs and bytes over this many chips (IdealStep)
+    even_split: float = 1.0
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,11 +142,14 @@ class ShardedStep:
         self.active = frozenset(s for s in Strategy if np.any(self.degrees[s] > 1))
         self.kv_rep = flags.pop()
         dt = ComputeDtypes(
-            matmul=_compute(self.quant.compute),
+            matmul=_compute(self.quant.compute, self.chip),
             attention="bf16",
-            experts=_compute(self.quant.compute),
+            experts=_compute(self.quant.compute, self.chip),
         )
         self.options = WalkOptions(dtypes=dt)
+        self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
+            "pipeline"
+        }
 
     # -- walks ------------------------------------------------------------------------------
     def _walk(self, ledger, phase: Phase, seqs: np.ndarray, idx: np.ndarray):
@@ -142,79 +175,58 @@ class ShardedStep:
         )
 
     def _table(self, walk, seqs: np.ndarray, ledger, idx: np.ndarray) -> _Tab:
-        """Sum the walk's forward records by op; weights' share of each op's memory time."""
+        """Sum the walk's forward records by op (collectives by the op that pays them)."""
         from roofline.rules import Structure, rules_of
 
         rules = rules_of(Structure(active=self.active, kv_replicated=self.kv_rep), self.model)
         mesh = {a: self.degrees[s][idx] for s, a in _AXES.items()}
         ops = {o.name: o for o in ledger}
-        names = tuple(dict.fromkeys(r.op for r in walk.ops if r.pass_ == Pass.FORWARD))
-        shape = (len(names), len(seqs))
-        comp, mem, wts, fl, by, kv = (np.zeros(shape) for _ in range(6))
-        hbm = self.chip.hbm_bw_bytes_per_s * _hbm_frac(self.efficiency, self.chip)
-        for r in walk.ops:
-            if r.pass_ != Pass.FORWARD:
-                continue
-            i = names.index(r.op)
-            op = ops[r.op]
-            w_local = _weight_local(op, rules, mesh)
-            frac = op.weight_read_fraction_at(seqs * op.sizes["seq"])
-            unread = w_local * (1.0 - frac)  # routed experts no token chose
+        fwd = [r for r in walk.ops if r.pass_ == Pass.FORWARD]
+        names = tuple(dict.fromkeys([r.op for r in fwd] + [c.op for c in walk.collectives]))
+        at = {n: i for i, n in enumerate(names)}
+        comp, mem, fl, by, kv, wb, comm, launch = (
+            np.zeros((len(names), len(seqs))) for _ in range(8)
+        )
+        for r in fwd:
+            i = at[r.op]
             comp[i] += r.copies * np.asarray(r.compute_s, float)
-            # the walk already reads only the chosen experts' weights (h8: walk fix (a))
             mem[i] += r.copies * np.asarray(r.memory_s, float)
-            wts[i] += r.copies * (w_local - unread) / hbm
             fl[i] += r.copies * np.asarray(r.flops_per_chip, float)
             by[i] += r.copies * np.asarray(r.hbm_bytes_per_chip, float)
+            launch[i] += r.copies * np.asarray(r.launch_s, float)
+            op = ops[r.op]
             if op.kind == OpKind.ATTENTION:
                 kv[i] += r.copies * _kv_local(op, rules, mesh, seqs)
-        comm = np.zeros(len(seqs))
+            wb[i] += r.copies * _weight_read(op, rules, mesh, seqs)
         for c in walk.collectives:
-            comm = comm + np.asarray(c.copies, float) * np.asarray(c.time_s, float)
-        return _Tab(names, comp, mem, wts, fl, by, kv, comm)
+            comm[at[c.op]] += np.asarray(c.copies, float) * np.asarray(c.time_s, float)
+        return _Tab(names, comp, mem, fl, by, kv, wb, comm, launch)
 
     def _decode_tab(self, context: float) -> _Tab:
         key = ("decode", round(context, 6))
         if key not in self._cache:
-            self._cache[key] = self._decode_walk(context)
+            led = decode_ledger(self.model, batch=1, context=context, dtypes=self.quant.policy)
+            idx = np.tile(np.arange(self.n), len(GRID))
+            seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
+            t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
+            self._cache[key] = t.reshaped(len(GRID), self.n)
         return self._cache[key]
 
-    def _decode_walk(self, context: float) -> _Tab:
-        led = decode_ledger(self.model, batch=1, context=context, dtypes=self.quant.policy)
-        idx = np.tile(np.arange(self.n), len(GRID))
-        seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
-        t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
-        g = len(GRID)
-        rs = lambda a: a.reshape(a.shape[:-1] + (g, self.n))  # noqa: E731
-        return _Tab(
-            t.names,
-            rs(t.compute),
-            rs(t.memory),
-            rs(t.weight_s),
-            rs(t.flops),
-            rs(t.nbytes),
-            rs(t.kv_bytes),
-            rs(t.comm),
-        )
-
     def _prefill_tab(self, seqs: np.ndarray, chunk: float, context: float, sel: np.ndarray) -> _Tab:
-        """The prefill part per candidate: `seqs[i]` chunks of `chunk` tokens ending at `context`
-        (only the last position's logits, as engines sample). Walked once per distinct
-        (plan, seqs) pair."""
+        """The prefill part per candidate: `seqs[i]` chunks of `chunk` tokens ending at `context`.
+        Walked once per distinct (plan, seqs) pair; only its attention rows are read (the token
+        rows of a pass come from the token table, over all the pass's tokens)."""
         key = (tuple(np.round(seqs, 6)), tuple(sel), round(chunk, 6), round(context, 6))
         hit = self._cache.get(key)
         if hit is None:
             led = build_ledger(
                 self.model, batch=1, seq=chunk, kv_seq=max(context, chunk), dtypes=self.quant.policy
             )
-            ops = tuple(o.with_sizes(seq=1.0) if o.name == "unembed" else o for o in led.ops)
-            led = type(led)(ops, led.model, led.sizes)
             pairs, inv = np.unique(np.column_stack([sel, seqs]), axis=0, return_inverse=True)
             idx = pairs[:, 0].astype(int)
             per = np.maximum(pairs[:, 1], 1e-9) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.PREFILL, per, idx), per, led, idx)
-            inv = inv.reshape(-1)
-            hit = self._cache[key] = _Tab(t.names, *(getattr(t, f)[..., inv] for f in _FIELDS))
+            hit = self._cache[key] = t.taken(inv.reshape(-1))
         return hit
 
     # -- the StepModel interface --------------------------------------------------------------
@@ -231,81 +243,154 @@ class ShardedStep:
         shp = shp or (1,)
         dec, pseq = np.broadcast_to(dec, shp), np.broadcast_to(pseq, shp)
         sel = self.sel if self.m > 1 else np.zeros(shp, int)
-        parts = []
-        if np.any(dec > 0):
-            parts.append(self._decode_at(float(np.mean(shape.context)), dec, sel))
-        if np.any(pseq > 0):
-            parts.append(self._prefill_at(pseq, shape, sel))
+        chunk = float(np.max(shape.prefill_chunk))
+        pre_on = pseq > 0
+        ctx = (
+            float(np.mean(shape.context))
+            if np.any(dec > 0)
+            else float(np.max(shape.prefill_context))
+        )
+        tab = self._decode_tab(ctx)
+        tokens = dec + np.where(pre_on, pseq * chunk, 0.0)
+        parts = [
+            _at(tab, tokens, sel, lambda n: n in self.token_rows and n not in _SAMPLED),
+            _at(tab, dec + pseq, sel, lambda n: n in _SAMPLED),
+            _at(tab, dec, sel, lambda n: n not in self.token_rows),
+        ]
+        if np.any(pre_on):
+            ctx_p = float(np.max(shape.prefill_context))
+            t = self._prefill_tab(pseq.reshape(-1), chunk, ctx_p, sel.reshape(-1))
+            keep = np.array([n not in self.token_rows for n in t.names])
+            parts.append(
+                {f: np.where(pre_on, getattr(t, f)[keep].reshape((-1, *shp)), 0.0) for f in _FIELDS}
+                | {"names": tuple(n for n, k in zip(t.names, keep, strict=True) if k)}
+            )
         return self._combine(parts, shp)
 
-    def _decode_at(self, context: float, B: np.ndarray, sel: np.ndarray) -> dict:
-        t = self._decode_tab(context)
-        x = np.log(np.clip(B, GRID[0], GRID[-1]))
-        lg = np.log(GRID)
-        j = np.clip(np.searchsorted(lg, x) - 1, 0, len(GRID) - 2)
-        f = (x - lg[j]) / (lg[j + 1] - lg[j])
-        cand = np.broadcast_to(sel, B.shape)
-
-        def at(a: np.ndarray) -> np.ndarray:  # a: (..., grid, n)
-            lo = a[..., j, cand]
-            hi = a[..., j + 1, cand]
-            return lo + f * (hi - lo)
-
-        on = B > 0
-        return {k: np.where(on, at(getattr(t, k)), 0.0) for k in _FIELDS} | {"names": t.names}
-
-    def _prefill_at(self, pseq: np.ndarray, shape: PassShape, sel: np.ndarray) -> dict:
-        chunk = float(np.max(shape.prefill_chunk))
-        ctx = float(np.max(shape.prefill_context))
-        t = self._prefill_tab(np.asarray(pseq, float).reshape(-1), chunk, ctx, sel.reshape(-1))
-        on = pseq > 0
-        return {k: np.where(on, getattr(t, k), 0.0) for k in _FIELDS} | {"names": t.names}
-
     def _combine(self, parts: list[dict], shp: tuple) -> PassTimes:
-        names = tuple(dict.fromkeys(n for p in parts for n in p["names"]))
         z = np.zeros(shp)
-        comp, mem, wts = ({n: z.copy() for n in names} for _ in range(3))
-        tot = {k: z.copy() for k in ("flops", "nbytes", "kv_bytes", "comm")}
+        rows: dict[str, Any] = {}
+        tot = {f: z.copy() for f in _FIELDS}
+        N = self.even_split
         for p in parts:
             for i, n in enumerate(p["names"]):
-                comp[n] = comp[n] + p["compute"][i]
-                mem[n] = mem[n] + p["memory"][i]
-                wts[n] = (
-                    np.maximum(wts[n], p["weight_s"][i]) if len(parts) > 1 else p["weight_s"][i]
-                )
-            for k in tot:
-                tot[k] = tot[k] + (p[k].sum(axis=0) if p[k].ndim > len(shp) else p[k])
-        shared = {
-            n: sum(p["weight_s"][p["names"].index(n)] for p in parts if n in p["names"]) - wts[n]
-            for n in names
-        }
-        rows = {n: np.maximum(comp[n], mem[n] - shared[n]) for n in names}
+                r = np.maximum(p["compute"][i], p["memory"][i]) / N + p["launch"][i]
+                rows[n] = rows.get(n, z) + r
+                for f in _FIELDS:
+                    tot[f] = tot[f] + p[f][i] / (1.0 if f == "launch" else N)
         rows_s = sum(rows.values(), z.copy())
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
         over = z + self.overhead_s + layer
         pp = self.pp
         return PassTimes(
             time_s=pp * (rows_s + tot["comm"]) + over,
-            compute_s=pp * sum(comp.values(), z.copy()),
-            memory_s=pp * sum((mem[n] - shared[n] for n in names), z.copy()),
+            compute_s=pp * tot["compute"],
+            memory_s=pp * tot["memory"],
             rows_s=pp * rows_s,
             comm_s=pp * tot["comm"],
             overhead_s=over,
             flops_per_chip=pp * tot["flops"],
             hbm_bytes_per_chip=pp * tot["nbytes"],
-            weight_bytes_per_chip=pp
-            * sum(wts.values(), z.copy())
-            * self.chip.hbm_bw_bytes_per_s
-            * _hbm_frac(self.efficiency, self.chip),
+            weight_bytes_per_chip=pp * tot["weight_bytes"],
             kv_bytes_per_chip=pp * tot["kv_bytes"],
-            breakdown={n: pp * rows[n] for n in names},
+            launch_s=pp * tot["launch"],
+            breakdown={n: pp * v for n, v in rows.items()},
         )
 
     def memory_per_chip(self, batch: Any, context: Any):
         return memory_per_chip(self.model, self.plan, self.quant, batch, context)
 
 
-_FIELDS = ("compute", "memory", "weight_s", "flops", "nbytes", "kv_bytes", "comm")
+@dataclass
+class IdealStep:
+    """The book's perfectly-sharded bound (the model of every table in inference.md and
+    applied-inference.md): the walk of the ledger on ONE chip, every row's FLOPs and HBM bytes
+    split evenly over the replica's chips, no collectives — "step = (params + KV) / (N·W)",
+    "2·params·B / (N·C)", row by row. With pp stages the batch runs as pp microbatches of B/pp
+    (each rereads the stage's weights: pipelining buys memory, not latency)."""
+
+    model: ModelSpec
+    chip: Any
+    plan: ServePlan = field(default_factory=ServePlan)
+    quant: Quant = field(default_factory=Quant)
+    efficiency: Efficiency = PEAK
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._step = ShardedStep(
+            self.model,
+            [_one_chip(self.chip)],
+            [ServePlan()],
+            self.quant,
+            self.efficiency,
+            self.overhead_s,
+            even_split=float(self.plan.chips),
+        )
+
+    def pass_time(self, shape: PassShape) -> PassTimes:
+        pp = float(self.plan.pp)
+        sub = replace(
+            shape,
+            decode=np.asarray(shape.decode, float) / pp,
+            prefill_seqs=np.asarray(shape.prefill_seqs, float) / pp,
+        )
+        t = self._step.pass_time(sub)
+        # scalar shapes give scalars (the book's questions); arrays keep their shape
+        scalar = all(np.ndim(getattr(shape, f)) == 0 for f in ("decode", "prefill_seqs"))
+        out = (lambda a: np.asarray(a, float).reshape(())) if scalar else np.asarray  # noqa: E731
+        return PassTimes(
+            *(out(getattr(t, f)) * pp for f in _PASS_SUMS),
+            breakdown={k: out(v) * pp for k, v in t.breakdown.items()},
+            launch_s=out(t.launch_s) * pp,
+        )
+
+    def memory_per_chip(self, batch: Any, context: Any):
+        return memory_per_chip(self.model, self.plan, self.quant, batch, context, ideal=True)
+
+
+_PASS_SUMS = (
+    "time_s",
+    "compute_s",
+    "memory_s",
+    "rows_s",
+    "comm_s",
+    "overhead_s",
+    "flops_per_chip",
+    "hbm_bytes_per_chip",
+    "weight_bytes_per_chip",
+    "kv_bytes_per_chip",
+)
+
+
+def _one_chip(chip: Any) -> System:
+    """A system of one chip (a 1x1 slice of a TPU)."""
+    from roofline.specs.system import gpu_cluster, tpu_slice
+
+    if chip.is_tpu:
+        return tpu_slice(chip, (1,) * max(len(chip.pod_topology or ()), 2))
+    return gpu_cluster(chip, 1)
+
+
+def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, which) -> dict:
+    """The table's rows `which(name)` at B sequences (tokens) per candidate: linear in B between
+    grid points (the costs are affine in B between the roofline's kinks), affine beyond the
+    grid's end, 0 where B is 0."""
+    keep = np.array([which(n) for n in t.names])
+    x = np.maximum(B, GRID[0])
+    j = np.clip(np.searchsorted(GRID, x) - 1, 0, len(GRID) - 2)
+    f = (x - GRID[j]) / (GRID[j + 1] - GRID[j])
+    cand = np.broadcast_to(sel, B.shape)
+    on = B > 0
+    out: dict[str, Any] = {"names": tuple(n for n, k in zip(t.names, keep, strict=True) if k)}
+    for fld in _FIELDS:
+        a = getattr(t, fld)[keep]
+        lo, hi = a[..., j, cand], a[..., j + 1, cand]
+        out[fld] = np.where(on, lo + f * (hi - lo), 0.0)
+    return out
+
+
+_FIELDS = ("compute", "memory", "flops", "nbytes", "kv_bytes", "weight_bytes", "comm", "launch")
+_SAMPLED = ("unembed",)  # the output head runs on the sampled rows only: one per sequence
 _AXES = {
     Strategy.DP: "data",
     Strategy.FSDP: "fsdp",
@@ -316,17 +401,15 @@ _AXES = {
 }
 
 
-def _hbm_frac(eff: Efficiency, chip: Any) -> float:
-    fn = getattr(eff, "hbm_fraction", None)
-    return float(fn(chip)) if callable(fn) else eff.hbm
-
-
-def _weight_local(op, rules, mesh) -> Any:
-    """HBM bytes of the row's weight on one chip (all `count` layers of the row)."""
+def _weight_read(op, rules, mesh, seqs) -> Any:
+    """HBM bytes of the row's weight one chip reads in a pass of `seqs` sequences (one layer):
+    its local shard, for a routed-expert row only the experts the tokens chose (for the report;
+    the walk prices the same bytes)."""
     w = op.weight
     if w is None or op.kind == OpKind.GATHER:
         return 0.0
-    return w.nbytes(op.sizes) / shard_factor(w.dims, rules, True, mesh)  # one layer's copy
+    local = w.nbytes(op.sizes) / shard_factor(w.dims, rules, True, mesh)
+    return local * op.weight_read_fraction_at(seqs * op.sizes["seq"])
 
 
 def _kv_local(op, rules, mesh, seqs) -> Any:

@@ -22,7 +22,6 @@ from _harness import check_answers
 
 from roofline.collectives import collective_cost
 from roofline.inference import (
-    IdealStep,
     PassShape,
     Quant,
     ServePlan,
@@ -39,6 +38,7 @@ from roofline.ledger import (
     kv_cache_bytes_per_token,
 )
 from roofline.mesh import make_mesh
+from roofline.serving_step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.model import MLPKind, ModelSpec, load_model

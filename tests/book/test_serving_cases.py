@@ -22,7 +22,6 @@ from _harness import check_answers
 from roofline.cli import main
 from roofline.collectives import collective_cost
 from roofline.inference import (
-    IdealStep,
     PassShape,
     Quant,
     chips_needed,
@@ -36,6 +35,7 @@ from roofline.ledger import decode_ledger, forward_flops, kv_cache_bytes_per_tok
 from roofline.mesh import make_mesh
 from roofline.serving import qps_per_chip
 from roofline.serving_search import step_report
+from roofline.serving_step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import load_model

@@ -195,20 +195,21 @@ def test_open_findings(finding, argv):
 
 
 def _in_child(argv: list[str]) -> None:
-    import resource
-
-    def limits() -> None:  # 2 GiB of address space: a runaway read fails fast, safely
-        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
-
+    # 2 GiB of address space: a runaway read fails fast, safely. The child sets its own limit
+    # (no preexec_fn: that forks the pytest process, which JAX's at-fork hook warns about once
+    # an hlo or calibrate test has started JAX, and warnings are errors here).
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30)); "
+        "from roofline.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
         r = subprocess.run(
-            [sys.executable, "-m", "roofline", *argv],
+            [sys.executable, "-c", code, *argv],
             capture_output=True,
             text=True,
             env=env,
             timeout=20,
-            preexec_fn=limits,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"hang: roofline {' '.join(argv)}")

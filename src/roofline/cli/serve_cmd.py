@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from roofline.cli._common import add_json, emit
+from roofline.cli._common import add_json, emit, int_flag
 from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import SpecError
 from roofline.inference import Quant, parse_serve_plan
 from roofline.report.table import kv, table
-from roofline.serving import Workload, load_lengths
+from roofline.serving import MAX_TOKENS, Workload, load_lengths
 from roofline.serving_search import Objective, ServeQuery, search, step_report
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import Efficiency
@@ -139,10 +139,38 @@ def _workload(args: argparse.Namespace) -> Workload:
     if args.lengths:
         P, G = load_lengths(args.lengths)
     else:
-        P, G = parse_quantity(args.prompt, what="prompt"), parse_quantity(args.gen, what="gen")
-    conc = parse_quantity(args.concurrency, what="concurrency") if args.concurrency else None
-    rate = parse_quantity(args.rate, what="rate") if args.rate else None
+        P, G = _tokens(args.prompt, "prompt", "8192"), _tokens(args.gen, "gen", "1024")
+    conc = _size(args.concurrency, "concurrency", "requests in flight", "64", lo=0.0)
+    rate = _size(args.rate, "rate", "requests per second", "10", lo=0.0)
     return Workload(P, G, concurrency=conc, rate=rate, prefix_hit=args.prefix_hit)
+
+
+# Every size `serve` reads (tokens of a prompt, an output or a context; sequences in a batch;
+# requests in flight or per second) is at most 2^30: beyond it no arithmetic is physical and
+# float products overflow to inf (the fuzz tier's --context 5.9e152 printed NaN cost).
+MAX_SIZE = MAX_TOKENS
+
+
+def _tokens(text: str, flag: str, example: str) -> float:
+    """A token count (prompt, output, context): a number from 1 to 2^30."""
+    return _size(text, flag, "tokens", example, lo=1.0)
+
+
+def _size(text: str | None, flag: str, unit: str, example: str, *, lo: float) -> Any:
+    """A serving size within the one rule (None stays None): more than `lo` (at least 1 for
+    token counts) and at most 2^30."""
+    if text is None:
+        return None
+    v = parse_quantity(text, what=flag)
+    if not (v >= lo if lo >= 1 else v > lo) or v > MAX_SIZE:
+        raise SpecError(
+            f"--{flag} {text}",
+            rule=f"--{flag} counts {unit}: "
+            + ("at least 1" if lo >= 1 else "more than 0")
+            + f" and at most 2^30 = {MAX_SIZE:,} (beyond it nothing served is physical)",
+            fix=f"give e.g. --{flag} {example}",
+        )
+    return v
 
 
 def run(args: argparse.Namespace) -> int:
@@ -211,18 +239,12 @@ def _run_step(args, model, system, eff, engine) -> int:
             fix="add e.g. --plan tp=8 --batch 32 --context 8192",
         )
     plan = parse_serve_plan(args.plan)
-    batch = int(parse_quantity(args.batch, what="batch"))
-    ctx = parse_quantity(args.context, what="context")
-    if batch < 1 or ctx < 1:
-        raise SpecError(
-            f"--batch {batch} --context {ctx}",
-            rule="both are at least 1",
-            fix="give positive sizes",
-        )
+    batch = int_flag(args.batch, "batch", hi=MAX_SIZE, example="32")
+    ctx = _tokens(args.context, "context", "8192")
     quant = Quant(
         args.weight_dtype or "bf16", args.kv_dtype or "bf16", args.compute_dtype or "bf16"
     )
-    prompt = parse_quantity(args.prompt, what="prompt") if args.prompt != "1024" else None
+    prompt = _tokens(args.prompt, "prompt", "8192") if args.prompt != "1024" else None
     spec = None
     if args.draft:
         from roofline.serving import Speculation
@@ -257,6 +279,8 @@ def _step_text(r: dict, model, system) -> str:
                 ("max batch at this context", f"{r['max_batch']:g}"),
                 ("HBM time (weights + KV read)", fmt_time(r["hbm_time_s"])),
                 ("compute time", fmt_time(r["compute_time_s"])),
+                ("kernel launches", fmt_time(r["launch_time_s"]) + "  (fixed time per kernel)"),
+                ("collectives", fmt_time(r["comm_time_s"]) + "  (exposed, with per-hop latency)"),
                 ("step time", f"{fmt_time(r['step_time_s'])}  ({r['bound']}-bound)"),
                 (
                     "tokens/s",
@@ -354,7 +378,7 @@ def _search_text(res, doc: dict, args) -> str:
     best = [
         (
             "plan",
-            f"{b['plan']['spec']} on {b['system']} × {b['replicas']:g} replica(s), batch {b['batch']}",
+            f"{b['plan']['spec']} on {b['system']} × {b['replicas']:g} replica(s), {b['batch']:g} requests in flight each",
         ),
         (
             "quantisation",
@@ -385,7 +409,7 @@ def _search_text(res, doc: dict, args) -> str:
             (
                 r["plan"]["spec"],
                 r["chips_per_replica"],
-                r["batch"],
+                f"{r['batch']:g}",
                 "/".join(r["quant"][k] for k in ("weights", "kv", "compute")),
                 fmt_time(r["ttft_s"]),
                 fmt_time(r["tpot_s"]),
@@ -402,7 +426,7 @@ def _search_text(res, doc: dict, args) -> str:
         [
             (
                 p["plan"]["spec"],
-                p["batch"],
+                f"{p['batch']:g}",
                 p["quant"]["weights"],
                 f"{p['tokens_per_s_per_user']:,.1f}",
                 f"{p['tokens_per_s_per_chip']:,.1f}",

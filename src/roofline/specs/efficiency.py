@@ -186,6 +186,8 @@ class FamilyPhysics:
     vector: float = 1.0
     link: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     wave_units: int | None = None  # None: the chip's sm_count (GPU) or cores_per_chip (TPU)
+    # the smallest token tile a GEMM library picks for small m (None: tile[0]); see _shape_factor
+    tile_m_min: int | None = None
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     _keys: frozenset = field(init=False, repr=False, compare=False, default=frozenset())
 
@@ -221,7 +223,15 @@ class FamilyPhysics:
         object.__setattr__(self, "_keys", frozenset(normalize(m) for m in self.match))
 
     def __hash__(self) -> int:  # mappings hashed by content, so profiles can key caches
-        return hash((self.family, self.match, self.tile, tuple(sorted(self.params().items()))))
+        return hash(
+            (
+                self.family,
+                self.match,
+                self.tile,
+                self.tile_m_min,
+                tuple(sorted(self.params().items())),
+            )
+        )
 
     def covers(self, chip: Any) -> bool:
         keys = _chip_keys(
@@ -418,7 +428,12 @@ class Efficiency:
             "step_overhead_s": self.step_overhead_s,
             "layer_overhead_s": self.layer_overhead_s,
             "families": {
-                f.family: {"match": list(f.match), "tile": list(f.tile), **f.params()}
+                f.family: {
+                    "match": list(f.match),
+                    "tile": list(f.tile),
+                    "tile_m_min": f.tile_m_min,
+                    **f.params(),
+                }
                 for f in self.families
             },
         }
@@ -471,8 +486,14 @@ def _shape_factor(
       items the k steps, not the tiles, so small-m GEMMs still fill the chip.
     - Roll-off: a fixed per-tile cost (pipeline fill, epilogue) is Hockney's half-performance
       length per dimension; `k_half` is in bf16 k elements and scales with the dtype's rate.
+    - Small m (decode: a few tokens per GEMM, or per expert): libraries pick a kernel whose
+      token tile fits, down to `tile_m_min` (the tensor-core instruction's smallest side with
+      the operands swapped, e.g. Hopper wgmma N = 8): the m tile is the power of two >= m
+      between tile_m_min and tile[0].
     """
     tm, tn, tk = fam.tile
+    if fam.tile_m_min is not None:
+        tm = np.clip(2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))), fam.tile_m_min, tm)
     m, n, k = np.maximum(m, 1.0), np.maximum(n, 1.0), np.maximum(k, 1.0)
     tiles_m, tiles_n, steps_k = np.ceil(m / tm), np.ceil(n / tn), np.ceil(k / tk)
     tile_q = (m * n * k) / (tiles_m * tm * tiles_n * tn * steps_k * tk)
@@ -697,12 +718,25 @@ def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhy
         tile=_tile(t["tile"], where),
         mm_fraction=MappingProxyType({}),
         wave_units=t.get("wave_units"),
+        tile_m_min=_tile_m_min(t.get("tile_m_min"), where),
         sources=MappingProxyType(dict(t.get("sources", {}))),
     )
     values = {f"mm_fraction.{d}": v for d, v in t["mm_fraction"].items()}
     values.update({f"link.{tier}": v for tier, v in t.get("link", {}).items()})
     values.update({k: t[k] for k in PARAMS if k in t and k not in ("mm_fraction", "link")})
     return base.with_params(values)
+
+
+def _tile_m_min(v: Any, where: str) -> int | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 4096:
+        raise SpecError(
+            f"{where}: tile_m_min = {v!r}",
+            rule="tile_m_min is the smallest token tile of the family's GEMM kernels, 1..4096",
+            fix="e.g. tile_m_min = 8",
+        )
+    return v
 
 
 def _framework_from_dict(

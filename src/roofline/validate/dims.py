@@ -19,7 +19,9 @@ Shared by the training, inference and serving readers. Rules (docs/validate.md, 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from roofline.errors import RooflineError
@@ -122,11 +124,27 @@ def _attention_options(note: str) -> dict[str, Any]:
     return out
 
 
+PUBLIC_DIMS = Path(__file__).with_name("public_dims.toml")
+
+
+def public_dims(name: str) -> dict[str, Any] | None:
+    """Dims of a public model an entry names without transcribing them (public_dims.toml)."""
+    with PUBLIC_DIMS.open("rb") as f:
+        table = tomllib.load(f)
+    hit = table.get(name.strip())
+    return dict(hit) if hit else None
+
+
 def build_model(m: Any, run_id: str) -> BuiltModel:
     """ModelSpec from a run's `model:` mapping; `reason` says why not when it cannot be built."""
     if not isinstance(m, dict):
         return BuiltModel(None, (), "the entry has no `model:` mapping")
     missing = [k for k in ("layers", "d_model", "vocab") if _int(m.get(k)) is None]
+    public = public_dims(str(m.get("name", ""))) if missing else None
+    if public is not None:
+        source = public.pop("source")
+        m = {**public, **{k: v for k, v in m.items() if v is not None}}
+        missing = [k for k in ("layers", "d_model", "vocab") if _int(m.get(k)) is None]
     if missing:
         return BuiltModel(
             None, (), f"model dims not published ({', '.join('model.' + k for k in missing)})"
@@ -134,6 +152,8 @@ def build_model(m: Any, run_id: str) -> BuiltModel:
     name = str(m.get("name") or run_id)
     L, D, V = int(m["layers"]), int(m["d_model"]), int(m["vocab"])
     defaults: list[str] = []
+    if public is not None:
+        defaults.append(f"model dims not in the entry: taken from its public config, {source}")
     heads = _int(m.get("heads"))
     if heads is None:
         if D % 128:

@@ -39,44 +39,26 @@ def _structure(model: ModelSpec, deg: Degrees) -> Structure:
     return Structure(active=frozenset(s for s in Strategy if deg.of(s) > 1), kv_replicated=rep)
 
 
-def build_decode_step(
-    model: ModelSpec,
-    deg: Degrees,
-    *,
-    batch: int = 8,
-    context: int = 256,
-    n_layers: int = 1,
-    dtype: str = "bf16",
-    phase: str = "decode",
-) -> Program:
-    """The sharded decode (or prefill) step of a dense model; see the module doc."""
-    if model.moe is not None or model.mla is not None:
-        raise VerifyError(
-            f"model {model.name!r} is {'MoE' if model.moe else 'MLA'}",
-            rule="the decode program covers dense GQA/MHA/MQA models",
-            fix="verify a dense model, e.g. --model tiny-llama",
-        )
+@dataclass(frozen=True)
+class _Shape:
+    """The step's sizes: batch, new tokens T, cache length S, heads N, KV heads K, head dim H."""
+
+    batch: int
+    T: int
+    S: int
+    N: int
+    K: int
+    H: int
+
+
+def _layer_fn(model: ModelSpec, shape: _Shape, phase: str, dt: Any, x_sharding: Any, kv1: Any):
+    """One Transformer layer of the step as a JAX function (x, cache) -> (x, cache): RMSNorm,
+    GQA attention (decode: the new token's K/V written into the cache at S − 1, which stays as
+    the plan shards it; prefill: causal over the chunk), the MLP, residuals pinned to the
+    activation sharding."""
     jax, jnp = _jax()
-    P, NS = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
-    rules = rules_of(_structure(model, deg), model)
-    mesh = make_mesh(deg)
-    dt = _dtype(dtype)
-    notes: list[str] = []
-    D, N, K, H = model.d_model, model.n_heads, model.n_kv_heads, model.d_head
+    batch, T, S, N, K, H = shape.batch, shape.T, shape.S, shape.N, shape.K, shape.H
     G = N // K
-    T = 1 if phase == "decode" else context
-    S = context
-    pdims = {k: ("layers", *v) for k, v in param_dims(model).items()}
-    pshapes = {k: (n_layers, *v) for k, v in param_shapes(model).items()}
-    pspecs = {k: _pspec(mesh, pdims[k], pshapes[k], rules, True, notes, k) for k in pdims}
-
-    def spec(dims, shape, what):
-        return _pspec(mesh, dims, shape, rules, False, notes, what)
-
-    x_spec = spec(("batch", "seq", "embed"), (batch, T, D), "x")
-    kv_dims = ("layers", "batch", "kv_seq", "kv_heads", "head_dim")
-    kv_spec = spec(kv_dims, (n_layers, batch, S, K, H), "kv cache")
-    kv1 = NS(mesh, spec(kv_dims[1:], (batch, S, K, H), "kv cache of a layer"))
 
     def rms(a, scale):
         a32 = a.astype(jnp.float32)
@@ -113,9 +95,53 @@ def build_decode_step(
         else:
             o = attend(q, k, v, causal=True)
         x = x + jnp.einsum("btnh,nhd->btd", o, p["wo"])
-        x = jax.lax.with_sharding_constraint(x, NS(mesh, x_spec))
+        x = jax.lax.with_sharding_constraint(x, x_sharding)
         x = x + mlp(p, rms(x, p["ln2"]))
-        return jax.lax.with_sharding_constraint(x, NS(mesh, x_spec)), kc, vc
+        return jax.lax.with_sharding_constraint(x, x_sharding), kc, vc
+
+    return layer
+
+
+def build_decode_step(
+    model: ModelSpec,
+    deg: Degrees,
+    *,
+    batch: int = 8,
+    context: int = 256,
+    n_layers: int = 1,
+    dtype: str = "bf16",
+    phase: str = "decode",
+) -> Program:
+    """The sharded decode (or prefill) step of a dense model; see the module doc."""
+    if model.moe is not None or model.mla is not None:
+        raise VerifyError(
+            f"model {model.name!r} is {'MoE' if model.moe else 'MLA'}",
+            rule="the decode program covers dense GQA/MHA/MQA models",
+            fix="verify a dense model, e.g. --model tiny-llama",
+        )
+    jax, jnp = _jax()
+    P, NS = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+    rules = rules_of(_structure(model, deg), model)
+    mesh = make_mesh(deg)
+    dt = _dtype(dtype)
+    notes: list[str] = []
+    D, N, K, H = model.d_model, model.n_heads, model.n_kv_heads, model.d_head
+    T = 1 if phase == "decode" else context
+    S = context
+    pdims = {k: ("layers", *v) for k, v in param_dims(model).items()}
+    pshapes = {k: (n_layers, *v) for k, v in param_shapes(model).items()}
+    pspecs = {k: _pspec(mesh, pdims[k], pshapes[k], rules, True, notes, k) for k in pdims}
+
+    def spec(dims, shape, what):
+        return _pspec(mesh, dims, shape, rules, False, notes, what)
+
+    x_spec = spec(("batch", "seq", "embed"), (batch, T, D), "x")
+    kv_dims = ("layers", "batch", "kv_seq", "kv_heads", "head_dim")
+    kv_spec = spec(kv_dims, (n_layers, batch, S, K, H), "kv cache")
+    kv1 = NS(mesh, spec(kv_dims[1:], (batch, S, K, H), "kv cache of a layer"))
+
+    shape = _Shape(batch, T, S, N, K, H)
+    layer = _layer_fn(model, shape, phase, dt, NS(mesh, x_spec), kv1)
 
     def step(params, x_in, kcache, vcache):
         def body(carry, slab):
