@@ -205,6 +205,7 @@ def test_precision_recipe_dtypes_and_both_mfus():
         Workload(8 * 4096, 4096),
         parse_plan("dp=8,remat=none,matmul_dtype=fp8,expert_dtype=fp8"),
         framework="megatron",
+        efficiency=DS,  # the same profile as the bf16 plan below
     )
     chip = parse_system("h100:8").chip
     assert c.mfu_compute_dtype == pytest.approx(c.mfu * chip.peak("bf16") / chip.peak("fp8"))

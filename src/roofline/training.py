@@ -41,7 +41,7 @@ from roofline.memory import (
 )
 from roofline.rules import Structure, kv_heads_replicated
 from roofline.sharding import CHEAPEST, OptionPolicy
-from roofline.specs.efficiency import Efficiency, load_profile
+from roofline.specs.efficiency import DEFAULT_PROFILE, Efficiency, load_profile
 from roofline.specs.framework import (
     CPMethod,
     Exposed,
@@ -101,11 +101,11 @@ __all__ = [
     "training_profile",
 ]
 
-# The efficiency profile a training prediction uses when none is given: the datasheet physics
-# (GEMMs by per-chip shape, attention by pass and head dim, kernel launches; every value cited
-# in specs/profiles/datasheet.toml). It measures better on the public runs than the vendor
-# constants (docs/validate.md); `efficiency=` or `--profile` chooses another.
-DEFAULT_TRAINING_PROFILE = "datasheet"
+# The efficiency profile a training prediction uses when none is given: the project default
+# (specs.efficiency.DEFAULT_PROFILE: the measured-calibrated `fitted` profile, the datasheet
+# physics times factors fitted on the public runs, docs/calibration.md), else the datasheet
+# physics; `efficiency=` or `--profile` chooses another.
+DEFAULT_TRAINING_PROFILE = DEFAULT_PROFILE or "datasheet"
 
 
 def training_profile(efficiency: Efficiency | None = None) -> Efficiency:
@@ -405,8 +405,8 @@ def evaluate_plans(
     ZeRO stage, schedule and overlap choices.
     """
     systems = list(system) if isinstance(system, (list, tuple)) else [system]
-    eff = training_profile(eff)
     stack = stack_of(framework)
+    eff = training_profile(eff).for_framework(stack.name)  # a calibrated profile's overrides
     opt = optimizer or parse_optimizer("adam-bf16")
     remat_list = list(remats or [structure.remat])
     rows, inv = _distinct_rows(cand)
@@ -1117,7 +1117,7 @@ def evaluate_plan(
             rule="every sharded dimension splits evenly and the mesh uses every chip",
             fix="change the degrees (e.g. run `roofline train` without --plan to search)",
         )
-    eff = training_profile(efficiency)
+    eff = training_profile(efficiency).for_framework(stack.name)
     r = _evaluate_one(model, system, workload, plan, eff, keep=True, policy=policy, fw=stack)
 
     def f(a: Any) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,12 @@ def _work(task: tuple[dict[str, float], list[int]]) -> list[float]:
     st = _STATE
     prof = st["apply"](st["base"], values)
     return [float(x) for x in st["predictor"](prof, [st["cases"][i] for i in idx])]
+
+
+def can_fork() -> bool:
+    """Worker processes are forked: only where fork exists and no multithreaded runtime that
+    forbids it is loaded (JAX warns of deadlocks after fork; `calibrate --device` loads it)."""
+    return "fork" in mp.get_all_start_methods() and "jax" not in sys.modules
 
 
 def default_jobs() -> int:
@@ -120,7 +127,7 @@ class Evaluator:
         return float(np.max(np.abs(fast / slow - 1.0)))
 
     def _predict(self, values: dict[str, float], idx: list[int]) -> list[float]:
-        if self.jobs <= 1 or len(idx) < 2 or "fork" not in mp.get_all_start_methods():
+        if self.jobs <= 1 or len(idx) < 2 or not can_fork():
             prof = self.apply(self.base, values)
             return [float(x) for x in self.predictor(prof, [self.cases[i] for i in idx])]
         pool = self._ensure_pool()

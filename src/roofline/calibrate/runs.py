@@ -231,7 +231,7 @@ def calibrate_cases(
     rf = fit_runs(
         prof, keep, predictor, cv=cv, jobs=jobs, kinds=kinds, cv_by=cv_by, progress=progress
     )
-    values = {n: rf.result.values[n] for n in rf.result.fitted}
+    values = tidy({n: rf.result.values[n] for n in rf.result.fitted})
     fitted = replace(
         scales.apply(prof, values),
         name="fitted" if not framework else f"fitted-{framework}",
@@ -240,6 +240,18 @@ def calibrate_cases(
         + (f" (framework {framework})" if framework else ""),
     )
     return RunsCalibration(fitted, rf, skipped)
+
+
+def tidy(values: Mapping[str, float]) -> dict[str, float]:
+    """Fitted values as shipped: 6 significant digits, snapped to a bound within 1e-6 of its
+    range (an overhead of 1e-16 s is 0)."""
+    out = {}
+    for n, v in values.items():
+        b = scales.parse(n).bounds
+        tol = 1e-6 * (b.hi - b.lo)
+        v = b.lo if v - b.lo < tol else b.hi if b.hi - v < tol else float(f"{v:.6g}")
+        out[n] = float(v)
+    return out
 
 
 # -- files ------------------------------------------------------------------------------------

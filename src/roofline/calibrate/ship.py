@@ -28,6 +28,7 @@ from roofline.calibrate.runs import (
     calibrate_cases,
     cases_from_file,
     predict_cases,
+    tidy,
 )
 from roofline.calibrate.write import toml_key, toml_value
 from roofline.specs.efficiency import PROFILE_DIR, load_profile
@@ -120,7 +121,7 @@ def provenance(res: RunsCalibration, path: str | Path, base: str, command: str) 
         return out
     r = rf.result
     out["runs"] = len(rf.cases)
-    out["fitted"] = {n: round(r.values[n], 6) for n in r.fitted}
+    out["fitted"] = tidy({n: r.values[n] for n in r.fitted})
     out["refused"] = {x.name: x.reason for x in r.refused}
     out["in_sample_before"] = _summary(r.error_before)
     out["in_sample_after"] = _summary(r.error_after)
@@ -148,7 +149,7 @@ def profile_text(res: RunsCalibration, base: str) -> str:
         "[provenance]",
     ]
     lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in prof.provenance.items()]
-    values = {} if rf is None else {n: rf.result.values[n] for n in rf.result.fitted}
+    values = {} if rf is None else tidy({n: rf.result.values[n] for n in rf.result.fitted})
     base_prof = load_profile(base)
     for fam in base_prof.families:
         lines += _family_lines(fam, values)
@@ -180,7 +181,7 @@ def _family_lines(fam: Any, values: dict[str, float]) -> list[str]:
             text = " x ".join(f"{n} {values[n]:.4g}" for n in f)
             for k in keys:
                 why[k] = f"datasheet x {text} (calibrate --from-runs; provenance above)"
-    if "lowp_scale" in values and mm:
+    if "lowp_scale" in values and any(d in scales.LOW_PRECISION for d in mm):
         why["mm_fraction"] = (
             why.get("mm_fraction", "datasheet")
             + f"; fp8/fp4 also x lowp_scale {values['lowp_scale']:.4g}"

@@ -124,7 +124,7 @@ def _render_training(
     fw = doc["framework"] + (
         "" if doc["framework_applied"] else " (not applied: the core has no framework profiles yet)"
     )
-    out = [f"Training runs: {len(runs)} (profile {doc['profile']}, framework {fw})", ""]
+    out = [f"Training runs: {len(runs)} ({doc['profile']}, framework {fw})", ""]
     rows = [
         [
             r["id"],
@@ -207,7 +207,7 @@ def _render_serving(report, doc: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from roofline.validate import ServingReport, load_runs, validate
+    from roofline.validate import ServingReport, load_profile, load_runs, profile_used, validate
     from roofline.validate.plot import plot_serving, plot_training
 
     rf = load_runs(args.runs)
@@ -220,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         "schema": rf.schema.value,
         "framework": args.framework,
         "profile": args.profile or "default",
+        "profile_used": profile_used(load_profile(args.profile)).to_dict(),
         "planner": args.planner,
     }
     text = (
@@ -227,6 +228,9 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(report, ServingReport)
         else _render_training(report, doc, args.show_defaults, args.analysis)
     )
+    if isinstance(report, ServingReport):
+        used = inputs["profile_used"]
+        text = f"Predicted with efficiency profile '{used['name']}' ({used['kind']})\n" + text
     if args.plot and not args.json:
         text += f"\n\nPlot written to {args.plot}"
     return emit(args, NAME, inputs, doc, text)

@@ -546,9 +546,11 @@ def default_efficiency(vendor: str) -> Efficiency:
     return DEFAULTS.get(vendor, DEFAULTS["nvidia"])
 
 
-# The profile a prediction uses when none is named: None = the vendor constants above (today's
-# numbers). The lead switches this to the shipped fitted profile's name when it is ready.
-DEFAULT_PROFILE: str | None = None
+# The profile a prediction uses when none is named (train, validate, report, serve): the
+# measured-calibrated `fitted` profile (specs/profiles/fitted.toml, written by `roofline
+# calibrate --from-runs training`; its cross-validated error is in docs/calibration.md).
+# None would mean the vendor constants above.
+DEFAULT_PROFILE: str | None = "fitted"
 
 
 def default_profile(chip: Any) -> Efficiency:

@@ -58,6 +58,14 @@ def load_profile(profile: str | Path | Efficiency | None) -> Efficiency | None:
     )
 
 
+def profile_used(eff: Efficiency | None) -> Efficiency:
+    """The profile predictions run under: the one given, else the project default
+    (specs.efficiency.DEFAULT_PROFILE, what `roofline train` uses too)."""
+    from roofline.training import training_profile
+
+    return training_profile(eff)
+
+
 def _dedupe(runs: list) -> list:
     """A repeated id is skipped (the first entry with that id is kept)."""
     seen: set[str] = set()
@@ -87,11 +95,7 @@ def validate(
         stack_of(framework)  # an unknown stack is a one-paragraph error, not a silent no-op
     rf = runs if isinstance(runs, RunFile) else load_runs(runs)
     eff = load_profile(profile)
-    name = (
-        "default"
-        if profile is None
-        else (eff.name if isinstance(eff, Efficiency) else str(profile))
-    )
+    name = profile_used(eff).describe()
     if rf.schema == Schema.TRAINING:
         mapped = _dedupe([map_training_run(e) for e in rf.entries])
         return validate_training(
@@ -113,6 +117,7 @@ __all__ = [
     "TrainingRun",
     "load_profile",
     "load_runs",
+    "profile_used",
     "map_serving_run",
     "map_training_run",
     "validate",
