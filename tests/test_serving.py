@@ -9,6 +9,7 @@ the Pareto set.
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -268,6 +269,19 @@ def test_serve_search_cli_json(tmp_path, capsys):
         assert key in doc, key
     assert doc["ttft_s"] <= 2 and png.stat().st_size > 1000
     assert "TPOT (first token excluded)" in doc["inputs"]["definitions"]
+
+
+def test_the_disaggregated_view_sizes_its_prefill_pool_to_the_balance(capsys):
+    """The best plan run disaggregated gets as many prefill replicas per decode replica as the
+    balancing ratio asks: its prefill pool keeps up, so its TTFT is a prefill pass, the KV
+    transfer and a bounded wait (a 1:1 layout whose prefill pool saturates reports a queue)."""
+    assert main(["serve", "--model", "llama-3-70b", "--system", "tpu-v5e:16x16", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    dg = doc["disaggregated"]
+    ratio = dg["prefill_decode_ratio"]
+    assert ratio > 1  # prefill-heavy here, so the pool size below is not vacuous
+    assert dg["prefill_replicas"] == math.ceil(ratio) and dg["decode_replicas"] == 1
+    assert dg["kv_transfer_s"] < dg["ttft_s"] < doc["ttft_s"] / 5
 
 
 def test_serve_cli_errors_are_one_paragraph(capsys):

@@ -570,16 +570,31 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
     else:
         link = (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
     kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
-    d = Disagg(1, 1, link * plan.chips, 10e-6, kv, plan.dp)
     conc = float(res.evaluated.metrics["concurrency_per_replica"][i])
-    r = disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
+
+    def run(n_prefill: int) -> dict[str, Any]:
+        d = Disagg(n_prefill, 1, link * plan.chips, 10e-6, kv, plan.dp)
+        return disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
+
+    # one decode replica at the plan's load; its prefill pool is as many replicas as the
+    # balancing ratio asks (a 1:1 layout whose prefill pool saturates would report a queue, not
+    # what disaggregation delivers)
+    ratio = _scalar(run(1)["prefill_decode_ratio"])
+    n_prefill = max(1, min(int(np.ceil(ratio - 1e-9)), MAX_PREFILL_REPLICAS))
+    r = run(n_prefill)
     return {
         "ttft_s": _scalar(r["ttft_s"]),
         "tpot_s": _scalar(r["tpot_s"]),
         "kv_transfer_s": _scalar(r["kv_transfer_s"]),
-        "prefill_decode_ratio": _scalar(r["prefill_decode_ratio"]),
+        "prefill_decode_ratio": ratio,
+        "prefill_replicas": n_prefill,
+        "decode_replicas": 1,
         "link_bytes_per_s_per_chip": link,
     }
+
+
+# prefill replicas the disaggregated view sizes per decode replica at most
+MAX_PREFILL_REPLICAS = 64
 
 
 def _scalar(x: Any) -> float:

@@ -255,5 +255,7 @@ def test_a_family_deviation_column_is_its_shared_scales_rescaled():
     plain = np.column_stack(
         [(fun(z + 1e-6 * np.eye(len(z))[j]) - fun(z)) / 1e-6 for j in range(len(z))]
     )
-    assert problem.products == {f"gemm_scale@{f}": "gemm_scale" for f in ("ampere", "hopper", "tpu-v5p")}
+    assert problem.products == {
+        f"gemm_scale@{f}": "gemm_scale" for f in ("ampere", "hopper", "tpu-v5p")
+    }
     np.testing.assert_allclose(fast, plain, rtol=1e-3, atol=1e-5)

@@ -440,9 +440,10 @@ def _search_text(res, doc: dict, args) -> str:
         best.append(
             (
                 "disaggregated",
+                f"{dg['prefill_replicas']} prefill : {dg['decode_replicas']} decode replicas "
+                f"(balance {dg['prefill_decode_ratio']:.2f}:1): "
                 f"TTFT {fmt_time(dg['ttft_s'])} (KV transfer {fmt_time(dg['kv_transfer_s'])}), "
-                f"TPOT {fmt_time(dg['tpot_s'])}, prefill:decode replicas "
-                f"{dg['prefill_decode_ratio']:.2f}:1",
+                f"TPOT {fmt_time(dg['tpot_s'])}",
             )
         )
     return "\n".join(
