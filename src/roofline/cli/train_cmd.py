@@ -1,7 +1,9 @@
 """`roofline train`: plan (or cost one plan of) a training run: step time, MFU, memory, run time and cost.
 
 With no arguments: LLaMA-3 70B, 15T tokens, a 4M-token batch of 4096-token sequences on a
-TPU v5p pod (tpu-v5p:16x20x28) — the book's applied-training.md setting.
+TPU v5p pod (tpu-v5p:16x20x28) — the book's applied-training.md setting — costed as the chip's
+reference stack runs it (`--framework auto`: maxtext on TPU, megatron on NVIDIA and AMD GPUs;
+`--framework ideal` for the book's idealised machine).
 """
 
 from __future__ import annotations
