@@ -17,7 +17,8 @@ module turns one profile into the answers the walk, the timeline and the planner
 
 `stack_of(None)` is the idealised machine of the book (the `ideal` profile): the cheapest
 option everywhere and the book's remat rule (`memory.rerun_by`), i.e. the model as it was
-before framework profiles.
+before framework profiles. `resolve_framework("auto", chip)` is the stack a real run on that
+chip most likely uses (`default_framework_for`); the CLI's `train` and `report` default to it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ from roofline.specs.framework import Schedule as FwSchedule
 from roofline.specs.plan import ComputeDtypes, RematKind, Schedule
 
 IDEAL = "ideal"
+AUTO = "auto"
+
+# The reference training stack per chip vendor, for `--framework auto`: what a published run on
+# that hardware most likely used. TPU: MaxText, Google's reference JAX/XLA LLM stack (the one
+# Google's published TPU training performance tables are measured with). NVIDIA
+# GPUs: Megatron-LM / Megatron-Core, the stack under NeMo and NVIDIA's DGX Cloud benchmarking
+# recipes. AMD GPUs: Megatron-LM through AMD's ROCm fork (github.com/ROCm/Megatron-LM), the
+# stack AMD's ROCm training documentation benchmarks Instinct GPUs with. Vendors not listed
+# (e.g. a calibration's "cpu") have no reference stack: the idealised machine.
+DEFAULT_FRAMEWORK_BY_VENDOR: Mapping[str, tuple[str, str]] = {
+    "google": ("tpu", "maxtext"),
+    "nvidia": ("nvidia gpu", "megatron"),
+    "amd": ("amd gpu", "megatron"),
+}
 
 # The stack's own names a plan remat kind stands for, in order of preference (the first one
 # the profile lists wins): Megatron "selective", torchtitan "selective-op", MaxText "minimal".
@@ -396,6 +411,33 @@ def _build(fw: Framework) -> Stack:
     return Stack(fw, _family_policy(fw), _remat_map(fw))
 
 
+def default_framework_for(chip: Any) -> str:
+    """The framework `--framework auto` means on `chip`: its vendor's reference stack
+    (`DEFAULT_FRAMEWORK_BY_VENDOR`: TPU -> maxtext, NVIDIA and AMD GPUs -> megatron), the
+    idealised machine for a vendor without one."""
+    entry = DEFAULT_FRAMEWORK_BY_VENDOR.get(str(getattr(chip, "vendor", "")))
+    return IDEAL if entry is None else entry[1]
+
+
+def auto_reason(chip: Any) -> str:
+    """Why `auto` chose its stack on `chip`, e.g. 'tpu → maxtext'."""
+    vendor = str(getattr(chip, "vendor", ""))
+    entry = DEFAULT_FRAMEWORK_BY_VENDOR.get(vendor)
+    kind = entry[0] if entry is not None else (vendor or "unknown vendor")
+    return f"{kind} → {default_framework_for(chip)}"
+
+
+def is_auto(framework: Any) -> bool:
+    """Whether `framework` asks for the chip's reference stack (`auto`, any case)."""
+    return isinstance(framework, str) and framework.strip().lower() == AUTO
+
+
+def resolve_framework(framework: str | None, chip: Any) -> str | None:
+    """`framework` with `auto` replaced by the reference stack of `chip`'s vendor
+    (`default_framework_for`); any other value (a name, alias, path or None) unchanged."""
+    return default_framework_for(chip) if is_auto(framework) else framework
+
+
 def stack_of(framework: str | Framework | Stack | None) -> Stack:
     """The stack for a framework name, alias, TOML path or profile (None: the ideal machine).
     An unknown name is a one-paragraph UnknownNameError (load_framework)."""
@@ -409,12 +451,18 @@ def stack_of(framework: str | Framework | Stack | None) -> Stack:
 
 
 __all__ = [
+    "AUTO",
+    "DEFAULT_FRAMEWORK_BY_VENDOR",
     "FamilyPolicy",
     "IDEAL",
     "MovePolicy",
     "Stack",
+    "auto_reason",
+    "default_framework_for",
+    "is_auto",
     "move_allows",
     "policy_for_op",
     "recipe_dtypes",
+    "resolve_framework",
     "stack_of",
 ]

@@ -237,6 +237,9 @@ def train_argv(draw, known_issues: bool = True) -> list[str]:
         ]
     if not known_issues and system.startswith(("gb200", "gb300", "tpu-7x")):
         argv += ["--price", "3.0"]  # F5: unpriced chips print $nan / NaN per-token costs
+    if draw(st.integers(0, 3)) == 0:  # default: auto (the chip's reference stack)
+        stacks = ["auto", "AUTO", "ideal", "megatron", "maxtext", "torchtitan", "deepspeed"]
+        argv += ["--framework", draw(st.sampled_from([*stacks, "llm-foundry", "bogus", ""]))]
     return argv + draw(_json)
 
 

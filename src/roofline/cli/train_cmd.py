@@ -1,7 +1,9 @@
 """`roofline train`: plan (or cost one plan of) a training run: step time, MFU, memory, run time and cost.
 
 With no arguments: LLaMA-3 70B, 15T tokens, a 4M-token batch of 4096-token sequences on a
-TPU v5p pod (tpu-v5p:16x20x28) — the book's applied-training.md setting.
+TPU v5p pod (tpu-v5p:16x20x28) — the book's applied-training.md setting — costed as the chip's
+reference stack runs it (`--framework auto`: maxtext on TPU, megatron on NVIDIA and AMD GPUs;
+`--framework ideal` for the book's idealised machine).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from roofline.report.table import kv, table
 from roofline.report.text import stack_note, term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
-from roofline.stack import stack_of
+from roofline.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
 from roofline.training import (
     AssumedRun,
     StepCost,
@@ -77,8 +79,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--framework",
         metavar="NAME|FILE",
-        help="the training stack whose behaviour is costed: megatron, torchtitan, deepspeed, "
-        "maxtext, llm-foundry, ideal (default: the idealised machine of the book) or a TOML "
+        default=AUTO,
+        help="the training stack whose behaviour is costed: auto (default: the chip's reference "
+        "stack, maxtext on TPU and megatron on NVIDIA and AMD GPUs), megatron, torchtitan, "
+        "deepspeed, maxtext, llm-foundry, ideal (the idealised machine of the book) or a TOML "
         "profile (docs/frameworks.md)",
     )
     p.add_argument(
@@ -110,7 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-def _inputs(args: argparse.Namespace, model, system, work: Workload) -> dict[str, Any]:
+def _inputs(
+    args: argparse.Namespace, model, system, work: Workload, stack: Stack
+) -> dict[str, Any]:
     return {
         "model": model.name,
         "system": system.name,
@@ -123,6 +129,7 @@ def _inputs(args: argparse.Namespace, model, system, work: Workload) -> dict[str
         "assume_mfu": args.assume_mfu,
         "optimizer": args.optimizer,
         "framework": args.framework,
+        "framework_resolved": stack.name,
         "precision": args.precision,
     }
 
@@ -133,19 +140,13 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_quantity(args.batch_tokens, what="batch-tokens")
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
-    stack = stack_of(args.framework)
-    named = getattr(args, "profile", None) or getattr(args, "efficiency", None)
-    eff = (
-        resolve_profile(args, system.chip, framework=args.framework)
-        if named
-        else training_profile().for_framework(args.framework)
-    )
+    stack, eff = _stack_and_profile(args, system.chip)
     dtypes = stack.dtypes(args.precision) if args.precision else None
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")
     if args.objective is None:
         args.objective = "cost" if system.usd_per_chip_hour is not None else "time"
-    inputs = _inputs(args, model, system, work) | {"profile": eff.to_dict()}
+    inputs = _inputs(args, model, system, work, stack) | {"profile": eff.to_dict()}
 
     if args.assume_mfu is not None and not args.plan:
         return _assumed(args, model, system, work, inputs)
@@ -175,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
             NAME,
             inputs,
             {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]},
-            _render_one(model, work, cost, header=f"Plan {plan.describe()}"),
+            _render_one(
+                model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
+            ),
         )
     if args.deadline:
         return _deadline(args, model, system, work, eff, inputs, stack, dtypes)
@@ -201,7 +204,26 @@ def run(args: argparse.Namespace) -> int:
         plan_breakdown_chart(
             res.top, args.plot, title=f"{model.name}: top plans by {res.objective}"
         )
-    return emit(args, NAME, inputs, res.to_dict(), _render_search(model, system, work, res))
+    text = _render_search(model, system, work, res, auto=_auto(args, system.chip))
+    return emit(args, NAME, inputs, res.to_dict(), text)
+
+
+def _stack_and_profile(args: argparse.Namespace, chip) -> tuple[Stack, Any]:
+    """The stack `--framework` names (`auto`: the chip's reference stack, `resolve_framework`)
+    and the efficiency profile with that stack's fitted overrides."""
+    framework = resolve_framework(args.framework, chip)
+    named = getattr(args, "profile", None) or getattr(args, "efficiency", None)
+    eff = (
+        resolve_profile(args, chip, framework=framework)
+        if named
+        else training_profile().for_framework(framework)
+    )
+    return stack_of(framework), eff
+
+
+def _auto(args: argparse.Namespace, chip) -> str | None:
+    """Why `--framework auto` chose the stack on `chip` ('tpu → maxtext'), None if it was named."""
+    return auto_reason(chip) if is_auto(getattr(args, "framework", None)) else None
 
 
 def parse_chip_counts(text: str) -> tuple[int, int] | list[int]:
@@ -291,7 +313,7 @@ def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -
     text = (
         head
         + "\n\n"
-        + _render_one(model, work, b, header="Fastest plan there:")
+        + _render_one(model, work, b, header="Fastest plan there:", auto=_auto(args, system.chip))
         + "\n\nTried (bisection):\n"
         + tried
     )
@@ -379,7 +401,7 @@ def _breakdown(d: dict[str, float]) -> str:
     return ", ".join(f"{k} {fmt_bytes(v)}" for k, v in d.items() if v > 0)
 
 
-def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
+def _render_one(model, work: Workload, c: StepCost, header: str, auto: str | None = None) -> str:
     s = c.system
     d = c.to_dict()
     exposed = {k: v for k, v in c.exposed_time_s.items() if v > 1e-9}
@@ -427,7 +449,7 @@ def _render_one(model, work: Workload, c: StepCost, header: str) -> str:
     e = c.efficiency
     notes = [
         f"Assumptions: {e.describe()} (matmul {e.matmul:g}, HBM {e.hbm:g}, links {e.link:g} of peak; {e.source}).",
-        stack_note(c.framework),
+        stack_note(c.framework, auto),
     ]
     return header + "\n\n" + kv(rows) + "\n\n" + "\n".join(notes)
 
@@ -445,7 +467,7 @@ def _mfu_text(c: StepCost) -> str:
     )
 
 
-def _render_search(model, system, work: Workload, res: PlanResult) -> str:
+def _render_search(model, system, work: Workload, res: PlanResult, auto: str | None = None) -> str:
     b = res.best
     params = count_params(model)
     head = (
@@ -463,7 +485,7 @@ def _render_search(model, system, work: Workload, res: PlanResult) -> str:
     parts = [head, search]
     if res.sub_slice_note:
         parts.append("Note: " + res.sub_slice_note + ".")
-    parts.append(_render_one(model, work, b, header=f"Best plan by {res.objective}:"))
+    parts.append(_render_one(model, work, b, header=f"Best plan by {res.objective}:", auto=auto))
     parts.append("Why it wins: " + res.why + ".")
     if res.advice:
         parts.append("Advice: " + res.advice + ".")

@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile",
         default=None,
-        help="efficiency profile: default (the datasheet physics, as roofline train), peak, a name, or a TOML file",
+        help="efficiency profile: default (the measured-calibrated 'fitted' profile, "
+        "specs/profiles/fitted.toml, as roofline train), datasheet, peak, a name, or a TOML file",
     )
     p.add_argument(
         "--plot", metavar="FILE", help="predicted vs measured scatter (.png, .svg, .pdf)"

@@ -90,7 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--framework",
         default=None,
         help="the stack whose option policy predicts the collectives (maxtext = XLA's habits: "
-        "FSDP gathers weights, TP moves activations; default: the algebra's cheapest option)",
+        "FSDP gathers weights, TP moves activations; auto: the reference stack of --system's "
+        "chip; default: the algebra's cheapest option)",
     )
     p.add_argument(
         "--final",
@@ -250,6 +251,24 @@ def _verify_matmul(args: argparse.Namespace):
     return r, inputs, f"matmul {args.matmul}"
 
 
+def _framework(args: argparse.Namespace) -> str | None:
+    """--framework, with `auto` resolved on --system's chip (stack.resolve_framework)."""
+    from roofline.stack import is_auto, resolve_framework
+
+    if not is_auto(args.framework):
+        return args.framework
+    if args.system is None:
+        raise VerifyError(
+            "--framework auto without --system",
+            rule="auto is the reference stack of the system's chip (TPU: maxtext, NVIDIA and "
+            "AMD GPUs: megatron)",
+            fix="give --system (e.g. --system tpu-v5p:2x2x2) or name the stack, e.g. --framework maxtext",
+        )
+    from roofline.specs.system import parse_system
+
+    return resolve_framework(args.framework, parse_system(args.system).chip)
+
+
 def _verify_model(args: argparse.Namespace):
     from roofline.specs.model import load_model
 
@@ -279,7 +298,7 @@ def _verify_model(args: argparse.Namespace):
         final=args.final,
         bytes_tol=args.bytes_tol,
         flops_tol=args.flops_tol,
-        framework=args.framework,
+        framework=_framework(args),
     )
     inputs = {
         "model": model.name,

@@ -343,17 +343,23 @@ def assumption_rows(docs: ReportDocuments) -> list[Row]:
             )
         )
     fw = c.get("framework") or docs.train.get("framework")
-    rows.append(("framework profile", _framework(fw)))
+    rows.append(("framework profile", _framework(fw, docs.train.get("inputs", {}))))
     rows.append(("optimizer", str(docs.train.get("inputs", {}).get("optimizer", "—"))))
     return rows
 
 
-def _framework(fw: Any) -> str:
+def _framework(fw: Any, inputs: Mapping[str, Any] | None = None) -> str:
+    from roofline.stack import is_auto
+
     if fw is None:
         return "none named (the algebra's cheapest legal options)"
-    if isinstance(fw, Mapping):
-        return str(fw.get("name", fw))
-    return str(fw)
+    name = str(fw.get("name", fw)) if isinstance(fw, Mapping) else str(fw)
+    if is_auto((inputs or {}).get("framework")):
+        name += (
+            " (chosen automatically, --framework auto: the chip's reference stack; "
+            "--framework ideal for the book's idealised machine)"
+        )
+    return name
 
 
 # --- the model's ledger and its roofline -----------------------------------------------

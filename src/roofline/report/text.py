@@ -131,18 +131,25 @@ def algebra_advice(best: Any, alt: Any | None, *, limit: int = 2) -> str:
     )
 
 
-def stack_note(framework: str) -> str:
-    """One line on what the costed stack does (the old idealised-machine note for `ideal`)."""
+def stack_note(framework: str, auto: str | None = None) -> str:
+    """One line on what the costed stack does (the old idealised-machine note for `ideal`).
+
+    `auto`: why `--framework auto` chose this stack (e.g. 'tpu → maxtext'), said in the line."""
+    flag = (
+        f"(auto: {auto}; --framework ideal for the book's idealised machine)"
+        if auto
+        else f"(--framework {framework or 'ideal'})"
+    )
     if framework in ("", "ideal"):
         return (
-            "Stack: the idealised machine (--framework ideal): the algebra's cheapest option per "
+            f"Stack: the idealised machine {flag}: the algebra's cheapest option per "
             "einsum; FSDP gathers and gradient reductions hidden behind compute, tensor "
             "collectives exposed unless collective_matmul=1, expert all-to-alls unless "
             "overlap_ep=1, sequence and other activation collectives exposed; the replicas' "
             "gradient sum once per step."
         )
     return (
-        f"Stack: {framework} (--framework {framework}): its option policy, remat semantics, "
+        f"Stack: {framework} {flag}: its option policy, remat semantics, "
         "gradient timing, overlap per collective class and pipeline layout as its profile "
         "states them (docs/frameworks.md)."
     )

@@ -34,8 +34,8 @@ PROFILE_DIR = SPEC_DIR / "profiles"
 
 
 def load_profile(profile: str | Path | Efficiency | None) -> Efficiency | None:
-    """`None`/'default' (each chip vendor's documented default), 'peak', a named profile in
-    specs/profiles/, or a profile TOML file."""
+    """`None`/'default' (the project default, see `profile_used`: the 'fitted' profile),
+    'peak', a named profile in specs/profiles/, or a profile TOML file."""
     if profile is None or isinstance(profile, Efficiency):
         return profile
     s = str(profile)
