@@ -156,3 +156,14 @@ def test_verify_accepts_auto_on_the_systems_chip():
     assert _framework(ns(framework="maxtext")) == "maxtext"
     with pytest.raises(VerifyError, match="--system"):
         _framework(ns(framework="auto"))
+
+
+def test_an_alias_gets_the_overrides_fitted_for_its_stack(capsys):
+    """`--framework jax` is maxtext: the same stack, the same fitted per-framework overheads,
+    the same step (the fitted profile stores overrides under the canonical name)."""
+    argv = [*PLAN, "--system", "tpu-v5p:2x2x4"]
+    by_alias = _json(capsys, ["train", *argv, "--framework", "jax"])
+    by_name = _json(capsys, ["train", *argv, "--framework", "maxtext"])
+    assert by_alias["overhead_time_s"] > 0  # maxtext's fitted overheads are in the step
+    assert by_alias["step_time_s"] == pytest.approx(by_name["step_time_s"])
+    assert by_alias["overhead_time_s"] == pytest.approx(by_name["overhead_time_s"])

@@ -211,14 +211,16 @@ def run(args: argparse.Namespace) -> int:
 def _stack_and_profile(args: argparse.Namespace, chip) -> tuple[Stack, Any]:
     """The stack `--framework` names (`auto`: the chip's reference stack, `resolve_framework`)
     and the efficiency profile with that stack's fitted overrides."""
-    framework = resolve_framework(args.framework, chip)
+    stack = stack_of(resolve_framework(args.framework, chip))
     named = getattr(args, "profile", None) or getattr(args, "efficiency", None)
+    # the stack's canonical name: an alias (`--framework jax`) finds the overrides fitted for
+    # maxtext as `--framework maxtext` does
     eff = (
-        resolve_profile(args, chip, framework=framework)
+        resolve_profile(args, chip, framework=stack.name)
         if named
-        else training_profile().for_framework(framework)
+        else training_profile().for_framework(stack.name)
     )
-    return stack_of(framework), eff
+    return stack, eff
 
 
 def _auto(args: argparse.Namespace, chip) -> str | None:
