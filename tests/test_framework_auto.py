@@ -14,6 +14,7 @@ import pytest
 from roofline.cli import main
 from roofline.errors import VerifyError
 from roofline.specs.chip import chip_names, load_chip
+from roofline.specs.efficiency import load_profile
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 from roofline.stack import (
@@ -167,3 +168,13 @@ def test_an_alias_gets_the_overrides_fitted_for_its_stack(capsys):
     assert by_alias["overhead_time_s"] > 0  # maxtext's fitted overheads are in the step
     assert by_alias["step_time_s"] == pytest.approx(by_name["step_time_s"])
     assert by_alias["overhead_time_s"] == pytest.approx(by_name["overhead_time_s"])
+
+
+def test_the_assumptions_line_states_the_physics_the_step_used(capsys):
+    """With a physics profile the text names the chip family's numbers (not the constant view's
+    0.8/0.9/0.8), including the stack's fitted fixed overheads."""
+    assert main(["train", *PLAN, "--system", "h100:16", "--framework", "megatron"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Assumptions"))
+    fam = load_profile("fitted").for_framework("megatron").family_for(load_chip("h100"))
+    assert f"on {fam.family}" in line and f"bf16 {fam.mm_fraction['bf16']:.2f}" in line
+    assert "ms per step" in line and "matmul 0.8" not in line

@@ -20,7 +20,7 @@ from roofline.errors import PlanError
 from roofline.ledger import count_params
 from roofline.planner import PlanResult, SearchSpace, plan_training
 from roofline.report.table import kv, table
-from roofline.report.text import stack_note, term_phrase
+from roofline.report.text import profile_assumptions, stack_note, term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 from roofline.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
@@ -450,7 +450,7 @@ def _render_one(model, work: Workload, c: StepCost, header: str, auto: str | Non
         rows.append(("why not", c.reason))
     e = c.efficiency
     notes = [
-        f"Assumptions: {e.describe()} (matmul {e.matmul:g}, HBM {e.hbm:g}, links {e.link:g} of peak; {e.source}).",
+        f"Assumptions: {profile_assumptions(e, c.system.chip)}.",
         stack_note(c.framework, auto),
     ]
     return header + "\n\n" + kv(rows) + "\n\n" + "\n".join(notes)

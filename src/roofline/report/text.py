@@ -153,3 +153,31 @@ def stack_note(framework: str, auto: str | None = None) -> str:
         "gradient timing, overlap per collective class and pipeline layout as its profile "
         "states them (docs/frameworks.md)."
     )
+
+
+def profile_assumptions(eff: Any, chip: Any) -> str:
+    """One sentence on the efficiency a prediction assumed on `chip`: a physics profile's
+    family numbers (GEMMs by shape up to their large-GEMM fraction, flash attention, HBM, links,
+    fixed overheads), else a constant profile's three fractions."""
+    fam = eff.family_for(chip) if hasattr(eff, "family_for") else None
+    if fam is None:
+        return (
+            f"{eff.describe()} (matmul {eff.matmul:g}, HBM {eff.hbm:g}, links {eff.link:g} of "
+            f"peak; {eff.source})"
+        )
+    mm = ", ".join(f"{d} {v:.2f}" for d, v in fam.mm_fraction.items())
+    links = ", ".join(f"{t} {v:.2f}" for t, v in fam.link.items())
+    parts = [
+        f"GEMMs by per-chip shape up to {mm} of the dtype's peak",
+        f"flash attention {fam.attn_fwd:.2f} forward / {fam.attn_bwd:.2f} backward",
+        f"HBM {fam.hbm:.2f}",
+    ]
+    if links:
+        parts.append(f"links {links}")
+    ovh = [
+        f"{eff.step_overhead_s * 1e3:.3g} ms per step" if eff.step_overhead_s else "",
+        f"{eff.layer_overhead_s * 1e3:.3g} ms per layer pass" if eff.layer_overhead_s else "",
+    ]
+    if any(ovh):
+        parts.append("fixed " + " + ".join(x for x in ovh if x))
+    return f"{eff.describe()} on {fam.family}: " + "; ".join(parts) + f" ({eff.source})"
