@@ -10,10 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from roofline.errors import SpecError
-
-FORMATS = (".png", ".svg", ".pdf")
-
 
 def pareto_chart(
     per_user: Any,
@@ -25,18 +21,9 @@ def pareto_chart(
     best: int | None = None,
 ) -> Path:
     """Scatter of every feasible candidate, the frontier as a line, the chosen plan marked."""
-    p = Path(path)
-    if p.suffix.lower() not in FORMATS:
-        raise SpecError(
-            f"plot file {str(p)!r} has no known image extension",
-            rule="the format follows the extension: " + ", ".join(FORMATS),
-            fix=f"name the file e.g. {p.with_suffix('.png').name}",
-        )
-    if not p.parent.exists():
-        raise SpecError(
-            f"plot file {str(p)!r}: folder {str(p.parent)!r} does not exist",
-            fix="create the folder or choose another path",
-        )
+    from roofline.report.plots import check_plot_path
+
+    p = check_plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")

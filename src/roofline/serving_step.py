@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from roofline.inference import (
+    _PASS_SUMS,
     PassShape,
     PassTimes,
     Quant,
@@ -346,20 +347,6 @@ class IdealStep:
 
     def memory_per_chip(self, batch: Any, context: Any):
         return memory_per_chip(self.model, self.plan, self.quant, batch, context, ideal=True)
-
-
-_PASS_SUMS = (
-    "time_s",
-    "compute_s",
-    "memory_s",
-    "rows_s",
-    "comm_s",
-    "overhead_s",
-    "flops_per_chip",
-    "hbm_bytes_per_chip",
-    "weight_bytes_per_chip",
-    "kv_bytes_per_chip",
-)
 
 
 def _one_chip(chip: Any) -> System:

@@ -91,15 +91,7 @@ DEFAULT_KINDS = (
     "step_overhead_s@",
 )
 # Order the fit tries them in (fit.identify keeps the first of collinear ones).
-ORDER = (
-    "gemm_scale",
-    "lowp_scale",
-    "layer_overhead_s@",
-    "gemm_scale@",
-    "attn_scale",
-    "step_overhead_s@",
-    "vector_scale",
-)
+ORDER = (*DEFAULT_KINDS, "vector_scale")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def _pairs(points: Any) -> list[tuple[str, RooflineResult]]:
     return out
 
 
-def _check_path(path: str | Path) -> Path:
+def check_plot_path(path: str | Path) -> Path:
     p = Path(path)
     if p.suffix.lower() not in FORMATS:
         raise SpecError(
@@ -67,7 +67,7 @@ def roofline_chart(points: Any, chip: Chip, path: str | Path, *, title: str | No
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    p = _check_path(path)
+    p = check_plot_path(path)
     pairs = _pairs(points)
     W = chip.hbm_bw_bytes_per_s
     dtypes = sorted({r.compute_dtype for _, r in pairs} or {"bf16"}, key=lambda d: chip.peak(d))
@@ -153,7 +153,7 @@ def plan_breakdown_chart(plans: Any, path: str | Path, *, title: str | None = No
 
     `plans` are `training.StepCost`s (the planner's top list); presentation only.
     """
-    out = _check_path(path)
+    out = check_plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -663,9 +663,7 @@ def _families(
     return tuple(fams)
 
 
-def _family_over(fam: FamilyPhysics, t: Mapping[str, Any], origin: str) -> FamilyPhysics:
-    """`fam` with the keys of a partial [family.X] table replaced."""
-    where = f"efficiency file {origin}, family {fam.family!r}"
+def _check_family_keys(t: Mapping[str, Any], where: str) -> None:
     bad = [k for k in t if k not in _FAMILY_KEYS]
     if bad:
         raise SpecError(
@@ -673,6 +671,12 @@ def _family_over(fam: FamilyPhysics, t: Mapping[str, Any], origin: str) -> Famil
             rule="family keys: " + ", ".join(sorted(_FAMILY_KEYS)),
             fix="remove or rename the key",
         )
+
+
+def _family_over(fam: FamilyPhysics, t: Mapping[str, Any], origin: str) -> FamilyPhysics:
+    """`fam` with the keys of a partial [family.X] table replaced."""
+    where = f"efficiency file {origin}, family {fam.family!r}"
+    _check_family_keys(t, where)
     plain: dict[str, Any] = {k: t[k] for k in _FAMILY_KEYS - set(PARAMS) if k in t}
     if "match" in t:
         plain["match"] = tuple(str(x) for x in t["match"])
@@ -700,13 +704,7 @@ def _tile(raw: Any, where: str) -> tuple[int, int, int]:
 
 def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhysics:
     where = f"efficiency file {origin}, family {name!r}"
-    bad = [k for k in t if k not in _FAMILY_KEYS]
-    if bad:
-        raise SpecError(
-            f"{where}: unknown key {bad[0]!r}",
-            rule="family keys: " + ", ".join(sorted(_FAMILY_KEYS)),
-            fix="remove or rename the key",
-        )
+    _check_family_keys(t, where)
     for req in ("match", "tile", "mm_fraction"):
         if req not in t:
             raise SpecError(

@@ -22,7 +22,7 @@ from typing import Any
 
 from roofline.specs.chip import Chip
 from roofline.specs.model import ModelSpec
-from roofline.validate.dims import build_model
+from roofline.validate.dims import _int, build_model
 from roofline.validate.systems import chip_for_family
 
 
@@ -107,16 +107,6 @@ class ServingRun:
     @property
     def mapped(self) -> bool:
         return not self.skipped_reason
-
-
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return None
 
 
 def _pos(v: Any) -> float | None:
