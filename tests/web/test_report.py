@@ -79,6 +79,23 @@ def test_default_report_shows_the_documents_numbers(default_html):
         assert s in text, f"{s!r} is not on the page"
 
 
+def test_the_page_states_the_profile_and_its_held_out_error(default_html):
+    """The assumptions name the profile, its kind and the chip family's physics it used, and a
+    calibrated profile's error bar from its provenance; no input is shown as a raw mapping."""
+    import html as _html
+
+    train = embedded(default_html, "roofline-documents")["train"]
+    text = _html.unescape(
+        re.sub(r"<[^>]+>", " ", default_html.split('<script type="application/json"')[0])
+    )
+    e = train["efficiency"]
+    prov = e["provenance"]
+    assert f"{e['name']} ({e['kind']}) on tpu-v5p" in text
+    src = prov["cv_source_after"]
+    assert f"median |error| {src['median_abs']:.1%}, bias {src['bias']:+.1%}" in text
+    assert "{'" not in text  # a dict's repr never reaches the page
+
+
 def test_default_report_charts_carry_the_documents_numbers(default_html):
     docs = embedded(default_html, "roofline-documents")
     charts = embedded(default_html, "roofline-charts")

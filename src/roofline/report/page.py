@@ -94,7 +94,11 @@ def plan_chips(cost: Mapping[str, Any]) -> int | None:
 
 def input_rows(docs: ReportDocuments) -> list[Row]:
     i = dict(docs.train.get("inputs", {}))
-    rows: list[Row] = [(k.replace("_", " "), _plain(v)) for k, v in i.items() if v is not None]
+    rows: list[Row] = [
+        (k.replace("_", " "), _profile_name(v) if k == "profile" else _plain(v))
+        for k, v in i.items()
+        if v is not None
+    ]
     s, c = docs.system, docs.chip
     rows.append(("chip", f"{c.get('name')} ({c.get('generation', c.get('vendor', ''))})"))
     rows.append(
@@ -330,9 +334,11 @@ def assumption_rows(docs: ReportDocuments) -> list[Row]:
     e = c.get("efficiency") or {}
     rows: list[Row] = []
     if e:
-        fractions = ", ".join(f"{k} {v:g}" for k, v in e.items() if _num(v) is not None)
-        rows.append(("efficiency profile", f"{e.get('name', '?')} ({fractions})"))
+        rows.append(("efficiency profile", _profile_physics(e, docs.chip)))
         rows.append(("its source", str(e.get("source", "—"))))
+        bar = _error_bar(e.get("provenance") or {})
+        if bar:
+            rows.append(("its error bar", bar))
         cal = e.get("calibrated")
         rows.append(
             (
@@ -346,6 +352,62 @@ def assumption_rows(docs: ReportDocuments) -> list[Row]:
     rows.append(("framework profile", _framework(fw, docs.train.get("inputs", {}))))
     rows.append(("optimizer", str(docs.train.get("inputs", {}).get("optimizer", "—"))))
     return rows
+
+
+def _profile_name(v: Any) -> str:
+    """An efficiency profile as an input: its name and kind (the document holds the whole
+    profile; the assumptions section states its numbers)."""
+    if isinstance(v, Mapping):
+        kind = v.get("kind") or ("measured-calibrated" if v.get("calibrated") else "datasheet-only")
+        return f"{v.get('name', '?')} ({kind})"
+    return _plain(v)
+
+
+def _family_of(e: Mapping[str, Any], chip: Mapping[str, Any]) -> tuple[str, Mapping] | None:
+    keys = {str(chip.get(k, "")).lower() for k in ("name", "generation")}
+    keys |= {str(a).lower() for a in chip.get("aliases", ())}
+    for fam, t in (e.get("families") or {}).items():
+        if keys & {str(m).lower() for m in t.get("match", ())}:
+            return fam, t
+    return None
+
+
+def _profile_physics(e: Mapping[str, Any], chip: Mapping[str, Any]) -> str:
+    """What the profile assumes on this chip: a physics family's GEMM, attention, HBM and link
+    fractions (GEMMs reach them at large shapes), or a constant profile's three fractions."""
+    head = _profile_name(e)
+    fam = _family_of(e, chip)
+    if fam is None:
+        fr = ", ".join(
+            f"{k} {e[k]:g}" for k in ("matmul", "hbm", "link") if _num(e.get(k)) is not None
+        )
+        return f"{head}: {fr} of peak"
+    name, t = fam
+    mm = ", ".join(
+        f"{k.split('.', 1)[1]} {v:.2f}" for k, v in t.items() if k.startswith("mm_fraction.")
+    )
+    links = ", ".join(
+        f"{k.split('.', 1)[1]} {v:.2f}" for k, v in t.items() if k.startswith("link.")
+    )
+    return (
+        f"{head} on {name}: GEMMs by per-chip shape up to {mm} of the dtype's peak; flash attention "
+        f"{t.get('attn_fwd', 0):.2f} forward / {t.get('attn_bwd', 0):.2f} backward; HBM "
+        f"{t.get('hbm', 0):.2f}; links {links}"
+    )
+
+
+def _error_bar(prov: Mapping[str, Any]) -> str:
+    """A calibrated profile's held-out error, as its provenance records it (docs/calibration.md)."""
+    src, fam = prov.get("cv_source_after") or {}, prov.get("cv_chip_family_after") or {}
+    if not src:
+        return ""
+    out = (
+        f"training throughput on runs held out by source: median |error| "
+        f"{src['median_abs']:.1%}, bias {src['bias']:+.1%}"
+    )
+    if fam:
+        out += f"; held out by chip family: {fam['median_abs']:.1%}, bias {fam['bias']:+.1%}"
+    return out + f" ({prov.get('runs', '?')} public runs; docs/calibration.md)"
 
 
 def _framework(fw: Any, inputs: Mapping[str, Any] | None = None) -> str:
