@@ -27,7 +27,9 @@ def run(args: argparse.Namespace) -> int:
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise SpecError(
-            f"roofline ui needs {', '.join(missing)}, which is not installed",
+            f"roofline ui needs {', '.join(missing)}, "
+            + ("which is" if len(missing) == 1 else "which are")
+            + " not installed",
             rule="the UI dependencies are the optional extra `web`",
             fix=WEB_EXTRA,
         )

@@ -28,7 +28,9 @@ def require_web_extra() -> None:
     missing = [m for m in ("altair", "vl_convert", "jinja2") if importlib.util.find_spec(m) is None]
     if missing:
         raise SpecError(
-            f"the report needs {', '.join(missing)}, which is not installed",
+            f"the report needs {', '.join(missing)}, "
+            + ("which is" if len(missing) == 1 else "which are")
+            + " not installed",
             rule="the report and UI dependencies are the optional extra `web`",
             fix=WEB_EXTRA,
         )
