@@ -9,7 +9,7 @@ import pytest
 from roofline.validate import load_runs, validate
 from roofline.validate.runfile import Schema, entry_schema
 from roofline.validate.serving_runs import Metric, map_serving_run
-from roofline.validate.serving_score import NO_MODEL, ServingPrediction
+from roofline.validate.serving_score import ServingPrediction
 
 
 def test_schemas_are_detected_from_content(serving_file):
@@ -78,17 +78,6 @@ def test_inference_file_conversions():
     share = runs["sglang060bench-vllm-a100-tp1-8b-rps4"]
     assert "ShareGPT" in share.skipped_reason or "lengths not given" in share.skipped_reason
     assert share.measured.tpot_s == pytest.approx(0.01414)  # median_tpot, not the 129 ms chunk ITL
-
-
-def test_without_a_serving_model_runs_are_skipped_but_counted():
-    rep = validate("inference", predictor=None)
-    doc = rep.to_dict()
-    if rep.predictor_available:
-        pytest.skip("the serving model exists: covered by test_metrics_are_scored_separately")
-    assert set(doc["summary"]) == {"ttft", "tpot", "throughput"}
-    for s in doc["summary"].values():
-        assert {"n", "median_abs_error", "bias"} <= set(s) and s["n"] == 0
-    assert doc["skipped"][NO_MODEL] > 0
 
 
 def test_metrics_are_scored_separately(serving_file):

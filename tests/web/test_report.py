@@ -365,12 +365,6 @@ def test_report_runs_serve_for_its_section(tmp_path, capsys):
     assert fmt_time(serve["ttft_s"]) in html and fmt_time(serve["tpot_s"]) in html
 
 
-@pytest.mark.skipif(documents.has_command("serve"), reason="this tree has `roofline serve`")
-def test_serve_args_need_the_serve_command(capsys, tmp_path):
-    assert main(["report", "--serve", SERVE_ARGS, "--out", str(tmp_path / "r.html")]) == 2
-    assert "has no `serve` command" in capsys.readouterr().err
-
-
 def test_serve_and_serving_together_is_an_error(capsys, tmp_path):
     serve = tmp_path / "serve.json"
     serve.write_text(json.dumps(SERVE_DOC))
