@@ -870,6 +870,11 @@ class _Walker:
           NVLink there (DeepEP, Megatron's flex dispatcher) moves, across nodes, the expected
           number of distinct nodes its top_k experts sit on, N·(1 − (1 − 1/N)^k), not k
           copies (N: the NVLink domains the expert group spans; uniform routing).
+        - Group-limited routing (DeepSeek-V3 n_group 8 / topk_group 4, on in a stack with
+          node-limited routing) picks a token's experts inside its best topk_groups of
+          n_groups contiguous expert groups: they reach at most R = topk_groups · max(1,
+          N / n_groups) nodes, and N is replaced by min(N, R) above (DeepSeek-V3 Technical
+          Report §2.1.2: each token is sent to at most M = 4 nodes).
         """
         share: Any = 1.0
         tp = np.asarray(self.mesh.get("tensor", 1.0), float)
@@ -881,9 +886,19 @@ class _Walker:
             stride = np.asarray(self.mesh.get("seq", 1.0), float) * tp
             per_node = np.clip(self.scale_up / stride, 1.0, ep)
             nodes = np.where(self.scale_up > 0, ep / per_node, 1.0)
-            distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
+            reach = np.minimum(nodes, self.route_reach(nodes))
+            distinct = reach * (1.0 - (1.0 - 1.0 / reach) ** k)
             share = share * np.where(nodes > 1, np.minimum(distinct, k) / k, 1.0)
         return share
+
+    def route_reach(self, nodes: Any) -> Any:
+        """The nodes one token's experts can lie on under group-limited routing (the experts'
+        groups are contiguous, as the expert ranks are): topk_groups groups of n_groups, each
+        spanning max(1, nodes / n_groups) nodes; unlimited without it."""
+        moe = self.model.moe
+        if moe is None or moe.n_groups <= 1 or not self.stack.node_limited_routing:
+            return nodes
+        return moe.topk_groups * np.maximum(1.0, nodes / moe.n_groups)
 
     # -- per step -----------------------------------------------------------------------
     def pipeline_hop(self, seq: float) -> None:
