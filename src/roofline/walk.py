@@ -467,6 +467,7 @@ class _Walker:
         self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp, mb, scale_up
     ):
         self.model, self.ledger, self.rules = model, ledger, rules
+        self.op_names = frozenset(o.name for o in ledger.ops)
         self.mesh, self.seqs, self.phase = mesh_sizes, sequences, phase
         self.pricing, self.opts, self.pp = pricing, opts, pp
         self.stack = stack_of(opts.stack)
@@ -517,6 +518,49 @@ class _Walker:
             rr = reruns if label == Pass.FORWARD else NO_RERUN
             self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
             self.einsum_collectives(op, label, ep, block, copies, rr)
+        if self.phase == Phase.TRAIN and dtype in _QUANTISED and not self.stack.book:
+            self.quantise(op, sizes, dtype, copies, reruns)
+
+    def quantise(self, op: Op, sizes: dict, dtype: str, copies: Any, reruns) -> None:
+        """The casts of a low-precision GEMM's activation operands (Transformer Engine's
+        cast-transpose kernels): forward, the 16-bit input x is read once and written in the
+        narrow format twice, row- and column-wise (the forward GEMM reads one, the weight
+        gradient the other); backward, the output gradient dy likewise (dgrad and wgrad read
+        one each). 2 + 2·b bytes per element, b the format's bytes (fp8 1; fp4 as NVFP4,
+        0.5 + 1/16 with its scales). Weights are cast once per step (not here).
+        An input quantised by the fused norm before it (TE LayerNormLinear: q/k/v and the
+        dense MLP's fc1) or already quantised for its twin (gate and up read the same x) is
+        not cast again; the router stays in high precision (no cast)."""
+        if op.name in _NO_QUANT_OPS:
+            return
+        narrow = dtype_bytes(_SCALED_FORMAT.get(dtype, dtype))
+        per_elem = dtype_bytes(op.inputs[0].dtype) + 2.0 * narrow
+        x_fused = op.name in _NORM_FUSED_INPUTS or (
+            op.name.endswith("/gate") and op.name[:-4] + "up" in self.op_names
+        )
+        pairs = [(Pass.D_LHS, op.out)] + ([] if x_fused else [(Pass.FORWARD, op.inputs[0])])
+        p = self.pricing
+        bw = p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s
+        for label, t in pairs:
+            s = spec_of(t, self.rules)
+            elems = s.local_bytes(sizes, self.mesh) / dtype_bytes(t.dtype)
+            by = elems * per_elem
+            rr = reruns if label == Pass.FORWARD else NO_RERUN
+            self.ops.append(
+                OpRecord(
+                    op.name + "/quantise",
+                    label,
+                    OpClass.ELEMENTWISE,
+                    dtype,
+                    copies,
+                    0.0 * by,
+                    by,
+                    0.0 * by,
+                    by / bw,
+                    rr,
+                    launch_s=p.launch_s,
+                )
+            )
 
     def plan(self, op: Op, sizes: dict, dtype: str) -> tuple[EinsumPlan, ...]:
         """The forward (and, training, both backward) einsums; identical einsums (gate and up)
@@ -970,6 +1014,12 @@ class _Walker:
 
 # elementwise rows on the residual stream (split over tensor under sequence parallelism)
 _STREAM_OPS = ("norms", "residual")
+# low-precision GEMM formats whose activation operands Transformer Engine casts (walk.quantise)
+_QUANTISED = ("fp8", "fp4")
+_SCALED_FORMAT = {"fp4": "nvfp4"}  # NVFP4: fp4 values with one fp8 scale per 16
+# GEMM inputs quantised inside the fused norm before them (TE LayerNormLinear), and the router
+_NORM_FUSED_INPUTS = ("attn/q", "attn/k", "attn/v", "attn/q_a", "attn/kv_a", "mlp/up", "mlp/gate")
+_NO_QUANT_OPS = ("moe/router",)
 
 
 def _prod_axes(s: Spec, mesh: Mapping[str, Any]) -> Any:
