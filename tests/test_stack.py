@@ -260,8 +260,12 @@ def test_sequence_parallel_keeps_saved_block_inputs_sharded():
 
 def test_deepep_dispatch_sends_a_token_once_per_node():
     """With DeepEP (Megatron's MoE performance configurations) a token crosses the network
-    once per distinct destination node: E[nodes] = N(1-(1-1/N)^k) of k copies."""
-    m = load_model("deepseek-v3")
+    once per distinct destination node: E[nodes] = N(1-(1-1/N)^k) of k copies (routing
+    without DeepSeek-V3's group limit)."""
+    from dataclasses import replace
+
+    v3 = load_model("deepseek-v3")
+    m = v3.with_(moe=replace(v3.moe, n_groups=1, topk_groups=1))
     w = Workload(2**20 * 4, 4096)
     plan = "ep=64,pp=1,dp=1,remat=full"
     ds = evaluate_plan(m, parse_system("h100:64"), w, parse_plan(plan), framework="megatron")
@@ -273,6 +277,54 @@ def test_deepep_dispatch_sends_a_token_once_per_node():
     assert a and b
     assert a[0]["bytes_per_chip"] == pytest.approx(share * b[0]["bytes_per_chip"], rel=1e-9)
     assert stack_of("megatron").overlap(OverlapClass.EXPERT).plan_key == "overlap_ep"
+
+
+def test_group_limited_routing_caps_the_nodes_a_token_reaches():
+    """DeepSeek-V3 routes inside its best 4 of 8 expert groups (n_group 8, topk_group 4): on
+    64 expert ranks over 8 nodes a group is a node, so a token's 8 experts reach at most 4
+    nodes and DeepEP sends E = 4(1-(3/4)^8) copies, not 8(1-(7/8)^8); the dispatch is cheaper.
+    A stack without node-limited routing (the idealised machine's DeepSpeed) keeps all nodes."""
+    from dataclasses import replace
+
+    v3 = load_model("deepseek-v3")
+    assert (v3.moe.n_groups, v3.moe.topk_groups) == (8, 4)
+    free = v3.with_(moe=replace(v3.moe, n_groups=1, topk_groups=1))
+    w = Workload(2**20 * 4, 4096)
+    plan, sysm = parse_plan("ep=64,pp=1,dp=1,remat=full"), parse_system("h100:64")
+    lim = evaluate_plan(v3, sysm, w, plan, framework="megatron")
+    unl = evaluate_plan(free, sysm, w, plan, framework="megatron")
+
+    def a2a(c):
+        return [r for r in c.collectives if r["kind"] == "all-to-all"][0]["bytes_per_chip"]
+
+    k = 8.0
+    capped, full = 4 * (1 - (3 / 4) ** k), 8 * (1 - (7 / 8) ** k)
+    assert a2a(lim) == pytest.approx(capped / full * a2a(unl), rel=1e-9)
+    assert lim.comm_time_s["ep"] < unl.comm_time_s["ep"]
+    assert lim.step_time_s < unl.step_time_s
+    # groups spanning two nodes each (16 nodes, 8 groups): 4 groups reach 8 nodes
+    lim16 = evaluate_plan(v3, parse_system("h100:128"), w, parse_plan("ep=128,pp=1,dp=1,remat=full"),
+                          framework="megatron")  # fmt: skip
+    unl16 = evaluate_plan(free, parse_system("h100:128"), w, parse_plan("ep=128,pp=1,dp=1,remat=full"),
+                          framework="megatron")  # fmt: skip
+    r16 = 8 * (1 - (7 / 8) ** k) / (16 * (1 - (15 / 16) ** k))
+    assert a2a(lim16) == pytest.approx(r16 * a2a(unl16), rel=1e-9)
+    # no node-limited routing in the stack: the group limit is not applied
+    ds_lim = evaluate_plan(v3, sysm, w, plan, framework="deepspeed")
+    ds_unl = evaluate_plan(free, sysm, w, plan, framework="deepspeed")
+    assert a2a(ds_lim) == pytest.approx(a2a(ds_unl), rel=1e-12)
+
+
+def test_routing_groups_must_split_the_experts():
+    from dataclasses import replace
+
+    from roofline.errors import SpecError
+
+    moe = load_model("deepseek-v3").moe
+    with pytest.raises(SpecError):
+        replace(moe, n_groups=7)
+    with pytest.raises(SpecError):
+        replace(moe, topk_groups=9)
 
 
 # ------------------------------------------------------------------------------ planner

@@ -199,3 +199,60 @@ def test_every_kernel_launch_pays_the_profiles_fixed_time():
         assert _f(r.time_s) == pytest.approx(max(_f(r.compute_s), _f(r.memory_s)) + launch)
     w0 = walk_rows(MODEL, [sysm], Structure(frozenset()), rows, 1.0, led, PEAK)
     assert all(_f(r.time_s) == max(_f(r.compute_s), _f(r.memory_s)) for r in w0.ops)
+
+
+def test_low_precision_gemms_pay_their_activation_casts():
+    """Megatron fp8 training on one chip: every fp8 GEMM's activation operand is cast
+    (Transformer Engine cast-transpose): the input x forward and the output gradient dy
+    backward, each read in bf16 and written in fp8 twice (row- and column-wise), 2 + 2·1
+    bytes per element. Inputs the fused norm already quantised (q/k/v, the dense MLP's fc1)
+    and the gate's x (shared with up) are not cast again. bf16 and the idealised machine pay
+    none; the casts make the step slower, relatively more for narrow (small-expert) GEMMs."""
+    from roofline.stack import stack_of
+    from roofline.training import _evaluate_one, training_profile
+
+    m = load_model("llama-3-8b")
+    s, w = parse_system("h100:1"), Workload(4096.0, 4096)
+    eff = training_profile(None).for_framework("megatron")
+
+    def walk_of(plan, fw="megatron"):
+        p = parse_plan(plan)
+        return _evaluate_one(m, s, w, p, eff, keep=True, fw=stack_of(fw)).walk
+
+    fp8 = walk_of("dp=1,remat=none,matmul_dtype=fp8,experts_dtype=fp8")
+    casts = {(r.op, r.pass_): _f(r.hbm_bytes) for r in fp8.ops if r.op.endswith("/quantise")}
+    T, D, F, L = 4096, m.d_model, m.d_ff, m.n_layers
+    H = m.n_heads * m.d_head
+    want = {
+        ("attn/out/quantise", Pass.FORWARD): 4 * T * H,  # x of the output projection
+        ("attn/out/quantise", Pass.D_LHS): 4 * T * D,  # its dy
+        ("mlp/down/quantise", Pass.FORWARD): 4 * T * F,
+        ("mlp/down/quantise", Pass.D_LHS): 4 * T * D,
+        ("mlp/up/quantise", Pass.D_LHS): 4 * T * F,
+        ("mlp/gate/quantise", Pass.D_LHS): 4 * T * F,
+        ("attn/q/quantise", Pass.D_LHS): 4 * T * H,
+        ("attn/k/quantise", Pass.D_LHS): 4 * T * m.n_kv_heads * m.d_head,
+        ("attn/v/quantise", Pass.D_LHS): 4 * T * m.n_kv_heads * m.d_head,
+    }
+    assert casts == pytest.approx(want, rel=1e-12)
+    copies = {r.op: _f(r.copies) for r in fp8.ops if r.op.endswith("/quantise")}
+    assert set(copies.values()) == {float(L)}
+    bf16 = walk_of("dp=1,remat=none")
+    ideal = walk_of("dp=1,remat=none,matmul_dtype=fp8,experts_dtype=fp8", fw="ideal")
+    assert not [r for r in (*bf16.ops, *ideal.ops) if r.op.endswith("/quantise")]
+    # direction: the casts cost time, and relatively more as the GEMM narrows: per FLOP of
+    # the down projection (x [T, F] -> [T, D]) they move 4T(F + D) bytes for 6TFD FLOPs
+    t_cast = sum(_f(r.time_s) * _f(r.copies) for r in fp8.ops if r.op.endswith("/quantise"))
+    assert t_cast > 0
+
+    def down_bytes_per_flop(model):
+        wk = _evaluate_one(model, s, w, parse_plan("dp=1,remat=none,matmul_dtype=fp8"), eff,
+                           keep=True, fw=stack_of("megatron")).walk  # fmt: skip
+        by = sum(_f(r.hbm_bytes) for r in wk.ops if r.op == "mlp/down/quantise")
+        fl = sum(_f(r.flops_per_chip) for r in wk.ops if r.op == "mlp/down")
+        return by / fl, model.d_ff, model.d_model
+
+    for model in (m, m.with_(d_ff=768)):
+        got, f_, d_ = down_bytes_per_flop(model)
+        assert got == pytest.approx(4 * (f_ + d_) / (6 * f_ * d_), rel=1e-12)
+    assert down_bytes_per_flop(m.with_(d_ff=768))[0] > 4 * down_bytes_per_flop(m)[0]

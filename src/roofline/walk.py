@@ -467,6 +467,7 @@ class _Walker:
         self, model, ledger, rules, mesh_sizes, sequences, phase, pricing, opts, pp, mb, scale_up
     ):
         self.model, self.ledger, self.rules = model, ledger, rules
+        self.op_names = frozenset(o.name for o in ledger.ops)
         self.mesh, self.seqs, self.phase = mesh_sizes, sequences, phase
         self.pricing, self.opts, self.pp = pricing, opts, pp
         self.stack = stack_of(opts.stack)
@@ -517,6 +518,49 @@ class _Walker:
             rr = reruns if label == Pass.FORWARD else NO_RERUN
             self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
             self.einsum_collectives(op, label, ep, block, copies, rr)
+        if self.phase == Phase.TRAIN and dtype in _QUANTISED and not self.stack.book:
+            self.quantise(op, sizes, dtype, copies, reruns)
+
+    def quantise(self, op: Op, sizes: dict, dtype: str, copies: Any, reruns) -> None:
+        """The casts of a low-precision GEMM's activation operands (Transformer Engine's
+        cast-transpose kernels): forward, the 16-bit input x is read once and written in the
+        narrow format twice, row- and column-wise (the forward GEMM reads one, the weight
+        gradient the other); backward, the output gradient dy likewise (dgrad and wgrad read
+        one each). 2 + 2·b bytes per element, b the format's bytes (fp8 1; fp4 as NVFP4,
+        0.5 + 1/16 with its scales). Weights are cast once per step (not here).
+        An input quantised by the fused norm before it (TE LayerNormLinear: q/k/v and the
+        dense MLP's fc1) or already quantised for its twin (gate and up read the same x) is
+        not cast again; the router stays in high precision (no cast)."""
+        if op.name in _NO_QUANT_OPS:
+            return
+        narrow = dtype_bytes(_SCALED_FORMAT.get(dtype, dtype))
+        per_elem = dtype_bytes(op.inputs[0].dtype) + 2.0 * narrow
+        x_fused = op.name in _NORM_FUSED_INPUTS or (
+            op.name.endswith("/gate") and op.name[:-4] + "up" in self.op_names
+        )
+        pairs = [(Pass.D_LHS, op.out)] + ([] if x_fused else [(Pass.FORWARD, op.inputs[0])])
+        p = self.pricing
+        bw = p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s
+        for label, t in pairs:
+            s = spec_of(t, self.rules)
+            elems = s.local_bytes(sizes, self.mesh) / dtype_bytes(t.dtype)
+            by = elems * per_elem
+            rr = reruns if label == Pass.FORWARD else NO_RERUN
+            self.ops.append(
+                OpRecord(
+                    op.name + "/quantise",
+                    label,
+                    OpClass.ELEMENTWISE,
+                    dtype,
+                    copies,
+                    0.0 * by,
+                    by,
+                    0.0 * by,
+                    by / bw,
+                    rr,
+                    launch_s=p.launch_s,
+                )
+            )
 
     def plan(self, op: Op, sizes: dict, dtype: str) -> tuple[EinsumPlan, ...]:
         """The forward (and, training, both backward) einsums; identical einsums (gate and up)
@@ -870,6 +914,11 @@ class _Walker:
           NVLink there (DeepEP, Megatron's flex dispatcher) moves, across nodes, the expected
           number of distinct nodes its top_k experts sit on, N·(1 − (1 − 1/N)^k), not k
           copies (N: the NVLink domains the expert group spans; uniform routing).
+        - Group-limited routing (DeepSeek-V3 n_group 8 / topk_group 4, on in a stack with
+          node-limited routing) picks a token's experts inside its best topk_groups of
+          n_groups contiguous expert groups: they reach at most R = topk_groups · max(1,
+          N / n_groups) nodes, and N is replaced by min(N, R) above (DeepSeek-V3 Technical
+          Report §2.1.2: each token is sent to at most M = 4 nodes).
         """
         share: Any = 1.0
         tp = np.asarray(self.mesh.get("tensor", 1.0), float)
@@ -881,9 +930,19 @@ class _Walker:
             stride = np.asarray(self.mesh.get("seq", 1.0), float) * tp
             per_node = np.clip(self.scale_up / stride, 1.0, ep)
             nodes = np.where(self.scale_up > 0, ep / per_node, 1.0)
-            distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
+            reach = np.minimum(nodes, self.route_reach(nodes))
+            distinct = reach * (1.0 - (1.0 - 1.0 / reach) ** k)
             share = share * np.where(nodes > 1, np.minimum(distinct, k) / k, 1.0)
         return share
+
+    def route_reach(self, nodes: Any) -> Any:
+        """The nodes one token's experts can lie on under group-limited routing (the experts'
+        groups are contiguous, as the expert ranks are): topk_groups groups of n_groups, each
+        spanning max(1, nodes / n_groups) nodes; unlimited without it."""
+        moe = self.model.moe
+        if moe is None or moe.n_groups <= 1 or not self.stack.node_limited_routing:
+            return nodes
+        return moe.topk_groups * np.maximum(1.0, nodes / moe.n_groups)
 
     # -- per step -----------------------------------------------------------------------
     def pipeline_hop(self, seq: float) -> None:
@@ -955,6 +1014,12 @@ class _Walker:
 
 # elementwise rows on the residual stream (split over tensor under sequence parallelism)
 _STREAM_OPS = ("norms", "residual")
+# low-precision GEMM formats whose activation operands Transformer Engine casts (walk.quantise)
+_QUANTISED = ("fp8", "fp4")
+_SCALED_FORMAT = {"fp4": "nvfp4"}  # NVFP4: fp4 values with one fp8 scale per 16
+# GEMM inputs quantised inside the fused norm before them (TE LayerNormLinear), and the router
+_NORM_FUSED_INPUTS = ("attn/q", "attn/k", "attn/v", "attn/q_a", "attn/kv_a", "mlp/up", "mlp/gate")
+_NO_QUANT_OPS = ("moe/router",)
 
 
 def _prod_axes(s: Spec, mesh: Mapping[str, Any]) -> Any:

@@ -316,6 +316,10 @@ def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
             n_shared_experts=c.int("n_shared_experts", 0, allow_zero=True, hi=1024),
             dense_layers=dense,
             router_bias=c.data.get("topk_method") == "noaux_tc",
+            # group-limited routing: DeepSeek-V3 n_group 8 / topk_group 4 (a token's experts
+            # sit in at most 4 of 8 groups); V2-Lite leaves both at 1
+            n_groups=c.int("n_group", 1, hi=MAX_EXPERTS),
+            topk_groups=c.int("topk_group", 1, hi=MAX_EXPERTS),
         )
     return None
 

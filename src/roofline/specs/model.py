@@ -66,6 +66,8 @@ _MOE_INT = {
     "d_ff_expert": (1, MAX_FF),
     "n_shared_experts": (0, 1024),
     "dense_layers": (0, MAX_LAYERS),
+    "n_groups": (1, MAX_EXPERTS),
+    "topk_groups": (1, MAX_EXPERTS),
 }
 _MLA_INT = {
     "kv_lora_rank": (1, MAX_WIDTH),
@@ -98,6 +100,12 @@ class MoESpec:
     d_ff_shared: int | None = None  # F of one shared expert (default d_ff_expert)
     dense_layers: int = 0  # first layers that use a dense MLP of width ModelSpec.d_ff
     router_bias: bool = False
+    # group-limited routing (DeepSeek-V2/V3 n_group / topk_group; Megatron-Core
+    # moe_router_num_groups / moe_router_group_topk): the experts split into `n_groups`
+    # contiguous groups and a token picks its top_k experts inside its `topk_groups` best
+    # groups. 1 / 1 = unlimited.
+    n_groups: int = 1
+    topk_groups: int = 1
 
     def __post_init__(self) -> None:
         for f, (lo, hi) in _MOE_INT.items():
@@ -105,6 +113,13 @@ class MoESpec:
         if self.d_ff_shared is not None:
             check_int("[moe]", "d_ff_shared", self.d_ff_shared, 1, MAX_FF)
         check_bool("[moe]", "router_bias", self.router_bias)
+        if self.n_experts % self.n_groups or self.topk_groups > self.n_groups:
+            raise SpecError(
+                f"[moe]: n_groups={self.n_groups}, topk_groups={self.topk_groups} for "
+                f"{self.n_experts} experts",
+                rule="the routing groups split the experts evenly and a token picks at most all groups",
+                fix="e.g. n_groups = 8, topk_groups = 4 (DeepSeek-V3), or leave both at 1",
+            )
 
 
 @dataclass(frozen=True)

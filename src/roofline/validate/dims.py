@@ -11,7 +11,8 @@ Shared by the training, inference and serving readers. Rules (docs/validate.md, 
   by model family: LLaMA, Mixtral, Qwen, DeepSeek, Kimi, GLM, MiniMax, gpt-oss, Gemma ->
   gated (SwiGLU/GeGLU); GPT, MPT, Nemotron-4 and anything else -> plain (GPT-style).
 - head_dim: given, else d_model / heads.
-- MoE: experts, top_k, moe_d_ff, shared_experts, first_dense_layers -> MoESpec; MLA ranks.
+- MoE: experts, top_k, moe_d_ff, shared_experts, first_dense_layers, routing_groups,
+  topk_routing_groups -> MoESpec; MLA ranks.
 - attention notes: "QK-norm" -> qk_norm; "sliding-window-N" alternating -> every other layer
   local with window N.
 """
@@ -99,6 +100,8 @@ def _moe(moe: dict[str, Any]) -> MoESpec:
         d_ff_expert=int(moe["moe_d_ff"]),
         n_shared_experts=int(moe.get("shared_experts") or 0),
         dense_layers=int(moe.get("first_dense_layers") or 0),
+        n_groups=int(moe.get("routing_groups") or 1),
+        topk_groups=int(moe.get("topk_routing_groups") or 1),
     )
 
 

@@ -274,3 +274,63 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         why="sequence length unstated: 8192, the 8K pre-training stage the table describes",
     ),
 }
+
+
+MB_PERF = "NVIDIA-NeMo/Megatron-Bridge@067f987d src/megatron/bridge/perf_recipes"
+
+
+@dataclass(frozen=True)
+class RecipeOverride:
+    """A published benchmark's own recipe where it sets what the stack's default leaves off.
+
+    Matched on the source family, the model name, the chip family and the published
+    precision (regexes, case-insensitive): one benchmark configuration of a performance
+    table, whatever its row id. `plan` holds plan keys appended to the run's plan."""
+
+    family: str
+    model: str
+    chip_family: str
+    precision: str
+    plan: str
+    why: str
+
+
+RECIPES: tuple[RecipeOverride, ...] = (
+    RecipeOverride(
+        "megatron-bridge",
+        r"deepseek-v3",
+        r"^b200$",
+        r"mxfp8",
+        "overlap_ep=1",
+        (
+            "EP all-to-all overlapped with the other microbatch's compute (the benchmark's recipe: "
+            f"{MB_PERF}/deepseek/b200/deepseek_v3.py:124-155 deepseek_v3_pretrain_256gpu_b200_fp8mx_config "
+            "sets overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True, DeepEP dispatch)"
+        ),
+    ),
+    RecipeOverride(
+        "megatron-bridge",
+        r"qwen3-30b-a3b",
+        r"^b200$",
+        r"mxfp8",
+        "overlap_ep=1",
+        (
+            "EP all-to-all overlapped with the other microbatch's compute (the benchmark's recipe: "
+            f"{MB_PERF}/qwen/b200/qwen3_moe.py:285-324 qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config "
+            "sets CommOverlapConfig(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True))"
+        ),
+    ),
+)
+
+
+def recipe_for(family: str, model: str, chip_family: str, precision: str) -> RecipeOverride | None:
+    """The benchmark recipe of this source, model, chip and precision, if one is recorded."""
+    for r in RECIPES:
+        if (
+            r.family == family
+            and re.search(r.model, model.lower())
+            and re.search(r.chip_family, chip_family.lower())
+            and re.search(r.precision, precision.lower())
+        ):
+            return r
+    return None

@@ -30,7 +30,14 @@ from roofline.validate.conventions import (
     from_flops,
 )
 from roofline.validate.dims import build_model
-from roofline.validate.sources import DOCUMENTS, Source, StackDefaults, defaults_for, identify
+from roofline.validate.sources import (
+    DOCUMENTS,
+    Source,
+    StackDefaults,
+    defaults_for,
+    identify,
+    recipe_for,
+)
 from roofline.validate.systems import chip_for_family, system_for
 
 
@@ -498,6 +505,20 @@ def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     return "".join("," + k for k in keys)
 
 
+def _recipe_text(src: Source, m: dict, hw: dict, p: dict, notes: list[str]) -> str:
+    """Plan keys the benchmark's own recipe sets beyond the stack's defaults (sources.RECIPES)."""
+    r = recipe_for(
+        src.family,
+        str(m.get("name") or ""),
+        str(hw.get("chip_family") or ""),
+        str(p.get("precision") or ""),
+    )
+    if r is None:
+        return ""
+    notes.append(r.why)
+    return "," + r.plan
+
+
 MAXTEXT_BATCHES = (12, 8, 4, 2, 1)  # per_device_batch_size: base.yml default 12, then halving
 
 
@@ -543,6 +564,7 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
             ) from None
         raise
     plan_text += _dtypes_text(str(p.get("precision") or ""), st.framework, notes)
+    plan_text += _recipe_text(src, m, hw, p, notes)
     try:
         plan = parse_plan(plan_text)
         work = Workload(float(gbs * seq), seq)
