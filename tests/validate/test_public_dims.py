@@ -31,3 +31,17 @@ def test_unknown_models_are_still_skipped_with_the_reason():
 def test_the_public_runs_cover_71_of_78(training_report):
     covered = sum(r.covered for r in training_report.results)
     assert covered >= 71
+
+
+def test_routing_groups_come_from_the_public_config_when_the_entry_lacks_them():
+    """DeepSeek-V3 entries transcribe dims but not its device-limited routing (n_group 8,
+    topk_group 4): the model gets them from public_dims.toml, cited; an entry's own win."""
+    moe = {"experts": 256, "top_k": 8, "moe_d_ff": 2048, "shared_experts": 1}
+    entry = {"name": "DeepSeek-V3", "layers": 61, "d_model": 7168, "heads": 128, "vocab": 129280}
+    built = build_model({**entry, "moe": moe}, "x")
+    assert (built.spec.moe.n_groups, built.spec.moe.topk_groups) == (8, 4)
+    assert any("routing groups" in d and "config.json" in d for d in built.defaults)
+    own = build_model({**entry, "moe": {**moe, "routing_groups": 1, "topk_routing_groups": 1}}, "x")
+    assert (own.spec.moe.n_groups, own.spec.moe.topk_groups) == (1, 1)
+    other = build_model({**entry, "name": "Some-MoE", "moe": moe}, "x")
+    assert (other.spec.moe.n_groups, other.spec.moe.topk_groups) == (1, 1)

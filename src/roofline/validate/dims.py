@@ -138,6 +138,26 @@ def public_dims(name: str) -> dict[str, Any] | None:
     return dict(hit) if hit else None
 
 
+ROUTING_KEYS = ("routing_groups", "topk_routing_groups")
+
+
+def _public_routing(moe: dict[str, Any], name: str, defaults: list[str]) -> dict[str, Any]:
+    """An entry's `moe:` mapping with the routing groups its public config states (DeepSeek's
+    device-limited routing) when the entry does not transcribe them."""
+    if all(k in moe for k in ROUTING_KEYS):
+        return moe
+    public = public_dims(name) or {}
+    fill = {k: public[k] for k in ROUTING_KEYS if k in public and k not in moe}
+    if not fill:
+        return moe
+    defaults.append(
+        "MoE routing groups not in the entry: "
+        + ", ".join(f"{k} {v}" for k, v in fill.items())
+        + f" from its public config, {public.get('source', '')}"
+    )
+    return {**moe, **fill}
+
+
 def build_model(m: Any, run_id: str) -> BuiltModel:
     """ModelSpec from a run's `model:` mapping; `reason` says why not when it cannot be built."""
     if not isinstance(m, dict):
@@ -170,6 +190,8 @@ def build_model(m: Any, run_id: str) -> BuiltModel:
         kv = heads
         defaults.append(f"kv_heads unstated: = heads = {heads} (MHA)")
     moe_raw = m.get("moe") if isinstance(m.get("moe"), dict) else None
+    if moe_raw is not None:
+        moe_raw = _public_routing(moe_raw, name, defaults)
     d_ff = _int(m.get("d_ff"))
     if d_ff is None:
         if moe_raw and _int(moe_raw.get("moe_d_ff")):
