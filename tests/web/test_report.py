@@ -303,6 +303,21 @@ def test_timeline_keeps_a_remainder_it_cannot_name():
     assert math.isclose(sum(s["seconds"] for s in segs), 1.0)
 
 
+def test_timeline_names_the_fixed_overheads():
+    """The profile's and stack's fixed overheads are a named part of the step, not a remainder:
+    the default report's plan (MaxText's fitted per-layer time) adds up without "other"."""
+    cost = {
+        "step_time_s": 1.0,
+        "compute_time_s": 0.6,
+        "exposed_time_s": {"tp": 0.1},
+        "optimizer_time_s": 0.05,
+        "overhead_time_s": 0.25,
+    }
+    segs = page.timeline_segments(cost)
+    assert [s["part"] for s in segs][-1] == "fixed overheads (step, per layer)"
+    assert math.isclose(sum(s["seconds"] for s in segs), 1.0)
+
+
 def test_comm_rows_show_raw_and_exposed_side_by_side():
     cost = {
         "comm_time_s": {"fsdp": 0.1, "tp": 0.4, "sp": 0.0},

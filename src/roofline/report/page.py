@@ -152,11 +152,12 @@ def _run_line(c: Mapping[str, Any]) -> str:
 
 # --- the step timeline and memory of the listed plans -------------------------------------
 
-TIMELINE_ORDER = ("compute", "exposed", "bubble", "optimizer", "other")
+TIMELINE_ORDER = ("compute", "exposed", "bubble", "optimizer", "overheads", "other")
 
 
 def timeline_segments(cost: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """compute, exposed communication per kind, bubble, optimizer (and any remainder) in seconds.
+    """compute, exposed communication per kind, bubble, optimizer, the profile's and stack's fixed
+    overheads (and any remainder) in seconds.
 
     The parts are the document's own fields; if they do not add up to `step_time_s` (a newer
     step model with more terms), the remainder is shown as "other" rather than dropped.
@@ -167,6 +168,7 @@ def timeline_segments(cost: Mapping[str, Any]) -> list[dict[str, Any]]:
     parts += [
         ("bubble", "pipeline bubble", cost.get("bubble_time_s")),
         ("optimizer", "optimizer", cost.get("optimizer_time_s")),
+        ("overheads", "fixed overheads (step, per layer)", cost.get("overhead_time_s")),
     ]
     segs = [
         {"group": g, "part": name, "seconds": float(t)} for g, name, t in parts if _num(t) and t > 0

@@ -173,6 +173,7 @@ def plan_breakdown_chart(plans: Any, path: str | Path, *, title: str | None = No
     time_parts += [
         ("bubble", lambda p: p.bubble_time_s),
         ("optimizer", lambda p: p.optimizer_time_s),
+        ("fixed overheads", lambda p: p.overhead_time_s),
     ]
     left = [0.0] * len(plans)
     for i, (name, get) in enumerate(time_parts):
