@@ -131,3 +131,11 @@ def test_duplicate_ids_are_skipped(tmp_path, training_entries):
     p.write_text(yaml.safe_dump([e, e]))
     runs = validate(str(p)).to_dict()["runs"]
     assert runs[0]["error"] is not None and "duplicate id" in runs[1]["skipped_reason"]
+
+
+def test_an_unknown_framework_names_validates_own_choices(capsys):
+    """validate's --framework also takes auto and none: the error says so."""
+    assert main(["validate", "--runs", "training", "--framework", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "auto (each run's own stack)" in err and "none" in err and "megatron" in err
+    assert "Traceback" not in err

@@ -90,9 +90,21 @@ def validate(
 ) -> TrainingReport | ServingReport:
     """Validate a runs file (path or 'training' / 'inference' / 'serving')."""
     if framework not in ("auto", "none", ""):
+        from roofline.errors import UnknownNameError
+        from roofline.specs.framework import framework_names
         from roofline.stack import stack_of
 
-        stack_of(framework)  # an unknown stack is a one-paragraph error, not a silent no-op
+        try:  # an unknown stack is a one-paragraph error, not a silent no-op
+            stack_of(framework)
+        except UnknownNameError as e:
+            raise UnknownNameError(
+                e.what,
+                rule="validate's --framework is auto (each run's own stack), none (no profile), "
+                + "one of "
+                + ", ".join(framework_names())
+                + ", or a path to a framework TOML file",
+                fix="pass --framework auto, or one of the stacks named",
+            ) from None
     rf = runs if isinstance(runs, RunFile) else load_runs(runs)
     eff = load_profile(profile)
     name = profile_used(eff).describe()
