@@ -216,3 +216,26 @@ def test_serving_inputs_are_checked(ui_url):
     assert status == 400
     expected = "has no input 'bogus'" if has_command("serve") else "no `serve` command"
     assert expected in json.loads(body)["error"]
+
+
+def test_the_form_offers_the_stacks_and_profiles_and_the_api_uses_them(ui_url, capsys):
+    """The form's framework and profile boxes list the catalogs (auto first); a chosen stack
+    and profile reach the document exactly as `roofline train --framework --profile` would."""
+    status, page = get(ui_url, "/", {**SMALL, "framework": "megatron"})
+    html = page.decode()
+    assert status == 200
+    assert '<option value="megatron" selected>' in html and '<option value="auto">' in html
+    assert '<option value="datasheet">' in html and '<option value="fitted">' in html
+    params = {
+        "model": "tiny-llama",
+        "system": "h100:8",
+        "framework": "megatron",
+        "profile": "datasheet",
+    }
+    status, body = get(ui_url, "/api/train", params)
+    assert status == 200
+    doc = json.loads(body)
+    argv = ["train", "--model", "tiny-llama", "--system", "h100:8"]
+    cli = cli_json(capsys, [*argv, "--framework", "megatron", "--profile", "datasheet"])
+    assert without_time(doc) == without_time(cli)
+    assert doc["inputs"]["framework_resolved"] == "megatron"

@@ -23,7 +23,19 @@ SYSTEM_EXAMPLES = (
     "a100:512",
 )
 # the train inputs the form shows, in order (the rest keep their defaults; the URL may set them)
-FIELDS = ("batch_tokens", "seq", "tokens", "objective", "optimizer", "chips", "plan", "top")
+FIELDS = (
+    "batch_tokens",
+    "seq",
+    "tokens",
+    "objective",
+    "optimizer",
+    "chips",
+    "plan",
+    "top",
+    "framework",
+    "precision",
+    "profile",
+)
 # the `roofline serve` inputs of the optional serving section (named serve.<input> in the URL)
 SERVE_FIELDS = (
     "system",
@@ -62,6 +74,20 @@ def _template():
     return env.from_string(TEMPLATE.read_text(encoding="utf-8"))
 
 
+def _catalog_choices(name: str) -> list[str]:
+    """The catalog names the form offers for inputs that also take a file on the command line
+    (the stacks, the efficiency profiles); the URL may still name a file."""
+    if name == "framework":
+        from roofline.specs.framework import framework_names
+
+        return ["auto", *framework_names()]
+    if name == "profile":
+        from roofline.specs.efficiency import profile_names
+
+        return list(profile_names())
+    return []
+
+
 def _field(command: str, name: str, query: Mapping[str, str], prefix: str = "") -> dict:
     a = input_actions(command)[name]
     key = prefix + name
@@ -71,7 +97,7 @@ def _field(command: str, name: str, query: Mapping[str, str], prefix: str = "") 
         "label": name.replace("_", " "),
         "value": query.get(key, query.get(key.replace("_", "-"), "")),
         "placeholder": "" if a.default is None else str(a.default),
-        "choices": list(a.choices or []),
+        "choices": list(a.choices or []) or _catalog_choices(name),
         "help": (a.help or "").replace("%%", "%"),
     }
 
