@@ -539,28 +539,27 @@ class _Walker:
             op.name.endswith("/gate") and op.name[:-4] + "up" in self.op_names
         )
         pairs = [(Pass.D_LHS, op.out)] + ([] if x_fused else [(Pass.FORWARD, op.inputs[0])])
-        p = self.pricing
-        bw = p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s
         for label, t in pairs:
             s = spec_of(t, self.rules)
             elems = s.local_bytes(sizes, self.mesh) / dtype_bytes(t.dtype)
             by = elems * per_elem
             rr = reruns if label == Pass.FORWARD else NO_RERUN
+            name = op.name + "/quantise"
             self.ops.append(
-                OpRecord(
-                    op.name + "/quantise",
-                    label,
-                    OpClass.ELEMENTWISE,
-                    dtype,
-                    copies,
-                    0.0 * by,
-                    by,
-                    0.0 * by,
-                    by / bw,
-                    rr,
-                    launch_s=p.launch_s,
+                self.vector_record(
+                    name, label, OpClass.ELEMENTWISE, dtype, copies, 0.0 * by, by, rr
                 )
             )
+
+    def vector_record(
+        self, name: str, label: Pass, cls: OpClass, dtype: str, copies, fl, by, rr
+    ) -> OpRecord:
+        """A memory-bound kernel (elementwise, gather, cast): FLOPs at the vector units' rate,
+        bytes at the profile's vector-kernel HBM bandwidth, one launch."""
+        p = self.pricing
+        comp = fl / p.vector_flops_per_s
+        mem = by / (p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s)
+        return OpRecord(name, label, cls, dtype, copies, fl, by, comp, mem, rr, launch_s=p.launch_s)
 
     def plan(self, op: Op, sizes: dict, dtype: str) -> tuple[EinsumPlan, ...]:
         """The forward (and, training, both backward) einsums; identical einsums (gate and up)
@@ -766,26 +765,9 @@ class _Walker:
                 for t in (*op.inputs, op.out)
                 if not t.on_chip
             )
-        p = self.pricing
-        comp, mem = (
-            fl / p.vector_flops_per_s,
-            by / (p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s),
-        )
         cls = OpClass.EMBEDDING if op.kind == OpKind.GATHER else OpClass.ELEMENTWISE
-        dtype = op.out.dtype
-        rec = OpRecord(
-            op.name,
-            Pass.FORWARD,
-            cls,
-            dtype,
-            copies,
-            fl,
-            by,
-            comp,
-            mem,
-            self.stack.rerun_by(op),
-            launch_s=p.launch_s,
-        )
+        rr = self.stack.rerun_by(op)
+        rec = self.vector_record(op.name, Pass.FORWARD, cls, op.out.dtype, copies, fl, by, rr)
         self.ops.append(rec)
         if self.phase == Phase.TRAIN:  # one backward pass: the gradient of the input (the table)
             back = Pass.D_RHS if cls == OpClass.EMBEDDING else Pass.D_LHS
