@@ -142,18 +142,34 @@ ROUTING_KEYS = ("routing_groups", "topk_routing_groups")
 
 
 def _public_routing(moe: dict[str, Any], name: str, defaults: list[str]) -> dict[str, Any]:
-    """An entry's `moe:` mapping with the routing groups its public config states (DeepSeek's
-    device-limited routing) when the entry does not transcribe them."""
+    """An entry's `moe:` mapping with the routing groups of the model preset it names
+    (DeepSeek's device-limited routing, in specs/models/deepseek-v3.toml from its config.json)
+    when the entry does not transcribe them and the preset has the entry's expert count."""
     if all(k in moe for k in ROUTING_KEYS):
         return moe
-    public = public_dims(name) or {}
-    fill = {k: public[k] for k in ROUTING_KEYS if k in public and k not in moe}
-    if not fill:
+    from roofline.errors import RooflineError
+    from roofline.specs.model import load_model
+
+    try:
+        preset = (
+            load_model(name.strip())
+            if name.strip() and not name.endswith((".toml", ".json"))
+            else None
+        )
+    except RooflineError:
+        preset = None
+    pm = preset.moe if preset is not None else None
+    if pm is None or pm.n_groups <= 1 or pm.n_experts != _int(moe.get("experts")):
         return moe
+    fill = {
+        k: v
+        for k, v in (("routing_groups", pm.n_groups), ("topk_routing_groups", pm.topk_groups))
+        if k not in moe
+    }
     defaults.append(
         "MoE routing groups not in the entry: "
         + ", ".join(f"{k} {v}" for k, v in fill.items())
-        + f" from its public config, {public.get('source', '')}"
+        + f" from the {preset.name} preset ({preset.source})"
     )
     return {**moe, **fill}
 
