@@ -366,10 +366,16 @@ def _profile_name(v: Any) -> str:
 
 
 def _family_of(e: Mapping[str, Any], chip: Mapping[str, Any]) -> tuple[str, Mapping] | None:
-    keys = {str(chip.get(k, "")).lower() for k in ("name", "generation")}
-    keys |= {str(a).lower() for a in chip.get("aliases", ())}
+    """The profile family (as the document holds it) that covers the document's chip."""
+    from roofline.specs.efficiency import chip_matches
+
     for fam, t in (e.get("families") or {}).items():
-        if keys & {str(m).lower() for m in t.get("match", ())}:
+        if chip_matches(
+            t.get("match", ()),
+            chip.get("name", ""),
+            chip.get("generation", ""),
+            chip.get("aliases", ()),
+        ):
             return fam, t
     return None
 

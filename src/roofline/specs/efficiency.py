@@ -455,6 +455,13 @@ def _chip_keys(name: str, generation: str, aliases: tuple[str, ...]) -> frozense
     return frozenset(normalize(x) for x in (name, generation, *aliases))
 
 
+def chip_matches(match: Any, name: str, generation: str = "", aliases: Any = ()) -> bool:
+    """Whether a family's `match` list covers a chip given by name, generation and aliases (the
+    rule of `FamilyPhysics.covers`, for callers holding a chip or a profile as JSON)."""
+    keys = _chip_keys(str(name), str(generation), tuple(str(a) for a in aliases))
+    return not {normalize(str(m)) for m in match}.isdisjoint(keys)
+
+
 def _tier(tier: str) -> str:
     t = str(tier).strip().lower().replace("-", "_")
     if t not in TIERS:
