@@ -816,6 +816,7 @@ __all__ = [
     "default_efficiency",
     "default_profile",
     "DEFAULT_PROFILE",
+    "chip_matches",
     "load_efficiency",
     "load_profile",
     "profile_names",
