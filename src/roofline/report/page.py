@@ -390,18 +390,10 @@ def _profile_physics(e: Mapping[str, Any], chip: Mapping[str, Any]) -> str:
             f"{k} {e[k]:g}" for k in ("matmul", "hbm", "link") if _num(e.get(k)) is not None
         )
         return f"{head}: {fr} of peak"
+    from roofline.report.text import family_physics
+
     name, t = fam
-    mm = ", ".join(
-        f"{k.split('.', 1)[1]} {v:.2f}" for k, v in t.items() if k.startswith("mm_fraction.")
-    )
-    links = ", ".join(
-        f"{k.split('.', 1)[1]} {v:.2f}" for k, v in t.items() if k.startswith("link.")
-    )
-    return (
-        f"{head} on {name}: GEMMs by per-chip shape up to {mm} of the dtype's peak; flash attention "
-        f"{t.get('attn_fwd', 0):.2f} forward / {t.get('attn_bwd', 0):.2f} backward; HBM "
-        f"{t.get('hbm', 0):.2f}; links {links}"
-    )
+    return f"{head} on {name}: {family_physics(t)}"
 
 
 def _error_bar(prov: Mapping[str, Any]) -> str:

@@ -155,6 +155,27 @@ def stack_note(framework: str, auto: str | None = None) -> str:
     )
 
 
+def family_physics(params: Any) -> str:
+    """A chip family's efficiency physics in words, from its flattened parameters
+    (`FamilyPhysics.params()`, or the same keys in a JSON document): the large-GEMM fraction per
+    dtype, flash attention per pass, HBM and the link tiers."""
+
+    def listed(prefix: str) -> str:
+        return ", ".join(
+            f"{k.split('.', 1)[1]} {v:.2f}" for k, v in params.items() if k.startswith(prefix)
+        )
+
+    parts = [
+        f"GEMMs by per-chip shape up to {listed('mm_fraction.')} of the dtype's peak",
+        f"flash attention {params.get('attn_fwd', 0):.2f} forward / "
+        f"{params.get('attn_bwd', 0):.2f} backward",
+        f"HBM {params.get('hbm', 0):.2f}",
+    ]
+    if listed("link."):
+        parts.append(f"links {listed('link.')}")
+    return "; ".join(parts)
+
+
 def profile_assumptions(eff: Any, chip: Any) -> str:
     """One sentence on the efficiency a prediction assumed on `chip`: a physics profile's
     family numbers (GEMMs by shape up to their large-GEMM fraction, flash attention, HBM, links,
@@ -165,15 +186,7 @@ def profile_assumptions(eff: Any, chip: Any) -> str:
             f"{eff.describe()} (matmul {eff.matmul:g}, HBM {eff.hbm:g}, links {eff.link:g} of "
             f"peak; {eff.source})"
         )
-    mm = ", ".join(f"{d} {v:.2f}" for d, v in fam.mm_fraction.items())
-    links = ", ".join(f"{t} {v:.2f}" for t, v in fam.link.items())
-    parts = [
-        f"GEMMs by per-chip shape up to {mm} of the dtype's peak",
-        f"flash attention {fam.attn_fwd:.2f} forward / {fam.attn_bwd:.2f} backward",
-        f"HBM {fam.hbm:.2f}",
-    ]
-    if links:
-        parts.append(f"links {links}")
+    parts = [family_physics(fam.params())]
     ovh = [
         f"{eff.step_overhead_s * 1e3:.3g} ms per step" if eff.step_overhead_s else "",
         f"{eff.layer_overhead_s * 1e3:.3g} ms per layer pass" if eff.layer_overhead_s else "",
