@@ -398,10 +398,6 @@ def search(q: ServeQuery) -> ServeResult:
     return ServeResult(q, ev, order, front)
 
 
-def chip_cost_per_s(system: System) -> float | None:
-    return None if system.usd_per_chip_hour is None else system.usd_per_chip_hour / HOUR
-
-
 __all__ = [
     "Candidates",
     "Evaluated",

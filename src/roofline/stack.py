@@ -258,12 +258,6 @@ class Stack:
         return dtype_bytes(self.framework.data_parallel.grad_reduce.dtype) / 2.0
 
     @property
-    def fsdp_grad_bytes_factor(self) -> float:
-        from roofline.units import dtype_bytes
-
-        return dtype_bytes(self.framework.fsdp.grad_reduce_dtype) / 2.0
-
-    @property
     def param_gather(self) -> bool:
         """ZeRO-1/2 all-gather the updated parameters over the replicas after each step."""
         return self.framework.data_parallel.param_gather is not None and not self.book
@@ -290,12 +284,6 @@ class Stack:
         """Stages may hold different numbers of layers (Megatron first/last or a layout,
         torchtitan's balanced split, MaxText's partial pipeline)."""
         return any(u != Uneven.NONE for u in self.framework.pipeline.uneven)
-
-    @property
-    def pipeline_edge_layers(self) -> float:
-        """Layers the embedding and the loss count as when stages are split."""
-        p = self.framework.pipeline
-        return p.embedding_layers + p.loss_layers
 
     @property
     def cp_method(self) -> CPMethod | None:
