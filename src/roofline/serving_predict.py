@@ -7,9 +7,11 @@ model — the same step costs and steady state as `roofline serve`, never fitted
 
 How each workload mode is simulated:
 - aggregated / concurrency: closed loop at `concurrency` over the replicas; the reported TTFT
-  averages in the first wave (all requests start together) with weight 1/10: the benchmark issues
-  about 10×concurrency requests (AIConfigurator's stated assumption for its measured sample,
-  sdk/backends/*_backend.py run_agg);
+  averages in the first wave (all requests start together) with the weight the benchmark client
+  gives it (`FIRST_WAVE_SHARE`, by the run's harness): 1/10 for AIConfigurator's measured sample
+  (it assumes about 10×concurrency requests, sdk/backends/*_backend.py run_agg), 0 for GenAI-Perf
+  (its perf_analyzer measures in time windows and repeats them until the values are stable, so the
+  start-up burst is not in the reported window);
 - disaggregated: prefill workers (one prompt per pass) and decode workers joined by the KV
   transfer over NVLink (inside an NVL72 rack) or the node's scale-out NIC;
 - offline: all requests queued: the engine runs at its largest batch (KV capacity, max_num_seqs);
@@ -41,7 +43,18 @@ from roofline.specs.engines import EngineProfile, engine_names, load_engine
 from roofline.specs.system import parse_system
 from roofline.units import parse_dtype
 
-FIRST_WAVE_SHARE = 0.1  # 1 / (requests per concurrency slot): AIConfigurator assumes 10x
+# The weight of the all-at-once first wave in a closed-loop benchmark's reported mean TTFT, by the
+# client that measured it (validate.serving_runs names it from the workload text).
+FIRST_WAVE_SHARE = {
+    # 1 / (requests per concurrency slot): AIConfigurator assumes 10×concurrency requests
+    # (ai-dynamo/aiconfigurator sdk/backends/*_backend.py run_agg)
+    "aiconfigurator": 0.1,
+    # perf_analyzer "measures the throughput and latency over a time window, and then repeats the
+    # measurements until it gets stable values" (triton-inference-server docs/perf_analyzer.md):
+    # the reported window is steady state
+    "genai-perf": 0.0,
+}
+DEFAULT_FIRST_WAVE_SHARE = 0.1  # a client not named: assume AIConfigurator's 10 waves
 _DTYPE_FALLBACK = {
     "fp8_block": "fp8",
     "mxfp4": "fp4",
@@ -179,11 +192,21 @@ def _aggregated_step(run: Any, eff: Efficiency, quant: Quant) -> tuple[StepModel
     return replica_step(run, par, eff, quant), replicas
 
 
+def first_wave_share(run: Any) -> float:
+    """The first wave's weight in the run's reported TTFT (`FIRST_WAVE_SHARE` by harness)."""
+    return FIRST_WAVE_SHARE.get(getattr(run.workload, "harness", ""), DEFAULT_FIRST_WAVE_SHARE)
+
+
+def _wave_note(run: Any) -> str:
+    h = getattr(run.workload, "harness", "") or "harness not named"
+    return f"first-wave share {first_wave_share(run):g} ({h})"
+
+
 def _closed_loop(run, eff, engine, quant, concurrency: float | None = None) -> dict[str, Any]:
     P, G = _lengths(run)
     step, replicas = _aggregated_step(run, eff, quant)
     C = float(concurrency or run.workload.concurrency or 1) / replicas
-    work = Workload(P, G, first_wave_share=FIRST_WAVE_SHARE)
+    work = Workload(P, G, first_wave_share=first_wave_share(run))
     cap = replica_capacity(step, engine, P + G)
     s = steady_state(step, engine, work, C, batch_cap=max(cap, 1.0))
     rps = _f(s.requests_per_s) * replicas
@@ -192,7 +215,11 @@ def _closed_loop(run, eff, engine, quant, concurrency: float | None = None) -> d
         "tpot_s": _f(s.tpot_s),
         "output_tokens_per_s": C * replicas * G / _f(s.e2e_s),
         "requests_per_s": rps,
-        "notes": (f"replica batch cap {cap:g}", f"decode batch {_f(s.decode_batch):.1f}"),
+        "notes": (
+            f"replica batch cap {cap:g}",
+            f"decode batch {_f(s.decode_batch):.1f}",
+            _wave_note(run),
+        ),
     }
 
 
@@ -271,11 +298,14 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     d = Disagg(max(pre_p.workers, 1), max(dec_p.workers, 1), bw, 10e-6, kv_tok, per_pass)
     cap = replica_capacity(dec, engine, P + G)
     C = float(run.workload.concurrency or 1)
-    work = Workload(P, G, first_wave_share=FIRST_WAVE_SHARE)
+    work = Workload(P, G, first_wave_share=first_wave_share(run))
     r = disaggregated(pre, dec, d, work, C, decode_cap=max(cap, 1.0), engine=engine)
     return {
         "ttft_s": _f(r["ttft_s"]),
         "tpot_s": _f(r["tpot_s"]),
         "output_tokens_per_s": C * G / _f(r["e2e_s"]),
-        "notes": (f"KV transfer {_f(r['kv_transfer_s']) * 1e3:.2f} ms per request",),
+        "notes": (
+            f"KV transfer {_f(r['kv_transfer_s']) * 1e3:.2f} ms per request",
+            _wave_note(run),
+        ),
     }

@@ -63,6 +63,7 @@ class ServingWorkload:
     concurrency: int | None = None
     request_rate_rps: float | None = None
     batch: int | None = None
+    harness: str = ""  # the benchmark client that measured it (aiconfigurator | genai-perf | ...)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,25 @@ def _mode(text: str, disagg: bool) -> str:
     return low or "unknown"
 
 
-def _workload(w: Any, disagg: bool) -> ServingWorkload:
+_HARNESSES = (
+    ("genai-perf", "genai-perf"),
+    ("perf_analyzer", "genai-perf"),
+    ("bench_serving", "bench-serving"),
+    ("benchmark_serving", "bench-serving"),
+    ("vllm bench", "bench-serving"),
+)
+
+
+def _harness(text: str, schema: str) -> str:
+    """The benchmark client named in the workload text; the serving file's header names its
+    own (AIConfigurator's measured sample)."""
+    if schema == "serving":
+        return "aiconfigurator"
+    low = text.lower()
+    return next((key for pat, key in _HARNESSES if pat in low), "")
+
+
+def _workload(w: Any, disagg: bool, schema: str = "") -> ServingWorkload:
     w = w if isinstance(w, dict) else {}
     rate = w.get("request_rate_rps")
     return ServingWorkload(
@@ -217,6 +236,7 @@ def _workload(w: Any, disagg: bool) -> ServingWorkload:
         concurrency=_int(w.get("concurrency")),
         request_rate_rps=float(rate) if isinstance(rate, (int, float)) else None,
         batch=_int(w.get("batch_size")) or _int(w.get("batch")),
+        harness=_harness(str(w.get("mode", "")), schema),
     )
 
 
@@ -311,7 +331,7 @@ def map_serving_run(e: Any, schema: str) -> ServingRun:
     chip, chip_why = chip_for_family(fam)
     p = e.get("parallelism") if isinstance(e.get("parallelism"), dict) else {}
     disagg = "prefill" in p and "decode" in p
-    work = _workload(e.get("workload"), disagg)
+    work = _workload(e.get("workload"), disagg, schema)
     chips = _int(hw.get("chips"))
     reason = _skip_reason(e, built.reason, chip, chip_why, chips, work, attention)
     if (
