@@ -92,6 +92,7 @@ ORDER = (
     "calibrate.device",
     "calibrate.runs",
     "calibrate.ship",
+    "calibrate.serving",
     # presentation and the command line
     "report.plots",
     "serving_plot",

@@ -432,7 +432,11 @@ def speculative_tpot(
 @dataclass(frozen=True)
 class Disagg:
     """Two pools: `prefill_replicas` of the prefill step model, `decode_replicas` of the decode one;
-    the KV cache of each prompt crosses `link_bw_bytes_per_s` (+ `link_latency_s`)."""
+    the KV cache of each prompt crosses `link_bw_bytes_per_s` (+ `link_latency_s`). `handoff_s` is
+    the per-request hand-off between the pools (router -> prefill worker -> KV-ready notification
+    -> the decode worker's first step): pure latency on every request's way to its first token,
+    holding no prefill or decode capacity (the profile's `disagg_handoff_s`, fitted by
+    `roofline calibrate --from-runs serving`; 0 in the datasheet profile)."""
 
     prefill_replicas: int
     decode_replicas: int
@@ -440,6 +444,7 @@ class Disagg:
     link_latency_s: float = 10e-6
     kv_bytes_per_token: float = 0.0
     prefill_batch: int = 1  # prompts a prefill replica runs per pass
+    handoff_s: float = 0.0
 
 
 def disaggregated(
@@ -454,8 +459,8 @@ def disaggregated(
 ) -> dict[str, Any]:
     """Closed-loop steady state of a disaggregated deployment at `concurrency` (all pools).
 
-    Prefill replicas run one prompt at a time (TTFT = queue + prefill + KV transfer); decode
-    replicas run pure decode passes at B_d = (C − X·TTFT) / decode_replicas sequences each.
+    Prefill replicas run one prompt at a time (TTFT = queue + prefill + KV transfer + hand-off);
+    decode replicas run pure decode passes at B_d = (C − X·TTFT) / decode_replicas sequences each.
     """
     C = np.asarray(concurrency, float)
     G, P, Pn, ctx = work.gen, work.prompt, work.new_prompt, work.decode_context
@@ -464,11 +469,15 @@ def disaggregated(
     t_pf = _cohort_pass(pre, 0.0, ctx, per, Pn, P, Pn) + ovh
     cap_pf = d.prefill_replicas * per / t_pf  # prompts/s the prefill pool can do
     xfer = d.link_latency_s + P * d.kv_bytes_per_token / d.link_bw_bytes_per_s
+    # every request's way from prefill to its first token: the KV transfer and the hand-off
+    # (pure latency: in a closed loop it lengthens each request's cycle, so it enters the fixed
+    # point; where a pool saturates it replaces queueing rather than adding to it)
+    lat = xfer + d.handoff_s
     cap = np.minimum(decode_cap, engine.max_num_seqs if engine else np.inf)
-    X = C / (t_pf + xfer + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
+    X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
     for _ in range(ITERATIONS):
         rho = np.minimum(X / cap_pf, 0.95)
-        ttft_min = t_pf * (1 + rho / (2 * (1 - rho))) + xfer
+        ttft_min = t_pf * (1 + rho / (2 * (1 - rho))) + lat
         Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
         tau = _decode(dec, Bd, ctx, ovh)
         X_new = np.minimum(
@@ -477,7 +486,7 @@ def disaggregated(
         X = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
     # the first wave: all C arrive together and queue for the prefill pool's passes
-    first = np.maximum((C / (d.prefill_replicas * per) + 1) / 2 * t_pf + xfer, ttft_min)
+    first = np.maximum((C / (d.prefill_replicas * per) + 1) / 2 * t_pf + lat, ttft_min)
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
     # servers each pool needs at this throughput: the prefill:decode ratio that balances them
@@ -491,6 +500,7 @@ def disaggregated(
         "decode_batch": Bd,
         "prefill_s": t_pf,
         "kv_transfer_s": xfer,
+        "handoff_s": d.handoff_s,
         "prefill_utilisation": X * t_pf / d.prefill_replicas,
         "prefill_decode_ratio": n_pre / np.maximum(n_dec, 1e-12),
     }

@@ -295,7 +295,15 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     # the prefill worker's chips each send their shard of the cache in parallel
     bw = link * plan_of(pre_p).chips
     per_pass = max(pre_p.batch or 1, 1) * max(pre_p.dp, 1)
-    d = Disagg(max(pre_p.workers, 1), max(dec_p.workers, 1), bw, 10e-6, kv_tok, per_pass)
+    d = Disagg(
+        max(pre_p.workers, 1),
+        max(dec_p.workers, 1),
+        bw,
+        10e-6,
+        kv_tok,
+        per_pass,
+        handoff_s=float(getattr(eff, "disagg_handoff_s", 0.0)),
+    )
     cap = replica_capacity(dec, engine, P + G)
     C = float(run.workload.concurrency or 1)
     work = Workload(P, G, first_wave_share=first_wave_share(run))
@@ -306,6 +314,16 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
         "output_tokens_per_s": C * G / _f(r["e2e_s"]),
         "notes": (
             f"KV transfer {_f(r['kv_transfer_s']) * 1e3:.2f} ms per request",
+            *_handoff_note(d),
             _wave_note(run),
         ),
     }
+
+
+def _handoff_note(d: Disagg) -> tuple[str, ...]:
+    if not d.handoff_s:
+        return ()
+    return (
+        f"disaggregated hand-off {d.handoff_s * 1e3:.0f} ms per request "
+        "(profile's disagg_handoff_s, fitted by calibrate --from-runs serving)",
+    )

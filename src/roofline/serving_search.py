@@ -567,9 +567,10 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
         link = (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
     kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
     conc = float(res.evaluated.metrics["concurrency_per_replica"][i])
+    handoff = float(getattr(q.efficiency, "disagg_handoff_s", 0.0))
 
     def run(n_prefill: int) -> dict[str, Any]:
-        d = Disagg(n_prefill, 1, link * plan.chips, 10e-6, kv, plan.dp)
+        d = Disagg(n_prefill, 1, link * plan.chips, 10e-6, kv, plan.dp, handoff_s=handoff)
         return disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
 
     # one decode replica at the plan's load; its prefill pool is as many replicas as the
@@ -582,6 +583,7 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
         "ttft_s": _scalar(r["ttft_s"]),
         "tpot_s": _scalar(r["tpot_s"]),
         "kv_transfer_s": _scalar(r["kv_transfer_s"]),
+        "handoff_s": handoff,
         "prefill_decode_ratio": ratio,
         "prefill_replicas": n_prefill,
         "decode_replicas": 1,

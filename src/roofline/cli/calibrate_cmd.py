@@ -2,6 +2,7 @@
 
     roofline calibrate --device [--quick] --out my-chip.toml
     roofline calibrate --from-runs training [--framework megatron] --out fitted.toml [--docs FILE]
+    roofline calibrate --from-runs serving [--base fitted] [--out fitted.toml] [--docs FILE]
 
 `--device` times JAX microbenchmarks on the local device (matmul sweep per dtype, grouped
 GEMM, HBM copy, RMS norm, flash attention prefill/decode, all-reduce with several devices),
@@ -10,8 +11,11 @@ predicted per kernel with the datasheet-only profile and with the fitted one.
 `--from-runs` fits a few physical factors (a shared GEMM scale with per-family deviations,
 low-precision GEMMs, attention, elementwise kernels, fixed overheads per framework) through
 the step model on training runs in the measured_training.yaml schema (`training` = the public
-runs), with leave-one-source-out and leave-one-chip-family-out cross-validation. Both write a
-profile that `--profile FILE` reads.
+runs), with leave-one-source-out and leave-one-chip-family-out cross-validation. A serving-runs
+file (`serving` = AIConfigurator's public sample) fits the disaggregated hand-off
+(`disagg_handoff_s`) on the disaggregated runs' TTFT instead (calibrate.serving), with
+leave-one-engine-out and leave-one-chip-family-out cross-validation. All write a profile that
+`--profile FILE` reads.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--device", action="store_true", help="microbenchmark the local accelerator with JAX"
     )
     mode.add_argument(
-        "--from-runs", metavar="FILE", help="measured runs (measured_training.yaml schema)"
+        "--from-runs",
+        metavar="FILE",
+        help="measured runs: training (measured_training.yaml schema) or serving "
+        "(measured_serving_aic.yaml schema: fits the disaggregated hand-off)",
     )
     p.add_argument(
         "--quick", action="store_true", help="--device: a few seconds instead of a few minutes"
@@ -49,7 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--jobs",
         help="--from-runs: worker processes for the step model (default: up to 2 cores)",
     )
-    p.add_argument("--base", default="datasheet", help="profile to start from (default: datasheet)")
+    p.add_argument(
+        "--base",
+        help="profile to start from (default: datasheet; serving runs: fitted, the default profile)",
+    )
     p.add_argument("--out", help="write the fitted profile here (TOML, for --profile FILE)")
     p.add_argument(
         "--no-cv", action="store_true", help="--from-runs: fit only, without cross-validation"
@@ -77,6 +87,7 @@ def _device(args: argparse.Namespace) -> int:
     say = None if quiet else (lambda s: print(s, file=sys.stderr))
     if say:
         say(f"timing microbenchmarks{' (quick)' if args.quick else ''} ...")
+    args.base = args.base or "datasheet"
     cal = run_device_calibration(quick=args.quick, base=args.base, chip=args.chip, progress=say)
     written = _write_device(args.out, cal, profile_to_toml, chip_to_toml)
     d = cal.to_dict() | {"written": written}
@@ -136,6 +147,9 @@ def _runs(args: argparse.Namespace) -> int:
     from roofline.calibrate.ship import calibrate_from_runs, runs_text
     from roofline.cli._common import int_flag
 
+    if _is_serving(args.from_runs):
+        return _serving(args)
+    args.base = args.base or "datasheet"
     jobs = None if args.jobs is None else int_flag(args.jobs, "jobs", hi=64, example="2")
     try:
         say = None if args.json else (lambda m: print(m, file=sys.stderr))
@@ -158,4 +172,35 @@ def _runs(args: argparse.Namespace) -> int:
             fix="use a build that includes `roofline validate`",
         ) from None
     inputs = {"from_runs": args.from_runs, "framework": args.framework, "base": args.base}
+    return emit(args, NAME, inputs, res.to_dict(), runs_text(res))
+
+
+def _is_serving(path: str) -> bool:
+    try:
+        from roofline.validate.runfile import Schema, load_runs
+    except ModuleNotFoundError:  # the training path says what is missing
+        return False
+    return load_runs(path).schema != Schema.TRAINING
+
+
+def _serving(args: argparse.Namespace) -> int:
+    """Serving runs: fit the disaggregated hand-off (roofline.calibrate.serving)."""
+    from roofline.calibrate.serving import calibrate_serving, runs_text
+
+    if args.framework or args.jobs:
+        raise SpecError(
+            "--framework and --jobs select and split training runs",
+            rule="a serving calibration fits every mapped disaggregated run, in one process",
+            fix="drop --framework / --jobs",
+        )
+    say = None if args.json else (lambda m: print(m, file=sys.stderr))
+    res = calibrate_serving(
+        args.from_runs,
+        base=args.base or "fitted",
+        out=args.out,
+        docs=args.docs,
+        cv=not args.no_cv,
+        progress=say,
+    )
+    inputs = {"from_runs": args.from_runs, "base": args.base or "fitted"}
     return emit(args, NAME, inputs, res.to_dict(), runs_text(res))

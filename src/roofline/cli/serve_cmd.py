@@ -442,7 +442,9 @@ def _search_text(res, doc: dict, args) -> str:
                 "disaggregated",
                 f"{dg['prefill_replicas']} prefill : {dg['decode_replicas']} decode replicas "
                 f"(balance {dg['prefill_decode_ratio']:.2f}:1): "
-                f"TTFT {fmt_time(dg['ttft_s'])} (KV transfer {fmt_time(dg['kv_transfer_s'])}), "
+                f"TTFT {fmt_time(dg['ttft_s'])} (KV transfer {fmt_time(dg['kv_transfer_s'])}"
+                + (f", hand-off {fmt_time(dg['handoff_s'])}" if dg.get("handoff_s") else "")
+                + "), "
                 f"TPOT {fmt_time(dg['tpot_s'])}",
             )
         )

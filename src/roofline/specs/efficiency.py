@@ -136,6 +136,16 @@ OVERHEADS: dict[str, Param] = {
     "layer_overhead_s": Param(
         0.0, 10e-3, "s", "fixed time per layer per microbatch pass (launches, syncs)"
     ),
+    # no published number: fitted only by `roofline calibrate --from-runs serving`
+    # (docs/calibration.md has its cross-validated error)
+    "disagg_handoff_s": Param(
+        0.0,
+        2.0,
+        "s",
+        "latency added to every disaggregated request's time to first token: the hand-off "
+        "router -> prefill worker -> KV-ready notification -> the decode worker's first step "
+        "(pure latency: it holds no prefill or decode capacity)",
+    ),
 }
 
 
@@ -266,6 +276,7 @@ class Efficiency:
     calibrated: bool = False
     step_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0
+    disagg_handoff_s: float = 0.0  # seconds per disaggregated request (see OVERHEADS)
     families: tuple[FamilyPhysics, ...] = ()
     frameworks: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: MappingProxyType({})
@@ -277,7 +288,7 @@ class Efficiency:
 
     def __hash__(self) -> int:
         plain = (self.name, self.matmul, self.hbm, self.link, self.source, self.calibrated)
-        ovh = (self.step_overhead_s, self.layer_overhead_s, self.framework)
+        ovh = (self.step_overhead_s, self.layer_overhead_s, self.disagg_handoff_s, self.framework)
         return hash((*plain, *ovh, self.families, tuple(sorted(self.frameworks))))
 
     def __post_init__(self) -> None:
@@ -427,6 +438,7 @@ class Efficiency:
             "link": self.link,
             "step_overhead_s": self.step_overhead_s,
             "layer_overhead_s": self.layer_overhead_s,
+            "disagg_handoff_s": self.disagg_handoff_s,
             "families": {
                 f.family: {
                     "match": list(f.match),
@@ -442,7 +454,9 @@ class Efficiency:
         """One line for a report: which profile, measured or datasheet."""
         kind = "measured-calibrated" if self.calibrated else "datasheet-only"
         fw = f", framework {self.framework}" if self.framework else ""
-        return f"efficiency profile '{self.name}' ({kind}{fw})"
+        h = self.disagg_handoff_s
+        hand = f", disaggregated hand-off {h * 1e3:.0f} ms" if h else ""
+        return f"efficiency profile '{self.name}' ({kind}{fw}{hand})"
 
     @property
     def kind(self) -> str:
@@ -769,7 +783,7 @@ def _framework_from_dict(
         else:
             raise SpecError(
                 f"efficiency file {origin}: framework {fw!r}: unknown key {k!r}",
-                rule="framework keys: step_overhead_s, layer_overhead_s, calibrated, source, [family.*]",
+                rule="framework keys: " + ", ".join(OVERHEADS) + ", calibrated, source, [family.*]",
                 fix="remove or rename the key",
             )
     return out
