@@ -291,3 +291,12 @@ def test_calibrate_serving_cli_refuses_too_few_runs(tmp_path, capsys):
     assert main(["calibrate", "--from-runs", str(f), "--no-cv"]) == 2
     err = capsys.readouterr().err
     assert "2 mapped disaggregated run(s)" in err and "Traceback" not in err
+
+
+def test_the_profile_writer_round_trips_the_handoff():
+    from roofline.calibrate.write import profile_to_toml
+
+    p = replace(load_profile("datasheet"), disagg_handoff_s=0.4)
+    back = profile_from_dict(tomllib.loads(profile_to_toml(p)), "x.toml")
+    assert back.disagg_handoff_s == 0.4 and back.families == p.families
+    assert load_profile("datasheet").disagg_handoff_s == 0.0 == PEAK.disagg_handoff_s
