@@ -75,6 +75,9 @@ class Problem:
     # through their product (a family's deviation and a shared scale), so its Jacobian column
     # is the partner's, rescaled: no model evaluation for it
     products: Mapping[str, str] = field(default_factory=dict)
+    # values a fit could not identify, derived from those it did (fill(values, fitted)): a
+    # cross-validation fold's held-out group takes them instead of the prior
+    fill: Callable[[Mapping[str, float], Sequence[str]], Mapping[str, float]] | None = None
 
     def __post_init__(self) -> None:
         m = np.asarray(self.measured, float)
@@ -470,14 +473,15 @@ def cross_validate(
         if progress:
             progress(f"  fold: {by} {g} held out ({len(test)} observations)")
         r = fit(problem, names, train, loss=loss, start=start, tol=tol, diff_step=diff_step)
+        values = dict(problem.fill(r.values, r.fitted)) if problem.fill else r.values
         folds.append(
             Fold(
                 str(g),
                 len(train),
                 len(test),
                 problem.errors(problem.prior, test),
-                problem.errors(r.values, test),
-                r.values,
+                problem.errors(values, test),
+                values,
                 r.fitted,
                 tuple(x.name for x in r.refused),
             )

@@ -128,6 +128,7 @@ def build_problem(
         products=scales.products(params),
         min_rows=MIN_RUNS,
         scope_name=lambda n: by_name[n].scope_name(),
+        fill=scales.fill_unfitted,
     )
 
 
@@ -233,13 +234,23 @@ def calibrate_cases(
     )
     values = tidy({n: rf.result.values[n] for n in rf.result.fitted})
     fitted = replace(
-        scales.apply(prof, values),
+        scales.apply(prof, {**values, **pooled_for_uncovered(values, keep)}),
         name="fitted" if not framework else f"fitted-{framework}",
         calibrated=bool(values),
         source=f"datasheet physics x factors fitted by `roofline calibrate --from-runs` on {len(keep)} measured training runs"
         + (f" (framework {framework})" if framework else ""),
     )
     return RunsCalibration(fitted, rf, skipped)
+
+
+def pooled_for_uncovered(values: Mapping[str, float], cases: Sequence[RunCase]) -> dict[str, float]:
+    """Overheads for the catalog's frameworks no run covers (`ideal`, the book's machine, keeps
+    none): the median of the fitted frameworks' (`scales.pooled_overheads`)."""
+    from roofline.specs.framework import framework_names
+
+    covered = {c.framework for c in cases}
+    rest = [fw for fw in framework_names() if fw not in covered and fw != "ideal"]
+    return tidy(scales.pooled_overheads(values, tuple(values), rest))
 
 
 def tidy(values: Mapping[str, float]) -> dict[str, float]:

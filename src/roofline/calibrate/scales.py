@@ -18,7 +18,10 @@ datasheet physics of the runs' chip families, plus fixed costs per framework:
 - `layer_overhead_s@FRAMEWORK`, `step_overhead_s@FRAMEWORK`: fixed time per layer per
   microbatch pass and per step of a framework (launches, host syncs, the optimizer's Python
   loop), on top of the framework profile's sourced overheads; stored as the framework's
-  overrides in the profile (`profile.for_framework`).
+  overrides in the profile (`profile.for_framework`). A framework no run covers (in a
+  cross-validation fold: the held-out one) takes the median of the fitted frameworks' values
+  of each kind (`pooled_overheads`): the typical framework's fixed cost, not the idealised
+  machine's zero.
 
 Factors apply to a family's values and are clipped to the physical bounds of what they scale
 (`specs.efficiency.PARAMS`: a fraction never exceeds 1).
@@ -40,6 +43,8 @@ LOW_PRECISION = ("fp8", "fp4", "int8", "int4", "nvfp4", "mxfp4", "mxfp8", "fp8_b
 # Partial pooling: a chip family's deviation from the shared GEMM scale counts this many
 # pseudo-runs at the shared value (one: a family with 3 runs moves 3/4 of the way to its own).
 POOL_RUNS = 1.0
+# Fewest fitted frameworks whose overheads pool into a value for a framework without runs.
+POOL_MIN_FRAMEWORKS = 2
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,28 @@ def products(params: Sequence[FitParam]) -> dict[str, str]:
     }
 
 
+def pooled_overheads(
+    values: Mapping[str, float], fitted: Sequence[str], frameworks: Sequence[str]
+) -> dict[str, float]:
+    """`KIND@FW` for each framework in `frameworks` whose KIND was not fitted: the median of the
+    fitted frameworks' values of that kind (none when fewer than `POOL_MIN_FRAMEWORKS` were)."""
+    out: dict[str, float] = {}
+    for kind in OVERHEADS:
+        got = [float(values[n]) for n in fitted if n.partition("@")[0] == kind and "@" in n]
+        if len(got) < POOL_MIN_FRAMEWORKS:
+            continue
+        pooled = float(np.median(got))
+        out.update({f"{kind}@{fw}": pooled for fw in frameworks if f"{kind}@{fw}" not in fitted})
+    return out
+
+
+def fill_unfitted(values: Mapping[str, float], fitted: Sequence[str]) -> dict[str, float]:
+    """A fit's values with the framework overheads it could not fit (no runs of that framework
+    in its observations, e.g. a cross-validation fold's held-out framework) set to the pool."""
+    frameworks = sorted({parse(n).framework for n in values} - {""})
+    return {**values, **pooled_overheads(values, fitted, frameworks)}
+
+
 # -- values -> profile ---------------------------------------------------------------------
 
 
@@ -241,8 +268,10 @@ __all__ = [
     "apply",
     "candidates",
     "family_values",
+    "fill_unfitted",
     "framework_values",
     "parse",
+    "pooled_overheads",
     "prior_weights",
     "products",
 ]

@@ -27,6 +27,7 @@ from roofline.calibrate.runs import (
     RunsCalibration,
     calibrate_cases,
     cases_from_file,
+    pooled_for_uncovered,
     predict_cases,
     tidy,
 )
@@ -122,6 +123,7 @@ def provenance(res: RunsCalibration, path: str | Path, base: str, command: str) 
     r = rf.result
     out["runs"] = len(rf.cases)
     out["fitted"] = tidy({n: r.values[n] for n in r.fitted})
+    out["pooled"] = pooled_for_uncovered(out["fitted"], rf.cases)
     out["refused"] = {x.name: x.reason for x in r.refused}
     out["in_sample_before"] = _summary(r.error_before)
     out["in_sample_after"] = _summary(r.error_after)
@@ -158,6 +160,12 @@ def profile_text(res: RunsCalibration, base: str) -> str:
         lines.append(
             f"source = {toml_value('fitted by roofline calibrate --from-runs (provenance above)')}"
         )
+        lines += [f"{k} = {toml_value(v)}" for k, v in sorted(ovh.items())]
+    pooled = {} if rf is None else pooled_for_uncovered(values, rf.cases)
+    for fw, ovh in sorted(scales.framework_values(pooled).items()):
+        lines += ["", f"[framework.{toml_key(fw)}]", "calibrated = true"]
+        why = "no runs of this framework: the median of the fitted frameworks' overheads (provenance.pooled)"
+        lines.append(f"source = {toml_value(why)}")
         lines += [f"{k} = {toml_value(v)}" for k, v in sorted(ovh.items())]
     return "\n".join(lines) + "\n"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from roofline.errors import RooflineError
 from roofline.specs.chip import Chip, load_chip
-from roofline.specs.system import System, parse_system
+from roofline.specs.system import System, gpu_cluster, parse_system
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ def system_for(chip: Chip, chips: int, slices: int = 1) -> SystemChoice:
     else:
         spec = f"{chip.name}:{chips}"
     try:
-        system = parse_system(spec)
+        # a GPU cluster is built from the chip object itself (a run's published memory variant)
+        system = parse_system(spec) if chip.is_tpu or chip.ici_axes else gpu_cluster(chip, chips)
     except RooflineError as e:
         return SystemChoice(None, "", f"no {chip.name} system of {chips} chips: {e.what}")
     return SystemChoice(system, f"{spec} ({system.description})")
