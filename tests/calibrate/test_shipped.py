@@ -168,4 +168,6 @@ def test_the_docs_carry_the_serving_cv_table_of_the_shipped_fit():
     for s in ("Leave-one-engine-out", "Leave-one-chip family-out", "all held-out runs"):
         assert s in tab
     for key in ("cv_engine_after", "cv_chip_family_after"):
-        assert f"{prov[key]['median_abs'] * 100:.1f}%" in tab
+        # the provenance keeps 4 digits, the table rounds the unrounded value to 0.1 point
+        v = prov[key]["median_abs"]
+        assert any(f"{x * 100:.1f}%" in tab for x in (v - 5e-5, v, v + 5e-5)), (key, v)
