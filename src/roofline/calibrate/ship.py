@@ -247,7 +247,7 @@ def runs_text(res: RunsCalibration, docs: bool = False) -> str:
 
 def _cv_title(by: str) -> str:
     what = {
-        "source": "a held-out source's framework overheads keep their starting value when no other source runs that framework",
+        "source": "a held-out source's framework, when no other source runs it, takes the median of the fitted frameworks' overheads",
         "chip family": "a held-out family takes the shared factors (its own deviation is not fitted)",
     }[by]
     return f"Leave-one-{by}-out ({what}); before = datasheet, after = the fold's fit:"
