@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -19,8 +20,26 @@ def apct(x: float | None) -> str:
     return "—" if x is None else f"{x * 100:.1f}%"
 
 
-def _med(e: np.ndarray) -> float | None:
+def median_abs(e: np.ndarray) -> float | None:
+    """Median |error| (None for no errors)."""
     return float(np.median(np.abs(e))) if len(e) else None
+
+
+def median_bias(e: np.ndarray) -> float | None:
+    """Median signed error (None for no errors)."""
+    return float(np.median(e)) if len(e) else None
+
+
+def write_between(path: str | Path, begin: str, end: str, body: str) -> None:
+    """Replace the text between the markers `begin` and `end` of the file at `path` with
+    `body` (markers appended first when the file lacks them; the file created if absent)."""
+    p = Path(path)
+    text = p.read_text() if p.exists() else ""
+    if begin not in text or end not in text:
+        text += f"\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    p.write_text(head + begin + "\n" + body + end + tail)
 
 
 def fmt_s(t: float) -> str:
@@ -53,12 +72,17 @@ def by_kind(
             (
                 k,
                 int(sel.sum()),
-                apct(_med(before[sel] / measured[sel] - 1)),
-                apct(_med(after[sel] / measured[sel] - 1)),
+                apct(median_abs(before[sel] / measured[sel] - 1)),
+                apct(median_abs(after[sel] / measured[sel] - 1)),
             )
         )
     rows.append(
-        ("all", len(ks), apct(_med(before / measured - 1)), apct(_med(after / measured - 1)))
+        (
+            "all",
+            len(ks),
+            apct(median_abs(before / measured - 1)),
+            apct(median_abs(after / measured - 1)),
+        )
     )
     return table(rows, ("kernels", "n", "median |err| datasheet", "median |err| fitted"))
 
@@ -85,10 +109,6 @@ def fit_table(
     return out
 
 
-def _bias(e: np.ndarray) -> float | None:
-    return float(np.median(e)) if len(e) else None
-
-
 def cv_table(cv: CrossValidation) -> str:
     """Per fold: the held-out runs' median |error| and bias before and after the fold's fit."""
     rows = [
@@ -96,17 +116,17 @@ def cv_table(cv: CrossValidation) -> str:
             f.held_out,
             f.n_train,
             f.n_test,
-            apct(_med(f.error_before)),
-            apct(_med(f.error_after)),
-            pct(_bias(f.error_before)),
-            pct(_bias(f.error_after)),
+            apct(median_abs(f.error_before)),
+            apct(median_abs(f.error_after)),
+            pct(median_bias(f.error_before)),
+            pct(median_bias(f.error_after)),
             f"{len(f.fitted)} / {len(f.refused)}",
         )
         for f in cv.folds
     ]
     eb, ea = cv.error_before, cv.error_after
-    pooled = ("all held-out runs", "", len(ea), apct(_med(eb)), apct(_med(ea)))
-    rows.append((*pooled, pct(_bias(eb)), pct(_bias(ea)), ""))
+    pooled = ("all held-out runs", "", len(ea), apct(median_abs(eb)), apct(median_abs(ea)))
+    rows.append((*pooled, pct(median_bias(eb)), pct(median_bias(ea)), ""))
     head = (
         f"held-out {cv.by}",
         "train",
