@@ -300,3 +300,22 @@ def test_the_profile_writer_round_trips_the_handoff():
     back = profile_from_dict(tomllib.loads(profile_to_toml(p)), "x.toml")
     assert back.disagg_handoff_s == 0.4 and back.families == p.families
     assert load_profile("datasheet").disagg_handoff_s == 0.0 == PEAK.disagg_handoff_s
+
+
+def test_the_whole_file_with_the_handoff_held_out(small_serving):
+    """The honest whole-file TTFT: aggregated runs as predicted, each disaggregated run with
+    the error its fold (fitted without its group) gives it."""
+    _, runs = cs.load_serving_runs(small_serving)
+    prof = load_profile("fitted")
+    n_dis = sum(r.disaggregated for r in runs)
+    held = np.linspace(-0.5, 0.5, n_dis)
+    fold = cs.Fold("vllm", 0, n_dis, None, held, held)
+    whole = cs.whole_file(
+        runs, prof, prof, predict_measured_run, (cs.ServingCV("engine", (fold,)),)
+    )
+    row = whole["all, hand-off held out by engine"]["ttft"]
+    agg = whole["aggregated"]["ttft"]["before"]
+    assert row["after"]["n"] == agg["n"] + n_dis == len(runs)
+    assert row["before"] == whole["all"]["ttft"]["before"]
+    # the disaggregated errors in it are the fold's, not the in-sample ones
+    assert row["after"]["median_abs_error"] != whole["all"]["ttft"]["after"]["median_abs_error"]
