@@ -118,3 +118,27 @@ def test_serving_plot_has_one_panel_per_metric(serving_file, tmp_path):
 def test_entry_schema_of_non_mappings():
     assert entry_schema(3) is None and entry_schema({"id": "x"}) == Schema.TRAINING
     assert Metric("tpot") is Metric.TPOT
+
+
+def test_the_first_wave_weight_is_the_benchmark_clients():
+    """GenAI-Perf (NIM's runs) reports a stable steady-state window: no first wave; the
+    AIConfigurator sample assumes 10×concurrency requests: 1/10; a client not named: 1/10.
+    The weight moves TTFT only (the closed loop's throughput and TPOT do not read it)."""
+    from roofline.serving_predict import first_wave_share, predict_measured_run
+
+    inf = {e["id"]: map_serving_run(e, "inference") for e in load_runs("inference").entries}
+    nim = inf["nim180-h100x2-fp8-tp2-llama3.3-70b-5000-500-c50"]
+    aic = map_serving_run(load_runs("serving").entries[0], "serving")
+    assert nim.workload.harness == "genai-perf" and first_wave_share(nim) == 0.0
+    assert aic.workload.harness == "aiconfigurator" and first_wave_share(aic) == 0.1
+    bare = copy.deepcopy(load_runs("inference").entries[-10])
+    bare["workload"]["mode"] = "fixed concurrency (closed loop)"
+    assert first_wave_share(map_serving_run(bare, "inference")) == 0.1
+    steady = predict_measured_run(nim)
+    assert "first-wave share 0 (genai-perf)" in steady["notes"]
+    burst = dict(nim.workload.__dict__, harness="")
+    from dataclasses import replace as _r
+
+    with_wave = predict_measured_run(_r(nim, workload=type(nim.workload)(**burst)))
+    assert with_wave["ttft_s"] > 1.5 * steady["ttft_s"]  # c=50: the burst doubles the mean
+    assert with_wave["tpot_s"] == pytest.approx(steady["tpot_s"])

@@ -73,7 +73,8 @@ def _as_prediction(p: Any) -> ServingPrediction:
     if isinstance(p, ServingPrediction):
         return p
     get = p.get if isinstance(p, dict) else lambda k, d=None: getattr(p, k, d)
-    return ServingPrediction(get("ttft_s"), get("tpot_s"), get("output_tokens_per_s"))
+    notes = tuple(str(n) for n in (get("notes") or ()))
+    return ServingPrediction(get("ttft_s"), get("tpot_s"), get("output_tokens_per_s"), notes)
 
 
 def predict_serving_run(
@@ -128,6 +129,9 @@ def _result_dict(r: ServingResult) -> dict[str, Any]:
         "conversions": list(run.measured.conversions),
         "defaults": list(run.defaults),
         "flags": list(run.flags),
+        "harness": run.workload.harness or None,
+        # what the predictor assumed (engine profile, quantisation, first-wave share, hand-off)
+        "prediction_notes": list(p.notes) if p else [],
         "skipped_reason": r.skipped_reason or None,
     }
 
