@@ -419,15 +419,9 @@ class CrossValidation:
         """Each parameter's value across the folds that fitted it: min, max, mean, std."""
         out = {}
         for n in self.names:
-            v = np.array([f.values[n] for f in self.folds if n in f.fitted])
-            if len(v):
-                out[n] = {
-                    "folds": len(v),
-                    "min": float(v.min()),
-                    "max": float(v.max()),
-                    "mean": float(v.mean()),
-                    "std": float(v.std()),
-                }
+            v = [f.values[n] for f in self.folds if n in f.fitted]
+            if v:
+                out[n] = spread_of(v)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -449,6 +443,18 @@ class CrossValidation:
             ],
             "spread": self.spread(),
         }
+
+
+def spread_of(values: Sequence[float]) -> dict[str, float]:
+    """A parameter's values across cross-validation folds: how many, min, max, mean, std."""
+    v = np.asarray(values, float)
+    return {
+        "folds": len(v),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "mean": float(v.mean()),
+        "std": float(v.std()),
+    }
 
 
 def cross_validate(

@@ -30,6 +30,17 @@ def median_bias(e: np.ndarray) -> float | None:
     return float(np.median(e)) if len(e) else None
 
 
+def error_summary(e: np.ndarray) -> dict[str, float]:
+    """Median |error| and median signed error, rounded to 4 digits, as provenance records them
+    ({} for no errors)."""
+    if not len(e):
+        return {}
+    return {
+        "median_abs": round(float(np.median(np.abs(e))), 4),
+        "bias": round(float(np.median(e)), 4),
+    }
+
+
 def write_between(path: str | Path, begin: str, end: str, body: str) -> None:
     """Replace the text between the markers `begin` and `end` of the file at `path` with
     `body` (markers appended first when the file lacks them; the file created if absent)."""

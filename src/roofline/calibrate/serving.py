@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from roofline.calibrate import render
+from roofline.calibrate.fit import spread_of
 from roofline.calibrate.write import toml_key, toml_value
 from roofline.errors import RooflineError, SpecError
 from roofline.report.table import table
@@ -107,7 +108,7 @@ class ServingCase:
 def load_serving_runs(path: str | Path) -> tuple[str, list[Any]]:
     """The runs of a serving- or inference-schema file, mapped by roofline.validate (a repeated
     id keeps its first entry, as validate does)."""
-    from roofline.validate import Schema, load_runs, map_serving_run
+    from roofline.validate import Schema, load_runs, mapped_runs
 
     rf = load_runs(path)
     if rf.schema == Schema.TRAINING:
@@ -116,14 +117,7 @@ def load_serving_runs(path: str | Path) -> tuple[str, list[Any]]:
             rule="the serving calibration fits serving runs (the measured_serving_aic.yaml schema)",
             fix="give a serving-runs file, or let `calibrate --from-runs` dispatch it",
         )
-    runs, seen = [], set()
-    for e in rf.entries:
-        r = map_serving_run(e, rf.schema.value)
-        if r.id in seen:
-            r = replace(r, skipped_reason=f"duplicate id {r.id!r}")
-        seen.add(r.id)
-        runs.append(r)
-    return rf.schema.value, runs
+    return rf.schema.value, mapped_runs(rf)
 
 
 def disagg_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]]:
@@ -259,16 +253,8 @@ class ServingCV:
         return np.concatenate([f.error_after for f in self.folds] or [np.zeros(0)])
 
     def spread(self) -> dict[str, float]:
-        v = np.array([f.handoff_s for f in self.folds if f.handoff_s is not None])
-        if not len(v):
-            return {}
-        return {
-            "folds": len(v),
-            "mean": float(v.mean()),
-            "min": float(v.min()),
-            "max": float(v.max()),
-            "std": float(v.std()),
-        }
+        v = [f.handoff_s for f in self.folds if f.handoff_s is not None]
+        return spread_of(v) if v else {}
 
 
 Exact = Callable[[Sequence[int], float], np.ndarray]
@@ -440,23 +426,14 @@ class ServingCalibration:
                 }
                 for c, b, a in zip(f.cases, f.error_before, f.error_after, strict=True)
             ],
-            "in_sample_before": _summary(f.error_before),
-            "in_sample_after": _summary(f.error_after),
+            "in_sample_before": render.error_summary(f.error_before),
+            "in_sample_after": render.error_summary(f.error_after),
             "cv": [_cv_dict(cv) for cv in f.cv],
             "whole_file": self.whole,
             "skipped": dict(self.skipped),
             "profile": self.profile.to_dict(),
             "written": list(self.written),
         }
-
-
-def _summary(e: np.ndarray) -> dict[str, float]:
-    if not len(e):
-        return {}
-    return {
-        "median_abs": round(float(np.median(np.abs(e))), 4),
-        "bias": round(float(np.median(e)), 4),
-    }
 
 
 def _cv_dict(cv: ServingCV) -> dict[str, Any]:
@@ -468,14 +445,14 @@ def _cv_dict(cv: ServingCV) -> dict[str, Any]:
                 "train": f.n_train,
                 "test": f.n_test,
                 "handoff_s": f.handoff_s,
-                "before": _summary(f.error_before),
-                "after": _summary(f.error_after),
+                "before": render.error_summary(f.error_before),
+                "after": render.error_summary(f.error_after),
                 "reason": f.reason or None,
             }
             for f in cv.folds
         ],
-        "before": _summary(cv.error_before),
-        "after": _summary(cv.error_after),
+        "before": render.error_summary(cv.error_before),
+        "after": render.error_summary(cv.error_after),
         "spread": cv.spread(),
     }
 
@@ -498,13 +475,13 @@ def provenance(
         "runs": len(fit.cases),
         "fitted": {HANDOFF: fit.handoff_s},
         "loss": f"{LOSS}, f_scale {F_SCALE:g}, on log(predicted / measured TTFT)",
-        "in_sample_before": _summary(fit.error_before),
-        "in_sample_after": _summary(fit.error_after),
+        "in_sample_before": render.error_summary(fit.error_before),
+        "in_sample_after": render.error_summary(fit.error_after),
     }
     for cv in fit.cv:
         key = "cv_" + cv.by.replace(" ", "_")
-        out[key + "_before"] = _summary(cv.error_before)
-        out[key + "_after"] = _summary(cv.error_after)
+        out[key + "_before"] = render.error_summary(cv.error_before)
+        out[key + "_after"] = render.error_summary(cv.error_after)
         out[key + "_spread_s"] = {
             k: (int(v) if k == "folds" else round(float(v), 4)) for k, v in cv.spread().items()
         }

@@ -19,8 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from roofline.calibrate import render, scales
 from roofline.calibrate.evaluate import default_jobs
 from roofline.calibrate.runs import (
@@ -97,15 +95,6 @@ def base_path(base: str) -> Path | None:
     return named if named.is_file() else None
 
 
-def _summary(e: np.ndarray) -> dict[str, float]:
-    if not len(e):
-        return {}
-    return {
-        "median_abs": round(float(np.median(np.abs(e))), 4),
-        "bias": round(float(np.median(e)), 4),
-    }
-
-
 def provenance(res: RunsCalibration, path: str | Path, base: str, command: str) -> dict[str, Any]:
     """How the profile was made: what `[provenance]` records and the tests check."""
     bp = base_path(base)
@@ -125,12 +114,12 @@ def provenance(res: RunsCalibration, path: str | Path, base: str, command: str) 
     out["fitted"] = tidy({n: r.values[n] for n in r.fitted})
     out["pooled"] = pooled_for_uncovered(out["fitted"], rf.cases)
     out["refused"] = {x.name: x.reason for x in r.refused}
-    out["in_sample_before"] = _summary(r.error_before)
-    out["in_sample_after"] = _summary(r.error_after)
+    out["in_sample_before"] = render.error_summary(r.error_before)
+    out["in_sample_after"] = render.error_summary(r.error_after)
     for cv in rf.cv:
         key = "cv_" + cv.by.replace(" ", "_")
-        out[key + "_before"] = _summary(cv.error_before)
-        out[key + "_after"] = _summary(cv.error_after)
+        out[key + "_before"] = render.error_summary(cv.error_before)
+        out[key + "_after"] = render.error_summary(cv.error_after)
     return out
 
 

@@ -109,15 +109,22 @@ def validate(
     eff = load_profile(profile)
     name = profile_used(eff).describe()
     if rf.schema == Schema.TRAINING:
-        mapped = _dedupe([map_training_run(e) for e in rf.entries])
         return validate_training(
-            mapped, efficiency=eff, profile_name=name, framework=framework, planner=planner
+            mapped_runs(rf), efficiency=eff, profile_name=name, framework=framework, planner=planner
         )
-    mapped_s = _dedupe([map_serving_run(e, rf.schema.value) for e in rf.entries])
-    return validate_serving(mapped_s, rf.schema.value, efficiency=eff, predictor=predictor)
+    return validate_serving(mapped_runs(rf), rf.schema.value, efficiency=eff, predictor=predictor)
+
+
+def mapped_runs(rf: RunFile) -> list:
+    """Every entry of a runs file as a typed run of its schema (TrainingRun or ServingRun),
+    mapped or with the reason it is not; a repeated id keeps its first entry."""
+    if rf.schema == Schema.TRAINING:
+        return _dedupe([map_training_run(e) for e in rf.entries])
+    return _dedupe([map_serving_run(e, rf.schema.value) for e in rf.entries])
 
 
 __all__ = [
+    "mapped_runs",
     "BUILTIN",
     "RunFile",
     "Schema",

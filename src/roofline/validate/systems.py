@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from roofline.errors import RooflineError
 from roofline.specs.chip import Chip, load_chip
-from roofline.specs.system import System, gpu_cluster, parse_system
+from roofline.specs.system import System, gpu_cluster, tpu_slice
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,11 @@ def tpu_shape(chip: Chip, n: int) -> tuple[int, ...] | None:
 
 
 def system_for(chip: Chip, chips: int, slices: int = 1) -> SystemChoice:
-    """A System of `chips` chips (TPU: `slices` DCN-joined slices)."""
-    if chip.is_tpu or chip.ici_axes:
+    """A System of `chips` chips (TPU: `slices` DCN-joined slices), built from the chip object
+    itself, not its name (a run's published memory variant stays)."""
+    tpu = chip.is_tpu or bool(chip.ici_axes)
+    shape = None
+    if tpu:
         if slices < 1 or chips % slices:
             return SystemChoice(None, "", f"{chips} chips do not split into {slices} equal slices")
         shape = tpu_shape(chip, chips // slices)
@@ -66,8 +69,7 @@ def system_for(chip: Chip, chips: int, slices: int = 1) -> SystemChoice:
     else:
         spec = f"{chip.name}:{chips}"
     try:
-        # a GPU cluster is built from the chip object itself (a run's published memory variant)
-        system = parse_system(spec) if chip.is_tpu or chip.ici_axes else gpu_cluster(chip, chips)
+        system = tpu_slice(chip, shape, slices=slices) if shape else gpu_cluster(chip, chips)
     except RooflineError as e:
         return SystemChoice(None, "", f"no {chip.name} system of {chips} chips: {e.what}")
     return SystemChoice(system, f"{spec} ({system.description})")
