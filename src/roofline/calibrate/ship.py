@@ -33,6 +33,9 @@ from roofline.calibrate.write import toml_key, toml_value
 from roofline.specs.efficiency import PROFILE_DIR, load_profile
 
 BEGIN, END = "<!-- calibrate:cv-table:begin -->", "<!-- calibrate:cv-table:end -->"
+POOLED_WHY = (
+    "no runs of this framework: the median of the fitted frameworks' overheads (provenance.pooled)"
+)
 
 
 def calibrate_from_runs(
@@ -144,18 +147,15 @@ def profile_text(res: RunsCalibration, base: str) -> str:
     base_prof = load_profile(base)
     for fam in base_prof.families:
         lines += _family_lines(fam, values)
-    for fw, ovh in sorted(scales.framework_values(values).items()):
-        lines += ["", f"[framework.{toml_key(fw)}]", "calibrated = true"]
-        lines.append(
-            f"source = {toml_value('fitted by roofline calibrate --from-runs (provenance above)')}"
-        )
-        lines += [f"{k} = {toml_value(v)}" for k, v in sorted(ovh.items())]
     pooled = {} if rf is None else pooled_for_uncovered(values, rf.cases)
-    for fw, ovh in sorted(scales.framework_values(pooled).items()):
-        lines += ["", f"[framework.{toml_key(fw)}]", "calibrated = true"]
-        why = "no runs of this framework: the median of the fitted frameworks' overheads (provenance.pooled)"
-        lines.append(f"source = {toml_value(why)}")
-        lines += [f"{k} = {toml_value(v)}" for k, v in sorted(ovh.items())]
+    for vals, why in (
+        (values, "fitted by roofline calibrate --from-runs (provenance above)"),
+        (pooled, POOLED_WHY),
+    ):
+        for fw, ovh in sorted(scales.framework_values(vals).items()):
+            lines += ["", f"[framework.{toml_key(fw)}]", "calibrated = true"]
+            lines.append(f"source = {toml_value(why)}")
+            lines += [f"{k} = {toml_value(v)}" for k, v in sorted(ovh.items())]
     return "\n".join(lines) + "\n"
 
 
