@@ -429,6 +429,17 @@ def speculative_tpot(
 # --------------------------------------------------------------------------------------
 
 
+def kv_link_bytes_per_s(chip: Any) -> float:
+    """Per-chip bandwidth a prefill worker's KV cache leaves over towards the decode worker:
+    NVLink inside an NVL36/72 rack, else the node's scale-out NICs shared by its GPUs (DCN for a
+    TPU slice)."""
+    if chip.is_tpu:
+        return chip.dcn_bw_bytes_per_s or 3e9
+    if (chip.nvlink_domain or 8) >= 36 and chip.nvlink_bw_bytes_per_s:
+        return chip.nvlink_bw_bytes_per_s
+    return (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
+
+
 @dataclass(frozen=True)
 class Disagg:
     """Two pools: `prefill_replicas` of the prefill step model, `decode_replicas` of the decode one;

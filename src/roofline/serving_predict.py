@@ -36,7 +36,7 @@ from roofline.inference import (
     memory_per_chip,
 )
 from roofline.ledger import kv_cache_bytes_per_token
-from roofline.serving import Disagg, Workload, disaggregated, steady_state
+from roofline.serving import Disagg, Workload, disaggregated, kv_link_bytes_per_s, steady_state
 from roofline.serving_step import IdealStep, ShardedStep
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.engines import EngineProfile, engine_names, load_engine
@@ -289,11 +289,8 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
     pre = replica_step(run, pre_p, eff, quant)
     dec = replica_step(run, dec_p, eff, quant)
     kv_tok = kv_cache_bytes_per_token(run.model, quant.kv, context=P)
-    chip = run.chip
-    in_rack = (chip.nvlink_domain or 8) >= 36 and chip.nvlink_bw_bytes_per_s
-    link = chip.nvlink_bw_bytes_per_s if in_rack else (chip.node_egress_bytes_per_s or 4e11) / 8
     # the prefill worker's chips each send their shard of the cache in parallel
-    bw = link * plan_of(pre_p).chips
+    bw = kv_link_bytes_per_s(run.chip) * plan_of(pre_p).chips
     per_pass = max(pre_p.batch or 1, 1) * max(pre_p.dp, 1)
     d = Disagg(
         max(pre_p.workers, 1),

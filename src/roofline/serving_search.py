@@ -551,20 +551,14 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
     one for decode, the KV cache over the chips' link (NVLink inside an NVL72 rack, the node's NICs
     between GPU nodes, DCN between TPU slices); the prefill:decode ratio that balances them."""
     from roofline.ledger import kv_cache_bytes_per_token
-    from roofline.serving import Disagg, disaggregated
+    from roofline.serving import Disagg, disaggregated, kv_link_bytes_per_s
     from roofline.serving_step import ShardedStep
 
     q, c = res.query, res.evaluated.cand
     plan, system = c.plan(i), c.system[int(c.sys_index[i])]
     quant = q.quants[int(c.quant[i])]
     step = ShardedStep(q.model, [system], [plan], quant, q.efficiency)
-    chip = system.chip
-    if chip.is_tpu:
-        link = chip.dcn_bw_bytes_per_s or 3e9
-    elif (chip.nvlink_domain or 8) >= 36 and chip.nvlink_bw_bytes_per_s:
-        link = chip.nvlink_bw_bytes_per_s
-    else:
-        link = (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
+    link = kv_link_bytes_per_s(system.chip)
     kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
     conc = float(res.evaluated.metrics["concurrency_per_replica"][i])
     handoff = float(getattr(q.efficiency, "disagg_handoff_s", 0.0))
