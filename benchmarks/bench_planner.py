@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from roofline.planner import plan_training
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
-from roofline.training import Workload, evaluate_plan
+from roofline.training.planner import plan_training
+from roofline.training.step import Workload, evaluate_plan
 
 CASES = (
     ("llama-3.1-405b", "h100:16384", 16 * 2**20, 8192),

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from roofline.inference import Quant
-from roofline.serving import Workload
-from roofline.serving_search import Objective, ServeQuery, search
+from roofline.serving.inference import Quant
+from roofline.serving.search import Objective, ServeQuery, search
+from roofline.serving.steady import Workload
 from roofline.specs.engines import load_engine
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system

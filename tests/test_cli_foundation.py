@@ -110,7 +110,7 @@ def test_model_json_keys(capsys):
 
 
 def test_model_per_token_flops_match_library(capsys):
-    from roofline.ledger import flops_per_token
+    from roofline.core.ledger import flops_per_token
     from roofline.specs.model import load_model
 
     d = run_json(

@@ -10,15 +10,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from roofline.cli import main
-from roofline.collectives import (
+from roofline.core.collectives import (
     SHARP_PRACTICAL_SPEEDUP,
     CollectiveKind,
     collective_cost,
     moe_ragged_fraction,
     parse_collective_kind,
 )
+from roofline.core.mesh import make_mesh
 from roofline.errors import PlanError, RooflineError, SpecError
-from roofline.mesh import make_mesh
 from roofline.specs.system import parse_system
 
 # -- done-when checks --------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """`--framework auto`, the CLI's default for `train` and `report`: the chip vendor's reference
-stack (roofline.stack.resolve_framework). TPU -> maxtext, NVIDIA and AMD GPUs -> megatron;
+stack (roofline.core.stack.resolve_framework). TPU -> maxtext, NVIDIA and AMD GPUs -> megatron;
 `--framework ideal` is the book's idealised machine, exactly what the Python API costs by
 default (framework=None)."""
 
@@ -12,19 +12,19 @@ from types import SimpleNamespace
 import pytest
 
 from roofline.cli import main
-from roofline.errors import VerifyError
-from roofline.specs.chip import chip_names, load_chip
-from roofline.specs.efficiency import load_profile
-from roofline.specs.model import load_model
-from roofline.specs.system import parse_system
-from roofline.stack import (
+from roofline.core.stack import (
     auto_reason,
     default_framework_for,
     is_auto,
     resolve_framework,
     stack_of,
 )
-from roofline.training import Workload, evaluate_plan, parse_plan
+from roofline.errors import VerifyError
+from roofline.specs.chip import chip_names, load_chip
+from roofline.specs.efficiency import load_profile
+from roofline.specs.model import load_model
+from roofline.specs.system import parse_system
+from roofline.training.step import Workload, evaluate_plan, parse_plan
 
 PLAN = ["--model", "llama-3-8b", "--batch-tokens", "1Mi", "--tokens", "1T", "--plan", "fsdp=16"]
 

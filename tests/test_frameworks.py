@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roofline.collectives import CollectiveKind
+from roofline.core.collectives import CollectiveKind
+from roofline.core.ledger import build_ledger
+from roofline.core.memory import LAST_PROJECTIONS, RematKind
+from roofline.core.rules import AXIS_OF
 from roofline.errors import RooflineError, SpecError, UnknownNameError
-from roofline.ledger import build_ledger
-from roofline.memory import LAST_PROJECTIONS, RematKind
-from roofline.rules import AXIS_OF
 from roofline.specs.framework import (
     COLLECTIVE_KINDS,
     FRAMEWORK_DIR,
@@ -42,7 +42,7 @@ from roofline.specs.framework import (
     load_framework,
 )
 from roofline.specs.model import load_model
-from roofline.training import Schedule as PlanSchedule
+from roofline.training.step import Schedule as PlanSchedule
 
 RUNS = Path("/work/shared/reference/measured_training.yaml")
 REQUIRED = {"ideal", "megatron", "torchtitan", "deepspeed", "maxtext"}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from roofline.core.ledger import count_params
 from roofline.errors import SpecError
-from roofline.ledger import count_params
 from roofline.specs.hf import SUPPORTED_MODEL_TYPES, load_hf_config
 from roofline.specs.model import AttentionKind, MLPKind
 

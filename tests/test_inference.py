@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from roofline.core.ledger import count_params, kv_cache_bytes_per_token
 from roofline.errors import PlanError
-from roofline.inference import (
+from roofline.serving.inference import (
     KVLayout,
     PassShape,
     Quant,
@@ -22,8 +23,7 @@ from roofline.inference import (
     parse_serve_plan,
     weight_bytes,
 )
-from roofline.ledger import count_params, kv_cache_bytes_per_token
-from roofline.serving_step import IdealStep, ShardedStep, degrees_of, kv_replicated
+from roofline.serving.step import IdealStep, ShardedStep, degrees_of, kv_replicated
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.model import load_model

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roofline.errors import SpecError
-from roofline.ledger import (
+from roofline.core.ledger import (
     Causal,
     DtypePolicy,
     OpKind,
@@ -22,6 +21,7 @@ from roofline.ledger import (
     mla_absorbed_by_default,
     prefill_ledger,
 )
+from roofline.errors import SpecError
 from roofline.specs.model import MLASpec, ModelSpec, MoESpec, load_model
 from roofline.units import dtype_bytes
 

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roofline.errors import SpecError
-from roofline.ledger import (
+from roofline.core.ledger import (
     Causal,
     DtypePolicy,
     OpKind,
@@ -23,7 +22,8 @@ from roofline.ledger import (
     forward_flops,
     kv_cache_bytes_per_token,
 )
-from roofline.roofline import Bound, analyze
+from roofline.core.roofline import Bound, analyze
+from roofline.errors import SpecError
 from roofline.specs.chip import load_chip
 from roofline.specs.model import MLPKind, ModelSpec, MoESpec, load_model
 from roofline.units import DTYPE_BYTES

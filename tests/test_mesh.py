@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from roofline.core.mesh import Segment, make_mesh
 from roofline.errors import PlanError
-from roofline.mesh import Segment, make_mesh
 from roofline.specs.system import parse_system
 
 

@@ -480,7 +480,7 @@ PUBLISHED = [
     "name, total, active, tol, tol_active", PUBLISHED, ids=[p[0] for p in PUBLISHED]
 )
 def test_param_counts(name, total, active, tol, tol_active):
-    from roofline.ledger import count_params
+    from roofline.core.ledger import count_params
 
     m = load_model(name)
     c = count_params(m)
@@ -494,7 +494,7 @@ def test_param_counts(name, total, active, tol, tol_active):
 
 def test_param_counts_exact():
     """Exact totals of the HF checkpoints (safetensors metadata), where the architecture is fully modelled."""
-    from roofline.ledger import count_params
+    from roofline.core.ledger import count_params
 
     exact = {
         "llama-2-7b": 6_738_415_616,
@@ -513,7 +513,7 @@ def test_param_counts_exact():
 
 
 def test_param_counts_via_hf_json():
-    from roofline.ledger import count_params
+    from roofline.core.ledger import count_params
 
     # LLaMA-2 13B through its config.json: 13.0e9 (book training.md Q1)
     c = count_params(load_model(HF / "llama-2-13b.json"))

@@ -11,8 +11,6 @@ import pytest
 import roofline as rl
 from roofline.cli import main
 from roofline.errors import PlanError, RooflineError
-from roofline.planner import plan_training, sub_slices, systems_for_counts
-from roofline.planner.rank import listing_key
 from roofline.specs.model import load_model
 from roofline.specs.plan import (
     ComputeDtypes,
@@ -26,7 +24,9 @@ from roofline.specs.plan import (
     parse_plan,
 )
 from roofline.specs.system import parse_system
-from roofline.training import evaluate_plan, model_flops, run_cost_usd
+from roofline.training.planner import plan_training, sub_slices, systems_for_counts
+from roofline.training.planner.rank import listing_key
+from roofline.training.step import evaluate_plan, model_flops, run_cost_usd
 
 TINY = load_model("tiny-llama")
 

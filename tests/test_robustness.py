@@ -214,7 +214,7 @@ def test_numeric_flags_are_bounded(argv):
 def test_a_huge_chip_range_is_clipped_not_searched():
     """--chips 1-1e9 on one node (which stands for the chip type) searches the node·2^k counts
     up to the planner's named cap (planner.systems.SubsetSearch.max_gpus_in_range), quickly."""
-    from roofline.planner.systems import DEFAULT_SEARCH
+    from roofline.training.planner.systems import DEFAULT_SEARCH
 
     out = run_cli(
         ["train", "--model", "tiny-llama", "--system", "h100:8", "--chips", "1-1e9"], 30.0

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roofline.errors import SpecError
-from roofline.ledger import OpKind, build_ledger
-from roofline.opexpr import (
+from roofline.core.ledger import OpKind, build_ledger
+from roofline.core.opexpr import (
     bytes_formula,
     flops_formula,
     matmul_shape,
@@ -19,7 +18,7 @@ from roofline.opexpr import (
     parse_expr,
     parse_op,
 )
-from roofline.roofline import (
+from roofline.core.roofline import (
     Bound,
     analyze,
     analyze_ledger,
@@ -28,6 +27,7 @@ from roofline.roofline import (
     critical_batch,
     matmul_crossover_batch,
 )
+from roofline.errors import SpecError
 from roofline.specs.chip import load_chip
 from roofline.specs.model import load_model
 

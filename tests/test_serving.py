@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from roofline.cli import main
 from roofline.errors import SpecError
-from roofline.inference import PassShape, Quant, ServePlan
-from roofline.serving import (
+from roofline.serving.inference import PassShape, Quant, ServePlan
+from roofline.serving.search import Objective, ServeQuery, search
+from roofline.serving.steady import (
     Disagg,
     Speculation,
     Workload,
@@ -32,8 +33,7 @@ from roofline.serving import (
     speculative_tpot,
     steady_state,
 )
-from roofline.serving_search import Objective, ServeQuery, search
-from roofline.serving_step import IdealStep
+from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.engines import load_engine
@@ -355,7 +355,7 @@ def test_predictor_refuses_unknown_lengths():
 def test_narrow_weights_compute_in_bf16_where_the_chip_lacks_the_units():
     """fp4 weights on Hopper run weight-only (W4A16) kernels: the GEMMs compute in bf16; on
     Blackwell they compute in fp4; fp8 computes in fp8 on Hopper and bf16 on Ampere."""
-    from roofline.serving_step import _compute
+    from roofline.serving.step import _compute
 
     assert _compute("nvfp4", H100) == "bf16"
     assert _compute("nvfp4", load_chip("b200")) == "fp4"

@@ -4,7 +4,7 @@ Notation parsing, the four cases, FSDP / tensor-parallel matmuls forward and bac
 AllToAll, input errors, and properties (FLOPs and bytes conservation, monotone costs,
 vectorised sizes equal scalar calls). Most tests use the book's cost model for collectives
 on one link of bandwidth W: AllGather / ReduceScatter V/W, AllReduce 2V/W, AllToAll V/(4W)
-with V the per-chip bytes of roofline.collectives' convention; a few use real systems.
+with V the per-chip bytes of roofline.core.collectives' convention; a few use real systems.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from roofline.cli import main
-from roofline.collectives import CollectiveKind, collective_cost
-from roofline.errors import ShardingError
-from roofline.mesh import make_mesh
-from roofline.sharding import (
+from roofline.core.collectives import CollectiveKind, collective_cost
+from roofline.core.mesh import make_mesh
+from roofline.core.sharding import (
     Spec,
     backward_specs,
     bytes_in_notation,
@@ -32,6 +31,7 @@ from roofline.sharding import (
     spec_from_partition_spec,
     validate_spec,
 )
+from roofline.errors import ShardingError
 
 AG, RS, AR, A2A = (
     CollectiveKind.ALL_GATHER,

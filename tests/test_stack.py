@@ -1,4 +1,4 @@
-"""Framework profiles applied to the step model (issue 9 item 1, roofline.stack).
+"""Framework profiles applied to the step model (issue 9 item 1, roofline.core.stack).
 
 Each behaviour is checked against what the stack's own source says it does (the profile) and,
 where a closed form exists, against it: the option policy per einsum family and axis, the
@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 from roofline.cli import main
+from roofline.core.stack import ATTENTION_KERNEL_SPEED, stack_of
 from roofline.errors import PlanError, UnknownNameError
-from roofline.planner import plan_training
 from roofline.specs.efficiency import PEAK, load_profile
 from roofline.specs.framework import AttentionKernel, Family, Move, OverlapClass
 from roofline.specs.model import load_model
 from roofline.specs.plan import ComputeDtypes, RematKind
 from roofline.specs.system import parse_system
-from roofline.stack import ATTENTION_KERNEL_SPEED, stack_of
-from roofline.training import Workload, evaluate_plan, parse_plan
+from roofline.training.planner import plan_training
+from roofline.training.step import Workload, evaluate_plan, parse_plan
 
 L8 = load_model("llama-3-8b")
 L70 = load_model("llama-3-70b")
@@ -57,7 +57,7 @@ def test_remat_kinds_map_to_the_stacks_own_policies_by_memory_class():
     assert tt.remat_policy(RematKind.MATMULS).name == "selective-op"
     assert mt.remat_policy(RematKind.NONE) is None
     assert mt.remat_policy(RematKind.FULL).name == "full"
-    from roofline.ledger import build_ledger
+    from roofline.core.ledger import build_ledger
 
     ops = {o.name: o for o in build_ledger(L8, batch=1, seq=128)}
     # Megatron's full recompute reruns the whole layer, its last projection included
@@ -347,8 +347,8 @@ def test_planner_searches_only_what_the_stack_runs():
 def test_planner_advises_where_the_algebra_is_cheaper():
     """The stack's FSDP gathers weights; at a small batch per chip the algebra finds gathering
     activations cheaper and says so."""
-    from roofline.planner.search import ALGEBRA, _algebra_alternative, _Costing
-    from roofline.planner.space import SearchSpace
+    from roofline.training.planner.search import ALGEBRA, _algebra_alternative, _Costing
+    from roofline.training.planner.space import SearchSpace
 
     w = Workload(8 * 512, 512)
     sysm = parse_system("h100:8")
@@ -383,8 +383,8 @@ def test_causal_context_parallel_imbalance_without_load_balancing():
     every stack's zigzag layout balances it (Megatron's 2·cp chunks, torchtitan's, MaxText's)."""
     from dataclasses import replace
 
+    from roofline.core.stack import _build
     from roofline.specs.framework import LoadBalance
-    from roofline.stack import _build
 
     mg = stack_of("megatron")
     assert mg.cp_load_balance == LoadBalance.ZIGZAG
@@ -396,7 +396,7 @@ def test_causal_context_parallel_imbalance_without_load_balancing():
     sysm = parse_system("h100:8")
 
     def attention_s(stack):
-        from roofline.training import _evaluate_one
+        from roofline.training.step import _evaluate_one
 
         r = _evaluate_one(L8, sysm, w, plan, PEAK, keep=True, fw=stack)
         return sum(

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from roofline.cli import main
 from roofline.errors import PlanError, RooflineError
-from roofline.planner import SearchSpace, plan_training
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
-from roofline.training import Workload, evaluate_plan, parse_plan, step_terms
+from roofline.training.planner import SearchSpace, plan_training
+from roofline.training.step import Workload, evaluate_plan, parse_plan, step_terms
 
 MODEL = load_model("llama-3-8b")
 
@@ -173,7 +173,7 @@ def test_full_remat_costs_a_forward_pass_but_the_last_projection():
     Precisely, the recompute is the layer's forward minus its last projection (mlp/down), whose
     output the backward pass never reads; XLA skips it too (docs/verify.md, fsdp=8 with remat).
     """
-    from roofline.ledger import build_ledger
+    from roofline.core.ledger import build_ledger
 
     layers = tuple(o.name for o in build_ledger(MODEL) if o.name not in ("embed", "unembed"))
     s, w = parse_system("h100:8"), Workload(2**16, 4096)
@@ -221,7 +221,7 @@ def test_planner_reports_counts_reasons_and_a_pareto_set():
 
 
 def test_planner_search_space_can_be_restricted():
-    from roofline.rules import Strategy
+    from roofline.core.rules import Strategy
 
     space = SearchSpace(strategies=(Strategy.DP, Strategy.FSDP))
     res = plan_training(MODEL, parse_system("h100:16"), Workload(2**20, 4096), space=space, top_k=2)
@@ -334,9 +334,9 @@ def test_planner_single_structure_equals_each_plans_own(plan, remat, msp):
     that must give exactly what each plan's own minimal structure gives."""
     import numpy as np
 
-    from roofline.cost import Structure
-    from roofline.rules import Strategy
-    from roofline.training import candidates_of, evaluate_plans, structure_of
+    from roofline.core.cost import Structure
+    from roofline.core.rules import Strategy
+    from roofline.training.step import candidates_of, evaluate_plans, structure_of
 
     m = load_model("llama-3.1-405b")
     s = parse_system("h100:16384")
@@ -359,7 +359,7 @@ def test_planner_single_structure_equals_each_plans_own(plan, remat, msp):
 
 
 def test_deadline_finds_the_fewest_chips_that_finish_in_time(capsys):
-    from roofline.planner import chips_for_deadline
+    from roofline.training.planner import chips_for_deadline
 
     work = Workload(2**22, 4096, 1e12)
     res = chips_for_deadline(MODEL, parse_system("h100:64"), work, 7 * 86400)
@@ -494,7 +494,7 @@ def test_absurd_workloads_are_one_paragraph_errors(argv, match, capsys):
 
 def test_chip_count_ranges_search_the_scale_family(capsys):
     from roofline.cli.train_cmd import parse_chip_counts
-    from roofline.planner import systems_for_counts
+    from roofline.training.planner import systems_for_counts
 
     assert parse_chip_counts("1024-8192") == (1024, 8192) and parse_chip_counts("64,128") == [
         64,

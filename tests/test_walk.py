@@ -10,14 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roofline.ledger import build_ledger
-from roofline.rules import Structure, rules_of
-from roofline.sharding import CHEAPEST, Prefer, gathers_only_weights
-from roofline.specs.model import load_model
-from roofline.specs.plan import OpClass, Phase
-from roofline.specs.system import parse_system
-from roofline.training import Workload, evaluate_plan, parse_plan, step_terms
-from roofline.walk import (
+from roofline.core.ledger import build_ledger
+from roofline.core.rules import Structure, rules_of
+from roofline.core.sharding import CHEAPEST, Prefer, gathers_only_weights
+from roofline.core.walk import (
     AlgebraPricing,
     Overlap,
     Pass,
@@ -26,6 +22,10 @@ from roofline.walk import (
     ledger_for,
     walk_ledger,
 )
+from roofline.specs.model import load_model
+from roofline.specs.plan import OpClass, Phase
+from roofline.specs.system import parse_system
+from roofline.training.step import Workload, evaluate_plan, parse_plan, step_terms
 
 MODEL = load_model("llama-3-8b")
 ONE_CHIP = {"data": 1.0, "fsdp": 1.0, "tensor": 1.0, "seq": 1.0, "expert": 1.0, "stage": 1.0}
@@ -96,7 +96,7 @@ def test_totals_feed_the_step_terms():
     """The timeline reads the walk's sums: its forward math time is the walk's forward FLOPs."""
     s, w, p = parse_system("h100:8"), Workload(2**16, 4096), parse_plan("fsdp=8,remat=full")
     t = step_terms(MODEL, s, w, p)
-    from roofline.training import candidates_of, evaluate_plans, structure_of
+    from roofline.training.step import candidates_of, evaluate_plans, structure_of
 
     r = evaluate_plans(
         MODEL, s, w, structure_of(p, MODEL), candidates_of(p), keep_einsums=True, plan=p
@@ -153,7 +153,7 @@ def test_walk_options_choose_compute_dtypes():
 def test_the_planner_searches_with_the_option_policy():
     """A policy that restricts the options can only make the best plan slower or equal, and
     the planner reports the cost of the options the policy chose."""
-    from roofline.planner import plan_training
+    from roofline.training.planner import plan_training
 
     m, s, w = load_model("llama-3-8b"), parse_system("h100:8"), Workload(8 * 64, 64)
     free = plan_training(m, s, w, top_k=1)
@@ -184,9 +184,9 @@ def test_routed_expert_weights_are_read_only_for_the_chosen_experts():
 def test_every_kernel_launch_pays_the_profiles_fixed_time():
     """A physics profile's kernel_overhead_s is added once per op per pass (a grouped expert
     GEMM is one launch), compute- or memory-bound; a constant profile adds nothing."""
-    from roofline.rules import Strategy
+    from roofline.core.rules import Strategy
+    from roofline.core.walk import MeshRows, walk_rows
     from roofline.specs.efficiency import PEAK, load_profile
-    from roofline.walk import MeshRows, walk_rows
 
     ds = load_profile("datasheet")
     sysm = parse_system("h100:8")
@@ -208,8 +208,8 @@ def test_low_precision_gemms_pay_their_activation_casts():
     bytes per element. Inputs the fused norm already quantised (q/k/v, the dense MLP's fc1)
     and the gate's x (shared with up) are not cast again. bf16 and the idealised machine pay
     none; the casts make the step slower, relatively more for narrow (small-expert) GEMMs."""
-    from roofline.stack import stack_of
-    from roofline.training import _evaluate_one, training_profile
+    from roofline.core.stack import stack_of
+    from roofline.training.step import _evaluate_one, training_profile
 
     m = load_model("llama-3-8b")
     s, w = parse_system("h100:1"), Workload(4096.0, 4096)

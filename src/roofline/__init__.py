@@ -17,35 +17,35 @@ from typing import TYPE_CHECKING, Any
 # roofline` and the CLI's trivial commands (`roofline chips`) do not pay for numpy, the planner
 # or jax; tests/fuzz/test_cli_fuzz.py::test_trivial_commands_import_little checks this.
 _LAZY: dict[str, str] = {
-    "CollectiveCost": "roofline.collectives",
-    "CollectiveKind": "roofline.collectives",
-    "collective_cost": "roofline.collectives",
+    "CollectiveCost": "roofline.core.collectives",
+    "CollectiveKind": "roofline.core.collectives",
+    "collective_cost": "roofline.core.collectives",
     "PlanError": "roofline.errors",
     "RooflineError": "roofline.errors",
     "ShardingError": "roofline.errors",
     "SpecError": "roofline.errors",
-    "Ledger": "roofline.ledger",
-    "Op": "roofline.ledger",
-    "build_ledger": "roofline.ledger",
-    "count_params": "roofline.ledger",
-    "flops_per_token": "roofline.ledger",
-    "kv_cache_bytes_per_token": "roofline.ledger",
-    "parse_optimizer": "roofline.memory",
-    "parse_remat": "roofline.memory",
-    "Mesh": "roofline.mesh",
-    "make_mesh": "roofline.mesh",
-    "PlanResult": "roofline.planner",
-    "plan_training": "roofline.planner",
-    "analyze": "roofline.roofline",
-    "analyze_op": "roofline.roofline",
-    "critical_batch": "roofline.roofline",
-    "parse_degrees": "roofline.rules",
-    "rules_for": "roofline.rules",
-    "EinsumPlan": "roofline.sharding",
-    "Spec": "roofline.sharding",
-    "parse_einsum": "roofline.sharding",
-    "parse_spec": "roofline.sharding",
-    "plan_einsum": "roofline.sharding",
+    "Ledger": "roofline.core.ledger",
+    "Op": "roofline.core.ledger",
+    "build_ledger": "roofline.core.ledger",
+    "count_params": "roofline.core.ledger",
+    "flops_per_token": "roofline.core.ledger",
+    "kv_cache_bytes_per_token": "roofline.core.ledger",
+    "parse_optimizer": "roofline.core.memory",
+    "parse_remat": "roofline.core.memory",
+    "Mesh": "roofline.core.mesh",
+    "make_mesh": "roofline.core.mesh",
+    "PlanResult": "roofline.training.planner",
+    "plan_training": "roofline.training.planner",
+    "analyze": "roofline.core.roofline",
+    "analyze_op": "roofline.core.roofline",
+    "critical_batch": "roofline.core.roofline",
+    "parse_degrees": "roofline.core.rules",
+    "rules_for": "roofline.core.rules",
+    "EinsumPlan": "roofline.core.sharding",
+    "Spec": "roofline.core.sharding",
+    "parse_einsum": "roofline.core.sharding",
+    "parse_spec": "roofline.core.sharding",
+    "plan_einsum": "roofline.core.sharding",
     "Chip": "roofline.specs.chip",
     "load_chip": "roofline.specs.chip",
     "Efficiency": "roofline.specs.efficiency",
@@ -53,12 +53,12 @@ _LAZY: dict[str, str] = {
     "load_model": "roofline.specs.model",
     "System": "roofline.specs.system",
     "parse_system": "roofline.specs.system",
-    "Plan": "roofline.training",
-    "StepCost": "roofline.training",
-    "Workload": "roofline.training",
-    "balance_batch": "roofline.training",
-    "evaluate_plan": "roofline.training",
-    "parse_plan": "roofline.training",
+    "Plan": "roofline.training.step",
+    "StepCost": "roofline.training.step",
+    "Workload": "roofline.training.step",
+    "balance_batch": "roofline.training.step",
+    "evaluate_plan": "roofline.training.step",
+    "parse_plan": "roofline.training.step",
 }
 
 __all__ = sorted(_LAZY)
@@ -90,35 +90,33 @@ def _version() -> str:
 
 
 if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
-    from roofline.collectives import CollectiveCost as CollectiveCost
-    from roofline.collectives import CollectiveKind as CollectiveKind
-    from roofline.collectives import collective_cost as collective_cost
+    from roofline.core.collectives import CollectiveCost as CollectiveCost
+    from roofline.core.collectives import CollectiveKind as CollectiveKind
+    from roofline.core.collectives import collective_cost as collective_cost
+    from roofline.core.ledger import Ledger as Ledger
+    from roofline.core.ledger import Op as Op
+    from roofline.core.ledger import build_ledger as build_ledger
+    from roofline.core.ledger import count_params as count_params
+    from roofline.core.ledger import flops_per_token as flops_per_token
+    from roofline.core.ledger import kv_cache_bytes_per_token as kv_cache_bytes_per_token
+    from roofline.core.memory import parse_optimizer as parse_optimizer
+    from roofline.core.memory import parse_remat as parse_remat
+    from roofline.core.mesh import Mesh as Mesh
+    from roofline.core.mesh import make_mesh as make_mesh
+    from roofline.core.roofline import analyze as analyze
+    from roofline.core.roofline import analyze_op as analyze_op
+    from roofline.core.roofline import critical_batch as critical_batch
+    from roofline.core.rules import parse_degrees as parse_degrees
+    from roofline.core.rules import rules_for as rules_for
+    from roofline.core.sharding import EinsumPlan as EinsumPlan
+    from roofline.core.sharding import Spec as Spec
+    from roofline.core.sharding import parse_einsum as parse_einsum
+    from roofline.core.sharding import parse_spec as parse_spec
+    from roofline.core.sharding import plan_einsum as plan_einsum
     from roofline.errors import PlanError as PlanError
     from roofline.errors import RooflineError as RooflineError
     from roofline.errors import ShardingError as ShardingError
     from roofline.errors import SpecError as SpecError
-    from roofline.ledger import Ledger as Ledger
-    from roofline.ledger import Op as Op
-    from roofline.ledger import build_ledger as build_ledger
-    from roofline.ledger import count_params as count_params
-    from roofline.ledger import flops_per_token as flops_per_token
-    from roofline.ledger import kv_cache_bytes_per_token as kv_cache_bytes_per_token
-    from roofline.memory import parse_optimizer as parse_optimizer
-    from roofline.memory import parse_remat as parse_remat
-    from roofline.mesh import Mesh as Mesh
-    from roofline.mesh import make_mesh as make_mesh
-    from roofline.planner import PlanResult as PlanResult
-    from roofline.planner import plan_training as plan_training
-    from roofline.roofline import analyze as analyze
-    from roofline.roofline import analyze_op as analyze_op
-    from roofline.roofline import critical_batch as critical_batch
-    from roofline.rules import parse_degrees as parse_degrees
-    from roofline.rules import rules_for as rules_for
-    from roofline.sharding import EinsumPlan as EinsumPlan
-    from roofline.sharding import Spec as Spec
-    from roofline.sharding import parse_einsum as parse_einsum
-    from roofline.sharding import parse_spec as parse_spec
-    from roofline.sharding import plan_einsum as plan_einsum
     from roofline.specs.chip import Chip as Chip
     from roofline.specs.chip import load_chip as load_chip
     from roofline.specs.efficiency import Efficiency as Efficiency
@@ -126,9 +124,11 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.specs.model import load_model as load_model
     from roofline.specs.system import System as System
     from roofline.specs.system import parse_system as parse_system
-    from roofline.training import Plan as Plan
-    from roofline.training import StepCost as StepCost
-    from roofline.training import Workload as Workload
-    from roofline.training import balance_batch as balance_batch
-    from roofline.training import evaluate_plan as evaluate_plan
-    from roofline.training import parse_plan as parse_plan
+    from roofline.training.planner import PlanResult as PlanResult
+    from roofline.training.planner import plan_training as plan_training
+    from roofline.training.step import Plan as Plan
+    from roofline.training.step import StepCost as StepCost
+    from roofline.training.step import Workload as Workload
+    from roofline.training.step import balance_batch as balance_batch
+    from roofline.training.step import evaluate_plan as evaluate_plan
+    from roofline.training.step import parse_plan as parse_plan

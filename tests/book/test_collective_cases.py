@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roofline.collectives import SHARP_PRACTICAL_SPEEDUP, collective_cost
-from roofline.mesh import make_mesh
+from roofline.core.collectives import SHARP_PRACTICAL_SPEEDUP, collective_cost
+from roofline.core.mesh import make_mesh
 from roofline.specs.system import parse_system
 from roofline.units import dtype_bytes
 

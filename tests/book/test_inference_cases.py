@@ -20,8 +20,16 @@ import pytest
 import yaml
 from _harness import check_answers
 
-from roofline.collectives import collective_cost
-from roofline.inference import (
+from roofline.core.collectives import collective_cost
+from roofline.core.ledger import (
+    Causal,
+    build_ledger,
+    count_params,
+    decode_ledger,
+    kv_cache_bytes_per_token,
+)
+from roofline.core.mesh import make_mesh
+from roofline.serving.inference import (
     PassShape,
     Quant,
     ServePlan,
@@ -30,15 +38,7 @@ from roofline.inference import (
     memory_per_chip,
     parse_serve_plan,
 )
-from roofline.ledger import (
-    Causal,
-    build_ledger,
-    count_params,
-    decode_ledger,
-    kv_cache_bytes_per_token,
-)
-from roofline.mesh import make_mesh
-from roofline.serving_step import IdealStep
+from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.model import MLPKind, ModelSpec, load_model

@@ -1,6 +1,6 @@
 """Book cases of kind `roofline` (tests/data/book_cases_roofline.yaml, copied verbatim).
 
-Every case runs through the public API (roofline.opexpr, roofline.roofline, load_chip):
+Every case runs through the public API (roofline.core.opexpr, roofline.core.roofline, load_chip):
 each case's computer returns {answer key: value}; numbers must be within the case's
 tolerance, and formula answers (strings) come back as True once checked by numbers.
 
@@ -26,8 +26,14 @@ import pytest
 import yaml
 from _harness import check_answers
 
-from roofline.opexpr import parse_op
-from roofline.roofline import Bound, analyze, analyze_op, critical_batch, matmul_crossover_batch
+from roofline.core.opexpr import parse_op
+from roofline.core.roofline import (
+    Bound,
+    analyze,
+    analyze_op,
+    critical_batch,
+    matmul_crossover_batch,
+)
 from roofline.specs.chip import Chip, load_chip
 
 CASES = {

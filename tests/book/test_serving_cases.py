@@ -20,8 +20,10 @@ import yaml
 from _harness import check_answers
 
 from roofline.cli import main
-from roofline.collectives import collective_cost
-from roofline.inference import (
+from roofline.core.collectives import collective_cost
+from roofline.core.ledger import decode_ledger, forward_flops, kv_cache_bytes_per_token
+from roofline.core.mesh import make_mesh
+from roofline.serving.inference import (
     PassShape,
     Quant,
     chips_needed,
@@ -31,11 +33,9 @@ from roofline.inference import (
     power_of_two_at_least,
     weight_bytes,
 )
-from roofline.ledger import decode_ledger, forward_flops, kv_cache_bytes_per_token
-from roofline.mesh import make_mesh
-from roofline.serving import qps_per_chip
-from roofline.serving_search import step_report
-from roofline.serving_step import IdealStep
+from roofline.serving.search import step_report
+from roofline.serving.steady import qps_per_chip
+from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import load_model

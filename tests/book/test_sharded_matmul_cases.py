@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roofline.collectives import CollectiveKind, collective_cost
-from roofline.mesh import make_mesh
-from roofline.sharding import (
+from roofline.core.collectives import CollectiveKind, collective_cost
+from roofline.core.mesh import make_mesh
+from roofline.core.sharding import (
     bytes_in_notation,
     parse_einsum,
     parse_spec,

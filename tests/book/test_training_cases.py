@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roofline.collectives import CollectiveKind, collective_cost
-from roofline.ledger import build_ledger
-from roofline.memory import Remat, RematKind, parse_optimizer, saved_activation_bytes_per_token
-from roofline.mesh import make_mesh
+from roofline.core.collectives import CollectiveKind, collective_cost
+from roofline.core.ledger import build_ledger
+from roofline.core.memory import Remat, RematKind, parse_optimizer, saved_activation_bytes_per_token
+from roofline.core.mesh import make_mesh
 from roofline.specs.model import MLPKind, ModelSpec, MoESpec, load_model
 from roofline.specs.system import parse_system
-from roofline.training import (
+from roofline.training.step import (
     Workload,
     assumed_mfu_run,
     balance_batch,

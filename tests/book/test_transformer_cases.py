@@ -30,7 +30,7 @@ import pytest
 import yaml
 from _harness import check_answers
 
-from roofline.ledger import (
+from roofline.core.ledger import (
     Causal,
     DtypePolicy,
     OpKind,
@@ -39,14 +39,14 @@ from roofline.ledger import (
     flops_per_token,
     kv_cache_bytes_per_token,
 )
-from roofline.memory import (
+from roofline.core.memory import (
     Remat,
     RematKind,
     recompute_flops_fraction,
     saved_activation_bytes_per_token,
 )
-from roofline.opexpr import parse_op
-from roofline.roofline import Bound, analyze, analyze_op, critical_batch
+from roofline.core.opexpr import parse_op
+from roofline.core.roofline import Bound, analyze, analyze_op, critical_batch
 from roofline.specs.chip import Chip, load_chip
 from roofline.specs.model import ModelSpec, MoESpec, load_model
 

@@ -26,10 +26,10 @@ import yaml
 from roofline.calibrate import serving as cs
 from roofline.cli import main
 from roofline.errors import SpecError
-from roofline.inference import Quant, ServePlan
-from roofline.serving import Disagg, Workload, disaggregated
-from roofline.serving_predict import predict_measured_run
-from roofline.serving_step import IdealStep
+from roofline.serving.inference import Quant, ServePlan
+from roofline.serving.predict import predict_measured_run
+from roofline.serving.steady import Disagg, Workload, disaggregated
+from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK, load_profile, profile_from_dict
 from roofline.specs.model import load_model

@@ -139,7 +139,7 @@ def test_trivial_commands_import_little():
         "from roofline.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    main(['chips']); main(['chip', 'h100']); main(['models'])\n"
-        "heavy = [m for m in ('numpy', 'matplotlib', 'roofline.planner', 'jax', 'roofline.training')"
+        "heavy = [m for m in ('numpy', 'matplotlib', 'roofline.training.planner', 'jax', 'roofline.training.step')"
         " if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

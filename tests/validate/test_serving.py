@@ -124,7 +124,7 @@ def test_the_first_wave_weight_is_the_benchmark_clients():
     """GenAI-Perf (NIM's runs) reports a stable steady-state window: no first wave; the
     AIConfigurator sample assumes 10×concurrency requests: 1/10; a client not named: 1/10.
     The weight moves TTFT only (the closed loop's throughput and TPOT do not read it)."""
-    from roofline.serving_predict import first_wave_share, predict_measured_run
+    from roofline.serving.predict import first_wave_share, predict_measured_run
 
     inf = {e["id"]: map_serving_run(e, "inference") for e in load_runs("inference").entries}
     nim = inf["nim180-h100x2-fp8-tp2-llama3.3-70b-5000-500-c50"]

@@ -10,8 +10,8 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
+from roofline.core.rules import parse_degrees, partition_spec, rules_for  # noqa: E402
 from roofline.errors import VerifyError  # noqa: E402
-from roofline.rules import parse_degrees, partition_spec, rules_for  # noqa: E402
 from roofline.specs.model import ModelSpec, MoESpec  # noqa: E402
 from roofline.verify import build_matmul, build_train_step, observe, summarize  # noqa: E402
 from roofline.verify.program import MatmulSpec, param_dims  # noqa: E402

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from roofline.collectives import collective_cost
-from roofline.ledger import Causal, Op, OpKind, Tensor, _causal_factor
-from roofline.mesh import make_mesh
-from roofline.roofline import analyze
+from roofline.core.collectives import collective_cost
+from roofline.core.ledger import Causal, Op, OpKind, Tensor, _causal_factor
+from roofline.core.mesh import make_mesh
+from roofline.core.roofline import analyze
 from roofline.specs.chip import Chip
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.system import parse_system

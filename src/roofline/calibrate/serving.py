@@ -8,7 +8,7 @@ we found, so it is a physical parameter with a bound, `disagg_handoff_s` in [0, 
 efficiency profile, fitted here and only here:
 
 - the runs: the mapped disaggregated runs with a measured TTFT of a serving-schema file
-  (`roofline.validate`'s readers), predicted by `roofline.serving_predict.predict_measured_run`;
+  (`roofline.validate`'s readers), predicted by `roofline.serving.predict.predict_measured_run`;
 - the fit: `scipy.optimize.least_squares` on log(predicted / measured TTFT) with the `cauchy`
   loss, f_scale 0.3 (TTFT's noise floor: the same configuration measures 30%+ apart between
   engine releases and arrival patterns, docs/serving.md): quadratic for errors within that,
@@ -82,7 +82,7 @@ Predict = Callable[..., Mapping[str, Any]]
 
 
 def _default_predict() -> Predict:
-    from roofline.serving_predict import predict_measured_run
+    from roofline.serving.predict import predict_measured_run
 
     return predict_measured_run
 

@@ -12,9 +12,9 @@ import re
 from typing import Any
 
 from roofline.cli._common import MAX_DIM, add_json, add_wraparound, emit, number_flag
-from roofline.collectives import CollectiveKind, collective_cost, parse_collective_kind
+from roofline.core.collectives import CollectiveKind, collective_cost, parse_collective_kind
+from roofline.core.mesh import Mesh, make_mesh
 from roofline.errors import PlanError, ShardingError, SpecError
-from roofline.mesh import Mesh, make_mesh
 from roofline.report.table import kv, table
 from roofline.specs.system import parse_system
 from roofline.units import dtype_bytes, fmt_bytes, fmt_rate, fmt_time, parse_dtype, parse_quantity
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument(
         "--bytes",
         metavar="N",
-        help="bytes per chip directly (see the convention in `roofline.collectives`), e.g. 32M",
+        help="bytes per chip directly (see the convention in `roofline.core.collectives`), e.g. 32M",
     )
     p.add_argument(
         "--sharding",

@@ -5,7 +5,7 @@ Example (book sharding.md / training.md, FSDP forward on a v5e 16x16):
         --mesh X=16,Y=16 --system tpu-v5e:16x16 [--dtype bf16] [--backward] [--json]
 
 The analysis (every legal option costed, the chosen one, the book's textbook option) is
-`roofline.matmul.analyze_matmul`; this module only prints it.
+`roofline.core.matmul.analyze_matmul`; this module only prints it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from roofline.cli._common import add_json, emit, parse_assignments
-from roofline.matmul import analyze_matmul
+from roofline.core.matmul import analyze_matmul
 from roofline.report.table import kv, table
 from roofline.units import fmt_bytes, fmt_flops, fmt_rate, fmt_time
 

@@ -11,8 +11,7 @@ import argparse
 import math
 
 from roofline.cli._common import add_json, emit, int_flag, model_source
-from roofline.errors import SpecError
-from roofline.ledger import (
+from roofline.core.ledger import (
     Causal,
     DtypePolicy,
     OpKind,
@@ -20,7 +19,8 @@ from roofline.ledger import (
     count_params,
     kv_cache_bytes_per_token,
 )
-from roofline.roofline import analyze_ledger
+from roofline.core.roofline import analyze_ledger
+from roofline.errors import SpecError
 from roofline.specs.chip import load_chip
 from roofline.specs.model import ModelSpec, load_model
 from roofline.units import dtype_bytes, fmt_bytes, fmt_count, fmt_flops, fmt_time

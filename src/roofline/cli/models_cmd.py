@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from roofline.cli._common import add_json, emit
-from roofline.ledger import count_params
+from roofline.core.ledger import count_params
 from roofline.specs.model import ModelSpec, load_model, model_names
 from roofline.units import fmt_count
 

@@ -6,8 +6,8 @@ import argparse
 import math
 
 from roofline.cli._common import add_json, emit, parse_assignments
-from roofline.opexpr import bytes_formula, flops_formula, matmul_shape, parse_op
-from roofline.roofline import analyze_op, critical_batch, matmul_crossover_batch
+from roofline.core.opexpr import bytes_formula, flops_formula, matmul_shape, parse_op
+from roofline.core.roofline import analyze_op, critical_batch, matmul_crossover_batch
 from roofline.specs.chip import load_chip
 from roofline.units import DTYPE_BYTES, fmt_bytes, fmt_flops, fmt_time
 

@@ -20,10 +20,10 @@ import numpy as np
 from roofline.cli._common import add_json, emit, int_flag
 from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import SpecError
-from roofline.inference import Quant, parse_serve_plan
 from roofline.report.table import kv, table
-from roofline.serving import MAX_TOKENS, Workload, load_lengths
-from roofline.serving_search import Objective, ServeQuery, search, step_report
+from roofline.serving.inference import Quant, parse_serve_plan
+from roofline.serving.search import Objective, ServeQuery, search, step_report
+from roofline.serving.steady import MAX_TOKENS, Workload, load_lengths
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.engines import EngineProfile, load_engine
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     res = search(q)
     doc = _search_doc(res, args)
     if args.plot:
-        from roofline.serving_plot import pareto_chart
+        from roofline.report.serving_plots import pareto_chart
 
         m = res.evaluated.metrics
         ok = res.evaluated.reason == ""
@@ -247,7 +247,7 @@ def _run_step(args, model, system, eff, engine) -> int:
     prompt = _tokens(args.prompt, "prompt", "8192") if args.prompt != "1024" else None
     spec = None
     if args.draft:
-        from roofline.serving import Speculation
+        from roofline.serving.steady import Speculation
 
         spec = Speculation(args.draft, args.acceptance, args.draft_cost)
     r = step_report(
@@ -336,7 +336,7 @@ def _search_doc(res, args) -> dict[str, Any]:
     doc["bound"] = "memory" if b["step_time_s"] and b["tpot_s"] else None
     doc["kv_cache_bytes_per_token"] = _kv_tok(res, best)
     doc["top"] = rows
-    from roofline.serving_search import disaggregated_view
+    from roofline.serving.search import disaggregated_view
 
     doc["disaggregated"] = disaggregated_view(res, best)
     doc["pareto"] = [
@@ -358,7 +358,7 @@ def _search_doc(res, args) -> dict[str, Any]:
 
 
 def _kv_tok(res, i: int) -> float:
-    from roofline.ledger import kv_cache_bytes_per_token
+    from roofline.core.ledger import kv_cache_bytes_per_token
 
     q = res.query
     quant = q.quants[int(res.evaluated.cand.quant[i])]

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from roofline.cli._common import add_json, add_wraparound, emit
-from roofline.collectives import CollectiveKind, collective_cost
-from roofline.mesh import make_mesh
+from roofline.core.collectives import CollectiveKind, collective_cost
+from roofline.core.mesh import make_mesh
 from roofline.report.table import kv, table
 from roofline.specs.system import DimKind, System, parse_system, system_files
 from roofline.units import fmt_rate, fmt_time, fmt_usd

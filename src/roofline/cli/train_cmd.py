@@ -16,15 +16,15 @@ from typing import Any
 
 from roofline.cli._common import add_json, emit
 from roofline.cli._profile import add_profile_arg, resolve_profile
+from roofline.core.ledger import count_params
+from roofline.core.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
 from roofline.errors import PlanError
-from roofline.ledger import count_params
-from roofline.planner import PlanResult, SearchSpace, plan_training
 from roofline.report.table import kv, table
 from roofline.report.text import profile_assumptions, stack_note, term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
-from roofline.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
-from roofline.training import (
+from roofline.training.planner import PlanResult, SearchSpace, plan_training
+from roofline.training.step import (
     AssumedRun,
     StepCost,
     Workload,
@@ -282,7 +282,7 @@ def parse_duration(text: str) -> float:
 
 
 def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -> int:
-    from roofline.planner import chips_for_deadline
+    from roofline.training.planner import chips_for_deadline
 
     dl = parse_duration(args.deadline)
     res = chips_for_deadline(
@@ -331,7 +331,7 @@ def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -
 def _system_for_plan(system, n: int):
     if n == system.n_chips:
         return system
-    from roofline.planner import sub_slices
+    from roofline.training.planner import sub_slices
 
     for s in sub_slices(system, max_count=64):
         if s.n_chips == n:

@@ -25,8 +25,8 @@ import sys
 from typing import Any
 
 from roofline.cli._common import add_json, emit, parse_assignments
+from roofline.core.rules import parse_degrees
 from roofline.errors import PlanError, VerifyError
-from roofline.rules import parse_degrees
 
 NAME = "verify"
 HELP = "compile a plan with JAX/XLA on simulated devices and diff its collectives and FLOPs against the algebra"
@@ -253,7 +253,7 @@ def _verify_matmul(args: argparse.Namespace):
 
 def _framework(args: argparse.Namespace) -> str | None:
     """--framework, with `auto` resolved on --system's chip (stack.resolve_framework)."""
-    from roofline.stack import is_auto, resolve_framework
+    from roofline.core.stack import is_auto, resolve_framework
 
     if not is_auto(args.framework):
         return args.framework

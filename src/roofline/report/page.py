@@ -411,7 +411,7 @@ def _error_bar(prov: Mapping[str, Any]) -> str:
 
 
 def _framework(fw: Any, inputs: Mapping[str, Any] | None = None) -> str:
-    from roofline.stack import is_auto
+    from roofline.core.stack import is_auto
 
     if fw is None:
         return "none named (the algebra's cheapest legal options)"

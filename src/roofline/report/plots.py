@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from roofline.core.roofline import RooflineResult
 from roofline.errors import SpecError
-from roofline.roofline import RooflineResult
 from roofline.specs.chip import Chip
 
 FORMATS = (".png", ".svg", ".pdf")

@@ -192,7 +192,7 @@ class LoadBalance(enum.StrEnum):
 
 class AttentionKernel(enum.StrEnum):
     """The attention kernel a stack runs (its speed differs from the efficiency profile's
-    reference kernel per chip family; see roofline.stack.ATTENTION_KERNEL_SPEED)."""
+    reference kernel per chip family; see roofline.core.stack.ATTENTION_KERNEL_SPEED)."""
 
     FLASH_ATTENTION_2 = "flash-attention-2"  # Dao 2023 (flash-attn 2, PyTorch SDPA's flash backend)
     FLASH_ATTENTION_3 = "flash-attention-3"  # Shah et al. 2024 (Hopper)

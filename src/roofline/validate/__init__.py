@@ -61,7 +61,7 @@ def load_profile(profile: str | Path | Efficiency | None) -> Efficiency | None:
 def profile_used(eff: Efficiency | None) -> Efficiency:
     """The profile predictions run under: the one given, else the project default
     (specs.efficiency.DEFAULT_PROFILE, what `roofline train` uses too)."""
-    from roofline.training import training_profile
+    from roofline.training.step import training_profile
 
     return training_profile(eff)
 
@@ -90,9 +90,9 @@ def validate(
 ) -> TrainingReport | ServingReport:
     """Validate a runs file (path or 'training' / 'inference' / 'serving')."""
     if framework not in ("auto", "none", ""):
+        from roofline.core.stack import stack_of
         from roofline.errors import UnknownNameError
         from roofline.specs.framework import framework_names
-        from roofline.stack import stack_of
 
         try:  # an unknown stack is a one-paragraph error, not a silent no-op
             stack_of(framework)

@@ -17,11 +17,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from roofline.core.ledger import count_params
 from roofline.errors import RooflineError
-from roofline.ledger import count_params
-from roofline.planner import plan_training
 from roofline.specs.efficiency import Efficiency
-from roofline.training import evaluate_plan, training_profile
+from roofline.training.planner import plan_training
+from roofline.training.step import evaluate_plan, training_profile
 from roofline.validate.conventions import CONVENTIONS
 from roofline.validate.stats import breakdown, relative_error, summarize
 from roofline.validate.training_runs import TrainingRun

@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from roofline.core.ledger import count_params
 from roofline.errors import RooflineError
-from roofline.ledger import count_params
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System
-from roofline.training import Plan, Workload, evaluate_plan, parse_plan
+from roofline.training.step import Plan, Workload, evaluate_plan, parse_plan
 from roofline.validate.conventions import (
     CONVENTIONS,
     DOCUMENT_CONVENTION,
@@ -240,7 +240,7 @@ def _microbatches(p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[s
 
 
 def _schedule(p: dict, pp: int, layers: int, framework: str, notes: list[str]) -> str:
-    from roofline.stack import stack_of
+    from roofline.core.stack import stack_of
 
     if pp <= 1:
         return ""
@@ -493,8 +493,8 @@ def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
     over = DOCUMENTS.get(document)
     if over is None or over.attention_kernel is None:
         return None
+    from roofline.core.stack import stack_of
     from roofline.specs.framework import AttentionKernel
-    from roofline.stack import stack_of
 
     notes.append(over.kernel_why)
     kernel = AttentionKernel(over.attention_kernel)
@@ -504,7 +504,7 @@ def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
 def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     """The compute dtypes of the run's precision recipe in its stack's profile (e.g. NeMo FP8:
     dense and expert matmuls fp8, attention and the LM head bf16), as plan keys."""
-    from roofline.stack import stack_of
+    from roofline.core.stack import stack_of
 
     if not precision.strip():
         return ""

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from roofline.core.rules import Degrees, Strategy, Structure, rules_of
 from roofline.errors import VerifyError
-from roofline.rules import Degrees, Strategy, Structure, rules_of
 from roofline.specs.model import MLPKind, ModelSpec
 from roofline.verify.program import (
     Program,
@@ -178,11 +178,11 @@ def predict_collectives(
     """Bytes per device per step by (HLO collective kind, mesh axes), from the walk."""
     import numpy as np
 
-    from roofline.ledger import build_ledger, decode_ledger
+    from roofline.core.ledger import build_ledger, decode_ledger
+    from roofline.core.walk import MeshRows, walk_rows
     from roofline.specs.efficiency import PEAK
     from roofline.specs.plan import Phase
     from roofline.specs.system import parse_system
-    from roofline.walk import MeshRows, walk_rows
 
     m = model.with_(n_layers=n_layers)
     if phase == "decode":
@@ -300,8 +300,8 @@ def verify_decode(
 
 def run_cli(args: Any) -> tuple[dict[str, Any], dict[str, Any], str, bool]:
     """`roofline verify --phase decode|prefill`: (inputs, result, text, ok) for the CLI."""
+    from roofline.core.rules import parse_degrees
     from roofline.report.table import table
-    from roofline.rules import parse_degrees
     from roofline.specs.model import load_model
 
     model = load_model(args.model)

@@ -139,7 +139,7 @@ def _step_and_compare(
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from roofline.rules import Degrees, parse_degrees
+    from roofline.core.rules import Degrees, parse_degrees
     from roofline.verify.program import build_train_step
 
     model = small_model()

@@ -1,6 +1,6 @@
 """What the algebra predicts for a `roofline verify` program: collectives and FLOPs per device.
 
-The prediction is read off the *same* walk the training cost reads (`roofline.walk`): every
+The prediction is read off the *same* walk the training cost reads (`roofline.core.walk`): every
 matmul row of `build_ledger(model)` under `rules_of(structure_of(plan))`, the forward, d_lhs
 and d_rhs options the algebra chose, which of their collectives are paid here or with
 another row (x gathered once for Q, K and V; the partial dx of one block reduced once; an
@@ -35,19 +35,19 @@ from typing import Any
 
 import numpy as np
 
-from roofline.collectives import CollectiveKind, unit_cost
+from roofline.core.collectives import CollectiveKind, unit_cost
+from roofline.core.ledger import Causal, DtypePolicy, build_ledger
+from roofline.core.mesh import make_mesh as make_cost_mesh
+from roofline.core.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees, rules_of
+from roofline.core.sharding import EinsumPlan, Spec, plan_einsum
+from roofline.core.stack import Stack, stack_of
+from roofline.core.walk import AlgebraPricing, CollectiveRecord, Walk, WalkOptions, walk_ledger
 from roofline.errors import VerifyError
-from roofline.ledger import Causal, DtypePolicy, build_ledger
-from roofline.mesh import make_mesh as make_cost_mesh
-from roofline.rules import AXIS_OF, AXIS_ORDER, Degrees, Strategy, parse_degrees, rules_of
-from roofline.sharding import EinsumPlan, Spec, plan_einsum
 from roofline.specs.framework import Regather
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import OpClass, Plan, Remat, RematKind
 from roofline.specs.system import System, parse_system
-from roofline.stack import Stack, stack_of
-from roofline.training import structure_of
-from roofline.walk import AlgebraPricing, CollectiveRecord, Walk, WalkOptions, walk_ledger
+from roofline.training.step import structure_of
 
 # CollectiveKind (algebra) -> HLO opcode name (observed side)
 HLO_KIND = {

@@ -2,7 +2,7 @@
 forward + backward + optimizer update, or one of the book's sharded matmuls.
 
 Every parameter, activation and output carries the PartitionSpec produced by
-`roofline.rules.partition_spec` from the *same* rules the algebra uses (one source of
+`roofline.core.rules.partition_spec` from the *same* rules the algebra uses (one source of
 truth; book `sharding.md`, `training.md`). Inputs are `jax.ShapeDtypeStruct`s, so any size
 lowers and compiles without allocating; `Program.example_args()` makes small real arrays.
 
@@ -33,8 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from roofline.core.rules import Degrees, Rules, parse_degrees, partition_spec, rules_for
 from roofline.errors import VerifyError
-from roofline.rules import Degrees, Rules, parse_degrees, partition_spec, rules_for
 from roofline.specs.model import MLPKind, ModelSpec
 
 

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from roofline.collectives import CollectiveKind
+from roofline.core.collectives import CollectiveKind
+from roofline.core.ledger import Op
+from roofline.core.memory import LAST_PROJECTIONS, NON_LAYER_ROWS
+from roofline.core.memory import rerun_by as book_rerun_by
+from roofline.core.sharding import CHEAPEST, Option, OptionContext, OptionPolicy
 from roofline.errors import SpecError
-from roofline.ledger import Op
-from roofline.memory import LAST_PROJECTIONS, NON_LAYER_ROWS
-from roofline.memory import rerun_by as book_rerun_by
-from roofline.sharding import CHEAPEST, Option, OptionContext, OptionPolicy
 from roofline.specs.framework import (
     AttentionKernel,
     AxisRole,

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from roofline.core.mesh import Mesh, Segment
 from roofline.errors import SpecError
-from roofline.mesh import Mesh, Segment
 from roofline.specs.system import DimKind
 
 # gpus.md: SHARP in practice gives ~30% more AllReduce bandwidth (NCCL 2.27.5, 8xH100:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from roofline.errors import PlanError
-from roofline.planner.search import PlanResult, plan_training
-from roofline.planner.systems import scale_family
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import Workload
 from roofline.specs.system import System
+from roofline.training.planner.search import PlanResult, plan_training
+from roofline.training.planner.systems import scale_family
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from roofline.ledger import Ledger, Op
+from roofline.core.ledger import Ledger, Op
 from roofline.specs.chip import Chip
 from roofline.units import DTYPE_BYTES, parse_dtype
 

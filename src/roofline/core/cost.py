@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from roofline.collectives import CollectiveKind, UnitCost, collective_time, unit_cost
+from roofline.core.collectives import CollectiveKind, UnitCost, collective_time, unit_cost
+from roofline.core.mesh import Mesh, make_mesh
+from roofline.core.rules import Structure as Structure  # re-exported: the walk's family of plans
+from roofline.core.sharding import GemmShape
 from roofline.errors import PlanError
-from roofline.mesh import Mesh, make_mesh
-from roofline.rules import Structure as Structure  # re-exported: the walk's family of plans
-from roofline.sharding import GemmShape
 from roofline.specs.chip import Chip
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.plan import OpClass

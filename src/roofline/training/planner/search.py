@@ -10,8 +10,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
+from roofline.core.stack import Stack, stack_of
 from roofline.errors import PlanError
-from roofline.planner.rank import (
+from roofline.report.text import algebra_advice, sub_slice_note, why_it_wins
+from roofline.specs.efficiency import Efficiency
+from roofline.specs.framework import Framework
+from roofline.specs.model import ModelSpec
+from roofline.specs.plan import ComputeDtypes, Plan, Strategy, Workload, parse_optimizer
+from roofline.specs.system import System
+from roofline.training.planner.rank import (
     Family,
     Ranked,
     distinct_rows,
@@ -21,17 +29,9 @@ from roofline.planner.rank import (
     runner_up_row,
     shape_key,
 )
-from roofline.planner.space import SearchSpace, enumerate_plans
-from roofline.planner.systems import sub_slices, systems_for_counts
-from roofline.report.text import algebra_advice, sub_slice_note, why_it_wins
-from roofline.sharding import CHEAPEST, Cheapest, OptionPolicy
-from roofline.specs.efficiency import Efficiency
-from roofline.specs.framework import Framework
-from roofline.specs.model import ModelSpec
-from roofline.specs.plan import ComputeDtypes, Plan, Strategy, Workload, parse_optimizer
-from roofline.specs.system import System
-from roofline.stack import Stack, stack_of
-from roofline.training import StepCost, evaluate_plan, evaluate_plans, training_profile
+from roofline.training.planner.space import SearchSpace, enumerate_plans
+from roofline.training.planner.systems import sub_slices, systems_for_counts
+from roofline.training.step import StepCost, evaluate_plan, evaluate_plans, training_profile
 
 
 class SubsetReason(enum.StrEnum):

@@ -28,8 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from roofline.errors import PlanError
-from roofline.ledger import (
+from roofline.core.ledger import (
     DtypePolicy,
     Ledger,
     Op,
@@ -39,6 +38,7 @@ from roofline.ledger import (
     count_params,
     kv_cache_bytes_per_token,
 )
+from roofline.errors import PlanError
 from roofline.specs.chip import Chip
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.model import ModelSpec
@@ -477,7 +477,7 @@ def params_active(model: ModelSpec) -> float:
 
 def ledger_for(model: ModelSpec, quant: Quant, *, batch: float, context: float) -> Ledger:
     """The decode-step ledger of `batch` sequences at KV length `context` (for display)."""
-    from roofline.ledger import decode_ledger
+    from roofline.core.ledger import decode_ledger
 
     return decode_ledger(model, batch=batch, context=context, dtypes=quant.policy)
 

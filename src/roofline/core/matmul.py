@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from roofline.collectives import CollectiveKind, collective_cost
-from roofline.errors import SpecError
-from roofline.mesh import make_mesh
-from roofline.sharding import (
+from roofline.core.collectives import CollectiveKind, collective_cost
+from roofline.core.mesh import make_mesh
+from roofline.core.sharding import (
     Comm,
     EinsumPlan,
     Option,
@@ -29,6 +28,7 @@ from roofline.sharding import (
     parse_einsum,
     plan_einsum,
 )
+from roofline.errors import SpecError
 from roofline.specs.system import parse_system
 from roofline.units import parse_dtype
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from roofline.core.ledger import Op, OpKind, Tensor
 from roofline.errors import SpecError
-from roofline.ledger import Op, OpKind, Tensor
 from roofline.units import DTYPE_BYTES, parse_dtype, parse_quantity
 
 _EXAMPLE = '"bf16[B,D] @ int8[D,F]" with --dims B=256,D=8192,F=32768'

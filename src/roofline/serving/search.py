@@ -17,17 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from roofline.core.ledger import kv_cache_bytes_per_token
 from roofline.errors import PlanError
-from roofline.inference import (
+from roofline.serving.inference import (
     PassShape,
     Quant,
     ServePlan,
     kv_replication,
     weight_bytes,
 )
-from roofline.ledger import kv_cache_bytes_per_token
-from roofline.serving import Workload, deployment_metrics, pareto_front, steady_state
-from roofline.serving_step import IdealStep
+from roofline.serving.steady import Workload, deployment_metrics, pareto_front, steady_state
+from roofline.serving.step import IdealStep
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.engines import EngineProfile
 from roofline.specs.model import ModelSpec
@@ -294,8 +294,8 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
 def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, cap):
     """Steady state of the candidates `idx` on the walk's sharded step, one step model per KV
     layout (tensor parallel beyond the KV heads replicates them); also the decode pass time."""
-    from roofline.serving import Steady
-    from roofline.serving_step import ShardedStep, kv_replicated
+    from roofline.serving.steady import Steady
+    from roofline.serving.step import ShardedStep, kv_replicated
 
     fields = [f for f in Steady.__dataclass_fields__ if f != "gen_tokens"]
     out = {f: np.zeros(len(idx)) for f in fields}
@@ -491,7 +491,7 @@ def step_report(
 def _step_memory(model, system, plan, quant, batch, context, engine) -> tuple[dict, float]:
     """Memory per chip of one decode step and the largest batch the engine's KV memory holds
     at this context (the book's even split for kv=heads_batch plans)."""
-    from roofline.inference import memory_per_chip
+    from roofline.serving.inference import memory_per_chip
 
     ideal = _is_ideal(plan)
     mem = memory_per_chip(model, plan, quant, batch, context, ideal=ideal)
@@ -532,7 +532,7 @@ def _batch_sweep(step, context: float, max_batch: float, chips: int) -> tuple[np
 
 
 def _speculative(step, speculation, batch: int, context: float) -> dict[str, Any]:
-    from roofline.serving import speculative_tpot
+    from roofline.serving.steady import speculative_tpot
 
     sp = speculative_tpot(step, speculation, np.array([float(batch)]), float(context))
     return {
@@ -550,9 +550,9 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
     """The best plan run disaggregated at the same load: one pool of that replica for prefill and
     one for decode, the KV cache over the chips' link (NVLink inside an NVL72 rack, the node's NICs
     between GPU nodes, DCN between TPU slices); the prefill:decode ratio that balances them."""
-    from roofline.ledger import kv_cache_bytes_per_token
-    from roofline.serving import Disagg, disaggregated, kv_link_bytes_per_s
-    from roofline.serving_step import ShardedStep
+    from roofline.core.ledger import kv_cache_bytes_per_token
+    from roofline.serving.steady import Disagg, disaggregated, kv_link_bytes_per_s
+    from roofline.serving.step import ShardedStep
 
     q, c = res.query, res.evaluated.cand
     plan, system = c.plan(i), c.system[int(c.sys_index[i])]
@@ -597,7 +597,7 @@ def _step_for(model, system, plan, quant, efficiency):
     """The walk's sharded step on a replica of `plan` (its collectives with per-hop latency);
     the book's layout (KV heads, then the batch: kv=heads_batch) is the even split the book's
     tables assume, which the algebra's rules do not express: the perfectly-sharded step."""
-    from roofline.serving_step import ShardedStep
+    from roofline.serving.step import ShardedStep
 
     if _is_ideal(plan):
         return IdealStep(model, system.chip, plan, quant, efficiency)
@@ -618,6 +618,6 @@ def _replica_system(system: System, n: int) -> System:
 
 def _is_ideal(plan: ServePlan) -> bool:
     """The book's layout splits everything evenly (heads then batch): no copies of weights or KV."""
-    from roofline.inference import KVLayout
+    from roofline.serving.inference import KVLayout
 
     return plan.kv_layout == KVLayout.HEADS_BATCH and plan.dp == 1 and plan.ep == 1

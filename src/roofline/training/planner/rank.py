@@ -14,7 +14,7 @@ import numpy as np
 from roofline.errors import PlanError
 from roofline.specs.plan import Plan, Strategy
 from roofline.specs.system import System
-from roofline.training import Candidates, StepArrays, Structure, run_cost_usd
+from roofline.training.step import Candidates, StepArrays, Structure, run_cost_usd
 
 # Plans beyond the near-ties kept in rank order for the top list and the runner-up search
 # (the top list needs at most top_k distinct shapes; 200 more rows always hold them).

@@ -30,17 +30,27 @@ from typing import Any
 
 import numpy as np
 
-from roofline.errors import PlanError
-from roofline.feasibility import EDGE_LAYERS, plan_problems
-from roofline.ledger import count_params
-from roofline.memory import (
+from roofline.core.ledger import count_params
+from roofline.core.memory import (
     TrainingMemory,
     fsdp_gathered_bytes,
     minimum_memory_bytes,
     persistent_bytes,
 )
-from roofline.rules import Structure, kv_heads_replicated
-from roofline.sharding import CHEAPEST, OptionPolicy
+from roofline.core.rules import Structure, kv_heads_replicated
+from roofline.core.sharding import CHEAPEST, OptionPolicy
+from roofline.core.stack import Stack, stack_of
+from roofline.core.walk import (
+    FRAMEWORK_CLASS,
+    MeshRows,
+    Overlap,
+    Totals,
+    Walk,
+    WalkOptions,
+    ledger_for,
+    walk_rows,
+)
+from roofline.errors import PlanError
 from roofline.specs.efficiency import DEFAULT_PROFILE, Efficiency, load_profile
 from roofline.specs.framework import (
     CPMethod,
@@ -67,18 +77,8 @@ from roofline.specs.plan import (
     parse_plan,
 )
 from roofline.specs.system import System
-from roofline.stack import Stack, stack_of
+from roofline.training.feasibility import EDGE_LAYERS, plan_problems
 from roofline.units import DAY
-from roofline.walk import (
-    FRAMEWORK_CLASS,
-    MeshRows,
-    Overlap,
-    Totals,
-    Walk,
-    WalkOptions,
-    ledger_for,
-    walk_rows,
-)
 
 __all__ = [
     "Candidates",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from roofline.ledger import Ledger, Op, OpKind, Tensor
+from roofline.core.ledger import Ledger, Op, OpKind, Tensor
 
 # the remat and optimizer vocabulary lives with the rest of the plan vocabulary (re-exported)
 from roofline.specs.plan import OPTIMIZERS as OPTIMIZERS

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import SpecError
-from roofline.inference import PassShape, PassTimes, StepModel
+from roofline.serving.inference import PassShape, PassTimes, StepModel
 from roofline.specs.engines import EngineProfile
 from roofline.units import HOUR
 
@@ -618,6 +618,6 @@ __all__ = [
 def predict_measured_run(run: Any, *, efficiency: Any = None) -> dict[str, Any]:
     """`roofline validate`'s entry point: TTFT, TPOT and output tokens/s for a measured run
     (see serving_predict.py for how each workload mode is simulated)."""
-    from roofline.serving_predict import predict_measured_run as predict
+    from roofline.serving.predict import predict_measured_run as predict
 
     return predict(run, efficiency=efficiency)

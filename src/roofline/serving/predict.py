@@ -27,17 +27,23 @@ from typing import Any
 
 import numpy as np
 
+from roofline.core.ledger import kv_cache_bytes_per_token
 from roofline.errors import RooflineError, SpecError
-from roofline.inference import (
+from roofline.serving.inference import (
     PassShape,
     Quant,
     ServePlan,
     StepModel,
     memory_per_chip,
 )
-from roofline.ledger import kv_cache_bytes_per_token
-from roofline.serving import Disagg, Workload, disaggregated, kv_link_bytes_per_s, steady_state
-from roofline.serving_step import IdealStep, ShardedStep
+from roofline.serving.steady import (
+    Disagg,
+    Workload,
+    disaggregated,
+    kv_link_bytes_per_s,
+    steady_state,
+)
+from roofline.serving.step import IdealStep, ShardedStep
 from roofline.specs.efficiency import Efficiency, default_efficiency
 from roofline.specs.engines import EngineProfile, engine_names, load_engine
 from roofline.specs.system import parse_system

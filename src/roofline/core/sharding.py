@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from roofline.collectives import CollectiveKind
+from roofline.core.collectives import CollectiveKind
 from roofline.errors import ShardingError
 from roofline.units import dtype_bytes
 

@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from roofline.collectives import CollectiveKind
-from roofline.cost import CommModel, ComputeModel, mesh_for
-from roofline.ledger import Ledger, Op, OpKind, Tensor, build_ledger
-from roofline.memory import NON_LAYER_ROWS, saved_bytes
-from roofline.mesh import Mesh
-from roofline.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
-from roofline.sharding import (
+from roofline.core.collectives import CollectiveKind
+from roofline.core.cost import CommModel, ComputeModel, mesh_for
+from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger
+from roofline.core.memory import NON_LAYER_ROWS, saved_bytes
+from roofline.core.mesh import Mesh
+from roofline.core.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
+from roofline.core.sharding import (
     CHEAPEST,
     Comm,
     CommFn,
@@ -47,6 +47,7 @@ from roofline.sharding import (
     plan_einsum,
     plan_training_einsum,
 )
+from roofline.core.stack import Stack, policy_for_op, stack_of
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Dispatch, LoadBalance, OverlapClass
 from roofline.specs.model import ModelSpec
@@ -60,7 +61,6 @@ from roofline.specs.plan import (
     mesh_axes_of,
 )
 from roofline.specs.system import System
-from roofline.stack import Stack, policy_for_op, stack_of
 from roofline.units import dtype_bytes
 
 

@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from roofline.inference import (
+from roofline.core.ledger import OpKind, build_ledger, decode_ledger
+from roofline.core.walk import MeshRows, Pass, WalkOptions, shard_factor, walk_rows
+from roofline.serving.inference import (
     _PASS_SUMS,
     PassShape,
     PassTimes,
@@ -40,13 +42,11 @@ from roofline.inference import (
     memory_per_chip,
     rows_of,
 )
-from roofline.ledger import OpKind, build_ledger, decode_ledger
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Phase, Strategy
 from roofline.specs.system import System
 from roofline.units import compute_format
-from roofline.walk import MeshRows, Pass, WalkOptions, shard_factor, walk_rows
 
 GRID = np.unique(np.round(np.geomspace(1, 65536, 49), 6))  # decode batch grid (1/4 octave)
 
@@ -155,7 +155,7 @@ class ShardedStep:
     # -- walks ------------------------------------------------------------------------------
     def _walk(self, ledger, phase: Phase, seqs: np.ndarray, idx: np.ndarray):
         """Walk `ledger` on rows `idx` (plan indices) with `seqs` sequences per row."""
-        from roofline.rules import Structure
+        from roofline.core.rules import Structure
 
         rows = MeshRows(
             system_idx=idx,
@@ -177,7 +177,7 @@ class ShardedStep:
 
     def _table(self, walk, seqs: np.ndarray, ledger, idx: np.ndarray) -> _Tab:
         """Sum the walk's forward records by op (collectives by the op that pays them)."""
-        from roofline.rules import Structure, rules_of
+        from roofline.core.rules import Structure, rules_of
 
         rules = rules_of(Structure(active=self.active, kv_replicated=self.kv_rep), self.model)
         mesh = {a: self.degrees[s][idx] for s, a in _AXES.items()}

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from roofline.feasibility import (
+from roofline.core.rules import Structure, kv_heads_replicated
+from roofline.core.stack import Stack
+from roofline.specs.framework import Move, OverlapClass
+from roofline.specs.model import ModelSpec
+from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload
+from roofline.specs.system import System
+from roofline.training.feasibility import (
     Arrays,
     Rule,
     ep_must_divide,
@@ -25,13 +31,7 @@ from roofline.feasibility import (
     tp_must_divide,
     violations,
 )
-from roofline.rules import Structure, kv_heads_replicated
-from roofline.specs.framework import Move, OverlapClass
-from roofline.specs.model import ModelSpec
-from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload
-from roofline.specs.system import System
-from roofline.stack import Stack
-from roofline.training import Candidates
+from roofline.training.step import Candidates
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
