@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 from roofline.training.planner import plan_training
 from roofline.training.step import Workload, evaluate_plan

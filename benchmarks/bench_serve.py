@@ -17,7 +17,7 @@ from roofline.serving.inference import Quant
 from roofline.serving.search import Objective, ServeQuery, search
 from roofline.serving.steady import Workload
 from roofline.specs.engines import load_engine
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 
 CASES = (

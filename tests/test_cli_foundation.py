@@ -111,7 +111,7 @@ def test_model_json_keys(capsys):
 
 def test_model_per_token_flops_match_library(capsys):
     from roofline.core.ledger import flops_per_token
-    from roofline.specs.model import load_model
+    from roofline.specs.model_catalog import load_model
 
     d = run_json(
         capsys, ["model", "llama-3-8b", "--seq", "2048", "--batch", "4", "--causal", "full"]

@@ -22,7 +22,7 @@ from roofline.core.stack import (
 from roofline.errors import VerifyError
 from roofline.specs.chip import chip_names, load_chip
 from roofline.specs.efficiency import load_profile
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 from roofline.training.step import Workload, evaluate_plan, parse_plan
 

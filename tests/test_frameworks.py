@@ -41,7 +41,7 @@ from roofline.specs.framework import (
     framework_names,
     load_framework,
 )
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.training.step import Schedule as PlanSchedule
 
 RUNS = Path("/work/shared/reference/measured_training.yaml")

@@ -26,7 +26,7 @@ from roofline.serving.inference import (
 from roofline.serving.step import IdealStep, ShardedStep, degrees_of, kv_replicated
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import Strategy
 from roofline.specs.system import parse_system
 from roofline.units import dtype_bytes

@@ -22,7 +22,8 @@ from roofline.core.ledger import (
     prefill_ledger,
 )
 from roofline.errors import SpecError
-from roofline.specs.model import MLASpec, ModelSpec, MoESpec, load_model
+from roofline.specs.model import MLASpec, ModelSpec, MoESpec
+from roofline.specs.model_catalog import load_model
 from roofline.units import dtype_bytes
 
 

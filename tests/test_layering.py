@@ -28,6 +28,7 @@ ORDER = (
     "specs.efficiency",
     "specs.model",
     "specs.hf",
+    "specs.model_catalog",
     "specs.plan",
     "specs.engines",
     "specs.framework",
@@ -79,8 +80,9 @@ ORDER = (
     "validate.training_runs",
     "validate.serving_runs",
     "validate.serving_score",
-    "validate.scoreboard",
+    "validate.features",
     "validate.analysis",
+    "validate.scoreboard",
     "validate.calibration",
     "validate.plot",
     "validate",
@@ -130,21 +132,6 @@ ORDER = (
     "__init__",
 )
 STAGES = {name: rank for rank, name in enumerate(ORDER)}
-# Imports inside a function that point up the order, each with its reason (kept short).
-DEFERRED = {
-    (
-        "validate.scoreboard",
-        "validate.analysis",
-    ): "the training report renders its error analysis, which reads the report's results",
-    (
-        "serving.steady",
-        "serving.predict",
-    ): "validate's entry point roofline.serving.steady.predict_measured_run hands the run to serving_predict",
-    (
-        "specs.model",
-        "specs.hf",
-    ): "load_model hands config.json files to the HF loader, which builds ModelSpecs",
-}
 
 
 def stage_of(dotted: str) -> int:
@@ -166,10 +153,23 @@ def modules() -> list[tuple[str, Path]]:
     return out
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (annotations only, never run)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
 def imports_of(path: Path) -> set[str]:
+    """The roofline modules a file imports when it runs (module or function level)."""
     tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
     found = set()
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("roofline"):
             found.add(node.module[len("roofline.") :] if node.module != "roofline" else "__init__")
         elif isinstance(node, ast.Import):
@@ -183,12 +183,49 @@ def imports_of(path: Path) -> set[str]:
 def test_no_upward_import(dotted, path):
     mine = stage_of(dotted)
     for imp in imports_of(path):
-        if (dotted, imp) in DEFERRED:
-            continue
         theirs = stage_of(imp)
         assert theirs <= mine, (
             f"roofline.{dotted} (stage {mine}) imports roofline.{imp} (stage {theirs}): a lower stage may not import a higher one"
         )
+
+
+def _graph() -> dict[str, set[str]]:
+    known = {m for m, _ in modules()}
+    return {m: {i for i in imports_of(p) if i in known and i != m} for m, p in modules()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (a list of modules, first == last), or None."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n) :] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    """No module reaches itself through the imports that run (module or function level)."""
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(f"roofline.{m}" for m in cycle)
+
+
+def test_the_cycle_check_can_fail():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_every_module_has_a_stage():

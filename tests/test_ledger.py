@@ -25,7 +25,8 @@ from roofline.core.ledger import (
 from roofline.core.roofline import Bound, analyze
 from roofline.errors import SpecError
 from roofline.specs.chip import load_chip
-from roofline.specs.model import MLPKind, ModelSpec, MoESpec, load_model
+from roofline.specs.model import MLPKind, ModelSpec, MoESpec
+from roofline.specs.model_catalog import load_model
 from roofline.units import DTYPE_BYTES
 
 B, T, D, F, N, K, H, V, L = 3, 128, 512, 1536, 8, 2, 64, 1000, 4

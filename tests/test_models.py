@@ -9,7 +9,8 @@ import pytest
 
 from roofline.errors import SpecError, UnknownNameError
 from roofline.specs.hf import SUPPORTED_MODEL_TYPES, load_hf_config
-from roofline.specs.model import AttentionKind, MLPKind, ModelSpec, load_model, model_names
+from roofline.specs.model import AttentionKind, MLPKind, ModelSpec
+from roofline.specs.model_catalog import load_model, model_names
 
 HF = Path(__file__).parent / "data" / "hf"
 

@@ -11,7 +11,7 @@ import pytest
 import roofline as rl
 from roofline.cli import main
 from roofline.errors import PlanError, RooflineError
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import (
     ComputeDtypes,
     Degrees,

@@ -29,7 +29,7 @@ from roofline.core.roofline import (
 )
 from roofline.errors import SpecError
 from roofline.specs.chip import load_chip
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 
 
 @pytest.fixture(scope="module")

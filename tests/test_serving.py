@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from roofline.cli import main
 from roofline.errors import SpecError
 from roofline.serving.inference import PassShape, Quant, ServePlan
+from roofline.serving.predict import predict_measured_run
 from roofline.serving.search import Objective, ServeQuery, search
 from roofline.serving.steady import (
     Disagg,
@@ -29,7 +30,6 @@ from roofline.serving.steady import (
     disaggregated,
     load_lengths,
     pareto_front,
-    predict_measured_run,
     speculative_tpot,
     steady_state,
 )
@@ -37,7 +37,7 @@ from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.engines import load_engine
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 
 LLAMA8 = load_model("llama-3.1-8b")

@@ -20,7 +20,7 @@ from roofline.core.stack import ATTENTION_KERNEL_SPEED, stack_of
 from roofline.errors import PlanError, UnknownNameError
 from roofline.specs.efficiency import PEAK, load_profile
 from roofline.specs.framework import AttentionKernel, Family, Move, OverlapClass
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import ComputeDtypes, RematKind
 from roofline.specs.system import parse_system
 from roofline.training.planner import plan_training

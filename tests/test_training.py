@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from roofline.cli import main
 from roofline.errors import PlanError, RooflineError
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 from roofline.training.planner import SearchSpace, plan_training
 from roofline.training.step import Workload, evaluate_plan, parse_plan, step_terms

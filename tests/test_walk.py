@@ -22,7 +22,7 @@ from roofline.core.walk import (
     ledger_for,
     walk_ledger,
 )
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import OpClass, Phase
 from roofline.specs.system import parse_system
 from roofline.training.step import Workload, evaluate_plan, parse_plan, step_terms

@@ -50,7 +50,7 @@ _LAZY: dict[str, str] = {
     "load_chip": "roofline.specs.chip",
     "Efficiency": "roofline.specs.efficiency",
     "ModelSpec": "roofline.specs.model",
-    "load_model": "roofline.specs.model",
+    "load_model": "roofline.specs.model_catalog",
     "System": "roofline.specs.system",
     "parse_system": "roofline.specs.system",
     "Plan": "roofline.training.step",
@@ -121,7 +121,7 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.specs.chip import load_chip as load_chip
     from roofline.specs.efficiency import Efficiency as Efficiency
     from roofline.specs.model import ModelSpec as ModelSpec
-    from roofline.specs.model import load_model as load_model
+    from roofline.specs.model_catalog import load_model as load_model
     from roofline.specs.system import System as System
     from roofline.specs.system import parse_system as parse_system
     from roofline.training.planner import PlanResult as PlanResult

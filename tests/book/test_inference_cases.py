@@ -41,7 +41,8 @@ from roofline.serving.inference import (
 from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
-from roofline.specs.model import MLPKind, ModelSpec, load_model
+from roofline.specs.model import MLPKind, ModelSpec
+from roofline.specs.model_catalog import load_model
 
 CASES = {
     c["id"]: c

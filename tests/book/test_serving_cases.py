@@ -38,7 +38,7 @@ from roofline.serving.steady import qps_per_chip
 from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK, Efficiency
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 
 CASES = {

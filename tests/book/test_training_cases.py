@@ -24,7 +24,8 @@ from roofline.core.collectives import CollectiveKind, collective_cost
 from roofline.core.ledger import build_ledger
 from roofline.core.memory import Remat, RematKind, parse_optimizer, saved_activation_bytes_per_token
 from roofline.core.mesh import make_mesh
-from roofline.specs.model import MLPKind, ModelSpec, MoESpec, load_model
+from roofline.specs.model import MLPKind, ModelSpec, MoESpec
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 from roofline.training.step import (
     Workload,

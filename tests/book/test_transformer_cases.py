@@ -48,7 +48,8 @@ from roofline.core.memory import (
 from roofline.core.opexpr import parse_op
 from roofline.core.roofline import Bound, analyze, analyze_op, critical_batch
 from roofline.specs.chip import Chip, load_chip
-from roofline.specs.model import ModelSpec, MoESpec, load_model
+from roofline.specs.model import ModelSpec, MoESpec
+from roofline.specs.model_catalog import load_model
 
 CASES = {
     c["id"]: c

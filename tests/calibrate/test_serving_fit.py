@@ -32,7 +32,7 @@ from roofline.serving.steady import Disagg, Workload, disaggregated
 from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK, load_profile, profile_from_dict
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.validate import map_serving_run
 
 ROOT = Path(__file__).parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from roofline.specs.chip import load_chip
-from roofline.specs.model import load_model, model_names
+from roofline.specs.model_catalog import load_model, model_names
 from roofline.units import DTYPE_BYTES
 
 HF_DIR = Path(__file__).parents[1] / "data" / "hf"

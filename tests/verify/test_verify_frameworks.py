@@ -39,7 +39,7 @@ def test_llama_3_8b_with_the_maxtext_profile_agrees_or_names(plan):
     jax = pytest.importorskip("jax")
     if jax.device_count() < 8:
         pytest.skip("needs 8 simulated devices (XLA_FLAGS set before jax starts)")
-    from roofline.specs.model import load_model
+    from roofline.specs.model_catalog import load_model
     from roofline.verify.diff import verify_train_step
 
     r = verify_train_step(load_model("llama-3-8b"), plan, batch=8, seq=64, framework="maxtext")

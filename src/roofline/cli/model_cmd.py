@@ -22,7 +22,8 @@ from roofline.core.ledger import (
 from roofline.core.roofline import analyze_ledger
 from roofline.errors import SpecError
 from roofline.specs.chip import load_chip
-from roofline.specs.model import ModelSpec, load_model
+from roofline.specs.model import ModelSpec
+from roofline.specs.model_catalog import load_model
 from roofline.units import dtype_bytes, fmt_bytes, fmt_count, fmt_flops, fmt_time
 
 NAME = "model"

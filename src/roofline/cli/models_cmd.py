@@ -6,7 +6,8 @@ import argparse
 
 from roofline.cli._common import add_json, emit
 from roofline.core.ledger import count_params
-from roofline.specs.model import ModelSpec, load_model, model_names
+from roofline.specs.model import ModelSpec
+from roofline.specs.model_catalog import load_model, model_names
 from roofline.units import fmt_count
 
 NAME = "models"

@@ -27,7 +27,7 @@ from roofline.serving.steady import MAX_TOKENS, Workload, load_lengths
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.engines import EngineProfile, load_engine
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import System, parse_system
 from roofline.units import fmt_bytes, fmt_time, parse_quantity
 

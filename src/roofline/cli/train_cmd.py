@@ -21,7 +21,7 @@ from roofline.core.stack import AUTO, Stack, auto_reason, is_auto, resolve_frame
 from roofline.errors import PlanError
 from roofline.report.table import kv, table
 from roofline.report.text import profile_assumptions, stack_note, term_phrase
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 from roofline.training.planner import PlanResult, SearchSpace, plan_training
 from roofline.training.step import (

@@ -270,7 +270,7 @@ def _framework(args: argparse.Namespace) -> str | None:
 
 
 def _verify_model(args: argparse.Namespace):
-    from roofline.specs.model import load_model
+    from roofline.specs.model_catalog import load_model
 
     model = load_model(args.model)
     _check_plan(args.plan, args.devices)

@@ -613,11 +613,3 @@ __all__ = [
     "speculative_tpot",
     "steady_state",
 ]
-
-
-def predict_measured_run(run: Any, *, efficiency: Any = None) -> dict[str, Any]:
-    """`roofline validate`'s entry point: TTFT, TPOT and output tokens/s for a measured run
-    (see serving_predict.py for how each workload mode is simulated)."""
-    from roofline.serving.predict import predict_measured_run as predict
-
-    return predict(run, efficiency=efficiency)

@@ -14,11 +14,14 @@ Diagnostics only — nothing here changes a prediction (efficiency is physics, n
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from roofline.validate.scoreboard import TrainingReport, TrainingResult, features
+from roofline.validate.features import features
+
+if TYPE_CHECKING:  # the records only; scoreboard imports this module to render its analysis
+    from roofline.validate.scoreboard import TrainingReport, TrainingResult
 
 
 def _covered(report: TrainingReport) -> list[TrainingResult]:

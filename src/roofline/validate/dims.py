@@ -148,7 +148,7 @@ def _public_routing(moe: dict[str, Any], name: str, defaults: list[str]) -> dict
     if all(k in moe for k in ROUTING_KEYS):
         return moe
     from roofline.errors import RooflineError
-    from roofline.specs.model import load_model
+    from roofline.specs.model_catalog import load_model
 
     try:
         preset = (

@@ -3,7 +3,7 @@
 The predictions come from the serving model (issue 11, h5). The contract validate needs is
 one function:
 
-    roofline.serving.steady.predict_measured_run(run: ServingRun, *, efficiency: Efficiency | None)
+    roofline.serving.predict.predict_measured_run(run: ServingRun, *, efficiency: Efficiency | None)
         -> ServingPrediction
 
 taking the typed record of serving_runs.py and returning the predicted TTFT (s), TPOT (s)
@@ -29,7 +29,7 @@ from roofline.specs.efficiency import Efficiency
 from roofline.validate.serving_runs import Metric, ServingRun
 from roofline.validate.stats import breakdown, relative_error, summarize
 
-PREDICTOR_MODULE, PREDICTOR_NAME = "roofline.serving.steady", "predict_measured_run"
+PREDICTOR_MODULE, PREDICTOR_NAME = "roofline.serving.predict", "predict_measured_run"
 NO_MODEL = "serving model not available yet"
 
 

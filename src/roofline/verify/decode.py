@@ -302,7 +302,7 @@ def run_cli(args: Any) -> tuple[dict[str, Any], dict[str, Any], str, bool]:
     """`roofline verify --phase decode|prefill`: (inputs, result, text, ok) for the CLI."""
     from roofline.core.rules import parse_degrees
     from roofline.report.table import table
-    from roofline.specs.model import load_model
+    from roofline.specs.model_catalog import load_model
 
     model = load_model(args.model)
     deg, rest = parse_degrees(args.plan or "")
