@@ -32,6 +32,9 @@ ORDER = (
     "specs.engines",
     "specs.framework",
     "specs",
+    # the stacks' own launch files, read into (and written from) the plan vocabulary
+    "launch.base",
+    "launch",
     # the ledger and what it alone decides
     "core.ledger",
     "core.memory",
