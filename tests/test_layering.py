@@ -50,6 +50,13 @@ ORDER = (
     "core.walk",
     "core.matmul",
     "core",
+    # the training stacks' readers and writers (they read the stack profiles via core.stack)
+    "launch.common",
+    "launch.torchtitan",
+    "launch.maxtext",
+    "launch.megatron",
+    "launch.nemo",
+    "launch.deepspeed",
     "training.feasibility",
     # readers of the walk
     "training.step",
