@@ -51,6 +51,7 @@ ORDER = (
     "core.matmul",
     "core",
     # the training stacks' readers and writers (they read the stack profiles via core.stack)
+    "launch.shell",
     "launch.common",
     "launch.torchtitan",
     "launch.maxtext",
