@@ -128,6 +128,8 @@ ORDER = (
     "cli.train_cmd",
     "cli.verify_cmd",
     "cli.serve_cmd",
+    "cli.import_cmd",
+    "cli.export_cmd",
     "cli.validate_cmd",
     "cli.calibrate_cmd",
     "cli",

@@ -30,6 +30,7 @@ from roofline.launch.base import (
     closest_hint,
 )
 from roofline.specs.framework import load_framework
+from roofline.specs.model import load_model
 from roofline.specs.plan import ComputeDtypes, RematKind, parse_remat
 
 DEFAULTS_DIR = Path(__file__).parent / "defaults"
@@ -340,7 +341,47 @@ __all__ = [
     "precision_of",
     "recipe_for",
     "remat_of",
+    "resolve_model",
     "resolve_rest",
     "stack_defaults",
     "workload",
 ]
+
+
+# ------------------------------------------------------------------------------ model
+
+
+def model_candidates(ref: str, source: str) -> list[str]:
+    """Where a file's model reference may point: a config.json path (as written, or next to
+    the file), then catalog names (the reference, its last path part, 'name flavor' joined)."""
+    base = Path(source).parent if source and not source.startswith("<") else Path.cwd()
+    paths = [Path(ref), base / ref]
+    out: list[str] = []
+    for p in paths:
+        if (p / "config.json").is_file():
+            out.append(str(p / "config.json"))
+        elif p.suffix == ".json" and p.is_file():
+            out.append(str(p))
+    name = ref.rstrip("/").rsplit("/", 1)[-1]
+    out += [ref, name, name.replace(" ", "-").replace("_", "-")]
+    return list(dict.fromkeys(out))
+
+
+def resolve_model(ref: str | None, source: str, flag: str = "--model") -> Any:
+    """The ModelSpec a launch file names (catalog or config.json), or a LaunchError naming `flag`."""
+    if ref:
+        for cand in model_candidates(ref, source):
+            try:
+                return load_model(cand)
+            except RooflineError:
+                continue
+    said = (
+        f"names model {ref!r}, which is neither in the catalog nor a config.json"
+        if ref
+        else "names no model"
+    )
+    raise LaunchError(
+        f"{source} {said}",
+        rule="the model comes from the file (a catalog name, a hub id, or a directory with config.json) or from the command line",
+        fix=f"give {flag} (a preset name such as llama-3.1-8b, or a config.json path)",
+    )

@@ -31,6 +31,7 @@ from roofline.specs.plan import Degrees, Plan, RematKind, parse_optimizer
 STACK = "deepspeed"
 KIND = LaunchKind.TRAINING
 PROFILE = "deepspeed"
+OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
 _DEVICES = "--chips N (the JSON gives only two of train_batch_size, micro batch and accumulation)"
 
 

@@ -43,6 +43,7 @@ from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, 
 STACK = "maxtext"
 KIND = LaunchKind.TRAINING
 PROFILE = "maxtext"
+OPTIMIZER = "adam-fp32"  # what the stack keeps by default (fp32 parameters): an export's default
 _TRAIN = re.compile(r"(MaxText|maxtext)\.[\w.$]*|\btrain\.py|train_compile")
 _OVERRIDE = re.compile(r"^([a-z_][a-z0-9_]*)=(.*)$")
 _AXES_SOURCE = "src/maxtext/configs/base.yml:659-684"

@@ -43,6 +43,7 @@ from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, 
 STACK = "megatron"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
+OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
 _SCRIPT = re.compile(r"pretrain_\w+\.py")
 _NOT_LAUNCH = ("echo", "printf", "ls", "test", "[", "[[", "cat", "cp", "if")
 _ENVIRONMENT = {"PWD", "HOME", "USER", "HOSTNAME", "SLURM_JOB_ID", "SLURM_NODEID", "SLURM_PROCID"}

@@ -26,6 +26,7 @@ from roofline.specs.plan import Plan, RematKind, Schedule
 STACK = "nemo"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
+OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
 _REF = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 

@@ -50,6 +50,7 @@ from roofline.specs.plan import (
 STACK = "torchtitan"
 KIND = LaunchKind.TRAINING
 PROFILE = "torchtitan"
+OPTIMIZER = "adam-fp32"  # what the stack keeps by default (fp32 parameters): an export's default
 _DEVICES = "--chips N or --system (data_parallel_shard_degree = -1 takes the devices left)"
 # training.dtype -> the optimizer policy's bytes (fp32: fp32 params, grads and Adam moments)
 _OPTIMIZER_OF_DTYPE = {"float32": "adam-fp32"}
