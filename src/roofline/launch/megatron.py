@@ -46,7 +46,24 @@ PROFILE = "megatron"
 OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
 _SCRIPT = re.compile(r"pretrain_\w+\.py")
 _NOT_LAUNCH = ("echo", "printf", "ls", "test", "[", "[[", "cat", "cp", "if")
-_ENVIRONMENT = {"PWD", "HOME", "USER", "HOSTNAME", "SLURM_JOB_ID", "SLURM_NODEID", "SLURM_PROCID"}
+_ENVIRONMENT = {
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7",
+    "8",
+    "9",
+    "PWD",
+    "HOME",
+    "USER",
+    "HOSTNAME",
+    "SLURM_JOB_ID",
+    "SLURM_NODEID",
+    "SLURM_PROCID",
+}
 _DEVICES = "--chips N (the script's launcher does not say how many GPUs it starts)"
 
 
@@ -77,6 +94,7 @@ class MegatronSettings:
     recompute: Any  # the plan Remat
     recipe: str  # the megatron profile's precision recipe
     optimizer: str
+    zero_stage: int | None = None  # Megatron-DeepSpeed's --zero-stage (None: not given)
 
 
 # ------------------------------------------------------------------------------ read
@@ -121,19 +139,22 @@ def parse_args(words: list[str]) -> dict[str, Any]:
 
 
 def _world(launcher: list[str], text: str, facts: dict[str, Any]) -> int | None:
+    """GPUs the script starts: the launcher's per-node count × nodes (either may come from
+    the script's #SBATCH lines), else WORLD_SIZE."""
     args = parse_args(launcher)
-    per = args.get("nproc_per_node", args.get("nproc-per-node"))
-    nodes = args.get("nnodes", 1)
-    if per is not None and str(per).isdigit() and str(nodes).split(":")[-1].isdigit():
-        return int(per) * int(str(nodes).split(":")[-1])
-    world = facts.get("world")
-    if world and str(world).isdigit():
-        return int(world)
+    per = str(args.get("nproc_per_node", args.get("nproc-per-node", "")))
+    nodes = str(args.get("nnodes", "")).split(":")[-1]
+    g = re.search(r"#SBATCH\s+--(?:gpus-per-node[= ]|gres[= ]gpu:)(\d+)", text)
     n = re.search(r"#SBATCH\s+(?:-N\s*|--nodes[= ])(\d+)", text)
-    g = re.search(r"#SBATCH\s+--(?:gpus-per-node|ntasks-per-node)[= ](\d+)", text)
-    if n and g:
-        return int(n.group(1)) * int(g.group(1))
-    return None
+    per_node = int(per) if per.isdigit() else (int(g.group(1)) if g else None)
+    if nodes.isdigit():
+        n_nodes: int | None = int(nodes)
+    else:
+        n_nodes = int(n.group(1)) if n else (1 if per.isdigit() and not nodes else None)
+    if per_node is not None and n_nodes is not None:
+        return per_node * n_nodes
+    world = facts.get("world")
+    return int(world) if world and str(world).isdigit() else None
 
 
 def read(text: str, *, source: str = "<text>", chips: int | None = None) -> LaunchConfig:
@@ -188,6 +209,9 @@ def _settings(notes: Notes) -> MegatronSettings:
         recompute=_recompute(notes),
         recipe=_recipe(notes),
         optimizer=_optimizer(notes),
+        zero_stage=notes.integer("zero-stage", notes.settings["zero-stage"], low=0)
+        if notes.given("zero-stage")
+        else None,
     )
 
 
@@ -246,6 +270,8 @@ def _fsdp(notes: Notes) -> bool:
 
 def _recompute(notes: Notes) -> Any:
     key = "recompute-granularity"
+    if notes.given("checkpoint-activations"):  # the older spelling of full recompute
+        return remat_of(notes, PROFILE, "checkpoint-activations", "full")
     gran = "selective" if notes.given("recompute-activations") else notes.get(key)
     if gran in (None, "none"):
         return remat_of(notes, PROFILE, key, "none")
@@ -289,6 +315,11 @@ def _recipe(notes: Notes) -> str:
 
 
 def _optimizer(notes: Notes) -> str:
+    for key in ("rampup-batch-size", "step-batch-size-schedule"):
+        if notes.given(key):
+            notes.unsupported_(
+                key, notes.settings[key], "a batch-size ramp: costed at the final global batch"
+            )
     for key in ("grad-reduce-in-bf16", "use-precision-aware-optimizer", "optimizer-cpu-offload"):
         if notes.given(key):
             notes.unsupported_(
@@ -355,7 +386,7 @@ def megatron_config(
         degrees=deg,
         microbatches=m,
         remat=s.recompute,
-        zero=1 if s.distributed_optimizer else 0,
+        zero=_zero(notes, s),
         schedule=Schedule.INTERLEAVED if s.virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=s.virtual,
         sequence_parallel=s.sequence_parallel and s.tp > 1,
@@ -371,6 +402,16 @@ def megatron_config(
         options={"framework": PROFILE, "precision": recipe},
         workload=workload(seq_len=s.seq, global_seqs=global_batch, micro=s.micro, steps=s.iters),
     )
+
+
+def _zero(notes: Notes, s: MegatronSettings) -> int:
+    if s.zero_stage is None:
+        return 1 if s.distributed_optimizer else 0
+    if s.zero_stage == 3:
+        notes.unsupported_(
+            "zero-stage", 3, "ZeRO-3 beside Megatron's own parallelism: costed as ZeRO-2"
+        )
+    return min(s.zero_stage, 2)
 
 
 # ------------------------------------------------------------------------------ write
