@@ -292,10 +292,10 @@ def recipe_for(profile: str, dtypes: ComputeDtypes, preferred: str | None, stack
     for n in names:
         try:
             r = stack_of(profile).recipe(n)
-        except RooflineError:
+            if recipe_dtypes(r) == dtypes:
+                return r.name
+        except RooflineError:  # a recipe outside the plan's compute dtypes (DeepSpeed's fp32)
             continue
-        if recipe_dtypes(r) == dtypes:
-            return r.name
     raise LaunchError(
         f"{stack} has no precision recipe that computes {', '.join(dtypes.describe()) or 'bf16'}",
         rule=f"{stack}'s recipes: " + ", ".join(fw.precision.recipes),

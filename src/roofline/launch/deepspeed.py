@@ -115,7 +115,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         microbatches=accum,
         remat=_remat(notes),
         zero=stage if stage < 3 else 1,
-        optimizer=parse_optimizer("adam-fp32" if recipe == "fp32" else "adam-fp32-master"),
+        optimizer=parse_optimizer(_optimizer(notes)),
         dtypes=dtypes,
     )
     return notes.config(
@@ -201,7 +201,18 @@ def _precision(notes: Notes) -> tuple[str, Any]:
         return precision_of(notes, PROFILE, "bf16.enabled", "bf16")
     if notes.flag("fp16.enabled", notes.get("fp16.enabled")):
         return precision_of(notes, PROFILE, "fp16.enabled", "fp16")
-    return precision_of(notes, PROFILE, "bf16.enabled", "fp32")
+    notes.unsupported_(
+        "bf16.enabled", False, "fp32 training (neither bf16 nor fp16): costed with bf16 compute"
+    )
+    return precision_of(notes, PROFILE, "bf16.enabled", "bf16")
+
+
+def _optimizer(notes: Notes) -> str:
+    """fp32 parameters, gradients and Adam moments without bf16/fp16; else fp32 master copies."""
+    mixed = notes.flag("bf16.enabled", notes.get("bf16.enabled")) or notes.flag(
+        "fp16.enabled", notes.get("fp16.enabled")
+    )
+    return "adam-fp32-master" if mixed else "adam-fp32"
 
 
 def _remat(notes: Notes) -> Any:
@@ -231,7 +242,7 @@ def _expressible(plan: Plan) -> None:
         lacks.append(f"remat={plan.remat} (checkpointing is called by the model code)")
     if plan.sequence_parallel or plan.collective_matmul or plan.overlap_ep:
         lacks.append("megatron_sp / collective_matmul / overlap_ep")
-    if plan.optimizer.name not in ("adam-fp32-master", "adam-fp32"):
+    if plan.optimizer.name != "adam-fp32-master":
         lacks.append(f"optimizer={plan.optimizer.name} (mixed precision keeps adam-fp32-master)")
     if lacks:
         raise LaunchError(
@@ -256,13 +267,6 @@ def write(config: LaunchConfig) -> str:
             fix="change the batch or the microbatch count",
         )
     recipe = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), STACK)
-    fp32 = plan.optimizer.name == "adam-fp32"
-    if fp32 != (recipe == "fp32"):
-        raise LaunchError(
-            f"DeepSpeed cannot keep optimizer={plan.optimizer.name} with {recipe} compute",
-            rule="bf16/fp16 training keeps fp32 master weights (adam-fp32-master); fp32 training keeps adam-fp32",
-            fix="pair the optimizer with the precision",
-        )
     doc: dict[str, Any] = {
         "train_batch_size": w.global_batch_sequences,
         "train_micro_batch_size_per_gpu": micro,

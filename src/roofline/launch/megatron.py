@@ -386,7 +386,7 @@ def megatron_config(
         degrees=deg,
         microbatches=m,
         remat=s.recompute,
-        zero=_zero(notes, s),
+        zero=_zero(notes, s) if deg.dp > 1 else 1,  # no replicas: the plan's default
         schedule=Schedule.INTERLEAVED if s.virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=s.virtual,
         sequence_parallel=s.sequence_parallel and s.tp > 1,
