@@ -23,22 +23,132 @@ def load(name: str, chips: int | None = None):
 # sequences, seq len, precision recipe
 CASES = [
     # shard -1 = 128 / 8 = 16; global -1 = 2 × 16; pp = 1 so one pass
-    ("torchtitan_llama3_405b.toml", 128, "torchtitan", (1, 16, 8, 1, 1, 1), 1, RematKind.FULL, 32, 8192, "float8-tensorwise"),
-    ("torchtitan_llama3_70b.toml", 64, "torchtitan", (1, 8, 8, 1, 1, 1), 1, RematKind.FULL, 64, 8192, "bf16"),
-    ("torchtitan_llama3_8b.toml", 8, "torchtitan", (1, 8, 1, 1, 1, 1), 1, RematKind.MATMULS, 8, 8192, "bf16"),
+    (
+        "torchtitan_llama3_405b.toml",
+        128,
+        "torchtitan",
+        (1, 16, 8, 1, 1, 1),
+        1,
+        RematKind.FULL,
+        32,
+        8192,
+        "float8-tensorwise",
+    ),
+    (
+        "torchtitan_llama3_70b.toml",
+        64,
+        "torchtitan",
+        (1, 8, 8, 1, 1, 1),
+        1,
+        RematKind.FULL,
+        64,
+        8192,
+        "bf16",
+    ),
+    (
+        "torchtitan_llama3_8b.toml",
+        8,
+        "torchtitan",
+        (1, 8, 1, 1, 1, 1),
+        1,
+        RematKind.MATMULS,
+        8,
+        8192,
+        "bf16",
+    ),
     # 4 per device × 256 = 1024 sequences × 4096 = 4Mi tokens ("4M token global batch")
-    ("maxtext_llama2_70b_v5p.sh", 256, "maxtext", (1, 256, 1, 1, 1, 1), 1, RematKind.MATMULS, 1024, 4096, "bf16"),
+    (
+        "maxtext_llama2_70b_v5p.sh",
+        256,
+        "maxtext",
+        (1, 256, 1, 1, 1, 1),
+        1,
+        RematKind.MATMULS,
+        1024,
+        4096,
+        "bf16",
+    ),
     # ici_fsdp 8 × dcn_fsdp 128; num_slices -1 = the dcn product
-    ("maxtext_llama3.1_405b_a3_128vm.sh", None, "maxtext", (1, 1024, 1, 1, 1, 1), 1, RematKind.FULL, 1024, 8192, "bf16"),
+    (
+        "maxtext_llama3.1_405b_a3_128vm.sh",
+        None,
+        "maxtext",
+        (1, 1024, 1, 1, 1, 1),
+        1,
+        RematKind.FULL,
+        1024,
+        8192,
+        "bf16",
+    ),
     # 128 / (1 × 8) = 16 microbatches; --fp8-format hybrid with the default delayed recipe
-    ("megatron_llama3_8b_h100_fp8.sh", None, "megatron", (8, 1, 1, 1, 1, 1), 16, RematKind.NONE, 128, 8192, "fp8-delayed"),
-    ("megatron_gpt3_175b.sh", 128, "megatron", (1, 1, 8, 1, 1, 16), 1536, RematKind.NONE, 1536, 2048, "bf16"),
+    (
+        "megatron_llama3_8b_h100_fp8.sh",
+        None,
+        "megatron",
+        (8, 1, 1, 1, 1, 1),
+        16,
+        RematKind.NONE,
+        128,
+        8192,
+        "fp8-delayed",
+    ),
+    (
+        "megatron_gpt3_175b.sh",
+        128,
+        "megatron",
+        (1, 1, 8, 1, 1, 16),
+        1536,
+        RematKind.NONE,
+        1536,
+        2048,
+        "bf16",
+    ),
     # 24 × 8 = 192 GPUs; dp = 192 / (4 × 12) = 4; 2048 / (2 × 4) = 256
-    ("megatron_deepspeed_bloom_176b.slurm", None, "megatron", (4, 1, 4, 1, 1, 12), 256, RematKind.FULL, 2048, 2048, "bf16"),
-    ("deepspeed_bloom_176b.json", 4, "deepspeed", (4, 1, 1, 1, 1, 1), 256, RematKind.NONE, 2048, None, "bf16"),
+    (
+        "megatron_deepspeed_bloom_176b.slurm",
+        None,
+        "megatron",
+        (4, 1, 4, 1, 1, 12),
+        256,
+        RematKind.FULL,
+        2048,
+        2048,
+        "bf16",
+    ),
+    (
+        "deepspeed_bloom_176b.json",
+        4,
+        "deepspeed",
+        (4, 1, 1, 1, 1, 1),
+        256,
+        RematKind.NONE,
+        2048,
+        None,
+        "bf16",
+    ),
     # 1024 / (4 × 4) = 64 data-parallel; 2048 / 64 = 32
-    ("nemo_llama2_70b.yaml", None, "nemo", (64, 1, 4, 1, 1, 4), 32, RematKind.NONE, 2048, 4096, "bf16"),
-    ("nemo_gpt3_175b.yaml", None, "nemo", (32, 1, 4, 1, 1, 8), 64, RematKind.NONE, 2048, 2048, "bf16"),
+    (
+        "nemo_llama2_70b.yaml",
+        None,
+        "nemo",
+        (64, 1, 4, 1, 1, 4),
+        32,
+        RematKind.NONE,
+        2048,
+        4096,
+        "bf16",
+    ),
+    (
+        "nemo_gpt3_175b.yaml",
+        None,
+        "nemo",
+        (32, 1, 4, 1, 1, 8),
+        64,
+        RematKind.NONE,
+        2048,
+        2048,
+        "bf16",
+    ),
 ]
 
 
@@ -80,7 +190,9 @@ def test_megatron_example_launched_on_too_few_gpus_is_a_problem():
     assert c.chips == 8
     assert any("128 does not divide the 8 GPUs" in p.message for p in c.problems)
     with_chips = load("megatron_gpt3_175b.sh", 128)
-    assert any("launcher starts 8 GPUs but --chips gives 128" in p.message for p in with_chips.problems)
+    assert any(
+        "launcher starts 8 GPUs but --chips gives 128" in p.message for p in with_chips.problems
+    )
 
 
 def test_megatron_fp8_example_keeps_its_distributed_optimizer_and_notes_bf16_grads():

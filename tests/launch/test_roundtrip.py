@@ -17,8 +17,14 @@ PLANS = {
     "torchtitan": [
         ("fsdp=64,tp=8,megatron_sp=1,microbatch=4,remat=full,optimizer=adam-fp32", None),
         ("dp=2,fsdp=32,zero=0,microbatch=2,remat=matmuls,optimizer=adam-fp32", None),
-        ("fsdp=16,tp=4,pp=4,megatron_sp=1,microbatch=16,remat=none,schedule=interleaved,virtual=2,optimizer=adam-fp32", None),
-        ("fsdp=8,sp=4,ep=4,tp=2,megatron_sp=1,collective_matmul=1,optimizer=adam-fp32", "float8-rowwise"),
+        (
+            "fsdp=16,tp=4,pp=4,megatron_sp=1,microbatch=16,remat=none,schedule=interleaved,virtual=2,optimizer=adam-fp32",
+            None,
+        ),
+        (
+            "fsdp=8,sp=4,ep=4,tp=2,megatron_sp=1,collective_matmul=1,optimizer=adam-fp32",
+            "float8-rowwise",
+        ),
         ("fsdp=32,pp=8,microbatch=8,schedule=gpipe,optimizer=adam-fp32", "mxfp8"),
     ],
     "maxtext": [
@@ -29,15 +35,30 @@ PLANS = {
         ("fsdp=16,pp=4,microbatch=8,schedule=interleaved,virtual=4,optimizer=adam-fp32", None),
     ],
     "megatron": [
-        ("dp=64,tp=8,megatron_sp=1,microbatch=4,remat=matmuls,zero=1,optimizer=adam-fp32-master", "fp8-delayed"),
-        ("dp=16,tp=8,pp=4,microbatch=32,remat=full,zero=0,schedule=interleaved,virtual=5,optimizer=adam-fp32-master", None),
-        ("dp=8,tp=4,sp=2,ep=8,megatron_sp=1,collective_matmul=1,overlap_ep=1,microbatch=2,zero=1,optimizer=adam-fp32-master", "fp8-current"),
+        (
+            "dp=64,tp=8,megatron_sp=1,microbatch=4,remat=matmuls,zero=1,optimizer=adam-fp32-master",
+            "fp8-delayed",
+        ),
+        (
+            "dp=16,tp=8,pp=4,microbatch=32,remat=full,zero=0,schedule=interleaved,virtual=5,optimizer=adam-fp32-master",
+            None,
+        ),
+        (
+            "dp=8,tp=4,sp=2,ep=8,megatron_sp=1,collective_matmul=1,overlap_ep=1,microbatch=2,zero=1,optimizer=adam-fp32-master",
+            "fp8-current",
+        ),
         ("fsdp=128,microbatch=2,remat=full,optimizer=adam-fp32-master", "nvfp4"),
         ("dp=32,pp=8,microbatch=16,remat=none,zero=1,optimizer=adam-fp32-master", "mxfp8"),
     ],
     "nemo": [
-        ("dp=64,tp=4,pp=4,megatron_sp=1,microbatch=16,remat=none,zero=1,schedule=interleaved,virtual=20,optimizer=adam-fp32-master", None),
-        ("dp=32,tp=8,megatron_sp=1,microbatch=4,remat=full,zero=0,optimizer=adam-fp32-master", "fp8-delayed"),
+        (
+            "dp=64,tp=4,pp=4,megatron_sp=1,microbatch=16,remat=none,zero=1,schedule=interleaved,virtual=20,optimizer=adam-fp32-master",
+            None,
+        ),
+        (
+            "dp=32,tp=8,megatron_sp=1,microbatch=4,remat=full,zero=0,optimizer=adam-fp32-master",
+            "fp8-delayed",
+        ),
         ("fsdp=64,tp=2,ep=2,microbatch=8,remat=matmuls,optimizer=adam-fp32-master", None),
     ],
     "deepspeed": [
@@ -50,7 +71,9 @@ PROFILE = {"nemo": "megatron"}
 CASES = [(s, p, r) for s, plans in PLANS.items() for p, r in plans]
 
 
-def config_of(stack: str, spec: str, recipe: str | None, model: str = "llama-3.1-70b") -> LaunchConfig:
+def config_of(
+    stack: str, spec: str, recipe: str | None, model: str = "llama-3.1-70b"
+) -> LaunchConfig:
     plan = parse_plan(spec)
     if recipe:
         plan = replace(plan, dtypes=stack_of(PROFILE.get(stack, stack)).dtypes(recipe))

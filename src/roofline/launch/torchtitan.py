@@ -55,7 +55,12 @@ _DEVICES = "--chips N or --system (data_parallel_shard_degree = -1 takes the dev
 # training.dtype -> the optimizer policy's bytes (fp32: fp32 params, grads and Adam moments)
 _OPTIMIZER_OF_DTYPE = {"float32": "adam-fp32"}
 _SECTIONS_READ = ("training", "parallelism", "activation_checkpoint")
-_OLD_GENERATION = ("experimental.pipeline_parallel_degree", "training.data_parallel_shard_degree")
+# spellings only the older generation (before #980 / #1073) used
+_OLD_GENERATION = (
+    "experimental.pipeline_parallel_degree",
+    "training.data_parallel_shard_degree",
+    "experimental.pipeline_parallel_microbatches",
+)
 
 
 def sniff(text: str, path: str = "") -> int:
@@ -89,10 +94,13 @@ def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _settings(raw: dict[str, Any]) -> dict[str, Any]:
-    """Dotted keys, the older spellings renamed to the current ones."""
+def _settings(raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(dotted keys with the older spellings renamed to the current ones, whether the file is
+    of the older generation that set the pipeline microbatch count)."""
     renamed = stack_defaults(STACK).data["renamed"]
-    return {renamed.get(k, k): v for k, v in _flatten(raw).items()}
+    flat = _flatten(raw)
+    old = any(k in flat for k in _OLD_GENERATION)
+    return {renamed.get(k, k): v for k, v in flat.items()}, old
 
 
 def _check_names(notes: Notes, raw: dict[str, Any]) -> None:
@@ -105,7 +113,8 @@ def _check_names(notes: Notes, raw: dict[str, Any]) -> None:
 
 def read(text: str, *, source: str = "<text>", chips: int | None = None) -> LaunchConfig:
     raw = _load(text, source)
-    notes = Notes(STACK, source, _settings(raw))
+    settings, old_generation = _settings(raw)
+    notes = Notes(STACK, source, settings)
     _check_names(notes, raw)
     deg, replicas = _degrees(notes, chips)
     local = notes.integer("training.local_batch_size", notes.get("training.local_batch_size"))
@@ -118,7 +127,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         key="training.global_batch_size",
     )
     schedule, virtual = _schedule(notes, deg.pp)
-    per_pass = _pipeline_microbatches(notes, local, deg.pp, virtual)
+    per_pass = _pipeline_microbatches(notes, local, deg.pp, virtual, old_generation)
     recipe, dtypes = _precision(notes)
     plan = Plan(
         degrees=deg,
@@ -219,16 +228,18 @@ def _schedule(notes: Notes, pp: int) -> tuple[Schedule, int]:
     return kind, per_rank
 
 
-def _pipeline_microbatches(notes: Notes, local: int, pp: int, virtual: int) -> int:
+def _pipeline_microbatches(notes: Notes, local: int, pp: int, virtual: int, old: bool) -> int:
     """Microbatches each local batch runs as (1 without pipeline parallelism)."""
     if pp == 1:
         return 1
-    old = "experimental.pipeline_parallel_microbatches"
-    if notes.given(old) or any(notes.given(k) for k in _OLD_GENERATION):
-        n = notes.get(old)
-        n = pp * virtual if n == "stages" else notes.integer(old, n)
+    count = "experimental.pipeline_parallel_microbatches"
+    if old or notes.given(count):
+        n = notes.get(count)
+        n = pp * virtual if n == "stages" else notes.integer(count, n)
         if local % n:
-            notes.problem(old, f"the local batch of {local} is not a multiple of {n} microbatches")
+            notes.problem(
+                count, f"the local batch of {local} is not a multiple of {n} microbatches"
+            )
         return n
     key = "parallelism.pipeline_parallel_microbatch_size"
     size = notes.integer(key, notes.get(key))
