@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from roofline.launch import read_launch
-from roofline.launch.base import LaunchError
 from roofline.specs.plan import RematKind, Schedule
 
 

@@ -8,6 +8,7 @@ error names what it lacks. `roofline import` of the exported text gives the same
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from roofline.cli.train_cmd import search_plans, stack_and_profile
 from roofline.core.stack import stack_of
 from roofline.errors import SpecError
 from roofline.launch import WRITERS, LaunchConfig, LaunchKind, LaunchWorkload, write_launch
-from roofline.launch.base import stack_module
+from roofline.launch.base import LaunchError, stack_module
 from roofline.specs.model import load_model
 from roofline.specs.plan import Workload, parse_plan
 from roofline.specs.system import parse_system
@@ -59,7 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--objective", choices=("cost", "time"), default=None, help="search objective (as train)"
     )
-    p.add_argument("--top", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--top",
+        type=int,
+        default=20,
+        help="without --plan: export the best of train's top plans the stack can express (default 20)",
+    )
     p.add_argument("--no-sub-slices", action="store_true", help="search exactly the given system")
     add_profile_arg(p)
     p.add_argument("--price", type=float, help="override USD per chip-hour")
@@ -74,8 +80,9 @@ def _workload(args: argparse.Namespace) -> Workload:
     return work
 
 
-def _plan(args: argparse.Namespace, model, work: Workload):
-    """The plan to export: --plan with the target's optimizer and precision, or train's best."""
+def _plans(args: argparse.Namespace, model, work: Workload) -> list:
+    """The plans to try, best first: --plan (with the target's optimizer and precision), or
+    train's top plans for the target stack."""
     mod = stack_module(args.to)
     args.optimizer = args.optimizer or mod.OPTIMIZER
     dtypes = stack_of(mod.PROFILE).dtypes(args.precision) if args.precision else None
@@ -83,34 +90,52 @@ def _plan(args: argparse.Namespace, model, work: Workload):
         plan = parse_plan(
             args.plan if "optimizer" in args.plan else args.plan + f",optimizer={args.optimizer}"
         )
-        return (
+        return [
             replace(plan, dtypes=dtypes) if dtypes is not None and plan.dtypes.is_default else plan
-        )
+        ]
     system = parse_system(args.system, usd_per_chip_hour=args.price)
     if args.objective is None:
         args.objective = "cost" if system.usd_per_chip_hour is not None else "time"
     args.framework = mod.PROFILE
     stack, eff = stack_and_profile(args, system.chip)
-    return search_plans(args, model, system, work, eff, stack, dtypes).best.plan
+    return [c.plan for c in search_plans(args, model, system, work, eff, stack, dtypes).top]
+
+
+def _first_expressible(args: argparse.Namespace, plans: list, work: Workload) -> tuple:
+    """(config, text, the better plans skipped with what the stack lacks for each)."""
+    skipped: list[str] = []
+    for plan in plans:
+        config = LaunchConfig(
+            stack=args.to,
+            kind=LaunchKind.TRAINING,
+            model=args.model,
+            plan=plan,
+            workload=LaunchWorkload(
+                seq_len=work.seq_len,
+                global_batch_sequences=int(work.sequences),
+                train_steps=args.steps,
+            ),
+            options={"precision": args.precision} if args.precision else {},
+        )
+        try:
+            return config, write_launch(config, args.to), skipped
+        except LaunchError as e:
+            if len(plans) == 1:
+                raise
+            skipped.append(f"{plan.describe()}: {e.what}")
+    raise LaunchError(
+        f"none of train's top {len(plans)} plans can be written for {args.to}: "
+        + "; ".join(skipped[:3]),
+        rule="an export writes only what the stack's own configuration can say",
+        fix="raise --top, or give --plan",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     work = _workload(args)
-    plan = _plan(args, model, work)
-    config = LaunchConfig(
-        stack=args.to,
-        kind=LaunchKind.TRAINING,
-        model=args.model,
-        plan=plan,
-        workload=LaunchWorkload(
-            seq_len=work.seq_len,
-            global_batch_sequences=int(work.sequences),
-            train_steps=args.steps,
-        ),
-        options={"precision": args.precision} if args.precision else {},
-    )
-    text = write_launch(config, args.to)
+    config, text, skipped = _first_expressible(args, _plans(args, model, work), work)
+    plan = config.plan
     if args.out:
         try:
             Path(args.out).write_text(text)
@@ -126,7 +151,12 @@ def run(args: argparse.Namespace) -> int:
         "kind": "training",
         "plan": plan.to_dict(),
         "workload": config.workload.to_dict(),
+        "skipped": skipped,
         "text": text,
     }
     shown = f"wrote {args.out} ({args.to}: {plan.describe()})" if args.out else text.rstrip("\n")
+    if skipped:
+        shown = "\n".join(
+            [f"# skipped (better, but {args.to} cannot express): {s}" for s in skipped] + [shown]
+        )
     return emit(args, NAME, inputs, doc, shown)
