@@ -155,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
         "text": text,
     }
     shown = f"wrote {args.out} ({args.to}: {plan.describe()})" if args.out else text.rstrip("\n")
-    if skipped:
-        shown = "\n".join(
-            [f"# skipped (better, but {args.to} cannot express): {s}" for s in skipped] + [shown]
-        )
+    if skipped and not args.json:  # on stderr: stdout stays the launch file
+        for s in skipped:
+            print(
+                f"roofline export: skipped a better plan {args.to} cannot express: {s}",
+                file=sys.stderr,
+            )
     return emit(args, NAME, inputs, doc, shown)
