@@ -18,7 +18,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$VENV/bin/pip" install -q -e ".[test]"
     # DeepSpeed builds no ops at install (DS_BUILD_OPS=0) and needs torch at build time
     DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-build-isolation deepspeed==0.19.8
+    "$VENV/bin/pip" install -q omegaconf==2.3.0
     "$VENV/bin/pip" install -q --no-build-isolation megatron-core==0.19.2 || echo "megatron-core did not install: its tests skip"
 fi
-ROOFLINE_PARSERS_REQUIRE="${ROOFLINE_PARSERS_REQUIRE:-deepspeed}" \
+ROOFLINE_PARSERS_REQUIRE="${ROOFLINE_PARSERS_REQUIRE:-deepspeed,nemo}" \
     "$VENV/bin/python" -m pytest -q -m parsers tests/launch/parsers -p no:cacheprovider
