@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.launch.test_roundtrip import PLANS, config_of
 
 from roofline.launch import read_launch, write_launch
-from tests.launch.test_roundtrip import PLANS, config_of
 
 pytestmark = pytest.mark.parsers
 DATA = Path(__file__).parents[2] / "data" / "launch"
