@@ -9,6 +9,7 @@ definition) for every setting a reader fills when a file leaves it out.
 
 from __future__ import annotations
 
+import difflib
 import math
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -162,15 +163,30 @@ class Notes:
 
 
 def check_known(
-    notes: Notes, keys: Iterable[str], known: Iterable[str], *, where: str = ""
+    notes: Notes,
+    keys: Iterable[str],
+    known: Iterable[str],
+    *,
+    where: str = "",
+    near: float | None = None,
 ) -> None:
     """A LaunchError for the first key that is a misspelling of a known one (a key close to
-    none of them is kept in `settings`, outside what the plan reads)."""
+    none of them is kept in `settings`, outside what the plan reads). `known` is the stack's
+    whole vocabulary, or (with `near`, a similarity cutoff) just the keys the reader reads,
+    where only a near miss that is not a longer or shorter spelling of it is an error."""
     known = list(known)
     for k in keys:
         if k in known:
             continue
-        hint = closest_hint(k, known)
+        if near is not None:
+            close = difflib.get_close_matches(k, known, n=1, cutoff=near)
+            hint = (
+                f" (closest known: {close[0]})"
+                if close and close[0] not in k and k not in close[0]
+                else ""
+            )
+        else:
+            hint = closest_hint(k, known)
         if hint:
             raise notes.error(
                 k,

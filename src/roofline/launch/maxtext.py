@@ -29,6 +29,7 @@ from roofline.launch.base import Default, LaunchConfig, LaunchError, LaunchKind
 from roofline.launch.common import (
     Notes,
     check_devices,
+    check_known,
     needs,
     precision_of,
     recipe_for,
@@ -130,6 +131,7 @@ def settings_of(text: str, source: str) -> dict[str, Any]:
 
 def read(text: str, *, source: str = "<text>", chips: int | None = None) -> LaunchConfig:
     notes = Notes(STACK, source, settings_of(text, source))
+    check_known(notes, notes.settings, _read_keys(), near=0.9)
     deg, stages = _mesh(notes, chips)
     devices = deg.n_chips
     pass_seqs, accum = _batch(notes, devices)
@@ -159,6 +161,13 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
             steps=notes.integer("steps", notes.get("steps")),
         ),
     )
+
+
+def _read_keys() -> list[str]:
+    """The keys this reader reads: the defaults table's and every ici_/dcn_ axis."""
+    t = stack_defaults(STACK)
+    axes = [f"{tier}_{a}_parallelism" for tier in ("ici", "dcn") for a in t.data["axes"]]
+    return [*t.values, *axes]
 
 
 def _axis_default(tier: str, axis: str) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
 from roofline.launch.common import (
     Notes,
+    check_known,
     microbatch_count,
     needs,
     precision_of,
@@ -46,6 +47,40 @@ PROFILE = "megatron"
 OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
 _SCRIPT = re.compile(r"pretrain_\w+\.py")
 _NOT_LAUNCH = ("echo", "printf", "ls", "test", "[", "[[", "cat", "cp", "if")
+# the arguments this reader reads (a near miss of one is an error naming it)
+_READ = (
+    "tensor-model-parallel-size",
+    "pipeline-model-parallel-size",
+    "context-parallel-size",
+    "expert-model-parallel-size",
+    "expert-tensor-parallel-size",
+    "micro-batch-size",
+    "global-batch-size",
+    "seq-length",
+    "train-iters",
+    "num-layers",
+    "num-layers-per-virtual-pipeline-stage",
+    "num-virtual-stages-per-pipeline-rank",
+    "sequence-parallel",
+    "tp-comm-overlap",
+    "overlap-moe-expert-parallel-comm",
+    "use-distributed-optimizer",
+    "use-megatron-fsdp",
+    "use-torch-fsdp2",
+    "data-parallel-sharding-strategy",
+    "recompute-granularity",
+    "recompute-method",
+    "recompute-num-layers",
+    "recompute-activations",
+    "checkpoint-activations",
+    "fp8-format",
+    "fp8-recipe",
+    "fp4-format",
+    "bf16",
+    "fp16",
+    "zero-stage",
+    "rampup-batch-size",
+)
 _ENVIRONMENT = {
     "1",
     "2",
@@ -160,6 +195,7 @@ def _world(launcher: list[str], text: str, facts: dict[str, Any]) -> int | None:
 def read(text: str, *, source: str = "<text>", chips: int | None = None) -> LaunchConfig:
     launcher, words, facts = _command(source, text)
     notes = Notes(STACK, source, parse_args(words))
+    check_known(notes, notes.settings, _READ, near=0.9)
     world = _world(launcher, text, facts)
     _unresolved(notes, facts)
     if world is not None and chips is not None and world != chips:
