@@ -79,6 +79,13 @@ def paragraph(e: RooflineError) -> str:
         ),
         (
             "megatron",
+            "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-paralel-size 2 --micro-batch-size 1\n",
+            None,
+            "closest known: tensor-model-parallel-size",
+        ),
+        ("maxtext", "ici_fsdp_paralelism: 4\n", 8, "closest known: ici_fsdp_parallelism"),
+        (
+            "megatron",
             "echo nothing here --micro-batch-size 1\n",
             None,
             "runs no pretrain_*.py command",
