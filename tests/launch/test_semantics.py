@@ -232,3 +232,10 @@ def test_reader_defaults_are_documented_in_its_table(stack):
     assert len(t.commit) == 40 and t.values
     for key in t.values:
         assert ":" in t.sources[key] or t.sources[key].endswith(".py"), key
+
+
+def test_maxtext_command_variables_are_expanded():
+    script = "PDBS=2\nTP=4\npython3 -m MaxText.train MaxText/configs/base.yml per_device_batch_size=$PDBS ici_tensor_parallelism=${TP} ici_fsdp_parallelism=-1\n"
+    c = mx(script, chips=64)
+    assert (c.plan.degrees.fsdp, c.plan.degrees.tp) == (16, 4)
+    assert c.workload.global_batch_sequences == 128

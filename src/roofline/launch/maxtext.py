@@ -38,6 +38,7 @@ from roofline.launch.common import (
     stack_defaults,
     workload,
 )
+from roofline.launch.shell import script
 from roofline.specs.model import load_model
 from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, parse_optimizer
 
@@ -89,17 +90,11 @@ def _scalar(text: str) -> Any:
 
 
 def _command_settings(text: str, source: str) -> dict[str, Any]:
-    """Settings of a `train` command line: the YAML it names (if next to the file), then its
-    key=value overrides, in order."""
-    joined = re.sub(r"\\\n", " ", text)
+    """Settings of a `train` command line, read as a shell would (launch/shell.py expands
+    the script's variables): the YAML it names (if next to the file), then its key=value
+    overrides, in order."""
     out: dict[str, Any] = {}
-    for line in joined.splitlines():
-        if not _TRAIN.search(line):
-            continue
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            words = line.split()
+    for words in script(text, _TRAIN).commands:
         for w in words:
             m = _OVERRIDE.match(w)
             if m:

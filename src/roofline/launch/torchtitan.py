@@ -338,7 +338,7 @@ def _notes_unsupported(notes: Notes) -> None:
 
 
 def _model(notes: Notes) -> str:
-    path = notes.settings.get("model.hf_assets_path") or notes.settings.get("model.tokenizer_path")
+    path = notes.settings.get("model.hf_assets_path")  # (a tokenizer_path names no model)
     if path:
         return str(path)
     return f"{notes.get('model.name')}-{notes.get('model.flavor')}"
