@@ -239,3 +239,12 @@ def test_maxtext_command_variables_are_expanded():
     c = mx(script, chips=64)
     assert (c.plan.degrees.fsdp, c.plan.degrees.tp) == (16, 4)
     assert c.workload.global_batch_sequences == 128
+
+
+def test_nested_shell_defaults_expand_innermost_first():
+    import re
+
+    from roofline.launch.shell import script
+
+    s = script("ICI=${3:-${ICI_DATA:-2}}\nrun train.py x=$ICI\n", re.compile(r"train\.py"))
+    assert s.commands == [["run", "train.py", "x=2"]]

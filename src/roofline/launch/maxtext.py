@@ -119,7 +119,7 @@ def _yaml_next_to(name: str, source: str) -> dict[str, Any]:
 
 
 def settings_of(text: str, source: str) -> dict[str, Any]:
-    if _TRAIN.search(text) and not re.search(r"^\s*\w+\s*:", text, re.M):
+    if _TRAIN.search(text) and re.search(r"(^|\s)[a-z_][a-z0-9_]*=\S", text, re.M):
         return _command_settings(text, source)
     return _yaml(text, source)
 
@@ -170,24 +170,26 @@ def _axis_default(tier: str, axis: str) -> int:
 
 
 def _tier(notes: Notes, tier: str, devices: int | None) -> dict[str, int]:
+    """{axis: degree} of one tier (ici or dcn), its -1 resolved against `devices`."""
     axes = stack_defaults(STACK).data["axes"]
     out: dict[str, int] = {}
     filled = []
     for axis in axes:
         key = f"{tier}_{axis}_parallelism"
         if notes.given(key):
-            out[axis] = notes.integer(key, notes.settings[key], allow_rest=True)
+            out[key] = notes.integer(key, notes.settings[key], allow_rest=True)
         elif _axis_default(tier, axis) == -1:
-            out[axis] = notes.integer(key, notes.get(key), allow_rest=True)
+            out[key] = notes.integer(key, notes.get(key), allow_rest=True)
         else:
-            out[axis] = 1
+            out[key] = 1
             filled.append(key)
     if filled:
         notes.defaults.append(
             _default(f"{tier}_*_parallelism (the {len(filled)} not given)", 1, _AXES_SOURCE)
         )
     what = "--chips N or --system" if tier == "ici" else "num_slices"
-    return resolve_rest(notes, out, devices, what=what)
+    resolved = resolve_rest(notes, out, devices, what=what)
+    return {axis: resolved[f"{tier}_{axis}_parallelism"] for axis in axes}
 
 
 def _default(key: str, value: Any, where: str) -> Default:

@@ -90,7 +90,12 @@ class _Shell:
                 return self.expand(default.strip("\"'"))
             return v
 
-        out = _VAR.sub(sub, text)
+        out = text
+        for _ in range(8):  # nested defaults, ${A:-${B:-1}}: the innermost first
+            new = _VAR.sub(sub, out)
+            if new == out:
+                break
+            out = new
         return _ARITH.sub(lambda m: _arith(m.group(1), m.group(0)), out)
 
     def words(self, text: str) -> list[str]:

@@ -157,19 +157,19 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
 
 
 def _degrees(notes: Notes, chips: int | None) -> tuple[Degrees, int]:
-    names = {
-        "rep": "parallelism.data_parallel_replicate_degree",
-        "shard": "parallelism.data_parallel_shard_degree",
-        "tp": "parallelism.tensor_parallel_degree",
-        "pp": "parallelism.pipeline_parallel_degree",
-        "cp": "parallelism.context_parallel_degree",
-    }
-    d = {n: notes.integer(k, notes.get(k), allow_rest=(n == "shard")) for n, k in names.items()}
+    keys = (
+        "parallelism.data_parallel_replicate_degree",
+        "parallelism.data_parallel_shard_degree",
+        "parallelism.tensor_parallel_degree",
+        "parallelism.pipeline_parallel_degree",
+        "parallelism.context_parallel_degree",
+    )
+    d = {k: notes.integer(k, notes.get(k), allow_rest=(k == keys[1])) for k in keys}
     d = resolve_rest(notes, d, chips, what=_DEVICES)
     check_devices(notes, math.prod(d.values()), chips, launcher="--chips")
-    ep = _expert_degree(notes, d["shard"], d["tp"])
-    deg = Degrees(dp=d["rep"], fsdp=d["shard"] // ep, tp=d["tp"], sp=d["cp"], ep=ep, pp=d["pp"])
-    return deg, d["rep"] * d["shard"]
+    rep, shard, tp, pp, cp = (d[k] for k in keys)
+    ep = _expert_degree(notes, shard, tp)
+    return Degrees(dp=rep, fsdp=shard // ep, tp=tp, sp=cp, ep=ep, pp=pp), rep * shard
 
 
 def _expert_degree(notes: Notes, shard: int, tp: int) -> int:
