@@ -115,7 +115,12 @@ def paragraph(e: RooflineError) -> str:
             "without --num-layers",
         ),
         ("nemo", "trainer:\n  devices: 8\n", None, "no `model:` section"),
-        ("nemo", "model:\n  micro_batch_size: ${model.nothing}\n", None, "refers to model.nothing"),
+        (
+            "nemo",
+            "model:\n  micro_batch_size: ${model.nothing}\n",
+            None,
+            "micro_batch_size = '${model.nothing}'",
+        ),
         (
             "nemo",
             "model:\n  activations_checkpoint_granularity: most\n",

@@ -49,7 +49,9 @@ def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _resolve(flat: dict[str, Any], source: str) -> dict[str, Any]:
-    """Hydra `${a.b}` references to keys of the same file (a leading `training.` dropped)."""
+    """Hydra `${a.b}` references to keys of the same file (a leading `training.` dropped); a
+    reference to a key outside the file stays as written, and is an error only where the
+    reader reads that key (the value is then not a number)."""
 
     def value(key: str, v: Any, depth: int = 0) -> Any:
         if not isinstance(v, str) or "${" not in v or depth > 8:
@@ -61,11 +63,7 @@ def _resolve(flat: dict[str, Any], source: str) -> dict[str, Any]:
         for cand in (ref, ref.removeprefix("training.")):
             if cand in flat:
                 return value(cand, flat[cand], depth + 1)
-        raise LaunchError(
-            f"{source}: {key} = {v} refers to {ref}, which the file does not set",
-            rule="roofline resolves Hydra references to keys of the same file",
-            fix=f"write the value of {key} itself",
-        )
+        return v  # a launcher-level key (${data_dir}): kept as written; read, it is an error
 
     return {k: value(k, v) for k, v in flat.items()}
 
