@@ -139,6 +139,12 @@ def paragraph(e: RooflineError) -> str:
         ("deepspeed", '{"train_batch_size": 8}', None, "give --chips N"),
         (
             "deepspeed",
+            '{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}',
+            8,
+            "Hugging Face Trainer",
+        ),
+        (
+            "deepspeed",
             '{"train_batch_size": 8, "zero_optimization": {"stage": 4}}',
             8,
             "ZeRO stages are 0, 1, 2 and 3",

@@ -174,6 +174,18 @@ def _complete(
     elif train is not None:
         accum, micro = 1, max(1, train // dp)
     else:
+        autos = [
+            k
+            for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
+            if notes.settings.get(k) == "auto"
+        ]
+        if autos:
+            raise notes.error(
+                " and ".join(autos),
+                '= "auto": the Hugging Face Trainer fills it from its own arguments at launch',
+                rule="roofline reads the batch from the config itself",
+                fix="write the numbers the Trainer passes (per-device batch, accumulation)",
+            )
         raise notes.error(
             "train_batch_size",
             "and train_micro_batch_size_per_gpu are both missing",
