@@ -16,9 +16,13 @@ Adding a stack is one line: its module name in `STACK_MODULES`. The module defin
   format detector picks the highest score);
 - `read(text, *, source, chips=None) -> LaunchConfig` (`chips`: the device count the file
   runs on, when the caller knows it; `-1` degrees resolve against it);
-- optionally `write(config) -> str` (a stack without it cannot be exported to).
+- optionally `write(config) -> str` (a stack without it cannot be exported to), `PROFILE`
+  (the framework or engine profile it is costed with) and `OPTIMIZER` (the optimizer policy
+  the stack keeps when an export is not told one).
 
-This module imports only `errors` and `specs.plan`: the stack modules sit just above `specs`.
+This module imports only `errors` and `specs.plan` and ranks just above `specs`; the training
+stacks' modules read the stack profiles (`core.stack`) and rank after `core`
+(tests/test_layering.py). docs/launch.md describes each stack's semantics.
 """
 
 from __future__ import annotations
