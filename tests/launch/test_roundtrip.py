@@ -127,3 +127,16 @@ def test_export_refuses_a_recipe_the_stack_lacks():
     c = replace(c, plan=replace(c.plan, dtypes=stack_of("megatron").dtypes("fp8-delayed")))
     with pytest.raises(LaunchError, match="no precision recipe that computes matmul_dtype=fp8"):
         write_launch(c, "deepspeed")
+
+
+def test_maxtext_export_names_maxtexts_own_model_config():
+    from roofline.launch.common import resolve_model
+
+    text = write_launch(config_of("maxtext", "fsdp=8,optimizer=adam-fp32", None), "maxtext")
+    assert "model_name=llama3.1-70b " in text
+    back = read_launch(text, source="<maxtext export>")
+    assert resolve_model(back.model, "<maxtext export>").name == "llama-3.1-70b"
+    other = write_launch(
+        config_of("maxtext", "fsdp=8,optimizer=adam-fp32", None, model="qwen2.5-72b"), "maxtext"
+    )
+    assert "model_name" not in other and "ships no model config for qwen2.5-72b" in other

@@ -404,7 +404,8 @@ def write(config: LaunchConfig) -> str:
     needs(w.global_batch_sequences, STACK, "a global batch", "--batch-tokens")
     _expressible(plan)
     d = plan.degrees
-    out: dict[str, Any] = {"model_name": config.model} if config.model else {}
+    name = _maxtext_model(config.model)
+    out: dict[str, Any] = {"model_name": name} if name else {}
     out |= _batch_overrides(plan, w.global_batch_sequences)
     out["max_target_length"] = w.seq_len
     out["remat_policy"] = "minimal" if plan.remat.kind == RematKind.MATMULS else "full"
@@ -426,10 +427,26 @@ def write(config: LaunchConfig) -> str:
     if w.train_steps:
         out["steps"] = w.train_steps
     args = " ".join(f"{k}={_word(v)}" for k, v in out.items())
+    unnamed = (
+        ""
+        if name or not config.model
+        else f"# MaxText ships no model config for {config.model}: add its architecture settings\n"
+    )
     return (
-        f"# MaxText launch written by roofline: {plan.describe()}\n"
+        f"# MaxText launch written by roofline: {plan.describe()}\n{unnamed}"
         f"python3 -m MaxText.train MaxText/configs/base.yml {args}\n"
     )
+
+
+def _maxtext_model(model: str | None) -> str | None:
+    """MaxText's model_name of a catalog model (launch/defaults/maxtext.toml [models])."""
+    if not model:
+        return None
+    try:
+        key = load_model(model).name
+    except RooflineError:
+        return None
+    return stack_defaults(STACK).data["models"].get(key)
 
 
 def _word(v: Any) -> str:
