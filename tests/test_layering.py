@@ -33,6 +33,9 @@ ORDER = (
     "specs.engines",
     "specs.framework",
     "specs",
+    # the stacks' own launch files, read into (and written from) the plan vocabulary
+    "launch.base",
+    "launch",
     # the ledger and what it alone decides
     "core.ledger",
     "core.memory",
@@ -48,6 +51,14 @@ ORDER = (
     "core.walk",
     "core.matmul",
     "core",
+    # the training stacks' readers and writers (they read the stack profiles via core.stack)
+    "launch.shell",
+    "launch.common",
+    "launch.torchtitan",
+    "launch.maxtext",
+    "launch.megatron",
+    "launch.nemo",
+    "launch.deepspeed",
     "training.feasibility",
     # readers of the walk
     "training.step",
@@ -119,6 +130,8 @@ ORDER = (
     "cli.train_cmd",
     "cli.verify_cmd",
     "cli.serve_cmd",
+    "cli.import_cmd",
+    "cli.export_cmd",
     "cli.validate_cmd",
     "cli.calibrate_cmd",
     "cli",
