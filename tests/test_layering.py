@@ -46,6 +46,7 @@ ORDER = (
     "core.cost",
     "core.walk",
     "core.matmul",
+    "core.limits",
     "core",
     "training.feasibility",
     # readers of the walk
@@ -114,6 +115,7 @@ ORDER = (
     "cli.system_cmd",
     "cli.collective_cmd",
     "cli.matmul_cmd",
+    "cli.limits_cmd",
     "cli.train_cmd",
     "cli.verify_cmd",
     "cli.serve_cmd",

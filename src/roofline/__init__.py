@@ -34,6 +34,7 @@ _LAZY: dict[str, str] = {
     "parse_remat": "roofline.core.memory",
     "Mesh": "roofline.core.mesh",
     "make_mesh": "roofline.core.mesh",
+    "limits": "roofline.core.limits",
     "PlanResult": "roofline.training.planner",
     "plan_training": "roofline.training.planner",
     "analyze": "roofline.core.roofline",

@@ -24,6 +24,7 @@ COMMANDS = (
     "system",
     "collective",
     "matmul",
+    "limits",
     "train",
     "serve",
     "verify",
