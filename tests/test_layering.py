@@ -47,6 +47,7 @@ ORDER = (
     "core.walk",
     "core.matmul",
     "core.limits",
+    "core.transfer",
     "core",
     "training.feasibility",
     # readers of the walk
@@ -116,6 +117,7 @@ ORDER = (
     "cli.collective_cmd",
     "cli.matmul_cmd",
     "cli.limits_cmd",
+    "cli.transfer_cmd",
     "cli.train_cmd",
     "cli.verify_cmd",
     "cli.serve_cmd",

@@ -25,6 +25,7 @@ COMMANDS = (
     "collective",
     "matmul",
     "limits",
+    "transfer",
     "train",
     "serve",
     "verify",

@@ -102,8 +102,11 @@ class Chip:
     node_egress_bytes_per_s: float | None = None
     scaleup_fabric: str = "NVLink"
     gpus_per_tray: int | None = None
+    nvswitches_per_domain: int | None = None
+    nvswitch_bw_bytes_per_s: float | None = None  # one switch: its NVLink ports x port bandwidth
     # host and datacenter network
     pcie_bw_bytes_per_s: float | None = None
+    host_dram_bytes_per_chip: float | None = None
     dcn_bw_bytes_per_s: float | None = None
     usd_per_hour: float | None = None
     price_source: str = ""
@@ -184,10 +187,11 @@ class Chip:
 
     def memory_levels(self) -> list[tuple[str, float | None, float]]:
         """(name, capacity bytes or None, bandwidth B/s) of each memory level the file gives a
-        bandwidth for, slowest first: HBM, then L2, then VMEM / SMEM."""
-        out: list[tuple[str, float | None, float]] = [
-            ("hbm", self.hbm_bytes, self.hbm_bw_bytes_per_s)
-        ]
+        bandwidth for, slowest first: host memory over PCIe, HBM, L2, VMEM / SMEM."""
+        out: list[tuple[str, float | None, float]] = []
+        if self.pcie_bw_bytes_per_s is not None:
+            out.append(("host", self.host_dram_bytes_per_chip, self.pcie_bw_bytes_per_s))
+        out.append(("hbm", self.hbm_bytes, self.hbm_bw_bytes_per_s))
         if self.l2_bw_bytes_per_s is not None:
             out.append(("l2", self.l2_bytes, self.l2_bw_bytes_per_s))
         if self.vmem_bw_bytes_per_s is not None:
@@ -254,6 +258,8 @@ _NUMBER_BOUNDS = {
     "nvlink_bw_bytes_per_s": 1e14,
     "node_egress_bytes_per_s": 1e16,
     "pcie_bw_bytes_per_s": 1e14,
+    "nvswitch_bw_bytes_per_s": 1e16,
+    "host_dram_bytes_per_chip": 1e15,
     "dcn_bw_bytes_per_s": 1e14,
     "usd_per_hour": 1e5,
     "hbm_bytes": 1e15,
@@ -269,6 +275,7 @@ _INT_BOUNDS = {
     "ici_axes": (0, 3),
     "nvlink_domain": (1, 1_000_000),
     "gpus_per_tray": (1, 1024),
+    "nvswitches_per_domain": (1, 1024),
 }
 _STR_FIELDS = {"name", "vendor", "generation", "description", "price_source", "scaleup_fabric"}
 _TOPOLOGY_FIELDS = ("pod_topology", "host_topology")
