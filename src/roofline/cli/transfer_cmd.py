@@ -88,8 +88,13 @@ def render(res: dict[str, Any]) -> str:
             f"{t['kind']}: {fmt_bytes(t['bytes'])} — {t['path']}",
             f"  {t['formula']}",
             f"    = {t['substitution']} = {fmt_time(t['time_s'])}",
-            f"  first byte after {fmt_time(t['t_first_byte_s'])} ({t['hops']} hop"
-            f"{'s' * (t['hops'] != 1)}); streaming {fmt_time(t['t_bandwidth_s'])} at "
+            (
+                f"  first byte after {fmt_time(t['t_first_byte_s'])} ({t['hops']} hop"
+                f"{'s' * (t['hops'] != 1)}); "
+                if t["hops"]
+                else "  "
+            )
+            + f"streaming {fmt_time(t['t_bandwidth_s'])} at "
             f"{t['bw_bytes_per_s']:.3g} B/s over {t['links']} link{'s' * (t['links'] != 1)}",
         ]
     for c in res.get("capacities", []):

@@ -640,12 +640,14 @@ def _host_weights(ctx: _Ctx, part: _Part) -> None:
             "B > w·C / (2·W_pcie)",
             f"{ctx.w_bytes:g}·{_fmt(ctx.C)} / (2·{_fmt(W)})",
             v,
-            "tokens per chip",
+            "tokens per model replica",
             "PCIe-bound",
             _COMP,
-            "tpus.md Q3: 8BD²/C > 8D²/W_pcie gives B > C/W_pcie (v6e: 57,500) for bf16 weights",
-            ctx.per_chip,
-            _side(ctx.per_chip, v, "PCIe-bound", _COMP),
+            "each chip streams its shard of the weights over its own host link and does its "
+            "share of the FLOPs, so the chip count cancels; tpus.md Q3: 8BD²/C > 8D²/W_pcie gives "
+            "B > C/W_pcie (v6e: 57,500 with 1.6e10) for bf16 weights",
+            ctx.batch,
+            _side(ctx.batch, v, "PCIe-bound", _COMP),
         )
     )
 

@@ -249,7 +249,7 @@ def host_to_hbm(system: System, nbytes: float, *, chips: int | None = None) -> T
     return Transfer(
         "host-load",
         nbytes,
-        1,
+        0,
         n,
         n * W,
         0.0,
