@@ -243,3 +243,11 @@ def test_cli_bad_input_is_one_paragraph(capsys):
     assert main(["limits", "--system", "h100:8", "--plan", "fsdp=3"]) == 2
     with pytest.raises(PlanError):
         L.parse_strategy("sideways")
+
+
+def test_one_chip_keeps_the_decode_batch_and_skips_the_rest(capsys):
+    rep = L.limits(LLAMA70, parse_system("tpu-v5e:1x1"))
+    assert rep["decode_critical_batch"].value == pytest.approx(240, rel=0.01)
+    assert {"fsdp", "tp", "fsdp+tp", "zero3+pp", "decode_tp_max_degree"} <= set(rep.skipped)
+    assert main(["limits", "--system", "h100:8", "--strategy", "fsdp+tp"]) == 2
+    assert "leaves fsdp a single chip" in capsys.readouterr().err

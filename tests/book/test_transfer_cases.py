@@ -138,3 +138,12 @@ def test_cli_errors_are_one_paragraph(argv, capsys):
 def test_bad_bytes():
     with pytest.raises(PlanError):
         T.host_to_hbm(V5E_4x4, -1.0)
+
+
+def test_one_chip_moves_nothing(capsys):
+    one = parse_system("tpu-v5e:1x1")
+    assert T.gather_to_one(one, "0,0", 1e9).time_s == 0.0
+    assert T.point_to_point(one, "0,0", "0,0", 1e9).links == 0
+    assert main(["transfer", "--system", "tpu-v5e:1x1", "--capacities"]) == 0
+    assert "no network tiers" in capsys.readouterr().out
+    assert T.gather_to_one(parse_system("h100:1"), 0, 1e9).time_s == 0.0

@@ -83,7 +83,11 @@ def _transfer(args: argparse.Namespace, system):
 def render(res: dict[str, Any]) -> str:
     lines = [f"system {res['system']}"]
     t = res.get("transfer")
-    if t is not None:
+    if t is not None and t["links"] == 0:
+        lines.append(
+            f"{t['kind']}: {fmt_bytes(t['bytes'])} — the data is already there, nothing moves"
+        )
+    elif t is not None:
         lines += [
             f"{t['kind']}: {fmt_bytes(t['bytes'])} — {t['path']}",
             f"  {t['formula']}",
@@ -97,6 +101,8 @@ def render(res: dict[str, Any]) -> str:
             + f"streaming {fmt_time(t['t_bandwidth_s'])} at "
             f"{t['bw_bytes_per_s']:.3g} B/s over {t['links']} link{'s' * (t['links'] != 1)}",
         ]
+    if "capacities" in res and not res["capacities"]:
+        lines.append("one chip: no network tiers")
     for c in res.get("capacities", []):
         sw = c["switch_bw_bytes_per_s"]
         lines.append(

@@ -265,6 +265,8 @@ class _Ctx:
 
 def natural_tp_degree(system: System) -> int:
     """Where TP goes by default: the NVLink domain of a GPU system, the innermost ICI axis of a TPU."""
+    if not system.dims:
+        return 1
     inner = system.dims[-1]
     if inner.kind in (DimKind.NVLINK, DimKind.ICI):
         return inner.size
@@ -286,6 +288,16 @@ def _plan_for(ctx: _Ctx, want: dict[str, int], needs: tuple[str, ...]) -> Degree
     d = ctx.degrees
     if d is not None and all(getattr(d, k) > 1 for k in needs):
         return d
+    short = [k for k in needs if want.get(k, 1) < 2]
+    if short:
+        raise PlanError(
+            f"{'+'.join(needs)} limits on {ctx.system.name}: the default plan "
+            f"{Degrees(**want).describe()} leaves {short[0]} a single chip",
+            rule="a strategy's bandwidth limit needs its axis to span 2 or more chips (by default TP "
+            "takes the innermost axis and FSDP the rest)",
+            fix=f"give --plan with {', '.join(f'{k}=...' for k in needs)} of 2 or more each, "
+            "or a larger system",
+        )
     bad = [f"{k}={v}" for k, v in want.items() if v < 1 or ctx.N % max(v, 1)]
     if bad or math.prod(want.values()) != ctx.N:
         raise PlanError(
@@ -655,11 +667,13 @@ def _host_weights(ctx: _Ctx, part: _Part) -> None:
 def _part_decode(ctx: _Ctx, wd: str, ad: str) -> _Part:
     part = _Part()
     _decode_crit(ctx, part, wd, ad)
+    _host_weights(ctx, part)
+    if ctx.N < 2:
+        part.skipped["decode_tp_max_degree"] = "one chip: no tensor parallelism to bound"
+        return part
     bw, deg = _tp_limit(ctx, part)
     _decode_tp(ctx, part, bw, deg)
-    if ctx.N > 1:
-        _two_d(ctx, part, bw)
-    _host_weights(ctx, part)
+    _two_d(ctx, part, bw)
     return part
 
 

@@ -137,8 +137,11 @@ def _tpu_p2p(system: System, a: tuple[int, ...], b: tuple[int, ...], nbytes: flo
     )
 
 
-def _same_chip(nbytes: float) -> Transfer:
-    return Transfer("p2p", nbytes, 0, 0, math.inf, 0.0, 0.0, "T = 0", "same chip", "no link")
+def _same_chip(nbytes: float, kind: str = "p2p") -> Transfer:
+    """Nothing crosses a link (bandwidth 0 stands for "no link used")."""
+    return Transfer(
+        kind, nbytes, 0, 0, 0.0, 0.0, 0.0, "T = 0", "the data is already there", "no link"
+    )
 
 
 def _gpu_coords(system: System, rank: int) -> list[int]:
@@ -177,6 +180,8 @@ def gather_to_one(system: System, dst: Any, nbytes_total: float) -> Transfer:
     """Every chip sends its 1/N of `nbytes_total` to chip `dst`: its ingress links bound it."""
     _check_bytes(nbytes_total)
     c = parse_coord(dst, system)
+    if system.n_chips == 1:
+        return _same_chip(nbytes_total, "gather")
     moved = nbytes_total * (system.n_chips - 1) / system.n_chips
     if not system.is_tpu:
         return _gpu_gather(system, moved, nbytes_total)
