@@ -251,3 +251,12 @@ def test_one_chip_keeps_the_decode_batch_and_skips_the_rest(capsys):
     assert {"fsdp", "tp", "fsdp+tp", "zero3+pp", "decode_tp_max_degree"} <= set(rep.skipped)
     assert main(["limits", "--system", "h100:8", "--strategy", "fsdp+tp"]) == 2
     assert "leaves fsdp a single chip" in capsys.readouterr().err
+
+
+def test_optimizer_offload_limit():
+    """ZeRO-Offload: per step 2 B/param of gradients out and 2 B/param of parameters back over a
+    full-duplex host link, against 6 FLOPs/param/token: B/N > C/(3·W_host)."""
+    h = parse_system("h100:64")
+    lim = L.limits(LLAMA70, h, strategy="fsdp")["offload_min_tokens_per_chip"].value
+    P, W = 70e9 / 64, 6.4e10  # any per-chip parameter count: it cancels
+    assert 6 * lim * P / H100_C == pytest.approx(2 * P / W)

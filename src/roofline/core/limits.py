@@ -20,6 +20,7 @@ Closed forms (book chapter in brackets; B = global batch in tokens, N chips):
 | decode TP (memory-bound) | `Y < w·F·W_Y/(a·B·W_hbm)` | inference.md |
 | DP over DCN | `B/slice > C/W_dcn` | training.md |
 | weights from host | `B > C/W_pcie` | tpus.md Q3 |
+| optimizer offload | `B/N > C/(3·W_host)` | ZeRO-Offload (not the book) |
 | 2D weight-stationary | `N > 2·(F/D)·(W_1D/W_2D)²` | inference.md Q7 |
 
 Left out: attention's own intensity (a per-op roofline, `roofline op`), the EP limits of
@@ -93,6 +94,13 @@ def two_d_coefficient(D: float, F: float) -> float:
 def two_d_breakeven_chips(D: float, F: float, W_1d: float, W_2d: float) -> float:
     """inference.md Q7: 2D beats 1D (T_1D = 4BD/W_1d) when N > 2(F/D)(W_1d/W_2d)² (book: 72)."""
     return 2 * F / D * (W_1d / W_2d) ** 2
+
+
+def offload_min_tokens_per_chip(C: float, W_host: float) -> float:
+    """ZeRO-Offload (Ren et al. 2021, not the book): each step a chip's 2-byte gradients go to
+    host memory while its 2-byte parameters come back (full duplex: 2 bytes/param one way),
+    against 6 FLOPs per parameter per token: hidden iff B/N > C/(3·W_host)."""
+    return C / (3 * W_host)
 
 
 def max_chips_for_batch(B: float, min_tokens_per_chip: float) -> float:
@@ -379,7 +387,33 @@ def _part_fsdp(ctx: _Ctx) -> _Part:
     v = _fsdp_limit(ctx, part)
     _max_chips(ctx, part, "fsdp_max_chips", "FSDP", v, "N < B·W_X / C")
     _dcn_limit(ctx, part)
+    _offload_limit(ctx, part)
     return part
+
+
+def _offload_limit(ctx: _Ctx, part: _Part) -> None:
+    W = ctx.system.host_bw_bytes_per_s
+    if W is None:
+        part.skipped["offload_min_tokens_per_chip"] = "no host-link bandwidth in the records"
+        return
+    v = offload_min_tokens_per_chip(ctx.C, W)
+    part.limits.append(
+        Limit(
+            "offload_min_tokens_per_chip",
+            "optimizer offload (ZeRO-Offload): smallest batch per chip that hides the host traffic",
+            "B/N > C / (3·W_host)",
+            f"{_fmt(ctx.C)} / (3·{_fmt(W)})",
+            v,
+            "tokens per chip",
+            "host-link-bound (gradients out, parameters back each step)",
+            _COMP,
+            "2 bytes/param each way over the full-duplex host link vs 6 FLOPs/param/token; "
+            "ZeRO-Offload (Ren et al. 2021), not a book formula; the host link is the system's "
+            "host_bw_bytes_per_s",
+            ctx.per_chip,
+            _side(ctx.per_chip, v, "host-link-bound", _COMP),
+        )
+    )
 
 
 def _dcn_limit(ctx: _Ctx, part: _Part) -> None:
