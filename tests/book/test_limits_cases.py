@@ -25,7 +25,7 @@ from roofline.specs.system import parse_system
 from roofline.training.step import Workload, balance_batch, evaluate_plan, parse_plan, step_terms
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_training_cases import BOOK_OPS, book_layer  # noqa: E402
+from test_training_cases import BOOK_OPS, book_layer, fsdp_tp_min_batch, fsdp_tp_x_opt  # noqa: E402
 
 V5P_C, W_ICI = 4.59e14, 1.8e11  # tpus.md: v5p bf16 peak, bidirectional ICI per axis
 H100_C = 9.89e14
@@ -260,3 +260,15 @@ def test_optimizer_offload_limit():
     lim = L.limits(LLAMA70, h, strategy="fsdp")["offload_min_tokens_per_chip"].value
     P, W = 70e9 / 64, 6.4e10  # any per-chip parameter count: it cancels
     assert 6 * lim * P / H100_C == pytest.approx(2 * P / W)
+
+
+@pytest.mark.parametrize("F", [13824, 28672, 32768])
+def test_mixed_limit_and_x_opt_equal_the_step_models(F):
+    """The FSDP+TP limit and X_opt from the records equal the ones the training tests read off
+    step_terms (T_FSDP·Y, T_TP·X/B and T_math on fsdp=256, tp=16 of a v5p 16x16x16)."""
+    s = parse_system("tpu-v5p:16x16x16")
+    rep = L.limits(book_layer(F=F), s, plan="fsdp=256,tp=16", batch_tokens=3e6)
+    assert rep["mixed_min_tokens_per_chip"].value == pytest.approx(
+        fsdp_tp_min_batch(F, 4096) / 4096, rel=1e-9
+    )
+    assert rep["mixed_x_opt"].value == pytest.approx(fsdp_tp_x_opt(F, 4096, 3e6), rel=1e-9)
