@@ -272,3 +272,20 @@ def test_mixed_limit_and_x_opt_equal_the_step_models(F):
         fsdp_tp_min_batch(F, 4096) / 4096, rel=1e-9
     )
     assert rep["mixed_x_opt"].value == pytest.approx(fsdp_tp_x_opt(F, 4096, 3e6), rel=1e-9)
+
+
+def test_moe_fsdp_limit_gp25():
+    """gpus.md: MoE data parallelism needs E/k times the dense batch (k=4, E=128: 32·2475 = 79,200);
+    cross-checked with the step model's balance on the expert layer alone."""
+    from roofline.specs.model import MoESpec
+
+    h = parse_system("h100:16384")
+    moe = book_layer(moe=MoESpec(n_experts=128, top_k=4, d_ff_expert=32768))
+    rep = L.limits(moe, h, strategy="fsdp")
+    lim = rep["moe_fsdp_min_tokens_per_chip"]
+    assert lim.value == pytest.approx(32 * rep["fsdp_min_tokens_per_chip"].value)
+    assert lim.value * 32 / 31 == pytest.approx(32 * H100_C / 400e9, rel=1e-6)  # leaf's 31/32
+    algebra = balance_batch(
+        moe, h, parse_plan("fsdp=16384,remat=none"), ops=("moe/up", "moe/down"), phase="forward"
+    )
+    assert lim.value == pytest.approx(algebra / h.n_chips, rel=1e-6)

@@ -12,7 +12,7 @@ Closed forms (book chapter in brackets; B = global batch in tokens, N chips):
 
 | limit | formula | chapter |
 |---|---|---|
-| FSDP / DP compute-bound | `B/N > C/W_X` | training.md, gpus.md |
+| FSDP / DP compute-bound | `B/N > C/W_X` (× E/k for expert layers) | training.md, gpus.md |
 | TP width | `Y < F·W_Y/C` | training.md, gpus.md, inference.md |
 | FSDP+TP compute-bound | `B/N > C²/(W_X·W_Y·F)`, `X_opt = sqrt(B·N·W_X/(F·W_Y))` | training.md |
 | ZeRO-3 + pipelining | `B/N > C/(P·W_X)` | gpus.md Quiz 5 Q2 |
@@ -385,6 +385,7 @@ def _max_chips(ctx: _Ctx, part: _Part, key: str, what: str, per_chip: float, for
 def _part_fsdp(ctx: _Ctx) -> _Part:
     part = _Part()
     v = _fsdp_limit(ctx, part)
+    _moe_limit(ctx, part, v)
     _max_chips(ctx, part, "fsdp_max_chips", "FSDP", v, "N < B·W_X / C")
     _dcn_limit(ctx, part)
     _offload_limit(ctx, part)
@@ -412,6 +413,28 @@ def _offload_limit(ctx: _Ctx, part: _Part) -> None:
             "host_bw_bytes_per_s",
             ctx.per_chip,
             _side(ctx.per_chip, v, "host-link-bound", _COMP),
+        )
+    )
+
+
+def _moe_limit(ctx: _Ctx, part: _Part, dense: float) -> None:
+    moe = ctx.model.moe
+    if moe is None:
+        return
+    v = dense * moe.n_experts / moe.top_k
+    part.limits.append(
+        Limit(
+            "moe_fsdp_min_tokens_per_chip",
+            "FSDP / DP of the expert layers: smallest batch per chip that stays compute-bound",
+            "B/N > (E/k) · C / W_X",
+            f"({moe.n_experts}/{moe.top_k}) · {_fmt(dense)}",
+            v,
+            "tokens per chip",
+            _COMM + " (every expert's weights move, only k of E compute per token)",
+            _COMP,
+            "gpus.md: E/k times the dense limit (k=4, E=128: 32·2475 = 79,200 across H100 nodes)",
+            ctx.per_chip,
+            _side(ctx.per_chip, v, _COMM, _COMP),
         )
     )
 
