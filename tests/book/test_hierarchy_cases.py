@@ -89,22 +89,24 @@ def test_b200_matmul_gpus_md(B, book_us, bound):
 
 
 def test_every_gpu_has_sms_and_a_clock():
-    """Every GPU gives its SM (CU) count and a boost clock, except H20 whose published numbers
-    disagree (its file says why)."""
+    """Every GPU gives its SM (CU) count and a boost clock, except H20's clock (its published
+    numbers disagree) and GB200's SM count (held back until the efficiency profile is refit:
+    the wave model reads it; both files say why)."""
     gpus = [load_chip(n) for n in chip_names() if not load_chip(n).is_tpu]
-    assert all(c.sm_count for c in gpus)
+    assert {c.name for c in gpus if not c.sm_count} == {"gb200"}
     assert {c.name for c in gpus if c.boost_clock_hz is None} == {"h20"}
 
 
 @pytest.mark.parametrize("name", ["h100", "h200", "h800", "a100", "v100", "b200", "gb200"])
 def test_smem_bandwidth_is_sms_times_128_bytes_times_clock(name):
     c = load_chip(name)
-    assert c.smem_bw_bytes_per_s == pytest.approx(c.sm_count * 128 * c.boost_clock_hz, rel=2e-3)
+    sms = c.sm_count or load_chip("b200").sm_count  # GB200's GPU is a B200
+    assert c.smem_bw_bytes_per_s == pytest.approx(sms * 128 * c.boost_clock_hz, rel=2e-3)
 
 
 @pytest.mark.parametrize(
     "name,lanes",
-    [("h100", 128), ("a100", 64), ("b200", 128), ("gb200", 128), ("b300", 128), ("gb300", 128)]
+    [("h100", 128), ("a100", 64), ("b200", 128), ("b300", 128), ("gb300", 128)]
     + [("mi300x", 128)],
 )
 def test_vector_peak_is_lanes_times_clock(name, lanes):
