@@ -106,8 +106,7 @@ def test_smem_bandwidth_is_sms_times_128_bytes_times_clock(name):
 
 @pytest.mark.parametrize(
     "name,lanes",
-    [("h100", 128), ("a100", 64), ("b200", 128), ("b300", 128), ("gb300", 128)]
-    + [("mi300x", 128)],
+    [("h100", 128), ("a100", 64), ("b200", 128), ("b300", 128), ("gb300", 128)] + [("mi300x", 128)],
 )
 def test_vector_peak_is_lanes_times_clock(name, lanes):
     """One fp32 op per lane per clock: 128 lanes per Hopper/Blackwell SM (4 × 32), 64 per
