@@ -35,6 +35,12 @@ _LAZY: dict[str, str] = {
     "Mesh": "roofline.core.mesh",
     "make_mesh": "roofline.core.mesh",
     "limits": "roofline.core.limits",
+    "point_to_point": "roofline.core.transfer",
+    "gather_to_one": "roofline.core.transfer",
+    "host_to_hbm": "roofline.core.transfer",
+    "capacities": "roofline.core.transfer",
+    "analyze_levels": "roofline.core.roofline",
+    "analyze_vector": "roofline.core.roofline",
     "PlanResult": "roofline.training.planner",
     "plan_training": "roofline.training.planner",
     "analyze": "roofline.core.roofline",
@@ -100,12 +106,15 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.core.ledger import count_params as count_params
     from roofline.core.ledger import flops_per_token as flops_per_token
     from roofline.core.ledger import kv_cache_bytes_per_token as kv_cache_bytes_per_token
+    from roofline.core.limits import limits as limits
     from roofline.core.memory import parse_optimizer as parse_optimizer
     from roofline.core.memory import parse_remat as parse_remat
     from roofline.core.mesh import Mesh as Mesh
     from roofline.core.mesh import make_mesh as make_mesh
     from roofline.core.roofline import analyze as analyze
+    from roofline.core.roofline import analyze_levels as analyze_levels
     from roofline.core.roofline import analyze_op as analyze_op
+    from roofline.core.roofline import analyze_vector as analyze_vector
     from roofline.core.roofline import critical_batch as critical_batch
     from roofline.core.rules import parse_degrees as parse_degrees
     from roofline.core.rules import rules_for as rules_for
@@ -114,6 +123,10 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.core.sharding import parse_einsum as parse_einsum
     from roofline.core.sharding import parse_spec as parse_spec
     from roofline.core.sharding import plan_einsum as plan_einsum
+    from roofline.core.transfer import capacities as capacities
+    from roofline.core.transfer import gather_to_one as gather_to_one
+    from roofline.core.transfer import host_to_hbm as host_to_hbm
+    from roofline.core.transfer import point_to_point as point_to_point
     from roofline.errors import PlanError as PlanError
     from roofline.errors import RooflineError as RooflineError
     from roofline.errors import ShardingError as ShardingError
