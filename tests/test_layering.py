@@ -52,6 +52,7 @@ ORDER = (
     "training.feasibility",
     # readers of the walk
     "training.step",
+    "training.pipecomm",
     "training.planner.systems",
     "training.planner.space",
     "training.planner.rank",

@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
     "capacities": "roofline.core.transfer",
     "analyze_levels": "roofline.core.roofline",
     "analyze_vector": "roofline.core.roofline",
+    "pipeline_traffic": "roofline.training.pipecomm",
     "PlanResult": "roofline.training.planner",
     "plan_training": "roofline.training.planner",
     "analyze": "roofline.core.roofline",
@@ -138,6 +139,7 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.specs.model import load_model as load_model
     from roofline.specs.system import System as System
     from roofline.specs.system import parse_system as parse_system
+    from roofline.training.pipecomm import pipeline_traffic as pipeline_traffic
     from roofline.training.planner import PlanResult as PlanResult
     from roofline.training.planner import plan_training as plan_training
     from roofline.training.step import Plan as Plan

@@ -23,6 +23,7 @@ from roofline.report.table import kv, table
 from roofline.report.text import profile_assumptions, stack_note, term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
+from roofline.training.pipecomm import pipeline_traffic
 from roofline.training.planner import PlanResult, SearchSpace, plan_training
 from roofline.training.step import (
     AssumedRun,
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             assume_mfu=args.assume_mfu,
             framework=stack,
         )
-        result = cost.to_dict()
+        result = cost.to_dict() | {"pipeline_comm": pipeline_traffic(cost).to_dict()}
         if args.plot:
             from roofline.report.plots import plan_breakdown_chart
 
@@ -205,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
             res.top, args.plot, title=f"{model.name}: top plans by {res.objective}"
         )
     text = _render_search(model, system, work, res, auto=_auto(args, system.chip))
-    return emit(args, NAME, inputs, res.to_dict(), text)
+    doc = res.to_dict() | {"pipeline_comm": pipeline_traffic(res.best).to_dict()}
+    return emit(args, NAME, inputs, doc, text)
 
 
 def _stack_and_profile(args: argparse.Namespace, chip) -> tuple[Stack, Any]:
@@ -453,7 +455,15 @@ def _render_one(model, work: Workload, c: StepCost, header: str, auto: str | Non
         f"Assumptions: {profile_assumptions(e, c.system.chip)}.",
         stack_note(c.framework, auto),
     ]
-    return header + "\n\n" + kv(rows) + "\n\n" + "\n".join(notes)
+    return header + "\n\n" + kv(rows) + _pipeline_text(c) + "\n\n" + "\n".join(notes)
+
+
+def _pipeline_text(c: StepCost) -> str:
+    """The pipeline's hops and bytes per step (only for plans with a pipeline)."""
+    if c.plan.degrees.pp <= 1:
+        return ""
+    lines = pipeline_traffic(c).explain()
+    return "\n\npipeline communication per step:\n" + "\n".join("  " + x for x in lines)
 
 
 def _mfu_text(c: StepCost) -> str:
