@@ -62,6 +62,7 @@ ORDER = (
     "training",
     "serving.inference",
     "serving.steady",
+    "serving.given",
     "serving.step",
     "serving.predict",
     "serving.search",

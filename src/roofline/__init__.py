@@ -42,6 +42,8 @@ _LAZY: dict[str, str] = {
     "analyze_levels": "roofline.core.roofline",
     "analyze_vector": "roofline.core.roofline",
     "pipeline_traffic": "roofline.training.pipecomm",
+    "GivenSteps": "roofline.serving.given",
+    "size_deployment": "roofline.serving.given",
     "PlanResult": "roofline.training.planner",
     "plan_training": "roofline.training.planner",
     "analyze": "roofline.core.roofline",
@@ -132,6 +134,8 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.errors import RooflineError as RooflineError
     from roofline.errors import ShardingError as ShardingError
     from roofline.errors import SpecError as SpecError
+    from roofline.serving.given import GivenSteps as GivenSteps
+    from roofline.serving.given import size_deployment as size_deployment
     from roofline.specs.chip import Chip as Chip
     from roofline.specs.chip import load_chip as load_chip
     from roofline.specs.efficiency import Efficiency as Efficiency

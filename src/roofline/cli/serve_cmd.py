@@ -75,10 +75,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="vllm, sglang, trtllm, jetstream or none (default: vllm on GPUs, jetstream on TPUs; none with --profile peak)",
     )
     add_profile_arg(p)  # --profile peak: the book's idealised rooflines
+    _add_given_arguments(p)
     p.add_argument("--price", type=float, help="override USD per chip-hour")
     p.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
     p.add_argument("--plot", metavar="FILE", help="write the Pareto chart (.png, .svg, .pdf)")
     add_json(p)
+
+
+def _add_given_arguments(p: argparse.ArgumentParser) -> None:
+    """Given (measured) step times: size a disaggregated deployment from them (serving.given)."""
+    p.add_argument(
+        "--prefill-step-s", help="given prefill pass time, e.g. 0.91s (with --decode-step-s)"
+    )
+    p.add_argument("--decode-step-s", help="given decode step time at --batch sequences, e.g. 19ms")
+    p.add_argument(
+        "--prefill-batch", default="1", help="prompts per given prefill pass (default 1)"
+    )
 
 
 def parse_duration(text: str | None, what: str) -> float | None:
@@ -176,6 +188,8 @@ def _size(text: str | None, flag: str, unit: str, example: str, *, lo: float) ->
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     system = _system(args)
+    if args.prefill_step_s is not None or args.decode_step_s is not None:
+        return _run_given(args, model, system)
     engine = _engine(args, system)
     eff = _profile(args, system, engine)
     step_mode = args.batch is not None or args.context is not None
@@ -229,6 +243,40 @@ def _inputs(args, model, system, eff, engine) -> dict[str, Any]:
         "engine": engine.name if engine else None,
         "definitions": "TTFT, TPOT (first token excluded), ITL and E2EL as vLLM's benchmark_serving defines them",
     }
+
+
+def _run_given(args, model, system: System) -> int:
+    """Size a disaggregated deployment from given prefill and decode step times."""
+    from roofline.core.ledger import kv_cache_bytes_per_token
+    from roofline.serving.given import GivenSteps, explain, size_deployment
+    from roofline.serving.steady import kv_link_bytes_per_s
+
+    if args.prefill_step_s is None or args.decode_step_s is None or args.batch is None:
+        raise SpecError(
+            "given step times need --prefill-step-s, --decode-step-s and --batch together",
+            rule="a deployment is sized from a prefill pass time and a decode step time at a batch",
+            fix="add e.g. --prefill-step-s 0.91s --decode-step-s 19ms --batch 32",
+        )
+    P, G = _tokens(args.prompt, "prompt", "8192"), _tokens(args.gen, "gen", "512")
+    chips = parse_serve_plan(args.plan).chips if args.plan else system.n_chips
+    g = GivenSteps(
+        prefill_step_s=parse_duration(args.prefill_step_s, "prefill-step-s"),
+        decode_step_s=parse_duration(args.decode_step_s, "decode-step-s"),
+        decode_batch=_size(args.batch, "batch", "sequences", "32", lo=1.0),
+        prompt=P,
+        gen=G,
+        kv_bytes_per_token=kv_cache_bytes_per_token(model, args.kv_dtype or "bf16", P + G),
+        prefill_batch=_size(args.prefill_batch, "prefill-batch", "prompts", "1", lo=1.0),
+        rate=_size(args.rate, "rate", "requests per second", "10", lo=0.0),
+        kv_link_bytes_per_s=kv_link_bytes_per_s(system.chip) * chips,
+    )
+    s = size_deployment(g)
+    head = (
+        f"{model.name} disaggregated from given step times on {system.name}: prompt {P:g}, "
+        f"output {G:g} tokens, {args.kv_dtype or 'bf16'} KV"
+    )
+    inputs = {"model": model.name, "system": system.name, "plan": args.plan}
+    return emit(args, NAME, inputs, {"given_steps": s.to_dict()}, "\n".join([head, *explain(s)]))
 
 
 def _run_step(args, model, system, eff, engine) -> int:
