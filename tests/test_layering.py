@@ -63,6 +63,7 @@ ORDER = (
     "serving.inference",
     "serving.steady",
     "serving.given",
+    "serving.seqkv",
     "serving.step",
     "serving.predict",
     "serving.search",

@@ -44,6 +44,7 @@ _LAZY: dict[str, str] = {
     "pipeline_traffic": "roofline.training.pipecomm",
     "GivenSteps": "roofline.serving.given",
     "size_deployment": "roofline.serving.given",
+    "sequence_sharded_decode": "roofline.serving.seqkv",
     "PlanResult": "roofline.training.planner",
     "plan_training": "roofline.training.planner",
     "analyze": "roofline.core.roofline",
@@ -136,6 +137,7 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.errors import SpecError as SpecError
     from roofline.serving.given import GivenSteps as GivenSteps
     from roofline.serving.given import size_deployment as size_deployment
+    from roofline.serving.seqkv import sequence_sharded_decode as sequence_sharded_decode
     from roofline.specs.chip import Chip as Chip
     from roofline.specs.chip import load_chip as load_chip
     from roofline.specs.efficiency import Efficiency as Efficiency

@@ -91,6 +91,11 @@ def _add_given_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-batch", default="1", help="prompts per given prefill pass (default 1)"
     )
+    p.add_argument(
+        "--kv-seq",
+        help="with --batch and --context: shard each sequence's KV cache over this many chips "
+        "(decode attention combined by AllReduce; --plan tp=N for the heads)",
+    )
 
 
 def parse_duration(text: str | None, what: str) -> float | None:
@@ -190,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     system = _system(args)
     if args.prefill_step_s is not None or args.decode_step_s is not None:
         return _run_given(args, model, system)
+    if args.kv_seq is not None:
+        return _run_kv_seq(args, model, system)
     engine = _engine(args, system)
     eff = _profile(args, system, engine)
     step_mode = args.batch is not None or args.context is not None
@@ -277,6 +284,35 @@ def _run_given(args, model, system: System) -> int:
     )
     inputs = {"model": model.name, "system": system.name, "plan": args.plan}
     return emit(args, NAME, inputs, {"given_steps": s.to_dict()}, "\n".join([head, *explain(s)]))
+
+
+def _run_kv_seq(args, model, system: System) -> int:
+    """Decode attention with each sequence's KV cache sharded over --kv-seq chips."""
+    from roofline.serving.seqkv import explain, sequence_sharded_decode
+
+    if args.batch is None or args.context is None:
+        raise SpecError(
+            "--kv-seq needs --batch and --context",
+            rule="a sequence-sharded KV cache is sized for a batch of sequences of a context",
+            fix="add e.g. --batch 1 --context 1M",
+        )
+    tp = parse_serve_plan(args.plan).tp if args.plan else 1
+    kvseq = int_flag(args.kv_seq, "kv-seq", hi=MAX_SIZE, example="4")
+    batch = int_flag(args.batch, "batch", hi=MAX_SIZE, example="1")
+    ctx = _tokens(args.context, "context", "1M")
+    quant = Quant(
+        args.weight_dtype or "bf16", args.kv_dtype or "bf16", args.compute_dtype or "bf16"
+    )
+    s = sequence_sharded_decode(
+        model, system, tp=tp, kvseq=kvseq, batch=batch, context=ctx, quant=quant
+    )
+    head = (
+        f"{model.name} decode with the KV cache sharded over the sequence: tp={tp} × "
+        f"kvseq={kvseq} per replica on {system.name}, batch {batch}, context {ctx:g}, "
+        f"{quant.weights} weights, {quant.kv} KV"
+    )
+    inputs = {"model": model.name, "system": system.name, "plan": args.plan, "kv_seq": kvseq}
+    return emit(args, NAME, inputs, {"seq_kv": s.to_dict()}, "\n".join([head, *explain(s)]))
 
 
 def _run_step(args, model, system, eff, engine) -> int:
