@@ -53,6 +53,7 @@ ORDER = (
     # readers of the walk
     "training.step",
     "training.pipecomm",
+    "training.offload",
     "training.planner.systems",
     "training.planner.space",
     "training.planner.rank",

@@ -42,6 +42,7 @@ _LAZY: dict[str, str] = {
     "analyze_levels": "roofline.core.roofline",
     "analyze_vector": "roofline.core.roofline",
     "pipeline_traffic": "roofline.training.pipecomm",
+    "offload_optimizer": "roofline.training.offload",
     "GivenSteps": "roofline.serving.given",
     "size_deployment": "roofline.serving.given",
     "sequence_sharded_decode": "roofline.serving.seqkv",
@@ -145,6 +146,7 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.specs.model import load_model as load_model
     from roofline.specs.system import System as System
     from roofline.specs.system import parse_system as parse_system
+    from roofline.training.offload import offload_optimizer as offload_optimizer
     from roofline.training.pipecomm import pipeline_traffic as pipeline_traffic
     from roofline.training.planner import PlanResult as PlanResult
     from roofline.training.planner import plan_training as plan_training

@@ -112,6 +112,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="save the step-time and memory breakdown of the listed plans (.png, .svg, .pdf)",
     )
+    p.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="also cost the plan with its optimizer state in host memory (ZeRO-Offload)",
+    )
     add_json(p)
 
 
@@ -168,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             framework=stack,
         )
         result = cost.to_dict() | {"pipeline_comm": pipeline_traffic(cost).to_dict()}
+        result |= _offload_doc(args, model, cost)
         if args.plot:
             from roofline.report.plots import plan_breakdown_chart
 
@@ -179,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
             {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]},
             _render_one(
                 model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
-            ),
+            )
+            + _offload_text(args, model, cost),
         )
     if args.deadline:
         return _deadline(args, model, system, work, eff, inputs, stack, dtypes)
@@ -207,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
         )
     text = _render_search(model, system, work, res, auto=_auto(args, system.chip))
     doc = res.to_dict() | {"pipeline_comm": pipeline_traffic(res.best).to_dict()}
+    doc |= _offload_doc(args, model, res.best)
+    text += _offload_text(args, model, res.best)
     return emit(args, NAME, inputs, doc, text)
 
 
@@ -456,6 +465,24 @@ def _render_one(model, work: Workload, c: StepCost, header: str, auto: str | Non
         stack_note(c.framework, auto),
     ]
     return header + "\n\n" + kv(rows) + _pipeline_text(c) + "\n\n" + "\n".join(notes)
+
+
+def _offload_doc(args: argparse.Namespace, model, c: StepCost) -> dict[str, Any]:
+    """The plan with its optimizer state offloaded, when --offload-optimizer asks for it."""
+    if not args.offload_optimizer:
+        return {}
+    from roofline.training.offload import offload_optimizer
+
+    return {"offload": offload_optimizer(model, c).to_dict()}
+
+
+def _offload_text(args: argparse.Namespace, model, c: StepCost) -> str:
+    if not args.offload_optimizer:
+        return ""
+    from roofline.training.offload import offload_optimizer
+
+    lines = offload_optimizer(model, c).explain()
+    return "\n\noptimizer offload (ZeRO-Offload):\n" + "\n".join("  " + x for x in lines)
 
 
 def _pipeline_text(c: StepCost) -> str:
