@@ -109,3 +109,9 @@ def test_cli_text_and_json(capsys):
 def test_cli_needs_both_times_and_a_batch(capsys):
     assert main([*ARGS, "--prefill-step-s", "0.91s", "--batch", "32"]) == 2
     assert "--decode-step-s" in capsys.readouterr().err
+
+
+def test_cli_takes_the_load_as_a_rate(capsys):
+    given = ["--prefill-step-s", "0.91s", "--decode-step-s", "19ms", "--batch", "32"]
+    assert main([*ARGS, *given, "--concurrency", "64"]) == 2
+    assert "--rate" in capsys.readouterr().err

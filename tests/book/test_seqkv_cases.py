@@ -97,3 +97,9 @@ def test_cli(capsys):
     assert doc["kvseq"] == 4 and doc["kv_bytes"] == pytest.approx(_layout().kv_bytes)
     assert main(args) == 2
     assert "--context" in capsys.readouterr().err
+
+
+def test_cli_refuses_other_degrees(capsys):
+    args = ["serve", "--system", "h100:32", "--plan", "tp=4,pp=2", "--kv-seq", "4"]
+    assert main([*args, "--batch", "1", "--context", "1Mi"]) == 2
+    assert "tp × kvseq" in capsys.readouterr().err

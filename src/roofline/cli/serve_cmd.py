@@ -264,6 +264,12 @@ def _run_given(args, model, system: System) -> int:
             rule="a deployment is sized from a prefill pass time and a decode step time at a batch",
             fix="add e.g. --prefill-step-s 0.91s --decode-step-s 19ms --batch 32",
         )
+    if args.concurrency is not None:
+        raise SpecError(
+            f"--concurrency {args.concurrency} with given step times",
+            rule="given step times size the pools for an arrival rate (Little's law)",
+            fix="give the load as --rate (requests per second), or drop it",
+        )
     P, G = _tokens(args.prompt, "prompt", "8192"), _tokens(args.gen, "gen", "512")
     chips = parse_serve_plan(args.plan).chips if args.plan else system.n_chips
     g = GivenSteps(
@@ -286,6 +292,21 @@ def _run_given(args, model, system: System) -> int:
     return emit(args, NAME, inputs, {"given_steps": s.to_dict()}, "\n".join([head, *explain(s)]))
 
 
+def _kv_seq_tp(text: str | None) -> int:
+    """The tensor degree of a sequence-sharded replica (its only other degree)."""
+    if not text:
+        return 1
+    plan = parse_serve_plan(text)
+    if plan.chips != plan.tp or plan.ep > 1:
+        raise SpecError(
+            f"--plan {text} with --kv-seq",
+            rule="a sequence-sharded KV replica is tp × kvseq chips: heads over tensor, the "
+            "context over kvseq (pp, dp and ep are not modelled with it)",
+            fix=f"write --plan tp={plan.tp}",
+        )
+    return plan.tp
+
+
 def _run_kv_seq(args, model, system: System) -> int:
     """Decode attention with each sequence's KV cache sharded over --kv-seq chips."""
     from roofline.serving.seqkv import explain, sequence_sharded_decode
@@ -296,7 +317,7 @@ def _run_kv_seq(args, model, system: System) -> int:
             rule="a sequence-sharded KV cache is sized for a batch of sequences of a context",
             fix="add e.g. --batch 1 --context 1M",
         )
-    tp = parse_serve_plan(args.plan).tp if args.plan else 1
+    tp = _kv_seq_tp(args.plan)
     kvseq = int_flag(args.kv_seq, "kv-seq", hi=MAX_SIZE, example="4")
     batch = int_flag(args.batch, "batch", hi=MAX_SIZE, example="1")
     ctx = _tokens(args.context, "context", "1M")
