@@ -115,3 +115,29 @@ def test_cli_takes_the_load_as_a_rate(capsys):
     given = ["--prefill-step-s", "0.91s", "--decode-step-s", "19ms", "--batch", "32"]
     assert main([*ARGS, *given, "--concurrency", "64"]) == 2
     assert "--rate" in capsys.readouterr().err
+
+
+def test_a_step_times_file_gives_the_same_answer_and_flags_override_it(tmp_path, capsys):
+    f = tmp_path / "steps.toml"
+    f.write_text('prefill_step_s = 0.91\ndecode_step_s = 0.019\nbatch = 32\nsource = "book"\n')
+    assert main([*ARGS, "--steps", str(f), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["given_steps"]
+    assert doc["ratio"] == pytest.approx(32 * 0.91 / (0.019 * 512))
+    assert main([*ARGS, "--steps", str(f), "--batch", "64", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["given_steps"]
+    assert doc["given"]["decode_batch"] == 64
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("decode_step = 0.019\n", "unknown keys"),
+        ('decode_step_s = "fast"\n', "is a number"),
+        ("decode_step_s = \n", "not TOML"),
+    ],
+)
+def test_a_bad_step_times_file_is_one_paragraph(tmp_path, capsys, text, words):
+    f = tmp_path / "steps.toml"
+    f.write_text(text)
+    assert main([*ARGS, "--steps", str(f)]) == 2
+    assert words in capsys.readouterr().err

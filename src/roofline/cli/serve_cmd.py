@@ -92,6 +92,11 @@ def _add_given_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-batch", default="1", help="prompts per given prefill pass (default 1)"
     )
     p.add_argument(
+        "--steps",
+        metavar="FILE",
+        help="given step times from a TOML file (prefill_step_s, decode_step_s, batch; flags override)",
+    )
+    p.add_argument(
         "--kv-seq",
         help="with --batch and --context: shard each sequence's KV cache over this many chips "
         "(decode attention combined by AllReduce; --plan tp=N for the heads)",
@@ -193,7 +198,7 @@ def _size(text: str | None, flag: str, unit: str, example: str, *, lo: float) ->
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     system = _system(args)
-    if args.prefill_step_s is not None or args.decode_step_s is not None:
+    if args.steps or args.prefill_step_s is not None or args.decode_step_s is not None:
         return _run_given(args, model, system)
     if args.kv_seq is not None:
         return _run_kv_seq(args, model, system)
@@ -255,9 +260,16 @@ def _inputs(args, model, system, eff, engine) -> dict[str, Any]:
 def _run_given(args, model, system: System) -> int:
     """Size a disaggregated deployment from given prefill and decode step times."""
     from roofline.core.ledger import kv_cache_bytes_per_token
-    from roofline.serving.given import GivenSteps, explain, size_deployment
+    from roofline.serving.given import GivenSteps, explain, load_step_times, size_deployment
     from roofline.serving.steady import kv_link_bytes_per_s
 
+    if args.steps:
+        f = load_step_times(args.steps)
+        for key, flag in (("prefill_step_s",) * 2, ("decode_step_s",) * 2, ("batch", "batch")):
+            if getattr(args, flag) is None and key in f:
+                setattr(args, flag, str(f[key]))
+        if args.prefill_batch == "1" and "prefill_batch" in f:
+            args.prefill_batch = str(f["prefill_batch"])
     if args.prefill_step_s is None or args.decode_step_s is None or args.batch is None:
         raise SpecError(
             "given step times need --prefill-step-s, --decode-step-s and --batch together",

@@ -25,11 +25,59 @@ ratios differ by `G/(G − 1)`.
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass
 from typing import Any
 
 from roofline.errors import SpecError
 from roofline.units import fmt_bytes, fmt_time
+
+# keys of a step-times file (TOML): measured or given times and the batch they were taken at
+STEP_FILE_KEYS = {
+    "prefill_step_s": "one prefill pass, seconds",
+    "decode_step_s": "one decode step, seconds",
+    "batch": "sequences per decode step",
+    "prefill_batch": "prompts per prefill pass (optional, default 1)",
+    "source": "where the times come from (optional, text)",
+}
+
+
+def load_step_times(path: str) -> dict[str, Any]:
+    """A small TOML file of given step times, e.g.
+
+    prefill_step_s = 0.91
+    decode_step_s = 0.019
+    batch = 32
+    source = "applied-inference.md, LLaMA-3 70B on v5e 4x4"
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as e:
+        raise SpecError(
+            f"cannot read step-times file {path!r} ({e.strerror})", fix="check the path"
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(
+            f"step-times file {path!r} is not TOML ({e})",
+            rule="a step-times file is TOML: key = value lines",
+            fix="write e.g. `decode_step_s = 0.019`",
+        ) from None
+    unknown = sorted(set(data) - set(STEP_FILE_KEYS))
+    if unknown:
+        raise SpecError(
+            f"step-times file {path!r}: unknown keys {unknown}",
+            rule="keys: " + ", ".join(f"{k} ({v})" for k, v in STEP_FILE_KEYS.items()),
+            fix="rename or remove them",
+        )
+    for k, v in data.items():
+        if k != "source" and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise SpecError(
+                f"step-times file {path!r}: {k} = {v!r}",
+                rule=f"{k} is a number ({STEP_FILE_KEYS[k]})",
+                fix=f"write e.g. {k} = " + ("0.019" if k.endswith("_s") else "32"),
+            )
+    return data
 
 
 @dataclass(frozen=True)
