@@ -34,6 +34,18 @@ _LAZY: dict[str, str] = {
     "parse_remat": "roofline.core.memory",
     "Mesh": "roofline.core.mesh",
     "make_mesh": "roofline.core.mesh",
+    "limits": "roofline.core.limits",
+    "point_to_point": "roofline.core.transfer",
+    "gather_to_one": "roofline.core.transfer",
+    "host_to_hbm": "roofline.core.transfer",
+    "capacities": "roofline.core.transfer",
+    "analyze_levels": "roofline.core.roofline",
+    "analyze_vector": "roofline.core.roofline",
+    "pipeline_traffic": "roofline.training.pipecomm",
+    "offload_optimizer": "roofline.training.offload",
+    "GivenSteps": "roofline.serving.given",
+    "size_deployment": "roofline.serving.given",
+    "sequence_sharded_decode": "roofline.serving.seqkv",
     "PlanResult": "roofline.training.planner",
     "plan_training": "roofline.training.planner",
     "analyze": "roofline.core.roofline",
@@ -99,12 +111,15 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.core.ledger import count_params as count_params
     from roofline.core.ledger import flops_per_token as flops_per_token
     from roofline.core.ledger import kv_cache_bytes_per_token as kv_cache_bytes_per_token
+    from roofline.core.limits import limits as limits
     from roofline.core.memory import parse_optimizer as parse_optimizer
     from roofline.core.memory import parse_remat as parse_remat
     from roofline.core.mesh import Mesh as Mesh
     from roofline.core.mesh import make_mesh as make_mesh
     from roofline.core.roofline import analyze as analyze
+    from roofline.core.roofline import analyze_levels as analyze_levels
     from roofline.core.roofline import analyze_op as analyze_op
+    from roofline.core.roofline import analyze_vector as analyze_vector
     from roofline.core.roofline import critical_batch as critical_batch
     from roofline.core.rules import parse_degrees as parse_degrees
     from roofline.core.rules import rules_for as rules_for
@@ -113,10 +128,17 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.core.sharding import parse_einsum as parse_einsum
     from roofline.core.sharding import parse_spec as parse_spec
     from roofline.core.sharding import plan_einsum as plan_einsum
+    from roofline.core.transfer import capacities as capacities
+    from roofline.core.transfer import gather_to_one as gather_to_one
+    from roofline.core.transfer import host_to_hbm as host_to_hbm
+    from roofline.core.transfer import point_to_point as point_to_point
     from roofline.errors import PlanError as PlanError
     from roofline.errors import RooflineError as RooflineError
     from roofline.errors import ShardingError as ShardingError
     from roofline.errors import SpecError as SpecError
+    from roofline.serving.given import GivenSteps as GivenSteps
+    from roofline.serving.given import size_deployment as size_deployment
+    from roofline.serving.seqkv import sequence_sharded_decode as sequence_sharded_decode
     from roofline.specs.chip import Chip as Chip
     from roofline.specs.chip import load_chip as load_chip
     from roofline.specs.efficiency import Efficiency as Efficiency
@@ -124,6 +146,8 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.specs.model_catalog import load_model as load_model
     from roofline.specs.system import System as System
     from roofline.specs.system import parse_system as parse_system
+    from roofline.training.offload import offload_optimizer as offload_optimizer
+    from roofline.training.pipecomm import pipeline_traffic as pipeline_traffic
     from roofline.training.planner import PlanResult as PlanResult
     from roofline.training.planner import plan_training as plan_training
     from roofline.training.step import Plan as Plan

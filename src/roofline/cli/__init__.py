@@ -24,6 +24,8 @@ COMMANDS = (
     "system",
     "collective",
     "matmul",
+    "limits",
+    "transfer",
     "train",
     "serve",
     "import",

@@ -62,6 +62,8 @@ def _rows(chip: Chip) -> list[tuple[str, str]]:
     for d, v in chip.peak_flops_per_s.items():
         unit = "OP/s" if d.startswith("int") else "FLOP/s"
         rows.append((f"peak {d} (dense)", fmt_rate(v, unit)))
+    for d, v in chip.vector_ops_per_s.items():
+        rows.append((f"vector units {d}", fmt_rate(v, "OP/s") + " (one op per lane per clock)"))
     for d in chip.peak_flops_per_s:
         unit = "OP/B" if d.startswith("int") else "FLOP/B"
         rows.append((f"critical intensity {d}", f"{chip.critical_intensity(d):,.0f} {unit}"))
@@ -70,7 +72,9 @@ def _rows(chip: Chip) -> list[tuple[str, str]]:
         ("HBM bandwidth", bps(chip.hbm_bw_bytes_per_s)),
         ("VMEM", _opt(chip.vmem_bytes, lambda v: fmt_bytes(v, binary=True))),
         ("VMEM bandwidth", _opt(chip.vmem_bw_bytes_per_s, bps)),
+        ("VREGs per core", _opt(chip.vreg_bytes_per_core, lambda v: fmt_bytes(v, binary=True))),
         ("SMEM per SM", _opt(chip.smem_bytes_per_sm, fmt_bytes)),
+        ("SMEM bandwidth", _opt(chip.smem_bw_bytes_per_s, bps)),
         ("registers per SM", _opt(chip.register_bytes_per_sm, fmt_bytes)),
         ("L2", _opt(chip.l2_bytes, fmt_bytes)),
         ("L2 bandwidth", _opt(chip.l2_bw_bytes_per_s, bps)),
@@ -104,6 +108,7 @@ def _rows(chip: Chip) -> list[tuple[str, str]]:
             ),
         ),
         ("PCIe, one way", _opt(chip.pcie_bw_bytes_per_s, bps)),
+        ("host DRAM per chip", _opt(chip.host_dram_bytes_per_chip, fmt_bytes)),
         ("DCN per chip", _opt(chip.dcn_bw_bytes_per_s, bps)),
         ("price", _opt(chip.usd_per_hour, lambda v: f"{fmt_usd(v)}/h")),
         ("price source", chip.price_source or None),

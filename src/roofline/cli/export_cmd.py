@@ -19,7 +19,7 @@ from roofline.core.stack import stack_of
 from roofline.errors import SpecError
 from roofline.launch import WRITERS, LaunchConfig, LaunchKind, LaunchWorkload, write_launch
 from roofline.launch.base import LaunchError, stack_module
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import Workload, parse_plan
 from roofline.specs.system import parse_system
 from roofline.units import parse_quantity

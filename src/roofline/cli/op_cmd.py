@@ -6,20 +6,36 @@ import argparse
 import math
 
 from roofline.cli._common import add_json, emit, parse_assignments
-from roofline.core.opexpr import bytes_formula, flops_formula, matmul_shape, parse_op
-from roofline.core.roofline import analyze_op, critical_batch, matmul_crossover_batch
+from roofline.core.ledger import Op
+from roofline.core.opexpr import (
+    bytes_formula,
+    flops_formula,
+    is_elementwise,
+    matmul_shape,
+    parse_elementwise,
+    parse_op,
+)
+from roofline.core.roofline import (
+    analyze_levels,
+    analyze_on_units,
+    critical_batch,
+    matmul_crossover_batch,
+)
 from roofline.specs.chip import load_chip
 from roofline.units import DTYPE_BYTES, fmt_bytes, fmt_flops, fmt_time
 
 NAME = "op"
-HELP = 'Roofline of one matmul/einsum, e.g. "bf16[B,D] @ int8[D,F]": FLOPs, bytes, intensity, bound, time.'
+HELP = (
+    'Roofline of one matmul/einsum, e.g. "bf16[B,D] @ int8[D,F]", or elementwise op "fp32[N] + fp32[N]" '
+    "(vector units): FLOPs, bytes, intensity, bound, time, against HBM and each on-chip memory level."
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "expr",
-        help='op expression, e.g. "bf16[B,D] @ int8[D,F]" or "bf16[B,T,D] @ bf16[D,N,H] -> bf16[B,T,N,H]"; '
-        "the rhs is the weight",
+        help='op expression, e.g. "bf16[B,D] @ int8[D,F]" or "bf16[B,T,D] @ bf16[D,N,H] -> bf16[B,T,N,H]" '
+        '(the rhs is the weight), or an elementwise "fp32[N] + fp32[N]"',
     )
     p.add_argument(
         "--dims", default="", help="dim sizes, e.g. B=256,D=8192,F=32768 (suffixes k, M allowed)"
@@ -29,14 +45,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
+def parse(expr: str, dims: dict[str, float]) -> Op:
+    """A matmul (`@`) or an elementwise op (`+`)."""
+    return parse_elementwise(expr, dims) if is_elementwise(expr) else parse_op(expr, dims)
+
+
+def _formulas(op: Op) -> dict[str, str]:
+    if matmul_shape(op) is None and not op.contracting:
+        return {
+            "flops": "·".join(op.out.dims) + " (one per element)",
+            "bytes": bytes_formula(op)[0],
+        }
+    return {"flops": flops_formula(op)[0], "bytes": bytes_formula(op)[0]}
+
+
+def _levels(op: Op, chip, shape) -> list[dict]:
+    """The op against every memory level; a matmul's critical batch at each level's bandwidth."""
+    out = []
+    for lv in analyze_levels(op, chip):
+        d = lv.to_dict()
+        bw = lv.result.hbm_bw_bytes_per_s
+        d["critical_batch"] = (
+            critical_batch(chip, shape.weight_dtype, shape.activation_dtype, bw) if shape else None
+        )
+        out.append(d)
+    return out
+
+
 def result(expr: str, dims: dict[str, float], chip_name: str) -> dict:
     """Everything `op` reports, as plain data (also used by tests)."""
     chip = load_chip(chip_name)
-    op = parse_op(expr, dims)
-    r = analyze_op(op, chip)
+    op = parse(expr, dims)
+    r = analyze_on_units(op, chip)
     shape = matmul_shape(op)
     out = r.to_dict()
     out["chip"] = chip.name
+    out["unit"] = "matrix" if op.contracting else "vector"
+    out["peak_flops_per_s"] = r.peak_flops_per_s
+    out["levels"] = _levels(op, chip, shape)
     out["op"] = {
         "einsum": op.einsum,
         "inputs": [str(t) for t in op.inputs],
@@ -44,7 +90,7 @@ def result(expr: str, dims: dict[str, float], chip_name: str) -> dict:
         "contracting": list(op.contracting),
         "weight": op.inputs[1].name,
     }
-    out["formulas"] = {"flops": flops_formula(op)[0], "bytes": bytes_formula(op)[0]}
+    out["formulas"] = _formulas(op)
     if out.get("intensity") is not None and not math.isfinite(out["intensity"]):
         out["intensity"] = None
         out["intensity_reason"] = "the op moves no HBM bytes: intensity has no finite value"
@@ -71,10 +117,14 @@ def result(expr: str, dims: dict[str, float], chip_name: str) -> dict:
 def _text(res: dict, expr: str, dims: dict[str, float], chip_name: str) -> str:
     from roofline.report.table import kv, table
 
-    op = parse_op(expr, dims)
+    op = parse(expr, dims)
     chip = load_chip(chip_name)
-    C, W = chip.peak(res["compute_dtype"]), chip.hbm_bw_bytes_per_s
-    fsym, fnum = flops_formula(op)
+    C, W = res["peak_flops_per_s"], chip.hbm_bw_bytes_per_s
+    fsym, fnum = (
+        flops_formula(op)
+        if op.contracting
+        else ("·".join(op.out.dims), "·".join(f"{op.sizes[d]:g}" for d in op.out.dims))
+    )
     bsym, bnum = bytes_formula(op)
     I, Ic = res["intensity"], res["critical_intensity"]
     rows = [
@@ -122,22 +172,64 @@ def _text(res: dict, expr: str, dims: dict[str, float], chip_name: str) -> str:
                 "B where T_math = T_mem at these D, F",
             ]
         )
-    x, w = op.inputs
     head = kv(
         [
-            (
-                "op",
-                f"{x.name} {x} · {w.name} {w} -> {op.out.name} {op.out}   (contracting {', '.join(op.contracting)}; "
-                f"{w.name} is the weight)",
-            ),
+            ("op", _describe(op)),
             ("dims", "  ".join(f"{d}={v:g}" for d, v in op.sizes.items())),
-            ("chip", f"{chip.name}: {C:.3g} FLOP/s ({res['compute_dtype']}), HBM {W:.3g} B/s"),
+            ("chip", f"{chip.name}: {C:.3g} {_unit_text(res)}, HBM {W:.3g} B/s"),
         ]
     )
     out = head + "\n\n" + table(rows, ["quantity", "value", "arithmetic"], align="lrl")
+    out += "\n\n" + _level_table(res)
     if res.get("plot"):
         out += f"\n\nplot written to {res['plot']}"
     return out
+
+
+def _unit_text(res: dict) -> str:
+    if res["unit"] == "matrix":
+        return f"FLOP/s ({res['compute_dtype']})"
+    return f"vector op/s ({res['compute_dtype']}, vector units)"
+
+
+def _describe(op: Op) -> str:
+    x, w = op.inputs
+    if not op.contracting:
+        return (
+            f"{x.name} {x} + {w.name} {w} -> {op.out.name} {op.out}   (elementwise, vector units)"
+        )
+    return (
+        f"{x.name} {x} · {w.name} {w} -> {op.out.name} {op.out}   (contracting "
+        f"{', '.join(op.contracting)}; {w.name} is the weight)"
+    )
+
+
+def _level_table(res: dict) -> str:
+    """The op with its operands in each memory level: T = max(FLOPs/C, bytes/W_level)."""
+    from roofline.report.table import table
+
+    rows = []
+    for lv in res["levels"]:
+        cap = "?" if lv["capacity_bytes"] is None else fmt_bytes(lv["capacity_bytes"])
+        fits = {None: "", True: "yes", False: "no"}[lv["fits"]]
+        cb = lv["critical_batch"]
+        rows.append(
+            [
+                lv["level"],
+                cap,
+                fits,
+                f"{lv['bw_bytes_per_s']:.3g}",
+                f"{lv['critical_intensity']:.4g}",
+                fmt_time(lv["t_mem_s"]),
+                fmt_time(lv["time_lower_s"]),
+                lv["bound"],
+                "" if cb is None else f"{cb:.4g}",
+            ]
+        )
+    head = ["level", "size", "fits", "W (B/s)", "C/W", "T_mem", "T_lower", "bound", "B_crit"]
+    return "operands in each memory level (T_lower = max(T_math, bytes / W_level)):\n" + table(
+        rows, head, align="llllrrrlr"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
         from roofline.report.plots import roofline_chart
 
         chip = load_chip(args.chip)
-        op = parse_op(args.expr, dims)
-        res["plot"] = str(roofline_chart([(args.expr, analyze_op(op, chip))], chip, args.plot))
+        op = parse(args.expr, dims)
+        res["plot"] = str(
+            roofline_chart([(args.expr, analyze_on_units(op, chip))], chip, args.plot)
+        )
     inputs = {"expr": args.expr, "dims": dims, "chip": res["chip"]}
     return emit(args, NAME, inputs, res, _text(res, args.expr, dims, args.chip))

@@ -75,10 +75,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="vllm, sglang, trtllm, jetstream or none (default: vllm on GPUs, jetstream on TPUs; none with --profile peak)",
     )
     add_profile_arg(p)  # --profile peak: the book's idealised rooflines
+    _add_given_arguments(p)
     p.add_argument("--price", type=float, help="override USD per chip-hour")
     p.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
     p.add_argument("--plot", metavar="FILE", help="write the Pareto chart (.png, .svg, .pdf)")
     add_json(p)
+
+
+def _add_given_arguments(p: argparse.ArgumentParser) -> None:
+    """Given (measured) step times: size a disaggregated deployment from them (serving.given)."""
+    p.add_argument(
+        "--prefill-step-s", help="given prefill pass time, e.g. 0.91s (with --decode-step-s)"
+    )
+    p.add_argument("--decode-step-s", help="given decode step time at --batch sequences, e.g. 19ms")
+    p.add_argument(
+        "--prefill-batch", default="1", help="prompts per given prefill pass (default 1)"
+    )
+    p.add_argument(
+        "--steps",
+        metavar="FILE",
+        help="given step times from a TOML file (prefill_step_s, decode_step_s, batch; flags override)",
+    )
+    p.add_argument(
+        "--kv-seq",
+        help="with --batch and --context: shard each sequence's KV cache over this many chips "
+        "(decode attention combined by AllReduce; --plan tp=N for the heads)",
+    )
 
 
 def parse_duration(text: str | None, what: str) -> float | None:
@@ -176,6 +198,10 @@ def _size(text: str | None, flag: str, unit: str, example: str, *, lo: float) ->
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     system = _system(args)
+    if args.steps or args.prefill_step_s is not None or args.decode_step_s is not None:
+        return _run_given(args, model, system)
+    if args.kv_seq is not None:
+        return _run_kv_seq(args, model, system)
     engine = _engine(args, system)
     eff = _profile(args, system, engine)
     step_mode = args.batch is not None or args.context is not None
@@ -229,6 +255,97 @@ def _inputs(args, model, system, eff, engine) -> dict[str, Any]:
         "engine": engine.name if engine else None,
         "definitions": "TTFT, TPOT (first token excluded), ITL and E2EL as vLLM's benchmark_serving defines them",
     }
+
+
+def _run_given(args, model, system: System) -> int:
+    """Size a disaggregated deployment from given prefill and decode step times."""
+    from roofline.core.ledger import kv_cache_bytes_per_token
+    from roofline.serving.given import GivenSteps, explain, load_step_times, size_deployment
+    from roofline.serving.steady import kv_link_bytes_per_s
+
+    if args.steps:
+        f = load_step_times(args.steps)
+        for key, flag in (("prefill_step_s",) * 2, ("decode_step_s",) * 2, ("batch", "batch")):
+            if getattr(args, flag) is None and key in f:
+                setattr(args, flag, str(f[key]))
+        if args.prefill_batch == "1" and "prefill_batch" in f:
+            args.prefill_batch = str(f["prefill_batch"])
+    if args.prefill_step_s is None or args.decode_step_s is None or args.batch is None:
+        raise SpecError(
+            "given step times need --prefill-step-s, --decode-step-s and --batch together",
+            rule="a deployment is sized from a prefill pass time and a decode step time at a batch",
+            fix="add e.g. --prefill-step-s 0.91s --decode-step-s 19ms --batch 32",
+        )
+    if args.concurrency is not None:
+        raise SpecError(
+            f"--concurrency {args.concurrency} with given step times",
+            rule="given step times size the pools for an arrival rate (Little's law)",
+            fix="give the load as --rate (requests per second), or drop it",
+        )
+    P, G = _tokens(args.prompt, "prompt", "8192"), _tokens(args.gen, "gen", "512")
+    chips = parse_serve_plan(args.plan).chips if args.plan else system.n_chips
+    g = GivenSteps(
+        prefill_step_s=parse_duration(args.prefill_step_s, "prefill-step-s"),
+        decode_step_s=parse_duration(args.decode_step_s, "decode-step-s"),
+        decode_batch=_size(args.batch, "batch", "sequences", "32", lo=1.0),
+        prompt=P,
+        gen=G,
+        kv_bytes_per_token=kv_cache_bytes_per_token(model, args.kv_dtype or "bf16", P + G),
+        prefill_batch=_size(args.prefill_batch, "prefill-batch", "prompts", "1", lo=1.0),
+        rate=_size(args.rate, "rate", "requests per second", "10", lo=0.0),
+        kv_link_bytes_per_s=kv_link_bytes_per_s(system.chip) * chips,
+    )
+    s = size_deployment(g)
+    head = (
+        f"{model.name} disaggregated from given step times on {system.name}: prompt {P:g}, "
+        f"output {G:g} tokens, {args.kv_dtype or 'bf16'} KV"
+    )
+    inputs = {"model": model.name, "system": system.name, "plan": args.plan}
+    return emit(args, NAME, inputs, {"given_steps": s.to_dict()}, "\n".join([head, *explain(s)]))
+
+
+def _kv_seq_tp(text: str | None) -> int:
+    """The tensor degree of a sequence-sharded replica (its only other degree)."""
+    if not text:
+        return 1
+    plan = parse_serve_plan(text)
+    if plan.chips != plan.tp or plan.ep > 1:
+        raise SpecError(
+            f"--plan {text} with --kv-seq",
+            rule="a sequence-sharded KV replica is tp × kvseq chips: heads over tensor, the "
+            "context over kvseq (pp, dp and ep are not modelled with it)",
+            fix=f"write --plan tp={plan.tp}",
+        )
+    return plan.tp
+
+
+def _run_kv_seq(args, model, system: System) -> int:
+    """Decode attention with each sequence's KV cache sharded over --kv-seq chips."""
+    from roofline.serving.seqkv import explain, sequence_sharded_decode
+
+    if args.batch is None or args.context is None:
+        raise SpecError(
+            "--kv-seq needs --batch and --context",
+            rule="a sequence-sharded KV cache is sized for a batch of sequences of a context",
+            fix="add e.g. --batch 1 --context 1M",
+        )
+    tp = _kv_seq_tp(args.plan)
+    kvseq = int_flag(args.kv_seq, "kv-seq", hi=MAX_SIZE, example="4")
+    batch = int_flag(args.batch, "batch", hi=MAX_SIZE, example="1")
+    ctx = _tokens(args.context, "context", "1M")
+    quant = Quant(
+        args.weight_dtype or "bf16", args.kv_dtype or "bf16", args.compute_dtype or "bf16"
+    )
+    s = sequence_sharded_decode(
+        model, system, tp=tp, kvseq=kvseq, batch=batch, context=ctx, quant=quant
+    )
+    head = (
+        f"{model.name} decode with the KV cache sharded over the sequence: tp={tp} × "
+        f"kvseq={kvseq} per replica on {system.name}, batch {batch}, context {ctx:g}, "
+        f"{quant.weights} weights, {quant.kv} KV"
+    )
+    inputs = {"model": model.name, "system": system.name, "plan": args.plan, "kv_seq": kvseq}
+    return emit(args, NAME, inputs, {"seq_kv": s.to_dict()}, "\n".join([head, *explain(s)]))
 
 
 def _run_step(args, model, system, eff, engine) -> int:

@@ -23,6 +23,7 @@ from roofline.report.table import kv, table
 from roofline.report.text import profile_assumptions, stack_note, term_phrase
 from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
+from roofline.training.pipecomm import pipeline_traffic
 from roofline.training.planner import PlanResult, SearchSpace, plan_training
 from roofline.training.step import (
     AssumedRun,
@@ -111,6 +112,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="save the step-time and memory breakdown of the listed plans (.png, .svg, .pdf)",
     )
+    p.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="also cost the plan with its optimizer state in host memory (ZeRO-Offload)",
+    )
     add_json(p)
 
 
@@ -168,7 +174,10 @@ def run(args: argparse.Namespace) -> int:
             res.top, args.plot, title=f"{model.name}: top plans by {res.objective}"
         )
     text = _render_search(model, system, work, res, auto=_auto(args, system.chip))
-    return emit(args, NAME, inputs, res.to_dict(), text)
+    doc = res.to_dict() | {"pipeline_comm": pipeline_traffic(res.best).to_dict()}
+    doc |= _offload_doc(args, model, res.best)
+    text += _offload_text(args, model, res.best)
+    return emit(args, NAME, inputs, doc, text)
 
 
 def cost_one_plan(
@@ -186,14 +195,15 @@ def cost_one_plan(
         assume_mfu=args.assume_mfu,
         framework=stack,
     )
-    result = cost.to_dict()
+    result = cost.to_dict() | {"pipeline_comm": pipeline_traffic(cost).to_dict()}
+    result |= _offload_doc(args, model, cost)
     if args.plot:
         from roofline.report.plots import plan_breakdown_chart
 
         plan_breakdown_chart([cost], args.plot, title=f"{model.name}: {plan.describe()}")
     text = _render_one(
         model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
-    )
+    ) + _offload_text(args, model, cost)
     return {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]}, text
 
 
@@ -469,7 +479,33 @@ def _render_one(model, work: Workload, c: StepCost, header: str, auto: str | Non
         f"Assumptions: {profile_assumptions(e, c.system.chip)}.",
         stack_note(c.framework, auto),
     ]
-    return header + "\n\n" + kv(rows) + "\n\n" + "\n".join(notes)
+    return header + "\n\n" + kv(rows) + _pipeline_text(c) + "\n\n" + "\n".join(notes)
+
+
+def _offload_doc(args: argparse.Namespace, model, c: StepCost) -> dict[str, Any]:
+    """The plan with its optimizer state offloaded, when --offload-optimizer asks for it."""
+    if not getattr(args, "offload_optimizer", False):
+        return {}
+    from roofline.training.offload import offload_optimizer
+
+    return {"offload": offload_optimizer(model, c).to_dict()}
+
+
+def _offload_text(args: argparse.Namespace, model, c: StepCost) -> str:
+    if not getattr(args, "offload_optimizer", False):
+        return ""
+    from roofline.training.offload import offload_optimizer
+
+    lines = offload_optimizer(model, c).explain()
+    return "\n\noptimizer offload (ZeRO-Offload):\n" + "\n".join("  " + x for x in lines)
+
+
+def _pipeline_text(c: StepCost) -> str:
+    """The pipeline's hops and bytes per step (only for plans with a pipeline)."""
+    if c.plan.degrees.pp <= 1:
+        return ""
+    lines = pipeline_traffic(c).explain()
+    return "\n\npipeline communication per step:\n" + "\n".join("  " + x for x in lines)
 
 
 def _mfu_text(c: StepCost) -> str:

@@ -228,11 +228,49 @@ def parse_dims(text: str) -> dict[str, float]:
     return out
 
 
+def is_elementwise(text: str) -> bool:
+    """True for `fp32[N] + fp32[N]`: the elementwise form (operator `+`)."""
+    return "+" in str(text)
+
+
+def parse_elementwise(text: str, dims: Mapping[str, float] | str, *, name: str = "op") -> Op:
+    """`fp32[N] + fp32[N] [-> fp32[N]]`: an ELEMENTWISE op, one FLOP per output element (book
+    gpus.md: an fp32 vector add of N elements is N FLOPs over 12N bytes)."""
+    s = _Scanner(str(text))
+    lhs = s.operand("X", False)
+    if s.take("+") is None:
+        s.ws()
+        raise _malformed(s.text, s.pos, "expected '+' between the two operands")
+    rhs = s.operand("Y", False)
+    out = s.operand("Z", False) if s.take(*_ARROWS) else Tensor("Z", lhs.dims, lhs.dtype)
+    s.ws()
+    if s.pos != len(s.text):
+        raise _malformed(s.text, s.pos, f"unexpected {s.text[s.pos :]!r} after the expression")
+    if rhs.name == lhs.name:
+        rhs = Tensor("Y", rhs.dims, rhs.dtype)
+    if not (set(lhs.dims) == set(rhs.dims) == set(out.dims)):
+        raise SpecError(
+            f"operands of {text!r} have different dims",
+            rule="an elementwise op (`+`) takes operands and output over the same dims",
+            fix="give both operands and the output the same dims, e.g. fp32[N] + fp32[N]",
+        )
+    sizes = _sizes(text, lhs.dims, dims)
+    return Op(name, OpKind.ELEMENTWISE, (lhs, rhs), out, sizes, flops_per_element=1.0)
+
+
 def parse_op(text: str, dims: Mapping[str, float] | str, *, name: str = "op") -> Op:
     """A ledger `Op` (kind MATMUL, count 1) for `text` with dim sizes `dims`."""
     ex = parse_expr(text)
+    return Op(name, OpKind.MATMUL, (ex.lhs, ex.rhs), ex.out, _sizes(text, ex.dims, dims))
+
+
+def _sizes(
+    text: str, expr_dims: tuple[str, ...], dims: Mapping[str, float] | str
+) -> MappingProxyType:
+    """The checked size of every dim of an expression."""
+
     sizes = parse_dims(dims) if isinstance(dims, str) else dict(dims)
-    missing = [d for d in ex.dims if d not in sizes]
+    missing = [d for d in expr_dims if d not in sizes]
     if missing:
         given = ", ".join(sizes) or "none"
         near = {k.lower(): k for k in sizes}
@@ -244,15 +282,15 @@ def parse_op(text: str, dims: Mapping[str, float] | str, *, name: str = "op") ->
             rule="every dim of the expression needs a size (names are case-sensitive)",
             fix=f"add {', '.join(f'{d}=...' for d in missing)} to --dims",
         )
-    extra = [d for d in sizes if d not in ex.dims]
+    extra = [d for d in sizes if d not in expr_dims]
     if extra:
         raise SpecError(
-            f"size given for {extra[0]!r}, which is not a dim of op {text!r} (dims: {', '.join(ex.dims)})",
+            f"size given for {extra[0]!r}, which is not a dim of op {text!r} (dims: {', '.join(expr_dims)})",
             rule="every size names a dim of the expression (names are case-sensitive)",
             fix=f"remove {extra[0]} from --dims or correct its name",
         )
     clean: dict[str, float] = {}
-    for d in ex.dims:
+    for d in expr_dims:
         v = sizes[d]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise SpecError(
@@ -261,7 +299,7 @@ def parse_op(text: str, dims: Mapping[str, float] | str, *, name: str = "op") ->
                 fix=f"give {d} a positive size, e.g. {d}=1024",
             )
         clean[d] = float(v)
-    return Op(name, OpKind.MATMUL, (ex.lhs, ex.rhs), ex.out, MappingProxyType(clean))
+    return MappingProxyType(clean)
 
 
 # --------------------------------------------------------------------------------------
@@ -333,6 +371,8 @@ __all__ = [
     "MatmulShape",
     "parse_expr",
     "parse_op",
+    "parse_elementwise",
+    "is_elementwise",
     "parse_dims",
     "matmul_shape",
     "flops_formula",

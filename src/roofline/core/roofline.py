@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from roofline.core.ledger import Ledger, Op
+from roofline.core.ledger import Ledger, Op, OpKind
 from roofline.specs.chip import Chip
 from roofline.units import DTYPE_BYTES, parse_dtype
 
@@ -109,24 +109,90 @@ def analyze(flops: Any, nbytes: Any, chip: Chip, dtype: str = "bf16") -> Rooflin
     return RooflineResult(flops, nbytes, d, chip.peak(d), chip.hbm_bw_bytes_per_s)
 
 
+def analyze_vector(flops: Any, nbytes: Any, chip: Chip, dtype: str = "fp32") -> RooflineResult:
+    """Roofline of an elementwise op on the vector units (TPU VPU, GPU CUDA cores), not the
+    matrix units: book gpus.md, an fp32 vector add on H100 has intensity 1/12 against the vector
+    units' critical intensity ~10 (3.35e13 / 3.35e12)."""
+    d = parse_dtype(dtype)
+    return RooflineResult(flops, nbytes, d, chip.vector_peak(d), chip.hbm_bw_bytes_per_s)
+
+
 def analyze_op(op: Op, chip: Chip) -> RooflineResult:
     """Roofline of one ledger row; compute dtype = widest input dtype."""
     return analyze(op.flops, op.bytes, chip, compute_dtype([t.dtype for t in op.inputs]))
+
+
+def analyze_on_units(op: Op, chip: Chip) -> RooflineResult:
+    """`analyze_op`, with elementwise ops on the vector units (`analyze_vector`) and
+    contractions on the matrix units (what `roofline op` reports)."""
+    if op.kind == OpKind.ELEMENTWISE:
+        return analyze_vector(op.flops, op.bytes, chip, compute_dtype([t.dtype for t in op.inputs]))
+    return analyze_op(op, chip)
+
+
+@dataclass(frozen=True)
+class LevelRoofline:
+    """The roofline of one op with its operands in one memory level (HBM, L2, VMEM, SMEM).
+
+    `fits` says whether the op's bytes fit in the level at once (None when its size is not
+    in the chip file): an op streamed through a small level still moves at its bandwidth.
+    """
+
+    level: str
+    capacity_bytes: float | None
+    result: RooflineResult
+
+    @property
+    def fits(self) -> bool | None:
+        return (
+            None if self.capacity_bytes is None else bool(self.result.bytes <= self.capacity_bytes)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "bw_bytes_per_s": self.result.hbm_bw_bytes_per_s,
+            **self.result.to_dict(),
+        }
+
+
+def analyze_levels(op: Op, chip: Chip) -> list[LevelRoofline]:
+    """The op's roofline against every memory level the chip file gives a bandwidth for
+    (book tpus.md: a matmul from VMEM at ~22x HBM bandwidth turns compute-bound near B ≈ 11
+    instead of 240), on the vector units for elementwise ops."""
+    base = analyze_on_units(op, chip)
+    return [
+        LevelRoofline(
+            name,
+            cap,
+            RooflineResult(base.flops, base.bytes, base.compute_dtype, base.peak_flops_per_s, bw),
+        )
+        for name, cap, bw in chip.memory_levels()
+    ]
 
 
 def analyze_ledger(ledger: Ledger, chip: Chip) -> list[tuple[Op, RooflineResult]]:
     return [(op, analyze_op(op, chip)) for op in ledger]
 
 
-def critical_batch(chip: Chip, weight_dtype: str = "bf16", activation_dtype: str = "bf16") -> float:
+def critical_batch(
+    chip: Chip,
+    weight_dtype: str = "bf16",
+    activation_dtype: str = "bf16",
+    bandwidth_bytes_per_s: float | None = None,
+) -> float:
     """Token batch above which X[B,D]·W[D,F] is compute-bound when B ≪ D, F.
 
     B_crit = β · C/W_hbm with β = weight bytes / activation bytes... precisely: FLOPs
     2BDF over bytes ≈ DF·w_bytes gives intensity 2B/w_bytes > C/W  ⇒  B > w_bytes·C/(2W).
-    (bf16: 240 on v5e; int8 weights + bf16 compute: 120; int8 × int8: 240.)
+    (bf16: 240 on v5e; int8 weights + bf16 compute: 120; int8 × int8: 240.) With
+    `bandwidth_bytes_per_s` the weights stream from another level (VMEM, SMEM, host memory).
     """
     cd = compute_dtype([weight_dtype, activation_dtype])
-    return DTYPE_BYTES[parse_dtype(weight_dtype)] * chip.peak(cd) / (2 * chip.hbm_bw_bytes_per_s)
+    W = chip.hbm_bw_bytes_per_s if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
+    return DTYPE_BYTES[parse_dtype(weight_dtype)] * chip.peak(cd) / (2 * W)
 
 
 def matmul_crossover_batch(

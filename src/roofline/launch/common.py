@@ -31,7 +31,7 @@ from roofline.launch.base import (
     closest_hint,
 )
 from roofline.specs.framework import load_framework
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import ComputeDtypes, RematKind, parse_remat
 
 DEFAULTS_DIR = Path(__file__).parent / "defaults"

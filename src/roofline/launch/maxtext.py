@@ -39,7 +39,7 @@ from roofline.launch.common import (
     workload,
 )
 from roofline.launch.shell import script
-from roofline.specs.model import load_model
+from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, parse_optimizer
 
 STACK = "maxtext"

@@ -55,6 +55,13 @@ class Chip:
       "Infinity Fabric" (AMD: xGMI links, fully connected inside an 8-GPU node).
     - `gpus_per_tray`: GPUs on one compute tray of a rack-scale NVLink domain (GB200/GB300
       NVL72: 4); a partly used domain holds whole trays.
+    - `vector_ops_per_s`: the vector units (TPU VPU, GPU CUDA cores / AMD SIMD, not the matrix
+      units) by dtype, in operations per second: one add, multiply or FMA per lane per clock
+      (the book's count: H100 fp32 132·128·1.98e9 = 3.35e13; an FMA is 2 FLOPs, so the spec
+      sheets' "FP32 67 TFLOP/s" is twice this). Dtypes not listed compute in fp32.
+    - On-chip memories, per chip unless named per SM/core: `vmem_*` (TPU VMEM), `vreg_bytes_per_core`
+      (TPU vector registers), `smem_*` (GPU shared memory: size per SM, bandwidth of all SMs),
+      `register_bytes_per_sm`, `l2_*`.
     """
 
     name: str
@@ -69,6 +76,8 @@ class Chip:
     vmem_bytes: float | None = None
     vmem_bw_bytes_per_s: float | None = None
     smem_bytes_per_sm: float | None = None
+    smem_bw_bytes_per_s: float | None = None
+    vreg_bytes_per_core: float | None = None
     register_bytes_per_sm: float | None = None
     l2_bytes: float | None = None
     l2_bw_bytes_per_s: float | None = None
@@ -93,12 +102,16 @@ class Chip:
     node_egress_bytes_per_s: float | None = None
     scaleup_fabric: str = "NVLink"
     gpus_per_tray: int | None = None
+    nvswitches_per_domain: int | None = None
+    nvswitch_bw_bytes_per_s: float | None = None  # one switch: its NVLink ports x port bandwidth
     # host and datacenter network
     pcie_bw_bytes_per_s: float | None = None
+    host_dram_bytes_per_chip: float | None = None
     dcn_bw_bytes_per_s: float | None = None
     usd_per_hour: float | None = None
     price_source: str = ""
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    vector_ops_per_s: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         for k, v in self.peak_flops_per_s.items():
@@ -158,6 +171,40 @@ class Chip:
         """Peak FLOP/s over HBM bytes/s: the intensity above which an op is compute-bound."""
         return self.peak(dtype, fallback=fallback) / self.hbm_bw_bytes_per_s
 
+    def vector_peak(self, dtype: str = "fp32") -> float:
+        """Vector-unit operations per second for an elementwise op in `dtype` (one op per lane
+        per clock); a dtype the file does not list runs at the fp32 rate (the VPU computes in
+        fp32, book tpus.md)."""
+        table = self.vector_ops_per_s
+        if not table:
+            raise SpecError(
+                f"chip {self.name!r} lists no vector-unit peak",
+                rule="elementwise ops are priced on the vector units, [vector_ops_per_s] in the chip file",
+                fix="add [vector_ops_per_s] fp32 = ... (lanes x clock) to the chip file",
+            )
+        d = parse_dtype(dtype)
+        return float(table[d] if d in table else table.get("fp32", max(table.values())))
+
+    def memory_levels(self) -> list[tuple[str, float | None, float]]:
+        """(name, capacity bytes or None, bandwidth B/s) of each memory level the file gives a
+        bandwidth for, slowest first: host memory over PCIe, HBM, L2, VMEM / SMEM."""
+        out: list[tuple[str, float | None, float]] = []
+        if self.pcie_bw_bytes_per_s is not None:
+            out.append(("host", self.host_dram_bytes_per_chip, self.pcie_bw_bytes_per_s))
+        out.append(("hbm", self.hbm_bytes, self.hbm_bw_bytes_per_s))
+        if self.l2_bw_bytes_per_s is not None:
+            out.append(("l2", self.l2_bytes, self.l2_bw_bytes_per_s))
+        if self.vmem_bw_bytes_per_s is not None:
+            out.append(("vmem", self.vmem_bytes, self.vmem_bw_bytes_per_s))
+        if self.smem_bw_bytes_per_s is not None:
+            smem = (
+                None
+                if self.smem_bytes_per_sm is None
+                else self.smem_bytes_per_sm * (self.sm_count or 0)
+            )
+            out.append(("smem", smem or None, self.smem_bw_bytes_per_s))
+        return out
+
     @property
     def is_tpu(self) -> bool:
         return self.vendor == "google"
@@ -176,6 +223,9 @@ class Chip:
                 else (list(v) if isinstance(v, tuple) else v)
             )
         out["critical_intensity"] = {d: self.critical_intensity(d) for d in self.peak_flops_per_s}
+        out["memory_levels"] = [
+            {"level": n, "bytes": b, "bw_bytes_per_s": w} for n, b, w in self.memory_levels()
+        ]
         out["ici_bidi_bw_bytes_per_s"] = self.ici_bidi_bw_bytes_per_s
         return out
 
@@ -196,6 +246,8 @@ _NUMBER_BOUNDS = {
     "vmem_bytes": 1e12,
     "vmem_bw_bytes_per_s": 1e16,
     "smem_bytes_per_sm": 1e9,
+    "smem_bw_bytes_per_s": 1e16,
+    "vreg_bytes_per_core": 1e9,
     "register_bytes_per_sm": 1e9,
     "l2_bytes": 1e12,
     "l2_bw_bytes_per_s": 1e16,
@@ -206,6 +258,8 @@ _NUMBER_BOUNDS = {
     "nvlink_bw_bytes_per_s": 1e14,
     "node_egress_bytes_per_s": 1e16,
     "pcie_bw_bytes_per_s": 1e14,
+    "nvswitch_bw_bytes_per_s": 1e16,
+    "host_dram_bytes_per_chip": 1e15,
     "dcn_bw_bytes_per_s": 1e14,
     "usd_per_hour": 1e5,
     "hbm_bytes": 1e15,
@@ -221,6 +275,7 @@ _INT_BOUNDS = {
     "ici_axes": (0, 3),
     "nvlink_domain": (1, 1_000_000),
     "gpus_per_tray": (1, 1024),
+    "nvswitches_per_domain": (1, 1024),
 }
 _STR_FIELDS = {"name", "vendor", "generation", "description", "price_source", "scaleup_fabric"}
 _TOPOLOGY_FIELDS = ("pod_topology", "host_topology")
@@ -244,17 +299,17 @@ def _check_keys(data: dict, origin: str) -> None:
         )
 
 
-def _peaks(data: dict, name: str, origin: str) -> MappingProxyType:
-    table = data["peak_flops_per_s"]
+def _peaks(data: dict, name: str, origin: str, key: str = "peak_flops_per_s") -> MappingProxyType:
+    table = data[key]
     if not isinstance(table, dict):
         raise SpecError(
-            f"chip file {origin}: peak_flops_per_s must be a table",
-            fix="write [peak_flops_per_s] with bf16 = ...",
+            f"chip file {origin}: {key} must be a table",
+            fix=f"write [{key}] with bf16 = ...",
         )
     peaks = {}
     for k, v in table.items():
         dt = parse_dtype(k)
-        check_number(f"chip {name!r} (file {origin})", f"peak_flops_per_s.{k}", v, hi=_PEAK_BOUND)
+        check_number(f"chip {name!r} (file {origin})", f"{key}.{k}", v, hi=_PEAK_BOUND)
         peaks[dt] = float(v)
     return MappingProxyType(peaks)
 
@@ -303,6 +358,8 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
         merged["peak_flops_per_s"] = dict(parent.peak_flops_per_s)
         merged.update({k: v for k, v in data.items() if k != "peak_flops_per_s"})
         merged["peak_flops_per_s"].update(data.get("peak_flops_per_s", {}))
+        merged["vector_ops_per_s"] = dict(parent.vector_ops_per_s)
+        merged["vector_ops_per_s"].update(data.get("vector_ops_per_s", {}))
         for k in _TOPOLOGY_FIELDS:
             merged[k] = list(merged.get(k, ()))
         data = merged
@@ -316,6 +373,8 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
     name = check_str(f"chip file {origin}", "name", data["name"], max_chars=256)
     where = f"chip {name!r} (file {origin})"
     data["peak_flops_per_s"] = _peaks(data, name, origin)
+    if "vector_ops_per_s" in data:
+        data["vector_ops_per_s"] = _peaks(data, name, origin, "vector_ops_per_s")
     _typed_fields(data, where)
     axes = data.get("ici_axes", 0)
     if axes not in (0, 1, 2, 3):

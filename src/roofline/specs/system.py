@@ -177,9 +177,17 @@ class System:
     n_slices: int = 1
     topology: tuple[int, ...] = ()  # the ICI shape as written (TPU) or (nodes, gpus per node)
     description: str = ""
+    # host memory, per chip: the host link (PCIe, one way) and the host DRAM behind it; default
+    # from the chip file, a system file may set its own (host_bw_bytes_per_s, host_dram_bytes_per_chip)
+    host_bw_bytes_per_s: float | None = None
+    host_dram_bytes_per_chip: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dims", tuple(self.dims))
+        if self.host_bw_bytes_per_s is None:
+            object.__setattr__(self, "host_bw_bytes_per_s", self.chip.pcie_bw_bytes_per_s)
+        if self.host_dram_bytes_per_chip is None:
+            object.__setattr__(self, "host_dram_bytes_per_chip", self.chip.host_dram_bytes_per_chip)
         if not isinstance(self.n_chips, int) or self.n_chips < 1:
             raise SpecError(
                 f"system {self.name!r}: n_chips = {self.n_chips!r}",
@@ -254,6 +262,8 @@ class System:
             "usd_per_hour": self.usd_per_hour,
             "dims": [d.to_dict() for d in self.dims],
             "description": self.description,
+            "host_bw_bytes_per_s": self.host_bw_bytes_per_s,
+            "host_dram_bytes_per_chip": self.host_dram_bytes_per_chip,
         }
 
 
@@ -784,6 +794,8 @@ def gpu_cluster(
 
 
 _TOML_KEYS = {
+    "host_bw_bytes_per_s",
+    "host_dram_bytes_per_chip",
     "name",
     "base",
     "chip",
@@ -811,6 +823,9 @@ def _check_toml_values(raw: dict, where: str) -> dict:
         out["nodes_per_leaf"] = check_int(
             where, "nodes_per_leaf", out["nodes_per_leaf"], 1, MAX_CHIPS
         )
+    for k, hi in (("host_bw_bytes_per_s", MAX_BW_BYTES_PER_S), ("host_dram_bytes_per_chip", 1e15)):
+        if k in out:
+            out[k] = check_number(where, k, out[k], hi=hi)
     if "usd_per_chip_hour" in out:
         out["usd_per_chip_hour"] = check_number(
             where, "usd_per_chip_hour", out["usd_per_chip_hour"], lo=0.0, lo_open=False, hi=1e5
@@ -929,7 +944,8 @@ def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
             n_slices=slices,
             topology=tuple(d.size for d in dims),
         )
-    changes = {k: raw[k] for k in ("name", "description") if k in raw}
+    keys = ("name", "description", "host_bw_bytes_per_s", "host_dram_bytes_per_chip")
+    changes = {k: raw[k] for k in keys if k in raw}
     if changes:
         system = dataclasses.replace(system, **changes)
     return _apply_options(
