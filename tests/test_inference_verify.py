@@ -13,8 +13,8 @@ jax = pytest.importorskip("jax")
 
 from roofline.core.rules import parse_degrees  # noqa: E402
 from roofline.errors import VerifyError  # noqa: E402
-from roofline.specs.model import ModelSpec
-from roofline.specs.model_catalog import load_model
+from roofline.specs.model import ModelSpec  # noqa: E402
+from roofline.specs.model_catalog import load_model  # noqa: E402
 from roofline.verify.decode import predict_collectives, verify_decode  # noqa: E402
 
 TINY = ModelSpec(

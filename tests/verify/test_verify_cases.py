@@ -21,8 +21,8 @@ import pytest  # noqa: E402
 
 jax = pytest.importorskip("jax")
 
-from roofline.specs.model import MoESpec
-from roofline.specs.model_catalog import load_model
+from roofline.specs.model import MoESpec  # noqa: E402
+from roofline.specs.model_catalog import load_model  # noqa: E402
 from roofline.verify.diff import VerifyResult, verify_matmul, verify_train_step  # noqa: E402
 
 TINY = load_model(
