@@ -42,6 +42,9 @@ STACK_MODULES: tuple[str, ...] = (
     "megatron",
     "nemo",
     "deepspeed",
+    "vllm",
+    "sglang",
+    "trtllm",
 )
 
 

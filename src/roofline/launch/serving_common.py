@@ -1,0 +1,701 @@
+"""What the serving readers share: the engines' defaults tables, their command lines read with
+argparse's own rules, and the one record (`Reading`) each reader fills before it becomes a
+`LaunchConfig` of kind 'serving'.
+
+A serving launch line (`vllm serve`, `python -m sglang.launch_server`, `trtllm-serve`) states one
+server: its GPUs split as tensor x pipeline (x attention-data) parallel, its experts split over
+some of them, its limits (sequences in flight, tokens per step, context length) and its dtypes.
+The project's plan vocabulary is `serve --plan` (tp, pp, dp = attention data parallel inside the
+replica, ep) over `chips` GPUs: the server's GPUs times the replicas it runs (a dense model's
+`--data-parallel-size` copies the whole server).
+
+Each engine's table (`launch/defaults/<engine>.toml`) holds the flags it knows (so a misspelt
+flag is named with the closest one), the defaults it fills (each with its source file and line),
+its quantization methods and KV-cache dtypes in the project's dtype names, and the flags that have
+no bearing on the cost (front end, logging, tokenizer), which are read and named, never an error.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from roofline.errors import RooflineError
+from roofline.launch.base import (
+    Default,
+    LaunchConfig,
+    LaunchError,
+    LaunchKind,
+    LaunchWorkload,
+    Problem,
+    Unsupported,
+    closest_hint,
+)
+
+DEFAULTS_DIR = Path(__file__).parent / "defaults"
+# shell words that end the engine's command (the next command, a pipe, a redirection)
+_COMMAND_END = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", "2>", "2>&1", "1>", "|&"})
+_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_NUMBER = re.compile(r"^-\d+(\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class EngineTable:
+    """One engine's defaults table (launch/defaults/<engine>.toml), flattened."""
+
+    name: str
+    display: str
+    release: str
+    entry: tuple[str, ...]  # how its command starts ('vllm serve', 'sglang.launch_server')
+    value_flags: frozenset[str]
+    switch_flags: frozenset[str]
+    negatable: frozenset[str]
+    aliases: Mapping[str, str]  # alias -> canonical flag
+    inert: frozenset[str]
+    underscores: bool  # `--a_b` is `--a-b`
+    abbreviations: bool  # an unambiguous prefix of a long flag is that flag
+    enable_disable: bool  # `--disable-x` negates `--enable-x` (and back)
+    defaults: Mapping[str, tuple[Any, str]]  # key -> (value, source)
+    quantization: Mapping[str, tuple[str, str]]  # method -> (weights, compute)
+    kv_cache_dtype: Mapping[str, str]  # value -> dtype ('' = auto)
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def known(self) -> frozenset[str]:
+        return self.value_flags | self.switch_flags | frozenset(self.aliases)
+
+    def default(self, key: str) -> Default:
+        value, source = self.defaults[key]
+        return Default(key, value, source)
+
+
+@cache
+def load_table(name: str) -> EngineTable:
+    """The defaults table of engine `name` (vllm, sglang, trtllm)."""
+    raw = tomllib.loads((DEFAULTS_DIR / f"{name}.toml").read_text())
+    flags, legacy = raw.get("flags", {}), raw.get("legacy", {})
+    return EngineTable(
+        name=raw["name"],
+        display=raw["display"],
+        release=raw["release"],
+        entry=tuple(raw["entry"]),
+        value_flags=frozenset(flags.get("value", ())) | frozenset(legacy.get("value", ())),
+        switch_flags=frozenset(flags.get("switch", ())) | frozenset(legacy.get("switch", ())),
+        negatable=frozenset(flags.get("negatable", ())),
+        aliases=dict(flags.get("aliases", {})),
+        inert=frozenset(raw.get("inert", {}).get("flags", ())),
+        underscores=bool(raw.get("underscores")),
+        abbreviations=bool(raw.get("abbreviations")),
+        enable_disable=bool(raw.get("enable_disable")),
+        defaults={k: (v["value"], v["source"]) for k, v in raw.get("defaults", {}).items()},
+        quantization={k: (v[0], v[1]) for k, v in raw.get("quantization", {}).items()},
+        kv_cache_dtype=dict(raw.get("kv_cache_dtype", {})),
+        raw=raw,
+    )
+
+
+# ------------------------------------------------------------------------------ the command line
+
+
+_HEREDOC = re.compile(
+    r"^[^\n]*?<<-?\s*(['\"]?)(\w+)\1[^\n]*\n(.*?)^\s*\2\s*$",
+    re.M | re.S,
+)
+_TARGET = re.compile(r">\s*([^\s<>;&|]+)")
+
+
+def heredocs(text: str) -> tuple[str, dict[str, str]]:
+    """(the script without its here-documents, file name -> body of each `cat > F <<EOF`)."""
+    files: dict[str, str] = {}
+
+    def cut(m: re.Match[str]) -> str:
+        first = m.group(0).split("\n", 1)[0]
+        target = _TARGET.search(first.replace("<<", "  "))
+        if target:
+            files[Path(target.group(1).strip("\"'")).name] = m.group(3)
+        return "\n"
+
+    return _HEREDOC.sub(cut, text), files
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The script's lines with backslash continuations joined."""
+    return re.sub(r"\\\r?\n", " ", text).splitlines()
+
+
+def _words(line: str) -> list[str]:
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    lex.commenters = "#"
+    try:
+        return list(lex)
+    except ValueError as e:  # an unclosed quote
+        raise LaunchError(
+            f"cannot split the line {line.strip()[:80]!r} into words: {e}",
+            rule="a launch line is a shell command (quotes closed, `\\` to continue a line)",
+            fix="close the quote",
+        ) from None
+
+
+def _expand(word: str, env: Mapping[str, str]) -> str:
+    """$NAME and ${NAME} from the script's own simple `NAME=value` lines (others kept)."""
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        return env.get(name, m.group(0))
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)", sub, word)
+
+
+def _entry_at(words: Sequence[str], entry: str) -> int | None:
+    """Index just past the entry point `entry` ('vllm serve', 'sglang.launch_server') in words."""
+    parts = entry.split()
+    for i in range(len(words) - len(parts) + 1):
+        window = [Path(w).name if j == 0 else w for j, w in enumerate(words[i : i + len(parts)])]
+        if window == parts:
+            return i + len(parts)
+    return None
+
+
+def command_words(text: str, table: EngineTable, source: str) -> list[str]:
+    """The words after the engine's entry point in the first line that runs it, with the
+    script's `NAME=value` variables expanded; a LaunchError when no line runs it."""
+    env: dict[str, str] = {}
+    for line in _logical_lines(heredocs(text)[0]):
+        m = _ASSIGN.match(line.strip())
+        if m and " " not in m.group(2).strip().strip("\"'"):
+            env[m.group(1)] = _expand(m.group(2).strip().strip("\"'"), env)
+            continue
+        words = [_expand(w, env) for w in _words(line)] if line.strip() else []
+        for entry in table.entry:
+            at = _entry_at(words, entry)
+            if at is not None:
+                rest = words[at:]
+                end = next((i for i, w in enumerate(rest) if w in _COMMAND_END), len(rest))
+                return rest[:end]
+    raise LaunchError(
+        f"{source}: no line runs {table.display} (looked for {' or '.join(table.entry)})",
+        rule=f"a {table.display} launch file is the shell command that starts its server",
+        fix=f"give the file with the `{table.entry[0]} ...` line, or name its stack with --stack",
+    )
+
+
+# ------------------------------------------------------------------------------ argparse's rules
+
+
+@dataclass
+class Args:
+    """A command line read by the engine's flag rules: positionals, and canonical flag -> value
+    (True/False for switches, a string, a list for several words, a dict for `--x.key v`)."""
+
+    positionals: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _spelling(name: str, table: EngineTable) -> str:
+    if table.underscores and name.startswith("--"):
+        head, dot, tail = name[2:].partition(".")
+        return "--" + head.replace("_", "-") + dot + tail
+    return name
+
+
+def _negated(name: str, table: EngineTable) -> str | None:
+    """The flag `name` switches off (`--no-x`; `--disable-x` for `--enable-x`), or None."""
+    if name.startswith("--no-") and "--" + name[5:] in table.negatable:
+        return "--" + name[5:]
+    if table.enable_disable:
+        for a, b in (("--disable-", "--enable-"), ("--enable-", "--disable-")):
+            if name.startswith(a) and b + name[len(a) :] in table.negatable:
+                return b + name[len(a) :]
+    return None
+
+
+def _abbreviation(name: str, table: EngineTable, source: str) -> str | None:
+    if not (table.abbreviations and name.startswith("--")):
+        return None
+    hits = sorted({table.aliases.get(k, k) for k in table.known if k.startswith(name)})
+    if len(hits) > 1:
+        raise LaunchError(
+            f"{source}: {name} is ambiguous in {table.display}: it abbreviates {', '.join(hits[:6])}",
+            rule=f"{table.display} reads a flag prefix only when one flag starts with it (argparse)",
+            fix=f"write the whole flag, e.g. {hits[0]}",
+        )
+    return hits[0] if hits else None
+
+
+def resolve_flag(written: str, table: EngineTable, source: str) -> tuple[str, bool | None]:
+    """(canonical flag, False when the spelling negates a switch else None) or a LaunchError
+    naming the closest known flag."""
+    name = _spelling(written, table)
+    if name in table.known:
+        return table.aliases.get(name, name), None
+    off = _negated(name, table)
+    if off is not None:
+        return off, False
+    full = _abbreviation(name, table, source)
+    if full is not None:
+        return full, None
+    raise LaunchError(
+        f"{source}: unknown {table.display} flag {written}{closest_hint(name, sorted(table.known))}",
+        rule=f"flags are those {table.release} takes (launch/defaults/{table.name}.toml)",
+        fix="correct the flag, or drop it",
+    )
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("-") and len(word) > 1 and not _NUMBER.match(word)
+
+
+def _dotted(args: Args, flag: str, keys: list[str], value: Any) -> None:
+    """`--speculative-config.num_speculative_tokens 3` sets one key of a JSON flag."""
+    node = args.options.setdefault(flag, {})
+    if not isinstance(node, dict):
+        node = args.options[flag] = {}
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+
+
+def parse_args(words: Sequence[str], table: EngineTable, source: str) -> Args:
+    """Read `words` as the engine's parser does (see the table's rules); extra words after a
+    value flag join its value (list flags take several)."""
+    args, i, last = Args(), 0, None
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not _is_flag(word):
+            if last is not None:
+                prev = args.options[last]
+                args.options[last] = [*(prev if isinstance(prev, list) else [prev]), word]
+            else:
+                args.positionals.append(word)
+            continue
+        head, eq, value = word.partition("=")
+        base, dot, sub = head.partition(".") if head.startswith("--") else (head, "", "")
+        flag, negate = resolve_flag(base, table, source)
+        last = None
+        if flag in table.switch_flags and not dot:
+            if eq:
+                raise LaunchError(
+                    f"{source}: {base} is a switch and takes no value (got {word!r})",
+                    rule=f"{table.display} switches are on when written, off when left out",
+                    fix=f"write {base} alone",
+                )
+            args.options[flag] = negate is None
+            continue
+        if not eq:
+            if i >= len(words) or _is_flag(words[i]):
+                raise LaunchError(
+                    f"{source}: {base} needs a value and none follows",
+                    rule=f"{table.display}'s {flag} takes one argument",
+                    fix=f"write {flag} VALUE",
+                )
+            value, i = words[i], i + 1
+        if dot:
+            _dotted(args, flag, _spelling("--" + sub, table)[2:].split("."), value)
+        else:
+            args.options[flag], last = value, flag
+    return args
+
+
+# ------------------------------------------------------------------------------ values
+
+
+def human_int(text: Any) -> int:
+    """'8192', '32k' (x1000), '32K' (x1024), '1.5k' -> int; ValueError otherwise (the engines'
+    human_readable_int: vllm/engine/arg_utils.py at v0.33.0)."""
+    s = str(text).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG])", s)
+    if not m:
+        return int(s)
+    num, suffix = m.groups()
+    if suffix in "kmg":
+        return int(float(num) * {"k": 10**3, "m": 10**6, "g": 10**9}[suffix])
+    return int(num) * {"K": 2**10, "M": 2**20, "G": 2**30}[suffix]
+
+
+# a quantized checkpoint's name is its base model's with the format appended
+_QUANT_SUFFIX = re.compile(
+    r"([-_](fp8|fp4|nvfp4|mxfp4|awq|gptq|int4|int8|w8a8|w4a16|dynamic|block|v\d))+$", re.I
+)
+
+
+def model_spec(ref: str | None) -> Any:
+    """The catalog's (or a local config.json's) model for `ref` (or for the base model of a
+    quantized checkpoint's name, 'nvidia/DeepSeek-R1-FP4' -> DeepSeek-R1), else None."""
+    if not ref:
+        return None
+    from roofline.specs.model import load_model
+
+    for name in dict.fromkeys((str(ref), _QUANT_SUFFIX.sub("", str(ref).rstrip("/")))):
+        try:
+            return load_model(name)
+        except (RooflineError, OSError, ValueError):
+            continue
+    return None
+
+
+def is_moe(ref: str | None) -> bool | None:
+    """Whether the model `ref` names has experts (None: the catalog does not know it)."""
+    spec = model_spec(ref)
+    return None if spec is None else spec.moe is not None
+
+
+@cache
+def _checkpoint_rules() -> tuple[tuple[str, str, str, str], ...]:
+    raw = tomllib.loads((DEFAULTS_DIR / "checkpoints.toml").read_text())
+    rows = [*raw.get("native", ()), *raw.get("name", ())]
+    return tuple((r["pattern"], r["weights"], r["compute"], r["source"]) for r in rows)
+
+
+def checkpoint_quant(ref: str | None) -> tuple[str, str, str] | None:
+    """(weights, compute, source) of a checkpoint that is not bf16, from launch/defaults/
+    checkpoints.toml; None for a bf16 checkpoint (or one whose format its name does not say)."""
+    tail = str(ref or "").strip().rstrip("/")
+    for pattern, weights, compute, source in _checkpoint_rules():
+        if re.search(pattern, tail, re.IGNORECASE):
+            return weights, compute, source
+    return None
+
+
+# ------------------------------------------------------------------------------ the reading
+
+
+@dataclass
+class Reading:
+    """What one serving reader gathers: the replica's degrees, limits and dtypes in the
+    project's vocabulary, and every default, unexpressed setting and problem on the way."""
+
+    table: EngineTable
+    source: str
+    options: dict[str, Any] = field(default_factory=dict)  # canonical key -> value as written
+    used: set[str] = field(default_factory=set)
+    model: str | None = None
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1  # attention data parallel inside the replica
+    ep: int = 1
+    replicas: int = 1
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_batched_tokens: int | None = None
+    weights: str | None = None
+    compute: str | None = None
+    kv: str | None = None
+    draft: int | None = None
+    defaults: list[Default] = field(default_factory=list)
+    unsupported: list[Unsupported] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    def take(self, *keys: str) -> Any:
+        """The first of `keys` the file sets (marked as read), or None."""
+        for k in keys:
+            if k in self.options:
+                self.used.add(k)
+                return self.options[k]
+        return None
+
+    def fill(self, key: str) -> Any:
+        """The table's default for `key`, recorded as filled."""
+        d = self.table.default(key)
+        self.defaults.append(d)
+        return d.value
+
+    def integer(self, key: str, value: Any, *, lo: int = 1, human: bool = False) -> int:
+        """`value` of `key` as a whole number >= lo, or a LaunchError naming the rule."""
+        try:
+            n = human_int(value) if human else int(str(value).strip())
+        except ValueError:
+            n = None
+        if n is None or n < lo:
+            raise LaunchError(
+                f"{self.source}: {key} {value!r}",
+                rule=f"{self.table.display}'s {key} is a whole number >= {lo}"
+                + (" (32k = 32000, 32K = 32768)" if human else ""),
+                fix=f"write e.g. {key} {max(lo, 8)}",
+            )
+        return n
+
+    def degree(self, key: str, *flags: str) -> int:
+        """A parallel degree: the first of `flags` the file sets, else the table's default for
+        `key` (recorded)."""
+        v = self.take(*flags)
+        return self.fill(key) if v is None else self.integer(flags[0], v)
+
+    def choice(self, flag: str, value: Any, table: Mapping[str, Any]) -> Any:
+        """`value` of `flag` looked up in `table`, or a LaunchError naming the closest."""
+        key = str(value).strip()
+        if key in table:
+            return table[key]
+        raise LaunchError(
+            f"{self.source}: {flag} {key!r}{closest_hint(key, sorted(table))}",
+            rule=f"{self.table.display}'s {flag} is one of " + ", ".join(sorted(table)),
+            fix=f"write one of those after {flag}",
+        )
+
+    def quantization(self, flag: str, method: Any) -> None:
+        """Weights and compute dtype from the engine's --quantization (or the checkpoint)."""
+        if method is None:
+            self._checkpoint_quant()
+            return
+        pair = self.table.quantization.get(str(method))
+        if pair is None:
+            self.unsupported.append(
+                Unsupported(flag, method, "a method the project has no dtype for: costed at bf16")
+            )
+            return
+        self.weights, self.compute = pair
+
+    def _checkpoint_quant(self) -> None:
+        self.defaults.append(self.table.default("quantization"))
+        found = checkpoint_quant(self.model)
+        if found is not None:
+            self.weights, self.compute, source = found
+            self.defaults.append(Default("weights", found[0], source))
+
+    def kv_dtype(self, flag: str, value: Any) -> None:
+        """The KV dtype from the engine's KV-cache flag ('auto' and None: the engine's rule)."""
+        if value is None:
+            self.fill("kv_cache_dtype")
+            return
+        self.kv = self.choice(flag, value, self.table.kv_cache_dtype) or None
+
+    def check_moe_split(self, key: str) -> None:
+        """A problem when the experts' split does not divide the GPUs that run attention."""
+        if (self.tp * self.dp) % self.ep:
+            self.problems.append(
+                Problem(
+                    key,
+                    f"the experts are split {self.ep} ways over tp x dp = {self.tp * self.dp} "
+                    "GPUs, which it does not divide",
+                )
+            )
+
+    def rest_unsupported(self) -> None:
+        """Every flag the reader did not map, named (never dropped)."""
+        for key, value in self.options.items():
+            if key in self.used:
+                continue
+            reason = (
+                "front-end, logging, tokenizer or kernel-selection setting: not a cost input"
+                if key in self.table.inert
+                else f"a {self.table.display} setting `serve --plan` has no input for"
+            )
+            self.unsupported.append(Unsupported(key, value, reason))
+
+
+def _engine_kv(stack: str, weights: str) -> str:
+    from roofline.specs.engines import load_engine
+
+    return load_engine(stack).kv_dtype_for(weights)
+
+
+def _chips_problem(r: Reading, file_chips: int, chips: int | None) -> None:
+    if chips is not None and chips != file_chips:
+        r.problems.append(
+            Problem(
+                "chips",
+                f"the launch line runs {file_chips} GPU(s) "
+                f"({r.tp * r.pp * r.dp} per server x {r.replicas} replica(s)) "
+                f"but {chips} were given",
+            )
+        )
+
+
+def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> LaunchConfig:
+    """The LaunchConfig of a finished Reading (plan, workload, options, notes)."""
+    weights = r.weights or "bf16"
+    kv = r.kv or _engine_kv(stack, weights)
+    plan = {"tp": str(r.tp)}
+    plan.update({k: str(v) for k, v in (("pp", r.pp), ("dp", r.dp), ("ep", r.ep)) if v > 1})
+    options = {
+        "engine": stack,
+        "weight_dtype": weights,
+        "kv_dtype": kv,
+        "compute_dtype": r.compute or "bf16",
+    }
+    if r.draft:
+        options["draft"] = str(r.draft)
+    file_chips = r.tp * r.pp * r.dp * r.replicas
+    _chips_problem(r, file_chips, chips)
+    r.rest_unsupported()
+    return LaunchConfig(
+        stack=stack,
+        kind=LaunchKind.SERVING,
+        source=r.source,
+        model=r.model,
+        serve_plan=plan,
+        workload=LaunchWorkload(
+            max_model_len=r.max_model_len,
+            max_num_seqs=r.max_num_seqs,
+            max_batched_tokens=r.max_batched_tokens,
+        ),
+        chips=file_chips,
+        options=options,
+        settings=dict(r.options),
+        defaults=tuple(r.defaults),
+        unsupported=tuple(r.unsupported),
+        problems=tuple(r.problems),
+    )
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """A serving LaunchConfig's plan as numbers, for the writers."""
+
+    model: str
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    replicas: int
+    weights: str
+    kv: str
+    compute: str
+    draft: int | None
+
+
+def _int_of(config: LaunchConfig, key: str, text: Any) -> int:
+    try:
+        n = int(str(text))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise LaunchError(
+            f"the {config.stack} export: {key}={text!r}",
+            rule="degrees, replicas and draft lengths are whole numbers >= 1",
+            fix=f"give {key} as a positive whole number",
+        )
+    return n
+
+
+def serving_plan(config: LaunchConfig, stack: str) -> ServingPlan:
+    """The numbers a writer needs, or a LaunchError naming what is missing."""
+    if config.kind != LaunchKind.SERVING or not config.model:
+        what = "a serving plan" if config.kind != LaunchKind.SERVING else "a model"
+        raise LaunchError(
+            f"cannot write a {stack} launch line: the plan has no {what.split()[-1]}",
+            rule=f"a {stack} launch line serves one model with a serving plan (tp, pp, dp, ep)",
+            fix="export with serve's inputs: --model NAME --plan tp=8",
+        )
+    deg = {k: _int_of(config, k, config.serve_plan.get(k, 1)) for k in ("tp", "pp", "dp", "ep")}
+    per = deg["tp"] * deg["pp"] * deg["dp"]
+    chips = config.chips or per
+    if chips % per:
+        raise LaunchError(
+            f"cannot write a {stack} launch line: {chips} GPUs do not hold whole servers of {per}",
+            rule="the GPUs run a whole number of replicas of the plan (tp x pp x dp GPUs each)",
+            fix=f"use a multiple of {per} GPUs",
+        )
+    opt = config.options
+    draft = opt.get("draft")
+    return ServingPlan(
+        model=config.model,
+        replicas=chips // per,
+        weights=str(opt.get("weight_dtype") or "bf16"),
+        kv=str(opt.get("kv_dtype") or "bf16"),
+        compute=str(opt.get("compute_dtype") or "bf16"),
+        draft=_int_of(config, "draft", draft) if draft not in (None, "", "0") else None,
+        **deg,
+    )
+
+
+def quant_method(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
+    """The engine's --quantization for the plan's dtypes (None: bf16 or the checkpoint's own)."""
+    if p.weights == "bf16" and p.compute == "bf16":
+        return None
+    own = checkpoint_quant(p.model)
+    if own is not None and own[:2] == (p.weights, p.compute):
+        return None
+    for method, pair in table.quantization.items():
+        if pair == (p.weights, p.compute):
+            return method
+    raise LaunchError(
+        f"cannot write a {stack} launch line: it has no quantization method for "
+        f"{p.weights} weights with {p.compute} compute",
+        rule=f"{table.display}'s methods (launch/defaults/{table.name}.toml): "
+        + ", ".join(f"{m} = {w}/{c}" for m, (w, c) in sorted(table.quantization.items())[:8])
+        + ", ...",
+        fix="choose a weight/compute dtype pair the engine serves, or a checkpoint in that format",
+    )
+
+
+def kv_value(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
+    """The engine's KV-cache dtype value for the plan (None when its default gives it)."""
+    if p.kv == _engine_kv(stack, p.weights):
+        return None
+    for value, dtype in table.kv_cache_dtype.items():
+        if dtype == p.kv:
+            return value
+    raise LaunchError(
+        f"cannot write a {stack} launch line: it has no KV-cache dtype {p.kv}",
+        rule=f"{table.display}'s KV-cache dtypes: "
+        + ", ".join(sorted(v for v in table.kv_cache_dtype if v != "auto")),
+        fix="choose one of those",
+    )
+
+
+_REPLICAS = re.compile(r"^\s*#\s*roofline export:\s*(\d+) replicas of this server", re.M)
+
+
+def replicas_comment(n: int, gpus: int) -> str:
+    """The header an export writes when the plan runs several copies of one server."""
+    return (
+        f"# roofline export: {n} replicas of this server ({gpus} GPUs in all): "
+        "run this command on each group of GPUs, behind one load balancer\n"
+    )
+
+
+def replicas_in(text: str) -> int | None:
+    """The replica count of an export's header, or None."""
+    m = _REPLICAS.search(text)
+    return int(m.group(1)) if m else None
+
+
+def shell_line(words: Sequence[str]) -> str:
+    """One command, a flag (with its value) per continued line."""
+    head, rest = [], list(words)
+    while rest and not rest[0].startswith("--"):
+        head.append(shlex.quote(rest.pop(0)))
+    lines, cur = [" ".join(head)], []
+    for w in rest:
+        if w.startswith("-") and cur:
+            lines.append(" ".join(cur))
+            cur = []
+        cur.append(shlex.quote(w))
+    if cur:
+        lines.append(" ".join(cur))
+    return " \\\n  ".join(lines) + "\n"
+
+
+__all__ = [
+    "Args",
+    "EngineTable",
+    "Reading",
+    "ServingPlan",
+    "checkpoint_quant",
+    "command_words",
+    "heredocs",
+    "human_int",
+    "is_moe",
+    "kv_value",
+    "load_table",
+    "model_spec",
+    "parse_args",
+    "quant_method",
+    "replicas_comment",
+    "replicas_in",
+    "resolve_flag",
+    "serving_config",
+    "serving_plan",
+    "shell_line",
+]
