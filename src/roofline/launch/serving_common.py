@@ -113,12 +113,15 @@ _TARGET = re.compile(r">\s*([^\s<>;&|]+)")
 def heredocs(text: str) -> tuple[str, dict[str, str]]:
     """(the script without its here-documents, file name -> body of each `cat > F <<EOF`)."""
     files: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        _assign(env, {}, line)
 
     def cut(m: re.Match[str]) -> str:
         first = m.group(0).split("\n", 1)[0]
         target = _TARGET.search(first.replace("<<", "  "))
         if target:
-            files[Path(target.group(1).strip("\"'")).name] = m.group(3)
+            files[Path(_expand(target.group(1).strip("\"'"), env)).name] = m.group(3)
         return "\n"
 
     return _HEREDOC.sub(cut, text), files
@@ -163,27 +166,54 @@ def _entry_at(words: Sequence[str], entry: str) -> int | None:
     return None
 
 
-def command_words(text: str, table: EngineTable, source: str) -> list[str]:
+def _assign(env: dict[str, str], seen: dict[str, list[str]], line: str) -> bool:
+    """Record a simple `NAME=value` line (a value without spaces); False for other lines."""
+    m = _ASSIGN.match(line.strip())
+    if not m or " " in m.group(2).strip().strip("\"'"):
+        return False
+    value = _expand(m.group(2).strip().strip("\"'"), env)
+    env[m.group(1)] = value
+    seen.setdefault(m.group(1), []).append(value)
+    return True
+
+
+def command_words(text: str, table: EngineTable, source: str) -> tuple[list[str], list[Problem]]:
     """The words after the engine's entry point in the first line that runs it, with the
-    script's `NAME=value` variables expanded; a LaunchError when no line runs it."""
+    script's `NAME=value` variables expanded (the last assignment before the line wins; a
+    variable the line uses that is assigned different values is named as a problem), or a
+    LaunchError when no line runs it."""
     env: dict[str, str] = {}
+    seen: dict[str, list[str]] = {}
     for line in _logical_lines(heredocs(text)[0]):
-        m = _ASSIGN.match(line.strip())
-        if m and " " not in m.group(2).strip().strip("\"'"):
-            env[m.group(1)] = _expand(m.group(2).strip().strip("\"'"), env)
+        if _assign(env, seen, line):
             continue
-        words = [_expand(w, env) for w in _words(line)] if line.strip() else []
+        raw = _words(line) if line.strip() else []
         for entry in table.entry:
-            at = _entry_at(words, entry)
-            if at is not None:
-                rest = words[at:]
-                end = next((i for i, w in enumerate(rest) if w in _COMMAND_END), len(rest))
-                return rest[:end]
+            at = _entry_at(raw, entry)
+            if at is None:
+                continue
+            rest = raw[at:]
+            end = next((i for i, w in enumerate(rest) if w in _COMMAND_END), len(rest))
+            words = [_expand(w, env) for w in rest[:end]]
+            return [w for w in words if w], _reassigned(rest[:end], seen)
     raise LaunchError(
         f"{source}: no line runs {table.display} (looked for {' or '.join(table.entry)})",
         rule=f"a {table.display} launch file is the shell command that starts its server",
         fix=f"give the file with the `{table.entry[0]} ...` line, or name its stack with --stack",
     )
+
+
+def _reassigned(words: Sequence[str], seen: Mapping[str, list[str]]) -> list[Problem]:
+    used = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", " ".join(words)))
+    return [
+        Problem(
+            f"${name}",
+            f"the script sets {name} to {', '.join(map(repr, dict.fromkeys(vals)))} "
+            f"(in branches it cannot choose between); read as the last, {vals[-1]!r}",
+        )
+        for name, vals in seen.items()
+        if name in used and len(set(vals)) > 1
+    ]
 
 
 # ------------------------------------------------------------------------------ argparse's rules
@@ -196,6 +226,7 @@ class Args:
 
     positionals: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
 
 
 def _spelling(name: str, table: EngineTable) -> str:
@@ -216,31 +247,40 @@ def _negated(name: str, table: EngineTable) -> str | None:
     return None
 
 
-def _abbreviation(name: str, table: EngineTable, source: str) -> str | None:
+def _abbreviation(name: str, table: EngineTable, source: str) -> tuple[str, ...]:
+    """The flags `name` abbreviates (argparse allow_abbrev): one, several of one kind (a
+    published line that ran under a release with fewer flags), or a LaunchError when they
+    differ in kind (switch and value), which no parse can settle."""
     if not (table.abbreviations and name.startswith("--")):
-        return None
-    hits = sorted({table.aliases.get(k, k) for k in table.known if k.startswith(name)})
-    if len(hits) > 1:
+        return ()
+    hits = tuple(sorted({table.aliases.get(k, k) for k in table.known if k.startswith(name)}))
+    kinds = {h in table.switch_flags for h in hits}
+    if len(kinds) > 1:
         raise LaunchError(
             f"{source}: {name} is ambiguous in {table.display}: it abbreviates {', '.join(hits[:6])}",
             rule=f"{table.display} reads a flag prefix only when one flag starts with it (argparse)",
             fix=f"write the whole flag, e.g. {hits[0]}",
         )
-    return hits[0] if hits else None
+    return hits
 
 
-def resolve_flag(written: str, table: EngineTable, source: str) -> tuple[str, bool | None]:
-    """(canonical flag, False when the spelling negates a switch else None) or a LaunchError
-    naming the closest known flag."""
+def resolve_flag(
+    written: str, table: EngineTable, source: str
+) -> tuple[str, bool | None, tuple[str, ...]]:
+    """(canonical flag, False when the spelling negates a switch else None, the flags an
+    ambiguous abbreviation could mean) or a LaunchError naming the closest known flag. An
+    ambiguous abbreviation comes back as written, with its candidates."""
     name = _spelling(written, table)
     if name in table.known:
-        return table.aliases.get(name, name), None
+        return table.aliases.get(name, name), None, ()
     off = _negated(name, table)
     if off is not None:
-        return off, False
-    full = _abbreviation(name, table, source)
-    if full is not None:
-        return full, None
+        return off, False, ()
+    hits = _abbreviation(name, table, source)
+    if len(hits) == 1:
+        return hits[0], None, ()
+    if hits:
+        return name, None, hits
     raise LaunchError(
         f"{source}: unknown {table.display} flag {written}{closest_hint(name, sorted(table.known))}",
         rule=f"flags are those {table.release} takes (launch/defaults/{table.name}.toml)",
@@ -278,9 +318,13 @@ def parse_args(words: Sequence[str], table: EngineTable, source: str) -> Args:
             continue
         head, eq, value = word.partition("=")
         base, dot, sub = head.partition(".") if head.startswith("--") else (head, "", "")
-        flag, negate = resolve_flag(base, table, source)
+        flag, negate, could = resolve_flag(base, table, source)
         last = None
-        if flag in table.switch_flags and not dot:
+        if could:
+            args.problems.append(
+                Problem(base, f"abbreviates {', '.join(could)} (the release it ran under had one)")
+            )
+        if (could[0] if could else flag) in table.switch_flags and not dot:
             if eq:
                 raise LaunchError(
                     f"{source}: {base} is a switch and takes no value (got {word!r})",
@@ -347,21 +391,45 @@ def is_moe(ref: str | None) -> bool | None:
     return None if spec is None else spec.moe is not None
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint's own dtypes (launch/defaults/checkpoints.toml); kv '' = the engine's rule."""
+
+    weights: str
+    compute: str
+    kv: str
+    source: str
+
+
 @cache
-def _checkpoint_rules() -> tuple[tuple[str, str, str, str], ...]:
+def _checkpoint_rules() -> tuple[tuple[str, Checkpoint], ...]:
     raw = tomllib.loads((DEFAULTS_DIR / "checkpoints.toml").read_text())
     rows = [*raw.get("native", ()), *raw.get("name", ())]
-    return tuple((r["pattern"], r["weights"], r["compute"], r["source"]) for r in rows)
+    return tuple(
+        (r["pattern"], Checkpoint(r["weights"], r["compute"], r.get("kv", ""), r["source"]))
+        for r in rows
+    )
 
 
-def checkpoint_quant(ref: str | None) -> tuple[str, str, str] | None:
-    """(weights, compute, source) of a checkpoint that is not bf16, from launch/defaults/
-    checkpoints.toml; None for a bf16 checkpoint (or one whose format its name does not say)."""
+def checkpoint_quant(ref: str | None) -> Checkpoint | None:
+    """The dtypes of a checkpoint that is not bf16, from launch/defaults/checkpoints.toml; None
+    for a bf16 checkpoint (or one whose format its name does not say)."""
     tail = str(ref or "").strip().rstrip("/")
-    for pattern, weights, compute, source in _checkpoint_rules():
+    for pattern, found in _checkpoint_rules():
         if re.search(pattern, tail, re.IGNORECASE):
-            return weights, compute, source
+            return found
     return None
+
+
+def default_kv(stack: str, model: str | None, weights: str) -> str:
+    """The KV dtype an engine runs when the launch line leaves it to the engine ('auto'): the
+    checkpoint's declared KV dtype, else the engine's rule for checkpoints of these weights."""
+    own = checkpoint_quant(model)
+    if own is not None and own.kv and own.weights == weights:
+        return own.kv
+    from roofline.specs.engines import load_engine
+
+    return load_engine(stack).kv_dtype_for(weights)
 
 
 # ------------------------------------------------------------------------------ the reading
@@ -456,8 +524,8 @@ class Reading:
         self.defaults.append(self.table.default("quantization"))
         found = checkpoint_quant(self.model)
         if found is not None:
-            self.weights, self.compute, source = found
-            self.defaults.append(Default("weights", found[0], source))
+            self.weights, self.compute = found.weights, found.compute
+            self.defaults.append(Default("weights", found.weights, found.source))
 
     def kv_dtype(self, flag: str, value: Any) -> None:
         """The KV dtype from the engine's KV-cache flag ('auto' and None: the engine's rule)."""
@@ -490,12 +558,6 @@ class Reading:
             self.unsupported.append(Unsupported(key, value, reason))
 
 
-def _engine_kv(stack: str, weights: str) -> str:
-    from roofline.specs.engines import load_engine
-
-    return load_engine(stack).kv_dtype_for(weights)
-
-
 def _chips_problem(r: Reading, file_chips: int, chips: int | None) -> None:
     if chips is not None and chips != file_chips:
         r.problems.append(
@@ -511,7 +573,7 @@ def _chips_problem(r: Reading, file_chips: int, chips: int | None) -> None:
 def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> LaunchConfig:
     """The LaunchConfig of a finished Reading (plan, workload, options, notes)."""
     weights = r.weights or "bf16"
-    kv = r.kv or _engine_kv(stack, weights)
+    kv = r.kv or default_kv(stack, r.model, weights)
     plan = {"tp": str(r.tp)}
     plan.update({k: str(v) for k, v in (("pp", r.pp), ("dp", r.dp), ("ep", r.ep)) if v > 1})
     options = {
@@ -614,7 +676,7 @@ def quant_method(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
     if p.weights == "bf16" and p.compute == "bf16":
         return None
     own = checkpoint_quant(p.model)
-    if own is not None and own[:2] == (p.weights, p.compute):
+    if own is not None and (own.weights, own.compute) == (p.weights, p.compute):
         return None
     for method, pair in table.quantization.items():
         if pair == (p.weights, p.compute):
@@ -631,7 +693,7 @@ def quant_method(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
 
 def kv_value(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
     """The engine's KV-cache dtype value for the plan (None when its default gives it)."""
-    if p.kv == _engine_kv(stack, p.weights):
+    if p.kv == default_kv(stack, p.model, p.weights):
         return None
     for value, dtype in table.kv_cache_dtype.items():
         if dtype == p.kv:
@@ -682,7 +744,9 @@ __all__ = [
     "EngineTable",
     "Reading",
     "ServingPlan",
+    "Checkpoint",
     "checkpoint_quant",
+    "default_kv",
     "command_words",
     "heredocs",
     "human_int",

@@ -85,9 +85,10 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
     """The serving LaunchConfig of a `trtllm-serve` script (with its YAML) or of the YAML alone."""
     table = load_table(STACK)
     r = Reading(table, source)
-    if _RUNS.search(text):
-        args = parse_args(command_words(text, table, source), table, source)
-        r.options = dict(args.options)
+    if not isinstance(_yaml_or_none(text), dict):
+        words, notes = command_words(text, table, source)
+        args = parse_args(words, table, source)
+        r.options, r.problems = dict(args.options), notes + args.problems
         r.model = _model(r, args.positionals)
         r.options.update(_extra_options(r, text))
     else:
@@ -286,10 +287,11 @@ def write(config: LaunchConfig) -> str:
 
 
 def _check_quant(p: ServingPlan) -> None:
-    own = checkpoint_quant(p.model) or ("bf16", "bf16", "")
-    if (p.weights, p.compute) != own[:2]:
+    own = checkpoint_quant(p.model)
+    weights, compute = (own.weights, own.compute) if own else ("bf16", "bf16")
+    if (p.weights, p.compute) != (weights, compute):
         raise LaunchError(
-            f"TensorRT-LLM serves {p.model} in its checkpoint's own format ({own[0]} weights), "
+            f"TensorRT-LLM serves {p.model} in its checkpoint's own format ({weights} weights), "
             f"not {p.weights} weights with {p.compute} compute",
             rule="trtllm-serve reads the quantization from the checkpoint (hf_quant_config.json); "
             "it has no flag to quantize at load",

@@ -53,8 +53,9 @@ def sniff(text: str, path: str = "") -> int:
 def read(text: str, *, source: str = "<text>", chips: int | None = None) -> LaunchConfig:
     """The serving LaunchConfig of the first `vllm serve` line in `text`."""
     table = load_table(STACK)
-    args = parse_args(command_words(text, table, source), table, source)
-    r = Reading(table, source, options=dict(args.options))
+    words, notes = command_words(text, table, source)
+    args = parse_args(words, table, source)
+    r = Reading(table, source, options=dict(args.options), problems=notes + args.problems)
     r.model = _model(r, args.positionals)
     _parallel(r, replicas_in(text))
     _limits(r)

@@ -1,0 +1,100 @@
+"""The serving test data: launch files restated from real published launch lines
+(tests/data/launch/serving/MANIFEST.toml cites each), each imported to the plan its engine's
+documentation implies, each export imported back to the same plan, and each plan one that
+`roofline serve --plan` takes and costs."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from roofline.cli import main
+from roofline.launch import LaunchKind, read_launch, write_launch
+from roofline.launch.base import stack_module
+from roofline.serving.inference import Quant, parse_serve_plan
+
+DATA = Path(__file__).parents[1] / "data" / "launch" / "serving"
+CASES = tomllib.loads((DATA / "MANIFEST.toml").read_text())["case"]
+WORKLOAD_KEYS = ("max_num_seqs", "max_batched_tokens", "max_model_len")
+SERVING = ("vllm", "sglang", "trtllm")
+
+
+def _read(case: dict):
+    path = DATA / case["file"]
+    return read_launch(path.read_text(), source=str(path), stack=case["stack"])
+
+
+def test_every_file_is_in_the_manifest_with_a_source():
+    files = {
+        p.relative_to(DATA).as_posix() for p in DATA.rglob("*") if p.suffix in (".sh", ".yaml")
+    }
+    assert files == {c["file"] for c in CASES}
+    for c in CASES:
+        repo_path, _, commit = c["follows"].partition(" @")
+        assert "/" in repo_path and len(commit.split()[0]) == 40, c["follows"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
+def test_imports_to_the_documented_plan(case):
+    cfg = _read(case)
+    want = case["expect"]
+    assert cfg.kind == LaunchKind.SERVING and cfg.stack == case["stack"]
+    assert cfg.serve_plan_text == want["plan"]
+    assert cfg.chips == want["chips"]
+    for k in ("weight_dtype", "kv_dtype", "compute_dtype"):
+        assert cfg.options[k] == want[k], k
+    assert cfg.options.get("draft") == (str(want["draft"]) if "draft" in want else None)
+    for k in WORKLOAD_KEYS:
+        assert getattr(cfg.workload, k) == want.get(k), k
+    assert len(cfg.problems) == want["problems"], [p.message for p in cfg.problems]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
+def test_the_format_is_told_apart(case):
+    """Its own engine claims the file and the other serving engines do not (the training
+    stacks' sniffers are tested with their readers; detect_stack takes the highest score)."""
+    path = DATA / case["file"]
+    text = path.read_text()
+    scores = {s: stack_module(s).sniff(text, str(path)) for s in SERVING}
+    assert scores.pop(case["stack"]) > 0
+    assert set(scores.values()) == {0}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
+def test_export_imports_back_to_the_same_plan(case):
+    cfg = _read(case)
+    again = read_launch(write_launch(cfg, case["stack"]), stack=case["stack"])
+    assert again.serve_plan == cfg.serve_plan
+    assert again.chips == cfg.chips
+    assert again.model == cfg.model
+    for k in ("weight_dtype", "kv_dtype", "compute_dtype", "draft"):
+        assert again.options.get(k) == cfg.options.get(k), k
+    for k in WORKLOAD_KEYS:
+        assert getattr(again.workload, k) == getattr(cfg.workload, k), k
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
+def test_the_plan_is_one_serve_takes(case):
+    cfg = _read(case)
+    plan = parse_serve_plan(cfg.serve_plan_text)
+    assert cfg.chips % plan.chips == 0  # whole replicas of the plan
+    Quant(cfg.options["weight_dtype"], cfg.options["kv_dtype"], cfg.options["compute_dtype"])
+
+
+def test_serve_costs_an_imported_plan(capsys):
+    """The DP8+EP DeepSeek line, handed to `serve --plan` with the dtypes it read: a decode step
+    of 64 sequences per rank costs, and the plan serve reports is the one imported."""
+    case = next(c for c in CASES if c["file"] == "vllm/deepseek-r1-h200-dp8-ep.sh")
+    cfg = _read(case)
+    o = cfg.options
+    argv = ["serve", "--model", "deepseek-v3", "--system", f"h200:{cfg.chips}"]
+    argv += ["--plan", cfg.serve_plan_text, "--batch", "64", "--context", "2048"]
+    argv += ["--weight-dtype", o["weight_dtype"], "--kv-dtype", o["kv_dtype"]]
+    argv += ["--compute-dtype", o["compute_dtype"], "--engine", o["engine"], "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    plan = doc["result"]["plan"] if "result" in doc else doc["plan"]
+    assert (plan["tp"], plan["dp"], plan["ep"]) == (1, 8, 8)
