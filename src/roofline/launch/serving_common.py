@@ -58,6 +58,7 @@ class EngineTable:
     negatable: frozenset[str]
     aliases: Mapping[str, str]  # alias -> canonical flag
     inert: frozenset[str]
+    prefer: tuple[str, ...]  # what an abbreviation later releases made ambiguous meant before
     underscores: bool  # `--a_b` is `--a-b`
     abbreviations: bool  # an unambiguous prefix of a long flag is that flag
     enable_disable: bool  # `--disable-x` negates `--enable-x` (and back)
@@ -90,6 +91,7 @@ def load_table(name: str) -> EngineTable:
         negatable=frozenset(flags.get("negatable", ())),
         aliases=dict(flags.get("aliases", {})),
         inert=frozenset(raw.get("inert", {}).get("flags", ())),
+        prefer=tuple(flags.get("prefer", ())),
         underscores=bool(raw.get("underscores")),
         abbreviations=bool(raw.get("abbreviations")),
         enable_disable=bool(raw.get("enable_disable")),
@@ -279,6 +281,9 @@ def resolve_flag(
     hits = _abbreviation(name, table, source)
     if len(hits) == 1:
         return hits[0], None, ()
+    meant = [h for h in hits if h in table.prefer]
+    if len(meant) == 1:
+        return meant[0], None, hits
     if hits:
         return name, None, hits
     raise LaunchError(
@@ -321,8 +326,12 @@ def parse_args(words: Sequence[str], table: EngineTable, source: str) -> Args:
         flag, negate, could = resolve_flag(base, table, source)
         last = None
         if could:
+            read_as = f"read as {flag}" if flag != base else "read as written"
             args.problems.append(
-                Problem(base, f"abbreviates {', '.join(could)} (the release it ran under had one)")
+                Problem(
+                    base,
+                    f"abbreviates {', '.join(could)} (the release it ran under had one): {read_as}",
+                )
             )
         if (could[0] if could else flag) in table.switch_flags and not dot:
             if eq:
@@ -342,7 +351,7 @@ def parse_args(words: Sequence[str], table: EngineTable, source: str) -> Args:
                 )
             value, i = words[i], i + 1
         if dot:
-            _dotted(args, flag, _spelling("--" + sub, table)[2:].split("."), value)
+            _dotted(args, flag, sub.split("."), value)  # keys after the dot as written
         else:
             args.options[flag], last = value, flag
     return args
@@ -684,9 +693,9 @@ def quant_method(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
     raise LaunchError(
         f"cannot write a {stack} launch line: it has no quantization method for "
         f"{p.weights} weights with {p.compute} compute",
-        rule=f"{table.display}'s methods (launch/defaults/{table.name}.toml): "
-        + ", ".join(f"{m} = {w}/{c}" for m, (w, c) in sorted(table.quantization.items())[:8])
-        + ", ...",
+        rule=f"{table.display}'s methods give (weights/compute): "
+        + ", ".join(sorted({f"{w}/{c}" for w, c in table.quantization.values()}))
+        + f" (launch/defaults/{table.name}.toml)",
         fix="choose a weight/compute dtype pair the engine serves, or a checkpoint in that format",
     )
 

@@ -85,7 +85,8 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
     """The serving LaunchConfig of a `trtllm-serve` script (with its YAML) or of the YAML alone."""
     table = load_table(STACK)
     r = Reading(table, source)
-    if not isinstance(_yaml_or_none(text), dict):
+    doc = _yaml_or_none(text)
+    if not isinstance(doc, dict) and (_RUNS.search(text) or not isinstance(doc, list)):
         words, notes = command_words(text, table, source)
         args = parse_args(words, table, source)
         r.options, r.problems = dict(args.options), notes + args.problems
