@@ -17,6 +17,8 @@ no bearing on the cost (front end, logging, tokenizer), which are read and named
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
 import shlex
 import tomllib
@@ -40,7 +42,7 @@ from roofline.launch.base import (
 
 DEFAULTS_DIR = Path(__file__).parent / "defaults"
 # shell words that end the engine's command (the next command, a pipe, a redirection)
-_COMMAND_END = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", "2>", "2>&1", "1>", "|&"})
+_COMMAND_END = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", ">&", "<&", "&>", ">|", "|&"})
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _NUMBER = re.compile(r"^-\d+(\.\d+)?$")
 
@@ -115,15 +117,15 @@ _TARGET = re.compile(r">\s*([^\s<>;&|]+)")
 def heredocs(text: str) -> tuple[str, dict[str, str]]:
     """(the script without its here-documents, file name -> body of each `cat > F <<EOF`)."""
     files: dict[str, str] = {}
-    env: dict[str, str] = {}
+    env = _Env()
     for line in text.splitlines():
-        _assign(env, {}, line)
+        env.line(line)
 
     def cut(m: re.Match[str]) -> str:
         first = m.group(0).split("\n", 1)[0]
         target = _TARGET.search(first.replace("<<", "  "))
         if target:
-            files[Path(_expand(target.group(1).strip("\"'"), env)).name] = m.group(3)
+            files[Path(_expand(target.group(1).strip("\"'"), env.values)).name] = m.group(3)
         return "\n"
 
     return _HEREDOC.sub(cut, text), files
@@ -134,7 +136,46 @@ def _logical_lines(text: str) -> list[str]:
     return re.sub(r"\\\r?\n", " ", text).splitlines()
 
 
+_SUBST = re.compile(r"\$\(\(([^()]*)\)\)|\$\(([^()]*)\)|`([^`]*)`")
+
+
+def _opaque(m: re.Match[str]) -> str:
+    """A command substitution kept as one word (it runs at launch); an arithmetic expansion
+    kept whole for `_expand` to evaluate."""
+    if m.group(1) is not None:
+        return "'$((" + m.group(1) + "))'"
+    body = m.group(2) if m.group(2) is not None else m.group(3)
+    return "'$(" + re.sub(r"['\"]", "", body) + ")'"
+
+
+_ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def _arith(expr: str, env: Mapping[str, str]) -> str | None:
+    """`$((dp * 512))` with the script's integer variables: + - * / of whole numbers (as bash)."""
+    text = re.sub(r"\$?\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), "x"), expr)
+    try:
+        tree = ast.parse(text.replace("/", "//"), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
+            return _ARITH_OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
+            return int(ev(node.left) / ev(node.right))
+        raise ValueError(node)
+
+    try:
+        return str(ev(tree))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
 def _words(line: str) -> list[str]:
+    line = _SUBST.sub(_opaque, line)
     lex = shlex.shlex(line, posix=True, punctuation_chars=True)
     lex.whitespace_split = True
     lex.commenters = "#"
@@ -149,7 +190,9 @@ def _words(line: str) -> list[str]:
 
 
 def _expand(word: str, env: Mapping[str, str]) -> str:
-    """$NAME and ${NAME} from the script's own simple `NAME=value` lines (others kept)."""
+    """$NAME, ${NAME} and $((arithmetic)) from the script's own `NAME=value` lines (what
+    reading cannot know is kept as written)."""
+    word = re.sub(r"\$\(\(([^()]*)\)\)", lambda m: _arith(m.group(1), env) or m.group(0), word)
 
     def sub(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2)
@@ -159,7 +202,11 @@ def _expand(word: str, env: Mapping[str, str]) -> str:
 
 
 def _entry_at(words: Sequence[str], entry: str) -> int | None:
-    """Index just past the entry point `entry` ('vllm serve', 'sglang.launch_server') in words."""
+    """Index just past the entry point `entry` ('vllm serve', 'sglang.launch_server') in words;
+    'image:NAME' is a container image whose entry point is the server (`docker run ... IMAGE`)."""
+    if entry.startswith("image:"):
+        image = re.compile(r"(\S+/)?" + re.escape(entry[6:]) + r"(:\S+)?")
+        return next((i + 1 for i, w in enumerate(words) if image.fullmatch(w)), None)
     parts = entry.split()
     for i in range(len(words) - len(parts) + 1):
         window = [Path(w).name if j == 0 else w for j, w in enumerate(words[i : i + len(parts)])]
@@ -168,26 +215,68 @@ def _entry_at(words: Sequence[str], entry: str) -> int | None:
     return None
 
 
-def _assign(env: dict[str, str], seen: dict[str, list[str]], line: str) -> bool:
-    """Record a simple `NAME=value` line (a value without spaces); False for other lines."""
-    m = _ASSIGN.match(line.strip())
-    if not m or " " in m.group(2).strip().strip("\"'"):
-        return False
-    value = _expand(m.group(2).strip().strip("\"'"), env)
-    env[m.group(1)] = value
-    seen.setdefault(m.group(1), []).append(value)
-    return True
+_QUOTED = re.compile(r"^(['\"])(.*)\1$", re.S)
+_RUNTIME = re.compile(r"\$[0-9@*#?]|\$\((?!\()|`")  # known only when the script runs
+_OPEN = re.compile(r"^(if|case|for|while|until)\b")
+_CLOSE = re.compile(r"^(fi|esac|done)\b")
+
+
+@dataclass
+class _Env:
+    """The script's variables as far as reading can know them: `NAME=value` lines in order.
+    An assignment inside an if / case / loop block counts only when none outside one exists
+    (reading cannot tell which branch runs); every value set is kept for the problem report."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, list[str]] = field(default_factory=dict)
+    plain: set[str] = field(default_factory=set)  # names set outside any block
+    depth: int = 0
+
+    def line(self, line: str) -> bool:
+        """Take one logical line: True when it is an assignment (or block keyword) only."""
+        text = line.strip()
+        if _CLOSE.match(text):
+            self.depth = max(self.depth - 1, 0)
+        opens = bool(_OPEN.match(text)) and not re.search(r"\b(fi|esac|done)\s*$", text)
+        assigned = self._assign(text)
+        self.depth += opens
+        return assigned
+
+    def _assign(self, text: str) -> bool:
+        m = _ASSIGN.match(text)
+        if not m:
+            return False
+        raw = m.group(2).strip()
+        q = _QUOTED.match(raw)
+        if q is None and re.search(r"\s", raw):
+            return False  # `NAME=x cmd ...` sets NAME for that command only
+        if _RUNTIME.search(raw):
+            return True  # `$1`, `$(cmd)`: known only when the script runs
+        name, value = m.group(1), _expand(q.group(2) if q else raw, self.values)
+        self.seen.setdefault(name, []).append(value)
+        if self.depth == 0 or name not in self.plain:
+            self.values[name] = value
+        if self.depth == 0:
+            self.plain.add(name)
+        return True
+
+
+def _expand_word(word: str, env: Mapping[str, str]) -> list[str]:
+    """One word after expansion: an unquoted `$ARGS` holding several words splits into them."""
+    value = _expand(word, env)
+    if value != word and re.fullmatch(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", word):
+        return _words(value)
+    return [value] if value else []
 
 
 def command_words(text: str, table: EngineTable, source: str) -> tuple[list[str], list[Problem]]:
     """The words after the engine's entry point in the first line that runs it, with the
-    script's `NAME=value` variables expanded (the last assignment before the line wins; a
-    variable the line uses that is assigned different values is named as a problem), or a
-    LaunchError when no line runs it."""
-    env: dict[str, str] = {}
-    seen: dict[str, list[str]] = {}
+    script's `NAME=value` variables expanded (see `_Env`; a variable the line uses that the
+    script sets to different values is named as a problem), or a LaunchError when no line
+    runs it."""
+    env = _Env()
     for line in _logical_lines(heredocs(text)[0]):
-        if _assign(env, seen, line):
+        if env.line(line):
             continue
         raw = _words(line) if line.strip() else []
         for entry in table.entry:
@@ -195,9 +284,9 @@ def command_words(text: str, table: EngineTable, source: str) -> tuple[list[str]
             if at is None:
                 continue
             rest = raw[at:]
-            end = next((i for i, w in enumerate(rest) if w in _COMMAND_END), len(rest))
-            words = [_expand(w, env) for w in rest[:end]]
-            return [w for w in words if w], _reassigned(rest[:end], seen)
+            end = next((i for i, w in enumerate(rest) if _ends(rest, i)), len(rest))
+            words = [x for w in rest[:end] for x in _expand_word(w, env.values)]
+            return words, _reassigned(rest[:end], env)
     raise LaunchError(
         f"{source}: no line runs {table.display} (looked for {' or '.join(table.entry)})",
         rule=f"a {table.display} launch file is the shell command that starts its server",
@@ -205,17 +294,36 @@ def command_words(text: str, table: EngineTable, source: str) -> tuple[list[str]
     )
 
 
-def _reassigned(words: Sequence[str], seen: Mapping[str, list[str]]) -> list[Problem]:
+def _ends(words: Sequence[str], i: int) -> bool:
+    """Whether words[i] ends the command: an operator, or the fd number of a redirection."""
+    if words[i] in _COMMAND_END:
+        return True
+    nxt = words[i + 1] if i + 1 < len(words) else ""
+    return words[i].isdigit() and nxt[:1] in (">", "<")
+
+
+def _reassigned(words: Sequence[str], env: _Env) -> list[Problem]:
+    """A problem for each variable the command uses that the script sets to different values."""
     used = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", " ".join(words)))
-    return [
-        Problem(
-            f"${name}",
-            f"the script sets {name} to {', '.join(map(repr, dict.fromkeys(vals)))} "
-            f"(in branches it cannot choose between); read as the last, {vals[-1]!r}",
-        )
-        for name, vals in seen.items()
-        if name in used and len(set(vals)) > 1
-    ]
+    out = []
+    for name, vals in env.seen.items():
+        if name in used and len(set(vals)) > 1:
+            distinct = list(dict.fromkeys(vals))
+            shown = (
+                "to " + ", ".join(map(repr, distinct))
+                if sum(map(len, distinct)) <= 120
+                else f"{len(distinct)} different ways"
+            )
+            which = "the value set outside any branch" if name in env.plain else "the last"
+            out.append(
+                Problem(
+                    f"${name}",
+                    f"the script sets {name} {shown} (in branches reading cannot choose "
+                    f"between); read as {which}"
+                    + (f", {env.values[name]!r}" if len(env.values[name]) <= 60 else ""),
+                )
+            )
+    return out
 
 
 # ------------------------------------------------------------------------------ argparse's rules

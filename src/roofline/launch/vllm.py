@@ -42,7 +42,9 @@ from roofline.launch.serving_common import (
 
 STACK = "vllm"
 KIND = "serving"
-_RUNS = re.compile(r"(^|[\s/])vllm\s+serve\b|vllm\.entrypoints\.openai\.api_server", re.M)
+_RUNS = re.compile(
+    r"(^|[\s/])vllm\s+serve\b|vllm\.entrypoints\.openai\.api_server|\svllm/vllm-openai\b", re.M
+)
 
 
 def sniff(text: str, path: str = "") -> int:
