@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from roofline.cli import main
-from roofline.launch import LaunchKind, read_launch, write_launch
+from roofline.launch import LaunchError, LaunchKind, read_launch, write_launch
 from roofline.launch.base import stack_module
+from roofline.launch.serving_common import from_serve, model_spec, serve_argv
 from roofline.serving.inference import Quant, parse_serve_plan
 
 DATA = Path(__file__).parents[1] / "data" / "launch" / "serving"
@@ -98,3 +99,37 @@ def test_serve_costs_an_imported_plan(capsys):
     doc = json.loads(capsys.readouterr().out)
     plan = doc["result"]["plan"] if "result" in doc else doc["plan"]
     assert (plan["tp"], plan["dp"], plan["ep"]) == (1, 8, 8)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
+def test_serve_costs_every_imported_plan_as_read(case, capsys):
+    """serve_argv hands `roofline serve` the plan, dtypes and engine the file states; one decode
+    step of 8 sequences costs on H200s, with the plan serve reports the one imported."""
+    cfg = _read(case)
+    if model_spec(cfg.model) is None:
+        pytest.skip(f"the catalog has no {cfg.model}: import asks for --model")
+    argv = ["serve", *serve_argv(cfg), "--system", f"h200:{cfg.chips}"]
+    argv += ["--batch", "8", "--context", "1024", "--json"]
+    argv += ["--draft", cfg.options["draft"]] if "draft" in cfg.options else []
+    assert main(argv) == 0, argv
+    doc = json.loads(capsys.readouterr().out)
+    plan = doc["result"]["plan"] if "result" in doc else doc["plan"]
+    assert plan["spec"] == parse_serve_plan(cfg.serve_plan_text).describe()
+
+
+@pytest.mark.parametrize("stack", SERVING)
+def test_from_serve_inputs_round_trip(stack):
+    """export's inputs (model, serve's parsed plan, GPUs, dtypes) -> the engine's file -> the
+    same plan (the checkpoint's own dtypes when none is given)."""
+    plan = parse_serve_plan("tp=1,dp=8,ep=8").to_dict()
+    cfg = from_serve(stack, model="deepseek-ai/DeepSeek-V3", plan=plan, chips=16, draft=2)
+    assert cfg.options["weight_dtype"] == "fp8_block" and cfg.options["compute_dtype"] == "fp8"
+    back = read_launch(write_launch(cfg, stack), stack=stack)
+    assert (back.serve_plan, back.chips) == ({"tp": "1", "dp": "8", "ep": "8"}, 16)
+    assert back.options == cfg.options
+
+
+def test_from_serve_refuses_the_books_kv_layout():
+    plan = parse_serve_plan("tp=16,kv=heads_batch").to_dict()
+    with pytest.raises(LaunchError, match="KV layout"):
+        from_serve("vllm", model="llama-3.1-70b", plan=plan)

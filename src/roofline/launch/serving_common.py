@@ -481,9 +481,11 @@ def human_int(text: Any) -> int:
     return int(num) * {"K": 2**10, "M": 2**20, "G": 2**30}[suffix]
 
 
-# a quantized checkpoint's name is its base model's with the format appended
+# a quantized checkpoint's name is its base model's with the format appended; a dated
+# re-release (DeepSeek-R1-0528, DeepSeek-V3-0324) keeps its architecture
 _QUANT_SUFFIX = re.compile(
-    r"([-_](fp8|fp4|nvfp4|mxfp4|awq|gptq|int4|int8|w8a8|w4a16|dynamic|block|v\d))+$", re.I
+    r"([-_](fp8|fp4|nvfp4|mxfp4|awq|gptq|int4|int8|w8a8|w4a16|dynamic|block|v\d|\d{4}))+$",
+    re.I,
 )
 
 
@@ -724,6 +726,83 @@ def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> Launc
     )
 
 
+# ------------------------------------------------------------------------------ to and from serve
+
+
+def _plan_dict(stack: str, plan: Mapping[str, Any]) -> dict[str, str]:
+    """tp/pp/dp/ep of a serving plan's `to_dict()` (serving.inference.ServePlan); a KV layout
+    other than the engines' own (heads) is a LaunchError."""
+    layout = str(plan.get("kv_layout", "heads"))
+    if layout != "heads":
+        raise LaunchError(
+            f"cannot write a {stack} launch line for the KV layout {layout!r}",
+            rule="the engines shard the KV cache by heads over their tensor-parallel GPUs; "
+            "the book's heads-then-batch layout is not a launch flag",
+            fix="export the plan with kv=heads (the default)",
+        )
+    out = {k: str(plan[k]) for k in ("tp", "pp", "dp", "ep") if k in plan}
+    out.setdefault("tp", "1")
+    return {k: v for k, v in out.items() if k == "tp" or v != "1"}
+
+
+def from_serve(
+    stack: str,
+    *,
+    model: str,
+    plan: Mapping[str, Any],
+    chips: int | None = None,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    compute_dtype: str | None = None,
+    draft: int | None = None,
+    workload: LaunchWorkload | None = None,
+) -> LaunchConfig:
+    """The serving LaunchConfig of `serve`'s inputs (what `export --to vllm|sglang|trtllm`
+    writes): the model as the engine will load it, the plan (`parse_serve_plan(...).to_dict()`),
+    the GPUs in all (whole replicas of the plan) and the dtypes (left out: the checkpoint's
+    own, and the engine's KV rule for it)."""
+    own = checkpoint_quant(model)
+    weights = weight_dtype or (own.weights if own else "bf16")
+    compute = compute_dtype or (own.compute if own and own.weights == weights else "bf16")
+    options = {
+        "engine": stack,
+        "weight_dtype": weights,
+        "kv_dtype": kv_dtype or default_kv(stack, model, weights),
+        "compute_dtype": compute,
+    }
+    if draft:
+        options["draft"] = str(draft)
+    return LaunchConfig(
+        stack=stack,
+        kind=LaunchKind.SERVING,
+        source="roofline export",
+        model=model,
+        serve_plan=_plan_dict(stack, plan),
+        chips=chips,
+        options=options,
+        workload=workload or LaunchWorkload(),
+    )
+
+
+def serve_argv(config: LaunchConfig) -> list[str]:
+    """The `roofline serve` arguments that cost a serving LaunchConfig exactly as read: the
+    model (the catalog's name for it where the catalog knows it), the plan, the dtypes and the
+    engine (the caller adds --system and the load, or
+    --batch / --context, with --draft from options['draft'] for one decode step)."""
+    if config.kind != LaunchKind.SERVING:
+        raise LaunchError(
+            f"{config.source} is a {config.kind.value} launch",
+            rule="serve costs serving launch files",
+            fix="cost it with roofline import (train's one-plan path)",
+        )
+    o = config.options
+    spec = model_spec(config.model)
+    model = spec.name if spec is not None else str(config.model)
+    argv = ["--model", model, "--plan", config.serve_plan_text]
+    argv += ["--weight-dtype", o["weight_dtype"], "--kv-dtype", o["kv_dtype"]]
+    return argv + ["--compute-dtype", o["compute_dtype"], "--engine", o["engine"]]
+
+
 # ------------------------------------------------------------------------------ writing
 
 
@@ -875,7 +954,9 @@ __all__ = [
     "quant_method",
     "replicas_comment",
     "replicas_in",
+    "from_serve",
     "resolve_flag",
+    "serve_argv",
     "serving_config",
     "serving_plan",
     "shell_line",
