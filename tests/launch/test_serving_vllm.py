@@ -78,6 +78,13 @@ def test_quantization_and_kv_flags():
     assert (awq.options["weight_dtype"], awq.options["compute_dtype"]) == ("int4", "bf16")
 
 
+def test_quantizing_at_load_leaves_the_kv_cache_in_the_models_dtype():
+    """`-q fp8` on a bf16 checkpoint quantizes the weights at load; the KV cache stays bf16
+    ('auto' follows the checkpoint). A ModelOpt FP8 checkpoint declares an FP8 cache."""
+    assert read("vllm serve meta-llama/Llama-3.1-70B-Instruct -q fp8").options["kv_dtype"] == "bf16"
+    assert read("vllm serve nvidia/Llama-3.3-70B-Instruct-FP8").options["kv_dtype"] == "fp8"
+
+
 def test_checkpoint_name_gives_the_weights_when_no_flag_does():
     cfg = read("vllm serve nvidia/Llama-3.3-70B-Instruct-FP4")
     assert (cfg.options["weight_dtype"], cfg.options["compute_dtype"]) == ("nvfp4", "fp4")

@@ -540,15 +540,17 @@ def checkpoint_quant(ref: str | None) -> Checkpoint | None:
     return None
 
 
-def default_kv(stack: str, model: str | None, weights: str) -> str:
-    """The KV dtype an engine runs when the launch line leaves it to the engine ('auto'): the
-    checkpoint's declared KV dtype, else the engine's rule for checkpoints of these weights."""
+def default_kv(stack: str, model: str | None) -> str:
+    """The KV dtype an engine runs when the launch line leaves it to the engine ('auto'): what
+    the checkpoint declares, else the engine's rule for a checkpoint of its weights (a ModelOpt
+    FP8/NVFP4 checkpoint runs an FP8 cache). Quantizing at load (`--quantization fp8` on a bf16
+    checkpoint) leaves the cache in the model's dtype: the rule follows the checkpoint."""
     own = checkpoint_quant(model)
-    if own is not None and own.kv and own.weights == weights:
+    if own is not None and own.kv:
         return own.kv
     from roofline.specs.engines import load_engine
 
-    return load_engine(stack).kv_dtype_for(weights)
+    return load_engine(stack).kv_dtype_for(own.weights if own else "bf16")
 
 
 # ------------------------------------------------------------------------------ the reading
@@ -692,7 +694,7 @@ def _chips_problem(r: Reading, file_chips: int, chips: int | None) -> None:
 def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> LaunchConfig:
     """The LaunchConfig of a finished Reading (plan, workload, options, notes)."""
     weights = r.weights or "bf16"
-    kv = r.kv or default_kv(stack, r.model, weights)
+    kv = r.kv or default_kv(stack, r.model)
     plan = {"tp": str(r.tp)}
     plan.update({k: str(v) for k, v in (("pp", r.pp), ("dp", r.dp), ("ep", r.ep)) if v > 1})
     options = {
@@ -767,7 +769,7 @@ def from_serve(
     options = {
         "engine": stack,
         "weight_dtype": weights,
-        "kv_dtype": kv_dtype or default_kv(stack, model, weights),
+        "kv_dtype": kv_dtype or default_kv(stack, model),
         "compute_dtype": compute,
     }
     if draft:
@@ -889,7 +891,7 @@ def quant_method(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
 
 def kv_value(p: ServingPlan, table: EngineTable, stack: str) -> str | None:
     """The engine's KV-cache dtype value for the plan (None when its default gives it)."""
-    if p.kv == default_kv(stack, p.model, p.weights):
+    if p.kv == default_kv(stack, p.model):
         return None
     for value, dtype in table.kv_cache_dtype.items():
         if dtype == p.kv:
