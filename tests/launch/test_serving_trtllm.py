@@ -71,6 +71,11 @@ def test_speculative_configs(spec, draft):
     assert read(f"tensor_parallel_size: 8\nspeculative_config: {spec}\n").options["draft"] == draft
 
 
+def test_the_earlier_top_level_kv_cache_dtype_reads_too():
+    cfg = read("tensor_parallel_size: 8\nkv_cache_dtype: fp8\nuse_cuda_graph: true\n")
+    assert cfg.options["kv_dtype"] == "fp8"
+
+
 def test_defaults_cite_the_serve_command():
     cfg = read(f"{M} --tp_size 8")
     by_key = {d.key: d for d in cfg.defaults}

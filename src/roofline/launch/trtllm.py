@@ -98,8 +98,9 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
     _parallel(r, replicas_in(text))
     _limits(r)
     r.quantization("quantization", None)
-    kv = r.take("kv_cache_config")
-    r.kv_dtype("kv_cache_config.dtype", _kv_dtype(r, kv))
+    kv = _kv_dtype(r, r.take("kv_cache_config"))
+    old = r.take("kv_cache_dtype")  # TorchLlmArgs.kv_cache_dtype before kv_cache_config.dtype
+    r.kv_dtype("kv_cache_config.dtype", kv if kv is not None else old)
     _speculative(r)
     r.check_moe_split("--ep_size")
     return serving_config(r, STACK, chips=chips)
