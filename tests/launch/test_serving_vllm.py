@@ -51,6 +51,13 @@ def test_unknown_model_dp_is_read_as_replicas_and_said_so():
     assert [p.key for p in cfg.problems] == ["--data-parallel-size"]
 
 
+def test_the_model_may_follow_the_flags():
+    """argparse takes a word no flag consumes as the positional model_tag."""
+    assert read("vllm serve --port 8000 meta-llama/Llama-3.1-8B-Instruct -tp 2").model == (
+        "meta-llama/Llama-3.1-8B-Instruct"
+    )
+
+
 def test_human_readable_lengths():
     """vLLM's human_readable_int: 32k = 32000, 32K = 32768."""
     assert read("vllm serve x --max-model-len 32k").workload.max_model_len == 32000
@@ -150,7 +157,9 @@ def test_chips_given_that_differ_from_the_line_are_a_problem():
         ("vllm serve x --tensor-paralel-size 8", ["unknown vLLM flag", "--tensor-parallel-size"]),
         ("vllm serve x --max-num-seq 8 --max-num-seqz 4", ["unknown", "--max-num-seqs"]),
         ("vllm serve x -tp eight", ["--tensor-parallel-size", "eight", "whole number"]),
-        ("vllm serve x -tp 0", ["whole number >= 1"]),
+        ("vllm serve x -tp 0", ["whole number from 1 to 2^30"]),
+        ("vllm serve x -tp 8 4", ["given 2 values"]),
+        ("vllm serve x --max-model-len 1e12", ["1e12"]),
         ("vllm serve x --kv-cache-dtype fp9", ["fp9", "closest known"]),
         ("vllm serve x --max-model-len", ["needs a value"]),
         ("vllm serve x --enforce-eager=yes", ["switch"]),

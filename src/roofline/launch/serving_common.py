@@ -45,6 +45,9 @@ DEFAULTS_DIR = Path(__file__).parent / "defaults"
 _COMMAND_END = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", ">&", "<&", "&>", ">|", "|&"})
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _NUMBER = re.compile(r"^-\d+(\.\d+)?$")
+# No degree, limit or length a server is launched with is past 2^30 (serve's own bound on every
+# size: beyond it nothing served is physical); a larger number is a typo.
+MAX_COUNT = 2**30
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class EngineTable:
     underscores: bool  # `--a_b` is `--a-b`
     abbreviations: bool  # an unambiguous prefix of a long flag is that flag
     enable_disable: bool  # `--disable-x` negates `--enable-x` (and back)
+    positionals: int  # positional arguments the command takes (the model)
     defaults: Mapping[str, tuple[Any, str]]  # key -> (value, source)
     quantization: Mapping[str, tuple[str, str]]  # method -> (weights, compute)
     kv_cache_dtype: Mapping[str, str]  # value -> dtype ('' = auto)
@@ -97,6 +101,7 @@ def load_table(name: str) -> EngineTable:
         underscores=bool(raw.get("underscores")),
         abbreviations=bool(raw.get("abbreviations")),
         enable_disable=bool(raw.get("enable_disable")),
+        positionals=int(raw.get("positionals", 0)),
         defaults={k: (v["value"], v["source"]) for k, v in raw.get("defaults", {}).items()},
         quantization={k: (v[0], v[1]) for k, v in raw.get("quantization", {}).items()},
         kv_cache_dtype=dict(raw.get("kv_cache_dtype", {})),
@@ -416,14 +421,15 @@ def _dotted(args: Args, flag: str, keys: list[str], value: Any) -> None:
 
 
 def parse_args(words: Sequence[str], table: EngineTable, source: str) -> Args:
-    """Read `words` as the engine's parser does (see the table's rules); extra words after a
-    value flag join its value (list flags take several)."""
+    """Read `words` as the engine's parser does (see the table's rules): a word that is no
+    flag's value is the engine's positional argument (the model) while it takes one, else it
+    joins the value before it (list flags take several)."""
     args, i, last = Args(), 0, None
     while i < len(words):
         word = words[i]
         i += 1
         if not _is_flag(word):
-            if last is not None:
+            if last is not None and len(args.positionals) >= table.positionals:
                 prev = args.options[last]
                 args.options[last] = [*(prev if isinstance(prev, list) else [prev]), word]
             else:
@@ -583,11 +589,19 @@ class Reading:
     problems: list[Problem] = field(default_factory=list)
 
     def take(self, *keys: str) -> Any:
-        """The first of `keys` the file sets (marked as read), or None."""
+        """The first of `keys` the file sets (marked as read), or None; a LaunchError when it
+        gives several values (`--tp 8 4`, a YAML list) where the engine takes one."""
         for k in keys:
             if k in self.options:
                 self.used.add(k)
-                return self.options[k]
+                v = self.options[k]
+                if isinstance(v, list):
+                    raise LaunchError(
+                        f"{self.source}: {k} is given {len(v)} values ({' '.join(map(str, v))[:60]})",
+                        rule=f"{self.table.display}'s {k} takes one value",
+                        fix=f"give {k} one value",
+                    )
+                return v
         return None
 
     def fill(self, key: str) -> Any:
@@ -602,10 +616,10 @@ class Reading:
             n = human_int(value) if human else int(str(value).strip())
         except ValueError:
             n = None
-        if n is None or n < lo:
+        if n is None or n < lo or n > MAX_COUNT:
             raise LaunchError(
                 f"{self.source}: {key} {value!r}",
-                rule=f"{self.table.display}'s {key} is a whole number >= {lo}"
+                rule=f"{self.table.display}'s {key} is a whole number from {lo} to 2^30"
                 + (" (32k = 32000, 32K = 32768)" if human else ""),
                 fix=f"write e.g. {key} {max(lo, 8)}",
             )

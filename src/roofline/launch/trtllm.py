@@ -94,7 +94,14 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         r.options.update(_extra_options(r, text))
     else:
         r.options = _yaml_options(r, text)
-        r.model = r.take("model")
+        model = r.take("model")
+        if model is not None and not isinstance(model, str):
+            raise LaunchError(
+                f"{source}: model: {model!r}",
+                rule="the LLM API's model is a hub id or a checkpoint path (a string)",
+                fix="write model: deepseek-ai/DeepSeek-R1",
+            )
+        r.model = model
     _parallel(r, replicas_in(text))
     _limits(r)
     r.quantization("quantization", None)
