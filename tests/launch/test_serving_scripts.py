@@ -93,3 +93,34 @@ def test_the_first_line_that_runs_the_server_is_read():
 def test_the_command_ends_at_a_pipe_or_redirect():
     cfg = vllm.read("vllm serve x -tp 2 2>&1 | tee log.txt && echo done")
     assert cfg.serve_plan_text == "tp=2" and not cfg.problems
+
+
+def test_a_config_file_under_the_command_line(tmp_path):
+    """`--config FILE` (vLLM and SGLang): the YAML's keys are flags, the command line wins."""
+    (tmp_path / "serve.yaml").write_text(
+        "model: deepseek-ai/DeepSeek-V3\ntensor-parallel-size: 4\ndata_parallel_size: 2\n"
+        "enable-expert-parallel: true\nenable-prefix-caching: false\nmax-num-seqs: 128\n"
+    )
+    run = tmp_path / "run.sh"
+    run.write_text("vllm serve --config serve.yaml --max-num-seqs 256\n")
+    cfg = vllm.read(run.read_text(), source=str(run))
+    assert (cfg.model, cfg.serve_plan_text, cfg.chips) == (
+        "deepseek-ai/DeepSeek-V3",
+        "tp=4,dp=2,ep=8",
+        8,
+    )
+    assert cfg.workload.max_num_seqs == 256  # the command line's
+    assert cfg.settings["--enable-prefix-caching"] is False
+
+
+def test_an_sglang_config_in_a_here_document():
+    text = (
+        "cat > cfg.yaml <<EOF\ntp-size: 8\ndp-size: 8\nenable-dp-attention: true\nEOF\n"
+        "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --config cfg.yaml\n"
+    )
+    assert sglang.read(text).serve_plan_text == "tp=1,dp=8"
+
+
+def test_a_config_file_reading_cannot_find_is_a_problem():
+    cfg = vllm.read("vllm serve x --config missing.yaml -tp 2")
+    assert cfg.serve_plan_text == "tp=2" and [p.key for p in cfg.problems] == ["--config"]

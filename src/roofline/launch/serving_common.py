@@ -18,6 +18,7 @@ no bearing on the cost (front end, logging, tokenizer), which are read and named
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import re
 import shlex
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from roofline.errors import RooflineError
 from roofline.launch.base import (
@@ -469,6 +472,60 @@ def parse_args(words: Sequence[str], table: EngineTable, source: str) -> Args:
         else:
             args.options[flag], last = value, flag
     return args
+
+
+# ------------------------------------------------------------------------------ companion files
+
+
+def companion_file(text: str, source: str, name: str) -> str | None:
+    """The text of a file a launch line names (`--config FILE`, `--extra_llm_api_options FILE`):
+    the script's here-document that writes it, else the file beside the script, else None."""
+    body = heredocs(text)[1].get(Path(str(name)).name)
+    if body is None and source != "<text>":
+        beside = Path(source).parent / str(name)
+        if beside.is_file():
+            body = beside.read_text()
+    return body
+
+
+def _config_word(key: str, value: Any, table: EngineTable) -> list[str]:
+    """One `key: value` of a --config YAML as the command-line words it stands for."""
+    flag = _spelling("--" + str(key), table)
+    if value is True:
+        return [flag]
+    if value is False or value is None:  # a switch left off; negatable ones say so
+        return ["--no-" + flag[2:]] if value is False and flag in table.negatable else []
+    if isinstance(value, list):
+        return [flag, *map(str, value)]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def config_file_args(text: str, args: Args, table: EngineTable, source: str) -> Args:
+    """`--config FILE` (vLLM, SGLang: a YAML of flag: value) merged under the command line,
+    whose flags win (vllm/utils/argparse_utils.py _pull_args_from_config; SGLang's
+    ConfigArgumentMerger). A file reading cannot find is named as a problem."""
+    name = args.options.pop("--config", None)
+    if name is None:
+        return args
+    body = companion_file(text, source, str(name))
+    doc = yaml.safe_load(body) if body is not None else None
+    if not isinstance(doc, dict):
+        why = "is not in the script" if body is None else "is not a YAML mapping"
+        args.problems.append(Problem("--config", f"{name} {why}: its settings are not read"))
+        return args
+    words: list[str] = []
+    model = doc.pop("model", None) if table.positionals else None
+    for key, value in doc.items():
+        words += _config_word(key, value, table)
+    from_file = parse_args(words, table, f"{source} --config {name}")
+    positionals = args.positionals or ([str(model)] if model else [])
+    return Args(
+        positionals=positionals,
+        options={**from_file.options, **args.options},
+        problems=args.problems + from_file.problems,
+    )
 
 
 # ------------------------------------------------------------------------------ values
@@ -960,6 +1017,8 @@ __all__ = [
     "checkpoint_quant",
     "default_kv",
     "command_words",
+    "companion_file",
+    "config_file_args",
     "heredocs",
     "human_int",
     "is_moe",

@@ -24,7 +24,6 @@ Defaults, options, YAML keys and dtype tables: launch/defaults/trtllm.toml.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -35,7 +34,7 @@ from roofline.launch.serving_common import (
     ServingPlan,
     checkpoint_quant,
     command_words,
-    heredocs,
+    companion_file,
     kv_value,
     load_table,
     model_spec,
@@ -157,12 +156,7 @@ def _extra_options(r: Reading, text: str) -> dict[str, Any]:
     name = r.take("--extra_llm_api_options")
     if name is None:
         return {}
-    files = heredocs(text)[1]
-    body = files.get(Path(str(name)).name)
-    if body is None:
-        beside = Path(r.source).parent / str(name)
-        if r.source != "<text>" and beside.is_file():
-            body = beside.read_text()
+    body = companion_file(text, r.source, str(name))
     if body is None:
         r.problems.append(
             Problem("--extra_llm_api_options", f"{name} is not in the script: its options not read")

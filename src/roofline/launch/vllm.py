@@ -27,6 +27,7 @@ from roofline.launch.serving_common import (
     Reading,
     ServingPlan,
     command_words,
+    config_file_args,
     is_moe,
     kv_value,
     load_table,
@@ -56,7 +57,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
     """The serving LaunchConfig of the first `vllm serve` line in `text`."""
     table = load_table(STACK)
     words, notes = command_words(text, table, source)
-    args = parse_args(words, table, source)
+    args = config_file_args(text, parse_args(words, table, source), table, source)
     r = Reading(table, source, options=dict(args.options), problems=notes + args.problems)
     r.model = _model(r, args.positionals)
     _parallel(r, replicas_in(text))
