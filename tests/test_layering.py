@@ -54,6 +54,14 @@ ORDER = (
     "core.walk",
     "core.matmul",
     "core",
+    # the training stacks' readers and writers (they read the stack profiles via core.stack)
+    "launch.shell",
+    "launch.common",
+    "launch.torchtitan",
+    "launch.maxtext",
+    "launch.megatron",
+    "launch.nemo",
+    "launch.deepspeed",
     "training.feasibility",
     # readers of the walk
     "training.step",
@@ -124,6 +132,8 @@ ORDER = (
     "cli.train_cmd",
     "cli.verify_cmd",
     "cli.serve_cmd",
+    "cli.import_cmd",
+    "cli.export_cmd",
     "cli.validate_cmd",
     "cli.calibrate_cmd",
     "cli",

@@ -26,6 +26,8 @@ COMMANDS = (
     "matmul",
     "train",
     "serve",
+    "import",
+    "export",
     "verify",
     "validate",
     "calibrate",

@@ -156,34 +156,53 @@ def run(args: argparse.Namespace) -> int:
         )
         if dtypes is not None and plan.dtypes.is_default:
             plan = replace(plan, dtypes=dtypes)
-        sysm = _system_for_plan(system, plan.degrees.n_chips)
-        cost = evaluate_plan(
-            model,
-            sysm,
-            work,
-            plan,
-            efficiency=eff,
-            assume_mfu=args.assume_mfu,
-            framework=stack,
-        )
-        result = cost.to_dict()
-        if args.plot:
-            from roofline.report.plots import plan_breakdown_chart
-
-            plan_breakdown_chart([cost], args.plot, title=f"{model.name}: {plan.describe()}")
-        return emit(
-            args,
-            NAME,
-            inputs,
-            {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]},
-            _render_one(
-                model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
-            ),
-        )
+        result, text = cost_one_plan(args, model, system, work, plan, eff, stack)
+        return emit(args, NAME, inputs, result, text)
     if args.deadline:
         return _deadline(args, model, system, work, eff, inputs, stack, dtypes)
+    res = search_plans(args, model, system, work, eff, stack, dtypes)
+    if args.plot:
+        from roofline.report.plots import plan_breakdown_chart
+
+        plan_breakdown_chart(
+            res.top, args.plot, title=f"{model.name}: top plans by {res.objective}"
+        )
+    text = _render_search(model, system, work, res, auto=_auto(args, system.chip))
+    return emit(args, NAME, inputs, res.to_dict(), text)
+
+
+def cost_one_plan(
+    args: argparse.Namespace, model, system, work: Workload, plan, eff, stack: Stack
+) -> tuple[dict[str, Any], str]:
+    """One plan costed as `train --plan` costs it: (the result document, the text).
+    `roofline import` costs a launch file's plan through this same function."""
+    sysm = _system_for_plan(system, plan.degrees.n_chips)
+    cost = evaluate_plan(
+        model,
+        sysm,
+        work,
+        plan,
+        efficiency=eff,
+        assume_mfu=args.assume_mfu,
+        framework=stack,
+    )
+    result = cost.to_dict()
+    if args.plot:
+        from roofline.report.plots import plan_breakdown_chart
+
+        plan_breakdown_chart([cost], args.plot, title=f"{model.name}: {plan.describe()}")
+    text = _render_one(
+        model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
+    )
+    return {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]}, text
+
+
+def search_plans(
+    args: argparse.Namespace, model, system, work: Workload, eff, stack: Stack, dtypes
+) -> PlanResult:
+    """The planner's search as `train` runs it (`roofline export` exports its best plan)."""
     chips = parse_chip_counts(args.chips) if args.chips else None
-    res = plan_training(
+    return plan_training(
         model,
         system,
         work,
@@ -198,14 +217,11 @@ def run(args: argparse.Namespace) -> int:
         framework=stack,
         dtypes=dtypes,
     )
-    if args.plot:
-        from roofline.report.plots import plan_breakdown_chart
 
-        plan_breakdown_chart(
-            res.top, args.plot, title=f"{model.name}: top plans by {res.objective}"
-        )
-    text = _render_search(model, system, work, res, auto=_auto(args, system.chip))
-    return emit(args, NAME, inputs, res.to_dict(), text)
+
+def stack_and_profile(args: argparse.Namespace, chip) -> tuple[Stack, Any]:
+    """The stack and efficiency profile `train` costs with (public for `roofline import`)."""
+    return _stack_and_profile(args, chip)
 
 
 def _stack_and_profile(args: argparse.Namespace, chip) -> tuple[Stack, Any]:

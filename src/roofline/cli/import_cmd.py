@@ -1,0 +1,179 @@
+"""`roofline import FILE`: read a stack's own launch file and cost it as `train --plan` does.
+
+It prints what it read (the plan in roofline's vocabulary, the workload, the model), every
+default the stack filled (with the stack's source), every setting it could not express and
+the problems the file has as written; with `--system` it then costs the plan through
+`train`'s own one-plan path (`cost_one_plan`), the same tables and JSON.
+docs/launch.md lists the formats and each stack's semantics.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from roofline.cli._common import add_json, emit, int_flag
+from roofline.cli._profile import add_profile_arg
+from roofline.cli.train_cmd import cost_one_plan, stack_and_profile
+from roofline.errors import PlanError
+from roofline.launch import STACK_MODULES, LaunchConfig, LaunchKind, read_launch
+from roofline.launch.common import resolve_model
+from roofline.report.table import kv
+from roofline.specs.catalog import read_text_file
+from roofline.specs.plan import Workload
+from roofline.specs.system import parse_system
+from roofline.units import parse_quantity
+
+NAME = "import"
+HELP = "read a stack's launch file (torchtitan, MaxText, Megatron-LM, NeMo, DeepSpeed) and cost it as train --plan does"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="the launch file: TOML, YAML, JSON, a shell script or command line")
+    p.add_argument(
+        "--stack",
+        choices=STACK_MODULES,
+        help="the file's stack (default: detected from its format)",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--system", help="cost it on this system, e.g. h100:128 or tpu-v5p:8x8x8")
+    where.add_argument(
+        "--chips", help="the devices the file runs on (resolves -1 degrees; no costing)"
+    )
+    p.add_argument("--model", help="the model when the file does not name one the catalog knows")
+    p.add_argument("--seq", type=int, help="sequence length when the file does not state one")
+    p.add_argument(
+        "--tokens", help="training tokens for run time and cost (default: the file's steps × batch)"
+    )
+    add_profile_arg(p)
+    p.add_argument("--price", type=float, help="override USD per chip-hour")
+    add_json(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = read_text_file(args.file, "launch file")
+    system = parse_system(args.system, usd_per_chip_hour=args.price) if args.system else None
+    chips = (
+        system.n_chips
+        if system
+        else (int_flag(args.chips, "chips", hi=1 << 24) if args.chips else None)
+    )
+    config = read_launch(text, source=args.file, stack=args.stack, chips=chips)
+    if config.kind != LaunchKind.TRAINING:
+        raise PlanError(
+            f"{args.file} is a {config.kind.value} launch",
+            rule="roofline import costs training launch files in this build",
+            fix="cost it with roofline serve --plan " + config.serve_plan_text,
+        )
+    inputs = {"file": args.file, "stack": config.stack, "system": args.system, "chips": chips}
+    reading = _reading(config)
+    if system is None:
+        doc = {**config.to_dict(), "cost": None, "cost_reason": "not costed: give --system"}
+        return emit(
+            args,
+            NAME,
+            inputs,
+            doc,
+            reading
+            + "\n\nNot costed: give --system (e.g. h100:128) to cost it as train --plan does.",
+        )
+    cost, cost_text = _cost(args, config, system)
+    return emit(
+        args, NAME, inputs, {**config.to_dict(), "cost": cost}, reading + "\n\n" + cost_text
+    )
+
+
+def _workload(args: argparse.Namespace, config: LaunchConfig) -> Workload:
+    w = config.workload
+    if not w.global_batch_sequences:
+        raise PlanError(
+            f"{config.source} states no global batch",
+            rule="costing a step needs the batch the file trains on",
+            fix="add the stack's batch setting to the file",
+        )
+    seq = w.seq_len
+    if seq is None or (args.seq is not None and args.seq != seq):
+        if args.seq is None:
+            raise PlanError(
+                f"{config.source} states no sequence length",
+                rule=f"a {config.stack} file leaves the sequence length to the model code or data",
+                fix="give --seq",
+            )
+        if seq is not None:
+            raise PlanError(
+                f"--seq {args.seq} but {config.source} trains on {seq}-token sequences",
+                rule="--seq fills a sequence length the file does not state",
+                fix="drop --seq",
+            )
+        seq = args.seq
+    tokens = (
+        parse_quantity(args.tokens, what="tokens")
+        if args.tokens
+        else float((w.train_steps or 0) * (w.global_batch_sequences or 0) * seq)
+    )
+    return Workload(float(seq * (w.global_batch_sequences or 0)), seq, tokens)
+
+
+def _cost(args: argparse.Namespace, config: LaunchConfig, system) -> tuple[dict[str, Any], str]:
+    """The plan costed by `train`'s one-plan path, with the file's stack and precision."""
+    if args.model:
+        model = resolve_model(args.model, "--model")
+    else:
+        model = resolve_model(config.model, config.source)
+    targs = argparse.Namespace(
+        framework=config.options.get("framework", "auto"),
+        precision=config.options.get("precision"),
+        profile=getattr(args, "profile", None),
+        efficiency=getattr(args, "efficiency", None),
+        assume_mfu=None,
+        plot=None,
+        json=args.json,
+    )
+    stack, eff = stack_and_profile(targs, system.chip)
+    return cost_one_plan(targs, model, system, _workload(args, config), config.plan, eff, stack)
+
+
+def _reading(config: LaunchConfig) -> str:
+    w = config.workload
+    rows = [
+        ("plan", config.plan.describe() if config.plan else config.serve_plan_text),
+        ("model", config.model or "(not named: give --model)"),
+        ("devices", str(config.chips) if config.chips else "unknown"),
+        ("workload", _workload_text(w)),
+        ("stack", ", ".join(f"{k} {v}" for k, v in config.options.items())),
+    ]
+    parts = [f"roofline import: {config.source} ({config.stack}, {config.kind.value})", kv(rows)]
+    parts.append(
+        _listing(
+            "Defaults filled", [f"{d.key} = {d.value!r}  ({d.source})" for d in config.defaults]
+        )
+    )
+    parts.append(
+        _listing(
+            "Not expressible in the plan",
+            [f"{u.key} = {u.value!r}: {u.reason}" for u in config.unsupported],
+        )
+    )
+    parts.append(
+        _listing("Problems as written", [f"{p.key}: {p.message}" for p in config.problems])
+    )
+    return "\n\n".join(parts)
+
+
+def _workload_text(w) -> str:
+    bits = []
+    if w.seq_len:
+        bits.append(f"{w.seq_len}-token sequences")
+    if w.global_batch_sequences:
+        bits.append(f"global batch {w.global_batch_sequences} sequences")
+    if w.batch_tokens:
+        bits.append(f"{w.batch_tokens} tokens per step")
+    if w.train_steps:
+        bits.append(f"{w.train_steps} steps")
+    return ", ".join(bits) or "not stated"
+
+
+def _listing(title: str, lines: list[str]) -> str:
+    if not lines:
+        return f"{title}: none."
+    return f"{title} ({len(lines)}):\n" + "\n".join("  " + s for s in lines)

@@ -1,0 +1,270 @@
+"""NeMo launcher / training YAML (NeMo 1.x `megatron_gpt_config.yaml` and the launcher's
+`conf/training/<model>/<size>.yaml`): NeMo's names mapped onto Megatron's semantics.
+
+`trainer.devices × trainer.num_nodes` GPUs; `model.tensor_model_parallel_size`,
+`pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`,
+`context_parallel_size`, `expert_model_parallel_size`, `sequence_parallel`,
+`micro_batch_size`, `global_batch_size`, `encoder_seq_length`,
+`activations_checkpoint_granularity` / `_method` / `_num_layers`, `fp8`, `ub_tp_comm_overlap`,
+`fsdp`, `megatron_amp_O2`, `optim.name` (distributed_fused_adam = the distributed
+optimizer); `trainer.precision`. Hydra `${a.b}` references to the same file are resolved.
+Defaults: launch/defaults/nemo.toml. The plan is built by `megatron.megatron_config`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.common import Notes, needs, recipe_for, remat_of
+from roofline.launch.megatron import MegatronSettings, expressible, megatron_config
+from roofline.specs.plan import Plan, RematKind, Schedule
+
+STACK = "nemo"
+KIND = LaunchKind.TRAINING
+PROFILE = "megatron"
+OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
+_REF = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+def sniff(text: str, path: str = "") -> int:
+    if re.search(
+        r"^\s*(tensor_model_parallel_size|micro_batch_size)\s*:", text, re.M
+    ) and re.search(r"^\s*trainer\s*:", text, re.M):
+        return 4
+    return 1 if re.search(r"^\s*tensor_model_parallel_size\s*:", text, re.M) else 0
+
+
+def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _resolve(flat: dict[str, Any], source: str) -> dict[str, Any]:
+    """Hydra `${a.b}` references to keys of the same file (a leading `training.` dropped)."""
+
+    def value(key: str, v: Any, depth: int = 0) -> Any:
+        if not isinstance(v, str) or "${" not in v or depth > 8:
+            return v
+        m = _REF.fullmatch(v.strip())
+        if not m:
+            return v  # a resolver (${multiply:...}) or text around a reference: kept as written
+        ref = m.group(1)
+        for cand in (ref, ref.removeprefix("training.")):
+            if cand in flat:
+                return value(cand, flat[cand], depth + 1)
+        raise LaunchError(
+            f"{source}: {key} = {v} refers to {ref}, which the file does not set",
+            rule="roofline resolves Hydra references to keys of the same file",
+            fix=f"write the value of {key} itself",
+        )
+
+    return {k: value(k, v) for k, v in flat.items()}
+
+
+def _load(text: str, source: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise LaunchError(
+            f"{source} is not valid YAML: {e}".replace("\n", " "),
+            rule="a NeMo config is a YAML mapping",
+            fix="correct the line named",
+        ) from None
+    if not isinstance(raw, dict) or "model" not in raw:
+        raise LaunchError(
+            f"{source} has no `model:` section",
+            rule="a NeMo training config holds trainer: and model: sections",
+            fix="import the training config (conf/training/...yaml)",
+        )
+    return _resolve(_flatten(raw), source)
+
+
+def _opt_int(notes: Notes, key: str) -> int | None:
+    v = notes.get(key)
+    return None if v in (None, "none") else notes.integer(key, v)
+
+
+def read(text: str, *, source: str = "<text>", chips: int | None = None) -> LaunchConfig:
+    notes = Notes(STACK, source, _load(text, source))
+    world = notes.integer("trainer.devices", notes.get("trainer.devices")) * notes.integer(
+        "trainer.num_nodes", notes.get("trainer.num_nodes")
+    )
+    if chips is not None and chips != world:
+        notes.problem(
+            "trainer",
+            f"the file asks for {world} GPUs (devices × num_nodes) but --chips gives {chips}",
+        )
+    s = MegatronSettings(
+        tp=notes.integer(
+            "model.tensor_model_parallel_size", notes.get("model.tensor_model_parallel_size")
+        ),
+        pp=notes.integer(
+            "model.pipeline_model_parallel_size", notes.get("model.pipeline_model_parallel_size")
+        ),
+        cp=notes.integer("model.context_parallel_size", notes.get("model.context_parallel_size")),
+        ep=notes.integer(
+            "model.expert_model_parallel_size", notes.get("model.expert_model_parallel_size")
+        ),
+        micro=notes.integer("model.micro_batch_size", notes.get("model.micro_batch_size")),
+        global_batch=_opt_int(notes, "model.global_batch_size"),
+        seq=_seq(notes),
+        iters=_opt_int(notes, "trainer.max_steps"),
+        virtual=_opt_int(notes, "model.virtual_pipeline_model_parallel_size") or 1,
+        sequence_parallel=notes.flag(
+            "model.sequence_parallel", notes.get("model.sequence_parallel")
+        ),
+        tp_overlap=notes.flag("model.ub_tp_comm_overlap", notes.get("model.ub_tp_comm_overlap")),
+        ep_overlap=False,
+        distributed_optimizer=str(notes.get("model.optim.name")) == "distributed_fused_adam",
+        fsdp=notes.flag("model.fsdp", notes.get("model.fsdp")),
+        recompute=_recompute(notes),
+        recipe=_recipe(notes),
+        optimizer=_optimizer(notes),
+    )
+    return megatron_config(notes, s, world, model=_model(notes))
+
+
+def _seq(notes: Notes) -> int:
+    if notes.given("model.seq_length"):
+        return notes.integer("model.seq_length", notes.settings["model.seq_length"])
+    return notes.integer("model.encoder_seq_length", notes.get("model.encoder_seq_length"))
+
+
+def _recompute(notes: Notes) -> Any:
+    key = "model.activations_checkpoint_granularity"
+    gran = notes.get(key)
+    if gran in (None, "none", "null"):
+        return remat_of(notes, PROFILE, key, "none")
+    if gran == "selective":
+        return remat_of(notes, PROFILE, key, "selective")
+    if gran != "full":
+        raise notes.error(
+            key, f"= {gran!r}", rule="selective, full or null", fix=f"write {key}: full"
+        )
+    method = notes.get("model.activations_checkpoint_method")
+    layers = notes.get("model.activations_checkpoint_num_layers")
+    if method == "block" or (method == "uniform" and layers not in (1, None, "none")):
+        notes.unsupported_(
+            "model.activations_checkpoint_method",
+            f"{method} {layers}",
+            "part of the layers or groups of layers: costed as full",
+        )
+    return remat_of(notes, PROFILE, key, "full")
+
+
+def _recipe(notes: Notes) -> str:
+    if notes.flag("model.fp8", notes.get("model.fp8")):
+        return "fp8-delayed"  # NeMo 1 runs Transformer Engine's delayed-scaling recipe
+    precision = str(notes.get("trainer.precision")).lower()
+    if precision in ("32", "32-true", "fp32"):
+        notes.unsupported_("trainer.precision", precision, "fp32 training: costed as bf16")
+    return "bf16"
+
+
+def _optimizer(notes: Notes) -> str:
+    if notes.given("model.megatron_amp_O2") and not notes.flag(
+        "model.megatron_amp_O2", notes.settings["model.megatron_amp_O2"]
+    ):
+        return "adam-fp32"  # O1: fp32 parameters and gradients
+    return "adam-fp32-master"
+
+
+def _model(notes: Notes) -> str | None:
+    for key in ("model.hf_model_name_or_path", "model.tokenizer.model", "run.name"):
+        v = notes.settings.get(key)
+        if (
+            isinstance(v, str)
+            and v
+            and "${" not in v
+            and not v.endswith((".model", ".json", ".txt"))
+        ):
+            return v
+    return None
+
+
+# ------------------------------------------------------------------------------ write
+
+
+def write(config: LaunchConfig) -> str:
+    plan, w = config.plan, config.workload
+    needs(plan, STACK, "a training plan", "--plan")
+    needs(w.seq_len, STACK, "a sequence length", "--seq")
+    needs(w.global_batch_sequences, STACK, "a global batch", "--batch-tokens")
+    _expressible(plan)
+    d = plan.degrees
+    n = d.n_chips
+    per_node = 8 if n % 8 == 0 else n
+    dp_all = d.dp * d.fsdp * d.ep
+    micro = w.global_batch_sequences // (plan.microbatches * dp_all)
+    if micro * plan.microbatches * dp_all != w.global_batch_sequences:
+        raise LaunchError(
+            f"NeMo cannot split {w.global_batch_sequences} sequences into {plan.microbatches} microbatches over {dp_all} data-parallel ranks",
+            rule="global batch = micro batch × data-parallel size × microbatches",
+            fix="change the batch or the microbatch count",
+        )
+    model: dict[str, Any] = {
+        "micro_batch_size": micro,
+        "global_batch_size": w.global_batch_sequences,
+        "encoder_seq_length": w.seq_len,
+        "tensor_model_parallel_size": d.tp,
+        "pipeline_model_parallel_size": d.pp,
+        "virtual_pipeline_model_parallel_size": plan.virtual_stages
+        if plan.virtual_stages > 1
+        else None,
+        "context_parallel_size": d.sp,
+        "expert_model_parallel_size": d.ep,
+        "sequence_parallel": plan.sequence_parallel and d.tp > 1,
+        "ub_tp_comm_overlap": plan.collective_matmul,
+        "fsdp": d.fsdp > 1,
+        "megatron_amp_O2": True,
+        "activations_checkpoint_granularity": _granularity(plan),
+        "activations_checkpoint_method": "uniform" if plan.remat.kind == RematKind.FULL else None,
+        "activations_checkpoint_num_layers": 1 if plan.remat.kind == RematKind.FULL else None,
+        "fp8": recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), "NeMo")
+        == "fp8-delayed",
+        "optim": {
+            "name": "distributed_fused_adam" if plan.zero == 1 and d.dp > 1 else "fused_adam"
+        },
+    }
+    if config.model:
+        model["hf_model_name_or_path"] = config.model
+    trainer: dict[str, Any] = {
+        "devices": per_node,
+        "num_nodes": n // per_node,
+        "precision": "bf16-mixed",
+    }
+    if w.train_steps:
+        trainer["max_steps"] = w.train_steps
+    head = f"# NeMo training config written by roofline: {plan.describe()}\n"
+    return head + yaml.safe_dump({"trainer": trainer, "model": model}, sort_keys=False)
+
+
+def _granularity(plan: Plan) -> str | None:
+    return {RematKind.MATMULS: "selective", RematKind.FULL: "full"}.get(plan.remat.kind)
+
+
+def _expressible(plan: Plan) -> None:
+    expressible(plan, "NeMo")
+    lacks = []
+    if plan.overlap_ep:
+        lacks.append("overlap_ep (NeMo 1.x has no expert-parallel overlap setting)")
+    recipe_ok = recipe_for(PROFILE, plan.dtypes, None, "NeMo") in ("bf16", "fp8-delayed")
+    if not recipe_ok:
+        lacks.append("a precision other than bf16 or fp8 delayed scaling")
+    if plan.degrees.pp > 1 and plan.schedule == Schedule.GPIPE:
+        lacks.append("the GPipe schedule")
+    if lacks:
+        raise LaunchError(
+            "NeMo cannot express " + "; ".join(lacks),
+            rule="an export writes only what the stack's own configuration can say",
+            fix="change the plan (or export to megatron)",
+        )

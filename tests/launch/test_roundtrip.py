@@ -1,0 +1,129 @@
+"""import(export(plan)) == plan for every stack, over plans each stack can express."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from roofline.core.stack import stack_of
+from roofline.launch import LaunchConfig, LaunchKind, LaunchWorkload, read_launch, write_launch
+from roofline.launch.base import LaunchError
+from roofline.specs.plan import parse_plan
+
+W = LaunchWorkload(seq_len=4096, global_batch_sequences=1024, train_steps=100)
+
+PLANS = {
+    "torchtitan": [
+        ("fsdp=64,tp=8,megatron_sp=1,microbatch=4,remat=full,optimizer=adam-fp32", None),
+        ("dp=2,fsdp=32,zero=0,microbatch=2,remat=matmuls,optimizer=adam-fp32", None),
+        (
+            "fsdp=16,tp=4,pp=4,megatron_sp=1,microbatch=16,remat=none,schedule=interleaved,virtual=2,optimizer=adam-fp32",
+            None,
+        ),
+        (
+            "fsdp=8,sp=4,ep=4,tp=2,megatron_sp=1,collective_matmul=1,optimizer=adam-fp32",
+            "float8-rowwise",
+        ),
+        ("fsdp=32,pp=8,microbatch=8,schedule=gpipe,optimizer=adam-fp32", "mxfp8"),
+    ],
+    "maxtext": [
+        ("fsdp=256,microbatch=1,remat=full,optimizer=adam-fp32", None),
+        ("dp=4,fsdp=64,tp=4,zero=0,microbatch=4,remat=matmuls,optimizer=adam-fp32", "fp8"),
+        ("fsdp=8,sp=2,ep=4,optimizer=adam-fp32", "int8"),
+        ("fsdp=16,pp=4,microbatch=8,remat=full,optimizer=adam-fp32", None),
+        ("fsdp=16,pp=4,microbatch=8,schedule=interleaved,virtual=4,optimizer=adam-fp32", None),
+    ],
+    "megatron": [
+        (
+            "dp=64,tp=8,megatron_sp=1,microbatch=4,remat=matmuls,zero=1,optimizer=adam-fp32-master",
+            "fp8-delayed",
+        ),
+        (
+            "dp=16,tp=8,pp=4,microbatch=32,remat=full,zero=0,schedule=interleaved,virtual=5,optimizer=adam-fp32-master",
+            None,
+        ),
+        (
+            "dp=8,tp=4,sp=2,ep=8,megatron_sp=1,collective_matmul=1,overlap_ep=1,microbatch=2,zero=1,optimizer=adam-fp32-master",
+            "fp8-current",
+        ),
+        ("fsdp=128,microbatch=2,remat=full,optimizer=adam-fp32-master", "nvfp4"),
+        ("dp=32,pp=8,microbatch=16,remat=none,zero=1,optimizer=adam-fp32-master", "mxfp8"),
+    ],
+    "nemo": [
+        (
+            "dp=64,tp=4,pp=4,megatron_sp=1,microbatch=16,remat=none,zero=1,schedule=interleaved,virtual=20,optimizer=adam-fp32-master",
+            None,
+        ),
+        (
+            "dp=32,tp=8,megatron_sp=1,microbatch=4,remat=full,zero=0,optimizer=adam-fp32-master",
+            "fp8-delayed",
+        ),
+        ("fsdp=64,tp=2,ep=2,microbatch=8,remat=matmuls,optimizer=adam-fp32-master", None),
+    ],
+    "deepspeed": [
+        ("dp=256,microbatch=4,remat=none,zero=1,optimizer=adam-fp32-master", None),
+        ("fsdp=512,microbatch=2,remat=none,optimizer=adam-fp32-master", None),
+        ("dp=64,tp=4,microbatch=16,remat=none,zero=2,optimizer=adam-fp32-master", "fp16"),
+    ],
+}
+PROFILE = {"nemo": "megatron"}
+CASES = [(s, p, r) for s, plans in PLANS.items() for p, r in plans]
+
+
+def config_of(
+    stack: str, spec: str, recipe: str | None, model: str = "llama-3.1-70b"
+) -> LaunchConfig:
+    plan = parse_plan(spec)
+    if recipe:
+        plan = replace(plan, dtypes=stack_of(PROFILE.get(stack, stack)).dtypes(recipe))
+    return LaunchConfig(stack=stack, kind=LaunchKind.TRAINING, model=model, plan=plan, workload=W)
+
+
+@pytest.mark.parametrize("stack,spec,recipe", CASES, ids=[f"{s}:{p}" for s, p, _ in CASES])
+def test_round_trip_is_the_identity(stack, spec, recipe):
+    c = config_of(stack, spec, recipe)
+    text = write_launch(c, stack)
+    back = read_launch(text, source=f"<{stack} export>")
+    assert back.stack == stack  # the format is detected, not named
+    assert back.plan == c.plan
+    assert back.workload.seq_len in (W.seq_len, None)  # DeepSpeed's JSON has no sequence length
+    assert back.workload.global_batch_sequences == W.global_batch_sequences
+    assert back.problems == ()
+    assert back.chips == c.plan.degrees.n_chips
+
+
+@pytest.mark.parametrize(
+    "stack,spec,lacks",
+    [
+        ("torchtitan", "fsdp=8,remat=ckpt4,optimizer=adam-fp32", "remat=ckpt4"),
+        ("torchtitan", "dp=8,zero=1,optimizer=adam-fp32", "zero=1 over dp"),
+        ("torchtitan", "fsdp=8,tp=2,optimizer=adam-fp32", "sequence-parallel"),
+        ("torchtitan", "fsdp=8,optimizer=adam-bf16", "optimizer=adam-bf16"),
+        ("maxtext", "fsdp=8,remat=none,optimizer=adam-fp32", "remat=none"),
+        ("maxtext", "fsdp=8,tp=2,megatron_sp=1,optimizer=adam-fp32", "megatron_sp"),
+        ("megatron", "dp=2,fsdp=4,optimizer=adam-fp32-master", "hybrid sharding"),
+        ("megatron", "dp=8,pp=2,microbatch=4,schedule=gpipe,optimizer=adam-fp32-master", "GPipe"),
+        ("megatron", "dp=8,optimizer=adam-bf16", "optimizer=adam-bf16"),
+        ("nemo", "dp=8,ep=2,overlap_ep=1,optimizer=adam-fp32-master", "overlap_ep"),
+        ("deepspeed", "dp=8,pp=2,remat=none,optimizer=adam-fp32-master", "pp=2"),
+        ("deepspeed", "dp=8,remat=full,optimizer=adam-fp32-master", "remat=full"),
+    ],
+)
+def test_export_names_what_the_stack_lacks(stack, spec, lacks):
+    with pytest.raises(LaunchError, match="cannot express") as e:
+        write_launch(config_of(stack, spec, None), stack)
+    assert lacks in str(e.value)
+
+
+def test_export_refuses_an_uneven_batch_split():
+    c = config_of("megatron", "dp=24,microbatch=5,optimizer=adam-fp32-master", None)
+    with pytest.raises(LaunchError, match="cannot split 1024 sequences into 5 microbatches"):
+        write_launch(c, "megatron")
+
+
+def test_export_refuses_a_recipe_the_stack_lacks():
+    c = config_of("deepspeed", "dp=8,remat=none,optimizer=adam-fp32-master", None)
+    c = replace(c, plan=replace(c.plan, dtypes=stack_of("megatron").dtypes("fp8-delayed")))
+    with pytest.raises(LaunchError, match="no precision recipe that computes matmul_dtype=fp8"):
+        write_launch(c, "deepspeed")
