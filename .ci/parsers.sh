@@ -20,6 +20,14 @@ if [ ! -x "$VENV/bin/python" ]; then
     DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-build-isolation deepspeed==0.19.8
     "$VENV/bin/pip" install -q omegaconf==2.3.0
     "$VENV/bin/pip" install -q --no-build-isolation megatron-core==0.19.2 || echo "megatron-core did not install: its tests skip"
+    # the serving engines: their argument parsers import on a CPU machine without their GPU
+    # dependencies (--no-deps), given the modules their imports touch
+    "$VENV/bin/pip" install -q --no-deps sglang==0.4.10 vllm==0.33.0 \
+        && "$VENV/bin/pip" install -q tqdm pybase64 requests IPython aiohttp huggingface_hub \
+            transformers pillow triton pyzmq fastapi sentencepiece cbor2 openai-harmony openai \
+            msgspec cloudpickle cachetools uvloop py-cpuinfo prometheus-client \
+            partial-json-parser xgrammar llguidance \
+        || echo "sglang / vllm did not install: their tests skip"
 fi
 ROOFLINE_PARSERS_REQUIRE="${ROOFLINE_PARSERS_REQUIRE:-deepspeed,nemo}" \
     "$VENV/bin/python" -m pytest -q -m parsers tests/launch/parsers -p no:cacheprovider

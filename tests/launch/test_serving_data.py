@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from roofline.cli import main
-from roofline.launch import LaunchError, LaunchKind, read_launch, write_launch
+from roofline.launch import LaunchError, LaunchKind, detect_stack, read_launch, write_launch
 from roofline.launch.base import stack_module
 from roofline.launch.serving_common import from_serve, model_spec, serve_argv
 from roofline.serving.inference import Quant, parse_serve_plan
@@ -55,13 +55,14 @@ def test_imports_to_the_documented_plan(case):
 
 @pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
 def test_the_format_is_told_apart(case):
-    """Its own engine claims the file and the other serving engines do not (the training
-    stacks' sniffers are tested with their readers; detect_stack takes the highest score)."""
+    """Its own engine claims the file, the other serving engines do not, and the detector over
+    every stack (training ones too) picks it."""
     path = DATA / case["file"]
     text = path.read_text()
     scores = {s: stack_module(s).sniff(text, str(path)) for s in SERVING}
     assert scores.pop(case["stack"]) > 0
     assert set(scores.values()) == {0}
+    assert detect_stack(text, str(path)) == case["stack"]  # against every stack's sniffer
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
