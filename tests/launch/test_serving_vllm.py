@@ -146,9 +146,12 @@ def test_everything_else_is_named_never_dropped():
     assert "--enforce-eager" in reasons
 
 
-def test_chips_given_that_differ_from_the_line_are_a_problem():
-    cfg = read("vllm serve x -tp 8", chips=16)
-    assert [p.key for p in cfg.problems] == ["chips"]
+def test_devices_given_hold_whole_servers_or_are_a_problem():
+    more = read("vllm serve x -tp 8", chips=32)  # four copies of the TP8 server
+    assert more.chips == 32 and not more.problems
+    assert [(d.key, d.value) for d in more.defaults if d.key == "replicas"] == [("replicas", 4)]
+    odd = read("vllm serve x -tp 8", chips=12)
+    assert odd.chips == 8 and [p.key for p in odd.problems] == ["chips"]
 
 
 @pytest.mark.parametrize(

@@ -750,16 +750,31 @@ class Reading:
             self.unsupported.append(Unsupported(key, value, reason))
 
 
-def _chips_problem(r: Reading, file_chips: int, chips: int | None) -> None:
-    if chips is not None and chips != file_chips:
+def _devices(r: Reading, chips: int | None) -> int:
+    """The GPUs the config runs on: the file's (server GPUs x replicas), or the devices the
+    caller gives when they hold whole servers (more copies of the server: named as a filled
+    default); devices that do not hold whole servers are a problem."""
+    server = r.tp * r.pp * r.dp
+    own = server * r.replicas
+    if chips is None or chips == own:
+        return own
+    if chips % server:
         r.problems.append(
             Problem(
                 "chips",
-                f"the launch line runs {file_chips} GPU(s) "
-                f"({r.tp * r.pp * r.dp} per server x {r.replicas} replica(s)) "
-                f"but {chips} were given",
+                f"{chips} devices were given but the launch line's server takes {server} GPUs "
+                f"({own} with its {r.replicas} replica(s)): {chips} does not hold whole servers",
             )
         )
+        return own
+    r.defaults.append(
+        Default(
+            "replicas",
+            chips // server,
+            f"the {chips} devices given over the server's {server} GPUs (the file runs {own})",
+        )
+    )
+    return chips
 
 
 def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> LaunchConfig:
@@ -776,8 +791,7 @@ def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> Launc
     }
     if r.draft:
         options["draft"] = str(r.draft)
-    file_chips = r.tp * r.pp * r.dp * r.replicas
-    _chips_problem(r, file_chips, chips)
+    file_chips = _devices(r, chips)
     r.rest_unsupported()
     return LaunchConfig(
         stack=stack,
