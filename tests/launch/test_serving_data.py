@@ -134,3 +134,13 @@ def test_from_serve_refuses_the_books_kv_layout():
     plan = parse_serve_plan("tp=16,kv=heads_batch").to_dict()
     with pytest.raises(LaunchError, match="KV layout"):
         from_serve("vllm", model="llama-3.1-70b", plan=plan)
+
+
+def test_no_serving_engine_claims_a_training_file():
+    files = [p for p in DATA.parent.glob("*") if p.is_file() and not p.name.startswith("MANIFEST")]
+    assert files
+    for p in files:
+        text = p.read_text()
+        assert {s: stack_module(s).sniff(text, str(p)) for s in SERVING} == dict.fromkeys(
+            SERVING, 0
+        ), p
