@@ -144,3 +144,39 @@ def test_no_serving_engine_claims_a_training_file():
         assert {s: stack_module(s).sniff(text, str(p)) for s in SERVING} == dict.fromkeys(
             SERVING, 0
         ), p
+
+
+def test_engine_profile_takes_the_files_limits_and_memory_fraction():
+    """The Llama-3.3 vLLM line: 512 sequences, 8192 tokens a step, 90% of the GPU; the
+    TensorRT-LLM DeepSeek line: 1024 sequences on each of 8 attention-DP ranks, 80% of what the
+    weights leave (its profile's own kind of fraction)."""
+    from roofline.launch.serving_common import engine_profile
+    from roofline.specs.engines import load_engine
+
+    cfg = _read(next(c for c in CASES if c["file"] == "vllm/llama-3.3-70b-fp8.sh"))
+    eng = engine_profile(cfg)
+    assert (eng.max_num_seqs, eng.max_num_batched_tokens, eng.memory_fraction) == (512, 8192, 0.9)
+    assert eng.token_budget(200e9) == 8192  # the file's budget holds on big GPUs too
+    assert eng.chunked_prefill is True
+    trt = engine_profile(
+        _read(next(c for c in CASES if c["file"] == "trtllm/deepseek-r1-fp8-adp.sh"))
+    )
+    assert (trt.max_num_seqs, trt.max_num_batched_tokens, trt.memory_fraction) == (
+        8 * 1024,
+        3200,
+        0.8,
+    )
+    assert (
+        trt.memory_fraction_of == load_engine("trtllm").memory_fraction_of == "free_after_weights"
+    )
+    # a file that sets none of them keeps the profile
+    plain = _read(next(c for c in CASES if c["file"] == "vllm/deepseek-r1-h200-tp8-ep.sh"))
+    assert engine_profile(plain) == load_engine("vllm")
+
+
+def test_engine_profile_refuses_a_fraction_out_of_range():
+    cfg = read_launch("vllm serve x --gpu-memory-utilization 1.5", stack="vllm")
+    with pytest.raises(LaunchError, match="in \\(0, 1\\]"):
+        from roofline.launch.serving_common import engine_profile
+
+        engine_profile(cfg)

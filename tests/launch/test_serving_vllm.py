@@ -139,10 +139,13 @@ def test_chunked_prefill_off_with_a_small_token_budget_is_a_problem():
 
 
 def test_everything_else_is_named_never_dropped():
-    cfg = read("vllm serve x --port 8001 --gpu-memory-utilization 0.85 --enforce-eager")
+    cfg = read(
+        "vllm serve x --port 8001 --gpu-memory-utilization 0.85 --block-size 32 --enforce-eager"
+    )
     reasons = {u.key: u.reason for u in cfg.unsupported}
     assert "not a cost input" in reasons["--port"]
-    assert "has no input for" in reasons["--gpu-memory-utilization"]
+    assert "engine_profile" in reasons["--gpu-memory-utilization"]
+    assert "has no input for" in reasons["--block-size"]
     assert "--enforce-eager" in reasons
 
 

@@ -745,6 +745,8 @@ class Reading:
             reason = (
                 "front-end, logging, tokenizer or kernel-selection setting: not a cost input"
                 if key in self.table.inert
+                else "serve has no flag for it: engine_profile(config) puts it in the engine's profile"
+                if key in self.table.raw.get("engine", {})
                 else f"a {self.table.display} setting `serve --plan` has no input for"
             )
             self.unsupported.append(Unsupported(key, value, reason))
@@ -811,6 +813,59 @@ def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> Launc
         unsupported=tuple(r.unsupported),
         problems=tuple(r.problems),
     )
+
+
+# ------------------------------------------------------------------------------ the engine profile
+
+
+def _setting(settings: Mapping[str, Any], key: str) -> Any:
+    """A setting as read, `section.key` looking inside a YAML section."""
+    if key in settings:
+        return settings[key]
+    head, dot, rest = key.partition(".")
+    section = settings.get(head) if dot else None
+    return section.get(rest) if isinstance(section, dict) else None
+
+
+def _field_value(config: LaunchConfig, key: str, value: Any, how: str) -> Any:
+    if how == "fraction":
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = -1.0
+        if not 0 < v <= 1:
+            raise LaunchError(
+                f"{config.source}: {key} {value!r}",
+                rule=f"{key} is a fraction of the GPU's memory, in (0, 1]",
+                fix=f"write e.g. {key} 0.9",
+            )
+        return v
+    on = value is True or str(value).strip().lower() in ("true", "1", "yes")
+    return 0.0 if how == "zero" else on
+
+
+def engine_profile(config: LaunchConfig) -> Any:
+    """The engine's profile (specs/engines/<stack>.toml) with what the launch file sets in
+    place of its defaults: sequences in flight (the replica's: per rank x attention-DP ranks),
+    tokens per step, and the settings the table's [engine] maps (memory fraction, chunked
+    prefill, ...). What the file leaves out keeps the profile's value and its source."""
+    from dataclasses import replace
+
+    from roofline.specs.engines import load_engine
+
+    table = load_table(config.stack)
+    changes: dict[str, Any] = {}
+    w, dp = config.workload, int(config.serve_plan.get("dp", 1))
+    if w.max_num_seqs:
+        changes["max_num_seqs"] = w.max_num_seqs * dp
+    if w.max_batched_tokens:
+        changes["max_num_batched_tokens"] = w.max_batched_tokens
+        changes["max_num_batched_tokens_large_hbm"] = None
+    for key, (name, how) in table.raw.get("engine", {}).items():
+        value = _setting(config.settings, key)
+        if value is not None and not (how == "zero" and value is False):
+            changes[name] = _field_value(config, key, value, how)
+    return replace(load_engine(config.stack), **changes)
 
 
 # ------------------------------------------------------------------------------ to and from serve
@@ -1030,6 +1085,7 @@ __all__ = [
     "Checkpoint",
     "checkpoint_quant",
     "default_kv",
+    "engine_profile",
     "command_words",
     "companion_file",
     "config_file_args",

@@ -239,7 +239,13 @@ def _kv_dtype(r: Reading, kv_config: Any) -> Any:
         )
     for k, v in kv_config.items():
         if k != "dtype":
-            r.unsupported.append(Unsupported(f"kv_cache_config.{k}", v, "not a `serve` input"))
+            key = f"kv_cache_config.{k}"
+            reason = (
+                "serve has no flag for it: engine_profile(config) puts it in the engine's profile"
+                if key in r.table.raw.get("engine", {})
+                else "not a `serve` input"
+            )
+            r.unsupported.append(Unsupported(key, v, reason))
     return kv_config.get("dtype")
 
 
