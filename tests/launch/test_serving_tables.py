@@ -49,3 +49,17 @@ def test_checkpoint_rules_name_known_dtypes_and_a_source():
         assert parse_dtype(c.weights) == c.weights and parse_dtype(c.compute) == c.compute
         assert c.kv == "" or parse_dtype(c.kv) == c.kv
         assert c.source, pattern
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_settings_name_flags_and_profile_fields(name):
+    from dataclasses import fields
+
+    from roofline.specs.engines import EngineProfile
+
+    t = load_table(name)
+    profile_fields = {f.name for f in fields(EngineProfile)}
+    yaml_keys = set(t.raw.get("yaml", {}).get("keys", ()))
+    for key, (field_name, how) in t.raw["engine"].items():
+        assert key in t.known if key.startswith("--") else key.split(".")[0] in yaml_keys, key
+        assert field_name in profile_fields and how in ("fraction", "bool", "zero"), key
