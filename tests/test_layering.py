@@ -35,6 +35,10 @@ ORDER = (
     "specs",
     # the stacks' own launch files, read into (and written from) the plan vocabulary
     "launch.base",
+    "launch.serving_common",
+    "launch.vllm",
+    "launch.sglang",
+    "launch.trtllm",
     "launch",
     # the ledger and what it alone decides
     "core.ledger",

@@ -46,6 +46,9 @@ STACK_MODULES: tuple[str, ...] = (
     "megatron",
     "nemo",
     "deepspeed",
+    "vllm",
+    "sglang",
+    "trtllm",
 )
 
 
