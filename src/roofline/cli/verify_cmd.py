@@ -30,6 +30,9 @@ from roofline.errors import PlanError, VerifyError
 
 NAME = "verify"
 HELP = "compile a plan with JAX/XLA on simulated devices and diff its collectives and FLOPs against the algebra"
+# The stack the compiled program runs on: verify compiles with JAX/XLA, so by default the
+# algebra is priced with the option policy of the JAX/XLA stack (specs/frameworks/maxtext.toml).
+XLA_STACK = "maxtext"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,10 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--framework",
-        default=None,
-        help="the stack whose option policy predicts the collectives (maxtext = XLA's habits: "
-        "FSDP gathers weights, TP moves activations; auto: the reference stack of --system's "
-        "chip; default: the algebra's cheapest option)",
+        default=XLA_STACK,
+        help=f"the stack whose option policy predicts the collectives (default {XLA_STACK}: the "
+        "JAX/XLA stack, XLA's partitioner habits — FSDP gathers weights, TP moves activations; "
+        "ideal: the algebra's cheapest option; auto: the reference stack of --system's chip)",
     )
     p.add_argument(
         "--final",
@@ -282,6 +285,7 @@ def _verify_model(args: argparse.Namespace):
                 fix=f"use --{name} 1 or more",
             )
     ensure_devices(args.devices)
+    framework = _framework(args)
     from roofline.verify.diff import verify_train_step
 
     r = verify_train_step(
@@ -298,11 +302,12 @@ def _verify_model(args: argparse.Namespace):
         final=args.final,
         bytes_tol=args.bytes_tol,
         flops_tol=args.flops_tol,
-        framework=_framework(args),
+        framework=framework,
     )
     inputs = {
         "model": model.name,
         "plan": args.plan,
+        "framework": framework,
         "devices": args.devices,
         "layers": args.layers,
         "batch": args.batch,
