@@ -1,7 +1,7 @@
 """roofline: compute, don't guess, the performance of large Transformers.
 
-Public API (re-exports only; see DESIGN.md for the data flow specs -> ledger -> sharding ->
-cost -> training -> planner -> report/cli):
+Public API (re-exports only; docs/api.md shows it at work, docs/architecture.md the data flow
+specs -> ledger -> sharding -> cost -> training -> planner -> report/cli):
 
 >>> import roofline as rl
 >>> round(rl.load_chip("tpu-v5e").critical_intensity("bf16"))

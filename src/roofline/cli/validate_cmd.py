@@ -8,6 +8,7 @@ roofline validate --runs serving --plot s.png     # TTFT / TPOT / throughput, se
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from roofline.cli._common import add_json, emit
@@ -207,6 +208,53 @@ def _render_serving(report, doc: dict[str, Any]) -> str:
     return "\n".join(out).rstrip()
 
 
+# Where a calibrated profile's provenance keeps its cross-validated error (the honest number the
+# README quotes), per schema: (provenance table, [(key, what was held out)]).
+HELD_OUT_KEYS: dict[str, tuple[tuple[str, ...], list[tuple[str, str]]]] = {
+    "training": (
+        (),
+        [("cv_source_after", "by source"), ("cv_chip_family_after", "by chip family")],
+    ),
+    "serving": (
+        ("serving",),
+        [
+            ("all_ttft_held_out_by_engine", "TTFT, the hand-off held out by engine"),
+            ("all_ttft_held_out_by_chip_family", "TTFT, held out by chip family"),
+        ],
+    ),
+}
+
+
+def held_out(eff: Any, schema: str) -> dict[str, Any] | None:
+    """The profile's held-out (leave-one-group-out) error for this schema's runs, as its
+    [provenance] records it (`roofline calibrate --from-runs`), or None for a profile that
+    records none (datasheet, peak, a hand-written file)."""
+    if schema not in HELD_OUT_KEYS:
+        return None
+    path, keys = HELD_OUT_KEYS[schema]
+    prov: Any = getattr(eff, "provenance", None) or {}
+    for key in path:
+        prov = prov.get(key) or {}
+    folds = {what: dict(prov[k]) for k, what in keys if isinstance(prov.get(k), Mapping)}
+    if not folds:
+        return None
+    return {"runs_file": prov.get("runs_file"), "runs": prov.get("runs"), "folds": folds}
+
+
+def _held_out_line(name: str, h: dict[str, Any]) -> str:
+    parts = [
+        f"{_pct(f['median_abs'])} {what}"
+        + (f" over {f['n']} runs" if f.get("n") else "")
+        + f" (bias {_pct(f['bias'], True)})"
+        for what, f in h["folds"].items()
+    ]
+    return (
+        f"Held out (the honest number): median |error| {'; '.join(parts)} — profile '{name}' "
+        f"cross-validated on the runs of '{h['runs_file']}' it was fitted on ({h['runs']} runs; "
+        "docs/calibration.md); the errors above are in-sample for those runs."
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from roofline.validate import ServingReport, load_profile, load_runs, profile_used, validate
     from roofline.validate.plot import plot_serving, plot_training
@@ -232,6 +280,10 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(report, ServingReport):
         used = inputs["profile_used"]
         text = f"Predicted with efficiency profile '{used['name']}' ({used['kind']})\n" + text
+    h = held_out(profile_used(load_profile(args.profile)), rf.schema.value)
+    doc["held_out"] = h
+    if h:
+        text += "\n\n" + _held_out_line(inputs["profile_used"]["name"], h)
     if args.plot and not args.json:
         text += f"\n\nPlot written to {args.plot}"
     return emit(args, NAME, inputs, doc, text)

@@ -177,13 +177,14 @@ def family_physics(params: Any) -> str:
 
 
 def profile_assumptions(eff: Any, chip: Any) -> str:
-    """One sentence on the efficiency a prediction assumed on `chip`: a physics profile's
+    """One sentence on the efficiency a training prediction assumed on `chip` (without the
+    serving-only disaggregated hand-off): a physics profile's
     family numbers (GEMMs by shape up to their large-GEMM fraction, flash attention, HBM, links,
     fixed overheads), else a constant profile's three fractions."""
     fam = eff.family_for(chip) if hasattr(eff, "family_for") else None
     if fam is None:
         return (
-            f"{eff.describe()} (matmul {eff.matmul:g}, HBM {eff.hbm:g}, links {eff.link:g} of "
+            f"{eff.describe(handoff=False)} (matmul {eff.matmul:g}, HBM {eff.hbm:g}, links {eff.link:g} of "
             f"peak; {eff.source})"
         )
     parts = [family_physics(fam.params())]
@@ -193,4 +194,6 @@ def profile_assumptions(eff: Any, chip: Any) -> str:
     ]
     if any(ovh):
         parts.append("fixed " + " + ".join(x for x in ovh if x))
-    return f"{eff.describe()} on {fam.family}: " + "; ".join(parts) + f" ({eff.source})"
+    return (
+        f"{eff.describe(handoff=False)} on {fam.family}: " + "; ".join(parts) + f" ({eff.source})"
+    )
