@@ -126,6 +126,7 @@ ORDER = (
     "web.app",
     "cli.report_cmd",
     "cli.ui_cmd",
+    "api",
     "__main__",
     "__init__",
 )

@@ -17,6 +17,20 @@ from typing import TYPE_CHECKING, Any
 # roofline` and the CLI's trivial commands (`roofline chips`) do not pay for numpy, the planner
 # or jax; tests/fuzz/test_cli_fuzz.py::test_trivial_commands_import_little checks this.
 _LAZY: dict[str, str] = {
+    # what the CLI does, as functions with typed results (docs/api.md); not named `validate`
+    # or `calibrate`: those are subpackages, whose import would replace the attribute
+    "Calibration": "roofline.api",
+    "Score": "roofline.api",
+    "ServeChoice": "roofline.api",
+    "ServeSearch": "roofline.api",
+    "ServeStep": "roofline.api",
+    "Validation": "roofline.api",
+    "calibrate_profile": "roofline.api",
+    "serve_search": "roofline.api",
+    "serve_step": "roofline.api",
+    "validate_runs": "roofline.api",
+    "ServePlan": "roofline.serving.inference",
+    "parse_serve_plan": "roofline.serving.inference",
     "CollectiveCost": "roofline.core.collectives",
     "CollectiveKind": "roofline.core.collectives",
     "collective_cost": "roofline.core.collectives",
@@ -90,6 +104,16 @@ def _version() -> str:
 
 
 if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
+    from roofline.api import Calibration as Calibration
+    from roofline.api import Score as Score
+    from roofline.api import ServeChoice as ServeChoice
+    from roofline.api import ServeSearch as ServeSearch
+    from roofline.api import ServeStep as ServeStep
+    from roofline.api import Validation as Validation
+    from roofline.api import calibrate_profile as calibrate_profile
+    from roofline.api import serve_search as serve_search
+    from roofline.api import serve_step as serve_step
+    from roofline.api import validate_runs as validate_runs
     from roofline.core.collectives import CollectiveCost as CollectiveCost
     from roofline.core.collectives import CollectiveKind as CollectiveKind
     from roofline.core.collectives import collective_cost as collective_cost
@@ -117,6 +141,8 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.errors import RooflineError as RooflineError
     from roofline.errors import ShardingError as ShardingError
     from roofline.errors import SpecError as SpecError
+    from roofline.serving.inference import ServePlan as ServePlan
+    from roofline.serving.inference import parse_serve_plan as parse_serve_plan
     from roofline.specs.chip import Chip as Chip
     from roofline.specs.chip import load_chip as load_chip
     from roofline.specs.efficiency import Efficiency as Efficiency
