@@ -27,6 +27,7 @@ from typing import Any
 from roofline.cli._common import add_json, emit, parse_assignments
 from roofline.core.rules import parse_degrees
 from roofline.errors import PlanError, VerifyError
+from roofline.progress import bar
 
 NAME = "verify"
 HELP = "compile a plan with JAX/XLA on simulated devices and diff its collectives and FLOPs against the algebra"
@@ -171,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
         emit(args, NAME, inputs, result, text)
         return 0 if ok else 1
     _check_args(args)
-    r, inputs, what = _verify_matmul(args) if args.matmul else _verify_model(args)
+    with bar(2, "verify", unit="stage") as stages:
+        r, inputs, what = (_verify_matmul if args.matmul else _verify_model)(args, stages)
     from roofline.verify.hlo import summarize
 
     d = r.diff
@@ -214,7 +216,22 @@ def _check_args(args: argparse.Namespace) -> None:
             )
 
 
-def _verify_matmul(args: argparse.Namespace):
+def _stage(stages: Any, name: str) -> None:
+    """Finish the previous stage of the verify bar and name the next one."""
+    stages.update(1)
+    stages.set_description(f"verify: {name}")
+
+
+def _start_jax(devices: int, stages: Any) -> None:
+    ensure_devices(devices)
+    stages.set_description("verify: starting JAX")
+    from roofline.verify.program import _jax
+
+    _jax()  # the slow first import (or the error saying JAX is missing), as its own stage
+    _stage(stages, "compiling and reading the HLO")
+
+
+def _verify_matmul(args: argparse.Namespace, stages: Any):
     mesh = parse_assignments(args.mesh, what="mesh") if args.mesh else None
     dims = parse_assignments(args.dims, what="dims") if args.dims else None
     from roofline.verify.program import MatmulSpec
@@ -229,7 +246,7 @@ def _verify_matmul(args: argparse.Namespace):
             rule="the mesh axes multiply to the device count",
             fix=f"pass --devices {n}",
         )
-    ensure_devices(args.devices)
+    _start_jax(args.devices, stages)
     from roofline.verify.diff import verify_matmul
 
     r = verify_matmul(
@@ -242,6 +259,7 @@ def _verify_matmul(args: argparse.Namespace):
         bytes_tol=args.bytes_tol,
         flops_tol=args.flops_tol,
     )
+    _stage(stages, "done")
     inputs: dict[str, Any] = {
         "matmul": args.matmul,
         "dims": dims,
@@ -272,7 +290,7 @@ def _framework(args: argparse.Namespace) -> str | None:
     return resolve_framework(args.framework, parse_system(args.system).chip)
 
 
-def _verify_model(args: argparse.Namespace):
+def _verify_model(args: argparse.Namespace, stages: Any):
     from roofline.specs.model import load_model
 
     model = load_model(args.model)
@@ -284,8 +302,8 @@ def _verify_model(args: argparse.Namespace):
                 rule="a positive whole number",
                 fix=f"use --{name} 1 or more",
             )
-    ensure_devices(args.devices)
     framework = _framework(args)
+    _start_jax(args.devices, stages)
     from roofline.verify.diff import verify_train_step
 
     r = verify_train_step(
@@ -304,6 +322,7 @@ def _verify_model(args: argparse.Namespace):
         flops_tol=args.flops_tol,
         framework=framework,
     )
+    _stage(stages, "done")
     inputs = {
         "model": model.name,
         "plan": args.plan,
