@@ -34,8 +34,10 @@ def test_serving_rows_state_the_profile_not_its_dict(capsys):
     assert rows["efficiency profile"] == (
         f"{eff.name} ({eff.kind}) on {fam.family}: {family_physics(fam.params())}"
     )
-    src = prof["provenance"]["cv_source_after"]
-    assert f"median |error| {src['median_abs']:.1%}" in rows["its error bar"]
+    ttft = prof["provenance"]["serving"]["all_ttft_held_out_by_engine"]
+    assert rows["its error bar"].startswith(
+        f"TTFT, the hand-off held out by engine: median |error| {ttft['median_abs']:.1%}"
+    )
     assert rows["disaggregated hand-off"].startswith(fmt_time(eff.disagg_handoff_s))
     for label, value in rows.items():
         assert "{" not in value and "'families'" not in value, (label, value)

@@ -8,11 +8,11 @@ roofline validate --runs serving --plot s.png     # TTFT / TPOT / throughput, se
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from typing import Any
 
 from roofline.cli._common import add_json, emit
 from roofline.report.table import table
+from roofline.report.text import held_out_error
 
 NAME = "validate"
 HELP = "predict published measured runs (training, inference, serving) and report the error"
@@ -208,37 +208,9 @@ def _render_serving(report, doc: dict[str, Any]) -> str:
     return "\n".join(out).rstrip()
 
 
-# Where a calibrated profile's provenance keeps its cross-validated error (the honest number the
-# README quotes), per schema: (provenance table, [(key, what was held out)]).
-HELD_OUT_KEYS: dict[str, tuple[tuple[str, ...], list[tuple[str, str]]]] = {
-    "training": (
-        (),
-        [("cv_source_after", "by source"), ("cv_chip_family_after", "by chip family")],
-    ),
-    "serving": (
-        ("serving",),
-        [
-            ("all_ttft_held_out_by_engine", "TTFT, the hand-off held out by engine"),
-            ("all_ttft_held_out_by_chip_family", "TTFT, held out by chip family"),
-        ],
-    ),
-}
-
-
 def held_out(eff: Any, schema: str) -> dict[str, Any] | None:
-    """The profile's held-out (leave-one-group-out) error for this schema's runs, as its
-    [provenance] records it (`roofline calibrate --from-runs`), or None for a profile that
-    records none (datasheet, peak, a hand-written file)."""
-    if schema not in HELD_OUT_KEYS:
-        return None
-    path, keys = HELD_OUT_KEYS[schema]
-    prov: Any = getattr(eff, "provenance", None) or {}
-    for key in path:
-        prov = prov.get(key) or {}
-    folds = {what: dict(prov[k]) for k, what in keys if isinstance(prov.get(k), Mapping)}
-    if not folds:
-        return None
-    return {"runs_file": prov.get("runs_file"), "runs": prov.get("runs"), "folds": folds}
+    """The profile's held-out error for this schema's runs (report.text.held_out_error)."""
+    return held_out_error(getattr(eff, "provenance", None) or {}, schema)
 
 
 def _held_out_line(name: str, h: dict[str, Any]) -> str:

@@ -612,7 +612,7 @@ def serve_profile_rows(serve: Mapping[str, Any]) -> list[Row]:
     if not isinstance(e, Mapping):
         return [("efficiency profile", _plain(e))] if e not in (None, "") else []
     rows: list[Row] = [("efficiency profile", _profile_physics(e, _serve_chip(serve)))]
-    bar = _error_bar(e.get("provenance") or {})
+    bar = _serving_error_bar(e.get("provenance") or {})
     if bar:
         rows.append(("its error bar", bar))
     handoff = _num(e.get("disagg_handoff_s"))
@@ -621,6 +621,22 @@ def serve_profile_rows(serve: Mapping[str, Any]) -> list[Row]:
             ("disaggregated hand-off", f"{fmt(handoff, 'time')} per request (the profile's)")
         )
     return rows
+
+
+def _serving_error_bar(prov: Mapping[str, Any]) -> str:
+    """The profile's held-out serving error (TTFT over the public serving runs, the fitted
+    hand-off held out), else its training one: what the serving numbers may be off by."""
+    from roofline.report.text import held_out_error
+
+    h = held_out_error(prov, "serving")
+    if h is None:
+        return _error_bar(prov)
+    parts = [
+        f"{what}: median |error| {f['median_abs']:.1%}, bias {f['bias']:+.1%}"
+        + (f" over {f['n']} runs" if f.get("n") else "")
+        for what, f in h["folds"].items()
+    ]
+    return "; ".join(parts) + " (public serving runs; docs/calibration.md)"
 
 
 def _serve_chip(serve: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -5,6 +5,7 @@ the objects it reads (`StepCost`, `PlanResult`) are duck-typed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 _TERM_WORDS = {
@@ -197,3 +198,37 @@ def profile_assumptions(eff: Any, chip: Any) -> str:
     return (
         f"{eff.describe(handoff=False)} on {fam.family}: " + "; ".join(parts) + f" ({eff.source})"
     )
+
+
+# Where a calibrated profile's provenance keeps its cross-validated error (the honest number the
+# README quotes), per schema: (provenance table, [(key, what was held out)]).
+HELD_OUT_KEYS: dict[str, tuple[tuple[str, ...], list[tuple[str, str]]]] = {
+    "training": (
+        (),
+        [("cv_source_after", "by source"), ("cv_chip_family_after", "by chip family")],
+    ),
+    "serving": (
+        ("serving",),
+        [
+            ("all_ttft_held_out_by_engine", "TTFT, the hand-off held out by engine"),
+            ("all_ttft_held_out_by_chip_family", "TTFT, held out by chip family"),
+        ],
+    ),
+}
+
+
+def held_out_error(provenance: Mapping[str, Any], schema: str) -> dict[str, Any] | None:
+    """A calibrated profile's held-out (leave-one-group-out) error for this schema's runs, as
+    its [provenance] records it (`roofline calibrate --from-runs`; a profile's `provenance`, or
+    the same table in a JSON document), or None where it records none (datasheet, peak, a
+    hand-written file)."""
+    if schema not in HELD_OUT_KEYS:
+        return None
+    path, keys = HELD_OUT_KEYS[schema]
+    prov: Any = provenance or {}
+    for key in path:
+        prov = prov.get(key) or {}
+    folds = {what: dict(prov[k]) for k, what in keys if isinstance(prov.get(k), Mapping)}
+    if not folds:
+        return None
+    return {"runs_file": prov.get("runs_file"), "runs": prov.get("runs"), "folds": folds}
