@@ -154,3 +154,12 @@ def test_import_roofline_loads_no_api_until_asked():
         check=True,
     )
     assert p.stdout.split() == ["False", "False"]
+
+
+def test_training_results_print_one_line():
+    work = rl.Workload(batch_tokens=2**20, seq_len=4096, total_tokens=1e12)
+    res = rl.plan_training(rl.load_model("tiny-llama"), rl.parse_system("h100:8"), work)
+    best = res.best
+    assert repr(best).startswith(f"StepCost({best.plan.describe()} on h100:8: step ")
+    assert f"MFU {best.mfu:.1%}" in repr(best) and "\n" not in repr(res)
+    assert repr(res).endswith(f"best {best!r})") and len(repr(res)) < 300
