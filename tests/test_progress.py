@@ -114,7 +114,9 @@ def test_no_bar_unless_both_streams_are_terminals(stdout_tty, stderr_tty):
 
 
 def test_the_training_search_draws_its_costing_bar():
-    rc, out, err = run_in_pty(["train", "--chips", "2048-8192"], size=(30, 100))  # a terminal that reports its size
+    rc, out, err = run_in_pty(
+        ["train", "--chips", "2048-8192"], size=(30, 100)
+    )  # a terminal that reports its size
     assert rc == 0, err
     seen = meters(err, "train: costing plans")
     assert seen and seen[-1][0] <= seen[-1][1]
@@ -177,3 +179,12 @@ def test_counter_draws_and_closes(monkeypatch):
     assert show is not None
     for done in (3, 7, 10):
         show(done, 10)  # a closed bar at 10; nothing left open
+
+
+def test_the_serving_search_draws_its_bar_and_erases_it():
+    rc, out, err = run_in_pty(["serve"], size=(30, 100))
+    assert rc == 0, err
+    seen = meters(err, "serve: costing dtypes")
+    assert seen and seen[-1][0] == seen[-1][1]
+    assert err.endswith("\r")  # the last write blanks the line: the bar leaves nothing behind
+    assert "best plan" in out
