@@ -135,6 +135,8 @@ def regenerate(shown: list[str], actual: list[str]) -> list[str]:
         prefix = line[: -len(SKIP)].rstrip() if line.endswith(" " + SKIP) else line
         key = _shape(prefix).split("#")[0] or _shape(prefix)
         k = next((k for k in range(j, len(actual)) if _shape(actual[k]).startswith(key)), None)
+        if k is None and j < len(actual) and out and out[-1] != SKIP:
+            k = j  # no line of that shape (a rule that changed width): the next line in order
         if k is None:
             out.append(line)
             continue
@@ -235,6 +237,8 @@ def test_regenerate_keeps_elisions_and_takes_new_numbers():
     new = regenerate(shown, actual)
     assert new == ["head 1", actual[1], "long line 9 with ...", SKIP]
     assert matches(new, actual)
+    # a table rule that changed width has no line of its shape: the next line in order is taken
+    assert regenerate(["a 1", "-----", "b 2"], ["a 1", "---", "b 3"]) == ["a 1", "---", "b 3"]
 
 
 # --- other statements the issue found stale -------------------------------------------------
