@@ -30,11 +30,15 @@ def run_in_pty(
     stdout_tty: bool = True,
     stderr_tty: bool = True,
     size: tuple[int, int] | None = None,
+    delay: float | None = None,
 ):
     """`python -m roofline ARGV` with stdout / stderr on a pty or a pipe: (rc, stdout, stderr).
     `size` (rows, columns) sets the ptys' window; a fresh pty has none (0x0)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "120", "TERM": "xterm"}
     env.pop("ROOFLINE_PROGRESS", None)
+    env.pop("ROOFLINE_PROGRESS_DELAY", None)
+    if delay is not None:
+        env["ROOFLINE_PROGRESS_DELAY"] = str(delay)
     ends: dict[str, tuple[int, int | None]] = {}
     for name, tty in (("out", stdout_tty), ("err", stderr_tty)):
         ends[name] = pty.openpty() if tty else os.pipe()
@@ -114,15 +118,26 @@ def test_no_bar_unless_both_streams_are_terminals(stdout_tty, stderr_tty):
 
 
 def test_the_training_search_draws_its_costing_bar():
-    rc, out, err = run_in_pty(
-        ["train", "--chips", "2048-8192"], size=(30, 100)
-    )  # a terminal that reports its size
+    # its costing takes under a second here: the delay is set to 0 so the bar is always drawn
+    argv = ["train", "--chips", "2048-8192"]
+    rc, out, err = run_in_pty(argv, size=(30, 100), delay=0)  # a terminal that reports its size
     assert rc == 0, err
     seen = meters(err, "train: costing plans")
-    assert seen and seen[-1][0] <= seen[-1][1]
+    assert seen and seen[-1][0] == seen[-1][1]
     drawn = [x for x in re.split(r"[\r\n]", err) if "train: costing plans" in x]
     assert max(len(x.rstrip()) for x in drawn) <= 100  # fits the window
     assert "Best plan by cost" in out
+
+
+def test_the_delay_setting(monkeypatch):
+    monkeypatch.delenv("ROOFLINE_PROGRESS_DELAY", raising=False)
+    assert progress._delay() == progress.DELAY_S
+
+
+@pytest.mark.parametrize("value, delay", [("0", 0.0), ("2.5", 2.5), ("-1", None), ("x", None)])
+def test_the_delay_can_be_set(monkeypatch, value, delay):
+    monkeypatch.setenv("ROOFLINE_PROGRESS_DELAY", value)
+    assert progress._delay() == (progress.DELAY_S if delay is None else delay)
 
 
 @pytest.mark.slow
@@ -182,7 +197,7 @@ def test_counter_draws_and_closes(monkeypatch):
 
 
 def test_the_serving_search_draws_its_bar_and_erases_it():
-    rc, out, err = run_in_pty(["serve"], size=(30, 100))
+    rc, out, err = run_in_pty(["serve"], size=(30, 100), delay=0)  # its loop takes ~1 s
     assert rc == 0, err
     seen = meters(err, "serve: costing dtypes")
     assert seen and seen[-1][0] == seen[-1][1]

@@ -4,8 +4,9 @@ train/serve searches (issue 22 item 9). tqdm draws them on stderr.
 A bar is shown only when both stdout and stderr are terminals and the command prints no JSON
 (the CLI runs a `--json` command inside `allowed(False)`); a pipe, a file, a CI log, the web UI
 and the Python API (both capture stdout) never get one, so documents and logs stay clean.
-A bar appears after DELAY_S seconds of work, so quick commands never flicker, and is erased
-when the work ends (what the command prints is unchanged). `ROOFLINE_PROGRESS=0` turns them off.
+A bar appears after DELAY_S seconds of work (`ROOFLINE_PROGRESS_DELAY=SECONDS` changes it), so
+quick commands never flicker, and is erased when the work ends (what the command prints is
+unchanged). `ROOFLINE_PROGRESS=0` turns them off.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def _sized() -> bool:
     return size.columns > 0 and size.lines > 0
 
 
+def _delay() -> float:
+    """DELAY_S, or ROOFLINE_PROGRESS_DELAY when it is a number of seconds >= 0."""
+    try:
+        d = float(os.environ.get("ROOFLINE_PROGRESS_DELAY", DELAY_S))
+    except ValueError:
+        return DELAY_S
+    return d if d >= 0 else DELAY_S  # NaN and negatives fall back too
+
+
 def _bar(total: float | None, desc: str, unit: str) -> Any:
     from tqdm import tqdm
 
@@ -66,7 +76,7 @@ def _bar(total: float | None, desc: str, unit: str) -> Any:
         dynamic_ncols=sized,  # follow a resize; a window of 0 columns would draw nothing
         ncols=None if sized else 80,
         nrows=None if sized else 24,
-        delay=DELAY_S,
+        delay=_delay(),
         mininterval=0.2,
     )
 
