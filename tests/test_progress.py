@@ -203,3 +203,14 @@ def test_the_serving_search_draws_its_bar_and_erases_it():
     assert seen and seen[-1][0] == seen[-1][1]
     assert err.endswith("\r")  # the last write blanks the line: the bar leaves nothing behind
     assert "best plan" in out
+
+
+@pytest.mark.slow
+def test_report_draws_its_stages(tmp_path):
+    pytest.importorskip("vl_convert")
+    out_file = tmp_path / "r.html"
+    rc, out, err = run_in_pty(["report", "--out", str(out_file)], size=(30, 100))
+    assert rc == 0, err
+    seen = meters(err, "report: ")
+    assert seen and seen[-1] == (2, 2) and out_file.is_file()
+    assert out.startswith("wrote ")
