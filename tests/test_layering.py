@@ -18,6 +18,7 @@ ORDER = (
     # plain helpers: no roofline imports beyond errors, usable at any stage
     "errors",
     "units",
+    "progress",
     "report.table",
     "report.jsonout",
     "report.text",
@@ -153,6 +154,7 @@ ORDER = (
     "web.app",
     "cli.report_cmd",
     "cli.ui_cmd",
+    "api",
     "__main__",
     "__init__",
 )

@@ -1,7 +1,7 @@
 """roofline: compute, don't guess, the performance of large Transformers.
 
-Public API (re-exports only; see DESIGN.md for the data flow specs -> ledger -> sharding ->
-cost -> training -> planner -> report/cli):
+Public API (re-exports only; docs/api.md shows it at work, docs/architecture.md the data flow
+specs -> ledger -> sharding -> cost -> training -> planner -> report/cli):
 
 >>> import roofline as rl
 >>> round(rl.load_chip("tpu-v5e").critical_intensity("bf16"))
@@ -17,6 +17,20 @@ from typing import TYPE_CHECKING, Any
 # roofline` and the CLI's trivial commands (`roofline chips`) do not pay for numpy, the planner
 # or jax; tests/fuzz/test_cli_fuzz.py::test_trivial_commands_import_little checks this.
 _LAZY: dict[str, str] = {
+    # what the CLI does, as functions with typed results (docs/api.md); not named `validate`
+    # or `calibrate`: those are subpackages, whose import would replace the attribute
+    "Calibration": "roofline.api",
+    "Score": "roofline.api",
+    "ServeChoice": "roofline.api",
+    "ServeSearch": "roofline.api",
+    "ServeStep": "roofline.api",
+    "Validation": "roofline.api",
+    "calibrate_profile": "roofline.api",
+    "serve_search": "roofline.api",
+    "serve_step": "roofline.api",
+    "validate_runs": "roofline.api",
+    "ServePlan": "roofline.serving.inference",
+    "parse_serve_plan": "roofline.serving.inference",
     "CollectiveCost": "roofline.core.collectives",
     "CollectiveKind": "roofline.core.collectives",
     "collective_cost": "roofline.core.collectives",
@@ -102,6 +116,16 @@ def _version() -> str:
 
 
 if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
+    from roofline.api import Calibration as Calibration
+    from roofline.api import Score as Score
+    from roofline.api import ServeChoice as ServeChoice
+    from roofline.api import ServeSearch as ServeSearch
+    from roofline.api import ServeStep as ServeStep
+    from roofline.api import Validation as Validation
+    from roofline.api import calibrate_profile as calibrate_profile
+    from roofline.api import serve_search as serve_search
+    from roofline.api import serve_step as serve_step
+    from roofline.api import validate_runs as validate_runs
     from roofline.core.collectives import CollectiveCost as CollectiveCost
     from roofline.core.collectives import CollectiveKind as CollectiveKind
     from roofline.core.collectives import collective_cost as collective_cost
@@ -138,6 +162,8 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from roofline.errors import SpecError as SpecError
     from roofline.serving.given import GivenSteps as GivenSteps
     from roofline.serving.given import size_deployment as size_deployment
+    from roofline.serving.inference import ServePlan as ServePlan
+    from roofline.serving.inference import parse_serve_plan as parse_serve_plan
     from roofline.serving.seqkv import sequence_sharded_decode as sequence_sharded_decode
     from roofline.specs.chip import Chip as Chip
     from roofline.specs.chip import load_chip as load_chip

@@ -96,3 +96,31 @@ def test_verify_model_prints_the_table():
     assert "mesh fsdp=8 on 8 simulated CPU devices" in out
     assert "all-gather      fsdp" in out and "reduce-scatter  fsdp" in out and "FLOPs (dot)" in out
     assert "verdict: AGREE" in out
+
+
+def test_the_default_stack_is_the_one_xla_runs():
+    """Issue 22 item 13: with no --framework, verify prices the algebra with the JAX/XLA stack's
+    option policy (the compiled program runs on XLA), and `ideal` still asks for the algebra's
+    cheapest options."""
+    from roofline.cli import build_parser
+    from roofline.core.stack import stack_of
+
+    args = build_parser("verify").parse_args(["verify", "--plan", "fsdp=8"])
+    assert args.framework == "maxtext"
+    assert stack_of(args.framework).name == "maxtext"
+    ideal = build_parser("verify").parse_args(
+        ["verify", "--plan", "fsdp=8", "--framework", "ideal"]
+    )
+    assert stack_of(ideal.framework).name == stack_of(None).name
+
+
+@pytest.mark.hlo
+def test_llama_3_8b_fsdp_tp_agrees_by_default():
+    """The issue's reproducer: it said DISAGREE by default and agreed only with --framework
+    maxtext. One compile at Llama-3-8B dims (~25 s on 2 cores)."""
+    p = _run(["--model", "llama-3-8b", "--plan", "fsdp=4,tp=2", "--devices", "8", "--json"])
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["inputs"]["framework"] == "maxtext"
+    assert d["verdict"] in ("agree", "agree-with-named-deviations"), d["verdict_line"]
+    assert not any(row["status"] == "disagree" for row in d["rows"])

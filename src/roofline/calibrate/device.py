@@ -417,7 +417,9 @@ def run_device_calibration(
     kernels = plan(dev.platform, dtypes, quick, jax.device_count(), _topology(jax, local))
     reps, target = (3, 0.02) if quick else (7, 0.2)
     measured = []
-    for kr in kernels:
+    from roofline.progress import track
+
+    for kr in track(kernels, "calibrate: kernels", unit="kernel"):
         measured.append(time_kernel(kr, reps=reps, target_s=target))
         if progress:
             progress(f"  {kr.label}: {measured[-1] * 1e3:.3f} ms")

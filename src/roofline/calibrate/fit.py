@@ -470,8 +470,10 @@ def cross_validate(
 ) -> CrossValidation:
     """Leave-one-`by`-out: fit on the other groups, measure the error on the held-out one."""
     labels = np.asarray(problem.labels[by], dtype=object)
+    from roofline.progress import track
+
     folds = []
-    for g in sorted(set(labels.tolist())):
+    for g in track(sorted(set(labels.tolist())), f"calibrate: folds by {by}", unit="fold"):
         test = np.flatnonzero(labels == g)
         train = np.flatnonzero(labels != g)
         if len(train) == 0:

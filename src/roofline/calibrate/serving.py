@@ -178,7 +178,9 @@ def ttft_curves(
 ) -> TtftCurves:
     g = np.asarray(sorted({float(x) for x in (GRID_S if grid is None else grid)}), float)
     out = np.empty((len(cases), len(g)))
-    for i, c in enumerate(cases):
+    from roofline.progress import track
+
+    for i, c in enumerate(track(cases, "calibrate: TTFT curves", unit="run")):
         out[i] = [predict_ttft(predict, c, start, h) for h in g]
         if progress and (i + 1) % 8 == 0:
             progress(f"predicted {i + 1}/{len(cases)} runs at {len(g)} hand-offs")

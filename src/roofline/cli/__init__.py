@@ -76,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    from roofline.progress import allowed
+
     try:
-        return int(args._run(args) or 0)
+        with allowed(not getattr(args, "json", False)):  # no progress bar beside a document
+            return int(args._run(args) or 0)
     except RooflineError as e:
         print(f"roofline {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from roofline.specs.efficiency import Efficiency, default_profile, load_profile, profile_names
+from roofline.specs.efficiency import (
+    DEFAULT_PROFILE,
+    Efficiency,
+    default_profile,
+    load_profile,
+    profile_names,
+)
+
+
+def default_text() -> str:
+    """What --profile defaults to, in words (from specs.efficiency.DEFAULT_PROFILE)."""
+    if DEFAULT_PROFILE is None:
+        return "the vendor's datasheet default"
+    return f"{DEFAULT_PROFILE}, specs/profiles/{DEFAULT_PROFILE}.toml"
 
 
 def add_profile_arg(p: argparse.ArgumentParser) -> None:
@@ -20,7 +33,7 @@ def add_profile_arg(p: argparse.ArgumentParser) -> None:
         metavar="NAME|FILE",
         help="efficiency profile: "
         + ", ".join(profile_names())
-        + ", or a TOML file written by `roofline calibrate` (default: the vendor's documented default)",
+        + f", or a TOML file written by `roofline calibrate` (default: {default_text()})",
     )
     p.add_argument("--efficiency", metavar="FILE", help=argparse.SUPPRESS)  # old spelling
 

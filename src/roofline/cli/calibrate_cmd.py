@@ -21,11 +21,11 @@ leave-one-engine-out and leave-one-chip-family-out cross-validation. All write a
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from roofline.cli._common import add_json, emit
 from roofline.errors import SpecError
+from roofline.progress import write as progress_write
 
 NAME = "calibrate"
 HELP = "fit the efficiency profile on the local accelerator (--device) or on measured runs (--from-runs)"
@@ -84,7 +84,7 @@ def _device(args: argparse.Namespace) -> int:
     from roofline.calibrate.write import chip_to_toml, profile_to_toml
 
     quiet = args.json
-    say = None if quiet else (lambda s: print(s, file=sys.stderr))
+    say = None if quiet else progress_write
     if say:
         say(f"timing microbenchmarks{' (quick)' if args.quick else ''} ...")
     args.base = args.base or "datasheet"
@@ -152,7 +152,7 @@ def _runs(args: argparse.Namespace) -> int:
     args.base = args.base or "datasheet"
     jobs = None if args.jobs is None else int_flag(args.jobs, "jobs", hi=64, example="2")
     try:
-        say = None if args.json else (lambda m: print(m, file=sys.stderr))
+        say = None if args.json else progress_write
         res = calibrate_from_runs(
             args.from_runs,
             framework=args.framework,
@@ -193,7 +193,7 @@ def _serving(args: argparse.Namespace) -> int:
             rule="a serving calibration fits every mapped disaggregated run, in one process",
             fix="drop --framework / --jobs",
         )
-    say = None if args.json else (lambda m: print(m, file=sys.stderr))
+    say = None if args.json else progress_write
     res = calibrate_serving(
         args.from_runs,
         base=args.base or "fitted",

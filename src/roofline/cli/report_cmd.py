@@ -112,6 +112,7 @@ def _serve_argv(args: argparse.Namespace) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from roofline.progress import bar
     from roofline.report.page_html import render_html, require_web_extra
     from roofline.report.page_md import render_markdown
     from roofline.web.documents import report_documents, values_from_namespace
@@ -119,12 +120,16 @@ def run(args: argparse.Namespace) -> int:
     require_web_extra()
     fmt, out = _format_and_out(args)
     serve = load_serving(args.serving) if args.serving else None
-    docs = report_documents(values_from_namespace("train", args), serve, _serve_argv(args))
-    if fmt == "html":
-        out.write_text(render_html(docs), encoding="utf-8")
-        written = [out]
-    else:
-        written = render_markdown(docs, out)
+    with bar(2, "report: running the commands", unit="stage") as stages:
+        docs = report_documents(values_from_namespace("train", args), serve, _serve_argv(args))
+        stages.update(1)
+        stages.set_description("report: charts and page")
+        if fmt == "html":
+            out.write_text(render_html(docs), encoding="utf-8")
+            written = [out]
+        else:
+            written = render_markdown(docs, out)
+        stages.update(1)
     size = sum(p.stat().st_size for p in written)
     text = f"wrote {', '.join(str(p) for p in written)} ({size / 1e6:.2f} MB): {docs.commands['train']}"
     inputs = {"out": str(out), "format": fmt, "serving": args.serving}

@@ -9,8 +9,6 @@ reference stack runs it (`--framework auto`: maxtext on TPU, megatron on NVIDIA 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +17,7 @@ from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.core.ledger import count_params
 from roofline.core.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
 from roofline.errors import PlanError
+from roofline.progress import counter
 from roofline.report.table import kv, table
 from roofline.report.text import profile_assumptions, stack_note, term_phrase
 from roofline.specs.model_catalog import load_model
@@ -222,7 +221,7 @@ def search_plans(
         optimizer=args.optimizer,
         allow_sub_slices=not args.no_sub_slices,
         chips=chips,
-        progress=None if args.json else _terminal_progress(sys.stderr),
+        progress=counter("train: costing plans", unit="plan"),
         space=SearchSpace(),
         framework=stack,
         dtypes=dtypes,
@@ -410,19 +409,6 @@ def _render_assumed(est: AssumedRun) -> str:
             "This assumes the MFU; run without --assume-mfu to plan the parallelism and predict it.",
         ]
     )
-
-
-def _terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:
-    if not stream.isatty():
-        return None
-
-    def show(done: int, total: int) -> None:
-        stream.write(f"\r  evaluated {done}/{total} candidates")
-        if done == total:
-            stream.write("\n")
-        stream.flush()
-
-    return show
 
 
 def _breakdown(d: dict[str, float]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from roofline.cli._common import add_json, emit
 from roofline.report.table import table
+from roofline.report.text import held_out_error
 
 NAME = "validate"
 HELP = "predict published measured runs (training, inference, serving) and report the error"
@@ -207,6 +208,25 @@ def _render_serving(report, doc: dict[str, Any]) -> str:
     return "\n".join(out).rstrip()
 
 
+def held_out(eff: Any, schema: str) -> dict[str, Any] | None:
+    """The profile's held-out error for this schema's runs (report.text.held_out_error)."""
+    return held_out_error(getattr(eff, "provenance", None) or {}, schema)
+
+
+def _held_out_line(name: str, h: dict[str, Any]) -> str:
+    parts = [
+        f"{_pct(f['median_abs'])} {what}"
+        + (f" over {f['n']} runs" if f.get("n") else "")
+        + f" (bias {_pct(f['bias'], True)})"
+        for what, f in h["folds"].items()
+    ]
+    return (
+        f"Held out (the honest number): median |error| {'; '.join(parts)} — profile '{name}' "
+        f"cross-validated on the runs of '{h['runs_file']}' it was fitted on ({h['runs']} runs; "
+        "docs/calibration.md); the errors above are in-sample for those runs."
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from roofline.validate import ServingReport, load_profile, load_runs, profile_used, validate
     from roofline.validate.plot import plot_serving, plot_training
@@ -232,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(report, ServingReport):
         used = inputs["profile_used"]
         text = f"Predicted with efficiency profile '{used['name']}' ({used['kind']})\n" + text
+    h = held_out(profile_used(load_profile(args.profile)), rf.schema.value)
+    doc["held_out"] = h
+    if h:
+        text += "\n\n" + _held_out_line(inputs["profile_used"]["name"], h)
     if args.plot and not args.json:
         text += f"\n\nPlot written to {args.plot}"
     return emit(args, NAME, inputs, doc, text)

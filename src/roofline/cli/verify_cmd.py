@@ -27,9 +27,13 @@ from typing import Any
 from roofline.cli._common import add_json, emit, parse_assignments
 from roofline.core.rules import parse_degrees
 from roofline.errors import PlanError, VerifyError
+from roofline.progress import bar
 
 NAME = "verify"
 HELP = "compile a plan with JAX/XLA on simulated devices and diff its collectives and FLOPs against the algebra"
+# The stack the compiled program runs on: verify compiles with JAX/XLA, so by default the
+# algebra is priced with the option policy of the JAX/XLA stack (specs/frameworks/maxtext.toml).
+XLA_STACK = "maxtext"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,10 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--framework",
-        default=None,
-        help="the stack whose option policy predicts the collectives (maxtext = XLA's habits: "
-        "FSDP gathers weights, TP moves activations; auto: the reference stack of --system's "
-        "chip; default: the algebra's cheapest option)",
+        default=XLA_STACK,
+        help=f"the stack whose option policy predicts the collectives (default {XLA_STACK}: the "
+        "JAX/XLA stack, XLA's partitioner habits — FSDP gathers weights, TP moves activations; "
+        "ideal: the algebra's cheapest option; auto: the reference stack of --system's chip)",
     )
     p.add_argument(
         "--final",
@@ -168,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
         emit(args, NAME, inputs, result, text)
         return 0 if ok else 1
     _check_args(args)
-    r, inputs, what = _verify_matmul(args) if args.matmul else _verify_model(args)
+    with bar(2, "verify", unit="stage") as stages:
+        r, inputs, what = (_verify_matmul if args.matmul else _verify_model)(args, stages)
     from roofline.verify.hlo import summarize
 
     d = r.diff
@@ -211,7 +216,22 @@ def _check_args(args: argparse.Namespace) -> None:
             )
 
 
-def _verify_matmul(args: argparse.Namespace):
+def _stage(stages: Any, name: str) -> None:
+    """Finish the previous stage of the verify bar and name the next one."""
+    stages.update(1)
+    stages.set_description(f"verify: {name}")
+
+
+def _start_jax(devices: int, stages: Any) -> None:
+    ensure_devices(devices)
+    stages.set_description("verify: starting JAX")
+    from roofline.verify.program import _jax
+
+    _jax()  # the slow first import (or the error saying JAX is missing), as its own stage
+    _stage(stages, "compiling and reading the HLO")
+
+
+def _verify_matmul(args: argparse.Namespace, stages: Any):
     mesh = parse_assignments(args.mesh, what="mesh") if args.mesh else None
     dims = parse_assignments(args.dims, what="dims") if args.dims else None
     from roofline.verify.program import MatmulSpec
@@ -226,7 +246,7 @@ def _verify_matmul(args: argparse.Namespace):
             rule="the mesh axes multiply to the device count",
             fix=f"pass --devices {n}",
         )
-    ensure_devices(args.devices)
+    _start_jax(args.devices, stages)
     from roofline.verify.diff import verify_matmul
 
     r = verify_matmul(
@@ -239,6 +259,7 @@ def _verify_matmul(args: argparse.Namespace):
         bytes_tol=args.bytes_tol,
         flops_tol=args.flops_tol,
     )
+    _stage(stages, "done")
     inputs: dict[str, Any] = {
         "matmul": args.matmul,
         "dims": dims,
@@ -269,7 +290,7 @@ def _framework(args: argparse.Namespace) -> str | None:
     return resolve_framework(args.framework, parse_system(args.system).chip)
 
 
-def _verify_model(args: argparse.Namespace):
+def _verify_model(args: argparse.Namespace, stages: Any):
     from roofline.specs.model_catalog import load_model
 
     model = load_model(args.model)
@@ -281,7 +302,8 @@ def _verify_model(args: argparse.Namespace):
                 rule="a positive whole number",
                 fix=f"use --{name} 1 or more",
             )
-    ensure_devices(args.devices)
+    framework = _framework(args)
+    _start_jax(args.devices, stages)
     from roofline.verify.diff import verify_train_step
 
     r = verify_train_step(
@@ -298,11 +320,13 @@ def _verify_model(args: argparse.Namespace):
         final=args.final,
         bytes_tol=args.bytes_tol,
         flops_tol=args.flops_tol,
-        framework=_framework(args),
+        framework=framework,
     )
+    _stage(stages, "done")
     inputs = {
         "model": model.name,
         "plan": args.plan,
+        "framework": framework,
         "devices": args.devices,
         "layers": args.layers,
         "batch": args.batch,

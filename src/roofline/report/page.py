@@ -595,13 +595,61 @@ def serve_rows(serve: Mapping[str, Any]) -> list[Row]:
         ("quantisation", _flat(best.get("quant"))),
         ("replica", best.get("system")),
         ("engine", inputs.get("engine")),
-        ("efficiency profile", inputs.get("profile")),
     ]
     at = 1 if rows and rows[0][0] == "plan" else 0
     rows[at:at] = [(k, str(v)) for k, v in extra if v not in (None, "")]
+    rows += serve_profile_rows(serve)
     if inputs.get("definitions"):
         rows.append(("definitions", str(inputs["definitions"])))
     return rows
+
+
+def serve_profile_rows(serve: Mapping[str, Any]) -> list[Row]:
+    """The serving prediction's efficiency profile as the training assumptions state it: its
+    name and kind, the physics on the serving chip, its error bar and the disaggregated hand-off
+    (the document holds the whole profile; the page states what it assumed, not the dict)."""
+    e = (serve.get("inputs") or {}).get("profile")
+    if not isinstance(e, Mapping):
+        return [("efficiency profile", _plain(e))] if e not in (None, "") else []
+    rows: list[Row] = [("efficiency profile", _profile_physics(e, _serve_chip(serve)))]
+    bar = _serving_error_bar(e.get("provenance") or {})
+    if bar:
+        rows.append(("its error bar", bar))
+    handoff = _num(e.get("disagg_handoff_s"))
+    if handoff:
+        rows.append(
+            ("disaggregated hand-off", f"{fmt(handoff, 'time')} per request (the profile's)")
+        )
+    return rows
+
+
+def _serving_error_bar(prov: Mapping[str, Any]) -> str:
+    """The profile's held-out serving error (TTFT over the public serving runs, the fitted
+    hand-off held out), else its training one: what the serving numbers may be off by."""
+    from roofline.report.text import held_out_error
+
+    h = held_out_error(prov, "serving")
+    if h is None:
+        return _error_bar(prov)
+    parts = [
+        f"{what}: median |error| {f['median_abs']:.1%}, bias {f['bias']:+.1%}"
+        + (f" over {f['n']} runs" if f.get("n") else "")
+        for what, f in h["folds"].items()
+    ]
+    return "; ".join(parts) + " (public serving runs; docs/calibration.md)"
+
+
+def _serve_chip(serve: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The serving system's chip as a profile family's `match` reads it; empty when the
+    document's system cannot be read here (the profile's constant fractions are shown then)."""
+    from roofline.errors import RooflineError
+    from roofline.specs.system import parse_system
+
+    try:
+        chip = parse_system(str((serve.get("inputs") or {}).get("system", ""))).chip
+    except RooflineError:
+        return {}
+    return {"name": chip.name, "generation": chip.generation, "aliases": chip.aliases}
 
 
 def _flat(v: Any) -> Any:

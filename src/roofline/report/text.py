@@ -5,6 +5,7 @@ the objects it reads (`StepCost`, `PlanResult`) are duck-typed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 _TERM_WORDS = {
@@ -177,13 +178,14 @@ def family_physics(params: Any) -> str:
 
 
 def profile_assumptions(eff: Any, chip: Any) -> str:
-    """One sentence on the efficiency a prediction assumed on `chip`: a physics profile's
+    """One sentence on the efficiency a training prediction assumed on `chip` (without the
+    serving-only disaggregated hand-off): a physics profile's
     family numbers (GEMMs by shape up to their large-GEMM fraction, flash attention, HBM, links,
     fixed overheads), else a constant profile's three fractions."""
     fam = eff.family_for(chip) if hasattr(eff, "family_for") else None
     if fam is None:
         return (
-            f"{eff.describe()} (matmul {eff.matmul:g}, HBM {eff.hbm:g}, links {eff.link:g} of "
+            f"{eff.describe(handoff=False)} (matmul {eff.matmul:g}, HBM {eff.hbm:g}, links {eff.link:g} of "
             f"peak; {eff.source})"
         )
     parts = [family_physics(fam.params())]
@@ -193,4 +195,40 @@ def profile_assumptions(eff: Any, chip: Any) -> str:
     ]
     if any(ovh):
         parts.append("fixed " + " + ".join(x for x in ovh if x))
-    return f"{eff.describe()} on {fam.family}: " + "; ".join(parts) + f" ({eff.source})"
+    return (
+        f"{eff.describe(handoff=False)} on {fam.family}: " + "; ".join(parts) + f" ({eff.source})"
+    )
+
+
+# Where a calibrated profile's provenance keeps its cross-validated error (the honest number the
+# README quotes), per schema: (provenance table, [(key, what was held out)]).
+HELD_OUT_KEYS: dict[str, tuple[tuple[str, ...], list[tuple[str, str]]]] = {
+    "training": (
+        (),
+        [("cv_source_after", "by source"), ("cv_chip_family_after", "by chip family")],
+    ),
+    "serving": (
+        ("serving",),
+        [
+            ("all_ttft_held_out_by_engine", "TTFT, the hand-off held out by engine"),
+            ("all_ttft_held_out_by_chip_family", "TTFT, held out by chip family"),
+        ],
+    ),
+}
+
+
+def held_out_error(provenance: Mapping[str, Any], schema: str) -> dict[str, Any] | None:
+    """A calibrated profile's held-out (leave-one-group-out) error for this schema's runs, as
+    its [provenance] records it (`roofline calibrate --from-runs`; a profile's `provenance`, or
+    the same table in a JSON document), or None where it records none (datasheet, peak, a
+    hand-written file)."""
+    if schema not in HELD_OUT_KEYS:
+        return None
+    path, keys = HELD_OUT_KEYS[schema]
+    prov: Any = provenance or {}
+    for key in path:
+        prov = prov.get(key) or {}
+    folds = {what: dict(prov[k]) for k, what in keys if isinstance(prov.get(k), Mapping)}
+    if not folds:
+        return None
+    return {"runs_file": prov.get("runs_file"), "runs": prov.get("runs"), "folds": folds}

@@ -144,6 +144,12 @@ class ServePlan:
     def expert_tp(self) -> int:
         return self.tp * self.dp // self.ep
 
+    def __str__(self) -> str:
+        return self.describe()
+
+    def __repr__(self) -> str:  # the spec parse_serve_plan reads back
+        return f"ServePlan({self.describe()!r})"
+
     def describe(self) -> str:
         parts = [f"tp={self.tp}"]
         parts += [f"{k}={getattr(self, k)}" for k in ("pp", "dp", "ep") if getattr(self, k) > 1]

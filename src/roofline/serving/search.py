@@ -228,7 +228,9 @@ def evaluate(q: ServeQuery) -> Evaluated:
         )
     }
     reason = np.full(n, "", dtype=object)
-    for qi, quant in enumerate(q.quants):
+    from roofline.progress import track
+
+    for qi, quant in track(list(enumerate(q.quants)), "serve: costing dtypes", unit="dtype set"):
         sel = c.quant == qi
         mem = memory_arrays(q, c, qi, sel)
         _evaluate_quant(q, c, sel, quant, mem, out, reason)

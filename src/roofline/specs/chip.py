@@ -125,6 +125,9 @@ class Chip:
                 fix="add `bf16 = ...` under [peak_flops_per_s]",
             )
 
+    def __repr__(self) -> str:  # short: the catalog name (`roofline chip NAME` shows the rest)
+        return f"Chip({self.name!r})"
+
     # -- derived -----------------------------------------------------------------
     @property
     def default_dtype(self) -> str:

@@ -450,11 +450,12 @@ class Efficiency:
             },
         }
 
-    def describe(self) -> str:
-        """One line for a report: which profile, measured or datasheet."""
+    def describe(self, handoff: bool = True) -> str:
+        """One line for a report: which profile, measured or datasheet (`handoff=False`: leave
+        out the serving-only disaggregated hand-off, for training output)."""
         kind = "measured-calibrated" if self.calibrated else "datasheet-only"
         fw = f", framework {self.framework}" if self.framework else ""
-        h = self.disagg_handoff_s
+        h = self.disagg_handoff_s if handoff else 0.0
         hand = f", disaggregated hand-off {h * 1e3:.0f} ms" if h else ""
         return f"efficiency profile '{self.name}' ({kind}{fw}{hand})"
 

@@ -255,6 +255,13 @@ class ModelSpec:
             return 0
         return -(-self.n_layers // self.local_layer_period)
 
+    def __repr__(self) -> str:  # short: the name and the shape that sizes everything
+        moe = f", {self.moe.n_experts} experts top-{self.moe.top_k}" if self.moe else ""
+        return (
+            f"ModelSpec({self.name!r}: L={self.n_layers}, D={self.d_model}, F={self.d_ff}, "
+            f"heads {self.n_heads}/{self.n_kv_heads} kv x {self.d_head}, V={self.vocab}{moe})"
+        )
+
     def with_(self, **changes: Any) -> ModelSpec:
         return replace(self, **changes)
 

@@ -496,6 +496,12 @@ class Plan:
         """The strategies of degree > 1."""
         return frozenset(s for s in STRATEGIES if self.degrees.of(s) > 1)
 
+    def __str__(self) -> str:
+        return self.describe()
+
+    def __repr__(self) -> str:  # the spec parse_plan reads back, not a dataclass dump
+        return f"Plan({self.describe()!r})"
+
     def describe(self) -> str:
         d = self.degrees
         parts = [d.describe()]

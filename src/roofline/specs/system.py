@@ -228,6 +228,9 @@ class System:
             )
 
     # -- helpers -----------------------------------------------------------------
+    def __repr__(self) -> str:  # short: the name parse_system reads and what it holds
+        return f"System({self.name!r}: {self.n_chips} x {self.chip.name})"
+
     def dim(self, name: str) -> PhysDim:
         for d in self.dims:
             if d.name == name:

@@ -906,6 +906,16 @@ class StepCost:
     framework: str = "ideal"  # the stack whose behaviour was costed
     compute_dtype: str = "bf16"  # the dense matmuls' dtype (the second MFU's peak)
 
+    def __repr__(self) -> str:  # one line: the plan's spec and its key figures, not a dump
+        from roofline.units import fmt_bytes, fmt_time
+
+        fits = "" if self.fits else ", does not fit"
+        return (
+            f"StepCost({self.plan.describe()} on {self.system.name}: step "
+            f"{fmt_time(self.step_time_s)}, MFU {self.mfu:.1%}, "
+            f"{fmt_bytes(self.memory_per_chip_bytes)}/chip{fits})"
+        )
+
     @property
     def terms(self) -> dict[str, float]:
         """The step's terms by key: compute, bubble, optimizer, overhead, "exposed:<group>"."""

@@ -107,7 +107,7 @@ def validate(
             ) from None
     rf = runs if isinstance(runs, RunFile) else load_runs(runs)
     eff = load_profile(profile)
-    name = profile_used(eff).describe()
+    name = profile_used(eff).describe(handoff=rf.schema != Schema.TRAINING)
     if rf.schema == Schema.TRAINING:
         return validate_training(
             mapped_runs(rf), efficiency=eff, profile_name=name, framework=framework, planner=planner

@@ -297,8 +297,10 @@ def validate_training(
     framework: str = "auto",
     planner: bool = False,
 ) -> TrainingReport:
+    from roofline.progress import track
+
     results = []
-    for run in runs:
+    for run in track(runs, "validate: training runs", unit="run"):
         r = predict_run(run, efficiency, framework)
         if planner:
             r = planner_check(r, efficiency, framework)

@@ -197,5 +197,10 @@ def validate_serving(
     predictor: ServingPredictor | None = None,
 ) -> ServingReport:
     pred = predictor or find_predictor()
-    results = tuple(predict_serving_run(r, pred, efficiency) for r in runs)
+    from roofline.progress import track
+
+    results = tuple(
+        predict_serving_run(r, pred, efficiency)
+        for r in track(runs, f"validate: {schema} runs", unit="run")
+    )
     return ServingReport(schema, results, pred is not None)

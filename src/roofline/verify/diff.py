@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -695,15 +696,19 @@ def _fsdp_backward_gathers(m: _Match) -> None:
             n, o.count = o.count, 0
             what = f"{t} {o.nbytes:,.0f} B{where}"
             m.acc.add("fsdp-regather-in-backward", o.key, o.nbytes * n, what)
+    # weight gathers of one size are interchangeable to the exact match, which may leave a
+    # forward gather over rather than the backward one XLA skipped: any left over are reuse, up
+    # to as many of that size as the backward pass predicts
+    budget: Counter[tuple] = Counter()
+    for c in _p_items(m.pred.collectives):
+        if c.kind == "all-gather" and _is_weight(c.tensor) and "fsdp" in c.axes:
+            budget[(c.axes, c.nbytes)] += c.count if c.einsum != "forward" else 0
     for p in m.P:
-        if (
-            p.count > 0
-            and p.kind == "all-gather"
-            and _is_weight(p.tensor)
-            and "fsdp" in p.axes
-            and p.einsum != "forward"
-        ):
-            n, p.count = p.count, 0
+        size = (p.axes, p.nbytes)
+        if p.count > 0 and p.kind == "all-gather" and _is_weight(p.tensor) and budget[size] > 0:
+            n = min(p.count, budget[size])
+            budget[size] -= n
+            p.count -= n
             what = f"{p.tensor} {p.nbytes:,.0f} B"
             m.acc.add("fsdp-reuse-in-backward", p.key, -p.nbytes * n, what)
 

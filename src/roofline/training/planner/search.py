@@ -64,6 +64,13 @@ class PlanResult:
     # the best plan with the algebra's cheapest options, where they beat the stack's
     algebra_alternative: StepCost | None = None
 
+    def __repr__(self) -> str:  # one line: the best plan and how much was searched
+        best = repr(self.top[0]) if self.top else "no plan"
+        return (
+            f"PlanResult({self.candidates_evaluated:,} plans costed, objective {self.objective}: "
+            f"best {best})"
+        )
+
     @property
     def best(self) -> StepCost:
         return self.top[0]
