@@ -24,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from roofline.cli._common import add_json, emit
+from roofline.cli._common import add_json, check_output_path, emit
 from roofline.errors import SpecError
 
 NAME = "calibrate"
@@ -73,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")  # before minutes of fitting, not at the write
+    check_output_path(args.docs, "--docs")
     if args.device:
         return _device(args)
     return _runs(args)
