@@ -71,6 +71,12 @@ def served(app):
 
 
 @pytest.fixture(scope="session")
+def serve_app():
+    """`served` as a fixture: `with serve_app(app) as url: ...`."""
+    return served
+
+
+@pytest.fixture(scope="session")
 def ui_token() -> str:
     return UI_TOKEN
 

@@ -23,8 +23,10 @@ a bound answers 503 (busy, too slow, too big in memory) or 413 (upload too large
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -244,6 +246,12 @@ def create_app(
         limits=limits or Limits(),
     )
     methods = ["GET", "POST"]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        shutil.rmtree(state.uploads, ignore_errors=True)  # the uploads live as long as the server
+
     # answer only requests addressed to this machine (a web page cannot rebind a name to it),
     # then only those of this session's pages (web.security)
     app = Starlette(
@@ -252,6 +260,7 @@ def create_app(
             Route("/report.html", report_page, methods=methods),
             Route("/api/{command}", api, methods=methods),
         ],
+        lifespan=lifespan,
         middleware=[
             Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost"]),
             Middleware(security.Guard, token=state.token),
