@@ -216,6 +216,30 @@ def _decode(data: bytes, what: str, shown: str) -> str:
         ) from None
 
 
+MAX_NESTING = 100  # brackets or indentation levels: spec and run files nest a few levels
+
+
+def too_deep(what: str, shown: str) -> SpecError:
+    return SpecError(
+        f"{what} file {shown} nests too deeply",
+        rule=f"a {what} file nests tables and lists a few levels (at most {MAX_NESTING})",
+        fix=f"point at the {what} file itself",
+    )
+
+
+def check_nesting(text: str, what: str, path: str | Path) -> None:
+    """Refuse text that nests deeper than MAX_NESTING (flow brackets, or block indentation),
+    before a parser recurses on it: libyaml's C loader overflows the C stack (a segfault, not
+    an exception) on a few thousand `[` or `- - - ...`."""
+    depth = deepest = 0
+    for c in re.sub(r"[^\[\]{}]", "", text):
+        depth = max(depth + (1 if c in "[{" else -1), 0)
+        deepest = max(deepest, depth)
+    indent = max((len(m) for m in re.findall(r"(?m)^[ \t-]*", text)), default=0)
+    if deepest > MAX_NESTING or indent > 4 * MAX_NESTING:
+        raise too_deep(what, _short(str(path)))
+
+
 def too_many_digits(e: BaseException) -> bool:
     """True for Python's int-conversion limit (a number of more than 4,300 digits)."""
     return isinstance(e, ValueError) and "integer string conversion" in str(e)
@@ -245,6 +269,8 @@ def read_toml(path: str | Path, what: str) -> dict:
         if too_many_digits(e):
             raise huge_number_error(f"{what} file {_short(str(path))}") from None
         raise
+    except RecursionError:
+        raise too_deep(what, _short(str(path))) from None
 
 
 def check_name_length(name: str, what: str) -> None:
