@@ -315,3 +315,16 @@ def test_memory_is_bounded(data_dir, serve_app):
         small = request(url, "/api/chip", {"name": "h100"})[0]
     assert status == 503 and "more than 64 MiB of memory" in json.loads(body)["error"]
     assert small == 200  # a small request fits
+
+
+def test_ui_command_checks_its_bounds_and_data_dir(capsys, tmp_path):
+    for argv, words in [
+        (["--data-dir", str(tmp_path / "missing")], "is not a folder"),
+        (["--timeout", "0"], "--timeout 0"),
+        (["--memory-mib", "1"], "--memory-mib 1"),
+        (["--workers", "0"], "--workers 0"),
+    ]:
+        capsys.readouterr()
+        assert main(["ui", *argv]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Fix:" in err
