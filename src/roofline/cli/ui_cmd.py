@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from roofline.report.page_html import WEB_EXTRA, require_web_extra
 
     require_web_extra()
-    missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    need = ("starlette", "uvicorn", "python_multipart")
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
     if missing:
         raise SpecError(
             f"roofline ui needs {', '.join(missing)}, "
