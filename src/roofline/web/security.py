@@ -47,7 +47,14 @@ def _given_token(scope: dict[str, Any]) -> tuple[str, bool]:
     scheme, _, value = auth.partition(" ")
     if scheme.lower() in ("token", "bearer") and value.strip():
         return value.strip(), False
-    return conn.cookies.get(TOKEN_COOKIE, ""), False
+    return conn.cookies.get(cookie_name(scope), ""), False
+
+
+def cookie_name(scope: dict[str, Any]) -> str:
+    """The token cookie, one per port (cookies are shared by every port of a host, and two
+    servers must not overwrite each other's)."""
+    server = scope.get("server") or (None, None)
+    return f"{TOKEN_COOKIE}-{server[1]}"
 
 
 def refusal(scope: dict[str, Any], token: str) -> str | None:
@@ -94,7 +101,7 @@ class Guard:
         _, in_query = _given_token(scope)
         if not in_query:
             return await self.app(scope, receive, send)
-        cookie = f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode()
+        cookie = f"{cookie_name(scope)}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode()
 
         async def send_with_cookie(message):
             if message["type"] == "http.response.start":

@@ -88,15 +88,23 @@ def _child(conn, sandbox: Sandbox, job: str, args: tuple) -> None:
         reply = ("limit", "the request ran out of memory", "", "")
     except ValueError as e:
         if not too_many_digits(e):
-            reply = ("crash", type(e).__name__)
+            reply = _crash(e)
         else:
             h = huge_number_error("an input")
             reply = ("error", h.what, h.rule, h.fix)
-    except Exception as e:  # noqa: BLE001 - reported as a 500 naming the class, never a traceback
-        reply = ("crash", type(e).__name__)
+    except Exception as e:  # noqa: BLE001 - a 500 naming the class; the traceback goes to the log
+        reply = _crash(e)
     with contextlib.suppress(BrokenPipeError, OSError):
         conn.send(reply)
     conn.close()
+
+
+def _crash(e: BaseException) -> tuple:
+    """A bug: the traceback goes to the server's terminal (stderr), the class to the client."""
+    import traceback
+
+    traceback.print_exc()
+    return ("crash", type(e).__name__)
 
 
 # -- the server side ----------------------------------------------------------------------------
