@@ -251,8 +251,11 @@ def _api_problems(status: int | None, text: str) -> list[str]:
         return [f"the API answered no JSON ({e.msg})"]
     if status == 200:
         return list(_json_problems(doc, "$"))
-    if not isinstance(doc, dict) or "Rule:" not in str(doc.get("error", "")):
-        return ["an API error without its one paragraph (Rule:/Fix:)"]
+    if not isinstance(doc, dict):
+        return ["an API error that is not a JSON object"]
+    error = str(doc.get("error", ""))
+    if not doc.get("what") or not ("Rule:" in error or "Fix:" in error) or "\n" in error:
+        return ["an API error without its one paragraph (what, Rule:/Fix:)"]
     return []
 
 

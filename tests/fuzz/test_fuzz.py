@@ -155,6 +155,25 @@ def test_the_oracle_can_fail():
     assert not Outcome(["chip", "mi300x"], 0, "Infinity Fabric 448 GB/s", "", 0.1).problems()
 
 
+def test_the_ui_oracle_can_fail():
+    """The UI oracle: a 500, a hang, a canary's content, a foreign request answered, an API
+    error without its paragraph are each caught; a refusal and a clean 400 pass."""
+    from fuzz_harness import Response
+
+    ok = {"path": "/api/train", "headers": {"Authorization": "token fuzz-token"}}
+    err = b'{"error": "x. Fix: y.", "what": "x", "rule": "", "fix": "y"}'
+    assert Response(ok, 500, b"{}", 0.1).problems()
+    assert Response(ok, None, b"", 30.0, timed_out=True).problems()
+    assert Response(ok, 400, err.replace(b"x.", b"CANARY-5b1e."), 0.1).problems()
+    assert Response({**ok, "headers": {}}, 200, b"{}", 0.1).problems()
+    assert Response(
+        {**ok, "headers": {**ok["headers"], "Origin": "null"}}, 200, b"{}", 0.1
+    ).problems()
+    assert Response(ok, 400, b'{"error": "x"}', 0.1).problems()
+    assert not Response({**ok, "headers": {}}, 403, err, 0.1).problems()
+    assert not Response(ok, 400, err, 0.1).problems()
+
+
 def test_trivial_commands_import_little():
     """`roofline chips` must not import the planner, numpy or matplotlib (the 0.3 s CPU target)."""
     code = (

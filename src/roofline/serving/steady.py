@@ -165,7 +165,11 @@ def load_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
         P.append(p)
         G.append(g)
     if not P:
-        raise SpecError(f"lengths file {path!r} has no requests", fix="add lines `prompt,output`")
+        raise SpecError(
+            f"lengths file {path!r} has no requests",
+            rule="a lengths file holds one request a line: prompt tokens, output tokens",
+            fix="add lines `prompt,output`",
+        )
     return np.array(P), np.array(G)
 
 
