@@ -233,7 +233,9 @@ def create_app(
     """The ASGI app (Starlette). Import-time cheap: nothing is computed until a request.
 
     `token` is the session's secret (a new random one when None: read it from
-    app.state.ui.token); `data_dir` the one folder whose files requests may name."""
+    app.state.ui.token); `data_dir` the one folder whose files requests may name. Requests
+    compute in worker processes (multiprocessing, web.worker), which import the main
+    module: a script that serves this app keeps its code under `if __name__ == "__main__":`."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware

@@ -23,17 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from roofline.cli import COMMANDS
 from roofline.errors import RooflineError, SpecError
 
-# the modules the fork server imports once, so that a request's child starts warm
+# the modules the fork server imports once, so that a request's child starts warm (every
+# command's module: documents build the whole `roofline` parser)
 PRELOAD = (
     "roofline.web.worker",
     "roofline.web.documents",
-    "roofline.cli.train_cmd",
-    "roofline.cli.serve_cmd",
-    "roofline.cli.model_cmd",
-    "roofline.cli.system_cmd",
-    "roofline.cli.chip_cmd",
+    *(f"roofline.cli.{c}_cmd" for c in COMMANDS),
 )
 POLL_S = 0.02  # how often the waiting thread looks at the child's memory
 CACHE_ENTRIES = 256
