@@ -328,3 +328,12 @@ def test_ui_command_checks_its_bounds_and_data_dir(capsys, tmp_path):
         assert main(["ui", *argv]) == 2
         err = capsys.readouterr().err
         assert words in err and "Fix:" in err
+
+
+def test_an_empty_file_input_leaves_the_chosen_model(ui, capsys):
+    """A form's file input left empty sends a part with no file name: not an upload."""
+    body, ctype = multipart({"model": "tiny-llama", "system": "h100:8"}, {"model": ("", b"")})
+    status, got, _ = request(ui, "/api/train", body=body, headers={"Content-Type": ctype})
+    assert status == 200, got
+    cli = cli_json(capsys, ["train", "--model", "tiny-llama", "--system", "h100:8"])
+    assert outputs(json.loads(got)) == outputs(cli)

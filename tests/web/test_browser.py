@@ -180,3 +180,33 @@ def test_ui_bad_input_message(browser, ui_url, ui_token, artifacts):
     w.page.screenshot(path=str(artifacts / "ui-error.png"))
     assert w.blocked == []
     w.close()
+
+
+def test_ui_uploads_a_lengths_file(browser, ui_url, ui_token, tmp_path, capsys):
+    """The form's file inputs switch it to a multipart POST: the serving section is computed
+    from the uploaded lengths file, as `roofline serve --lengths FILE` computes it."""
+    lengths = tmp_path / "traffic.csv"
+    lengths.write_text("prompt,output\n1024,256\n4096,64\n")
+    w = Watched(browser, (ui_url,))
+    start = {"model": "tiny-llama", "system": "h100:8", "token": ui_token}
+    w.page.goto(ui_url + "/?" + urllib.parse.urlencode(start))
+    w.charts_ready()
+    w.page.check("#serve")
+    w.page.fill("#serve-system", "h100:8")
+    w.page.set_input_files("#serve-lengths", str(lengths))
+    with w.page.expect_navigation() as nav:
+        w.page.click("#submit")
+    assert nav.value.status == 200 and nav.value.request.method == "POST"
+    w.charts_ready()
+    served = json.loads(w.page.locator("#roofline-documents").text_content())["serve"]
+    capsys.readouterr()
+    argv = ["serve", "--model", "tiny-llama", "--system", "h100:8", "--lengths", str(lengths)]
+    assert main([*argv, "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+
+    def outputs(doc):
+        return {k: v for k, v in doc.items() if k not in ("inputs", "search_time_s")}
+
+    assert outputs(served) == outputs(cli)
+    assert w.blocked == [] and w.errors == []
+    w.close()

@@ -165,7 +165,8 @@ async def read_form(request, uploads: Path) -> dict[str, str]:
     try:
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
-                out[key] = save_upload(uploads, value.filename or "", await value.read())
+                if value.filename:  # a file input left empty sends a part with no name
+                    out[key] = save_upload(uploads, value.filename, await value.read())
             else:
                 out[key] = str(value)
     finally:
