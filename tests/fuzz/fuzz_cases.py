@@ -553,7 +553,10 @@ def ui_app():
     if not (data / "fifo").exists():
         os.mkfifo(data / "fifo")
         (data / "escape.csv").symlink_to(_TMP / "canary.txt")
-    return create_app(token=UI_TOKEN, data_dir=data, limits=Limits(timeout_s=15, workers=2))
+    app = create_app(token=UI_TOKEN, data_dir=data, limits=Limits(timeout_s=15, workers=2))
+    # called in-process, the app never runs its shutdown: its uploads go with the process
+    atexit.register(shutil.rmtree, app.state.ui.uploads, ignore_errors=True)
+    return app
 
 
 HUGE_CONFIG = '{"model_type": "llama", "hidden_size": ' + S.HUGE_DIGITS + "}"
