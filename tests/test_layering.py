@@ -150,6 +150,8 @@ ORDER = (
     "cli",
     "web",
     "web.documents",
+    "web.worker",
+    "web.security",
     "web.form",
     "web.app",
     "cli.report_cmd",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import shutil
 import tempfile
@@ -337,6 +338,230 @@ def serve_argv(draw) -> list[str]:
     return argv + draw(_json)
 
 
+# -- files of every kind, as every input that takes a file ---------------------------------------
+
+CANARY = "CANARY-5b1e-never-echoed"  # the content of a file outside the UI's data dir
+
+
+@functools.cache
+def special_files() -> dict[str, str]:
+    """Made once per process: a FIFO, a 2 GB sparse file, a folder, devices, odd names."""
+    import os
+
+    d = _TMP / "special"
+    d.mkdir(exist_ok=True)
+    fifo = d / "fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    huge = d / "huge.csv"
+    with open(huge, "wb") as f:
+        f.truncate(2 * 2**30)
+    (_TMP / "canary.txt").write_text(CANARY)
+    return {
+        "fifo": str(fifo),
+        "huge": str(huge),
+        "dir": str(d),
+        "zero": "/dev/zero",
+        "null": "/dev/null",
+        "missing": str(d / "missing.toml"),
+        "long": "x" * 5000,
+        "nul": "a\0b",
+        "passwd": "/etc/passwd",
+        "canary": str(_TMP / "canary.txt"),
+    }
+
+
+@st.composite
+def nasty_file(draw, suffix: str) -> str:
+    """A path to a special file (FIFO, device, 2 GB, folder) or to a generated nasty one."""
+    if draw(st.integers(0, 2)) == 0:
+        return special_files()[draw(st.sampled_from(sorted(special_files())))]
+    return write_file(draw(S.nasty_content()), suffix)
+
+
+_OUTS = ["ok", "ok", "missing-dir", "dir", "empty"]
+
+
+def out_path(kind: str, suffix: str) -> str:
+    """An output path: a fresh file in the temp dir, or one that must be refused up front."""
+    if kind == "ok":
+        return str(_TMP / f"out{next(_counter)}{suffix}")
+    return {"missing-dir": str(_TMP / "no" / "such" / f"x{suffix}"), "dir": str(_TMP), "empty": ""}[
+        kind
+    ]
+
+
+@st.composite
+def file_kind_argv(draw) -> list[str]:
+    """Every command that reads a file, given a file of every kind."""
+    small = ["--model", "tiny-llama", "--system", "h100:8"]
+    use = draw(st.integers(0, 7))
+    if use == 0:
+        return ["model", draw(nasty_file(draw(st.sampled_from([".json", ".toml"]))))]
+    if use == 1:
+        return [draw(st.sampled_from(["chip", "system"])), draw(nasty_file(".toml"))]
+    if use == 2:
+        return ["validate", "--runs", draw(nasty_file(".yaml")), *draw(_json)]
+    if use == 3:
+        return ["serve", *small, "--lengths", draw(nasty_file(".csv")), *draw(_json)]
+    if use == 4:
+        flag = draw(st.sampled_from(["--profile", "--framework", "--efficiency"]))
+        return ["train", *small, flag, draw(nasty_file(".toml"))]
+    if use == 5:
+        out = out_path("ok", ".html")
+        return ["report", *small, "--serving", draw(nasty_file(".json")), "--out", out]
+    if use == 6:
+        out = out_path(draw(st.sampled_from(_OUTS)), ".toml")
+        return ["calibrate", "--from-runs", draw(nasty_file(".yaml")), "--out", out]
+    return ["train", "--model", draw(nasty_file(".json")), "--system", "h100:8"]
+
+
+@st.composite
+def calibrate_argv(draw) -> list[str]:
+    """`calibrate --from-runs` on one or two (mutated) public runs, every kind of --out/--docs."""
+    argv = ["calibrate", "--from-runs", write_file(draw(S.runs_yaml()), ".yaml"), "--no-cv"]
+    argv += ["--out", out_path(draw(st.sampled_from(_OUTS)), ".toml")]
+    if draw(st.integers(0, 4)) == 0:
+        argv += ["--docs", out_path(draw(st.sampled_from(_OUTS)), ".md")]
+    if draw(st.integers(0, 3)) == 0:
+        argv += ["--base", draw(st.sampled_from(["datasheet", "fitted", "peak", "nope", ""]))]
+    if draw(st.integers(0, 4)) == 0:
+        argv += ["--jobs", draw(S.number_text(0, 8))]
+    return argv + draw(_json)
+
+
+@st.composite
+def report_argv(draw) -> list[str]:
+    """`roofline report`: train inputs, every kind of --out, --serving files, --serve ARGS."""
+    argv = ["report", "--model", draw(S.name_of(["tiny-llama", "book-tf-q1"]))]
+    argv += [
+        "--system",
+        draw(S.mostly(st.sampled_from(["h100:8", "tpu-v5e:4x4"]), S.system_spec())),
+    ]
+    suffix = draw(st.sampled_from([".html", ".html", ".html", ".md", ".txt"]))
+    argv += ["--out", out_path(draw(st.sampled_from(_OUTS)), suffix)]
+    if draw(st.integers(0, 3)) == 0:
+        argv += ["--format", draw(st.sampled_from(["html", "md", "pdf"]))]
+    serving = draw(st.integers(0, 5))
+    if serving == 0:
+        argv += ["--serving", draw(nasty_file(".json"))]
+    elif serving == 1:
+        args = [
+            "--system h100:8 --prompt 512 --gen 64",
+            "--concurrency x",
+            "'unclosed",
+            "--bogus 1",
+        ]
+        argv += ["--serve", draw(st.sampled_from(args))]
+    return argv + draw(st.sampled_from([[], ["--json"]]))
+
+
+# -- `roofline ui` requests (in-process ASGI calls; fuzz_harness.run_request) --------------------
+
+UI_TOKEN = "fuzz-token"
+_UI_PATHS = ["/", "/report.html", "/api/train", "/api/serve", "/api/model", "/api/chip",
+             "/api/system", "/api/models", "/api/report", "/api/ui", "/api/bogus"]  # fmt: skip
+
+
+@st.composite
+def _ui_path_value(draw) -> str:
+    """A value that names a file: the server's own files, traversal, specials, data-dir names."""
+    named = ["/etc/passwd", "../../../../etc/passwd", "/proc/self/environ", "lengths.csv",
+             "config.json", "../canary.txt", "escape.csv", "fifo", "/dev/zero"]  # fmt: skip
+    return draw(
+        st.one_of(st.sampled_from(named), st.sampled_from(sorted(special_files().values())))
+    )
+
+
+def _ui_params(draw, path: str) -> dict[str, str]:
+    params: dict[str, str] = {}
+    if path in ("/api/chip", "/api/system"):
+        good = st.sampled_from(["h100", "tpu-v5e", "h100:8"])
+        params["name"] = draw(S.mostly(good, S.name_of(S.CHIPS)))
+        return params
+    if path == "/api/model":
+        params["model"] = draw(st.one_of(S.name_of(S.SMALL_MODELS), _ui_path_value()))
+        return params
+    if path == "/api/models":
+        return params
+    good_model = st.sampled_from(["tiny-llama", "book-tf-q1"])
+    params["model"] = draw(S.mostly(good_model, _ui_path_value(), 3))
+    params["system"] = draw(S.mostly(st.just("h100:8"), S.system_spec(), 4))
+    for key in ("seq", "batch_tokens", "top"):
+        if draw(st.integers(0, 3)) == 0:
+            params[key] = draw(st.one_of(S.number_text(), st.just(S.HUGE_DIGITS)))
+    if draw(st.integers(0, 3)) == 0:
+        key = draw(st.sampled_from(["profile", "framework", "plan", "bogus"]))
+        huge_plan = st.just(f"fsdp={S.HUGE_DIGITS}")
+        params[key] = draw(
+            st.one_of(_ui_path_value(), huge_plan, S.name_of(["fitted", "megatron"]))
+        )
+    if draw(st.integers(0, 5)) == 0:
+        odd = st.sampled_from(["[" * 5000, "{", HUGE_CONFIG])
+        params["config"] = draw(st.one_of(S.hf_json(), odd))
+    if path == "/api/serve" or (path in ("/", "/api/report") and draw(st.integers(0, 3)) == 0):
+        prefix = "" if path == "/api/serve" else "serve."
+        if prefix:
+            params["serve"] = "on"
+        params[prefix + "lengths"] = draw(_ui_path_value())
+    return params
+
+
+def _ui_headers(draw) -> dict[str, str]:
+    headers = {"Authorization": f"token {UI_TOKEN}"}
+    trouble = draw(st.integers(0, 15))  # one request in four is refused for who sent it
+    if trouble == 0:
+        return {}
+    if trouble == 1:
+        headers["Authorization"] = "token guess"
+    elif trouble == 2:
+        origins = ["http://evil.example", "null", "http://127.0.0.1:1"]
+        headers["Origin"] = draw(st.sampled_from(origins))
+    elif trouble == 3:
+        headers["Sec-Fetch-Site"] = draw(st.sampled_from(["cross-site", "same-site", "none"]))
+    return headers
+
+
+@st.composite
+def ui_request(draw) -> dict:
+    """One request: path, query, headers (token or not, other origins), maybe a multipart upload."""
+    path = draw(st.sampled_from(_UI_PATHS))
+    files = {}
+    if draw(st.integers(0, 3)) == 0:
+        keys = ["lengths"] if path == "/api/serve" else ["model", "serve.lengths"]
+        content = draw(st.one_of(S.nasty_content(), S.lengths_csv(), S.hf_json()))
+        name = "upload" + draw(st.sampled_from([".csv", ".json", ".toml", ""]))
+        files[draw(st.sampled_from(keys))] = (name, content)
+    params = _ui_params(draw, path)
+    return {"path": path, "params": params, "headers": _ui_headers(draw), "files": files}
+
+
+@functools.cache
+def ui_app():
+    """The UI's app for the fuzz tier: a data dir with a lengths file, a config, a FIFO and a
+    symlink out to the canary; a fuzz-sized time limit."""
+    import os
+
+    from roofline.web.app import create_app
+    from roofline.web.worker import Limits
+
+    data = _TMP / "data"
+    data.mkdir(exist_ok=True)
+    (data / "lengths.csv").write_text("prompt,output\n1024,256\n2048,128\n")
+    (data / "config.json").write_text((S.HF_DIR / "qwen3-0.6b.json").read_text())
+    special_files()  # the canary beside the data dir
+    if not (data / "fifo").exists():
+        os.mkfifo(data / "fifo")
+        (data / "escape.csv").symlink_to(_TMP / "canary.txt")
+    app = create_app(token=UI_TOKEN, data_dir=data, limits=Limits(timeout_s=15, workers=2))
+    # called in-process, the app never runs its shutdown: its uploads go with the process
+    atexit.register(shutil.rmtree, app.state.ui.uploads, ignore_errors=True)
+    return app
+
+
+HUGE_CONFIG = '{"model_type": "llama", "hidden_size": ' + S.HUGE_DIGITS + "}"
+
+
 FAMILIES = {
     "chip": chip_argv(),
     "listing": listing_argv(),
@@ -352,4 +577,7 @@ FAMILIES = {
     "train_known": train_argv(known_issues=True),
     "validate": validate_argv(),
     "serve": serve_argv(),
+    "file_kinds": file_kind_argv(),
+    "calibrate": calibrate_argv(),
+    "report": report_argv(),
 }

@@ -201,3 +201,130 @@ def _quantity_problems(k: str, v, path: str) -> Iterable[str]:
         yield f"{path} = {v!r} is negative"
     if _FRACTION_KEYS.search(k) and v > 1.0 + 1e-9:
         yield f"{path} = {v!r}: a fraction above 1 (100%)"
+
+
+# -- `roofline ui` requests -------------------------------------------------------------------------
+
+SECRETS = ("root:x:0:0", "CANARY-5b1e")  # /etc/passwd, and the canary file outside the data dir
+UI_STATUSES = frozenset({200, 400, 403, 404, 413, 503})
+
+
+@dataclass
+class Response:
+    request: dict
+    status: int | None
+    body: bytes
+    seconds: float
+    crash: str = ""
+    timed_out: bool = False
+
+    def problems(self) -> list[str]:
+        if self.timed_out:
+            return [f"hang: no answer after {self.seconds:.1f} s"]
+        if self.crash:
+            return ["traceback: " + self.crash.strip().splitlines()[-1]]
+        text = self.body.decode("utf-8", "replace")
+        probs = [f"echoed the content of {s!r}" for s in SECRETS if s in text]
+        if self.status not in UI_STATUSES:
+            probs.append(f"status {self.status}")
+        if _must_refuse(self.request) and self.status not in (403, 400):
+            probs.append(f"a request without the token or from another site got {self.status}")
+        if self.request["path"].startswith("/api/"):
+            probs += _api_problems(self.status, text)
+        return probs
+
+
+def _must_refuse(req: dict) -> bool:
+    h = req["headers"]
+    foreign = h.get("Origin") not in (None, "http://127.0.0.1:8000")
+    return (
+        h.get("Authorization") != "token fuzz-token"
+        or foreign
+        or h.get("Sec-Fetch-Site", "none") not in ("none", "same-origin")
+    )
+
+
+def _api_problems(status: int | None, text: str) -> list[str]:
+    try:
+        doc = json.loads(text, parse_constant=lambda c: float("nan"))
+    except json.JSONDecodeError as e:
+        return [f"the API answered no JSON ({e.msg})"]
+    if status == 200:
+        return list(_json_problems(doc, "$"))
+    if not isinstance(doc, dict):
+        return ["an API error that is not a JSON object"]
+    error = str(doc.get("error", ""))
+    if not doc.get("what") or not ("Rule:" in error or "Fix:" in error) or "\n" in error:
+        return ["an API error without its one paragraph (what, Rule:/Fix:)"]
+    return []
+
+
+def _multipart(fields: dict[str, str], files: dict[str, tuple[str, str | bytes]]):
+    boundary = "fuzzboundary7e1"
+    out = b""
+    for k, v in fields.items():
+        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n'.encode()
+        out += v.encode("utf-8", "surrogatepass") + b"\r\n"
+    for k, (name, data) in files.items():
+        raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+        out += (
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"; filename="{name}"\r\n\r\n'
+            ).encode()
+            + raw
+            + b"\r\n"
+        )
+    return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+async def _asgi_call(app, req: dict) -> tuple[int, bytes]:
+    from urllib.parse import urlencode
+
+    headers = {"Host": "127.0.0.1:8000", **req["headers"]}
+    body = b""
+    method = "GET"
+    query = urlencode(req["params"])
+    if req["files"]:
+        method = "POST"
+        body, headers["Content-Type"] = _multipart(req["params"], req["files"])
+        headers["Content-Length"] = str(len(body))
+        query = ""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": req["path"], "raw_path": req["path"].encode(), "root_path": "",
+        "query_string": query.encode("utf-8", "surrogatepass"),
+        "headers": [(k.lower().encode(), v.encode("latin-1", "replace")) for k, v in headers.items()],
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+    }  # fmt: skip
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def run_request(app, req: dict, timeout_s: float = 30.0) -> Response:
+    """One request to the UI's ASGI app, in-process (no socket), with a wall-clock limit."""
+    import asyncio
+
+    status, body, crash, timed_out = None, b"", "", False
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    t0 = time.perf_counter()
+    try:
+        status, body = asyncio.run(_asgi_call(app, req))
+    except CaseTimeout:
+        timed_out = True
+    except Exception:  # noqa: BLE001 - the fuzz oracle reports every escape
+        crash = traceback.format_exc()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return Response(req, status, body, time.perf_counter() - t0, crash, timed_out)

@@ -410,3 +410,44 @@ def runs_yaml(draw) -> str:
     if draw(st.integers(0, 9)) == 0:
         return draw(st.sampled_from(["", "{", "- 1\n- 2\n", "a: [", "runs: 5\n", "\t\tx"]))
     return yaml.safe_dump(picked, allow_unicode=True)
+
+
+# -- file kinds: huge, special, non-UTF-8, deep nesting, numbers of thousands of digits ---------
+
+HUGE_DIGITS = "9" * 5000  # past Python's 4,300-digit int-conversion limit
+
+
+def nasty_content() -> st.SearchStrategy[str | bytes]:
+    """What a file given as any input may hold: not text, nested past any parser's stack,
+    numbers no int() converts, or lengths/CSV rows with absurd values."""
+    deep = st.sampled_from(
+        ["[" * 5000, "{" * 5000, "- " * 5000 + "1", "a = " + "[" * 5000, '{"a":' * 5000 + "1"]
+    )
+    huge = st.sampled_from(
+        [
+            f"hidden_size = {HUGE_DIGITS}\n",
+            f'{{"hidden_size": {HUGE_DIGITS}, "model_type": "llama"}}',
+            f"- id: x\n  hardware:\n    chips: {HUGE_DIGITS}\n",
+            "- id: x\n  parallelism:\n    microbatch: 1e308\n",
+            f"1024,{HUGE_DIGITS}\n",
+            f"{HUGE_DIGITS},1\n",
+            "1e308,1e308\n",
+            "nan,nan\n",
+            "-1,5\n0,0\n",
+        ]
+    )
+    not_text = st.sampled_from([b"1024,256\n\xc3\x28\n", b"\x00" * 64, b"\xef\xbb\xbf1024,256\n"])
+    return st.one_of(deep, huge, not_text, raw_bytes(), lengths_csv())
+
+
+@st.composite
+def lengths_csv(draw) -> str:
+    """A `serve --lengths` file: a header sometimes, rows of prompt,output, some of them bad."""
+    row = mostly(
+        st.tuples(st.integers(1, 1 << 15), st.integers(1, 1 << 12)).map(lambda t: f"{t[0]},{t[1]}"),
+        st.one_of(_ascii, st.tuples(number_text(), number_text()).map(",".join)),
+        8,
+    )
+    rows = draw(st.lists(row, min_size=0, max_size=6))
+    head = draw(st.sampled_from(["", "prompt,output\n", "# comment\n"]))
+    return head + "\n".join(rows) + "\n"

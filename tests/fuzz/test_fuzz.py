@@ -19,7 +19,7 @@ import sys
 
 import fuzz_cases
 import pytest
-from fuzz_harness import run_cli
+from fuzz_harness import run_cli, run_request
 from hypothesis import HealthCheck, Phase, given, settings
 
 pytestmark = pytest.mark.fuzz
@@ -32,18 +32,23 @@ TIMEOUT_S = 20.0  # per case; the slowest valid case (train) takes under 1 s on 
 EXAMPLES = {
     "chip": 300,
     "listing": 10,  # only 9 distinct argv exist: Hypothesis stops there
-    "model": 500,
-    "system": 500,
-    "op": 500,
-    "collective": 400,
+    "model": 420,
+    "system": 480,
+    "op": 420,
+    "collective": 350,
     "matmul": 300,
-    "model_file": 500,
+    "model_file": 450,
     "chip_file": 300,
     "system_file": 300,
     "train": 300,
     "train_known": 100,
     "validate": 200,
-    "serve": 300,  # runs once `roofline serve` (h5-serve) is on the branch; skipped before
+    "serve": 300,
+    # issue 22: files of every kind as every file input, calibrate, report, the UI's requests
+    "file_kinds": 160,
+    "calibrate": 30,  # a fit on one or two runs, most refused first: ~0.1 s CPU each
+    "report": 20,  # an HTML page: ~0.3 s CPU each (Markdown renders PNGs: a few s)
+    "ui": 70,  # requests to the UI's app in-process; each one computing forks a worker
 }
 
 
@@ -94,6 +99,24 @@ test_fuzz_system_file = _family_test("system_file")
 test_fuzz_train = _family_test("train")
 test_fuzz_validate = _family_test("validate")
 test_fuzz_serve = _family_test("serve")
+test_fuzz_file_kinds = _family_test("file_kinds")
+test_fuzz_calibrate = _family_test("calibrate")
+test_fuzz_report = _family_test("report")
+
+
+@fuzz_settings("ui")
+@given(fuzz_cases.ui_request())
+def test_fuzz_ui(request_case: dict) -> None:
+    """`roofline ui` requests: never a 500, a hang or a file's content outside the data dir;
+    requests without the token or from another site are refused (fuzz_harness.Response)."""
+    out = run_request(fuzz_cases.ui_app(), request_case, timeout_s=2 * TIMEOUT_S)
+    problems = out.problems()
+    assert not problems, (
+        f"{request_case}\n"
+        + "\n".join(problems)
+        + (f"\n{out.crash}" if out.crash else f"\nbody: {out.body[:600]!r}")
+    )
+
 
 # Findings F1-F3, F5 (docs/fuzz-findings.md), now fixed: --assume-mfu outside (0, 1],
 # schedule=interleaved with virtual <= 0, unpriced chips. This family keeps their inputs in.
@@ -102,7 +125,7 @@ test_fuzz_train_known = _family_test("train_known", shrink=False)
 
 def test_case_budget():
     """The number of fuzz cases CI runs (README: 'The fuzz tier runs N cases')."""
-    assert set(EXAMPLES) == set(fuzz_cases.FAMILIES)
+    assert set(EXAMPLES) == set(fuzz_cases.FAMILIES) | {"ui"}
     assert (
         3000 <= sum(EXAMPLES.values()) <= 6000
     )  # 4,509 run: 4,510 budgeted, listing stops at 9 distinct
@@ -130,6 +153,25 @@ def test_the_oracle_can_fail():
     assert Outcome(["x"], 2, "", "roofline x: error: a\nb\nc", 0.1).problems()
     assert not Outcome(["x"], 2, "", "roofline x: error: bad. Rule: r. Fix: f.", 0.1).problems()
     assert not Outcome(["chip", "mi300x"], 0, "Infinity Fabric 448 GB/s", "", 0.1).problems()
+
+
+def test_the_ui_oracle_can_fail():
+    """The UI oracle: a 500, a hang, a canary's content, a foreign request answered, an API
+    error without its paragraph are each caught; a refusal and a clean 400 pass."""
+    from fuzz_harness import Response
+
+    ok = {"path": "/api/train", "headers": {"Authorization": "token fuzz-token"}}
+    err = b'{"error": "x. Fix: y.", "what": "x", "rule": "", "fix": "y"}'
+    assert Response(ok, 500, b"{}", 0.1).problems()
+    assert Response(ok, None, b"", 30.0, timed_out=True).problems()
+    assert Response(ok, 400, err.replace(b"x.", b"CANARY-5b1e."), 0.1).problems()
+    assert Response({**ok, "headers": {}}, 200, b"{}", 0.1).problems()
+    assert Response(
+        {**ok, "headers": {**ok["headers"], "Origin": "null"}}, 200, b"{}", 0.1
+    ).problems()
+    assert Response(ok, 400, b'{"error": "x"}', 0.1).problems()
+    assert not Response({**ok, "headers": {}}, 403, err, 0.1).problems()
+    assert not Response(ok, 400, err, 0.1).problems()
 
 
 def test_trivial_commands_import_little():

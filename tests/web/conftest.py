@@ -7,6 +7,7 @@ ROOFLINE_REQUIRE_BROWSER is unset; CI (`.ci/run`) sets it, so there they fail in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
+UI_TOKEN = "test-session-token"  # the served app's token (roofline ui makes a random one)
 ARTIFACTS = ROOT / "test-artifacts"
 
 
@@ -46,15 +48,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def ui_url():
-    """`roofline ui`'s app under uvicorn on 127.0.0.1 (a thread of this process)."""
+@contextlib.contextmanager
+def served(app):
+    """An ASGI app under uvicorn on 127.0.0.1 (a thread of this process); yields its URL."""
     import uvicorn
 
-    from roofline.web.app import create_app
-
     port = _free_port()
-    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -63,9 +63,31 @@ def ui_url():
         if time.monotonic() > deadline or not thread.is_alive():
             pytest.fail("the ui server did not start within 20 s")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def serve_app():
+    """`served` as a fixture: `with serve_app(app) as url: ...`."""
+    return served
+
+
+@pytest.fixture(scope="session")
+def ui_token() -> str:
+    return UI_TOKEN
+
+
+@pytest.fixture(scope="session")
+def ui_url():
+    """`roofline ui`'s app (token UI_TOKEN) on 127.0.0.1; requests need the token."""
+    from roofline.web.app import create_app
+
+    with served(create_app(token=UI_TOKEN)) as url:
+        yield url
 
 
 def _browser_missing() -> str | None:

@@ -117,10 +117,14 @@ def test_docs_screenshot_script(browser, report_html, artifacts):
         assert len(fresh.getcolors(1 << 16) or range(1 << 16)) > 50  # not a blank page
 
 
-def test_ui_form_round_trip(browser, ui_url, artifacts):
+def test_ui_form_round_trip(browser, ui_url, ui_token, artifacts):
     w = Watched(browser, (ui_url,))
     w.page.goto(
-        ui_url + "/?" + urllib.parse.urlencode({"model": "tiny-llama", "system": "tpu-v5e:4x4"})
+        ui_url
+        + "/?"
+        + urllib.parse.urlencode(
+            {"model": "tiny-llama", "system": "tpu-v5e:4x4", "token": ui_token}
+        )
     )
     assert w.charts_ready() >= 4
     w.page.select_option("#model", "llama-3-8b")
@@ -141,13 +145,14 @@ def test_ui_form_round_trip(browser, ui_url, artifacts):
         check_chart(w.page, name, CHART_AXES[name])
     page_doc = json.loads(w.page.locator("#roofline-documents").text_content())["train"]
     api = "/api/train?" + urllib.parse.urlparse(w.page.url).query
-    with urllib.request.urlopen(ui_url + api, timeout=60) as r:
+    req = urllib.request.Request(ui_url + api, headers={"Authorization": f"token {ui_token}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
         api_doc = json.loads(r.read())
     assert page_doc == api_doc  # the page and the JSON API show the same document
     w.page.screenshot(path=str(artifacts / "ui.png"))
-    shared = w.page.url  # the URL alone reproduces the result
+    shared = w.page.url  # the URL (and the session's token) reproduces the result
     w2 = Watched(browser, (ui_url,))
-    w2.page.goto(shared)
+    w2.page.goto(shared + "&token=" + ui_token)
     w2.charts_ready()
     assert json.loads(w2.page.locator("#roofline-documents").text_content())["train"] == page_doc
     assert w.blocked == w2.blocked == [] and w.errors == w2.errors == []
@@ -155,10 +160,14 @@ def test_ui_form_round_trip(browser, ui_url, artifacts):
     w2.close()
 
 
-def test_ui_bad_input_message(browser, ui_url, artifacts):
+def test_ui_bad_input_message(browser, ui_url, ui_token, artifacts):
     w = Watched(browser, (ui_url,))
     w.page.goto(
-        ui_url + "/?" + urllib.parse.urlencode({"model": "tiny-llama", "system": "tpu-v5e:4x4"})
+        ui_url
+        + "/?"
+        + urllib.parse.urlencode(
+            {"model": "tiny-llama", "system": "tpu-v5e:4x4", "token": ui_token}
+        )
     )
     w.charts_ready()
     w.page.fill("#seq", "-5")
@@ -170,4 +179,34 @@ def test_ui_bad_input_message(browser, ui_url, artifacts):
     assert w.page.input_value("#seq") == "-5"  # the form keeps what was typed
     w.page.screenshot(path=str(artifacts / "ui-error.png"))
     assert w.blocked == []
+    w.close()
+
+
+def test_ui_uploads_a_lengths_file(browser, ui_url, ui_token, tmp_path, capsys):
+    """The form's file inputs switch it to a multipart POST: the serving section is computed
+    from the uploaded lengths file, as `roofline serve --lengths FILE` computes it."""
+    lengths = tmp_path / "traffic.csv"
+    lengths.write_text("prompt,output\n1024,256\n4096,64\n")
+    w = Watched(browser, (ui_url,))
+    start = {"model": "tiny-llama", "system": "h100:8", "token": ui_token}
+    w.page.goto(ui_url + "/?" + urllib.parse.urlencode(start))
+    w.charts_ready()
+    w.page.check("#serve")
+    w.page.fill("#serve-system", "h100:8")
+    w.page.set_input_files("#serve-lengths", str(lengths))
+    with w.page.expect_navigation() as nav:
+        w.page.click("#submit")
+    assert nav.value.status == 200 and nav.value.request.method == "POST"
+    w.charts_ready()
+    served = json.loads(w.page.locator("#roofline-documents").text_content())["serve"]
+    capsys.readouterr()
+    argv = ["serve", "--model", "tiny-llama", "--system", "h100:8", "--lengths", str(lengths)]
+    assert main([*argv, "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+
+    def outputs(doc):
+        return {k: v for k, v in doc.items() if k not in ("inputs", "search_time_s")}
+
+    assert outputs(served) == outputs(cli)
+    assert w.blocked == [] and w.errors == []
     w.close()

@@ -230,7 +230,7 @@ def test_no_serving_section_without_a_serve_document(default_html):
     "argv,words",
     [
         (["--model", "nope"], ["unknown model 'nope'", "Fix:"]),
-        (["--serving", "/nonexistent/serve.json"], ["cannot read it as JSON", "Fix:"]),
+        (["--serving", "/nonexistent/serve.json"], ["does not exist", "Fix:"]),
         (["--out", "/nonexistent/dir/r.html"], ["does not exist", "Fix:"]),
         (["--seq", "-5"], ["Rule:", "Fix:"]),
     ],

@@ -21,10 +21,19 @@ SMALL = {"model": "tiny-llama", "system": "tpu-v5e:4x4"}
 HF = Path(__file__).parents[1] / "data" / "hf" / "qwen3-0.6b.json"
 
 
+AUTH: dict[str, str] = {}  # the served app's token header (set by the autouse fixture)
+
+
+@pytest.fixture(autouse=True)
+def _auth(ui_token):
+    AUTH["Authorization"] = f"token {ui_token}"
+
+
 def get(base: str, path: str, params: dict | None = None, timeout: float = 60) -> tuple[int, bytes]:
     url = base + path + ("?" + urllib.parse.urlencode(params) if params else "")
+    req = urllib.request.Request(url, headers=dict(AUTH))
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()

@@ -51,6 +51,7 @@ from roofline.calibrate.fit import spread_of
 from roofline.calibrate.write import toml_key, toml_value
 from roofline.errors import RooflineError, SpecError
 from roofline.report.table import table
+from roofline.specs.catalog import is_file
 from roofline.specs.efficiency import OVERHEADS, Efficiency, load_profile
 
 HANDOFF = "disagg_handoff_s"
@@ -550,7 +551,7 @@ def add_serving(text: str, h: float, prov: Mapping[str, Any]) -> str:
 
 def overlay_text(base: str, name: str, calibrated: bool, h: float, prov: Mapping[str, Any]) -> str:
     """A new profile file: `base` with the fitted hand-off."""
-    base_ref = str(Path(base).resolve()) if Path(base).is_file() else base
+    base_ref = str(Path(base).resolve()) if is_file(base) else base
     head = [
         "# The base profile with the disaggregated hand-off fitted on measured serving runs.",
         f"# Regenerate: {prov.get('command', '')}",

@@ -30,6 +30,7 @@ from roofline.calibrate.runs import (
     tidy,
 )
 from roofline.calibrate.write import toml_key, toml_value
+from roofline.specs.catalog import is_file
 from roofline.specs.efficiency import PROFILE_DIR, load_profile
 
 BEGIN, END = "<!-- calibrate:cv-table:begin -->", "<!-- calibrate:cv-table:end -->"
@@ -92,10 +93,10 @@ def runs_path(path: str | Path) -> Path:
 
 def base_path(base: str) -> Path | None:
     p = Path(base)
-    if p.is_file():
+    if is_file(p):
         return p
     named = PROFILE_DIR / f"{base}.toml"
-    return named if named.is_file() else None
+    return named if is_file(named) else None
 
 
 def provenance(res: RunsCalibration, path: str | Path, base: str, command: str) -> dict[str, Any]:

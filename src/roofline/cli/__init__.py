@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     except RooflineError as e:
         print(f"roofline {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:  # Python's int-conversion limit, wherever a huge number was read
+        from roofline.specs.catalog import huge_number_error, too_many_digits
+
+        if not too_many_digits(e):
+            raise
+        print(f"roofline {args.command}: error: {huge_number_error('an input')}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

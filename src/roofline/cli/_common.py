@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
@@ -89,6 +90,45 @@ def model_source(arg: str) -> dict[str, str | None]:
         "model_arg": str(arg),
         "model_file": str(arg) if is_file else None,
     }
+
+
+def check_output_path(path: str | None, flag: str) -> Path | None:
+    """The path a command will write, checked before any work starts (None: not asked for).
+
+    Refuses an empty path (it would silently mean the working directory), a directory, a
+    missing folder and a folder this user cannot write, each as one paragraph, so a long fit
+    or search never ends in a crash at the write."""
+    import os
+
+    if path is None:
+        return None
+    p = Path(path)
+    if not str(path).strip():
+        raise SpecError(
+            f"{flag} ''",
+            rule=f"{flag} names the file to write",
+            fix=f"give a file name, e.g. {flag} out/result",
+        )
+    if p.is_dir():
+        raise SpecError(
+            f"{flag} {path}: it is a folder",
+            rule=f"{flag} names a file to write, not a folder",
+            fix=f"name a file inside it, e.g. {flag} {p / 'result'}",
+        )
+    parent = p.parent
+    if not parent.is_dir():
+        raise SpecError(
+            f"{flag} {path}: folder {str(parent)!r} does not exist",
+            rule="the file is written into an existing folder",
+            fix="create the folder or choose another path",
+        )
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise SpecError(
+            f"{flag} {path}: this user cannot write there",
+            rule="the file is written with your permissions",
+            fix="choose a path in a folder you can write",
+        )
+    return p
 
 
 def emit(

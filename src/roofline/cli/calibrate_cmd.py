@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from roofline.cli._common import add_json, emit
+from roofline.cli._common import add_json, check_output_path, emit
 from roofline.errors import SpecError
 from roofline.progress import write as progress_write
 
@@ -73,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")  # before minutes of fitting, not at the write
+    check_output_path(args.docs, "--docs")
     if args.device:
         return _device(args)
     return _runs(args)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from roofline.cli._common import emit
+from roofline.cli._common import check_output_path, emit
 from roofline.errors import SpecError
 
 NAME = "report"
@@ -52,24 +52,22 @@ def _format_and_out(args: argparse.Namespace) -> tuple[str, Path]:
     fmt = args.format
     if fmt is None:
         fmt = "md" if args.out and Path(args.out).suffix.lower() == ".md" else "html"
-    out = Path(args.out or f"roofline-report.{fmt}")
-    if not out.parent.exists():
-        raise SpecError(
-            f"--out {out}: folder {str(out.parent)!r} does not exist",
-            rule="the report is written into an existing folder",
-            fix="create the folder or choose another path",
-        )
+    out = check_output_path(f"roofline-report.{fmt}" if args.out is None else args.out, "--out")
     return fmt, out
 
 
 def load_serving(path: str) -> dict[str, Any]:
     """A `roofline serve --json` document from a file, or a SpecError saying what is wrong."""
+    from roofline.specs.catalog import MAX_DATA_FILE_BYTES, read_text_file
+
     fix = "write it with `roofline serve ... --json > serve.json`"
+    text = read_text_file(path, "--serving", max_bytes=MAX_DATA_FILE_BYTES)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        why = e.msg if isinstance(e, json.JSONDecodeError) else "too deep or a huge number"
         raise SpecError(
-            f"--serving {path}: cannot read it as JSON ({e})",
+            f"--serving {path}: cannot read it as JSON ({why})",
             rule="the file is a JSON document",
             fix=fix,
         ) from None
@@ -111,6 +109,15 @@ def _serve_argv(args: argparse.Namespace) -> list[str] | None:
         ) from None
 
 
+def _say_if_no_charts() -> None:
+    import sys
+
+    from roofline.report.page_html import RENDERER_MISSING, renderer_works
+
+    if not renderer_works():
+        print(f"roofline report: note: charts not drawn: {RENDERER_MISSING}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from roofline.progress import bar
     from roofline.report.page_html import render_html, require_web_extra
@@ -130,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             written = render_markdown(docs, out)
         stages.update(1)
+    _say_if_no_charts()
     size = sum(p.stat().st_size for p in written)
     text = f"wrote {', '.join(str(p) for p in written)} ({size / 1e6:.2f} MB): {docs.commands['train']}"
     inputs = {"out": str(out), "format": fmt, "serving": args.serving}

@@ -236,7 +236,14 @@ def _verify_matmul(args: argparse.Namespace, stages: Any):
     dims = parse_assignments(args.dims, what="dims") if args.dims else None
     from roofline.verify.program import MatmulSpec
 
-    MatmulSpec.parse(args.matmul)  # bad notation fails here, before jax starts
+    spec = MatmulSpec.parse(args.matmul)  # bad notation fails here, before jax starts
+    if not any(ax for op in (spec.lhs, spec.rhs) for _, ax in op):
+        raise VerifyError(
+            f"--matmul {args.matmul!r} shards no dimension",
+            rule="verify compares the collectives of a sharded matmul; with no mesh axis "
+            "XLA partitions nothing",
+            fix="shard a dim on a mesh axis, e.g. 'A[I,J_X] * B[J_X,K] -> C[I,K]'",
+        )
     n = 1
     for v in (mesh or {}).values():
         n *= int(v)

@@ -36,9 +36,44 @@ def require_web_extra() -> None:
         )
 
 
+RENDERER_MISSING = (
+    "the chart renderer (vl-convert, which runs V8) cannot start in this process's memory "
+    "limit (ulimit -v); the numbers are all here, the charts are not. Run without the limit "
+    "for the charts."
+)
+
+
+@functools.cache
+def renderer_works() -> bool:
+    """Whether vl-convert can start here. V8 reserves a large address space and aborts the
+    whole process natively (SIGTRAP, no Python exception) when `ulimit -v` forbids it, so
+    under a limit it is first tried in a child process, which inherits the limit."""
+    import resource
+    import subprocess
+    import sys
+
+    limited = any(
+        resource.getrlimit(r)[0] != resource.RLIM_INFINITY
+        for r in (resource.RLIMIT_AS, resource.RLIMIT_DATA)
+    )
+    if not limited:
+        return True
+    probe = "import vl_convert; vl_convert.vegalite_to_svg({'mark': 'point'})"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
 @functools.cache
 def vega_bundle() -> str:
-    """Vega, Vega-Lite and Vega-Embed as one script (from the vl-convert package; offline)."""
+    """Vega, Vega-Lite and Vega-Embed as one script (from the vl-convert package; offline);
+    empty when the renderer cannot start (see renderer_works)."""
+    if not renderer_works():
+        return ""
     import vl_convert
 
     return vl_convert.javascript_bundle()
@@ -104,6 +139,7 @@ def render_html(
         documents_json=script_json(docs.as_dict()),
         charts_json=script_json(charts(docs)),
         vega_js=vega_bundle(),
+        charts_missing="" if renderer_works() else RENDERER_MISSING,
         before=before,
         after=after,
         extra_css=extra_css,

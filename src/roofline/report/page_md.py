@@ -11,7 +11,7 @@ from pathlib import Path
 from roofline.report import page
 from roofline.report.page import ReportDocuments
 from roofline.report.page_charts import chart_titles, charts
-from roofline.report.page_html import require_web_extra
+from roofline.report.page_html import RENDERER_MISSING, renderer_works, require_web_extra
 
 
 def _cell(x: object) -> str:
@@ -30,7 +30,10 @@ def md_kv(rows: list[tuple[str, str]]) -> str:
 
 
 def write_pngs(docs: ReportDocuments, out: Path) -> dict[str, Path]:
-    """One PNG per chart, named `<out stem>-<chart>.png` beside `out`."""
+    """One PNG per chart, named `<out stem>-<chart>.png` beside `out` (none when the
+    renderer cannot start: page_html.renderer_works)."""
+    if not renderer_works():
+        return {}
     import vl_convert
 
     written = {}
@@ -64,6 +67,8 @@ def _body(docs: ReportDocuments, img) -> str:
     ]
     if docs.train.get("why"):
         parts.append(f"Why it wins: {docs.train['why']}.")
+    if not renderer_works():
+        parts.append(f"Charts not drawn: {RENDERER_MISSING}")
     if docs.train.get("sub_slice_note"):
         parts.append(f"Note: {docs.train['sub_slice_note']}.")
     if c is not None:

@@ -140,15 +140,13 @@ class Workload:
 
 def load_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
     """Prompt and output lengths from a file: two columns (CSV or whitespace), one request a line;
-    lines starting with '#' and a header line of words are skipped."""
+    lines starting with '#' and a header line of words are skipped. The file is read through
+    the catalog's bounded reader (a regular UTF-8 file of at most 64 MiB); a bad line is named
+    by its number, never quoted (the UI must not echo file content)."""
+    from roofline.specs.catalog import MAX_DATA_FILE_BYTES, read_text_file
+
+    text = read_text_file(path, "lengths", max_bytes=MAX_DATA_FILE_BYTES)
     P, G = [], []
-    try:
-        with open(path) as fh:
-            text = fh.read()
-    except OSError as e:
-        raise SpecError(
-            f"cannot read lengths file {path!r} ({e.strerror})", fix="check the path"
-        ) from None
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -160,14 +158,18 @@ def load_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
             if n == 1:
                 continue  # header
             raise SpecError(
-                f"lengths file {path!r} line {n}: {line!r}",
+                f"lengths file {path!r} line {n} does not start with two numbers",
                 rule="each line holds a prompt length and an output length",
                 fix="write e.g. `1024,256`",
             ) from None
         P.append(p)
         G.append(g)
     if not P:
-        raise SpecError(f"lengths file {path!r} has no requests", fix="add lines `prompt,output`")
+        raise SpecError(
+            f"lengths file {path!r} has no requests",
+            rule="a lengths file holds one request a line: prompt tokens, output tokens",
+            fix="add lines `prompt,output`",
+        )
     return np.array(P), np.array(G)
 
 

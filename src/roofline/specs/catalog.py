@@ -13,6 +13,7 @@ import math
 import os
 import re
 import stat
+import sys
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,8 +22,11 @@ from typing import Any
 from roofline.errors import SpecError, UnknownNameError
 
 DATA_DIR = Path(__file__).parent
+PACKAGE_DIR = DATA_DIR.parent  # roofline's own files (catalog, public runs): always readable
+_READ_ROOTS: tuple[str, ...] | None = None  # see restrict_reads
 
 MAX_SPEC_FILE_BYTES = 4 * 2**20  # a spec file is a few kB; HF config.json files are < 100 kB
+MAX_DATA_FILE_BYTES = 64 * 2**20  # a lengths file or a serve document (~1M requests)
 MAX_NAME_CHARS = 256  # catalog names and aliases are short; longer input is a mistake
 
 
@@ -46,7 +50,7 @@ def is_file(path: str | Path) -> bool:
     a permission problem are all 'not a file'.
     """
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
+        return readable(path) and stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError, TypeError):
         return False
 
@@ -55,7 +59,7 @@ def exists(path: str | Path) -> bool:
     """True if anything exists at `path` (file, directory, device); never raises."""
     try:
         os.stat(path)
-        return True
+        return readable(path)
     except (OSError, ValueError, TypeError):
         return False
 
@@ -63,25 +67,88 @@ def exists(path: str | Path) -> bool:
 def is_dir(path: str | Path) -> bool:
     """True if `path` names an existing directory; never raises (see is_file)."""
     try:
-        return stat.S_ISDIR(os.stat(path).st_mode)
+        return readable(path) and stat.S_ISDIR(os.stat(path).st_mode)
     except (OSError, ValueError, TypeError):
         return False
+
+
+def restrict_reads(roots: Iterable[str | Path] | None) -> None:
+    """From now on, read (and see) user-named files only under `roots` (None: anywhere).
+
+    `roofline ui` calls this in the worker process that runs a request, with the upload
+    folder and the --data-dir: a path in a URL then cannot open /etc/passwd, a FIFO or any file
+    the user did not hand over. The package's own data (catalog, public runs) stays readable.
+    """
+    global _READ_ROOTS
+    if roots is None:
+        _READ_ROOTS = None
+        return
+    _READ_ROOTS = tuple(os.path.realpath(r) for r in (*roots, PACKAGE_DIR))
+
+
+def reads_restricted() -> bool:
+    return _READ_ROOTS is not None
+
+
+def readable(path: str | Path) -> bool:
+    """False when reads are restricted (restrict_reads) and `path` resolves outside the roots."""
+    if _READ_ROOTS is None:
+        return True
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError, TypeError):
+        return False
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in _READ_ROOTS)
+
+
+def _outside(what: str, shown: str) -> SpecError:
+    return SpecError(
+        f"{what} file {shown} is not among the files this server may read",
+        rule="roofline ui reads only uploaded files and files inside the folder given to "
+        "`roofline ui --data-dir DIR` (never a path a request names elsewhere)",
+        fix="upload the file, or start `roofline ui --data-dir DIR` with the file in DIR "
+        "and name it relative to DIR",
+    )
 
 
 def read_text_file(path: str | Path, what: str, *, max_bytes: int = MAX_SPEC_FILE_BYTES) -> str:
     """The UTF-8 text of a spec file, or a SpecError saying why it cannot be one.
 
-    Refuses directories, devices and pipes (reading /dev/zero would never end) and files over
-    `max_bytes` (run files of measured data may pass a larger limit)."""
+    Refuses directories, devices and pipes (reading /dev/zero would never end), files over
+    `max_bytes` (run files of measured data may pass a larger limit) and, when reads are
+    restricted (restrict_reads), any file outside the allowed folders. The check and the read
+    use one open descriptor (opened non-blocking), so a file swapped for a FIFO in between
+    cannot block, and at most max_bytes + 1 bytes are ever read."""
+    return _decode(read_bytes_file(path, what, max_bytes=max_bytes), what, _short(str(path)))
+
+
+def read_bytes_file(path: str | Path, what: str, *, max_bytes: int = MAX_SPEC_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most max_bytes (see read_text_file)."""
     p = str(path)
     shown = _short(p)
+    if not readable(p):
+        raise _outside(what, shown)
+    fd = _open(p, what, shown)
     try:
-        st = os.stat(p)
+        _check_kind(os.fstat(fd), what, shown, max_bytes)
+        data = _read_at_most(fd, max_bytes + 1, what, shown)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # it grew after fstat
+        raise _too_big(what, shown, f"more than {max_bytes:,}", max_bytes)
+    return data
+
+
+def _open(p: str, what: str, shown: str) -> int:
+    try:
+        return os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
         raise SpecError(
             f"{what} file {shown} does not exist",
             fix="check the path, or use a catalog name",
         ) from None
+    except IsADirectoryError:
+        raise _directory(what, shown) from None
     except (OSError, ValueError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise SpecError(
@@ -89,39 +156,102 @@ def read_text_file(path: str | Path, what: str, *, max_bytes: int = MAX_SPEC_FIL
             rule="a spec file is a readable file with a name of ordinary length",
             fix="check the path, or use a catalog name",
         ) from None
+
+
+def _directory(what: str, shown: str) -> SpecError:
+    return SpecError(
+        f"{what} file {shown} is a directory",
+        rule=f"a {what} file is one file, not a folder",
+        fix="give the path of the file inside it",
+    )
+
+
+def _check_kind(st: os.stat_result, what: str, shown: str, max_bytes: int) -> None:
     if stat.S_ISDIR(st.st_mode):
-        raise SpecError(
-            f"{what} file {shown} is a directory",
-            rule=f"a {what} file is one file, not a folder",
-            fix="give the path of the file inside it",
-        )
+        raise _directory(what, shown)
     if not stat.S_ISREG(st.st_mode):
         raise SpecError(
             f"{what} file {shown} is not a regular file (a device, pipe or socket)",
             rule=f"a {what} file is a regular file",
-            fix="save the spec to a file and give its path",
+            fix="save the data to a file and give its path",
         )
     if st.st_size > max_bytes:
-        raise SpecError(
-            f"{what} file {shown} has {st.st_size:,} bytes",
-            rule=f"a {what} file is at most {max_bytes / 2**20:g} MiB",
-            fix="check that the path names the spec file and not a data file",
-        )
+        raise _too_big(what, shown, f"{st.st_size:,}", max_bytes)
+
+
+def _too_big(what: str, shown: str, size: str, max_bytes: int) -> SpecError:
+    return SpecError(
+        f"{what} file {shown} has {size} bytes",
+        rule=f"a {what} file is at most {max_bytes / 2**20:g} MiB",
+        fix=f"check that the path names the {what} file and not another data file",
+    )
+
+
+def _read_at_most(fd: int, limit: int, what: str, shown: str) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
     try:
-        data = Path(p).read_bytes()
+        while got < limit:
+            b = os.read(fd, min(1 << 20, limit - got))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
     except OSError as e:
         raise SpecError(
             f"{what} file {shown} cannot be read ({e.strerror or e})",
             fix="check the file's permissions",
         ) from None
+    return b"".join(chunks)
+
+
+def _decode(data: bytes, what: str, shown: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(
-            f"{what} file {shown} is not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r})",
-            rule="spec files are UTF-8 text",
+            f"{what} file {shown} is not UTF-8 text (byte {e.start} is not)",
+            rule=f"{what} files are UTF-8 text",
             fix="save the file as UTF-8 (not UTF-16 or a binary format)",
         ) from None
+
+
+MAX_NESTING = 100  # brackets or indentation levels: spec and run files nest a few levels
+
+
+def too_deep(what: str, shown: str) -> SpecError:
+    return SpecError(
+        f"{what} file {shown} nests too deeply",
+        rule=f"a {what} file nests tables and lists a few levels (at most {MAX_NESTING})",
+        fix=f"point at the {what} file itself",
+    )
+
+
+def check_nesting(text: str, what: str, path: str | Path) -> None:
+    """Refuse text that nests deeper than MAX_NESTING (flow brackets, or block indentation),
+    before a parser recurses on it: libyaml's C loader overflows the C stack (a segfault, not
+    an exception) on a few thousand `[` or `- - - ...`."""
+    depth = deepest = 0
+    for c in re.sub(r"[^\[\]{}]", "", text):
+        depth = max(depth + (1 if c in "[{" else -1), 0)
+        deepest = max(deepest, depth)
+    indent = max((len(m) for m in re.findall(r"(?m)^[ \t-]*", text)), default=0)
+    if deepest > MAX_NESTING or indent > 4 * MAX_NESTING:
+        raise too_deep(what, _short(str(path)))
+
+
+def too_many_digits(e: BaseException) -> bool:
+    """True for Python's int-conversion limit (a number of more than 4,300 digits)."""
+    return isinstance(e, ValueError) and "integer string conversion" in str(e)
+
+
+def huge_number_error(where: str) -> SpecError:
+    """One paragraph for a number of thousands of digits (Python refuses to convert it)."""
+    return SpecError(
+        f"{where} holds a number of more than {sys.get_int_max_str_digits():,} digits",
+        rule="every count and size in roofline is far below 10^18 (a physical quantity)",
+        fix="correct that number",
+    )
 
 
 def read_toml(path: str | Path, what: str) -> dict:
@@ -135,6 +265,12 @@ def read_toml(path: str | Path, what: str) -> dict:
             rule="data files are TOML",
             fix="fix the syntax at the line named",
         ) from None
+    except ValueError as e:  # an integer of more than 4,300 digits
+        if too_many_digits(e):
+            raise huge_number_error(f"{what} file {_short(str(path))}") from None
+        raise
+    except RecursionError:
+        raise too_deep(what, _short(str(path))) from None
 
 
 def check_name_length(name: str, what: str) -> None:

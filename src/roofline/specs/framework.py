@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from roofline.errors import SpecError, UnknownNameError
-from roofline.specs.catalog import DATA_DIR, normalize, read_toml, resolve
+from roofline.specs.catalog import DATA_DIR, is_file, normalize, read_toml, resolve
 from roofline.units import parse_dtype
 
 FRAMEWORK_DIR = DATA_DIR / "frameworks"
@@ -1139,7 +1139,7 @@ def load_framework(name_or_path: str | Path | Framework) -> Framework:
     if isinstance(name_or_path, Framework):
         return name_or_path
     s = str(name_or_path)
-    if s.endswith(".toml") or Path(s).is_file():
+    if s.endswith(".toml") or is_file(s):
         return framework_from_dict(read_toml(Path(s), "framework"), s)
     try:
         key = resolve(s, {k: v[1] for k, v in _catalog().items()}, "framework")

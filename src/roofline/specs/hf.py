@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.catalog import is_dir, read_text_file
+from roofline.specs.catalog import huge_number_error, is_dir, read_text_file, too_many_digits
 from roofline.specs.model import (
     MAX_EXPERTS,
     MAX_FF,
@@ -170,6 +170,10 @@ def _read(path: Path) -> dict[str, Any]:
             rule="config.json is a JSON object",
             fix=f"correct the syntax at line {e.lineno}, column {e.colno} (or download config.json again)",
         ) from None
+    except ValueError as e:  # a number of more than 4,300 digits
+        if too_many_digits(e):
+            raise huge_number_error(f"HF config {str(path)!r}") from None
+        raise
     except RecursionError:
         raise SpecError(
             f"HF config {str(path)!r} nests too deeply to be a config.json",

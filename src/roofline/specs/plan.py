@@ -175,6 +175,12 @@ def parse_degrees(text: str | Mapping[str, Any]) -> tuple[Degrees, dict[str, str
                 rule="degrees are positive integers",
                 fix=f"write {k}=4",
             )
+        if len(v.lstrip("+-")) > 18:
+            raise PlanError(
+                f"plan degree {k} has {len(v.lstrip('+-')):,} digits",
+                rule="a degree counts chips: at most 18 digits (no system is larger)",
+                fix=f"write {k}=4",
+            )
         n = int(v)
         if n < 1:
             raise PlanError(

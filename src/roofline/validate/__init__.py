@@ -18,6 +18,7 @@ from pathlib import Path
 
 from roofline.errors import SpecError
 from roofline.specs.catalog import DATA_DIR as SPEC_DIR
+from roofline.specs.catalog import is_file
 from roofline.specs.efficiency import PEAK, Efficiency, load_efficiency
 from roofline.validate.runfile import BUILTIN, RunFile, Schema, load_runs
 from roofline.validate.scoreboard import TrainingReport, validate_training
@@ -43,10 +44,10 @@ def load_profile(profile: str | Path | Efficiency | None) -> Efficiency | None:
         return None
     if s == "peak":
         return PEAK
-    if s.endswith(".toml") or Path(s).is_file():
+    if s.endswith(".toml") or is_file(s):
         return load_efficiency(s)
     named = PROFILE_DIR / f"{s}.toml"
-    if named.is_file():
+    if is_file(named):
         return load_efficiency(named)
     names = sorted(p.stem for p in PROFILE_DIR.glob("*.toml")) if PROFILE_DIR.is_dir() else []
     raise SpecError(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.catalog import exists, is_file, read_text_file
+from roofline.specs.catalog import check_nesting, exists, is_file, read_text_file
 
 DATA_DIR = Path(__file__).parent
 BUILTIN = {
@@ -71,6 +71,7 @@ def _load_yaml(path: Path) -> Any:
         )
     # one checked reader: no directories, devices (/dev/zero never ends) or giant files
     text = read_text_file(path, "measured-runs", max_bytes=MAX_RUNS_FILE_BYTES)
+    check_nesting(text, "measured-runs", path)  # libyaml's C loader would segfault
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         return yaml.load(text, Loader=loader)

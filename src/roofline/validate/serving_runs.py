@@ -282,6 +282,9 @@ def _skip_reason(
     attention: str,
 ) -> str:
     low = attention.lower()
+    mode = (e.get("workload") if isinstance(e.get("workload"), dict) else {}).get("mode", "")
+    if not isinstance(mode, str):
+        return f"workload mode {mode!r} is a {type(mode).__name__}, not a text such as 'offline'"
     if str(e.get("quality", "clean")).lower() == "suspect":
         return "quality flag 'suspect': " + ", ".join(map(str, e.get("flags") or [])) or "suspect"
     if model_reason:

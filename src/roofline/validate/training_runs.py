@@ -83,16 +83,29 @@ class _Skip(Exception):
     """An entry cannot be mapped; the message is the reason."""
 
 
+MAX_COUNT = 1 << 40  # a published batch, degree or chip count is far below 10^12
+
+
 def _num(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
+    n = None
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str) and re.fullmatch(r"\s*\d+\s*", v):
-        return int(v)
-    return None
+        n = v
+    elif isinstance(v, float) and v.is_integer():
+        n = int(v)
+    elif isinstance(v, str) and re.fullmatch(r"\s*\d{1,18}\s*", v):
+        n = int(v)
+    if n is not None and abs(n) > MAX_COUNT:
+        raise _Skip(f"count {v!r} is beyond any physical run (at most 2^40)")
+    return n
+
+
+def _num_or_none(v: Any) -> int | None:
+    try:
+        return _num(v)
+    except _Skip:
+        return None
 
 
 def compute_dtype(text: str) -> str:
@@ -375,11 +388,11 @@ def map_training_run(entry: Any) -> TrainingRun:
     hw = entry.get("hardware") if isinstance(entry.get("hardware"), dict) else {}
     p = entry.get("parallelism") if isinstance(entry.get("parallelism"), dict) else {}
     fam = str(hw.get("chip_family") or hw.get("chip") or "")
-    chips = _num(hw.get("chips"))
+    chips = _num_or_none(hw.get("chips"))
     prec = str(p.get("precision") or "")
     dtype = compute_dtype(prec)
     m = entry.get("model") if isinstance(entry.get("model"), dict) else {}
-    seq = _num(m.get("seq_len"))
+    seq = _num_or_none(m.get("seq_len"))
     base = dict(
         id=rid,
         source=src,
@@ -416,6 +429,7 @@ def _basics(entry, src, hw, m, chips, notes):
     if built.spec is None:
         raise _Skip(built.reason)
     if not chips:
+        _num(hw.get("chips"))  # a count beyond any run says so
         raise _Skip("chip count not published")
     chip, why = chip_for_family(str(hw.get("chip_family") or hw.get("chip") or ""))
     if chip is None:

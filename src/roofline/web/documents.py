@@ -16,7 +16,7 @@ import importlib
 import io
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -150,6 +150,10 @@ def _document_text(command: str, argv: tuple[str, ...]) -> str:
     return out.getvalue()
 
 
+def _in_process(command: str, argv: list[str]) -> dict[str, Any]:
+    return document(command, argv)
+
+
 def _usage_error(command: str, argv: tuple[str, ...], stderr: str) -> SpecError:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     msg = lines[-1] if lines else "the inputs could not be read"
@@ -165,12 +169,16 @@ def report_documents(
     train_values: Mapping[str, Any],
     serve: Mapping[str, Any] | None = None,
     serve_argv: list[str] | None = None,
+    run_document: Callable[[str, list[str]], dict[str, Any]] | None = None,
 ) -> ReportDocuments:
     """Every document a report shows: train, then the model ledger, system and chip it used.
 
     The serving section comes from `serve` (a `roofline serve --json` document already made)
     or from running `roofline serve <serve_argv>` (the report's model unless it names one).
+    `run_document` makes one document (default: in this process; the UI passes its bounded,
+    cached worker, so the page and /api/<command> show the very same document).
     """
+    document = run_document or _in_process
     argv = argv_for("train", train_values)
     train = document("train", argv)
     system = document("system", [train["inputs"]["system"]])
