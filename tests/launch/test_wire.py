@@ -179,3 +179,11 @@ def test_serve_on_jetstream_has_no_launch(capsys):
         capsys, "serve", "--model", "llama-3-8b", "--system", "tpu-v5e:2x2", "--concurrency", "8"
     )
     assert doc["launch"] is None
+
+
+def test_serve_one_step_shows_its_launch_with_the_draft(capsys, tmp_path):
+    argv = ["serve", "--model", "deepseek-v3", "--system", "h200:8", "--plan", "tp=1,dp=8,ep=8"]
+    argv += ["--batch", "64", "--context", "4096", "--engine", "sglang", "--draft", "3"]
+    doc = run_json(capsys, *argv)
+    back = run_json(capsys, "import", launch_file(tmp_path, doc["launch"]["text"]))
+    assert back["plan"]["spec"] == "tp=1,dp=8,ep=8" and back["options"]["draft"] == "3"

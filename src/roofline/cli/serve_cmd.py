@@ -401,9 +401,20 @@ def _run_step(args, model, system, eff, engine) -> int:
     r = step_report(
         model, system, plan, batch, ctx, quant, eff, prompt=prompt, engine=engine, speculation=spec
     )
-    return emit(
-        args, NAME, _inputs(args, model, system, eff, engine), r, _step_text(r, model, system)
+    r["launch"] = (
+        None
+        if engine is None
+        else serving_launch(
+            engine.name,
+            model=model.name,
+            plan=plan.to_dict(),
+            chips=plan.chips,
+            quant={"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
+            draft=args.draft,
+        )
     )
+    text = _step_text(r, model, system) + launch_text(r["launch"])
+    return emit(args, NAME, _inputs(args, model, system, eff, engine), r, text)
 
 
 def _step_text(r: dict, model, system) -> str:

@@ -63,6 +63,7 @@ def serving_launch(
     plan: dict[str, Any],
     chips: int,
     quant: dict[str, str],
+    draft: int | None = None,
 ) -> dict[str, Any] | None:
     """{'stack', 'text', 'reason'} for a serving plan (`serve`'s best row: its plan dict, the
     GPUs of all its replicas and its quant) as `engine`'s launch line, or None when the engine
@@ -78,6 +79,7 @@ def serving_launch(
             weight_dtype=quant["weights"],
             kv_dtype=quant["kv"],
             compute_dtype=quant["compute"],
+            draft=draft,
         )
     except LaunchError as e:
         return {"stack": engine, "text": None, "reason": str(e)}
