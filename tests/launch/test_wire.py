@@ -187,3 +187,9 @@ def test_serve_one_step_shows_its_launch_with_the_draft(capsys, tmp_path):
     doc = run_json(capsys, *argv)
     back = run_json(capsys, "import", launch_file(tmp_path, doc["launch"]["text"]))
     assert back["plan"]["spec"] == "tp=1,dp=8,ep=8" and back["options"]["draft"] == "3"
+
+
+def test_import_refuses_training_flags_for_a_serving_line(capsys, tmp_path):
+    f = launch_file(tmp_path, VLLM_70B)
+    assert main(["import", f, "--system", "h100:8", "--seq", "4096"]) == 2
+    assert "--seq with the serving launch file" in capsys.readouterr().err

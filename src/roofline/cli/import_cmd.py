@@ -82,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
         else (int_flag(args.chips, "chips", hi=1 << 24) if args.chips else None)
     )
     config = read_launch(text, source=args.file, stack=args.stack, chips=chips)
-    if config.kind == LaunchKind.TRAINING:
-        _no_serving_flags(args)
+    _flags_fit(args, config.kind)
     inputs = {"file": args.file, "stack": config.stack, "system": args.system, "chips": chips}
     reading = _reading(config)
     if system is None:
@@ -157,13 +156,20 @@ def _cost(args: argparse.Namespace, config: LaunchConfig, system) -> tuple[dict[
     return cost_one_plan(targs, model, system, _workload(args, config), config.plan, eff, stack)
 
 
-def _no_serving_flags(args: argparse.Namespace) -> None:
-    given = [f for f in SERVE_LOAD_FLAGS if getattr(args, f.replace("-", "_")) is not None]
+def _flags_fit(args: argparse.Namespace, kind: LaunchKind) -> None:
+    """serve's load flags with a training file, or --seq / --tokens with a serving line, are
+    errors (never ignored)."""
+    if kind == LaunchKind.TRAINING:
+        given = [f for f in SERVE_LOAD_FLAGS if getattr(args, f.replace("-", "_")) is not None]
+        why = "serve's load flags cost serving launch lines (vLLM, SGLang, TensorRT-LLM)"
+    else:
+        given = [f for f in ("seq", "tokens") if getattr(args, f) is not None]
+        why = "--seq and --tokens cost training files; a serving line is costed for serve's load"
     if given:
         raise PlanError(
-            f"--{given[0]} with the training launch file {args.file}",
-            rule="serve's load flags cost serving launch lines (vLLM, SGLang, TensorRT-LLM)",
-            fix=f"drop --{given[0]} (a training file is costed by its batch and --tokens)",
+            f"--{given[0]} with the {kind.value} launch file {args.file}",
+            rule=why,
+            fix=f"drop --{given[0]}",
         )
 
 
