@@ -66,6 +66,7 @@ ORDER = (
     "launch.megatron",
     "launch.nemo",
     "launch.deepspeed",
+    "launch.lines",
     "training.feasibility",
     # readers of the walk
     "training.step",

@@ -20,6 +20,7 @@ import numpy as np
 from roofline.cli._common import add_json, emit, int_flag
 from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import SpecError
+from roofline.launch.lines import launch_text, serving_launch
 from roofline.report.table import kv, table
 from roofline.serving.inference import Quant, parse_serve_plan
 from roofline.serving.search import Objective, ServeQuery, search, step_report
@@ -207,12 +208,29 @@ def run(args: argparse.Namespace) -> int:
     step_mode = args.batch is not None or args.context is not None
     if step_mode:
         return _run_step(args, model, system, eff, engine)
-    quants = _quants(args, system)
+    doc, text = cost_serving(args, model, system, eff, engine)
+    return emit(args, NAME, _inputs(args, model, system, eff, engine), doc, text)
+
+
+def serve_namespace(argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed by serve's own parser (serve's defaults for what it leaves out): how
+    `roofline import` and `roofline export` run serve for a serving launch file."""
+    p = argparse.ArgumentParser(prog="roofline serve")
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def cost_serving(
+    args: argparse.Namespace, model, system: System, eff: Efficiency, engine: EngineProfile | None
+) -> tuple[dict[str, Any], str]:
+    """serve's search for the load (the plan fixed by `--plan` when given) as `serve` runs it:
+    (the result document, the text). `roofline import` costs a serving launch file through
+    this same function, with the engine's profile as the file sets it."""
     q = ServeQuery(
         model=model,
         system=system,
         workload=_workload(args),
-        quants=quants,
+        quants=_quants(args, system),
         plan=parse_serve_plan(args.plan) if args.plan else None,
         engine=engine,
         efficiency=eff,
@@ -235,8 +253,21 @@ def run(args: argparse.Namespace) -> int:
             title=f"{model.name} on {system.name}",
             best=res.best,
         )
-    return emit(
-        args, NAME, _inputs(args, model, system, eff, engine), doc, _search_text(res, doc, args)
+    doc["launch"] = _launch(model, engine, doc.get("best"))
+    return doc, _search_text(res, doc, args) + launch_text(doc["launch"])
+
+
+def _launch(model, engine: EngineProfile | None, best: dict[str, Any] | None):
+    """The best plan as the engine's launch line (`launch.lines`; None without a plan or a
+    writer for the engine)."""
+    if best is None or engine is None:
+        return None
+    return serving_launch(
+        engine.name,
+        model=model.name,
+        plan=best["plan"],
+        chips=int(best["chips_per_replica"] * round(best["replicas"])),
+        quant=best["quant"],
     )
 
 
@@ -370,9 +401,20 @@ def _run_step(args, model, system, eff, engine) -> int:
     r = step_report(
         model, system, plan, batch, ctx, quant, eff, prompt=prompt, engine=engine, speculation=spec
     )
-    return emit(
-        args, NAME, _inputs(args, model, system, eff, engine), r, _step_text(r, model, system)
+    r["launch"] = (
+        None
+        if engine is None
+        else serving_launch(
+            engine.name,
+            model=model.name,
+            plan=plan.to_dict(),
+            chips=plan.chips,
+            quant={"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
+            draft=args.draft,
+        )
     )
+    text = _step_text(r, model, system) + launch_text(r["launch"])
+    return emit(args, NAME, _inputs(args, model, system, eff, engine), r, text)
 
 
 def _step_text(r: dict, model, system) -> str:

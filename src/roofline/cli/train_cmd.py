@@ -17,6 +17,7 @@ from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.core.ledger import count_params
 from roofline.core.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
 from roofline.errors import PlanError
+from roofline.launch.lines import launch_text, training_launch
 from roofline.progress import counter
 from roofline.report.table import kv, table
 from roofline.report.text import profile_assumptions, stack_note, term_phrase
@@ -176,7 +177,21 @@ def run(args: argparse.Namespace) -> int:
     doc = res.to_dict() | {"pipeline_comm": pipeline_traffic(res.best).to_dict()}
     doc |= _offload_doc(args, model, res.best)
     text += _offload_text(args, model, res.best)
-    return emit(args, NAME, inputs, doc, text)
+    launch = plan_launch(args, model, work, res.best.plan, stack)
+    return emit(args, NAME, inputs, doc | {"launch": launch}, text + launch_text(launch))
+
+
+def plan_launch(args: argparse.Namespace, model, work: Workload, plan, stack: Stack):
+    """The chosen plan as the costed stack's launch file (`launch.lines`; None without a
+    writer for the stack)."""
+    return training_launch(
+        stack.name,
+        model=model.name,
+        plan=plan,
+        seq_len=work.seq_len,
+        global_batch_sequences=int(work.sequences),
+        precision=getattr(args, "precision", None),
+    )
 
 
 def cost_one_plan(
@@ -203,7 +218,9 @@ def cost_one_plan(
     text = _render_one(
         model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
     ) + _offload_text(args, model, cost)
-    return {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]}, text
+    launch = plan_launch(args, model, work, plan, stack)
+    result = {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]}
+    return result | {"launch": launch}, text + launch_text(launch)
 
 
 def search_plans(

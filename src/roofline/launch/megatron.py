@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.base import Default, LaunchConfig, LaunchError, LaunchKind
 from roofline.launch.common import (
     Notes,
     check_known,
@@ -73,6 +73,8 @@ _READ = (
     "recompute-num-layers",
     "recompute-activations",
     "checkpoint-activations",
+    "activations-checkpoint-method",
+    "activations-checkpoint-num-layers",
     "fp8-format",
     "fp8-recipe",
     "fp4-format",
@@ -304,10 +306,35 @@ def _fsdp(notes: Notes) -> bool:
     return True
 
 
+def _checkpoint_method(notes: Notes) -> Any:
+    """Megatron-LM's 2021-22 spelling (NVIDIA/Megatron-LM megatron/model/transformer.py:678
+    @6985e58938, arguments.py:411-423): any `--activations-checkpoint-method` checkpoints
+    the Transformer layers' inputs (full recompute), `--activations-checkpoint-num-layers`
+    (default 1) layers per chunk; renamed `--recompute-method` / `--recompute-num-layers`."""
+    key, per = "activations-checkpoint-method", "activations-checkpoint-num-layers"
+    method = notes.get(key)
+    if per in notes.settings:
+        layers = notes.settings[per]
+    else:  # gone from the [meta] commit's arguments: the default of the release that had it
+        layers = 1
+        notes.defaults.append(
+            Default(per, 1, "NVIDIA/Megatron-LM megatron/arguments.py:419 @6985e58938")
+        )
+    if method == "block" or str(layers) != "1":
+        notes.unsupported_(
+            key,
+            f"{method} {layers}",
+            "recomputes part of the layers (block) or checkpoints groups of layers (uniform): costed as full",
+        )
+    return remat_of(notes, PROFILE, key, "full")
+
+
 def _recompute(notes: Notes) -> Any:
     key = "recompute-granularity"
     if notes.given("checkpoint-activations"):  # the older spelling of full recompute
         return remat_of(notes, PROFILE, "checkpoint-activations", "full")
+    if notes.given("activations-checkpoint-method"):
+        return _checkpoint_method(notes)
     gran = "selective" if notes.given("recompute-activations") else notes.get(key)
     if gran in (None, "none"):
         return remat_of(notes, PROFILE, key, "none")

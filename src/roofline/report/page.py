@@ -681,3 +681,27 @@ def serve_chosen_point(serve: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     label = f"{plan_spec(serve)}: TTFT {fmt(serve.get('ttft_s'), 'time')}, TPOT {fmt(serve.get('tpot_s'), 'time')}"
     return {"tokens_per_s_per_user": user, "tokens_per_s_per_chip": chip, "label": label}
+
+
+# --- the launch lines (`launch` of `roofline train --json` / `serve --json`) ------------
+
+
+def launch_blocks(docs: ReportDocuments) -> list[dict[str, Any]]:
+    """The chosen plans' launch lines as the documents carry them: {'id', 'title', 'text',
+    'reason'} for the training plan and the serving plan (text None with the writer's reason
+    when the stack cannot say the plan; nothing for a stack without a writer)."""
+    out = []
+    for kind, doc in (("train", docs.train), ("serve", docs.serve or {})):
+        launch = doc.get("launch")
+        if not isinstance(launch, Mapping):
+            continue
+        what = "Training" if kind == "train" else "Serving"
+        out.append(
+            {
+                "id": f"launch-{kind}",
+                "title": f"{what} launch ({launch.get('stack')}, as roofline export writes it)",
+                "text": launch.get("text"),
+                "reason": launch.get("reason"),
+            }
+        )
+    return out

@@ -126,6 +126,7 @@ def context(docs: ReportDocuments) -> dict[str, Any]:
         "ledger_totals": page.ledger_total_rows(docs),
         "inputs": page.input_rows(docs),
         "assumptions": page.assumption_rows(docs),
+        "launches": page.launch_blocks(docs),
     }
 
 

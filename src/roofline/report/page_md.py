@@ -73,6 +73,7 @@ def _body(docs: ReportDocuments, img) -> str:
         parts.append(f"Note: {docs.train['sub_slice_note']}.")
     if c is not None:
         parts.append(page.search_line(docs))
+    parts += _launches(docs)
     parts += ["## Roofline of the chip, with every ledger op", img("roofline")]
     unplaced = page.roofline_points(docs)[1]
     if unplaced:
@@ -89,6 +90,15 @@ def _body(docs: ReportDocuments, img) -> str:
         + "."
     )
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _launches(docs: ReportDocuments) -> list[str]:
+    blocks = page.launch_blocks(docs)
+    out = ["## Launch lines of the chosen plans"] if blocks else []
+    for b in blocks:
+        body = f"```sh\n{b['text'].rstrip()}\n```" if b["text"] else f"Not written: {b['reason']}"
+        out += [f"### {b['title']}", body]
+    return out
 
 
 def _plans(docs: ReportDocuments, img) -> list[str]:

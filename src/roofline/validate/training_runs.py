@@ -550,6 +550,46 @@ def _recipe_text(src: Source, m: dict, hw: dict, p: dict, notes: list[str]) -> s
     return "," + r.plan
 
 
+@dataclass(frozen=True)
+class _Imported:
+    config: Any  # launch.LaunchConfig
+    plan: Plan
+    framework: str
+
+
+def _imported(entry: dict, chips: int, hand: str, notes: list[str]) -> _Imported | None:
+    """The run's `config:` snippet (`{stack, text}`: the stack's own launch settings as its
+    source prints them) read by the stack's importer (`launch.read_launch`); its plan, batch
+    and sequence length win over the hand-mapped fields. None without a snippet."""
+    snippet = entry.get("config")
+    if snippet is None:
+        return None
+    from roofline.launch import read_launch
+
+    if not isinstance(snippet, dict) or not snippet.get("stack") or not snippet.get("text"):
+        raise _Skip("config: is a mapping with `stack` and `text` (the stack's own settings)")
+    try:
+        config = read_launch(
+            str(snippet["text"]),
+            source=f"{entry.get('id')} config",
+            stack=str(snippet["stack"]),
+            chips=chips,
+        )
+    except RooflineError as e:
+        raise _Skip(f"config snippet: {e}") from None
+    if config.plan is None:
+        raise _Skip(f"config snippet: a {config.kind.value} launch, not a training run")
+    spec = config.plan.describe()
+    notes.append(
+        f"plan imported from the run's {config.stack} settings: {spec}"
+        + ("" if parse_plan(hand) == config.plan else f" (hand-mapped: {hand})")
+    )
+    notes.extend(f"{config.stack} default {d.key} = {d.value!r}" for d in config.defaults)
+    notes.extend(f"{u.key} = {u.value!r}: {u.reason}" for u in config.unsupported)
+    framework = config.options.get("framework") or snippet["stack"]
+    return _Imported(config, config.plan, str(framework))
+
+
 MAXTEXT_BATCHES = (12, 8, 4, 2, 1)  # per_device_batch_size: base.yml default 12, then halving
 
 
@@ -598,9 +638,14 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
     plan_text += _recipe_text(src, m, hw, p, notes)
     try:
         plan = parse_plan(plan_text)
-        work = Workload(float(gbs * seq), seq)
     except RooflineError as e:
         raise _Skip(f"plan {plan_text} cannot be expressed: {e}") from None
+    framework = st.framework
+    if (imported := _imported(entry, chips, plan_text, notes)) is not None:
+        plan, plan_text, framework = imported.plan, imported.plan.describe(), imported.framework
+        gbs = imported.config.workload.global_batch_sequences or gbs
+        seq = imported.config.workload.seq_len or seq
+    work = Workload(float(gbs * seq), seq)
     if dtype == "unknown":
         notes.append(
             f"precision {'unstated' if not p.get('precision') else repr(p.get('precision'))}: bf16 assumed"
@@ -616,9 +661,9 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
         work,
         plan,
         plan_text,
-        st.framework,
+        framework,
         dtype if dtype != "unknown" else "bf16",
         choice.assumed,
-        _document_stack(st.framework, src.document, notes),
+        _document_stack(framework, src.document, notes),
     )
     return inputs, measured, checks, params, lay.defaulted
