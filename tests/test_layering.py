@@ -23,6 +23,7 @@ ORDER = (
     "report.text",
     # specs: inputs as validated frozen records
     "specs.catalog",
+    "specs.filecache",
     "specs.chip",
     "specs.system",
     "specs.efficiency",

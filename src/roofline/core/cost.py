@@ -52,6 +52,7 @@ class ComputeModel:
         self.vector_hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * eff.vector_fraction(chip)
         # fixed time per kernel launch, added once per op per pass (0 for constant profiles)
         self.kernel_overhead_s = float(eff.kernel_overhead_s(chip))
+        self._large: dict[str, float] = {}  # a large GEMM's fraction by dtype, resolved once
 
     def peak(self, dtype: str) -> float:
         """The chip's dense peak in `dtype`; bf16 on a chip without bf16 units (V100) runs in
@@ -60,7 +61,10 @@ class ComputeModel:
 
     def large_gemm_fraction(self, dtype: str) -> float:
         """The fraction a large, well-shaped GEMM reaches (the algebra ranks options with it)."""
-        return self.eff.for_chip(self.chip, dtype).matmul
+        hit = self._large.get(dtype)
+        if hit is None:
+            hit = self._large[dtype] = self.eff.for_chip(self.chip, dtype).matmul
+        return hit
 
     def matmul_flops_per_s(
         self, dtype: str, shape: GemmShape | None = None, grouped: bool = False
