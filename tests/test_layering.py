@@ -45,6 +45,7 @@ ORDER = (
     "core.sharding",
     "core.stack",
     "core.cost",
+    "core.pricing",
     "core.walk",
     "core.matmul",
     "core",

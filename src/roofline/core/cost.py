@@ -143,8 +143,12 @@ class CommModel:
     per distinct placement, not once per mesh. `inverse` maps each row to its mesh.
     """
 
-    def __init__(self, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency) -> None:
+    def __init__(
+        self, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency, floats: bool = False
+    ) -> None:
         self.inv, self.meshes, self.eff = inverse, meshes, eff
+        self.single = floats and len(inverse) == 1  # one row asked as floats (`__call__`)
+        self.scalar: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[float, float]] = {}
         self._links: dict[tuple[str, str], float] = {}
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self.pid: dict[str, np.ndarray] = {}
@@ -208,5 +212,12 @@ class CommModel:
         return lat[self.inv], spb[self.inv]
 
     def __call__(self, kind: CollectiveKind, nbytes: Any, axes: tuple[str, ...]) -> Any:
+        if self.single and np.ndim(nbytes) == 0:  # one plan: floats, not 1-element arrays
+            key = (kind, tuple(axes))
+            one = self.scalar.get(key)
+            if one is None:
+                lat, spb = self.coef(*key)
+                one = self.scalar[key] = (float(lat[0]), float(spb[0]))
+            return float(collective_time(one[0], one[1], nbytes)) if one[1] > 0 else 0.0
         lat, spb = self.coef(kind, tuple(axes))
         return np.where(spb > 0, collective_time(lat, spb, nbytes), 0.0)
