@@ -24,6 +24,7 @@ ORDER = (
     "report.text",
     # specs: inputs as validated frozen records
     "specs.catalog",
+    "specs.filecache",
     "specs.chip",
     "specs.system",
     "specs.efficiency",
@@ -53,6 +54,7 @@ ORDER = (
     "core.sharding",
     "core.stack",
     "core.cost",
+    "core.pricing",
     "core.walk",
     "core.matmul",
     "core.limits",

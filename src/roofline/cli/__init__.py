@@ -38,12 +38,15 @@ COMMANDS = (
 )
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.ArgumentParser:
     """The argument parser; with `only`, just that subcommand's module is imported.
 
     Each command module imports what it computes with, so building every subparser would load
     the planner, numpy and matplotlib for `roofline chips`. `main` passes the command named on
-    the command line; `--help` and unknown commands build them all.
+    the command line; `--help` and unknown commands build them all. With `listing` (what
+    `main` asks for when no command is named) each command is listed by the `NAME` and `HELP`
+    its module states, read from the module's source without importing it (`_listed`): the
+    top-level help and the unknown-command error then cost no more than `roofline chips`.
     """
     parser = argparse.ArgumentParser(
         prog="roofline",
@@ -52,13 +55,46 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else (only,):
         modname = f"roofline.cli.{name}_cmd"
-        if importlib.util.find_spec(modname) is None:
+        spec = importlib.util.find_spec(modname)
+        if spec is None:
+            continue
+        stated = _listed(spec.origin) if listing else None
+        if stated is not None:
+            sub.add_parser(stated[0], help=stated[1], description=stated[1])
             continue
         mod = importlib.import_module(modname)
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+def _listed(origin: str | None) -> tuple[str, str] | None:
+    """A command module's `NAME` and `HELP` as its source states them (string constants at the
+    top level), or None where it computes them (then the module is imported)."""
+    import ast
+
+    if origin is None:
+        return None
+    try:
+        with open(origin, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), origin)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id in ("NAME", "HELP"):
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    return None
+                if isinstance(value, str):
+                    found[target.id] = value
+    if "NAME" not in found or "HELP" not in found:
+        return None
+    return found["NAME"], found["HELP"]
 
 
 def _command_in(argv: list[str]) -> str | None:
@@ -71,7 +107,8 @@ def _command_in(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(_command_in(argv))
+    command = _command_in(argv)
+    parser = build_parser(command, listing=command is None)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

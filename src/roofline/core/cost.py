@@ -52,6 +52,7 @@ class ComputeModel:
         self.vector_hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * eff.vector_fraction(chip)
         # fixed time per kernel launch, added once per op per pass (0 for constant profiles)
         self.kernel_overhead_s = float(eff.kernel_overhead_s(chip))
+        self._large: dict[str, float] = {}  # a large GEMM's fraction by dtype, resolved once
 
     def peak(self, dtype: str) -> float:
         """The chip's dense peak in `dtype`; bf16 on a chip without bf16 units (V100) runs in
@@ -60,7 +61,10 @@ class ComputeModel:
 
     def large_gemm_fraction(self, dtype: str) -> float:
         """The fraction a large, well-shaped GEMM reaches (the algebra ranks options with it)."""
-        return self.eff.for_chip(self.chip, dtype).matmul
+        hit = self._large.get(dtype)
+        if hit is None:
+            hit = self._large[dtype] = self.eff.for_chip(self.chip, dtype).matmul
+        return hit
 
     def matmul_flops_per_s(
         self, dtype: str, shape: GemmShape | None = None, grouped: bool = False
@@ -139,8 +143,12 @@ class CommModel:
     per distinct placement, not once per mesh. `inverse` maps each row to its mesh.
     """
 
-    def __init__(self, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency) -> None:
+    def __init__(
+        self, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency, floats: bool = False
+    ) -> None:
         self.inv, self.meshes, self.eff = inverse, meshes, eff
+        self.single = floats and len(inverse) == 1  # one row asked as floats (`__call__`)
+        self.scalar: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[float, float]] = {}
         self._links: dict[tuple[str, str], float] = {}
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self.pid: dict[str, np.ndarray] = {}
@@ -204,5 +212,12 @@ class CommModel:
         return lat[self.inv], spb[self.inv]
 
     def __call__(self, kind: CollectiveKind, nbytes: Any, axes: tuple[str, ...]) -> Any:
+        if self.single and np.ndim(nbytes) == 0:  # one plan: floats, not 1-element arrays
+            key = (kind, tuple(axes))
+            one = self.scalar.get(key)
+            if one is None:
+                lat, spb = self.coef(*key)
+                one = self.scalar[key] = (float(lat[0]), float(spb[0]))
+            return float(collective_time(one[0], one[1], nbytes)) if one[1] > 0 else 0.0
         lat, spb = self.coef(kind, tuple(axes))
         return np.where(spb > 0, collective_time(lat, spb, nbytes), 0.0)

@@ -362,9 +362,9 @@ class EinsumPlan:
     def gemm_shape(self, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> GemmShape:
         """The per-chip GEMM of the chosen option: C[m, n] = A[m, k] · B[k, n], `count` of them
         (batch dims shared by both operands, e.g. experts). Arrays when the choice varies."""
+        if np.ndim(self.choice) == 0:  # one option chosen: only its shape
+            return gemm_shape(self.options[int(self.choice)], sizes, mesh)
         shapes = [gemm_shape(o, sizes, mesh) for o in self.options]
-        if np.ndim(self.choice) == 0:
-            return shapes[int(self.choice)]
 
         def pick(f: str) -> Any:
             return np.choose(self.choice, np.broadcast_arrays(*(getattr(g, f) for g in shapes)))

@@ -35,6 +35,7 @@ from roofline.core.cost import CommModel, ComputeModel, mesh_for
 from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger
 from roofline.core.memory import NON_LAYER_ROWS, saved_bytes
 from roofline.core.mesh import Mesh
+from roofline.core.pricing import PricingContext, pricing_context
 from roofline.core.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
 from roofline.core.sharding import (
     CHEAPEST,
@@ -47,7 +48,7 @@ from roofline.core.sharding import (
     plan_einsum,
     plan_training_einsum,
 )
-from roofline.core.stack import Stack, policy_for_op, stack_of
+from roofline.core.stack import Stack, stack_of
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Dispatch, LoadBalance, OverlapClass
 from roofline.specs.model import ModelSpec
@@ -277,7 +278,19 @@ class Totals:
             comm[k2] = comm.get(k2, 0.0) + t
             if np.any(c.reusable):
                 reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
-        return Totals(compute, flops, comm, reusable, by_class, edge)
+        shape = (walk.n,)  # arrays per row, also where a single plan's walk ran on floats
+
+        def rows(d: dict) -> dict:
+            return {k: np.broadcast_to(np.asarray(v, float), shape) for k, v in d.items()}
+
+        return Totals(
+            rows(compute),
+            rows(flops),
+            rows(comm),
+            rows(reusable),
+            rows(by_class),
+            np.broadcast_to(np.asarray(edge, float), shape),
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -428,6 +441,8 @@ class AlgebraPricing:
     hbm_bw_bytes_per_s: float
     vector_flops_per_s: float = 1.0
     vector_hbm_bytes_per_s: float | None = None  # elementwise kernels' bandwidth (default: hbm)
+    # the stack's and the cost model's answers, resolved once (None: built for this walk)
+    context: PricingContext | None = None
 
     @property
     def launch_s(self) -> float:
@@ -438,11 +453,15 @@ class AlgebraPricing:
         """The FLOP/s the algebra ranks an einsum's options with (a large GEMM in `dtype`)."""
         if self.compute is None:
             return self.peak_flops_per_s
+        if self.context is not None and self.context.compute is self.compute:
+            return self.context.matmul_peak(dtype)
         return self.compute.matmul_flops_per_s(dtype)
 
     def attention_peak(self, dtype: str, backward: bool, head_dim: float) -> Any:
         if self.compute is None:
             return self.peak_flops_per_s
+        if self.context is not None and self.context.compute is self.compute:
+            return self.context.attention_flops_per_s(dtype, backward, head_dim)
         return self.compute.attention_flops_per_s(dtype, backward, head_dim)
 
 
@@ -458,6 +477,10 @@ class WalkOptions:
     choices: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (op, pass) -> option
     remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
     stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
+    # a walk of one row runs on Python floats, not 1-element arrays (numpy's cost per call is
+    # most of a single plan's time); its records then hold floats, which `Totals` broadcasts
+    # to the row — for readers that broadcast (training's timeline), not those that index
+    floats: bool = False
 
 
 class _Walker:
@@ -471,6 +494,10 @@ class _Walker:
         self.mesh, self.seqs, self.phase = mesh_sizes, sequences, phase
         self.pricing, self.opts, self.pp = pricing, opts, pp
         self.stack = stack_of(opts.stack)
+        ctx = pricing.context
+        if ctx is None or ctx.stack is not self.stack or ctx.compute is not pricing.compute:
+            ctx = PricingContext(self.stack, pricing.compute)
+        self.ctx = ctx  # what the walk asks per op, resolved once per (stack, profile, chip)
         self.scale_up = scale_up  # GPUs per NVLink domain per row (0: a TPU torus; None: unknown)
         # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
         self.step_share = 1.0 / np.asarray(mb, float)
@@ -513,7 +540,7 @@ class _Walker:
             plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype, op)
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
-        reruns = self.stack.rerun_by(op)
+        reruns = self.ctx.rerun_by(op)
         for label, ep in zip(self.passes, plans, strict=True):
             rr = reruns if label == Pass.FORWARD else NO_RERUN
             self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
@@ -573,7 +600,7 @@ class _Walker:
                 hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
                 check_divisible=False,
                 trusted=self.opts.trusted,
-                policy=policy_for_op(self.opts.policy, op.name),
+                policy=self.ctx.policy(self.opts.policy, op.name),
                 weights=_weight_names(op),
                 weight_read_fraction=self.weight_read_fraction(op),
                 comm_share=self.comm_share,
@@ -591,10 +618,7 @@ class _Walker:
 
     def rerun_collective(self, reruns: frozenset[RematKind], cls: Overlap, c_kind) -> Any:
         """The remat kinds that rerun a collective of class `cls` inside an op they rerun."""
-        if not reruns:
-            return NO_RERUN
-        fc = FRAMEWORK_CLASS[cls]
-        return frozenset(k for k in reruns if self.stack.reruns_collective(k, fc, c_kind))
+        return self.ctx.rerun_collective(reruns, FRAMEWORK_CLASS[cls], c_kind)
 
     def weight_read_fraction(self, op: Op) -> Any:
         """Share of a weight one pass reads from HBM: 1, or for a routed-expert row the
@@ -639,7 +663,7 @@ class _Walker:
             phase="backward",
             check_divisible=False,
             trusted=self.opts.trusted,
-            policy=policy_for_op(self.opts.policy, op.name),
+            policy=self.ctx.policy(self.opts.policy, op.name),
             weights=_weight_names(op),
             weight_read_fraction=self.weight_read_fraction(op),
             comm_share=self.comm_share,
@@ -650,7 +674,7 @@ class _Walker:
         cm = self.pricing.compute
         if cm is not None and cm.shape_dependent:
             shape = ep.gemm_shape(ep.sizes, ep.mesh)
-            compute_s = ep.flops_per_chip / cm.flops_per_s(op_class, dtype, shape)
+            compute_s = ep.flops_per_chip / self.ctx.gemm_flops_per_s(op_class, dtype, shape)
         return OpRecord(
             op.name,
             label,
@@ -717,16 +741,15 @@ class _Walker:
         p = self.pricing
         head_dim = op.sizes.get("head_dim", 0.0)
         mem = by / p.hbm_bw_bytes_per_s
-        chip = p.compute.chip if p.compute is not None else None
         for label in self.passes:  # the backward pass: two contractions of the same size
             fwd = label == Pass.FORWARD
             if not self.stack.flash_attention:  # batched GEMMs QK^T and PV
                 comp = fl / p.matmul_peak(dtype)
             else:
-                speed = self.stack.attention_speed(chip, not fwd) if chip is not None else 1.0
+                speed = self.ctx.attention_speed(not fwd)
                 comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
             comp = comp * self.cp_imbalance(op)
-            rr = self.stack.rerun_by(op) if fwd else NO_RERUN
+            rr = self.ctx.rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(
                     op.name,
@@ -766,7 +789,7 @@ class _Walker:
                 if not t.on_chip
             )
         cls = OpClass.EMBEDDING if op.kind == OpKind.GATHER else OpClass.ELEMENTWISE
-        rr = self.stack.rerun_by(op)
+        rr = self.ctx.rerun_by(op)
         rec = self.vector_record(op.name, Pass.FORWARD, cls, op.out.dtype, copies, fl, by, rr)
         self.ops.append(rec)
         if self.phase == Phase.TRAIN:  # one backward pass: the gradient of the input (the table)
@@ -782,7 +805,7 @@ class _Walker:
         b = s.local_bytes(sizes, self.mesh)
         shard = str(replace(s, axes=_with_seq(s)))
         fwd_rr = self.rerun_collective(
-            self.stack.rerun_by(op), Overlap.SEQUENCE, CollectiveKind.ALL_GATHER
+            self.ctx.rerun_by(op), Overlap.SEQUENCE, CollectiveKind.ALL_GATHER
         )
         why = "context parallelism: K/V gathered along the sequence"
         t_ag = self.pricing.comm(CollectiveKind.ALL_GATHER, b, ("seq",))
@@ -841,7 +864,7 @@ class _Walker:
             rr = NO_RERUN
             if label == Pass.FORWARD:
                 rr = self.rerun_collective(
-                    self.stack.rerun_by(op), Overlap.EXPERT, CollectiveKind.ALL_TO_ALL
+                    self.ctx.rerun_by(op), Overlap.EXPERT, CollectiveKind.ALL_TO_ALL
                 )
             for name in ("dispatch", "combine"):
                 self.colls.append(
@@ -1172,8 +1195,10 @@ def walk_rows(
     rules = rules_of(structure, model)
     meshes, minv, reason = _meshes(systems, rows)
     chip = systems[0].chip
-    compute = ComputeModel(chip, eff)
-    comm = CommModel(minv, meshes, eff)
+    context = pricing_context(stack_of(options.stack), eff, chip)
+    compute = context.compute
+    assert compute is not None
+    comm = CommModel(minv, meshes, eff, floats=options.floats)
     matmul_dtype = options.dtypes.matmul.value
     pricing = AlgebraPricing(
         comm,
@@ -1182,8 +1207,14 @@ def walk_rows(
         compute.hbm_bytes_per_s,
         compute.vector_flops_per_s(options.dtypes.attention.value),
         compute.vector_hbm_bytes_per_s,
+        context,
     )
     seqs = sequences / rows.microbatches.astype(float)
+    mb = rows.microbatches.astype(float)
+    scale_up = np.array([_scale_up(systems[int(i)]) for i in rows.system_idx], float)
+    if options.floats and len(rows) == 1:  # one plan on floats (WalkOptions.floats)
+        mesh_sizes = {a: float(v[0]) for a, v in mesh_sizes.items()}
+        seqs, mb, scale_up = float(seqs[0]), float(mb[0]), float(scale_up[0])
     return walk_ledger(
         model,
         ledger,
@@ -1194,8 +1225,8 @@ def walk_rows(
         pricing=pricing,
         options=options,
         mesh_reason=reason,
-        microbatches=rows.microbatches.astype(float),
-        scale_up=np.array([_scale_up(systems[int(i)]) for i in rows.system_idx], float),
+        microbatches=mb,
+        scale_up=scale_up,
     )
 
 

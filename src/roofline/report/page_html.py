@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +71,40 @@ def renderer_works() -> bool:
 
 @functools.cache
 def vega_bundle() -> str:
-    """Vega, Vega-Lite and Vega-Embed as one script (from the vl-convert package; offline);
-    empty when the renderer cannot start (see renderer_works)."""
+    """Vega, Vega-Lite and Vega-Embed as one script (from the vl-convert package; offline).
+
+    vl-convert bundles it anew on every call (seconds: about half of a report), so the bundle
+    is kept on disk per vl-convert version (`bundle_cache_path`) and read back by the next
+    report; where that folder cannot be written the bundle is simply rebuilt; empty when the renderer cannot start (see renderer_works)."""
     if not renderer_works():
         return ""
     import vl_convert
 
-    return vl_convert.javascript_bundle()
+    path = bundle_cache_path(getattr(vl_convert, "__version__", "unknown"))
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    js = vl_convert.javascript_bundle()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(js, encoding="utf-8")
+        os.replace(tmp, path)  # atomic: a concurrent report reads a whole file or none
+    except OSError:
+        pass
+    return js
+
+
+def bundle_cache_path(version: str) -> Path:
+    """Where the Vega bundle of vl-convert `version` is kept: $ROOFLINE_CACHE_DIR, else
+    $XDG_CACHE_HOME/roofline, else ~/.cache/roofline."""
+    root = os.environ.get("ROOFLINE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "roofline",
+    )
+    safe = "".join(ch if ch.isalnum() or ch in ".-_" else "_" for ch in version)
+    return Path(root) / f"vega-bundle-{safe}.js"
 
 
 @functools.cache

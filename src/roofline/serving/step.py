@@ -26,6 +26,7 @@ is walked at the chunk's shape and cached.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,6 +101,12 @@ class _Tab:
 
     def taken(self, inv: np.ndarray) -> _Tab:
         return _Tab(self.names, *(getattr(self, f)[..., inv] for f in _FIELDS))
+
+    @functools.cached_property
+    def stacked(self) -> np.ndarray:
+        """The fields as one array (field × ops × ...), in `_FIELDS` order: one gather serves
+        them all (`_at`)."""
+        return np.stack([getattr(self, f) for f in _FIELDS])
 
 
 @dataclass
@@ -271,14 +278,12 @@ class ShardedStep:
     def _combine(self, parts: list[dict], shp: tuple) -> PassTimes:
         z = np.zeros(shp)
         rows: dict[str, Any] = {}
-        tot = {f: z.copy() for f in _FIELDS}
         N = self.even_split
         for p in parts:
+            r = np.maximum(p["compute"], p["memory"]) / N + p["launch"]
             for i, n in enumerate(p["names"]):
-                r = np.maximum(p["compute"][i], p["memory"][i]) / N + p["launch"][i]
-                rows[n] = rows.get(n, z) + r
-                for f in _FIELDS:
-                    tot[f] = tot[f] + p[f][i] / (1.0 if f == "launch" else N)
+                rows[n] = rows.get(n, z) + r[i]
+        tot = _field_sums(parts, shp, N)
         rows_s = sum(rows.values(), z.copy())
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
         over = z + self.overhead_s + layer
@@ -362,18 +367,33 @@ def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, which) -> dict:
     """The table's rows `which(name)` at B sequences (tokens) per candidate: linear in B between
     grid points (the costs are affine in B between the roofline's kinks), affine beyond the
     grid's end, 0 where B is 0."""
-    keep = np.array([which(n) for n in t.names])
+    keep = [i for i, n in enumerate(t.names) if which(n)]
     x = np.maximum(B, GRID[0])
     j = np.clip(np.searchsorted(GRID, x) - 1, 0, len(GRID) - 2)
     f = (x - GRID[j]) / (GRID[j + 1] - GRID[j])
     cand = np.broadcast_to(sel, B.shape)
     on = B > 0
-    out: dict[str, Any] = {"names": tuple(n for n, k in zip(t.names, keep, strict=True) if k)}
-    for fld in _FIELDS:
-        a = getattr(t, fld)[keep]
-        lo, hi = a[..., j, cand], a[..., j + 1, cand]
-        out[fld] = np.where(on, lo + f * (hi - lo), 0.0)
+    rows = np.array(keep, dtype=int).reshape((-1,) + (1,) * B.ndim)
+    a = t.stacked  # every field at once: (field, op, grid, candidate)
+    lo, hi = a[:, rows, j, cand], a[:, rows, j + 1, cand]
+    v = np.where(on, lo + f * (hi - lo), 0.0)
+    out: dict[str, Any] = {"names": tuple(t.names[i] for i in keep), "stacked": v}
+    out.update(zip(_FIELDS, v, strict=True))
     return out
+
+
+def _field_sums(parts: list[dict], shp: tuple, N: float) -> dict[str, Any]:
+    """Each field summed over every part's rows, row after row in order (an accumulate, so
+    the sum is the row-by-row loop's to the last bit), the launch time whole, the rest / N."""
+    per = [p["stacked"] if "stacked" in p else np.stack([p[f] for f in _FIELDS]) for p in parts]
+    every = np.concatenate([a.reshape((len(_FIELDS), -1, *shp)) for a in per], axis=1)
+    if every.shape[1] == 0:
+        return {f: np.zeros(shp) for f in _FIELDS}
+    div = np.array([1.0 if f == "launch" else N for f in _FIELDS]).reshape(
+        (-1,) + (1,) * (1 + len(shp))
+    )
+    sums = np.add.accumulate(every / div, axis=1)[:, -1]
+    return dict(zip(_FIELDS, sums, strict=True))
 
 
 _FIELDS = ("compute", "memory", "flops", "nbytes", "kv_bytes", "weight_bytes", "comm", "launch")

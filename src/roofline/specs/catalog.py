@@ -256,7 +256,11 @@ def huge_number_error(where: str) -> SpecError:
 
 def read_toml(path: str | Path, what: str) -> dict:
     """A parsed TOML table from a spec file (see read_text_file for what can go wrong)."""
-    text = read_text_file(path, what)
+    return parse_toml(read_text_file(path, what), path, what)
+
+
+def parse_toml(text: str, path: str | Path, what: str) -> dict:
+    """The TOML table of a spec file's text (`path` and `what` name it in the error)."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

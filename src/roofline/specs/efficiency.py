@@ -43,9 +43,10 @@ from roofline.specs.catalog import (
     check_name_length,
     is_file,
     normalize,
-    read_toml,
     resolve,
 )
+from roofline.specs.filecache import cached
+from roofline.specs.filecache import read_toml as stamped_toml
 from roofline.units import parse_dtype
 
 PROFILE_DIR = DATA_DIR / "profiles"
@@ -305,11 +306,16 @@ class Efficiency:
 
     # -- lookup --------------------------------------------------------------------
     def family_for(self, chip: Any) -> FamilyPhysics | None:
-        """The family physics that covers `chip`, or None (the profile's constants apply)."""
-        for fam in self.families:
-            if fam.covers(chip):
-                return fam
-        return None
+        """The family physics that covers `chip`, or None (the profile's constants apply);
+        looked up once per chip name (the walk asks for every op)."""
+        key = (chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ())))
+        memo = self.__dict__.get("_family_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_family_memo", memo)
+        if key not in memo:
+            memo[key] = next((fam for fam in self.families if fam.covers(chip)), None)
+        return memo[key]
 
     def family_named(self, family: str) -> FamilyPhysics:
         for fam in self.families:
@@ -381,12 +387,22 @@ class Efficiency:
 
     # -- derived profiles --------------------------------------------------------------
     def for_framework(self, framework: str | None) -> Efficiency:
-        """This profile with the overrides fitted for `framework` applied (itself if none)."""
+        """This profile with the overrides fitted for `framework` applied (itself if none);
+        built once per framework name."""
         if not framework or self.framework == framework:
             return self
         over = self.frameworks.get(framework)
         if over is None:
             return self
+        memo = self.__dict__.get("_framework_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_framework_memo", memo)
+        if framework not in memo:
+            memo[framework] = self._with_overrides(framework, over)
+        return memo[framework]
+
+    def _with_overrides(self, framework: str, over: Mapping[str, Any]) -> Efficiency:
         fams = []
         for fam in self.families:
             vals = over.get("families", {}).get(fam.family)
@@ -664,11 +680,11 @@ def _base_profile(ref: Any, origin: str, depth: int) -> Efficiency:
     if ref.endswith(".toml") and is_file(str(near)):
         ref = str(near)
     if ref.endswith(".toml") or is_file(ref):
-        return profile_from_dict(read_toml(Path(ref), "efficiency profile"), ref, depth + 1)
+        return profile_from_dict(stamped_toml(Path(ref), "efficiency profile"), ref, depth + 1)
     check_name_length(ref, "profile")
     key = resolve(ref, {n: () for n in profile_names()}, "profile")
     path = PROFILE_DIR / f"{key}.toml"
-    return profile_from_dict(read_toml(path, "efficiency profile"), str(path), depth + 1)
+    return profile_from_dict(stamped_toml(path, "efficiency profile"), str(path), depth + 1)
 
 
 def _families(
@@ -791,8 +807,14 @@ def _framework_from_dict(
 
 
 def load_efficiency(path: str | Path) -> Efficiency:
-    """A profile from a TOML file (constant or physics; `calibrate` writes this format)."""
-    return profile_from_dict(read_toml(Path(path), "efficiency profile"), str(path))
+    """A profile from a TOML file (constant or physics; `calibrate` writes this format), parsed
+    once while the file and its bases hold the same text (specs.filecache)."""
+    origin = str(path)
+
+    def build() -> Efficiency:
+        return profile_from_dict(stamped_toml(Path(origin), "efficiency profile"), origin)
+
+    return cached(("efficiency", origin), build)
 
 
 def profile_names() -> list[str]:
@@ -806,9 +828,15 @@ def load_profile(name_or_path: str | Path | Efficiency) -> Efficiency:
     s = str(name_or_path)
     if s.endswith(".toml") or is_file(s):
         return load_efficiency(s)
+    return load_efficiency(PROFILE_DIR / f"{_profile_key(s)}.toml")
+
+
+@lru_cache(maxsize=256)
+def _profile_key(s: str) -> str:
+    """The catalog profile `s` names (resolved once per name)."""
     check_name_length(s, "profile")
     try:
-        key = resolve(s, {n: () for n in profile_names()}, "profile")
+        return resolve(s, {n: () for n in profile_names()}, "profile")
     except UnknownNameError as e:
         raise UnknownNameError(
             e.what,
@@ -817,7 +845,6 @@ def load_profile(name_or_path: str | Path | Efficiency) -> Efficiency:
             + ") or a TOML file",
             fix="name one of those profiles, or give the path of a file written by `roofline calibrate`",
         ) from None
-    return load_efficiency(PROFILE_DIR / f"{key}.toml")
 
 
 __all__ = [

@@ -36,6 +36,8 @@ from typing import Any
 
 from roofline.errors import SpecError, UnknownNameError
 from roofline.specs.catalog import DATA_DIR, is_file, normalize, read_toml, resolve
+from roofline.specs.filecache import cached
+from roofline.specs.filecache import read_toml as stamped_toml
 from roofline.units import parse_dtype
 
 FRAMEWORK_DIR = DATA_DIR / "frameworks"
@@ -1140,7 +1142,9 @@ def load_framework(name_or_path: str | Path | Framework) -> Framework:
         return name_or_path
     s = str(name_or_path)
     if s.endswith(".toml") or is_file(s):
-        return framework_from_dict(read_toml(Path(s), "framework"), s)
+        return cached(
+            ("framework", s), lambda: framework_from_dict(stamped_toml(s, "framework"), s)
+        )
     try:
         key = resolve(s, {k: v[1] for k, v in _catalog().items()}, "framework")
     except UnknownNameError as e:

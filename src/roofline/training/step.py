@@ -430,6 +430,7 @@ def evaluate_plans(
         trusted=not keep_einsums,
         remats=tuple(remat_list),
         stack=stack,
+        floats=len(rows) == 1,  # the timeline broadcasts a single row's floats
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
     ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)

@@ -139,7 +139,7 @@ def document(command: str, argv: list[str] | tuple[str, ...]) -> dict[str, Any]:
 def _document_text(command: str, argv: tuple[str, ...]) -> str:
     from roofline.cli import build_parser
 
-    parser = build_parser()
+    parser = build_parser(command)  # only that command's module is imported
     out, err = io.StringIO(), io.StringIO()
     with _LOCK, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

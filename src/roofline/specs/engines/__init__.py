@@ -20,6 +20,8 @@ from typing import Any
 
 from roofline.errors import SpecError
 from roofline.specs.catalog import read_toml, resolve
+from roofline.specs.filecache import cached
+from roofline.specs.filecache import read_toml as stamped_toml
 
 ENGINE_DIR = Path(__file__).parent
 _FRACTION_OF = ("total", "free_after_weights")
@@ -182,7 +184,7 @@ def load_engine(name_or_path: str | Path | EngineProfile) -> EngineProfile:
         return name_or_path
     s = str(name_or_path)
     if s.endswith(".toml"):
-        return engine_from_dict(read_toml(Path(s), "engine"), s)
+        return cached(("engine", s), lambda: engine_from_dict(stamped_toml(s, "engine"), s))
     return _load_named(resolve(s, {k: v[1] for k, v in _catalog().items()}, "engine"))
 
 
