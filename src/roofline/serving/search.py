@@ -293,18 +293,17 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
 
 def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, cap):
     """Steady state of the candidates `idx` on the walk's sharded step, one step model per KV
-    layout (tensor parallel beyond the KV heads replicates them); also the decode pass time."""
+    layout (the KV heads as the tensor axis holds them: tp beyond K copies them); also the
+    decode pass time."""
     from roofline.serving.steady import Steady
-    from roofline.serving.step import ShardedStep, kv_replicated
+    from roofline.serving.step import ShardedStep, served_kv_heads
 
     fields = [f for f in Steady.__dataclass_fields__ if f != "gen_tokens"]
     out = {f: np.zeros(len(idx)) for f in fields}
     dec = np.zeros(len(idx))
-    rep = np.array([kv_replicated(q.model, int(t)) for t in c.tp[idx]])
-    for flag in (False, True):
-        part = np.nonzero(rep == flag)[0]
-        if not len(part):
-            continue
+    heads = np.array([served_kv_heads(q.model, int(t)) for t in c.tp[idx]])
+    for k in np.unique(heads):
+        part = np.nonzero(heads == k)[0]
         rows = np.column_stack(
             [
                 c.sys_index[idx][part],

@@ -2,9 +2,11 @@
 ledger row, forward only), behind inference.py's StepModel interface.
 
 A replica's plan becomes strategies on a mesh of its chips:
-- tensor parallel (tp) over heads and MLP (Megatron); when tp exceeds the KV heads (or does not
-  divide them) the K/V projections and the KV cache are replicated over the tensor axis — each
-  chip keeps the KV heads its query heads read, as vLLM, SGLang and TensorRT-LLM do;
+- tensor parallel (tp) over heads and MLP (Megatron); when tp exceeds the KV heads K each KV
+  head is copied onto the tp/K chips whose query heads read it, as vLLM, SGLang and TensorRT-LLM
+  do (vLLM's `num_kv_head_replicas`): the walk runs the model with those tp copies as its KV
+  heads, split over the tensor axis, so each chip computes, holds and reads one head — 1/K of
+  the cache, not all of it. A tp that divides neither way replicates the K/V projections;
 - attention data parallel (dp) of an MoE model on the expert axis: the batch is split over it
   outside the MoE block and the experts inside it, with the dispatch/combine AllToAlls (DeepSeek's
   DP-attention + EP); of a dense model, on the data axis;
@@ -39,6 +41,7 @@ from roofline.serving.inference import (
     PassTimes,
     Quant,
     ServePlan,
+    kv_replication,
     memory_per_chip,
     rows_of,
 )
@@ -72,9 +75,26 @@ def degrees_of(model: ModelSpec, plan: ServePlan) -> dict[Strategy, int]:
     return deg
 
 
+def served_kv_heads(model: ModelSpec, tp: int) -> int:
+    """The KV heads a tensor axis of `tp` holds in all: K, or K·(tp/K) = tp when tp > K (each head
+    copied onto the chips whose query heads read it; inference.kv_replication is the copy count,
+    memory_per_chip holds the same bytes)."""
+    rep = kv_replication(model, ServePlan(tp=tp)) if model.mla is None else 1.0
+    K = round(model.n_kv_heads * rep)
+    return K if K % tp == 0 and model.n_heads % K == 0 else model.n_kv_heads
+
+
+def served_model(model: ModelSpec, tp: int) -> ModelSpec:
+    """The model the walk prices at tensor parallelism `tp`: its KV heads as served."""
+    K = served_kv_heads(model, tp)
+    return model if K == model.n_kv_heads else replace(model, n_kv_heads=K)
+
+
 def kv_replicated(model: ModelSpec, tp: int) -> bool:
-    K = model.n_kv_heads
-    return model.mla is None and tp > 1 and (tp > K or K % tp != 0)
+    """tp splits neither the served KV heads nor into them: the K/V projections and the cache
+    are replicated whole over the tensor axis (no engine runs this; kept for odd plans)."""
+    K = served_kv_heads(model, tp)
+    return model.mla is None and tp > 1 and K % tp != 0
 
 
 @dataclass(frozen=True)
@@ -128,9 +148,12 @@ class ShardedStep:
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        flags = {kv_replicated(self.model, p.tp) for p in self.plans}
-        if len(flags) > 1:
+        layouts = {served_kv_heads(self.model, p.tp) for p in self.plans}
+        if len(layouts) > 1:
             raise ValueError("ShardedStep groups candidates of one KV layout; split them first")
+        self.kv_rep = kv_replicated(self.model, self.plans[0].tp)
+        # the ledger's model: the KV heads as the tensor axis holds them (memory uses self.model)
+        self.walked = served_model(self.model, self.plans[0].tp)
         self.chip = self.systems[0].chip
         self.plan = self.plans[0]
         self.n = len(self.plans)
@@ -141,7 +164,6 @@ class ShardedStep:
         deg = [degrees_of(self.model, p) for p in self.plans]
         self.degrees = {s: np.array([d[s] for d in deg]) for s in Strategy}
         self.active = frozenset(s for s in Strategy if np.any(self.degrees[s] > 1))
-        self.kv_rep = flags.pop()
         dt = ComputeDtypes(
             matmul=_compute(self.quant.compute, self.chip),
             attention="bf16",
@@ -164,7 +186,7 @@ class ShardedStep:
         )
         st = Structure(active=self.active, kv_replicated=self.kv_rep)
         return walk_rows(
-            self.model,
+            self.walked,
             self.systems,
             st,
             rows,
@@ -179,7 +201,7 @@ class ShardedStep:
         """Sum the walk's forward records by op (collectives by the op that pays them)."""
         from roofline.core.rules import Structure, rules_of
 
-        rules = rules_of(Structure(active=self.active, kv_replicated=self.kv_rep), self.model)
+        rules = rules_of(Structure(active=self.active, kv_replicated=self.kv_rep), self.walked)
         mesh = {a: self.degrees[s][idx] for s, a in _AXES.items()}
         ops = {o.name: o for o in ledger}
         fwd = [r for r in walk.ops if r.pass_ == Pass.FORWARD]
@@ -206,7 +228,7 @@ class ShardedStep:
     def _decode_tab(self, context: float) -> _Tab:
         key = ("decode", round(context, 6))
         if key not in self._cache:
-            led = decode_ledger(self.model, batch=1, context=context, dtypes=self.quant.policy)
+            led = decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
             idx = np.tile(np.arange(self.n), len(GRID))
             seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
@@ -221,7 +243,11 @@ class ShardedStep:
         hit = self._cache.get(key)
         if hit is None:
             led = build_ledger(
-                self.model, batch=1, seq=chunk, kv_seq=max(context, chunk), dtypes=self.quant.policy
+                self.walked,
+                batch=1,
+                seq=chunk,
+                kv_seq=max(context, chunk),
+                dtypes=self.quant.policy,
             )
             pairs, inv = np.unique(np.column_stack([sel, seqs]), axis=0, return_inverse=True)
             idx = pairs[:, 0].astype(int)
