@@ -234,7 +234,7 @@ def _offline(run, eff, engine, quant) -> dict[str, Any]:
     step, replicas = _aggregated_step(run, eff, quant)
     cap = replica_capacity(step, engine, P + G)
     if engine:
-        cap = min(cap, engine.max_num_seqs)
+        cap = min(cap, engine.seq_cap(step.degree("dp")))
     work = Workload(P, G)
     s = steady_state(step, engine, work, cap, batch_cap=cap)
     return {

@@ -224,7 +224,8 @@ def steady_state(
 ) -> Steady:
     """Closed-loop steady state of one replica at `concurrency` requests (array) in flight.
 
-    `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too).
+    `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too,
+    per scheduler: with attention DP each rank of vLLM and TensorRT-LLM has its own).
     Prompts are prefilled in cohorts of k = ⌊budget / P_new⌋ (at most C): a closed loop with fixed
     lengths stays in step, so the requests that finish together come back together and share a
     prefill pass; a prompt longer than the budget takes ⌈P_new / budget⌉ chunked passes alone.
@@ -232,9 +233,12 @@ def steady_state(
     C = np.asarray(concurrency, float)
     G, P, Pn = work.gen, work.prompt, work.new_prompt
     ctx = work.decode_context
-    budget = float(engine.token_budget(step.chip.hbm_bytes)) if engine else np.inf
+    dp = step.degree(
+        "dp"
+    )  # the engine's caps hold per scheduler (per attention-DP rank or replica)
+    budget = np.asarray(engine.token_budget(step.chip.hbm_bytes, dp), float) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
-    cap = np.minimum(batch_cap, engine.max_num_seqs if engine else np.inf)
+    cap = np.minimum(batch_cap, engine.seq_cap(dp) if engine else np.inf)
     # decode-first budgets (vLLM, TensorRT-LLM): the running decodes take one token each of the
     # step's budget before prefill chunks take the rest, so a prompt as long as the budget is
     # chunked over two passes when anyone else is decoding
@@ -360,10 +364,11 @@ def _engine_overhead(step: StepModel, engine: EngineProfile | None, B: Any) -> A
     kernel launches for decode batches larger than the largest captured CUDA graph."""
     if engine is None:
         return 0.0
-    graph = engine.graph_batch(step.plan.tp)
-    eager = np.where(
-        np.asarray(B) > graph, engine.eager_launch_s_per_layer * step.model.n_layers, 0.0
-    )
+    graph = engine.graph_batch(step.degree("tp"))
+    per_rank = np.asarray(B) / np.maximum(
+        step.degree("dp"), 1
+    )  # each attention-DP rank replays its own graph
+    eager = np.where(per_rank > graph, engine.eager_launch_s_per_layer * step.model.n_layers, 0.0)
     return engine.step_overhead_s + eager
 
 
@@ -484,7 +489,7 @@ def disaggregated(
     # (pure latency: in a closed loop it lengthens each request's cycle, so it enters the fixed
     # point; where a pool saturates it replaces queueing rather than adding to it)
     lat = xfer + d.handoff_s
-    cap = np.minimum(decode_cap, engine.max_num_seqs if engine else np.inf)
+    cap = np.minimum(decode_cap, engine.seq_cap(dec.degree("dp")) if engine else np.inf)
     X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
     for _ in range(ITERATIONS):
         rho = np.minimum(X / cap_pf, 0.95)

@@ -327,6 +327,12 @@ class ShardedStep:
     def memory_per_chip(self, batch: Any, context: Any):
         return memory_per_chip(self.model, self.plan, self.quant, batch, context)
 
+    def degree(self, name: str) -> Any:
+        """A plan degree per candidate (`select` order); a scalar when there is one plan."""
+        if self.n == 1:
+            return getattr(self.plan, name)
+        return np.array([getattr(p, name) for p in self.plans])[self.sel]
+
 
 @dataclass
 class IdealStep:
@@ -373,6 +379,9 @@ class IdealStep:
 
     def memory_per_chip(self, batch: Any, context: Any):
         return memory_per_chip(self.model, self.plan, self.quant, batch, context, ideal=True)
+
+    def degree(self, name: str) -> Any:
+        return getattr(self.plan, name)
 
 
 def _one_chip(chip: Any) -> System:
