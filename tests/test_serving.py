@@ -436,3 +436,28 @@ def test_a_disaggregated_first_wave_queues_for_the_prefill_pool():
     xfer = 1024 * kv / 400e9
     first = (16 + 1) / 2 * base["prefill_s"] + xfer
     assert wave["ttft_s"] == pytest.approx(0.9 * base["ttft_s"] + 0.1 * first, rel=1e-9)
+
+
+def test_a_run_that_ran_fits():
+    """Issue 18 item 6: DeepSeek-V3 FP8 on a 4-GB200 DP-attention worker (weights ~182 GB of
+    186 GB per chip) ran under SGLang, whose default 0.88 fraction of the HBM leaves nothing
+    for the KV cache: the run's flags gave it a larger fraction, so its pool is what the HBM
+    leaves after the weights and the workspace. A replica whose weights exceed the HBM is still
+    refused."""
+    from roofline.serving.inference import memory_per_chip
+    from roofline.serving.predict import replica_capacity
+    from roofline.serving.step import ShardedStep
+
+    ds, gb200 = load_model("deepseek-v3"), parse_system("gb200:4")
+    q = Quant(weights="fp8", kv="fp8", compute="fp8", experts="fp8")
+    sg = load_engine("sglang")
+    plan = ServePlan(tp=1, dp=4, ep=4)
+    step = ShardedStep(ds, [gb200], [plan], q, PEAK)
+    m = memory_per_chip(ds, plan, q, 1, 2048, workspace_tokens=8192)
+    assert sg.kv_memory_bytes(gb200.chip.hbm_bytes, m.weights_bytes, m.activation_bytes) < 0
+    left = gb200.chip.hbm_bytes - float(m.weights_bytes) - float(m.activation_bytes)
+    want = math.floor(left / float(np.ravel(m.kv_bytes)[0])) * 4
+    assert replica_capacity(step, sg, 2048) == want > 0
+    h200 = ShardedStep(ds, [parse_system("h200:4")], [plan], q, PEAK)
+    with pytest.raises(SpecError, match="weights and workspace need"):
+        replica_capacity(h200, sg, 2048)
