@@ -461,3 +461,26 @@ def test_a_run_that_ran_fits():
     h200 = ShardedStep(ds, [parse_system("h200:4")], [plan], q, PEAK)
     with pytest.raises(SpecError, match="weights and workspace need"):
         replica_capacity(h200, sg, 2048)
+
+
+def test_the_one_step_mode_pays_the_engines_host_time(capsys):
+    """Issue 18 item 8: `serve --plan --batch --context --engine E` prices the step as E's steady
+    state does — its exposed host time per pass plus eager launches beyond its largest CUDA
+    graph (TensorRT-LLM: overlap scheduler, 512-batch graphs; 1024 sequences run eagerly)."""
+
+    def step(engine: str, batch: int) -> dict:
+        argv = ["serve", "--model", "llama-3-70b", "--system", "h200:8", "--plan", "tp=8"]
+        argv += ["--batch", str(batch), "--context", "2048", "--engine", engine, "--json"]
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    trt = load_engine("trtllm")
+    llama = load_model("llama-3-70b")
+    for batch, eager in ((256, 0.0), (1024, trt.eager_launch_s_per_layer * llama.n_layers)):
+        a, b = step("trtllm", batch), step("none", batch)
+        want = trt.step_overhead_s + eager
+        assert a["engine_overhead_s"] == pytest.approx(want, abs=1e-12)
+        assert a["step_time_s"] - b["step_time_s"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert a["engine"] == "trtllm" and b["engine_overhead_s"] == 0.0
+    v = step("vllm", 256)
+    assert v["engine_overhead_s"] == pytest.approx(load_engine("vllm").step_overhead_s)

@@ -281,6 +281,11 @@ def _step_text(r: dict, model, system) -> str:
                 ("compute time", fmt_time(r["compute_time_s"])),
                 ("kernel launches", fmt_time(r["launch_time_s"]) + "  (fixed time per kernel)"),
                 ("collectives", fmt_time(r["comm_time_s"]) + "  (exposed, with per-hop latency)"),
+                (
+                    "engine host time",
+                    fmt_time(r["engine_overhead_s"])
+                    + f"  ({r['engine'] or 'no engine'}, per pass)",
+                ),
                 ("step time", f"{fmt_time(r['step_time_s'])}  ({r['bound']}-bound)"),
                 (
                     "tokens/s",

@@ -26,7 +26,13 @@ from roofline.serving.inference import (
     kv_replication,
     weight_bytes,
 )
-from roofline.serving.steady import Workload, deployment_metrics, pareto_front, steady_state
+from roofline.serving.steady import (
+    Workload,
+    deployment_metrics,
+    engine_overhead_s,
+    pareto_front,
+    steady_state,
+)
 from roofline.serving.step import IdealStep
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.engines import EngineProfile
@@ -444,10 +450,14 @@ def step_report(
     memory, maxb = _step_memory(model, system, plan, quant, batch, context, engine)
     P = float(prompt if prompt is not None else context)
     pre = step.pass_time(PassShape(prefill_seqs=1.0, prefill_chunk=P, prefill_context=P))
-    step_s = _scalar(t.time_s)
+    # the engine's exposed host time per pass (scheduler step, eager launches beyond its largest
+    # CUDA graph), as its steady state pays it (issue 18 item 8)
+    ovh = _scalar(engine_overhead_s(step, engine, float(batch)))
+    step_s = _scalar(t.time_s) + ovh
+    ttft_s = _scalar(pre.time_s) + _scalar(engine_overhead_s(step, engine, 1.0))
     tps = batch / step_s
     n = plan.chips
-    sweep, pareto = _batch_sweep(step, context, maxb, n)
+    sweep, pareto = _batch_sweep(step, context, maxb, n, engine)
     out: dict[str, Any] = {
         "plan": plan.to_dict(),
         "batch": batch,
@@ -455,7 +465,9 @@ def step_report(
         "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
         "step_time_s": step_s,
         "tpot_s": step_s,
-        "ttft_s": _scalar(pre.time_s),
+        "ttft_s": ttft_s,
+        "engine_overhead_s": ovh,
+        "engine": engine.name if engine else None,
         "tokens_per_s": tps,
         "tokens_per_s_per_chip": tps / n,
         "tokens_per_s_per_user": 1.0 / step_s,
@@ -481,7 +493,7 @@ def step_report(
     if price is not None:
         usd_s = price * n / HOUR
         out["usd_per_million_output_tokens"] = usd_s / tps * 1e6
-        out["usd_per_million_input_tokens"] = usd_s * _scalar(pre.time_s) / P * 1e6
+        out["usd_per_million_input_tokens"] = usd_s * ttft_s / P * 1e6
     if speculation is not None:
         out["speculative"] = _speculative(step, speculation, batch, context)
     return out
@@ -515,16 +527,19 @@ def _step_memory(model, system, plan, quant, batch, context, engine) -> tuple[di
     }, maxb
 
 
-def _batch_sweep(step, context: float, max_batch: float, chips: int) -> tuple[np.ndarray, list]:
+def _batch_sweep(
+    step, context: float, max_batch: float, chips: int, engine: EngineProfile | None = None
+) -> tuple[np.ndarray, list]:
     """Decode steps at batches 1, 2, 4, … up to the max batch: the latency/throughput Pareto."""
     sweep = np.array([b for b in (2**k for k in range(0, 16)) if b <= max(max_batch, 1)], float)
     sw = step.pass_time(PassShape(decode=sweep, context=float(context)))
-    front = pareto_front(1 / sw.time_s, sweep / sw.time_s / chips)
+    t = np.asarray(sw.time_s, float) + engine_overhead_s(step, engine, sweep)
+    front = pareto_front(1 / t, sweep / t / chips)
     return sweep, [
         {
             "batch": int(sweep[i]),
-            "tokens_per_s_per_user": float(1 / sw.time_s[i]),
-            "tokens_per_s_per_chip": float(sweep[i] / sw.time_s[i] / chips),
+            "tokens_per_s_per_user": float(1 / t[i]),
+            "tokens_per_s_per_chip": float(sweep[i] / t[i] / chips),
         }
         for i in front
     ]

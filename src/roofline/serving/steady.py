@@ -249,7 +249,7 @@ def steady_state(
     chunk = float(min(Pn, np.min(avail))) if chunked else Pn
     n_chunks = float(np.ceil(Pn / chunk))
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
-    ovh = _engine_overhead(step, engine, C) if step_overhead_s is None else step_overhead_s
+    ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
     if not mixed and work.synchronized:
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
@@ -359,7 +359,7 @@ def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
     return step.pass_time(PassShape(decode=B, context=ctx)).time_s + ovh
 
 
-def _engine_overhead(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
+def engine_overhead_s(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
     """Host time per pass the engine leaves exposed: its scheduler step (unless overlapped) plus
     kernel launches for decode batches larger than the largest captured CUDA graph."""
     if engine is None:
