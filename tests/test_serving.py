@@ -352,16 +352,16 @@ def test_predictor_refuses_unknown_lengths():
         )
 
 
-def test_narrow_weights_compute_in_bf16_where_the_chip_lacks_the_units():
+def test_narrow_weightscompute_on_in_bf16_where_the_chip_lacks_the_units():
     """fp4 weights on Hopper run weight-only (W4A16) kernels: the GEMMs compute in bf16; on
     Blackwell they compute in fp4; fp8 computes in fp8 on Hopper and bf16 on Ampere."""
-    from roofline.serving.step import _compute
+    from roofline.serving.step import compute_on
 
-    assert _compute("nvfp4", H100) == "bf16"
-    assert _compute("nvfp4", load_chip("b200")) == "fp4"
-    assert _compute("fp8", H100) == "fp8"
-    assert _compute("fp8", load_chip("a100")) == "bf16"
-    assert _compute("int4", H100) == "bf16"
+    assert compute_on("nvfp4", H100) == "bf16"
+    assert compute_on("nvfp4", load_chip("b200")) == "fp4"
+    assert compute_on("fp8", H100) == "fp8"
+    assert compute_on("fp8", load_chip("a100")) == "bf16"
+    assert compute_on("int4", H100) == "bf16"
 
 
 @pytest.mark.parametrize(
@@ -484,3 +484,52 @@ def test_the_one_step_mode_pays_the_engines_host_time(capsys):
         assert a["engine"] == "trtllm" and b["engine_overhead_s"] == 0.0
     v = step("vllm", 256)
     assert v["engine_overhead_s"] == pytest.approx(load_engine("vllm").step_overhead_s)
+
+
+def test_the_default_blackwell_search_tries_nvfp4_and_pins_fill_consistently():
+    """Issue 18 item 7: NVFP4 checkpoints (nvfp4 weights, FP8 KV, FP4 math) are in the default
+    search where the chip has FP4 units, not on Hopper; pinning only the weights makes the
+    compute follow them where the chip computes that format (else bf16, weight-only) and the
+    KV cache the engine's default for those weights."""
+    from roofline.serving.search import default_quants
+
+    b200, trt = load_chip("b200"), load_engine("trtllm")
+    assert Quant("nvfp4", "fp8", "nvfp4") in default_quants(b200)
+    assert all("fp4" not in q.weights for q in default_quants(H100))
+    (q,) = default_quants(b200, trt, weights="nvfp4")
+    assert (q.weights, q.kv, q.compute) == ("nvfp4", "fp8", "fp4")
+    (q,) = default_quants(H100, trt, weights="nvfp4")
+    assert q.compute == "bf16"  # Hopper has no FP4 units: W4A16
+    (q,) = default_quants(b200, None, weights="fp8", compute="bf16")
+    assert (q.kv, q.compute) == ("bf16", "bf16")  # what is pinned stays pinned
+
+
+def test_the_cost_objective_ranks_the_bill_column_it_shows(capsys):
+    """Issue 18 item 7: under --objective cost the rows are ranked by the whole bill per output
+    token, and that is the table's $ column (the output/input split rewarded long prefills)."""
+    argv = ["serve", "--model", "deepseek-v3", "--system", "b200:8", "--prompt", "1024"]
+    argv += ["--gen", "256", "--concurrency", "256", "--weight-dtype", "nvfp4", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bills = [r["usd_bill_per_million_output_tokens"] for r in doc["top"]]
+    assert bills == sorted(bills) and len(bills) >= 3
+    price = load_chip("b200").usd_per_hour
+    b = doc["best"]
+    want = price * b["deploy_chips"] / 3600 / b["tokens_per_s"] * 1e6
+    assert b["usd_bill_per_million_output_tokens"] == pytest.approx(want, rel=1e-9)
+    split = b["usd_per_million_output_tokens"] + b["usd_per_million_input_tokens"] * 4
+    assert split == pytest.approx(want, rel=1e-9)  # the split still sums to the bill
+    assert doc["best"]["quant"]["compute"] == "fp4"
+
+
+def test_the_readme_search_example_is_the_tools_output(capsys):
+    """README's `roofline serve` search block is this command's best-plan section, verbatim."""
+    from pathlib import Path
+
+    cmd = "serve --model llama-3-70b --system h100:64 --prompt 1024 --gen 256 --concurrency 256"
+    cmd += " --slo-ttft 2s --slo-tpot 50ms"
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split(f"$ roofline {cmd}\n", 1)[1].split("```", 1)[0]
+    assert main(cmd.split()) == 0
+    out = capsys.readouterr().out
+    assert block.strip() in out

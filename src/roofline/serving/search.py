@@ -38,7 +38,7 @@ from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.engines import EngineProfile
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System, parse_system
-from roofline.units import HOUR
+from roofline.units import HOUR, parse_dtype
 
 
 class Objective(enum.StrEnum):
@@ -190,6 +190,36 @@ class Evaluated:
     prompt_per_output: float = 1.0  # input tokens per output token of the workload
 
 
+def default_quants(
+    chip: Any,
+    engine: EngineProfile | None = None,
+    *,
+    weights: str | None = None,
+    kv: str | None = None,
+    compute: str | None = None,
+) -> tuple[Quant, ...]:
+    """The quantisations the search tries on `chip`, around the dtypes the user pinned.
+
+    Nothing pinned: bf16; int8 (TPU) or fp8 weights and KV with bf16 and with low-precision
+    math; and on chips with FP4 units (Blackwell) the NVFP4 checkpoints the engines serve there
+    (nvfp4 weights, an FP8 KV cache, FP4 math: NVIDIA's *-FP4 ModelOpt checkpoints). Some
+    pinned: an unpinned compute follows the weights where the chip computes their format
+    (W8A8, W4A4 as the engines run quantised checkpoints) and is bf16 where it does not
+    (weight-only kernels); an unpinned KV cache is the engine's default for those weights
+    (`EngineProfile.kv_dtype_for`; bf16 without an engine) — never a silent bf16 compute."""
+    from roofline.serving.step import compute_on
+
+    if not (weights or kv or compute):
+        low = "int8" if chip.is_tpu else "fp8"
+        out = [Quant(), Quant(low, low, "bf16"), Quant(low, low, low)]
+        if "fp4" in chip.peak_flops_per_s:
+            out.append(Quant("nvfp4", "fp8", "nvfp4"))
+        return tuple(out)
+    w = weights or "bf16"
+    kv_d = kv or (engine.kv_dtype_for(parse_dtype(w)) if engine else "bf16")
+    return (Quant(w, kv_d, compute or compute_on(w, chip)),)
+
+
 def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dict[str, np.ndarray]:
     """Weights, KV per sequence and capacity per chip for the selected candidates (inference.py's
     memory_per_chip rules, vectorised over plans)."""
@@ -228,6 +258,7 @@ def evaluate(q: ServeQuery) -> Evaluated:
             "weights_per_chip_bytes",
             "usd_per_million_output_tokens",
             "usd_per_million_input_tokens",
+            "usd_bill_per_million_output_tokens",
             "step_time_s",
             "prefill_share",
             "concurrency_per_replica",
@@ -278,6 +309,7 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
     if m.usd_per_million_output_tokens is not None:
         vals["usd_per_million_output_tokens"] = m.usd_per_million_output_tokens
         vals["usd_per_million_input_tokens"] = m.usd_per_million_input_tokens
+        vals["usd_bill_per_million_output_tokens"] = m.usd_bill_per_million_output_tokens
     for k, v in vals.items():
         out[k][idx] = np.broadcast_to(np.asarray(v, float), idx.shape)
     r = np.full(len(idx), "", dtype=object)
@@ -338,10 +370,8 @@ def score(ev: Evaluated, objective: Objective) -> np.ndarray:
     m = ev.metrics
     if objective == Objective.COST:
         # the whole bill per output token (prefill time included): splitting off the input
-        # tokens' share would favour plans that spend longer in prefill
-        usd = m["usd_per_million_output_tokens"] + m["usd_per_million_input_tokens"] * (
-            ev.prompt_per_output
-        )
+        # tokens' share would favour plans that spend longer in prefill; the tables show it
+        usd = m["usd_bill_per_million_output_tokens"]
         s = np.where(np.isfinite(usd), usd, -m["tokens_per_s_per_chip"])
     elif objective == Objective.THROUGHPUT:
         s = -m["tokens_per_s_per_chip"]

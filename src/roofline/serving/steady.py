@@ -542,6 +542,8 @@ class Metrics:
     chips: Any
     usd_per_million_output_tokens: Any = None
     usd_per_million_input_tokens: Any = None
+    # the whole bill over the output tokens (prefill time included): what the cost objective ranks
+    usd_bill_per_million_output_tokens: Any = None
     extra: dict = field(default_factory=dict)
 
 
@@ -578,6 +580,7 @@ def deployment_metrics(
         share = np.clip(s.prefill_share, 0.0, 1.0)
         object.__setattr__(m, "usd_per_million_output_tokens", usd_s * (1 - share) / out_tps * 1e6)
         object.__setattr__(m, "usd_per_million_input_tokens", usd_s * share / in_tps * 1e6)
+        object.__setattr__(m, "usd_bill_per_million_output_tokens", usd_s / out_tps * 1e6)
     return m
 
 

@@ -54,7 +54,7 @@ from roofline.units import compute_format
 GRID = np.unique(np.round(np.geomspace(1, 65536, 49), 6))  # decode batch grid (1/4 octave)
 
 
-def _compute(dtype: str, chip: Any) -> str:
+def compute_on(dtype: str, chip: Any) -> str:
     """The format a GEMM computes in on `chip`: the activations' format where the chip has units
     for it, else bf16 — a weight-only kernel dequantises narrow weights into 16-bit math (fp4
     weights on Hopper run W4A16: vLLM's and TensorRT-LLM's MXFP4 MoE on H100/H200 use Triton
@@ -165,9 +165,9 @@ class ShardedStep:
         self.degrees = {s: np.array([d[s] for d in deg]) for s in Strategy}
         self.active = frozenset(s for s in Strategy if np.any(self.degrees[s] > 1))
         dt = ComputeDtypes(
-            matmul=_compute(self.quant.compute, self.chip),
+            matmul=compute_on(self.quant.compute, self.chip),
             attention="bf16",
-            experts=_compute(self.quant.compute, self.chip),
+            experts=compute_on(self.quant.compute, self.chip),
         )
         self.options = WalkOptions(dtypes=dt)
         self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
