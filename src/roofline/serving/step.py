@@ -49,7 +49,7 @@ from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Phase, Strategy
 from roofline.specs.system import System
-from roofline.units import compute_format
+from roofline.units import compute_format, dtype_bytes
 
 GRID = np.unique(np.round(np.geomspace(1, 65536, 49), 6))  # decode batch grid (1/4 octave)
 
@@ -63,6 +63,16 @@ def compute_on(dtype: str, chip: Any) -> str:
     if d in ("fp8", "fp4", "int8") and d in chip.peak_flops_per_s:
         return d
     return "bf16"
+
+
+def gemm_format(weights: str, compute: str, chip: Any) -> str:
+    """A GEMM's math format: the compute dtype (where the chip has units for it) for weights
+    stored that narrow; 16-bit weights are not requantised on the fly, so the unquantised layers
+    of a quantised checkpoint (gpt-oss's BF16 attention beside MXFP4 experts, Kimi-K2's BF16
+    attention beside INT4 experts) run in bf16."""
+    if dtype_bytes(weights) >= 2:
+        return "bf16"
+    return compute_on(compute, chip)
 
 
 def degrees_of(model: ModelSpec, plan: ServePlan) -> dict[Strategy, int]:
@@ -165,9 +175,11 @@ class ShardedStep:
         self.degrees = {s: np.array([d[s] for d in deg]) for s in Strategy}
         self.active = frozenset(s for s in Strategy if np.any(self.degrees[s] > 1))
         dt = ComputeDtypes(
-            matmul=compute_on(self.quant.compute, self.chip),
+            matmul=gemm_format(self.quant.weights, self.quant.compute, self.chip),
             attention="bf16",
-            experts=compute_on(self.quant.compute, self.chip),
+            experts=gemm_format(
+                self.quant.experts or self.quant.weights, self.quant.compute, self.chip
+            ),
         )
         self.options = WalkOptions(dtypes=dt)
         self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
