@@ -228,3 +228,18 @@ def test_small_m_gemms_tile_tokens_by_the_instructions_smallest_side():
     t_math = 2 * 2880 * 2880 / (H100.peak("bf16") * f1)
     t_mem = 2880 * 2880 * 2 / (H100.hbm_bw_bytes_per_s * eff.hbm_fraction(H100))
     assert t_math < 0.5 * t_mem
+
+
+def test_candidates_of_one_step_share_a_kv_layout():
+    """A model with 40 heads over 8 KV heads: tp = 5 replicates the K/V projections, tp = 8 splits
+    them — same served head count, different layouts, so they never share a ShardedStep."""
+    from dataclasses import replace as dc_replace
+
+    from roofline.serving.step import kv_layout
+
+    m = dc_replace(load_model("llama-3-8b"), n_heads=40, d_head=128)
+    assert kv_layout(m, 5) == (8, True) and kv_layout(m, 8) == (8, False)
+    with pytest.raises(ValueError, match="one KV layout"):
+        ShardedStep(
+            m, [parse_system("h100:8")] * 2, [ServePlan(tp=5), ServePlan(tp=8)], Quant(), PEAK
+        )

@@ -334,14 +334,14 @@ def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, c
     layout (the KV heads as the tensor axis holds them: tp beyond K copies them); also the
     decode pass time."""
     from roofline.serving.steady import Steady
-    from roofline.serving.step import ShardedStep, served_kv_heads
+    from roofline.serving.step import ShardedStep, kv_layout
 
     fields = [f for f in Steady.__dataclass_fields__ if f != "gen_tokens"]
     out = {f: np.zeros(len(idx)) for f in fields}
     dec = np.zeros(len(idx))
-    heads = np.array([served_kv_heads(q.model, int(t)) for t in c.tp[idx]])
-    for k in np.unique(heads):
-        part = np.nonzero(heads == k)[0]
+    layouts = [kv_layout(q.model, int(t)) for t in c.tp[idx]]
+    for k in sorted(set(layouts)):
+        part = np.array([i for i, x in enumerate(layouts) if x == k])
         rows = np.column_stack(
             [
                 c.sys_index[idx][part],

@@ -107,6 +107,12 @@ def kv_replicated(model: ModelSpec, tp: int) -> bool:
     return model.mla is None and tp > 1 and K % tp != 0
 
 
+def kv_layout(model: ModelSpec, tp: int) -> tuple[int, bool]:
+    """What candidates sharing one ShardedStep must agree on: the served KV heads and whether the
+    tensor axis replicates them whole."""
+    return served_kv_heads(model, tp), kv_replicated(model, tp)
+
+
 @dataclass(frozen=True)
 class _Tab:
     """Per-op costs of one walk, summed over the op's records: arrays (ops × rows...).
@@ -158,7 +164,7 @@ class ShardedStep:
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        layouts = {served_kv_heads(self.model, p.tp) for p in self.plans}
+        layouts = {kv_layout(self.model, p.tp) for p in self.plans}
         if len(layouts) > 1:
             raise ValueError("ShardedStep groups candidates of one KV layout; split them first")
         self.kv_rep = kv_replicated(self.model, self.plans[0].tp)
