@@ -425,6 +425,27 @@ def test_decode_first_budgets_chunk_a_prompt_as_long_as_the_budget():
     assert busy.ttft_s > one.ttft_s + busy.pass_s
 
 
+def test_the_chunks_of_a_chunked_prompt_sum_to_the_prompt():
+    """Issue 18: an 8192-token prompt beside 16 decodes is two chunks that sum to 8192 tokens
+    (the budget's 8192 − 16 first, the rest next), not two passes of 8176 tokens each. Priced as
+    two equal chunks at the mean of their end positions, the prefill work is exactly the two real
+    halves' (attention is affine in the keys at a fixed chunk), and the TTFT is the lone prompt's
+    prefill plus at most about three passes (half a pass waiting, the second chunk's pass, the
+    decodes riding along), where pricing each chunk as the whole prompt gave twice the prefill."""
+    from roofline.serving.steady import _cohort_pass
+
+    step = ideal()
+    halves = [
+        step.pass_time(PassShape(prefill_seqs=1, prefill_chunk=4096, prefill_context=c)).time_s
+        for c in (4096, 8192)
+    ]
+    mean_pass = _cohort_pass(step, 0.0, 8192.0, 1.0, 4096.0, 8192.0, 8192.0)
+    assert 2 * mean_pass == pytest.approx(sum(halves), rel=1e-9)
+    busy = steady_state(step, load_engine("vllm"), Workload(8192, 256), np.array([16.0]))
+    solo = step.pass_time(PassShape(prefill_seqs=1, prefill_chunk=8192, prefill_context=8192))
+    assert solo.time_s < float(busy.ttft_s[0]) < solo.time_s + 3 * float(busy.pass_s[0])
+
+
 def test_a_disaggregated_first_wave_queues_for_the_prefill_pool():
     """All C requests of a benchmark start together: the first wave queues for the prefill pool's
     passes (one prompt per pass here), and its share of the requests weighs into the mean TTFT."""

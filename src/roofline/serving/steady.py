@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import SpecError
-from roofline.serving.inference import PassShape, PassTimes, StepModel
+from roofline.serving.inference import PassShape, StepModel
 from roofline.specs.engines import EngineProfile
 from roofline.units import HOUR
 
@@ -198,21 +198,6 @@ class Steady:
         return self.requests_per_s * self.gen_tokens
 
 
-def _prefill_pass(
-    step: StepModel, decode: Any, ctx: float, chunk: Any, P: float, Pn: float
-) -> PassTimes:
-    """A pass that decodes `decode` sequences and prefills one chunk of `chunk` tokens of a prompt."""
-    return step.pass_time(
-        PassShape(
-            decode=decode,
-            context=ctx,
-            prefill_seqs=np.where(np.asarray(chunk) > 0, 1.0, 0.0),
-            prefill_chunk=np.maximum(chunk, 1.0),
-            prefill_context=P - Pn + np.maximum(chunk, 1.0),
-        )
-    )
-
-
 def steady_state(
     step: StepModel,
     engine: EngineProfile | None,
@@ -246,8 +231,10 @@ def steady_state(
     running = np.maximum(np.minimum(C, cap) - k0, 0.0) if mixed else np.zeros_like(C)
     avail = np.maximum(budget - running, 1.0)
     chunked = engine is None or engine.chunked_prefill
-    chunk = float(min(Pn, np.min(avail))) if chunked else Pn
-    n_chunks = float(np.ceil(Pn / chunk))
+    n_chunks = float(np.ceil(Pn / min(Pn, np.min(avail)))) if chunked else 1.0
+    # a prompt over the budget is split into n passes whose chunks sum to the prompt: a prompt
+    # as long as the budget with one decode beside it is two chunks of P/2, not two of P − 1
+    chunk = Pn / n_chunks
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
     if not mixed and work.synchronized:
@@ -342,15 +329,18 @@ def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
 def _cohort_pass(
     step: StepModel, decode: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float
 ) -> Any:
-    """Time of a pass that decodes `decode` sequences and prefills `seqs` chunks of `chunk`
-    prompt tokens (the chunk ends at the prompt's end; a cached prefix precedes it)."""
+    """Mean time of the passes that decode `decode` sequences and prefill `seqs` chunks of
+    `chunk` prompt tokens, a cached prefix before the first: a prompt of n = P_new / chunk chunks
+    has its i-th chunk end at P − P_new + i·chunk, so the mean pass attends over the keys up to
+    P − P_new + (n + 1)/2·chunk (attention is affine in the keys at a fixed chunk)."""
+    n = max(round(Pn / chunk), 1)
     return step.pass_time(
         PassShape(
             decode=decode,
             context=ctx,
             prefill_seqs=seqs,
             prefill_chunk=chunk,
-            prefill_context=P - Pn + chunk,
+            prefill_context=P - Pn + chunk * (n + 1) / 2,
         )
     ).time_s
 
