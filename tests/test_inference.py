@@ -23,7 +23,13 @@ from roofline.serving.inference import (
     parse_serve_plan,
     weight_bytes,
 )
-from roofline.serving.step import IdealStep, ShardedStep, degrees_of, kv_replicated
+from roofline.serving.step import (
+    IdealStep,
+    ShardedStep,
+    degrees_of,
+    kv_replicated,
+    served_kv_heads,
+)
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
 from roofline.specs.model_catalog import load_model
@@ -175,8 +181,35 @@ def test_plan_to_strategies():
     deg = degrees_of(ds, ServePlan(tp=1, dp=8, ep=8))
     assert deg[Strategy.EP] == 8 and deg[Strategy.TP] == 1  # DP-attention + EP on the expert axis
     assert degrees_of(LLAMA, ServePlan(tp=2, dp=4))[Strategy.DP] == 4
-    assert kv_replicated(LLAMA, 16) and not kv_replicated(LLAMA, 8)
+    # tp = 16 > K = 8: each head copied onto the 2 chips that read it, split over the tensor axis
+    assert served_kv_heads(LLAMA, 16) == 16 and served_kv_heads(LLAMA, 8) == 8
+    assert not kv_replicated(LLAMA, 16) and not kv_replicated(LLAMA, 8)
+    assert kv_replicated(LLAMA, 3)  # 3 splits neither way: the K/V projections replicated
     assert not kv_replicated(ds, 8)  # the MLA latent has no KV heads to split
+
+
+def test_tp_beyond_the_kv_heads_reads_one_head_per_chip():
+    """Issue 18 item 1: at tp > K each chip holds and reads the one KV head its query heads use
+    (1/K of the cache), not all of it: LLaMA-3 8B (K = 8) on 16 H100s read 34 GB of KV per chip
+    at tp = 16 (12 ms) while memory held 4.3 GB. The KV read per chip is the closed form
+    2·L·d_head·bytes·B·S (one head), the same as at tp = 8, and equals the memory held."""
+    m8 = load_model("llama-3-8b")
+    B, S = 32, 8192
+    one_head = 2 * m8.n_layers * m8.d_head * 2 * B * S
+    for tp in (8, 16):
+        plan = ServePlan(tp=tp)
+        st = ShardedStep(m8, [parse_system(f"h100:{tp}")], [plan], Quant(), PEAK)
+        t = st.pass_time(PassShape(decode=float(B), context=S))
+        assert np.ravel(t.kv_bytes_per_chip)[0] == pytest.approx(one_head, rel=1e-9)
+        assert np.ravel(st.memory_per_chip(B, S).kv_bytes)[0] == pytest.approx(one_head, rel=1e-9)
+    # the weights still split 16 ways: tp = 16 reads less per chip than tp = 8
+    t8, t16 = (
+        ShardedStep(m8, [parse_system(f"h100:{tp}")], [ServePlan(tp=tp)], Quant(), PEAK)
+        .pass_time(PassShape(decode=float(B), context=S))
+        .memory_s
+        for tp in (8, 16)
+    )
+    assert np.ravel(t16)[0] < np.ravel(t8)[0]
 
 
 def test_small_m_gemms_tile_tokens_by_the_instructions_smallest_side():
@@ -195,3 +228,18 @@ def test_small_m_gemms_tile_tokens_by_the_instructions_smallest_side():
     t_math = 2 * 2880 * 2880 / (H100.peak("bf16") * f1)
     t_mem = 2880 * 2880 * 2 / (H100.hbm_bw_bytes_per_s * eff.hbm_fraction(H100))
     assert t_math < 0.5 * t_mem
+
+
+def test_candidates_of_one_step_share_a_kv_layout():
+    """A model with 40 heads over 8 KV heads: tp = 5 replicates the K/V projections, tp = 8 splits
+    them — same served head count, different layouts, so they never share a ShardedStep."""
+    from dataclasses import replace as dc_replace
+
+    from roofline.serving.step import kv_layout
+
+    m = dc_replace(load_model("llama-3-8b"), n_heads=40, d_head=128)
+    assert kv_layout(m, 5) == (8, True) and kv_layout(m, 8) == (8, False)
+    with pytest.raises(ValueError, match="one KV layout"):
+        ShardedStep(
+            m, [parse_system("h100:8")] * 2, [ServePlan(tp=5), ServePlan(tp=8)], Quant(), PEAK
+        )

@@ -352,16 +352,16 @@ def test_predictor_refuses_unknown_lengths():
         )
 
 
-def test_narrow_weights_compute_in_bf16_where_the_chip_lacks_the_units():
+def test_narrow_weightscompute_on_in_bf16_where_the_chip_lacks_the_units():
     """fp4 weights on Hopper run weight-only (W4A16) kernels: the GEMMs compute in bf16; on
     Blackwell they compute in fp4; fp8 computes in fp8 on Hopper and bf16 on Ampere."""
-    from roofline.serving.step import _compute
+    from roofline.serving.step import compute_on
 
-    assert _compute("nvfp4", H100) == "bf16"
-    assert _compute("nvfp4", load_chip("b200")) == "fp4"
-    assert _compute("fp8", H100) == "fp8"
-    assert _compute("fp8", load_chip("a100")) == "bf16"
-    assert _compute("int4", H100) == "bf16"
+    assert compute_on("nvfp4", H100) == "bf16"
+    assert compute_on("nvfp4", load_chip("b200")) == "fp4"
+    assert compute_on("fp8", H100) == "fp8"
+    assert compute_on("fp8", load_chip("a100")) == "bf16"
+    assert compute_on("int4", H100) == "bf16"
 
 
 @pytest.mark.parametrize(
@@ -425,6 +425,27 @@ def test_decode_first_budgets_chunk_a_prompt_as_long_as_the_budget():
     assert busy.ttft_s > one.ttft_s + busy.pass_s
 
 
+def test_the_chunks_of_a_chunked_prompt_sum_to_the_prompt():
+    """Issue 18: an 8192-token prompt beside 16 decodes is two chunks that sum to 8192 tokens
+    (the budget's 8192 − 16 first, the rest next), not two passes of 8176 tokens each. Priced as
+    two equal chunks at the mean of their end positions, the prefill work is exactly the two real
+    halves' (attention is affine in the keys at a fixed chunk), and the TTFT is the lone prompt's
+    prefill plus at most about three passes (half a pass waiting, the second chunk's pass, the
+    decodes riding along), where pricing each chunk as the whole prompt gave twice the prefill."""
+    from roofline.serving.steady import _cohort_pass
+
+    step = ideal()
+    halves = [
+        step.pass_time(PassShape(prefill_seqs=1, prefill_chunk=4096, prefill_context=c)).time_s
+        for c in (4096, 8192)
+    ]
+    mean_pass = _cohort_pass(step, 0.0, 8192.0, 1.0, 4096.0, 8192.0, 8192.0)
+    assert 2 * mean_pass == pytest.approx(sum(halves), rel=1e-9)
+    busy = steady_state(step, load_engine("vllm"), Workload(8192, 256), np.array([16.0]))
+    solo = step.pass_time(PassShape(prefill_seqs=1, prefill_chunk=8192, prefill_context=8192))
+    assert solo.time_s < float(busy.ttft_s[0]) < solo.time_s + 3 * float(busy.pass_s[0])
+
+
 def test_a_disaggregated_first_wave_queues_for_the_prefill_pool():
     """All C requests of a benchmark start together: the first wave queues for the prefill pool's
     passes (one prompt per pass here), and its share of the requests weighs into the mean TTFT."""
@@ -436,3 +457,100 @@ def test_a_disaggregated_first_wave_queues_for_the_prefill_pool():
     xfer = 1024 * kv / 400e9
     first = (16 + 1) / 2 * base["prefill_s"] + xfer
     assert wave["ttft_s"] == pytest.approx(0.9 * base["ttft_s"] + 0.1 * first, rel=1e-9)
+
+
+def test_a_run_that_ran_fits():
+    """Issue 18 item 6: DeepSeek-V3 FP8 on a 4-GB200 DP-attention worker (weights ~182 GB of
+    186 GB per chip) ran under SGLang, whose default 0.88 fraction of the HBM leaves nothing
+    for the KV cache: the run's flags gave it a larger fraction, so its pool is what the HBM
+    leaves after the weights and the workspace. A replica whose weights exceed the HBM is still
+    refused."""
+    from roofline.serving.inference import memory_per_chip
+    from roofline.serving.predict import replica_capacity
+    from roofline.serving.step import ShardedStep
+
+    ds, gb200 = load_model("deepseek-v3"), parse_system("gb200:4")
+    q = Quant(weights="fp8", kv="fp8", compute="fp8", experts="fp8")
+    sg = load_engine("sglang")
+    plan = ServePlan(tp=1, dp=4, ep=4)
+    step = ShardedStep(ds, [gb200], [plan], q, PEAK)
+    m = memory_per_chip(ds, plan, q, 1, 2048, workspace_tokens=8192)
+    assert sg.kv_memory_bytes(gb200.chip.hbm_bytes, m.weights_bytes, m.activation_bytes) < 0
+    left = gb200.chip.hbm_bytes - float(m.weights_bytes) - float(m.activation_bytes)
+    want = math.floor(left / float(np.ravel(m.kv_bytes)[0])) * 4
+    assert replica_capacity(step, sg, 2048) == want > 0
+    h200 = ShardedStep(ds, [parse_system("h200:4")], [plan], q, PEAK)
+    with pytest.raises(SpecError, match="weights and workspace need"):
+        replica_capacity(h200, sg, 2048)
+
+
+def test_the_one_step_mode_pays_the_engines_host_time(capsys):
+    """Issue 18 item 8: `serve --plan --batch --context --engine E` prices the step as E's steady
+    state does — its exposed host time per pass plus eager launches beyond its largest CUDA
+    graph (TensorRT-LLM: overlap scheduler, 512-batch graphs; 1024 sequences run eagerly)."""
+
+    def step(engine: str, batch: int) -> dict:
+        argv = ["serve", "--model", "llama-3-70b", "--system", "h200:8", "--plan", "tp=8"]
+        argv += ["--batch", str(batch), "--context", "2048", "--engine", engine, "--json"]
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    trt = load_engine("trtllm")
+    llama = load_model("llama-3-70b")
+    for batch, eager in ((256, 0.0), (1024, trt.eager_launch_s_per_layer * llama.n_layers)):
+        a, b = step("trtllm", batch), step("none", batch)
+        want = trt.step_overhead_s + eager
+        assert a["engine_overhead_s"] == pytest.approx(want, abs=1e-12)
+        assert a["step_time_s"] - b["step_time_s"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert a["engine"] == "trtllm" and b["engine_overhead_s"] == 0.0
+    v = step("vllm", 256)
+    assert v["engine_overhead_s"] == pytest.approx(load_engine("vllm").step_overhead_s)
+
+
+def test_the_default_blackwell_search_tries_nvfp4_and_pins_fill_consistently():
+    """Issue 18 item 7: NVFP4 checkpoints (nvfp4 weights, FP8 KV, FP4 math) are in the default
+    search where the chip has FP4 units, not on Hopper; pinning only the weights makes the
+    compute follow them where the chip computes that format (else bf16, weight-only) and the
+    KV cache the engine's default for those weights."""
+    from roofline.serving.search import default_quants
+
+    b200, trt = load_chip("b200"), load_engine("trtllm")
+    assert Quant("nvfp4", "fp8", "nvfp4") in default_quants(b200)
+    assert all("fp4" not in q.weights for q in default_quants(H100))
+    (q,) = default_quants(b200, trt, weights="nvfp4")
+    assert (q.weights, q.kv, q.compute) == ("nvfp4", "fp8", "fp4")
+    (q,) = default_quants(H100, trt, weights="nvfp4")
+    assert q.compute == "bf16"  # Hopper has no FP4 units: W4A16
+    (q,) = default_quants(b200, None, weights="fp8", compute="bf16")
+    assert (q.kv, q.compute) == ("bf16", "bf16")  # what is pinned stays pinned
+
+
+def test_the_cost_objective_ranks_the_bill_column_it_shows(capsys):
+    """Issue 18 item 7: under --objective cost the rows are ranked by the whole bill per output
+    token, and that is the table's $ column (the output/input split rewarded long prefills)."""
+    argv = ["serve", "--model", "deepseek-v3", "--system", "b200:8", "--prompt", "1024"]
+    argv += ["--gen", "256", "--concurrency", "256", "--weight-dtype", "nvfp4", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bills = [r["usd_bill_per_million_output_tokens"] for r in doc["top"]]
+    assert bills == sorted(bills) and len(bills) >= 3
+    price = load_chip("b200").usd_per_hour
+    b = doc["best"]
+    want = price * b["deploy_chips"] / 3600 / b["tokens_per_s"] * 1e6
+    assert b["usd_bill_per_million_output_tokens"] == pytest.approx(want, rel=1e-9)
+    split = b["usd_per_million_output_tokens"] + b["usd_per_million_input_tokens"] * 4
+    assert split == pytest.approx(want, rel=1e-9)  # the split still sums to the bill
+    assert doc["best"]["quant"]["compute"] == "fp4"
+
+
+def test_the_readme_search_example_is_the_tools_output(capsys):
+    """README's `roofline serve` search block is this command's best-plan section, verbatim."""
+    from pathlib import Path
+
+    cmd = "serve --model llama-3-70b --system h100:64 --prompt 1024 --gen 256 --concurrency 256"
+    cmd += " --slo-ttft 2s --slo-tpot 50ms"
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split(f"$ roofline {cmd}\n", 1)[1].split("```", 1)[0]
+    assert main(cmd.split()) == 0
+    out = capsys.readouterr().out
+    assert block.strip() in out

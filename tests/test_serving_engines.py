@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from roofline.errors import SpecError
@@ -74,3 +75,40 @@ def write(tmp: Path, body: str) -> str:
 def test_bad_files_are_refused_with_the_key_named(tmp_path, edit, needle):
     with pytest.raises(SpecError, match=needle):
         load_engine(write(tmp_path, edit))
+
+
+def test_caps_hold_per_scheduler():
+    """Issue 18 item 2: with attention DP each vLLM / TensorRT-LLM rank runs its own scheduler
+    (the cap on running sequences and the token budget hold per rank); SGLang divides its
+    settings over the ranks (they hold per replica)."""
+    v, t, sg = load_engine("vllm"), load_engine("trtllm"), load_engine("sglang")
+    assert v.seq_cap(8) == 8 * v.max_num_seqs and t.seq_cap(32) == 32 * t.max_num_seqs
+    assert v.token_budget(80e9, 8) == 8 * 8192
+    assert sg.seq_cap(8) == sg.max_num_seqs and sg.token_budget(80e9, 8) == 8192
+    assert list(t.seq_cap(np.array([1, 4]))) == [t.max_num_seqs, 4 * t.max_num_seqs]
+
+
+def test_an_attention_dp_replica_admits_a_cap_per_rank():
+    """A replica of 8 attention-DP ranks with a cap of 4 running sequences per scheduler holds
+    32 in decode at concurrency 32 (TensorRT-LLM's per-rank scheduler), 4 when the cap is the
+    replica's (SGLang's division); per worker it queued 28 of 32 requests."""
+    from dataclasses import replace
+
+    from roofline.serving.inference import Quant, ServePlan
+    from roofline.serving.steady import Workload, steady_state
+    from roofline.serving.step import ShardedStep
+    from roofline.specs.efficiency import PEAK
+    from roofline.specs.model_catalog import load_model
+    from roofline.specs.system import parse_system
+
+    step = ShardedStep(
+        load_model("tiny-llama"), [parse_system("h100:8")], [ServePlan(dp=8)], Quant(), PEAK
+    )
+    work = Workload(256, 64)
+    per_rank = replace(load_engine("trtllm"), max_num_seqs=4)
+    per_replica = replace(per_rank, scheduler_per_dp_rank=False)
+    a = steady_state(step, per_rank, work, 32.0)
+    b = steady_state(step, per_replica, work, 32.0)
+    assert float(np.ravel(a.decode_batch)[0]) > 8 and not bool(np.ravel(a.capped)[0])
+    assert float(np.ravel(b.decode_batch)[0]) == pytest.approx(4, rel=1e-6)
+    assert float(np.ravel(b.ttft_s)[0]) > 5 * float(np.ravel(a.ttft_s)[0])

@@ -396,3 +396,28 @@ def test_serve_cli_reproduces_the_4x2_step(capsys):
     ):
         assert key in doc, key
     assert np.isclose(doc["max_batch"], 42)
+
+
+def _step_doc(capsys, system: str, plan_text: str) -> dict:
+    argv = ["serve", "--model", "llama-3-70b", "--system", system, "--plan", plan_text]
+    argv += ["--batch", "32", "--context", "8192", "--weight-dtype", "int8"]
+    argv += ["--kv-dtype", "int8", "--profile", "peak", "--json"]
+    assert main(argv) == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_serve_cli_4x4_step_reads_each_chips_own_kv_heads(capsys):
+    """The chapter's 4x4 (tp = 16, batch 32, 8k context, int8): with the KV cache split evenly
+    (kv=heads_batch) the step is 112 GB / (16 · 8.2e11) = 8.5 ms; with engines' layout (KV heads
+    over tp: each of the 8 heads copied onto the 2 chips whose query heads read it) each chip
+    reads 70 GB / 16 of weights and 41.9 GB / 8 of KV: (4.4 + 5.2) GB / 8.2e11 = 11.7 ms of HBM
+    time (~12 ms; issue 18 item 1: it read the whole 41.9 GB per chip, 62 ms)."""
+    even = _step_doc(capsys, "tpu-v5e:4x4", "tp=16,kv=heads_batch")
+    assert even["hbm_time_s"] == pytest.approx(112e9 / (16 * 8.2e11), rel=0.05)
+    doc = _step_doc(capsys, "tpu-v5e:4x4", "tp=16")
+    book = (70e9 / 16 + 41.9e9 / 8) / 8.2e11
+    assert book == pytest.approx(0.0117, rel=0.01)
+    assert doc["kv_read_bytes_per_chip"] == pytest.approx(doc["memory"]["kv_bytes"], rel=1e-9)
+    assert doc["kv_read_bytes_per_chip"] == pytest.approx(32 * 8192 * 163840 / 8, rel=1e-9)
+    assert book < doc["hbm_time_s"] < 1.1 * book
+    assert doc["step_time_s"] < 1.3 * book

@@ -166,7 +166,7 @@ def test_the_fit_recovers_a_planted_handoff(h_true):
     assert fit.handoff_s == pytest.approx(h_true, abs=0.02)
     assert fit.interpolation_gap_s < 1e-9  # the synthetic TTFT is linear in h
     by = {cv.by: cv for cv in fit.cv}
-    assert set(by) == {"engine", "chip family"}
+    assert set(by) == {"engine", "chip family", cs.PAIR}
     for cv in fit.cv:
         assert all(f.handoff_s == pytest.approx(h_true, abs=0.05) for f in cv.folds)
         if h_true > 0.1:  # held-out runs get better with the fold's fit
@@ -199,6 +199,16 @@ def test_a_fold_with_too_few_training_runs_is_refused_not_fitted():
     folds = {f.held_out: f for f in engine.folds}
     assert folds["a"].handoff_s is None and "< 3" in folds["a"].reason
     assert folds["b"].handoff_s == pytest.approx(0.2, abs=0.03)
+
+
+def test_the_pair_grouping_holds_out_a_model_on_a_chip_family():
+    """Leave-one-model×system-pair-out: a fold is one model on one chip family (issue 18: the
+    points an unseen sample adds are mostly new pairs), keyed in TOML without the ×."""
+    run = SimpleNamespace(model_name="DeepSeek-R1", chip_family="GB200", engine="sglang")
+    case = cs.ServingCase(run, 1.0)
+    assert case.group(cs.PAIR) == "DeepSeek-R1 on GB200"
+    assert case.group("engine") == "sglang" and case.group("chip family") == "GB200"
+    assert cs.cv_key(cs.PAIR) == "model_system_pair" and cs.cv_key("chip family") == "chip_family"
 
 
 # ---- roofline serve ----------------------------------------------------------------------------

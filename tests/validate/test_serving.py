@@ -142,3 +142,22 @@ def test_the_first_wave_weight_is_the_benchmark_clients():
     with_wave = predict_measured_run(_r(nim, workload=type(nim.workload)(**burst)))
     assert with_wave["ttft_s"] > 1.5 * steady["ttft_s"]  # c=50: the burst doubles the mean
     assert with_wave["tpot_s"] == pytest.approx(steady["tpot_s"])
+
+
+def test_checkpoint_notes_set_the_dense_weights(serving_entries):
+    """gpt-oss stores MXFP4 experts beside BF16 attention and Kimi-K2.5 INT4 experts beside BF16
+    attention: the entries' GEMM labels (nvfp4, int4_wo) are the benchmark's, the engines load the
+    dense layers as stored (issue 18 item 5), and those GEMMs run in bf16 on every chip."""
+    from roofline.serving.step import gemm_format
+    from roofline.specs.chip import load_chip
+
+    oss = "aic-2026_04_06_gpt_oss_120b_h200_sxm_trtllm_fp4_agg_1024x8192_c32_tp2_ep1_168"
+    r = map_serving_run(serving_entries[oss], "serving")
+    assert (r.precision.weights, r.precision.moe_weights) == ("bf16", "mxfp4")
+    kimi = next(e for i, e in serving_entries.items() if "kimi" in i and "int4" in i)
+    k = map_serving_run(kimi, "serving")
+    assert (k.precision.weights, k.precision.moe_weights) == ("bf16", "int4")
+    b200 = load_chip("b200")
+    assert gemm_format("bf16", "nvfp4", b200) == "bf16"  # 16-bit weights: not requantised
+    assert gemm_format("nvfp4", "nvfp4", b200) == "fp4"
+    assert gemm_format("mxfp4", "nvfp4", load_chip("h200")) == "bf16"  # W4A16 on Hopper

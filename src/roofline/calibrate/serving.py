@@ -25,9 +25,11 @@ efficiency profile, fitted here and only here:
   only while no pool saturates: in a closed loop the hand-off lengthens every request's cycle,
   and where a pool is the bottleneck it replaces queueing instead of adding to it. The fitted
   value is re-predicted exactly; the largest gap to the interpolation is reported;
-- cross-validation: leave-one-engine-out and leave-one-chip-family-out (the runs' chip family
-  as validate reports it) over the disaggregated runs: each fold's held-out runs predicted
-  exactly with the fold's value, before (no hand-off) and after;
+- cross-validation: leave-one-engine-out, leave-one-chip-family-out (the runs' chip family
+  as validate reports it) and leave-one-model×system-pair-out (a model on a chip family: the
+  unit an unseen deployment differs by — the pair-held-out number is the honest one) over the
+  disaggregated runs: each fold's held-out runs predicted exactly with the fold's value, before
+  (no hand-off) and after;
 - the whole file's TTFT and TPOT before and after (aggregated runs do not read the hand-off).
 
 `--out` the base's own file (`--base fitted --out src/roofline/specs/profiles/fitted.toml`) adds
@@ -74,7 +76,8 @@ GRID_S: tuple[float, ...] = (
     1.5,
     2.0,
 )
-CV_GROUPINGS = ("engine", "chip family")
+PAIR = "model×system pair"
+CV_GROUPINGS = ("engine", "chip family", PAIR)
 BEGIN = "<!-- calibrate:serving-cv-table:begin -->"
 END = "<!-- calibrate:serving-cv-table:end -->"
 TOML_MARK = "# serving fit:"
@@ -100,7 +103,15 @@ class ServingCase:
         return str(self.run.id)
 
     def group(self, by: str) -> str:
-        return str(self.run.engine if by == "engine" else (self.run.chip_family or "unknown"))
+        fam = self.run.chip_family or "unknown"
+        if by == PAIR:  # the deployment an unseen point is most likely to differ by
+            return f"{getattr(self.run, 'model_name', '') or 'unknown'} on {fam}"
+        return str(self.run.engine if by == "engine" else fam)
+
+
+def cv_key(by: str) -> str:
+    """A grouping's name as a TOML bare key ('model×system pair' -> 'model_system_pair')."""
+    return by.replace("×", "_").replace(" ", "_")
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -482,7 +493,7 @@ def provenance(
         "in_sample_after": render.error_summary(fit.error_after),
     }
     for cv in fit.cv:
-        key = "cv_" + cv.by.replace(" ", "_")
+        key = "cv_" + cv_key(cv.by)
         out[key + "_before"] = render.error_summary(cv.error_before)
         out[key + "_after"] = render.error_summary(cv.error_after)
         out[key + "_spread_s"] = {
@@ -501,7 +512,7 @@ def provenance(
     for cv in fit.cv:
         s = whole.get(f"all, hand-off held out by {cv.by}", {}).get("ttft", {}).get("after", {})
         if s.get("median_abs_error") is not None:
-            out["all_ttft_held_out_by_" + cv.by.replace(" ", "_")] = {
+            out["all_ttft_held_out_by_" + cv_key(cv.by)] = {
                 "n": s["n"],
                 "median_abs": round(s["median_abs_error"], 4),
                 "bias": round(s["bias"], 4),

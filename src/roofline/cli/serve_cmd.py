@@ -23,7 +23,7 @@ from roofline.errors import SpecError
 from roofline.launch.lines import launch_text, serving_launch
 from roofline.report.table import kv, table
 from roofline.serving.inference import Quant, parse_serve_plan
-from roofline.serving.search import Objective, ServeQuery, search, step_report
+from roofline.serving.search import Objective, ServeQuery, default_quants, search, step_report
 from roofline.serving.steady import MAX_TOKENS, Workload, load_lengths
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import Efficiency
@@ -150,12 +150,14 @@ def _engine(args: argparse.Namespace, system: System) -> EngineProfile | None:
     return None if name.lower() == "none" else load_engine(name)
 
 
-def _quants(args: argparse.Namespace, system: System) -> tuple[Quant, ...]:
-    if args.weight_dtype or args.kv_dtype or args.compute_dtype:
-        w = args.weight_dtype or "bf16"
-        return (Quant(w, args.kv_dtype or "bf16", args.compute_dtype or "bf16"),)
-    low = "int8" if system.is_tpu else "fp8"
-    return (Quant(), Quant(low, low, "bf16"), Quant(low, low, low))
+def _quants(args: argparse.Namespace, system: System, engine) -> tuple[Quant, ...]:
+    return default_quants(
+        system.chip,
+        engine,
+        weights=args.weight_dtype,
+        kv=args.kv_dtype,
+        compute=args.compute_dtype,
+    )
 
 
 def _workload(args: argparse.Namespace) -> Workload:
@@ -230,7 +232,7 @@ def cost_serving(
         model=model,
         system=system,
         workload=_workload(args),
-        quants=_quants(args, system),
+        quants=_quants(args, system, engine),
         plan=parse_serve_plan(args.plan) if args.plan else None,
         engine=engine,
         efficiency=eff,
@@ -284,6 +286,7 @@ def _inputs(args, model, system, eff, engine) -> dict[str, Any]:
         "plan": args.plan,
         "profile": eff.to_dict() if hasattr(eff, "to_dict") else getattr(eff, "name", "custom"),
         "engine": engine.name if engine else None,
+        "price": _price(args, system),
         "definitions": "TTFT, TPOT (first token excluded), ITL and E2EL as vLLM's benchmark_serving defines them",
     }
 
@@ -379,6 +382,33 @@ def _run_kv_seq(args, model, system: System) -> int:
     return emit(args, NAME, inputs, {"seq_kv": s.to_dict()}, "\n".join([head, *explain(s)]))
 
 
+def _price(args, system) -> dict[str, Any]:
+    """The chip-hour price every $ figure uses and its one stated source (issue 18 item 7)."""
+    if args.price is not None:
+        return {"usd_per_chip_hour": args.price, "source": "--price"}
+    chip = system.chip
+    return {"usd_per_chip_hour": system.usd_per_chip_hour, "source": chip.price_source or None}
+
+
+def _cost_lines(b: dict, price: dict[str, Any]) -> list[tuple[str, str]]:
+    """The best plan's bill per output token (what the cost objective ranks), its split between
+    output and input tokens, and the price with its source."""
+    cost = "-"
+    if b["usd_per_million_output_tokens"] is not None:
+        cost = (
+            f"${b['usd_bill_per_million_output_tokens']:.3f} bill / M output "
+            f"(${b['usd_per_million_output_tokens']:.3f} / M output + "
+            f"${b['usd_per_million_input_tokens']:.3f} / M input)"
+        )
+    return [("cost", cost), ("price", _price_text(price))]
+
+
+def _price_text(p: dict[str, Any]) -> str:
+    if p["usd_per_chip_hour"] is None:
+        return f"none ({p['source'] or 'no price known'}): give --price"
+    return f"${p['usd_per_chip_hour']:.2f} / chip-hour ({p['source']})"
+
+
 def _run_step(args, model, system, eff, engine) -> int:
     if not (args.plan and args.batch and args.context):
         raise SpecError(
@@ -440,6 +470,11 @@ def _step_text(r: dict, model, system) -> str:
                 ("compute time", fmt_time(r["compute_time_s"])),
                 ("kernel launches", fmt_time(r["launch_time_s"]) + "  (fixed time per kernel)"),
                 ("collectives", fmt_time(r["comm_time_s"]) + "  (exposed, with per-hop latency)"),
+                (
+                    "engine host time",
+                    fmt_time(r["engine_overhead_s"])
+                    + f"  ({r['engine'] or 'no engine'}, per pass)",
+                ),
                 ("step time", f"{fmt_time(r['step_time_s'])}  ({r['bound']}-bound)"),
                 (
                     "tokens/s",
@@ -488,6 +523,7 @@ def _search_doc(res, args) -> dict[str, Any]:
         "memory_per_chip_bytes",
         "usd_per_million_output_tokens",
         "usd_per_million_input_tokens",
+        "usd_bill_per_million_output_tokens",
     ):
         doc[k] = b[k]
     doc["plan"] = b["plan"]
@@ -556,12 +592,7 @@ def _search_text(res, doc: dict, args) -> str:
             "throughput",
             f"{b['tokens_per_s']:,.0f} tok/s = {b['tokens_per_s_per_chip']:,.1f} per chip, {b['tokens_per_s_per_user']:,.1f} per user",
         ),
-        (
-            "cost",
-            "-"
-            if b["usd_per_million_output_tokens"] is None
-            else f"${b['usd_per_million_output_tokens']:.3f} / M output, ${b['usd_per_million_input_tokens']:.3f} / M input",
-        ),
+        *_cost_lines(b, _price(args, q.system)),
     ]
     top = table(
         [
@@ -574,12 +605,12 @@ def _search_text(res, doc: dict, args) -> str:
                 fmt_time(r["tpot_s"]),
                 f"{r['tokens_per_s_per_chip']:,.1f}",
                 "-"
-                if r["usd_per_million_output_tokens"] is None
-                else f"{r['usd_per_million_output_tokens']:.3f}",
+                if r["usd_bill_per_million_output_tokens"] is None
+                else f"{r['usd_bill_per_million_output_tokens']:.3f}",
             )
             for r in doc["top"]
         ],
-        ["plan", "chips", "batch", "w/kv/compute", "TTFT", "TPOT", "tok/s/chip", "$/M out"],
+        ["plan", "chips", "batch", "w/kv/compute", "TTFT", "TPOT", "tok/s/chip", "bill $/M out"],
     )
     par = table(
         [

@@ -360,6 +360,10 @@ class StepModel(Protocol):
 
     def memory_per_chip(self, batch: Any, context: Any) -> MemoryPerChip: ...
 
+    def degree(self, name: str) -> Any:
+        """A plan degree ('tp', 'dp', ...) per candidate (a scalar for one plan)."""
+        ...
+
 
 @functools.cache
 def rows_of(model: ModelSpec, quant: Quant) -> Rows:

@@ -124,22 +124,27 @@ def _profile(eff: Efficiency | None, chip: Any) -> Efficiency:
 
 
 def replica_capacity(step: StepModel, engine: EngineProfile | None, context: float) -> float:
-    """Sequences of `context` tokens one replica's KV memory holds under the engine's policy."""
+    """Sequences of `context` tokens one replica's KV memory holds under the engine's policy.
+
+    A measured run ran (issue 18 item 6): where the engine's default memory fraction
+    (--gpu-memory-utilization, --mem-fraction-static, free_gpu_memory_fraction) leaves no room
+    for one sequence, the run was launched with a larger one — the runs file does not record
+    the flags — so its KV pool is what the HBM leaves after the weights and the workspace. Only
+    a replica whose weights and workspace exceed the HBM itself is refused."""
     m = memory_per_chip(step.model, step.plan, step.quant, 1, context, workspace_tokens=8192)
     hbm = step.chip.hbm_bytes
-    usable = (
-        engine.kv_memory_bytes(hbm, m.weights_bytes, m.activation_bytes)
-        if engine
-        else hbm - m.weights_bytes - m.activation_bytes
-    )
+    held = _f(m.weights_bytes) + _f(m.activation_bytes)
     per_seq = _f(m.kv_bytes)
-    if _f(usable) <= 0:
+    usable = _f(engine.kv_memory_bytes(hbm, m.weights_bytes, m.activation_bytes)) if engine else 0
+    if usable < per_seq:
+        usable = hbm - held
+    if usable < per_seq:
         raise SpecError(
-            f"the weights need {_f(m.weights_bytes) / 1e9:.1f} GB per chip of {hbm / 1e9:.0f} GB",
+            f"the weights and workspace need {held / 1e9:.1f} GB per chip of {hbm / 1e9:.0f} GB",
             rule="a replica holds its weights plus at least one sequence's KV cache",
             fix="more chips per replica or lower-precision weights",
         )
-    return float(np.floor(_f(usable) / per_seq)) * step.plan.dp
+    return float(np.floor(usable / per_seq)) * step.plan.dp
 
 
 def predict_measured_run(run: Any, *, efficiency: Efficiency | None = None) -> dict[str, Any]:
@@ -234,7 +239,7 @@ def _offline(run, eff, engine, quant) -> dict[str, Any]:
     step, replicas = _aggregated_step(run, eff, quant)
     cap = replica_capacity(step, engine, P + G)
     if engine:
-        cap = min(cap, engine.max_num_seqs)
+        cap = min(cap, engine.seq_cap(step.degree("dp")))
     work = Workload(P, G)
     s = steady_state(step, engine, work, cap, batch_cap=cap)
     return {

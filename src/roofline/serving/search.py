@@ -26,13 +26,19 @@ from roofline.serving.inference import (
     kv_replication,
     weight_bytes,
 )
-from roofline.serving.steady import Workload, deployment_metrics, pareto_front, steady_state
+from roofline.serving.steady import (
+    Workload,
+    deployment_metrics,
+    engine_overhead_s,
+    pareto_front,
+    steady_state,
+)
 from roofline.serving.step import IdealStep
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.engines import EngineProfile
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System, parse_system
-from roofline.units import HOUR
+from roofline.units import HOUR, parse_dtype
 
 
 class Objective(enum.StrEnum):
@@ -184,6 +190,36 @@ class Evaluated:
     prompt_per_output: float = 1.0  # input tokens per output token of the workload
 
 
+def default_quants(
+    chip: Any,
+    engine: EngineProfile | None = None,
+    *,
+    weights: str | None = None,
+    kv: str | None = None,
+    compute: str | None = None,
+) -> tuple[Quant, ...]:
+    """The quantisations the search tries on `chip`, around the dtypes the user pinned.
+
+    Nothing pinned: bf16; int8 (TPU) or fp8 weights and KV with bf16 and with low-precision
+    math; and on chips with FP4 units (Blackwell) the NVFP4 checkpoints the engines serve there
+    (nvfp4 weights, an FP8 KV cache, FP4 math: NVIDIA's *-FP4 ModelOpt checkpoints). Some
+    pinned: an unpinned compute follows the weights where the chip computes their format
+    (W8A8, W4A4 as the engines run quantised checkpoints) and is bf16 where it does not
+    (weight-only kernels); an unpinned KV cache is the engine's default for those weights
+    (`EngineProfile.kv_dtype_for`; bf16 without an engine) — never a silent bf16 compute."""
+    from roofline.serving.step import compute_on
+
+    if not (weights or kv or compute):
+        low = "int8" if chip.is_tpu else "fp8"
+        out = [Quant(), Quant(low, low, "bf16"), Quant(low, low, low)]
+        if "fp4" in chip.peak_flops_per_s:
+            out.append(Quant("nvfp4", "fp8", "nvfp4"))
+        return tuple(out)
+    w = weights or "bf16"
+    kv_d = kv or (engine.kv_dtype_for(parse_dtype(w)) if engine else "bf16")
+    return (Quant(w, kv_d, compute or compute_on(w, chip)),)
+
+
 def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dict[str, np.ndarray]:
     """Weights, KV per sequence and capacity per chip for the selected candidates (inference.py's
     memory_per_chip rules, vectorised over plans)."""
@@ -222,6 +258,7 @@ def evaluate(q: ServeQuery) -> Evaluated:
             "weights_per_chip_bytes",
             "usd_per_million_output_tokens",
             "usd_per_million_input_tokens",
+            "usd_bill_per_million_output_tokens",
             "step_time_s",
             "prefill_share",
             "concurrency_per_replica",
@@ -274,6 +311,7 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
     if m.usd_per_million_output_tokens is not None:
         vals["usd_per_million_output_tokens"] = m.usd_per_million_output_tokens
         vals["usd_per_million_input_tokens"] = m.usd_per_million_input_tokens
+        vals["usd_bill_per_million_output_tokens"] = m.usd_bill_per_million_output_tokens
     for k, v in vals.items():
         out[k][idx] = np.broadcast_to(np.asarray(v, float), idx.shape)
     r = np.full(len(idx), "", dtype=object)
@@ -295,18 +333,17 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
 
 def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, cap):
     """Steady state of the candidates `idx` on the walk's sharded step, one step model per KV
-    layout (tensor parallel beyond the KV heads replicates them); also the decode pass time."""
+    layout (the KV heads as the tensor axis holds them: tp beyond K copies them); also the
+    decode pass time."""
     from roofline.serving.steady import Steady
-    from roofline.serving.step import ShardedStep, kv_replicated
+    from roofline.serving.step import ShardedStep, kv_layout
 
     fields = [f for f in Steady.__dataclass_fields__ if f != "gen_tokens"]
     out = {f: np.zeros(len(idx)) for f in fields}
     dec = np.zeros(len(idx))
-    rep = np.array([kv_replicated(q.model, int(t)) for t in c.tp[idx]])
-    for flag in (False, True):
-        part = np.nonzero(rep == flag)[0]
-        if not len(part):
-            continue
+    layouts = [kv_layout(q.model, int(t)) for t in c.tp[idx]]
+    for k in sorted(set(layouts)):
+        part = np.array([i for i, x in enumerate(layouts) if x == k])
         rows = np.column_stack(
             [
                 c.sys_index[idx][part],
@@ -335,10 +372,8 @@ def score(ev: Evaluated, objective: Objective) -> np.ndarray:
     m = ev.metrics
     if objective == Objective.COST:
         # the whole bill per output token (prefill time included): splitting off the input
-        # tokens' share would favour plans that spend longer in prefill
-        usd = m["usd_per_million_output_tokens"] + m["usd_per_million_input_tokens"] * (
-            ev.prompt_per_output
-        )
+        # tokens' share would favour plans that spend longer in prefill; the tables show it
+        usd = m["usd_bill_per_million_output_tokens"]
         s = np.where(np.isfinite(usd), usd, -m["tokens_per_s_per_chip"])
     elif objective == Objective.THROUGHPUT:
         s = -m["tokens_per_s_per_chip"]
@@ -447,10 +482,14 @@ def step_report(
     memory, maxb = _step_memory(model, system, plan, quant, batch, context, engine)
     P = float(prompt if prompt is not None else context)
     pre = step.pass_time(PassShape(prefill_seqs=1.0, prefill_chunk=P, prefill_context=P))
-    step_s = _scalar(t.time_s)
+    # the engine's exposed host time per pass (scheduler step, eager launches beyond its largest
+    # CUDA graph), as its steady state pays it (issue 18 item 8)
+    ovh = _scalar(engine_overhead_s(step, engine, float(batch)))
+    step_s = _scalar(t.time_s) + ovh
+    ttft_s = _scalar(pre.time_s) + _scalar(engine_overhead_s(step, engine, 1.0))
     tps = batch / step_s
     n = plan.chips
-    sweep, pareto = _batch_sweep(step, context, maxb, n)
+    sweep, pareto = _batch_sweep(step, context, maxb, n, engine)
     out: dict[str, Any] = {
         "plan": plan.to_dict(),
         "batch": batch,
@@ -458,7 +497,9 @@ def step_report(
         "quant": {"weights": quant.weights, "kv": quant.kv, "compute": quant.compute},
         "step_time_s": step_s,
         "tpot_s": step_s,
-        "ttft_s": _scalar(pre.time_s),
+        "ttft_s": ttft_s,
+        "engine_overhead_s": ovh,
+        "engine": engine.name if engine else None,
         "tokens_per_s": tps,
         "tokens_per_s_per_chip": tps / n,
         "tokens_per_s_per_user": 1.0 / step_s,
@@ -484,7 +525,7 @@ def step_report(
     if price is not None:
         usd_s = price * n / HOUR
         out["usd_per_million_output_tokens"] = usd_s / tps * 1e6
-        out["usd_per_million_input_tokens"] = usd_s * _scalar(pre.time_s) / P * 1e6
+        out["usd_per_million_input_tokens"] = usd_s * ttft_s / P * 1e6
     if speculation is not None:
         out["speculative"] = _speculative(step, speculation, batch, context)
     return out
@@ -518,16 +559,19 @@ def _step_memory(model, system, plan, quant, batch, context, engine) -> tuple[di
     }, maxb
 
 
-def _batch_sweep(step, context: float, max_batch: float, chips: int) -> tuple[np.ndarray, list]:
+def _batch_sweep(
+    step, context: float, max_batch: float, chips: int, engine: EngineProfile | None = None
+) -> tuple[np.ndarray, list]:
     """Decode steps at batches 1, 2, 4, … up to the max batch: the latency/throughput Pareto."""
     sweep = np.array([b for b in (2**k for k in range(0, 16)) if b <= max(max_batch, 1)], float)
     sw = step.pass_time(PassShape(decode=sweep, context=float(context)))
-    front = pareto_front(1 / sw.time_s, sweep / sw.time_s / chips)
+    t = np.asarray(sw.time_s, float) + engine_overhead_s(step, engine, sweep)
+    front = pareto_front(1 / t, sweep / t / chips)
     return sweep, [
         {
             "batch": int(sweep[i]),
-            "tokens_per_s_per_user": float(1 / sw.time_s[i]),
-            "tokens_per_s_per_chip": float(sweep[i] / sw.time_s[i] / chips),
+            "tokens_per_s_per_user": float(1 / t[i]),
+            "tokens_per_s_per_chip": float(sweep[i] / t[i] / chips),
         }
         for i in front
     ]

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import SpecError
-from roofline.serving.inference import PassShape, PassTimes, StepModel
+from roofline.serving.inference import PassShape, StepModel
 from roofline.specs.engines import EngineProfile
 from roofline.units import HOUR
 
@@ -200,21 +200,6 @@ class Steady:
         return self.requests_per_s * self.gen_tokens
 
 
-def _prefill_pass(
-    step: StepModel, decode: Any, ctx: float, chunk: Any, P: float, Pn: float
-) -> PassTimes:
-    """A pass that decodes `decode` sequences and prefills one chunk of `chunk` tokens of a prompt."""
-    return step.pass_time(
-        PassShape(
-            decode=decode,
-            context=ctx,
-            prefill_seqs=np.where(np.asarray(chunk) > 0, 1.0, 0.0),
-            prefill_chunk=np.maximum(chunk, 1.0),
-            prefill_context=P - Pn + np.maximum(chunk, 1.0),
-        )
-    )
-
-
 def steady_state(
     step: StepModel,
     engine: EngineProfile | None,
@@ -226,7 +211,8 @@ def steady_state(
 ) -> Steady:
     """Closed-loop steady state of one replica at `concurrency` requests (array) in flight.
 
-    `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too).
+    `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too,
+    per scheduler: with attention DP each rank of vLLM and TensorRT-LLM has its own).
     Prompts are prefilled in cohorts of k = ⌊budget / P_new⌋ (at most C): a closed loop with fixed
     lengths stays in step, so the requests that finish together come back together and share a
     prefill pass; a prompt longer than the budget takes ⌈P_new / budget⌉ chunked passes alone.
@@ -234,9 +220,12 @@ def steady_state(
     C = np.asarray(concurrency, float)
     G, P, Pn = work.gen, work.prompt, work.new_prompt
     ctx = work.decode_context
-    budget = float(engine.token_budget(step.chip.hbm_bytes)) if engine else np.inf
+    dp = step.degree(
+        "dp"
+    )  # the engine's caps hold per scheduler (per attention-DP rank or replica)
+    budget = np.asarray(engine.token_budget(step.chip.hbm_bytes, dp), float) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
-    cap = np.minimum(batch_cap, engine.max_num_seqs if engine else np.inf)
+    cap = np.minimum(batch_cap, engine.seq_cap(dp) if engine else np.inf)
     # decode-first budgets (vLLM, TensorRT-LLM): the running decodes take one token each of the
     # step's budget before prefill chunks take the rest, so a prompt as long as the budget is
     # chunked over two passes when anyone else is decoding
@@ -244,10 +233,12 @@ def steady_state(
     running = np.maximum(np.minimum(C, cap) - k0, 0.0) if mixed else np.zeros_like(C)
     avail = np.maximum(budget - running, 1.0)
     chunked = engine is None or engine.chunked_prefill
-    chunk = float(min(Pn, np.min(avail))) if chunked else Pn
-    n_chunks = float(np.ceil(Pn / chunk))
+    n_chunks = float(np.ceil(Pn / min(Pn, np.min(avail)))) if chunked else 1.0
+    # a prompt over the budget is split into n passes whose chunks sum to the prompt: a prompt
+    # as long as the budget with one decode beside it is two chunks of P/2, not two of P − 1
+    chunk = Pn / n_chunks
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
-    ovh = _engine_overhead(step, engine, C) if step_overhead_s is None else step_overhead_s
+    ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
     if not mixed and work.synchronized:
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
@@ -340,15 +331,18 @@ def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
 def _cohort_pass(
     step: StepModel, decode: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float
 ) -> Any:
-    """Time of a pass that decodes `decode` sequences and prefills `seqs` chunks of `chunk`
-    prompt tokens (the chunk ends at the prompt's end; a cached prefix precedes it)."""
+    """Mean time of the passes that decode `decode` sequences and prefill `seqs` chunks of
+    `chunk` prompt tokens, a cached prefix before the first: a prompt of n = P_new / chunk chunks
+    has its i-th chunk end at P − P_new + i·chunk, so the mean pass attends over the keys up to
+    P − P_new + (n + 1)/2·chunk (attention is affine in the keys at a fixed chunk)."""
+    n = max(round(Pn / chunk), 1)
     return step.pass_time(
         PassShape(
             decode=decode,
             context=ctx,
             prefill_seqs=seqs,
             prefill_chunk=chunk,
-            prefill_context=P - Pn + chunk,
+            prefill_context=P - Pn + chunk * (n + 1) / 2,
         )
     ).time_s
 
@@ -357,15 +351,16 @@ def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
     return step.pass_time(PassShape(decode=B, context=ctx)).time_s + ovh
 
 
-def _engine_overhead(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
+def engine_overhead_s(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
     """Host time per pass the engine leaves exposed: its scheduler step (unless overlapped) plus
     kernel launches for decode batches larger than the largest captured CUDA graph."""
     if engine is None:
         return 0.0
-    graph = engine.graph_batch(step.plan.tp)
-    eager = np.where(
-        np.asarray(B) > graph, engine.eager_launch_s_per_layer * step.model.n_layers, 0.0
-    )
+    graph = engine.graph_batch(step.degree("tp"))
+    per_rank = np.asarray(B) / np.maximum(
+        step.degree("dp"), 1
+    )  # each attention-DP rank replays its own graph
+    eager = np.where(per_rank > graph, engine.eager_launch_s_per_layer * step.model.n_layers, 0.0)
     return engine.step_overhead_s + eager
 
 
@@ -486,7 +481,7 @@ def disaggregated(
     # (pure latency: in a closed loop it lengthens each request's cycle, so it enters the fixed
     # point; where a pool saturates it replaces queueing rather than adding to it)
     lat = xfer + d.handoff_s
-    cap = np.minimum(decode_cap, engine.max_num_seqs if engine else np.inf)
+    cap = np.minimum(decode_cap, engine.seq_cap(dec.degree("dp")) if engine else np.inf)
     X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
     for _ in range(ITERATIONS):
         rho = np.minimum(X / cap_pf, 0.95)
@@ -539,6 +534,8 @@ class Metrics:
     chips: Any
     usd_per_million_output_tokens: Any = None
     usd_per_million_input_tokens: Any = None
+    # the whole bill over the output tokens (prefill time included): what the cost objective ranks
+    usd_bill_per_million_output_tokens: Any = None
     extra: dict = field(default_factory=dict)
 
 
@@ -575,6 +572,7 @@ def deployment_metrics(
         share = np.clip(s.prefill_share, 0.0, 1.0)
         object.__setattr__(m, "usd_per_million_output_tokens", usd_s * (1 - share) / out_tps * 1e6)
         object.__setattr__(m, "usd_per_million_input_tokens", usd_s * share / in_tps * 1e6)
+        object.__setattr__(m, "usd_bill_per_million_output_tokens", usd_s / out_tps * 1e6)
     return m
 
 

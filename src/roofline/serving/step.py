@@ -2,9 +2,11 @@
 ledger row, forward only), behind inference.py's StepModel interface.
 
 A replica's plan becomes strategies on a mesh of its chips:
-- tensor parallel (tp) over heads and MLP (Megatron); when tp exceeds the KV heads (or does not
-  divide them) the K/V projections and the KV cache are replicated over the tensor axis — each
-  chip keeps the KV heads its query heads read, as vLLM, SGLang and TensorRT-LLM do;
+- tensor parallel (tp) over heads and MLP (Megatron); when tp exceeds the KV heads K each KV
+  head is copied onto the tp/K chips whose query heads read it, as vLLM, SGLang and TensorRT-LLM
+  do (vLLM's `num_kv_head_replicas`): the walk runs the model with those tp copies as its KV
+  heads, split over the tensor axis, so each chip computes, holds and reads one head — 1/K of
+  the cache, not all of it. A tp that divides neither way replicates the K/V projections;
 - attention data parallel (dp) of an MoE model on the expert axis: the batch is split over it
   outside the MoE block and the experts inside it, with the dispatch/combine AllToAlls (DeepSeek's
   DP-attention + EP); of a dense model, on the data axis;
@@ -40,6 +42,7 @@ from roofline.serving.inference import (
     PassTimes,
     Quant,
     ServePlan,
+    kv_replication,
     memory_per_chip,
     rows_of,
 )
@@ -47,12 +50,12 @@ from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Phase, Strategy
 from roofline.specs.system import System
-from roofline.units import compute_format
+from roofline.units import compute_format, dtype_bytes
 
 GRID = np.unique(np.round(np.geomspace(1, 65536, 49), 6))  # decode batch grid (1/4 octave)
 
 
-def _compute(dtype: str, chip: Any) -> str:
+def compute_on(dtype: str, chip: Any) -> str:
     """The format a GEMM computes in on `chip`: the activations' format where the chip has units
     for it, else bf16 — a weight-only kernel dequantises narrow weights into 16-bit math (fp4
     weights on Hopper run W4A16: vLLM's and TensorRT-LLM's MXFP4 MoE on H100/H200 use Triton
@@ -61,6 +64,16 @@ def _compute(dtype: str, chip: Any) -> str:
     if d in ("fp8", "fp4", "int8") and d in chip.peak_flops_per_s:
         return d
     return "bf16"
+
+
+def gemm_format(weights: str, compute: str, chip: Any) -> str:
+    """A GEMM's math format: the compute dtype (where the chip has units for it) for weights
+    stored that narrow; 16-bit weights are not requantised on the fly, so the unquantised layers
+    of a quantised checkpoint (gpt-oss's BF16 attention beside MXFP4 experts, Kimi-K2's BF16
+    attention beside INT4 experts) run in bf16."""
+    if dtype_bytes(weights) >= 2:
+        return "bf16"
+    return compute_on(compute, chip)
 
 
 def degrees_of(model: ModelSpec, plan: ServePlan) -> dict[Strategy, int]:
@@ -73,9 +86,32 @@ def degrees_of(model: ModelSpec, plan: ServePlan) -> dict[Strategy, int]:
     return deg
 
 
+def served_kv_heads(model: ModelSpec, tp: int) -> int:
+    """The KV heads a tensor axis of `tp` holds in all: K, or K·(tp/K) = tp when tp > K (each head
+    copied onto the chips whose query heads read it; inference.kv_replication is the copy count,
+    memory_per_chip holds the same bytes)."""
+    rep = kv_replication(model, ServePlan(tp=tp)) if model.mla is None else 1.0
+    K = round(model.n_kv_heads * rep)
+    return K if K % tp == 0 and model.n_heads % K == 0 else model.n_kv_heads
+
+
+def served_model(model: ModelSpec, tp: int) -> ModelSpec:
+    """The model the walk prices at tensor parallelism `tp`: its KV heads as served."""
+    K = served_kv_heads(model, tp)
+    return model if K == model.n_kv_heads else replace(model, n_kv_heads=K)
+
+
 def kv_replicated(model: ModelSpec, tp: int) -> bool:
-    K = model.n_kv_heads
-    return model.mla is None and tp > 1 and (tp > K or K % tp != 0)
+    """tp splits neither the served KV heads nor into them: the K/V projections and the cache
+    are replicated whole over the tensor axis (no engine runs this; kept for odd plans)."""
+    K = served_kv_heads(model, tp)
+    return model.mla is None and tp > 1 and K % tp != 0
+
+
+def kv_layout(model: ModelSpec, tp: int) -> tuple[int, bool]:
+    """What candidates sharing one ShardedStep must agree on: the served KV heads and whether the
+    tensor axis replicates them whole."""
+    return served_kv_heads(model, tp), kv_replicated(model, tp)
 
 
 @dataclass(frozen=True)
@@ -135,9 +171,12 @@ class ShardedStep:
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        flags = {kv_replicated(self.model, p.tp) for p in self.plans}
-        if len(flags) > 1:
+        layouts = {kv_layout(self.model, p.tp) for p in self.plans}
+        if len(layouts) > 1:
             raise ValueError("ShardedStep groups candidates of one KV layout; split them first")
+        self.kv_rep = kv_replicated(self.model, self.plans[0].tp)
+        # the ledger's model: the KV heads as the tensor axis holds them (memory uses self.model)
+        self.walked = served_model(self.model, self.plans[0].tp)
         self.chip = self.systems[0].chip
         self.plan = self.plans[0]
         self.n = len(self.plans)
@@ -148,11 +187,12 @@ class ShardedStep:
         deg = [degrees_of(self.model, p) for p in self.plans]
         self.degrees = {s: np.array([d[s] for d in deg]) for s in Strategy}
         self.active = frozenset(s for s in Strategy if np.any(self.degrees[s] > 1))
-        self.kv_rep = flags.pop()
         dt = ComputeDtypes(
-            matmul=_compute(self.quant.compute, self.chip),
+            matmul=gemm_format(self.quant.weights, self.quant.compute, self.chip),
             attention="bf16",
-            experts=_compute(self.quant.compute, self.chip),
+            experts=gemm_format(
+                self.quant.experts or self.quant.weights, self.quant.compute, self.chip
+            ),
         )
         self.options = WalkOptions(dtypes=dt)
         self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
@@ -171,7 +211,7 @@ class ShardedStep:
         )
         st = Structure(active=self.active, kv_replicated=self.kv_rep)
         return walk_rows(
-            self.model,
+            self.walked,
             self.systems,
             st,
             rows,
@@ -186,7 +226,7 @@ class ShardedStep:
         """Sum the walk's forward records by op (collectives by the op that pays them)."""
         from roofline.core.rules import Structure, rules_of
 
-        rules = rules_of(Structure(active=self.active, kv_replicated=self.kv_rep), self.model)
+        rules = rules_of(Structure(active=self.active, kv_replicated=self.kv_rep), self.walked)
         mesh = {a: self.degrees[s][idx] for s, a in _AXES.items()}
         ops = {o.name: o for o in ledger}
         fwd = [r for r in walk.ops if r.pass_ == Pass.FORWARD]
@@ -213,7 +253,7 @@ class ShardedStep:
     def _decode_tab(self, context: float) -> _Tab:
         key = ("decode", round(context, 6))
         if key not in self._cache:
-            led = decode_ledger(self.model, batch=1, context=context, dtypes=self.quant.policy)
+            led = decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
             idx = np.tile(np.arange(self.n), len(GRID))
             seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
@@ -228,7 +268,11 @@ class ShardedStep:
         hit = self._cache.get(key)
         if hit is None:
             led = build_ledger(
-                self.model, batch=1, seq=chunk, kv_seq=max(context, chunk), dtypes=self.quant.policy
+                self.walked,
+                batch=1,
+                seq=chunk,
+                kv_seq=max(context, chunk),
+                dtypes=self.quant.policy,
             )
             pairs, inv = np.unique(np.column_stack([sel, seqs]), axis=0, return_inverse=True)
             idx = pairs[:, 0].astype(int)
@@ -306,6 +350,12 @@ class ShardedStep:
     def memory_per_chip(self, batch: Any, context: Any):
         return memory_per_chip(self.model, self.plan, self.quant, batch, context)
 
+    def degree(self, name: str) -> Any:
+        """A plan degree per candidate (`select` order); a scalar when there is one plan."""
+        if self.n == 1:
+            return getattr(self.plan, name)
+        return np.array([getattr(p, name) for p in self.plans])[self.sel]
+
 
 @dataclass
 class IdealStep:
@@ -352,6 +402,9 @@ class IdealStep:
 
     def memory_per_chip(self, batch: Any, context: Any):
         return memory_per_chip(self.model, self.plan, self.quant, batch, context, ideal=True)
+
+    def degree(self, name: str) -> Any:
+        return getattr(self.plan, name)
 
 
 def _one_chip(chip: Any) -> System:

@@ -162,9 +162,15 @@ def _precision(pr: Any, model: ModelSpec | None, notes: list[str]) -> Precision:
         w = "bf16"
         notes.append(f"weight precision unstated ({pr.get('weights', 'absent')!r}): bf16 assumed")
     moe = _dtype(pr.get("moe_mode") or "") or w
-    if "mxfp4" in str(pr.get("note", "")).lower():
+    note = str(pr.get("note", "")).lower()
+    if "mxfp4" in note:
         moe = "mxfp4"
-        notes.append("expert weights MXFP4 (checkpoint note), dense weights as stated")
+        notes.append("expert weights MXFP4 (checkpoint note)")
+    if "bf16 attention" in note:
+        # the checkpoint stores its attention (and shared experts) in BF16 and the engine loads
+        # them as stored: the entry's GEMM label is the benchmark's, not the weights'
+        w = "bf16"
+        notes.append("dense weights BF16 (checkpoint note: only the routed experts are quantised)")
     act = _dtype(pr.get("activations") or "") or ("bf16" if w in ("int4", "int8", "mxfp4") else w)
     kv = _dtype(pr.get("kv_cache") or "")
     if not kv:

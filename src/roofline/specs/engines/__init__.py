@@ -18,6 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from roofline.errors import SpecError
 from roofline.specs.catalog import read_toml, resolve
 from roofline.specs.filecache import cached
@@ -39,7 +41,11 @@ class EngineProfile:
     mixed_prefill_decode: bool  # prefill chunks ride in the decode step's forward pass
     chunked_prefill: bool  # long prompts are split across steps by the token budget
     max_num_batched_tokens: int  # token budget of one step (prefill chunk + decodes)
-    max_num_seqs: int  # cap on running sequences
+    max_num_seqs: int  # cap on running sequences (one scheduler's)
+    # attention data parallelism: each DP rank runs its own scheduler with the full max_num_seqs
+    # and token budget (vLLM's DP engine cores, TensorRT-LLM's attention-DP ranks); false: the
+    # settings are the replica's, divided over its ranks (SGLang --enable-dp-attention)
+    scheduler_per_dp_rank: bool
     overlap_scheduling: bool  # host scheduling of step n+1 hidden behind step n
     step_overhead_s: float  # exposed host time per step
     cuda_graphs: bool
@@ -69,14 +75,29 @@ class EngineProfile:
             return self.quantized_kv_dtype
         return "bf16"
 
-    def token_budget(self, hbm_bytes: float) -> int:
-        """The per-step token budget on a chip with `hbm_bytes` of HBM."""
+    def token_budget(self, hbm_bytes: float, dp: Any = 1) -> Any:
+        """The per-step token budget of one replica of `dp` attention-DP ranks on chips with
+        `hbm_bytes` of HBM (each rank's budget × dp where every rank schedules alone)."""
         big = self.max_num_batched_tokens_large_hbm
-        return big if big and hbm_bytes >= 160e9 else self.max_num_batched_tokens
+        one = big if big and hbm_bytes >= 160e9 else self.max_num_batched_tokens
+        return one * self.ranks_scheduling(dp)
 
-    def graph_batch(self, tp: int) -> int:
+    def seq_cap(self, dp: Any = 1) -> Any:
+        """Running sequences one replica of `dp` attention-DP ranks admits (issue 18 item 2:
+        the cap is per scheduler, and with attention DP each rank has one)."""
+        return self.max_num_seqs * self.ranks_scheduling(dp)
+
+    def ranks_scheduling(self, dp: Any) -> Any:
+        """Schedulers in a replica of `dp` attention-DP ranks that each hold the full settings
+        (vectorised over `dp`)."""
+        return np.maximum(dp, 1) if self.scheduler_per_dp_rank else 1
+
+    def graph_batch(self, tp: Any) -> Any:
+        """The largest captured decode batch of one rank at tensor parallelism `tp` (vectorised)."""
         small = self.max_graph_batch_small_tp
-        return small if small and tp < 4 else self.max_graph_batch
+        if not small:
+            return self.max_graph_batch
+        return np.where(np.asarray(tp) < 4, small, self.max_graph_batch)
 
     def kv_memory_bytes(self, hbm_bytes: Any, weight_bytes: Any, reserve_bytes: Any) -> Any:
         """Bytes the engine gives the KV cache on one chip: its memory fraction of the HBM (or of
@@ -154,6 +175,7 @@ def _check(d: dict, origin: str) -> None:
         "prefix_caching",
         "disaggregated",
         "speculative",
+        "scheduler_per_dp_rank",
     ):
         if not isinstance(d[k], bool):
             raise bad(k, f"{k} is true or false")
