@@ -244,8 +244,8 @@ class Stack:
         return cls in pol.reruns_collectives
 
     # -- data parallelism and FSDP --------------------------------------------------------
-    def grad_reduce_per(self, zero: int) -> Per:
-        return self.framework.data_parallel.grad_reduce_per(zero)
+    def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
+        return self.framework.data_parallel.grad_reduce_per(zero, pipelined)
 
     def fsdp_when(self, pipelined: bool) -> tuple[Regather, Per, Per]:
         return self.framework.fsdp.when(pipelined)

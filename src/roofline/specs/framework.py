@@ -291,6 +291,7 @@ class Timing:
     source: str
     bucket_params: float | None = None  # elements per bucket, where the stack fixes one
     note: str = ""
+    per_with_pipeline: Per | None = None  # where pipeline parallelism changes `per`
 
 
 @dataclass(frozen=True)
@@ -306,8 +307,11 @@ class DataParallel:
     zero2_grad_reduce_per: Per | None = None
     note: str = ""
 
-    def grad_reduce_per(self, zero: int) -> Per:
-        """When the replicas' gradient sum is paid under ZeRO stage `zero` (0-2)."""
+    def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
+        """When the replicas' gradient sum is paid under ZeRO stage `zero` (0-2), with or
+        without pipeline parallelism (torch's PipelineStage syncs on the last microbatch)."""
+        if pipelined and self.grad_reduce.per_with_pipeline is not None:
+            return self.grad_reduce.per_with_pipeline
         if zero >= 2 and self.zero2_grad_reduce_per is not None:
             return self.zero2_grad_reduce_per
         return self.grad_reduce.per
@@ -798,6 +802,7 @@ def _parse_timing(t: _Table) -> Timing:
         source=t.source(),
         bucket_params=None if bucket is None else float(bucket),
         note=t.text("note", ""),
+        per_with_pipeline=t.enum("per_with_pipeline", Per, None),
     )
     t.done()
     return out

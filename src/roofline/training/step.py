@@ -773,8 +773,10 @@ def _replica_sync(s: _Sums, ctx: _Context, modes, layers: Any) -> tuple[Any, Any
         sharded = ctx.zero >= 1
         grad = ar * st.grad_reduce_bytes_factor * np.where(sharded, 0.5, 1.0)
         gather = np.where(sharded & st.param_gather, 0.5 * ar, 0.0)
-    per_mb = np.array([st.grad_reduce_per(int(z)) == Per.MICROBATCH for z in range(4)])
-    per_mb = per_mb[np.clip(ctx.zero, 0, 3)]
+    per_mb = np.array(
+        [[st.grad_reduce_per(z, piped) == Per.MICROBATCH for z in range(4)] for piped in (0, 1)]
+    )
+    per_mb = per_mb[(ctx.deg[Strategy.PP] > 1).astype(int), np.clip(ctx.zero, 0, 3)]
     back = _pass_windows(s, False)
     fwd = _pass_windows(s, True)
     g_mode, w_mode = modes[Overlap.GRAD_REDUCE_STEP], modes[Overlap.WEIGHT_GATHER]
