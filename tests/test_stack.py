@@ -367,6 +367,40 @@ def test_planner_searches_only_what_the_stack_runs():
     assert all(c.plan.sequence_parallel for c in mg.top if c.plan.degrees.tp > 1)
 
 
+def test_precisions_the_planner_searches_are_what_stack_and_chip_run():
+    """Issue 19 item 3: beside the chip's 16-bit default, each recipe whose requirements hold
+    and whose matmul format has a faster peak, once: Megatron on H100 fp8 (four fp8 recipes,
+    one set of dtypes), on B200 fp8 and fp4 (mxfp8, nvfp4); MaxText int8 on TPUs only; none
+    on A100 (no fp8 peak) nor for DeepSpeed (fp16 and fp32 are no faster)."""
+
+    def searched(fw, system):
+        found = stack_of(fw).searchable_dtypes(parse_system(system).chip)
+        return [None if d is None else d.matmul.value for d in found]
+
+    assert searched("megatron", "h100:8") == [None, "fp8"]
+    assert searched("megatron", "b200:8") == [None, "fp8", "fp4"]
+    assert searched("megatron", "a100-80gb:8") == [None]
+    assert searched("maxtext", "tpu-v5p:4x4x4") == [None, "int8"]
+    assert searched("maxtext", "a100-80gb:8") == [None]
+    assert searched("deepspeed", "h100:8") == [None]
+    assert searched(None, "h100:8") == [None]
+
+
+def test_planner_searches_the_precisions_or_the_pinned_one():
+    """Unpinned, the planner's best plan on H100 computes in fp8 (about twice the bf16 peak)
+    and is faster than the best bf16 plan; pinned to bf16 every plan it lists is bf16."""
+    w = Workload(64 * 4096, 4096)
+    sysm = parse_system("h100:64")
+    free = plan_training(L70, sysm, w, framework="megatron", top_k=2, efficiency=DS)
+    pinned = plan_training(
+        L70, sysm, w, framework="megatron", top_k=2, efficiency=DS, dtypes=ComputeDtypes()
+    )
+    assert free.best.plan.dtypes.matmul.value == "fp8" and free.best.compute_dtype == "fp8"
+    assert free.best.step_time_s < pinned.best.step_time_s
+    assert all(c.plan.dtypes.is_default for c in pinned.top)
+    assert free.candidates_evaluated == 2 * pinned.candidates_evaluated
+
+
 def test_planner_advises_where_the_algebra_is_cheaper():
     """The stack's FSDP gathers weights; at a small batch per chip the algebra finds gathering
     activations cheaper and says so."""
@@ -376,7 +410,7 @@ def test_planner_advises_where_the_algebra_is_cheaper():
     w = Workload(8 * 512, 512)
     sysm = parse_system("h100:8")
     best = evaluate_plan(L8, sysm, w, parse_plan("fsdp=8,remat=none"), framework="megatron")
-    ctx = _Costing(L8, [sysm], w, DS, None, SearchSpace(), ALGEBRA, stack_of("megatron"), None)
+    ctx = _Costing(L8, [sysm], w, DS, None, SearchSpace(), ALGEBRA, stack_of("megatron"), (None,))
     alt = _algebra_alternative(best, ctx)
     if alt is not None:
         from roofline.report.text import algebra_advice

@@ -61,6 +61,7 @@ from roofline.specs.framework import (
 )
 from roofline.specs.framework import Schedule as FwSchedule
 from roofline.specs.plan import ComputeDtypes, RematKind, Schedule
+from roofline.units import compute_format
 
 IDEAL = "ideal"
 AUTO = "auto"
@@ -275,6 +276,26 @@ class Stack:
         """The compute dtypes of a precision recipe (None: the stack's default)."""
         return recipe_dtypes(self.recipe(name))
 
+    def searchable_dtypes(self, chip: Any) -> tuple[ComputeDtypes | None, ...]:
+        """The compute dtypes a planner search covers on `chip` when the user pins none: the
+        chip's 16-bit default (None) and, once each, the dtypes of every recipe of this stack
+        whose requirements hold on the chip (`chip_requirements`) and whose matmuls compute
+        in formats the chip has a faster peak for (fp8 on Hopper, fp4 on Blackwell, int8 on
+        TPUs under MaxText's AQT); a recipe no faster than 16-bit (fp16, fp32) is not searched."""
+        held = chip_requirements(chip)
+        base = chip.peak(chip.default_dtype)
+        out: list[ComputeDtypes | None] = [None]
+        for r in self.framework.precision.recipes.values():
+            if any(q.value not in held for q in r.requires):
+                continue
+            fmts = {compute_format(_compute(r.dtype(f))) for f in (Family.DENSE, Family.EXPERT)}
+            if not fmts <= set(chip.peak_flops_per_s) or min(chip.peak(f) for f in fmts) <= base:
+                continue
+            d = recipe_dtypes(r)
+            if d not in out:
+                out.append(d)
+        return tuple(out)
+
     # -- pipeline, context and expert parallelism -------------------------------------------
     def supports_schedule(self, schedule: Schedule) -> bool:
         return any(self.framework.pipeline.supports(s) for s in _SCHEDULE[schedule])
@@ -340,6 +361,17 @@ def _exposed_overlap(cls: OverlapClass) -> Overlap:
 
 
 _EXPOSED = {c: _exposed_overlap(c) for c in OverlapClass}
+
+
+def chip_requirements(chip: Any) -> frozenset[str]:
+    """The profiles' chip-level requirements (`specs.framework.Requirement`) that `chip` meets:
+    tpu or gpu, fp8_hardware (an fp8 peak: Hopper or newer), blackwell."""
+    out = {"tpu" if chip.is_tpu else "gpu"}
+    if "fp8" in chip.peak_flops_per_s:
+        out.add("fp8_hardware")
+    if "blackwell" in str(chip.generation).lower():
+        out.add("blackwell")
+    return frozenset(out)
 
 
 def recipe_dtypes(r: Recipe) -> ComputeDtypes:
@@ -446,6 +478,7 @@ __all__ = [
     "MovePolicy",
     "Stack",
     "auto_reason",
+    "chip_requirements",
     "default_framework_for",
     "is_auto",
     "move_allows",

@@ -39,7 +39,7 @@ from roofline.core.memory import (
 )
 from roofline.core.rules import Structure, kv_heads_replicated
 from roofline.core.sharding import CHEAPEST, OptionPolicy
-from roofline.core.stack import Stack, stack_of
+from roofline.core.stack import Stack, chip_requirements, stack_of
 from roofline.core.walk import (
     FRAMEWORK_CLASS,
     MeshRows,
@@ -275,7 +275,7 @@ def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
     stack = ctx.stack
     full = np.array([r.kind in (RematKind.FULL, RematKind.CHECKPOINTS) for r in ctx.remats])
     yes, no = np.ones(n, dtype=bool), np.zeros(n, dtype=bool)
-    fp8 = "fp8" in chip.peak_flops_per_s
+    held = chip_requirements(chip)
     return {
         "sequence_parallel": yes if ctx.sequence_parallel else no,
         "tensor_parallel": d[Strategy.TP] > 1,
@@ -290,10 +290,7 @@ def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
         "distributed_optimizer": (ctx.zero >= 1) | (d[Strategy.FSDP] > 1),
         "zero3": d[Strategy.FSDP] > 1,
         "compile": no,
-        "tpu": yes if chip.is_tpu else no,
-        "gpu": no if chip.is_tpu else yes,
-        "fp8_hardware": yes if fp8 else no,
-        "blackwell": yes if "blackwell" in chip.generation.lower() else no,
+        **{k: yes if k in held else no for k in ("tpu", "gpu", "fp8_hardware", "blackwell")},
     }
 
 

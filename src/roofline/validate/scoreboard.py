@@ -21,7 +21,7 @@ from roofline.core.ledger import count_params
 from roofline.errors import RooflineError
 from roofline.specs.efficiency import Efficiency
 from roofline.training.planner import plan_training
-from roofline.training.step import evaluate_plan, training_profile
+from roofline.training.step import effective_dtypes, evaluate_plan, training_profile
 from roofline.validate.conventions import CONVENTIONS
 from roofline.validate.stats import breakdown, relative_error, summarize
 from roofline.validate.training_runs import TrainingRun
@@ -95,9 +95,11 @@ def predict_run(
 _PLANNER_CACHE: dict[tuple, tuple[float, str, int]] = {}
 
 
-def _planner_best(model, system, workload, eff, optimizer, framework) -> tuple[float, str, int]:
-    """The planner's fastest plan on exactly this system (cached per process: CI and repeated
-    validate calls reuse searches)."""
+def _planner_best(
+    model, system, workload, eff, optimizer, framework, dtypes
+) -> tuple[float, str, int]:
+    """The planner's fastest plan on exactly this system in the run's compute dtypes (cached
+    per process: CI and repeated validate calls reuse searches)."""
     key = (
         repr(model),
         system.name,
@@ -106,6 +108,7 @@ def _planner_best(model, system, workload, eff, optimizer, framework) -> tuple[f
         repr(eff),
         optimizer,
         framework,
+        dtypes,
     )
     if key in _PLANNER_CACHE:
         return _PLANNER_CACHE[key]
@@ -121,6 +124,7 @@ def _planner_best(model, system, workload, eff, optimizer, framework) -> tuple[f
         efficiency=eff,
         optimizer=optimizer,
         allow_sub_slices=False,
+        dtypes=dtypes,
         **kw,
     )
     out = (
@@ -152,6 +156,7 @@ def planner_check(
             eff,
             x.plan.optimizer.name,
             _framework_for(run, framework),
+            effective_dtypes(x.plan, x.system.chip),
         )
     except RooflineError as e:
         info = {"skipped_reason": f"planner found no plan: {e}"}

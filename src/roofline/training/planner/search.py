@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
@@ -17,7 +17,7 @@ from roofline.report.text import algebra_advice, sub_slice_note, why_it_wins
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import ComputeDtypes, Plan, Strategy, Workload, parse_optimizer
+from roofline.specs.plan import ComputeDtypes, Strategy, Workload, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.planner.rank import (
     Family,
@@ -152,8 +152,9 @@ def plan_training(
 
     `framework` is the stack the plans run on (None: the idealised machine): the search keeps
     only what it can run (strategies, schedules, remat policies, ZeRO stages, overlap switches)
-    and costs what it does. `policy` overrides its option policy; `dtypes` are the compute
-    dtypes (default bf16)."""
+    and costs what it does. `policy` overrides its option policy; `dtypes` pins the compute
+    dtypes, else every precision the stack runs faster than 16-bit on the chip is searched
+    beside the chip's 16-bit default (`Stack.searchable_dtypes`)."""
     t0 = time.perf_counter()
     stack = stack_of(framework)
     space = (space or SearchSpace()).for_stack(stack, model)
@@ -172,7 +173,8 @@ def plan_training(
             rule="; ".join(f"{k}: {v}" for k, v in found.domains.items()),
             fix="try another chip count (--chips) or batch size",
         )
-    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, dtypes)
+    searched = (dtypes,) if dtypes is not None else stack.searchable_dtypes(system.chip)
+    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, searched)
     families = _cost(found.groups, ctx, progress)
     rejected = found.rejected
     for f in families:
@@ -190,7 +192,7 @@ def plan_training(
     def cost_of(row: int) -> StepCost:
         f = families[int(ranked.family[row])]
         sysm = systems[int(f.cand.system_idx[int(ranked.index[row])])]
-        plan = ctx.plan(plan_at(families, ranked, row, space, opt))
+        plan = plan_at(families, ranked, row, space, opt)
         return evaluate_plan(
             model, sysm, workload, plan, efficiency=eff, policy=policy, framework=stack
         )
@@ -246,10 +248,7 @@ class _Costing:
     space: SearchSpace
     policy: OptionPolicy
     stack: Stack
-    dtypes: ComputeDtypes | None
-
-    def plan(self, plan: Plan) -> Plan:
-        return plan if self.dtypes is None else replace(plan, dtypes=self.dtypes)
+    dtypes: tuple[ComputeDtypes | None, ...]  # the precisions searched (None: the default)
 
 
 # the algebra's own choice among the options, never the stack's (advice only)
@@ -283,25 +282,26 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
     (Splitting the families over processes was measured slower on the 2-core target, because
     each process rebuilds the shared caches; see benchmarks/.)
     """
-    total = sum(len(c) for _, c in groups)
+    total = sum(len(c) for _, c in groups) * len(ctx.dtypes)
     out = []
     done = 0
-    for st, cand in groups:
-        r = evaluate_plans(
-            ctx.model,
-            ctx.systems,
-            ctx.workload,
-            st,
-            cand,
-            eff=ctx.eff,
-            optimizer=ctx.opt,
-            remats=list(ctx.space.remats),
-            policy=ctx.policy,
-            framework=ctx.stack,
-            dtypes=ctx.dtypes,
-        )
-        out.append(Family.of(st, cand, r))
-        done += len(cand)
-        if progress:
-            progress(done, total)
+    for dt in ctx.dtypes:
+        for st, cand in groups:
+            r = evaluate_plans(
+                ctx.model,
+                ctx.systems,
+                ctx.workload,
+                st,
+                cand,
+                eff=ctx.eff,
+                optimizer=ctx.opt,
+                remats=list(ctx.space.remats),
+                policy=ctx.policy,
+                framework=ctx.stack,
+                dtypes=dt,
+            )
+            out.append(Family.of(st, cand, r, dt))
+            done += len(cand)
+            if progress:
+                progress(done, total)
     return out
