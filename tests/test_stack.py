@@ -149,6 +149,23 @@ def test_torchtitan_reduces_gradients_once_per_step_under_pipelining():
     assert u[2].comm_time_s["grad_step"] == pytest.approx(2 * u[1].comm_time_s["grad_step"])
 
 
+@pytest.mark.parametrize("fw,saved", [("megatron", True), ("torchtitan", False)])
+def test_quantised_gemm_inputs_are_saved_narrow_where_the_stack_saves_them_so(fw, saved):
+    """Issue 19 item 2: Transformer Engine keeps a quantised GEMM's input for the weight
+    gradient in fp8 (column-wise data only), torchao's Float8Linear in bf16. Per token and
+    layer of Llama-3-8B that is D bytes fewer for each norm output (q/k/v and gate/up read
+    one), F fewer for the down projection's input, and D more for the attention output
+    (flash attention keeps it in bf16 too, so the fp8 copy comes on top): D + F in all."""
+    plan = "dp=8,remat=none,microbatch=1,optimizer=adam-fp32-master"
+    acts = {
+        dt: _cost(L8, "h100:8", 8 * 4096, 4096, plan + dt, fw).memory_breakdown["activations"]
+        for dt in ("", ",matmul_dtype=fp8,experts_dtype=fp8")
+    }
+    saving = acts[""] - acts[",matmul_dtype=fp8,experts_dtype=fp8"]
+    want = (L8.d_model + L8.d_ff) * 4096 * L8.n_layers if saved else 0.0
+    assert saving == pytest.approx(want, rel=1e-9)
+
+
 def test_expert_ffn_under_tp_is_not_computed_whole_on_every_rank():
     """Issue 9 cause 7: expert FFNs narrower than d_model under tp used to gather the expert
     weights and run the whole expert on every TP rank (x6 FLOPs at tp=16). Megatron splits

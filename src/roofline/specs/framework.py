@@ -521,6 +521,9 @@ class Precision:
     recipes: Mapping[str, Recipe]
     source: str
     note: str = ""
+    # a quantised GEMM saves its activation input for the weight gradient in the narrow
+    # format (Transformer Engine), not in 16-bit (torchao's Float8Linear saves 16-bit)
+    saves_quantised_inputs: bool = False
 
     def recipe(self, name: str | None = None) -> Recipe:
         """A recipe by name or alias (case and punctuation ignored); None gives the default."""
@@ -1024,7 +1027,13 @@ def _parse_precision(t: _Table) -> Precision:
         assert sub is not None
         recipes[name] = _parse_recipe(sub, name)
     rec_t.done()
-    p = Precision(t.text("default"), MappingProxyType(recipes), t.source(), t.text("note", ""))
+    p = Precision(
+        t.text("default"),
+        MappingProxyType(recipes),
+        t.source(),
+        t.text("note", ""),
+        t.flag("saves_quantised_inputs", False),
+    )
     try:
         p.recipe()
     except SpecError:
