@@ -6,9 +6,15 @@ import copy
 
 import pytest
 
+from roofline.core.stack import stack_of
 from roofline.specs.chip import load_chip
 from roofline.validate.systems import tpu_shape
-from roofline.validate.training_runs import compute_dtype, map_training_run, published_remat
+from roofline.validate.training_runs import (
+    compute_dtype,
+    map_training_run,
+    published_remat,
+    read_recipe,
+)
 
 
 def run_of(entries, rid, **changes):
@@ -211,6 +217,26 @@ def test_bad_model_dims_are_a_skip():
 )
 def test_compute_dtype(text, dtype):
     assert compute_dtype(text) == dtype
+
+
+@pytest.mark.parametrize(
+    "stack,text,recipe",
+    [
+        ("torchtitan", "Float8 linears (torchao) + bf16", "float8-tensorwise"),
+        ("torchtitan", "FP8 (torchao float8, rowwise)", "float8-rowwise"),
+        ("megatron", "FP8 current scaling", "fp8-current"),
+        ("megatron", "fp8 blockwise (DeepSeek recipe)", "fp8-blockwise"),
+        ("megatron", "MXFP8", "mxfp8"),
+        ("megatron", "BF16 mixed", "bf16"),
+        ("maxtext", "bf16 (int8 AQT not enabled)", "bf16"),
+        ("megatron", "not given per row (see notes)", None),
+    ],
+)
+def test_published_precision_strings_name_the_stacks_recipe(stack, text, recipe):
+    """Issue 19 item 6: strings that are no recipe name or alias are read by the format they
+    compute in and the words they share with a recipe's names (else the profile's first)."""
+    got = read_recipe(stack_of(stack), text)
+    assert (got.name if got is not None else None) == recipe
 
 
 @pytest.mark.parametrize(

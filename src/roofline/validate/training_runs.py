@@ -21,6 +21,7 @@ from roofline.errors import RooflineError
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System
 from roofline.training.step import Plan, Workload, evaluate_plan, parse_plan
+from roofline.units import compute_format
 from roofline.validate.conventions import (
     CONVENTIONS,
     DOCUMENT_CONVENTION,
@@ -501,6 +502,38 @@ def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
     return stack_of(framework).with_attention_kernel(kernel, over.kernel_why)
 
 
+# words of published precision strings in the profiles' vocabulary
+_PRECISION_WORDS = {"float8": "fp8", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+def _words(text: str) -> list[str]:
+    return [_PRECISION_WORDS.get(w, w) for w in re.findall(r"[a-z0-9]+", text.lower())]
+
+
+def read_recipe(stack: Any, precision: str) -> Any:
+    """The stack's precision recipe a published string names: by name or alias, else by the
+    format it computes in (`compute_dtype`: "Float8 linears (torchao) + bf16" is fp8), choosing
+    among the stack's recipes of that format the one whose name shares most words with the
+    string (rowwise, current, blockwise, mx...; the profile's first on a tie). None when the
+    string names no format the stack has a recipe for."""
+    try:
+        return stack.recipe(precision)
+    except RooflineError:
+        pass
+    words = _words(precision)
+    fmt = compute_dtype(precision)
+    cands = [
+        r
+        for r in stack.framework.precision.recipes.values()
+        if compute_format(r.dtype("dense")) == fmt
+    ]
+
+    def shared(r: Any) -> int:
+        return len(set(words) & {w for a in (r.name, *r.aliases) for w in _words(a)})
+
+    return max(cands, key=shared, default=None)  # max keeps the first of equals
+
+
 def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     """The compute dtypes of the run's precision recipe in its stack's profile (e.g. NeMo FP8:
     dense and expert matmuls fp8, attention and the LM head bf16), as plan keys."""
@@ -509,9 +542,8 @@ def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     if not precision.strip():
         return ""
     st = stack_of(framework)
-    try:
-        recipe = st.recipe(precision)
-    except RooflineError:
+    recipe = read_recipe(st, precision)
+    if recipe is None:
         notes.append(f"precision {precision!r} is not a recipe of {framework}: bf16 assumed")
         return ""
     keys = st.dtypes(recipe.name).describe()
