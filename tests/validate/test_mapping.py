@@ -92,6 +92,19 @@ def test_torchtitan_global_batch_from_local_batch(training_entries):
     assert fp8.inputs.plan.collective_matmul  # async TP
 
 
+def test_torchtitan_pipeline_splits_the_local_batch_into_pp_microbatches(training_entries):
+    """Issue 19 item 6: under pipeline parallelism torchtitan splits each rank's local batch
+    into the pipeline degree's microbatches unless configured (torchtitan@9dec370a
+    pipeline_llama.py), not one microbatch."""
+    e = copy.deepcopy(training_entries["tt-h100-llama3-70b-tp8-bf16-vanilla-256gpu"])
+    e["parallelism"].update(fsdp=16, pp=2)
+    r = map_training_run(e)
+    assert r.inputs.plan.degrees.pp == 2 and r.inputs.plan.microbatches == 2
+    assert any("pipeline degree" in d for d in r.defaults)
+    e["parallelism"].update(pp=1, fsdp=32)
+    assert map_training_run(e).inputs.plan.microbatches == 1
+
+
 def test_torchtitan_h100_variant_is_named(training_entries):
     r = map_training_run(training_entries["tt-h100-llama3.1-8b-fsdp-eager-8gpu"])
     assert any("96GB" in d and "catalog" in d for d in r.defaults)

@@ -221,7 +221,20 @@ def _layout(
     return _Layout(deg, False)
 
 
-def _microbatches(p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[str]) -> int:
+# Stacks whose pipeline schedule splits the per-rank batch into a default number of
+# microbatches when a run does not say (the whole batch is one microbatch otherwise).
+PIPELINE_MICROBATCHES = {
+    "torchtitan": (
+        "pipeline microbatches unstated: the pipeline degree (torchtitan@9dec370a "
+        "torchtitan/parallelisms/pipeline_llama.py: n_microbatches = "
+        "experimental.pipeline_parallel_microbatches or the pipeline degree)"
+    ),
+}
+
+
+def _microbatches(
+    p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[str], pp: int = 1
+) -> int:
     if (ga := _num(p.get("grad_accum"))) is not None and ga > 0:
         mb = _num(p.get("microbatch"))
         if mb and gbs != ways * mb * ga:
@@ -230,6 +243,10 @@ def _microbatches(p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[s
     if "microbatch_per_chip" in p:
         return 1  # MaxText per_device_batch_size; gradient_accumulation_steps 1
     mbs = _num(p.get("microbatch"))
+    why = PIPELINE_MICROBATCHES.get(st.framework)
+    if st.microbatch_size == 0 and pp > 1 and why is not None and (gbs // ways) % pp == 0:
+        notes.append(why)  # the per-rank (local) batch is split by the pipeline schedule
+        return pp
     if mbs is None:
         if st.microbatch_size == 0:
             return 1
@@ -474,7 +491,7 @@ def _zero(p: dict, deg: dict[str, int], st: StackDefaults, over: Any, notes: lis
 def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
     over = DOCUMENTS.get(src.document)
     ways = deg["dp"] * deg["fsdp"] * deg["ep"]
-    mb = _microbatches(p, gbs, ways, st, notes)
+    mb = _microbatches(p, gbs, ways, st, notes, deg["pp"])
     remat = _remat(p, st, notes)
     zero = _zero(p, deg, st, over, notes)
     parts = [f"{k}={deg[k]}" for k in ("dp", "fsdp", "tp", "sp", "ep", "pp") if deg[k] > 1] or [
