@@ -105,6 +105,19 @@ def test_torchtitan_pipeline_splits_the_local_batch_into_pp_microbatches(trainin
     assert map_training_run(e).inputs.plan.microbatches == 1
 
 
+def test_a_maxtext_recipe_on_gpus_is_costed_as_maxtext(training_entries):
+    """Issue 19 item 6: DGX Cloud publishes MaxText recipes for GPUs beside its Megatron
+    ones; the family's stack (megatron) is replaced by the one the run's source names."""
+    e = copy.deepcopy(training_entries["dgxc-2411-llama3.1-8b-bf16-8gpu"])
+    e["source"]["location"] = "NVIDIA/dgxc-benchmarking maxtext/README.md"
+    r = map_training_run(e)
+    assert r.source.family == "dgx-cloud" and r.source.stack == "maxtext"
+    assert r.inputs.framework == "maxtext"
+    assert any("names maxtext" in d for d in r.defaults)
+    same = map_training_run(training_entries["dgxc-2411-llama3.1-8b-bf16-8gpu"])
+    assert same.source.stack == "megatron" and not any("names" in d for d in same.defaults)
+
+
 def test_torchtitan_h100_variant_is_named(training_entries):
     r = map_training_run(training_entries["tt-h100-llama3.1-8b-fsdp-eager-8gpu"])
     assert any("96GB" in d and "catalog" in d for d in r.defaults)

@@ -389,7 +389,7 @@ def map_training_run(entry: Any) -> TrainingRun:
             skipped_reason="entry is not a mapping",
         )
     rid = str(entry.get("id") or "?")
-    src = identify(entry.get("source"))
+    src, stack_note = own_stack(identify(entry.get("source")), entry)
     hw = entry.get("hardware") if isinstance(entry.get("hardware"), dict) else {}
     p = entry.get("parallelism") if isinstance(entry.get("parallelism"), dict) else {}
     fam = str(hw.get("chip_family") or hw.get("chip") or "")
@@ -407,7 +407,7 @@ def map_training_run(entry: Any) -> TrainingRun:
         precision=prec,
         seq_len=seq,
     )
-    notes: list[str] = []
+    notes: list[str] = [stack_note] if stack_note else []
     try:
         inputs, measured, checks, params, defaulted = _map(
             entry, src, hw, p, m, chips, dtype, notes
@@ -425,6 +425,30 @@ def map_training_run(entry: Any) -> TrainingRun:
         params=params,
         layout_defaulted=defaulted,
     )
+
+
+# Stacks a run's own text can name inside a source family that usually runs another one
+# (DGX Cloud and NeMo publish MaxText/JAX recipes for GPUs beside their Megatron ones).
+_NAMED_STACKS = ((r"\bmaxtext\b", "maxtext"), (r"\btorchtitan\b", "torchtitan"))
+
+
+def own_stack(src: Source, entry: dict) -> tuple[Source, str]:
+    """The source with the stack the entry names (its `framework`, or its source text: a
+    MaxText recipe on GPUs is costed as MaxText, not as the family's Megatron), and the note
+    saying so (empty when the family's stack stands)."""
+    block = entry.get("source")
+    text = (
+        " ".join(str(block.get(k, "")) for k in ("title", "url", "location"))
+        if isinstance(block, dict)
+        else str(block or "")
+    )
+    text = f"{entry.get('framework') or ''} {text}".lower()
+    for pattern, stack in _NAMED_STACKS:
+        if stack != src.stack and re.search(pattern, text):
+            return replace(src, stack=stack), (
+                f"the run names {stack}: costed on the {stack} stack, not {src.family}'s {src.stack}"
+            )
+    return src, ""
 
 
 def _basics(entry, src, hw, m, chips, notes):
