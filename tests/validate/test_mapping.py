@@ -118,6 +118,18 @@ def test_a_maxtext_recipe_on_gpus_is_costed_as_maxtext(training_entries):
     assert same.source.stack == "megatron" and not any("names" in d for d in same.defaults)
 
 
+def test_a_long_context_stage_is_costed_at_its_own_sequence(training_entries):
+    """Issue 19 item 6: a Llama 3 row of the 128K context stage (cp=16) was costed at the 8K
+    stage's sequence (the document's default); the stage the entry's notes name wins."""
+    e = copy.deepcopy(training_entries["llama3-405b-h100-16384gpu-cp1"])
+    e["parallelism"].update(cp=16, dp=8)
+    e["notes"] = "131K context stage. Sequence length not in the secondary transcription."
+    r = map_training_run(e)
+    assert r.inputs.workload.seq_len == 131072 and r.inputs.plan.degrees.sp == 16
+    short = map_training_run(training_entries["llama3-405b-h100-16384gpu-cp1"])
+    assert short.inputs.workload.seq_len == 8192
+
+
 def test_torchtitan_h100_variant_is_named(training_entries):
     r = map_training_run(training_entries["tt-h100-llama3.1-8b-fsdp-eager-8gpu"])
     assert any("96GB" in d and "catalog" in d for d in r.defaults)

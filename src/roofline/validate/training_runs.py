@@ -27,6 +27,7 @@ from roofline.validate.conventions import (
     DOCUMENT_CONVENTION,
     MFU_AT_COMPUTE_PEAK,
     Measured,
+    convention_model,
     direct_tokens,
     from_flops,
 )
@@ -334,9 +335,15 @@ def _measure(
     if (d := direct_tokens(meas, chips, gbs * seq)) is not None:
         candidates.append(d)
     if conv is not None:
+        counted, why = convention_model(src.document, model)
         for key in ("tflops_per_chip", "mfu_pct"):
-            if key in meas and (f := from_flops({key: meas[key]}, conv, model, seq, params, peak)):
-                candidates.append(f)
+            f = (
+                from_flops({key: meas[key]}, conv, counted, seq, params, peak)
+                if key in meas
+                else None
+            )
+            if f is not None:
+                candidates.append(replace(f, conversion=f"{f.conversion}; {why}") if why else f)
     if not candidates:
         why = (
             "no measured token rate, and the source's FLOP convention is unknown"
@@ -465,12 +472,29 @@ def _basics(entry, src, hw, m, chips, notes):
     chip = _chip_variant(hw, chip, notes)
     over = DOCUMENTS.get(src.document)
     seq = _num(m.get("seq_len"))
+    if seq is None and (staged := stage_seq_len(str(entry.get("notes") or ""))) is not None:
+        seq = staged
+        notes.append(f"sequence length unstated: {seq}, the stage the entry's notes name")
     if seq is None:
         if over is None or over.seq_len is None:
             raise _Skip("sequence length not published")
         seq = over.seq_len
         notes.append(over.why)
     return built, chip, seq
+
+
+def stage_seq_len(notes: str) -> int | None:
+    """The sequence length of a training stage an entry's notes name ('8K stage', '128K
+    stage', '131K context stage'): K tokens read as the power of two nearest n·1000 or n·1024
+    (sequence lengths are powers of two: 8K = 8192, 128K = 131K = 131072). None if none."""
+    hit = re.search(r"(\d+)\s*k\b[\w\s-]{0,20}?\bstage", notes.lower())
+    if hit is None:
+        return None
+    n = int(hit.group(1))
+    if n <= 0:
+        return None
+    p = 2 ** round(math.log2(n * 1012))  # between n·1000 and n·1024
+    return p if abs(p / (n * 1012) - 1) < 0.05 else n * 1024
 
 
 def _chip_variant(hw: dict, chip: Any, notes: list[str]) -> Any:
