@@ -166,6 +166,21 @@ def test_quantised_gemm_inputs_are_saved_narrow_where_the_stack_saves_them_so(fw
     assert saving == pytest.approx(want, rel=1e-9)
 
 
+def test_interleaved_schedule_holds_more_activations_than_1f1b():
+    """Megatron's interleaved 1F1B warms up (pp - 1) more chunks on the first rank: its
+    activations are 1 + (pp - 1)/(pp·v) times 1F1B's (theoretical_memory_usage.py's
+    interleaved_schedule_memory_penalty): x1.4375 at pp=8, v=2; x1.175 at v=5."""
+    plan = "dp=2,tp=4,pp=8,microbatch=16,remat=full,schedule={}"
+    acts = {
+        s: _cost(L70, "h100:64", 2**21, 4096, plan.format(s), "megatron").memory_breakdown[
+            "activations"
+        ]
+        for s in ("1f1b", "interleaved,virtual=2", "interleaved,virtual=5")
+    }
+    assert acts["interleaved,virtual=2"] == pytest.approx(acts["1f1b"] * (1 + 7 / 16), rel=1e-9)
+    assert acts["interleaved,virtual=5"] == pytest.approx(acts["1f1b"] * (1 + 7 / 40), rel=1e-9)
+
+
 def test_expert_ffn_under_tp_is_not_computed_whole_on_every_rank():
     """Issue 9 cause 7: expert FFNs narrower than d_model under tp used to gather the expert
     weights and run the whole expert on every TP rank (x6 FLOPs at tp=16). Megatron splits

@@ -635,10 +635,17 @@ def _pipeline(t_mb: Any, ctx: _Context) -> tuple[Any, Any, Any]:
 
 
 def _in_flight(ctx: _Context) -> Any:
-    """Microbatches whose activations a stage holds at once: GPipe all M, 1F1B at most pp."""
+    """Microbatches whose activations a stage holds at once: GPipe all M, 1F1B at most pp.
+    The interleaved schedule's warm-up runs (pp − 1) more virtual-stage chunks on the first
+    rank, 1 + (pp − 1)/(pp·v) times 1F1B's activations (Megatron-LM
+    megatron/training/theoretical_memory_usage.py compute_activation_memory:
+    interleaved_schedule_memory_penalty)."""
     pp, M = ctx.deg[Strategy.PP], ctx.M
     gpipe = ctx.schedule == Schedule.GPIPE.code
-    return np.where(pp > 1, np.where(gpipe, M, np.minimum(M, pp)), 1.0)
+    v = np.maximum(ctx.virtual, 1)
+    interleaved = (ctx.schedule == Schedule.INTERLEAVED.code) & (v > 1)
+    penalty = np.where(interleaved, 1 + (pp - 1) / (pp * v), 1.0)
+    return np.where(pp > 1, np.where(gpipe, M, np.minimum(M, pp) * penalty), 1.0)
 
 
 def _per_candidate(x: Any, w: Walk, inv: np.ndarray) -> Any:
