@@ -400,22 +400,62 @@ def test_planner_searches_only_what_the_stack_runs():
 
 
 def test_precisions_the_planner_searches_are_what_stack_and_chip_run():
-    """Issue 19 item 3: beside the chip's 16-bit default, each recipe whose requirements hold
-    and whose matmul format has a faster peak, once: Megatron on H100 fp8 (four fp8 recipes,
-    one set of dtypes), on B200 fp8 and fp4 (mxfp8, nvfp4); MaxText int8 on TPUs only; none
-    on A100 (no fp8 peak) nor for DeepSpeed (fp16 and fp32 are no faster)."""
+    """Issue 19 item 3: beside the chip's 16-bit default, each recipe whose requirements hold,
+    whose matmul format has a faster peak and that the stack documents for production
+    pre-training (`Recipe.pretraining`), once: Megatron on H100 fp8 (four fp8 recipes, one set
+    of dtypes), on B200 fp8 and fp4 (mxfp8, nvfp4); none on A100 (no fp8 peak) nor for
+    DeepSpeed (fp16 and fp32 are no faster); MaxText's int8 AQT and GPU fp8 are documented as
+    quantized training, not pre-training: advised, not searched."""
 
     def searched(fw, system):
         found = stack_of(fw).searchable_dtypes(parse_system(system).chip)
         return [None if d is None else d.matmul.value for d in found]
 
+    def advised(fw, system):
+        r = stack_of(fw).advised_recipe(parse_system(system).chip)
+        return None if r is None else r.name
+
     assert searched("megatron", "h100:8") == [None, "fp8"]
     assert searched("megatron", "b200:8") == [None, "fp8", "fp4"]
     assert searched("megatron", "a100-80gb:8") == [None]
-    assert searched("maxtext", "tpu-v5p:4x4x4") == [None, "int8"]
-    assert searched("maxtext", "a100-80gb:8") == [None]
+    assert searched("torchtitan", "h100:8") == searched("llm-foundry", "h100:8") == [None, "fp8"]
+    assert searched("maxtext", "tpu-v5p:4x4x4") == [None]
+    assert searched("maxtext", "h100:8") == [None]
     assert searched("deepspeed", "h100:8") == [None]
     assert searched(None, "h100:8") == [None]
+    assert advised("maxtext", "tpu-v5p:4x4x4") == "int8"
+    assert advised("maxtext", "h100:8") == "fp8"
+    assert advised("megatron", "h100:8") is None and advised("maxtext", "a100-80gb:8") is None
+    chip = parse_system("b200:8").chip
+    mg = stack_of("megatron")
+    names = [mg.precision_name(d, chip) for d in mg.searchable_dtypes(chip)]
+    assert names == ["bf16", "fp8-delayed", "nvfp4"]
+
+
+def test_planner_advises_an_undocumented_faster_precision(capsys):
+    """MaxText on a v5p searches bf16 only; the best plan's step in int8 (twice the bf16 peak)
+    is offered as advice, not picked, and the "Searched" line and JSON say what was searched."""
+    from roofline.training.planner.search import ALGEBRA_ADVICE_MARGIN
+
+    w = Workload(256 * 4096, 4096)
+    sysm = parse_system("tpu-v5p:4x4x4")
+    res = plan_training(L8, sysm, w, framework="maxtext", top_k=1, allow_sub_slices=False)
+    assert res.best.plan.dtypes.is_default and res.precisions == ("bf16",)
+    name, alt = res.precision_alternative
+    assert name == "int8" and alt.plan.dtypes.matmul.value == "int8"
+    assert alt.step_time_s < res.best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN)
+    assert "int8 would run this plan" in res.advice and "--precision int8" in res.advice
+    pinned = plan_training(
+        L8, sysm, w, framework="maxtext", top_k=1, allow_sub_slices=False,
+        dtypes=stack_of("maxtext").dtypes("int8"),
+    )  # fmt: skip
+    assert pinned.precision_alternative is None and pinned.precisions == ("int8",)
+    argv = ["train", "--model", "llama-3-8b", "--system", "h100:8", "--batch-tokens", "64Ki",
+            "--seq", "4096", "--framework", "megatron", "--no-sub-slices"]  # fmt: skip
+    assert main(argv) == 0
+    assert "plans in bf16 and fp8-delayed (" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precisions_searched"] == ["bf16", "fp8-delayed"]
 
 
 def test_planner_searches_the_precisions_or_the_pinned_one():

@@ -20,7 +20,7 @@ from roofline.core.ledger import count_params
 from roofline.core.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
 from roofline.errors import PlanError
 from roofline.report.table import kv, table
-from roofline.report.text import profile_assumptions, stack_note, term_phrase
+from roofline.report.text import precisions_phrase, profile_assumptions, stack_note, term_phrase
 from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 from roofline.training.planner import PlanResult, SearchSpace, plan_training
@@ -481,7 +481,8 @@ def _render_search(model, system, work: Workload, res: PlanResult, auto: str | N
         or "none"
     )
     search = (
-        f"Searched {res.candidates_enumerated:,} plans ({res.candidates_evaluated:,} costed) in {res.search_time_s:.2f} s; "
+        f"Searched {res.candidates_enumerated:,} plans{precisions_phrase(res.precisions)} "
+        f"({res.candidates_evaluated:,} costed) in {res.search_time_s:.2f} s; "
         f"rejected: {rej}."
     )
     parts = [head, search]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from roofline.report.text import precisions_phrase
 from roofline.units import DAY, fmt_bytes, fmt_count, fmt_flops, fmt_rate, fmt_time, fmt_usd
 
 Row = tuple[str, str]
@@ -326,7 +327,8 @@ def search_line(docs: ReportDocuments) -> str:
     if "candidates_enumerated" not in t:
         return f"{t.get('candidates_evaluated', 1):,} plan costed (given with --plan)."
     return (
-        f"Searched {t['candidates_enumerated']:,} plans ({t.get('candidates_evaluated', 0):,} costed)"
+        f"Searched {t['candidates_enumerated']:,} plans{precisions_phrase(t.get('precisions_searched') or [])}"
+        f" ({t.get('candidates_evaluated', 0):,} costed)"
         f" in {fmt(t.get('search_time_s'), 'time')}, objective {t.get('objective', '?')}."
     )
 

@@ -510,6 +510,9 @@ class Recipe:
     bf16_edge_layers: int = 0  # first and last N layers kept in bf16
     requires: tuple[Requirement, ...] = ()
     note: str = ""
+    # where the stack documents this recipe for production pre-training (empty: it does not,
+    # and the planner offers it as advice instead of searching it by default)
+    pretraining: str = ""
 
     def dtype(self, family: Family | str) -> str:
         return self.dtypes[Family(family)]
@@ -1013,6 +1016,7 @@ def _parse_recipe(t: _Table, name: str) -> Recipe:
         bf16_edge_layers=int(t.number("bf16_edge_layers", 0)),
         requires=t.enums("requires", Requirement, ()),
         note=t.text("note", ""),
+        pretraining=t.text("pretraining", ""),
     )
     t.done()
     return r

@@ -7,13 +7,18 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
-from roofline.core.stack import Stack, stack_of
+from roofline.core.stack import Stack, recipe_dtypes, stack_of
 from roofline.errors import PlanError
-from roofline.report.text import algebra_advice, sub_slice_note, why_it_wins
+from roofline.report.text import (
+    algebra_advice,
+    precision_advice,
+    sub_slice_note,
+    why_it_wins,
+)
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
@@ -66,6 +71,10 @@ class PlanResult:
     algebra_alternative: StepCost | None = None
     # the best plan on a smaller cluster that runs a token for far fewer chip-hours
     efficient: StepCost | None = None
+    # the compute precisions searched, as the user names them ("bf16", "fp8-delayed")
+    precisions: tuple[str, ...] = ()
+    # a faster recipe the stack does not document for pre-training, and the best plan in it
+    precision_alternative: tuple[str, StepCost] | None = None
 
     @property
     def best(self) -> StepCost:
@@ -99,8 +108,14 @@ class PlanResult:
 
     @property
     def advice(self) -> str:
-        """Where the algebra finds a cheaper way to run the best plan than its stack does."""
-        return algebra_advice(self.best, self.algebra_alternative)
+        """Where the algebra finds a cheaper way to run the best plan than its stack does, and
+        where a precision not searched by default would run it faster."""
+        alt = self.precision_alternative
+        said = (
+            algebra_advice(self.best, self.algebra_alternative),
+            precision_advice(self.best, alt[0], alt[1]) if alt else "",
+        )
+        return ". ".join(s for s in said if s)
 
     def to_dict(self) -> dict[str, Any]:
         b = self.best.to_dict()
@@ -113,6 +128,7 @@ class PlanResult:
             "feasible_per_system": dict(self.feasible_per_system),
             "candidates_evaluated": self.candidates_evaluated,
             "candidates_enumerated": self.candidates_enumerated,
+            "precisions_searched": list(self.precisions),
             "rejected": dict(self.rejected),
             "domains": self.domains,
             "objective": self.objective,
@@ -223,6 +239,8 @@ def plan_training(
         tie_tolerance=tie_tolerance,
         feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
         algebra_alternative=_algebra_alternative(top[0], ctx),
+        precisions=tuple(stack.precision_name(d, system.chip) for d in searched),
+        precision_alternative=None if dtypes is not None else _precision_alternative(top[0], ctx),
         efficient=smaller_efficient(top[0], ctx, dtypes)
         if efficient_size and allow_sub_slices and not chips
         else None,
@@ -281,6 +299,22 @@ def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
         framework=ctx.stack,
     )
     return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
+
+
+def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost] | None:
+    """The best plan costed in the fastest recipe the stack runs on the chip but does not
+    document for pre-training (`Stack.advised_recipe`), where that is faster: advice only."""
+    r = ctx.stack.advised_recipe(best.system.chip)
+    if r is None:
+        return None
+    plan = replace(best.plan, dtypes=recipe_dtypes(r))
+    alt = evaluate_plan(
+        ctx.model, best.system, ctx.workload, plan, efficiency=ctx.eff, policy=ctx.policy,
+        framework=ctx.stack,
+    )  # fmt: skip
+    return (
+        (r.name, alt) if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
+    )
 
 
 # below this relative gain the algebra's cheaper options are not worth a sentence
