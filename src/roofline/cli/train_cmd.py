@@ -425,7 +425,7 @@ def _render_one(model, work: Workload, c: StepCost, header: str, auto: str | Non
         ),
         (
             "memory per chip",
-            f"{fmt_bytes(c.memory_per_chip_bytes)} of {fmt_bytes(s.chip.hbm_bytes)} "
+            f"{fmt_bytes(c.memory_per_chip_bytes)} of {fmt_bytes(s.chip.fit_hbm_bytes)} "
             f"({'fits' if c.fits else 'DOES NOT FIT'}): {_breakdown(dict(c.memory_breakdown))}",
         ),
         ("limited by", term_phrase(c.bottleneck)),

@@ -142,7 +142,8 @@ def summary_rows(docs: ReportDocuments) -> list[Row]:
 
 def _memory_line(c: Mapping[str, Any]) -> str:
     fits = "fits" if c.get("fits") else "DOES NOT FIT"
-    return f"{fmt(c.get('memory_per_chip_bytes'), 'bytes')} of {fmt(c.get('hbm_bytes'), 'bytes')} ({fits})"
+    cap = c.get("hbm_fit_bytes") or c.get("hbm_bytes")
+    return f"{fmt(c.get('memory_per_chip_bytes'), 'bytes')} of {fmt(cap, 'bytes')} ({fits})"
 
 
 def _run_line(c: Mapping[str, Any]) -> str:
@@ -228,7 +229,9 @@ def memory_data(docs: ReportDocuments) -> list[dict[str, Any]]:
 
 def hbm_bytes(docs: ReportDocuments) -> float | None:
     c = chosen(docs)
-    return _num(c.get("hbm_bytes")) if c else _num(docs.chip.get("hbm_bytes"))
+    if c:
+        return _num(c.get("hbm_fit_bytes") or c.get("hbm_bytes"))
+    return _num(docs.chip.get("hbm_bytes"))
 
 
 def top_plan_rows(docs: ReportDocuments) -> list[list[str]]:

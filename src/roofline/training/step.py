@@ -181,7 +181,7 @@ class Reasons:
         if self.mesh_bad[i]:
             return str(self.mesh_reason[i])
         if self.over[i]:
-            return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB"
+            return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB allocatable"
         return ""
 
     def counts(self) -> dict[str, int]:
@@ -829,7 +829,7 @@ def _step(
     exposed_step["pp"] = p2p
     mem_total = mem.total
     mesh_bad = w.mesh_bad[ctx.inv]
-    over = (mem_total > chip.hbm_bytes) & ~mesh_bad
+    over = (mem_total > chip.fit_hbm_bytes) & ~mesh_bad
     return StepArrays(
         step_time_s=step,
         compute_time_s=compute * M,
@@ -849,7 +849,7 @@ def _step(
         hfu=flops_mb * M / (step * peak),
         tokens_per_s=workload.batch_tokens / step,
         infeasible=mesh_bad | over,
-        reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.hbm_bytes),
+        reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.fit_hbm_bytes),
         walk=w if keep else None,
         terms=_terms(s, M, mfu_peak(chip) * eff.matmul, grad_step) if with_terms else {},
     )
@@ -952,6 +952,7 @@ class StepCost:
             "memory_per_chip_bytes": self.memory_per_chip_bytes,
             "memory_breakdown": dict(self.memory_breakdown),
             "hbm_bytes": self.system.chip.hbm_bytes,
+            "hbm_fit_bytes": self.system.chip.fit_hbm_bytes,
             "fits": self.fits,
             "reason": self.reason,
             "compute_time_s": self.compute_time_s,

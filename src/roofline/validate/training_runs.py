@@ -521,6 +521,8 @@ def _chip_variant(hw: dict, chip: Any, notes: list[str]) -> Any:
         f"published chip {text!r}: {chip.name} with the source's memory ({said}); "
         "the rest (peaks, links, power) is the catalog's"
     )
+    if "hbm_bytes" in got:  # the catalog part's allocatable HBM is not this part's
+        got["usable_hbm_bytes"] = None
     return replace(chip, **got)
 
 
