@@ -417,8 +417,10 @@ def test_efficiency_profile_file(tmp_path, capsys):
     eff = load_efficiency(good)
     assert (eff.name, eff.matmul) == ("mine", 0.6)
     s, w, p = parse_system("h100:64"), Workload(2**20, 4096), parse_plan("fsdp=64,remat=full")
+    quick = tmp_path / "quick.toml"
+    quick.write_text('matmul = 0.9\nhbm = 0.8\nlink = 0.7\nsource = "a faster cluster"\n')
     slow = evaluate_plan(MODEL, s, w, p, efficiency=eff)
-    fast = evaluate_plan(MODEL, s, w, p)
+    fast = evaluate_plan(MODEL, s, w, p, efficiency=load_efficiency(quick))
     assert slow.compute_time_s > fast.compute_time_s and slow.efficiency.name == "mine"
     bad = tmp_path / "bad.toml"
     bad.write_text("matmul = 1.5\nhbm = 0.8\nlink = 0.7\n")
