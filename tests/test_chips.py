@@ -326,3 +326,20 @@ def test_cli_chips_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert v5p["bf16_flops_per_s"] == 4.59e14 and v5p["usd_per_hour"] == 4.2
     assert math.isclose(v5p["critical_intensity_bf16"], 4.59e14 / 2.8e12)
     assert by["gb200"]["usd_per_hour"] is None and by["gb200"]["nvlink_domain"] == 72
+
+
+def test_plans_fit_the_allocatable_hbm_the_book_keeps_the_marketed(tmp_path: Path) -> None:
+    """Issue 19 item 2: an "80 GB" H100 is an 80 GiB part of which CUDA sees 81559 MiB and a
+    "96 GB" v5p has 95 GiB; plans are checked against that, the book's worked answers keep the
+    marketed numbers, a chip file without it fits against the marketed capacity, and a variant
+    that restates the capacity does not inherit its base's allocatable HBM."""
+    h100, v5p, b200 = load_chip("h100"), load_chip("tpu-v5p"), load_chip("b200")
+    assert (h100.hbm_bytes, v5p.hbm_bytes) == (80e9, 96e9)  # the book's "80GB", "96GB"
+    assert h100.fit_hbm_bytes == 81559 * 2**20 and v5p.fit_hbm_bytes == 95 * 2**30
+    assert b200.usable_hbm_bytes is None and b200.fit_hbm_bytes == b200.hbm_bytes
+    variant = _write(tmp_path, 'base = "h100"\nname = "h100-96"\nhbm_bytes = 96e9\n')
+    assert load_chip(str(variant)).fit_hbm_bytes == 96e9
+    msg = _error(
+        tmp_path, GOOD.replace("hbm_bytes = 16e9", "hbm_bytes = 16e9\nusable_hbm_bytes = 8e9")
+    )
+    assert "usable_hbm_bytes" in msg and "GiB" in msg

@@ -126,6 +126,61 @@ def test_gradient_sum_is_paid_once_per_step(fw):
     )
 
 
+def test_torchtitan_reduces_gradients_once_per_step_under_pipelining():
+    """Issue 19 item 1: llama-3.1-405b on h100:16384, dp=8,tp=8,sp=16,pp=16, zero=1: the
+    torchtitan stack paid the replicas' gradient reduction once per pipeline microbatch (79.8 s
+    exposed at 256 microbatches against 3.3 s at 16). torch's PipelineStage accumulates every
+    microbatch's gradients with sync off and reduces them on the last one: the reduction is
+    the same at 16 and 256 microbatches. Without a pipeline each gradient-accumulation
+    microbatch still reduces its own gradients (one forward-backward each, no no_sync)."""
+    m = load_model("llama-3.1-405b")
+    plan = "dp=8,tp=8,sp=16,pp={},microbatch={},remat=none,zero=1,schedule=1f1b,megatron_sp=1"
+    plan += ",optimizer=adam-fp32-master"
+    t = {
+        mb: _cost(m, "h100:16384", 16777216, 8192, plan.format(16, mb), "torchtitan")
+        for mb in (16, 256)
+    }
+    assert t[256].comm_time_s["grad_step"] == pytest.approx(t[16].comm_time_s["grad_step"])
+    assert t[256].exposed_comm_time_s < 1.5 * t[16].exposed_comm_time_s
+    assert t[256].step_time_s < t[16].step_time_s  # a smaller bubble, nothing paid M times
+    # no pipeline: per microbatch (the same system, dp=128 in place of the pipeline)
+    flat = plan.replace("dp=8", "dp=128").format(1, "{}")
+    u = {mb: _cost(m, "h100:16384", 16777216, 8192, flat.format(mb), "torchtitan") for mb in (1, 2)}
+    assert u[2].comm_time_s["grad_step"] == pytest.approx(2 * u[1].comm_time_s["grad_step"])
+
+
+@pytest.mark.parametrize("fw,saved", [("megatron", True), ("torchtitan", False)])
+def test_quantised_gemm_inputs_are_saved_narrow_where_the_stack_saves_them_so(fw, saved):
+    """Issue 19 item 2: Transformer Engine keeps a quantised GEMM's input for the weight
+    gradient in fp8 (column-wise data only), torchao's Float8Linear in bf16. Per token and
+    layer of Llama-3-8B that is D bytes fewer for each norm output (q/k/v and gate/up read
+    one), F fewer for the down projection's input, and D more for the attention output
+    (flash attention keeps it in bf16 too, so the fp8 copy comes on top): D + F in all."""
+    plan = "dp=8,remat=none,microbatch=1,optimizer=adam-fp32-master"
+    acts = {
+        dt: _cost(L8, "h100:8", 8 * 4096, 4096, plan + dt, fw).memory_breakdown["activations"]
+        for dt in ("", ",matmul_dtype=fp8,experts_dtype=fp8")
+    }
+    saving = acts[""] - acts[",matmul_dtype=fp8,experts_dtype=fp8"]
+    want = (L8.d_model + L8.d_ff) * 4096 * L8.n_layers if saved else 0.0
+    assert saving == pytest.approx(want, rel=1e-9)
+
+
+def test_interleaved_schedule_holds_more_activations_than_1f1b():
+    """Megatron's interleaved 1F1B warms up (pp - 1) more chunks on the first rank: its
+    activations are 1 + (pp - 1)/(pp·v) times 1F1B's (theoretical_memory_usage.py's
+    interleaved_schedule_memory_penalty): x1.4375 at pp=8, v=2; x1.175 at v=5."""
+    plan = "dp=2,tp=4,pp=8,microbatch=16,remat=full,schedule={}"
+    acts = {
+        s: _cost(L70, "h100:64", 2**21, 4096, plan.format(s), "megatron").memory_breakdown[
+            "activations"
+        ]
+        for s in ("1f1b", "interleaved,virtual=2", "interleaved,virtual=5")
+    }
+    assert acts["interleaved,virtual=2"] == pytest.approx(acts["1f1b"] * (1 + 7 / 16), rel=1e-9)
+    assert acts["interleaved,virtual=5"] == pytest.approx(acts["1f1b"] * (1 + 7 / 40), rel=1e-9)
+
+
 def test_expert_ffn_under_tp_is_not_computed_whole_on_every_rank():
     """Issue 9 cause 7: expert FFNs narrower than d_model under tp used to gather the expert
     weights and run the whole expert on every TP rank (x6 FLOPs at tp=16). Megatron splits
@@ -344,6 +399,80 @@ def test_planner_searches_only_what_the_stack_runs():
     assert all(c.plan.sequence_parallel for c in mg.top if c.plan.degrees.tp > 1)
 
 
+def test_precisions_the_planner_searches_are_what_stack_and_chip_run():
+    """Issue 19 item 3: beside the chip's 16-bit default, each recipe whose requirements hold,
+    whose matmul format has a faster peak and that the stack documents for production
+    pre-training (`Recipe.pretraining`), once: Megatron on H100 fp8 (four fp8 recipes, one set
+    of dtypes), on B200 fp8 and fp4 (mxfp8, nvfp4); none on A100 (no fp8 peak) nor for
+    DeepSpeed (fp16 and fp32 are no faster); MaxText's int8 AQT and GPU fp8 are documented as
+    quantized training, not pre-training: advised, not searched."""
+
+    def searched(fw, system):
+        found = stack_of(fw).searchable_dtypes(parse_system(system).chip)
+        return [None if d is None else d.matmul.value for d in found]
+
+    def advised(fw, system):
+        r = stack_of(fw).advised_recipe(parse_system(system).chip)
+        return None if r is None else r.name
+
+    assert searched("megatron", "h100:8") == [None, "fp8"]
+    assert searched("megatron", "b200:8") == [None, "fp8", "fp4"]
+    assert searched("megatron", "a100-80gb:8") == [None]
+    assert searched("torchtitan", "h100:8") == searched("llm-foundry", "h100:8") == [None, "fp8"]
+    assert searched("maxtext", "tpu-v5p:4x4x4") == [None]
+    assert searched("maxtext", "h100:8") == [None]
+    assert searched("deepspeed", "h100:8") == [None]
+    assert searched(None, "h100:8") == [None]
+    assert advised("maxtext", "tpu-v5p:4x4x4") == "int8"
+    assert advised("maxtext", "h100:8") == "fp8"
+    assert advised("megatron", "h100:8") is None and advised("maxtext", "a100-80gb:8") is None
+    chip = parse_system("b200:8").chip
+    mg = stack_of("megatron")
+    names = [mg.precision_name(d, chip) for d in mg.searchable_dtypes(chip)]
+    assert names == ["bf16", "fp8-delayed", "nvfp4"]
+
+
+def test_planner_advises_an_undocumented_faster_precision(capsys):
+    """MaxText on a v5p searches bf16 only; the best plan's step in int8 (twice the bf16 peak)
+    is offered as advice, not picked, and the "Searched" line and JSON say what was searched."""
+    from roofline.training.planner.search import ALGEBRA_ADVICE_MARGIN
+
+    w = Workload(256 * 4096, 4096)
+    sysm = parse_system("tpu-v5p:4x4x4")
+    res = plan_training(L8, sysm, w, framework="maxtext", top_k=1, allow_sub_slices=False)
+    assert res.best.plan.dtypes.is_default and res.precisions == ("bf16",)
+    name, alt = res.precision_alternative
+    assert name == "int8" and alt.plan.dtypes.matmul.value == "int8"
+    assert alt.step_time_s < res.best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN)
+    assert "int8 would run this plan" in res.advice and "--precision int8" in res.advice
+    pinned = plan_training(
+        L8, sysm, w, framework="maxtext", top_k=1, allow_sub_slices=False,
+        dtypes=stack_of("maxtext").dtypes("int8"),
+    )  # fmt: skip
+    assert pinned.precision_alternative is None and pinned.precisions == ("int8",)
+    argv = ["train", "--model", "llama-3-8b", "--system", "h100:8", "--batch-tokens", "64Ki",
+            "--seq", "4096", "--framework", "megatron", "--no-sub-slices"]  # fmt: skip
+    assert main(argv) == 0
+    assert "plans in bf16 and fp8-delayed (" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precisions_searched"] == ["bf16", "fp8-delayed"]
+
+
+def test_planner_searches_the_precisions_or_the_pinned_one():
+    """Unpinned, the planner's best plan on H100 computes in fp8 (about twice the bf16 peak)
+    and is faster than the best bf16 plan; pinned to bf16 every plan it lists is bf16."""
+    w = Workload(64 * 4096, 4096)
+    sysm = parse_system("h100:64")
+    free = plan_training(L70, sysm, w, framework="megatron", top_k=2, efficiency=DS)
+    pinned = plan_training(
+        L70, sysm, w, framework="megatron", top_k=2, efficiency=DS, dtypes=ComputeDtypes()
+    )
+    assert free.best.plan.dtypes.matmul.value == "fp8" and free.best.compute_dtype == "fp8"
+    assert free.best.step_time_s < pinned.best.step_time_s
+    assert all(c.plan.dtypes.is_default for c in pinned.top)
+    assert free.candidates_evaluated == 2 * pinned.candidates_evaluated
+
+
 def test_planner_advises_where_the_algebra_is_cheaper():
     """The stack's FSDP gathers weights; at a small batch per chip the algebra finds gathering
     activations cheaper and says so."""
@@ -353,7 +482,7 @@ def test_planner_advises_where_the_algebra_is_cheaper():
     w = Workload(8 * 512, 512)
     sysm = parse_system("h100:8")
     best = evaluate_plan(L8, sysm, w, parse_plan("fsdp=8,remat=none"), framework="megatron")
-    ctx = _Costing(L8, [sysm], w, DS, None, SearchSpace(), ALGEBRA, stack_of("megatron"), None)
+    ctx = _Costing(L8, [sysm], w, DS, None, SearchSpace(), ALGEBRA, stack_of("megatron"), (None,))
     alt = _algebra_alternative(best, ctx)
     if alt is not None:
         from roofline.report.text import algebra_advice

@@ -79,6 +79,18 @@ def test_planner_mode(capsys, tmp_path, training_entries):
     assert doc["planner"]["n"] == 1 and doc["planner"]["median_excess"] == pytest.approx(
         pl["excess_over_measured"]
     )
+    assert "fp8" not in pl["plan"]  # a bf16 run: the planner searches bf16 plans
+
+
+def test_planner_mode_searches_the_runs_precision(capsys, tmp_path, training_entries):
+    """Issue 19 item 3: an fp8 run's planner plans compute in fp8 too (they were bf16 only, so
+    the planner's 'best' was slower than the published plan in the tool's own model)."""
+    p = tmp_path / "one.yaml"
+    p.write_text(yaml.safe_dump([training_entries["mbridge-25.11-dgx-h100-fp8cs-llama3-8b-8gpu"]]))
+    doc = run_json(capsys, ["validate", "--runs", str(p), "--planner"])
+    (run,) = doc["runs"]
+    assert run["compute_dtype"] == "fp8" and "matmul_dtype=fp8" in run["planner"]["plan"]
+    assert run["planner"]["excess_over_own_plan_prediction"] >= -0.001
 
 
 def test_serving_json_has_one_summary_per_metric(capsys):

@@ -45,3 +45,17 @@ def test_routing_groups_come_from_the_public_config_when_the_entry_lacks_them():
     assert (own.spec.moe.n_groups, own.spec.moe.topk_groups) == (1, 1)
     other = build_model({**entry, "name": "Some-MoE", "moe": moe}, "x")
     assert (other.spec.moe.n_groups, other.spec.moe.topk_groups) == (1, 1)
+
+
+def test_public_config_fills_heads_and_ffn_an_entry_leaves_out():
+    """Issue 19 item 6: the DGX Cloud Nemotron-4 340B rows give layers, d_model and vocab but
+    not heads, query groups or d_ff; they were guessed (144 MHA heads: 0.93e9 more parameters
+    per chip at tp=8,pp=8 than the recipe's 96 heads with 8 query groups). The recipe's own
+    config fills them, cited; an entry without any of the three keeps its guesses' route."""
+    entry = {"name": "Nemotron-4 340B", "layers": 96, "d_model": 18432, "vocab": 256000}
+    built = build_model(entry, "x")
+    s = built.spec
+    assert (s.n_heads, s.n_kv_heads, s.d_ff) == (96, 8, 73728)
+    assert any("nemotron4-340b-synth.yaml" in d for d in built.defaults)
+    own = build_model({**entry, "heads": 144, "kv_heads": 144, "d_ff": 4 * 18432}, "x")
+    assert own.spec.n_kv_heads == 144 and not any("public config" in d for d in own.defaults)

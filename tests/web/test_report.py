@@ -67,7 +67,7 @@ def test_default_report_shows_the_documents_numbers(default_html):
         f"{train['mfu']:.1%}",
         f"{train['hfu']:.1%}",
         fmt_bytes(train["memory_per_chip_bytes"]),
-        fmt_bytes(train["hbm_bytes"]),
+        fmt_bytes(train["hbm_fit_bytes"]),  # what the plan must fit in
         train["plan"]["spec"],
         train["system_used"],
         *(f"{n:,}" for n in train["rejected"].values()),

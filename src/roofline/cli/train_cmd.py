@@ -20,7 +20,7 @@ from roofline.errors import PlanError
 from roofline.launch.lines import launch_text, training_launch
 from roofline.progress import counter
 from roofline.report.table import kv, table
-from roofline.report.text import profile_assumptions, stack_note, term_phrase
+from roofline.report.text import precisions_phrase, profile_assumptions, stack_note, term_phrase
 from roofline.specs.model_catalog import load_model
 from roofline.specs.system import parse_system
 from roofline.training.pipecomm import pipeline_traffic
@@ -454,7 +454,7 @@ def _render_one(model, work: Workload, c: StepCost, header: str, auto: str | Non
         ),
         (
             "memory per chip",
-            f"{fmt_bytes(c.memory_per_chip_bytes)} of {fmt_bytes(s.chip.hbm_bytes)} "
+            f"{fmt_bytes(c.memory_per_chip_bytes)} of {fmt_bytes(s.chip.fit_hbm_bytes)} "
             f"({'fits' if c.fits else 'DOES NOT FIT'}): {_breakdown(dict(c.memory_breakdown))}",
         ),
         ("limited by", term_phrase(c.bottleneck)),
@@ -536,7 +536,8 @@ def _render_search(model, system, work: Workload, res: PlanResult, auto: str | N
         or "none"
     )
     search = (
-        f"Searched {res.candidates_enumerated:,} plans ({res.candidates_evaluated:,} costed) in {res.search_time_s:.2f} s; "
+        f"Searched {res.candidates_enumerated:,} plans{precisions_phrase(res.precisions)} "
+        f"({res.candidates_evaluated:,} costed) in {res.search_time_s:.2f} s; "
         f"rejected: {rej}."
     )
     parts = [head, search]

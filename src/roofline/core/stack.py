@@ -61,6 +61,7 @@ from roofline.specs.framework import (
 )
 from roofline.specs.framework import Schedule as FwSchedule
 from roofline.specs.plan import ComputeDtypes, RematKind, Schedule
+from roofline.units import compute_format
 
 IDEAL = "ideal"
 AUTO = "auto"
@@ -244,8 +245,8 @@ class Stack:
         return cls in pol.reruns_collectives
 
     # -- data parallelism and FSDP --------------------------------------------------------
-    def grad_reduce_per(self, zero: int) -> Per:
-        return self.framework.data_parallel.grad_reduce_per(zero)
+    def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
+        return self.framework.data_parallel.grad_reduce_per(zero, pipelined)
 
     def fsdp_when(self, pipelined: bool) -> tuple[Regather, Per, Per]:
         return self.framework.fsdp.when(pipelined)
@@ -274,6 +275,49 @@ class Stack:
     def dtypes(self, name: str | None = None) -> ComputeDtypes:
         """The compute dtypes of a precision recipe (None: the stack's default)."""
         return recipe_dtypes(self.recipe(name))
+
+    def searchable_dtypes(self, chip: Any) -> tuple[ComputeDtypes | None, ...]:
+        """The compute dtypes a planner search covers on `chip` when the user pins none: the
+        chip's 16-bit default (None) and, once each, the dtypes of every faster recipe
+        (`faster_recipes`) that the stack documents for production pre-training
+        (`Recipe.pretraining`: Transformer Engine fp8 and NVFP4 under Megatron, torchao float8
+        under torchtitan; not MaxText's int8 AQT, which is offered as advice)."""
+        out: list[ComputeDtypes | None] = [None]
+        for r in self.faster_recipes(chip):
+            d = recipe_dtypes(r)
+            if r.pretraining and d not in out:
+                out.append(d)
+        return tuple(out)
+
+    def faster_recipes(self, chip: Any) -> list[Recipe]:
+        """The stack's recipes (in profile order) whose requirements hold on `chip`
+        (`chip_requirements`) and whose matmuls compute in formats the chip has a faster peak
+        for than its 16-bit default (fp8 on Hopper, fp4 on Blackwell, int8 on TPUs); fp16 and
+        fp32 are not."""
+        held = chip_requirements(chip)
+        base = chip.peak(chip.default_dtype)
+        return [
+            r
+            for r in self.framework.precision.recipes.values()
+            if all(q.value in held for q in r.requires) and _matmul_peak(r, chip) > base
+        ]
+
+    def advised_recipe(self, chip: Any) -> Recipe | None:
+        """The fastest recipe the chip runs faster than 16-bit whose dtypes the default search
+        does not cover (the stack does not document it for pre-training), or None."""
+        searched = self.searchable_dtypes(chip)
+        rest = [r for r in self.faster_recipes(chip) if recipe_dtypes(r) not in searched]
+        return max(rest, key=lambda r: _matmul_peak(r, chip), default=None)
+
+    def precision_name(self, dtypes: ComputeDtypes | None, chip: Any) -> str:
+        """A searched precision as a user names it: the chip's 16-bit dtype for None, else the
+        first recipe with these dtypes (a documented pre-training one first)."""
+        if dtypes is None:
+            return str(chip.default_dtype)
+        recipes = sorted(self.framework.precision.recipes.values(), key=lambda r: not r.pretraining)
+        return next(
+            (r.name for r in recipes if recipe_dtypes(r) == dtypes), ",".join(dtypes.describe())
+        )
 
     # -- pipeline, context and expert parallelism -------------------------------------------
     def supports_schedule(self, schedule: Schedule) -> bool:
@@ -342,6 +386,17 @@ def _exposed_overlap(cls: OverlapClass) -> Overlap:
 _EXPOSED = {c: _exposed_overlap(c) for c in OverlapClass}
 
 
+def chip_requirements(chip: Any) -> frozenset[str]:
+    """The profiles' chip-level requirements (`specs.framework.Requirement`) that `chip` meets:
+    tpu or gpu, fp8_hardware (an fp8 peak: Hopper or newer), blackwell."""
+    out = {"tpu" if chip.is_tpu else "gpu"}
+    if "fp8" in chip.peak_flops_per_s:
+        out.add("fp8_hardware")
+    if "blackwell" in str(chip.generation).lower():
+        out.add("blackwell")
+    return frozenset(out)
+
+
 def recipe_dtypes(r: Recipe) -> ComputeDtypes:
     """A precision recipe's compute dtypes: dense and expert matmuls, attention, the LM head."""
     return ComputeDtypes(
@@ -350,6 +405,15 @@ def recipe_dtypes(r: Recipe) -> ComputeDtypes:
         experts=_compute(r.dtype(Family.EXPERT)),
         vocab=_compute(r.dtype(Family.VOCAB)),
     )
+
+
+def _matmul_peak(r: Recipe, chip: Any) -> float:
+    """The slower of a recipe's dense and expert matmul peaks on `chip` (0: a format the chip
+    has no peak for)."""
+    fmts = {compute_format(_compute(r.dtype(f))) for f in (Family.DENSE, Family.EXPERT)}
+    if not fmts <= set(chip.peak_flops_per_s):
+        return 0.0
+    return min(chip.peak(f) for f in fmts)
 
 
 def _compute(dtype: str) -> str:
@@ -446,6 +510,7 @@ __all__ = [
     "MovePolicy",
     "Stack",
     "auto_reason",
+    "chip_requirements",
     "default_framework_for",
     "is_auto",
     "move_allows",

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from roofline.report.text import precisions_phrase
 from roofline.units import DAY, fmt_bytes, fmt_count, fmt_flops, fmt_rate, fmt_time, fmt_usd
 
 Row = tuple[str, str]
@@ -141,7 +142,8 @@ def summary_rows(docs: ReportDocuments) -> list[Row]:
 
 def _memory_line(c: Mapping[str, Any]) -> str:
     fits = "fits" if c.get("fits") else "DOES NOT FIT"
-    return f"{fmt(c.get('memory_per_chip_bytes'), 'bytes')} of {fmt(c.get('hbm_bytes'), 'bytes')} ({fits})"
+    cap = c.get("hbm_fit_bytes") or c.get("hbm_bytes")
+    return f"{fmt(c.get('memory_per_chip_bytes'), 'bytes')} of {fmt(cap, 'bytes')} ({fits})"
 
 
 def _run_line(c: Mapping[str, Any]) -> str:
@@ -227,7 +229,9 @@ def memory_data(docs: ReportDocuments) -> list[dict[str, Any]]:
 
 def hbm_bytes(docs: ReportDocuments) -> float | None:
     c = chosen(docs)
-    return _num(c.get("hbm_bytes")) if c else _num(docs.chip.get("hbm_bytes"))
+    if c:
+        return _num(c.get("hbm_fit_bytes") or c.get("hbm_bytes"))
+    return _num(docs.chip.get("hbm_bytes"))
 
 
 def top_plan_rows(docs: ReportDocuments) -> list[list[str]]:
@@ -326,7 +330,8 @@ def search_line(docs: ReportDocuments) -> str:
     if "candidates_enumerated" not in t:
         return f"{t.get('candidates_evaluated', 1):,} plan costed (given with --plan)."
     return (
-        f"Searched {t['candidates_enumerated']:,} plans ({t.get('candidates_evaluated', 0):,} costed)"
+        f"Searched {t['candidates_enumerated']:,} plans{precisions_phrase(t.get('precisions_searched') or [])}"
+        f" ({t.get('candidates_evaluated', 0):,} costed)"
         f" in {fmt(t.get('search_time_s'), 'time')}, objective {t.get('objective', '?')}."
     )
 

@@ -132,6 +132,27 @@ def algebra_advice(best: Any, alt: Any | None, *, limit: int = 2) -> str:
     )
 
 
+def precisions_phrase(names: list[str] | tuple[str, ...]) -> str:
+    """Which compute precisions a search covered, for the "Searched N plans" line."""
+    if not names:
+        return ""
+    words = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f" in {words}"
+
+
+def precision_advice(best: Any, recipe: str, alt: Any | None) -> str:
+    """One sentence where a faster precision the stack does not document for pre-training
+    (so not searched by default) would run the best plan faster (empty without one)."""
+    if alt is None:
+        return ""
+    return (
+        f"{recipe} would run this plan {best.step_time_s / alt.step_time_s - 1:.0%} faster "
+        f"({alt.step_time_s:.3g} s vs {best.step_time_s:.3g} s per step), but {best.framework} does "
+        f"not document it for production pre-training, so it is not the pick (--precision {recipe} "
+        "searches it)"
+    )
+
+
 def stack_note(framework: str, auto: str | None = None) -> str:
     """One line on what the costed stack does (the old idealised-machine note for `ideal`).
 

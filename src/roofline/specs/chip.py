@@ -70,6 +70,9 @@ class Chip:
     peak_flops_per_s: MappingProxyType
     hbm_bytes: float
     hbm_bw_bytes_per_s: float
+    # the HBM a process can allocate (what CUDA or the TPU runtime reports), where it differs
+    # from the marketed `hbm_bytes` (80 GB on an 80 GiB part); the training fit check uses it
+    usable_hbm_bytes: float | None = None
     aliases: tuple[str, ...] = ()
     description: str = ""
     # on-chip memory
@@ -129,6 +132,12 @@ class Chip:
         return f"Chip({self.name!r})"
 
     # -- derived -----------------------------------------------------------------
+    @property
+    def fit_hbm_bytes(self) -> float:
+        """The capacity a plan must fit in: the allocatable HBM where the chip file gives it,
+        else the marketed `hbm_bytes` (the book's worked answers use the marketed value)."""
+        return self.usable_hbm_bytes if self.usable_hbm_bytes is not None else self.hbm_bytes
+
     @property
     def default_dtype(self) -> str:
         """The 16-bit dtype this chip trains in: bf16, or fp16 where there is no bf16 (V100)."""
@@ -266,8 +275,11 @@ _NUMBER_BOUNDS = {
     "dcn_bw_bytes_per_s": 1e14,
     "usd_per_hour": 1e5,
     "hbm_bytes": 1e15,
+    "usable_hbm_bytes": 1e15,
     "hbm_bw_bytes_per_s": 1e16,
 }
+# usable_hbm_bytes / hbm_bytes: GiB vs GB is 1.074; a runtime's reserve takes a few percent
+USABLE_HBM_RANGE = (0.75, 1.1)
 _PEAK_BOUND = 1e19  # FLOP/s per chip: ~1000x the largest announced
 _INT_BOUNDS = {
     "cores_per_chip": (1, 1024),
@@ -342,6 +354,17 @@ def _typed_fields(data: dict, where: str) -> None:
         raise SpecError(f"{where}: sources must be a table", fix="write [sources] with key = text")
 
 
+def _check_usable_hbm(data: dict, where: str) -> None:
+    u, hbm = data.get("usable_hbm_bytes"), data["hbm_bytes"]
+    if u is not None and not USABLE_HBM_RANGE[0] <= u / hbm <= USABLE_HBM_RANGE[1]:
+        raise SpecError(
+            f"{where}: usable_hbm_bytes = {u:.4g} against hbm_bytes = {hbm:.4g}",
+            rule="the allocatable HBM differs from the marketed capacity by units (GB vs GiB) "
+            f"and reserved memory only: {USABLE_HBM_RANGE[0]}-{USABLE_HBM_RANGE[1]} of it",
+            fix="give both in bytes (80 GiB = 85899345920), or leave usable_hbm_bytes out",
+        )
+
+
 def chip_from_dict(d: dict, origin: str) -> Chip:
     """Build a Chip from a parsed TOML table; unknown keys are errors with a suggestion.
 
@@ -358,6 +381,10 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
             for k, v in parent.__dict__.items()
             if v is not None and k not in ("aliases", "sources", "description")
         }
+        if "hbm_bytes" in data and "usable_hbm_bytes" not in data:
+            merged.pop(
+                "usable_hbm_bytes", None
+            )  # the parent's allocatable HBM is not the variant's
         merged["peak_flops_per_s"] = dict(parent.peak_flops_per_s)
         merged.update({k: v for k, v in data.items() if k != "peak_flops_per_s"})
         merged["peak_flops_per_s"].update(data.get("peak_flops_per_s", {}))
@@ -379,6 +406,7 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
     if "vector_ops_per_s" in data:
         data["vector_ops_per_s"] = _peaks(data, name, origin, "vector_ops_per_s")
     _typed_fields(data, where)
+    _check_usable_hbm(data, where)
     axes = data.get("ici_axes", 0)
     if axes not in (0, 1, 2, 3):
         raise SpecError(

@@ -293,6 +293,7 @@ class Timing:
     source: str
     bucket_params: float | None = None  # elements per bucket, where the stack fixes one
     note: str = ""
+    per_with_pipeline: Per | None = None  # where pipeline parallelism changes `per`
 
 
 @dataclass(frozen=True)
@@ -308,8 +309,11 @@ class DataParallel:
     zero2_grad_reduce_per: Per | None = None
     note: str = ""
 
-    def grad_reduce_per(self, zero: int) -> Per:
-        """When the replicas' gradient sum is paid under ZeRO stage `zero` (0-2)."""
+    def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
+        """When the replicas' gradient sum is paid under ZeRO stage `zero` (0-2), with or
+        without pipeline parallelism (torch's PipelineStage syncs on the last microbatch)."""
+        if pipelined and self.grad_reduce.per_with_pipeline is not None:
+            return self.grad_reduce.per_with_pipeline
         if zero >= 2 and self.zero2_grad_reduce_per is not None:
             return self.zero2_grad_reduce_per
         return self.grad_reduce.per
@@ -508,6 +512,9 @@ class Recipe:
     bf16_edge_layers: int = 0  # first and last N layers kept in bf16
     requires: tuple[Requirement, ...] = ()
     note: str = ""
+    # where the stack documents this recipe for production pre-training (empty: it does not,
+    # and the planner offers it as advice instead of searching it by default)
+    pretraining: str = ""
 
     def dtype(self, family: Family | str) -> str:
         return self.dtypes[Family(family)]
@@ -519,6 +526,9 @@ class Precision:
     recipes: Mapping[str, Recipe]
     source: str
     note: str = ""
+    # a quantised GEMM saves its activation input for the weight gradient in the narrow
+    # format (Transformer Engine), not in 16-bit (torchao's Float8Linear saves 16-bit)
+    saves_quantised_inputs: bool = False
 
     def recipe(self, name: str | None = None) -> Recipe:
         """A recipe by name or alias (case and punctuation ignored); None gives the default."""
@@ -800,6 +810,7 @@ def _parse_timing(t: _Table) -> Timing:
         source=t.source(),
         bucket_params=None if bucket is None else float(bucket),
         note=t.text("note", ""),
+        per_with_pipeline=t.enum("per_with_pipeline", Per, None),
     )
     t.done()
     return out
@@ -1007,6 +1018,7 @@ def _parse_recipe(t: _Table, name: str) -> Recipe:
         bf16_edge_layers=int(t.number("bf16_edge_layers", 0)),
         requires=t.enums("requires", Requirement, ()),
         note=t.text("note", ""),
+        pretraining=t.text("pretraining", ""),
     )
     t.done()
     return r
@@ -1021,7 +1033,13 @@ def _parse_precision(t: _Table) -> Precision:
         assert sub is not None
         recipes[name] = _parse_recipe(sub, name)
     rec_t.done()
-    p = Precision(t.text("default"), MappingProxyType(recipes), t.source(), t.text("note", ""))
+    p = Precision(
+        t.text("default"),
+        MappingProxyType(recipes),
+        t.source(),
+        t.text("note", ""),
+        t.flag("saves_quantised_inputs", False),
+    )
     try:
         p.recipe()
     except SpecError:

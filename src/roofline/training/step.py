@@ -39,7 +39,7 @@ from roofline.core.memory import (
 )
 from roofline.core.rules import Structure, kv_heads_replicated
 from roofline.core.sharding import CHEAPEST, OptionPolicy
-from roofline.core.stack import Stack, stack_of
+from roofline.core.stack import Stack, chip_requirements, stack_of
 from roofline.core.walk import (
     FRAMEWORK_CLASS,
     MeshRows,
@@ -181,7 +181,7 @@ class Reasons:
         if self.mesh_bad[i]:
             return str(self.mesh_reason[i])
         if self.over[i]:
-            return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB"
+            return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB allocatable"
         return ""
 
     def counts(self) -> dict[str, int]:
@@ -275,7 +275,7 @@ def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
     stack = ctx.stack
     full = np.array([r.kind in (RematKind.FULL, RematKind.CHECKPOINTS) for r in ctx.remats])
     yes, no = np.ones(n, dtype=bool), np.zeros(n, dtype=bool)
-    fp8 = "fp8" in chip.peak_flops_per_s
+    held = chip_requirements(chip)
     return {
         "sequence_parallel": yes if ctx.sequence_parallel else no,
         "tensor_parallel": d[Strategy.TP] > 1,
@@ -290,10 +290,7 @@ def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
         "distributed_optimizer": (ctx.zero >= 1) | (d[Strategy.FSDP] > 1),
         "zero3": d[Strategy.FSDP] > 1,
         "compile": no,
-        "tpu": yes if chip.is_tpu else no,
-        "gpu": no if chip.is_tpu else yes,
-        "fp8_hardware": yes if fp8 else no,
-        "blackwell": yes if "blackwell" in chip.generation.lower() else no,
+        **{k: yes if k in held else no for k in ("tpu", "gpu", "fp8_hardware", "blackwell")},
     }
 
 
@@ -639,10 +636,17 @@ def _pipeline(t_mb: Any, ctx: _Context) -> tuple[Any, Any, Any]:
 
 
 def _in_flight(ctx: _Context) -> Any:
-    """Microbatches whose activations a stage holds at once: GPipe all M, 1F1B at most pp."""
+    """Microbatches whose activations a stage holds at once: GPipe all M, 1F1B at most pp.
+    The interleaved schedule's warm-up runs (pp − 1) more virtual-stage chunks on the first
+    rank, 1 + (pp − 1)/(pp·v) times 1F1B's activations (Megatron-LM
+    megatron/training/theoretical_memory_usage.py compute_activation_memory:
+    interleaved_schedule_memory_penalty)."""
     pp, M = ctx.deg[Strategy.PP], ctx.M
     gpipe = ctx.schedule == Schedule.GPIPE.code
-    return np.where(pp > 1, np.where(gpipe, M, np.minimum(M, pp)), 1.0)
+    v = np.maximum(ctx.virtual, 1)
+    interleaved = (ctx.schedule == Schedule.INTERLEAVED.code) & (v > 1)
+    penalty = np.where(interleaved, 1 + (pp - 1) / (pp * v), 1.0)
+    return np.where(pp > 1, np.where(gpipe, M, np.minimum(M, pp) * penalty), 1.0)
 
 
 def _per_candidate(x: Any, w: Walk, inv: np.ndarray) -> Any:
@@ -774,8 +778,10 @@ def _replica_sync(s: _Sums, ctx: _Context, modes, layers: Any) -> tuple[Any, Any
         sharded = ctx.zero >= 1
         grad = ar * st.grad_reduce_bytes_factor * np.where(sharded, 0.5, 1.0)
         gather = np.where(sharded & st.param_gather, 0.5 * ar, 0.0)
-    per_mb = np.array([st.grad_reduce_per(int(z)) == Per.MICROBATCH for z in range(4)])
-    per_mb = per_mb[np.clip(ctx.zero, 0, 3)]
+    per_mb = np.array(
+        [[st.grad_reduce_per(z, piped) == Per.MICROBATCH for z in range(4)] for piped in (0, 1)]
+    )
+    per_mb = per_mb[(ctx.deg[Strategy.PP] > 1).astype(int), np.clip(ctx.zero, 0, 3)]
     back = _pass_windows(s, False)
     fwd = _pass_windows(s, True)
     g_mode, w_mode = modes[Overlap.GRAD_REDUCE_STEP], modes[Overlap.WEIGHT_GATHER]
@@ -824,7 +830,7 @@ def _step(
     exposed_step["pp"] = p2p
     mem_total = mem.total
     mesh_bad = w.mesh_bad[ctx.inv]
-    over = (mem_total > chip.hbm_bytes) & ~mesh_bad
+    over = (mem_total > chip.fit_hbm_bytes) & ~mesh_bad
     return StepArrays(
         step_time_s=step,
         compute_time_s=compute * M,
@@ -844,7 +850,7 @@ def _step(
         hfu=flops_mb * M / (step * peak),
         tokens_per_s=workload.batch_tokens / step,
         infeasible=mesh_bad | over,
-        reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.hbm_bytes),
+        reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.fit_hbm_bytes),
         walk=w if keep else None,
         terms=_terms(s, M, mfu_peak(chip) * eff.matmul, grad_step) if with_terms else {},
     )
@@ -957,6 +963,7 @@ class StepCost:
             "memory_per_chip_bytes": self.memory_per_chip_bytes,
             "memory_breakdown": dict(self.memory_breakdown),
             "hbm_bytes": self.system.chip.hbm_bytes,
+            "hbm_fit_bytes": self.system.chip.fit_hbm_bytes,
             "fits": self.fits,
             "reason": self.reason,
             "compute_time_s": self.compute_time_s,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from roofline.specs.model import MLPKind, ModelSpec
 
@@ -155,6 +155,25 @@ CONVENTIONS: dict[str, Convention] = {
         ),
     )
 }
+
+# Worked numbers of a table that apply its formula to another form of the run's model, by
+# (document, model name): the form, and the evidence. Nemotron-4 340B has 8 query groups
+# (public_dims.toml), but DGX Cloud's README counts its FLOPs with K/N = 1.
+MHA_FORM: dict[tuple[str, str], str] = {
+    ("dgx-cloud", "nemotron-4 340b"): (
+        "nemotron/README_340b.md (dgxc-benchmarking@35a9aecc): 1.01e16 FLOPs per 4096-token "
+        "sequence, the formula in MHA form (K/N = 1; the model's 8 query groups give 8.62e15)"
+    ),
+}
+
+
+def convention_model(document: str, model: ModelSpec) -> tuple[ModelSpec, str]:
+    """The model a table's FLOP convention counts (`MHA_FORM`), and why ('' when the run's)."""
+    why = MHA_FORM.get((document, model.name.strip().lower()))
+    if why is None or model.n_kv_heads == model.n_heads:
+        return model, ""
+    return replace(model, n_kv_heads=model.n_heads), why
+
 
 # Tables whose MFU divides by the peak of the run's compute dtype (FP8 rows by the FP8 peak);
 # every other source divides by the bf16 peak.

@@ -179,7 +179,8 @@ def build_model(m: Any, run_id: str) -> BuiltModel:
     if not isinstance(m, dict):
         return BuiltModel(None, (), "the entry has no `model:` mapping")
     missing = [k for k in ("layers", "d_model", "vocab") if _int(m.get(k)) is None]
-    public = public_dims(str(m.get("name", ""))) if missing else None
+    unstated = missing or [k for k in ("heads", "kv_heads", "d_ff") if _int(m.get(k)) is None]
+    public = public_dims(str(m.get("name", ""))) if unstated else None
     if public is not None:
         source = public.pop("source")
         m = {**public, **{k: v for k, v in m.items() if v is not None}}

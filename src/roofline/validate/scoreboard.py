@@ -20,7 +20,7 @@ from typing import Any
 from roofline.errors import RooflineError
 from roofline.specs.efficiency import Efficiency
 from roofline.training.planner import plan_training
-from roofline.training.step import evaluate_plan, training_profile
+from roofline.training.step import effective_dtypes, evaluate_plan, training_profile
 from roofline.validate.analysis import analyse
 from roofline.validate.conventions import CONVENTIONS
 from roofline.validate.features import CAUSES, features
@@ -96,9 +96,11 @@ def predict_run(
 _PLANNER_CACHE: dict[tuple, tuple[float, str, int]] = {}
 
 
-def _planner_best(model, system, workload, eff, optimizer, framework) -> tuple[float, str, int]:
-    """The planner's fastest plan on exactly this system (cached per process: CI and repeated
-    validate calls reuse searches)."""
+def _planner_best(
+    model, system, workload, eff, optimizer, framework, dtypes
+) -> tuple[float, str, int]:
+    """The planner's fastest plan on exactly this system in the run's compute dtypes (cached
+    per process: CI and repeated validate calls reuse searches)."""
     key = (
         repr(model),
         system.name,
@@ -107,6 +109,7 @@ def _planner_best(model, system, workload, eff, optimizer, framework) -> tuple[f
         repr(eff),
         optimizer,
         framework,
+        dtypes,
     )
     if key in _PLANNER_CACHE:
         return _PLANNER_CACHE[key]
@@ -122,6 +125,7 @@ def _planner_best(model, system, workload, eff, optimizer, framework) -> tuple[f
         efficiency=eff,
         optimizer=optimizer,
         allow_sub_slices=False,
+        dtypes=dtypes,
         **kw,
     )
     out = (
@@ -153,6 +157,7 @@ def planner_check(
             eff,
             x.plan.optimizer.name,
             _framework_for(run, framework),
+            effective_dtypes(x.plan, x.system.chip),
         )
     except RooflineError as e:
         info = {"skipped_reason": f"planner found no plan: {e}"}

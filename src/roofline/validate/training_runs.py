@@ -21,11 +21,13 @@ from roofline.errors import RooflineError
 from roofline.specs.model import ModelSpec
 from roofline.specs.system import System
 from roofline.training.step import Plan, Workload, evaluate_plan, parse_plan
+from roofline.units import compute_format
 from roofline.validate.conventions import (
     CONVENTIONS,
     DOCUMENT_CONVENTION,
     MFU_AT_COMPUTE_PEAK,
     Measured,
+    convention_model,
     direct_tokens,
     from_flops,
 )
@@ -233,7 +235,20 @@ def _layout(
     return _Layout(deg, False)
 
 
-def _microbatches(p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[str]) -> int:
+# Stacks whose pipeline schedule splits the per-rank batch into a default number of
+# microbatches when a run does not say (the whole batch is one microbatch otherwise).
+PIPELINE_MICROBATCHES = {
+    "torchtitan": (
+        "pipeline microbatches unstated: the pipeline degree (torchtitan@9dec370a "
+        "torchtitan/parallelisms/pipeline_llama.py: n_microbatches = "
+        "experimental.pipeline_parallel_microbatches or the pipeline degree)"
+    ),
+}
+
+
+def _microbatches(
+    p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[str], pp: int = 1
+) -> int:
     if (ga := _num(p.get("grad_accum"))) is not None and ga > 0:
         mb = _num(p.get("microbatch"))
         if mb and gbs != ways * mb * ga:
@@ -242,6 +257,10 @@ def _microbatches(p: dict, gbs: int, ways: int, st: StackDefaults, notes: list[s
     if "microbatch_per_chip" in p:
         return 1  # MaxText per_device_batch_size; gradient_accumulation_steps 1
     mbs = _num(p.get("microbatch"))
+    why = PIPELINE_MICROBATCHES.get(st.framework)
+    if st.microbatch_size == 0 and pp > 1 and why is not None and (gbs // ways) % pp == 0:
+        notes.append(why)  # the per-rank (local) batch is split by the pipeline schedule
+        return pp
     if mbs is None:
         if st.microbatch_size == 0:
             return 1
@@ -329,9 +348,15 @@ def _measure(
     if (d := direct_tokens(meas, chips, gbs * seq)) is not None:
         candidates.append(d)
     if conv is not None:
+        counted, why = convention_model(src.document, model)
         for key in ("tflops_per_chip", "mfu_pct"):
-            if key in meas and (f := from_flops({key: meas[key]}, conv, model, seq, params, peak)):
-                candidates.append(f)
+            f = (
+                from_flops({key: meas[key]}, conv, counted, seq, params, peak)
+                if key in meas
+                else None
+            )
+            if f is not None:
+                candidates.append(replace(f, conversion=f"{f.conversion}; {why}") if why else f)
     if not candidates:
         why = (
             "no measured token rate, and the source's FLOP convention is unknown"
@@ -384,7 +409,7 @@ def map_training_run(entry: Any) -> TrainingRun:
             skipped_reason="entry is not a mapping",
         )
     rid = str(entry.get("id") or "?")
-    src = identify(entry.get("source"))
+    src, stack_note = own_stack(identify(entry.get("source")), entry)
     hw = entry.get("hardware") if isinstance(entry.get("hardware"), dict) else {}
     p = entry.get("parallelism") if isinstance(entry.get("parallelism"), dict) else {}
     fam = str(hw.get("chip_family") or hw.get("chip") or "")
@@ -402,7 +427,7 @@ def map_training_run(entry: Any) -> TrainingRun:
         precision=prec,
         seq_len=seq,
     )
-    notes: list[str] = []
+    notes: list[str] = [stack_note] if stack_note else []
     try:
         inputs, measured, checks, params, defaulted = _map(
             entry, src, hw, p, m, chips, dtype, notes
@@ -422,6 +447,30 @@ def map_training_run(entry: Any) -> TrainingRun:
     )
 
 
+# Stacks a run's own text can name inside a source family that usually runs another one
+# (DGX Cloud and NeMo publish MaxText/JAX recipes for GPUs beside their Megatron ones).
+_NAMED_STACKS = ((r"\bmaxtext\b", "maxtext"), (r"\btorchtitan\b", "torchtitan"))
+
+
+def own_stack(src: Source, entry: dict) -> tuple[Source, str]:
+    """The source with the stack the entry names (its `framework`, or its source text: a
+    MaxText recipe on GPUs is costed as MaxText, not as the family's Megatron), and the note
+    saying so (empty when the family's stack stands)."""
+    block = entry.get("source")
+    text = (
+        " ".join(str(block.get(k, "")) for k in ("title", "url", "location"))
+        if isinstance(block, dict)
+        else str(block or "")
+    )
+    text = f"{entry.get('framework') or ''} {text}".lower()
+    for pattern, stack in _NAMED_STACKS:
+        if stack != src.stack and re.search(pattern, text):
+            return replace(src, stack=stack), (
+                f"the run names {stack}: costed on the {stack} stack, not {src.family}'s {src.stack}"
+            )
+    return src, ""
+
+
 def _basics(entry, src, hw, m, chips, notes):
     """Model, chip and sequence length, or _Skip."""
     built = build_model(m, str(entry.get("id")))
@@ -437,12 +486,29 @@ def _basics(entry, src, hw, m, chips, notes):
     chip = _chip_variant(hw, chip, notes)
     over = DOCUMENTS.get(src.document)
     seq = _num(m.get("seq_len"))
+    if seq is None and (staged := stage_seq_len(str(entry.get("notes") or ""))) is not None:
+        seq = staged
+        notes.append(f"sequence length unstated: {seq}, the stage the entry's notes name")
     if seq is None:
         if over is None or over.seq_len is None:
             raise _Skip("sequence length not published")
         seq = over.seq_len
         notes.append(over.why)
     return built, chip, seq
+
+
+def stage_seq_len(notes: str) -> int | None:
+    """The sequence length of a training stage an entry's notes name ('8K stage', '128K
+    stage', '131K context stage'): K tokens read as the power of two nearest n·1000 or n·1024
+    (sequence lengths are powers of two: 8K = 8192, 128K = 131K = 131072). None if none."""
+    hit = re.search(r"(\d+)\s*k\b[\w\s-]{0,20}?\bstage", notes.lower())
+    if hit is None:
+        return None
+    n = int(hit.group(1))
+    if n <= 0:
+        return None
+    p = 2 ** round(math.log2(n * 1012))  # between n·1000 and n·1024
+    return p if abs(p / (n * 1012) - 1) < 0.05 else n * 1024
 
 
 def _chip_variant(hw: dict, chip: Any, notes: list[str]) -> Any:
@@ -469,6 +535,8 @@ def _chip_variant(hw: dict, chip: Any, notes: list[str]) -> Any:
         f"published chip {text!r}: {chip.name} with the source's memory ({said}); "
         "the rest (peaks, links, power) is the catalog's"
     )
+    if "hbm_bytes" in got:  # the catalog part's allocatable HBM is not this part's
+        got["usable_hbm_bytes"] = None
     return replace(chip, **got)
 
 
@@ -487,7 +555,7 @@ def _zero(p: dict, deg: dict[str, int], st: StackDefaults, over: Any, notes: lis
 def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
     over = DOCUMENTS.get(src.document)
     ways = deg["dp"] * deg["fsdp"] * deg["ep"]
-    mb = _microbatches(p, gbs, ways, st, notes)
+    mb = _microbatches(p, gbs, ways, st, notes, deg["pp"])
     remat = _remat(p, st, notes)
     zero = _zero(p, deg, st, over, notes)
     parts = [f"{k}={deg[k]}" for k in ("dp", "fsdp", "tp", "sp", "ep", "pp") if deg[k] > 1] or [
@@ -515,6 +583,38 @@ def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
     return stack_of(framework).with_attention_kernel(kernel, over.kernel_why)
 
 
+# words of published precision strings in the profiles' vocabulary
+_PRECISION_WORDS = {"float8": "fp8", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+def _words(text: str) -> list[str]:
+    return [_PRECISION_WORDS.get(w, w) for w in re.findall(r"[a-z0-9]+", text.lower())]
+
+
+def read_recipe(stack: Any, precision: str) -> Any:
+    """The stack's precision recipe a published string names: by name or alias, else by the
+    format it computes in (`compute_dtype`: "Float8 linears (torchao) + bf16" is fp8), choosing
+    among the stack's recipes of that format the one whose name shares most words with the
+    string (rowwise, current, blockwise, mx...; the profile's first on a tie). None when the
+    string names no format the stack has a recipe for."""
+    try:
+        return stack.recipe(precision)
+    except RooflineError:
+        pass
+    words = _words(precision)
+    fmt = compute_dtype(precision)
+    cands = [
+        r
+        for r in stack.framework.precision.recipes.values()
+        if compute_format(r.dtype("dense")) == fmt
+    ]
+
+    def shared(r: Any) -> int:
+        return len(set(words) & {w for a in (r.name, *r.aliases) for w in _words(a)})
+
+    return max(cands, key=shared, default=None)  # max keeps the first of equals
+
+
 def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     """The compute dtypes of the run's precision recipe in its stack's profile (e.g. NeMo FP8:
     dense and expert matmuls fp8, attention and the LM head bf16), as plan keys."""
@@ -523,9 +623,8 @@ def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     if not precision.strip():
         return ""
     st = stack_of(framework)
-    try:
-        recipe = st.recipe(precision)
-    except RooflineError:
+    recipe = read_recipe(st, precision)
+    if recipe is None:
         notes.append(f"precision {precision!r} is not a recipe of {framework}: bf16 assumed")
         return ""
     keys = st.dtypes(recipe.name).describe()

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import PlanError
-from roofline.specs.plan import Plan, Strategy
+from roofline.specs.plan import ComputeDtypes, Plan, Strategy
 from roofline.specs.system import System
 from roofline.training.step import Candidates, StepArrays, Structure, run_cost_usd
 
@@ -34,11 +34,20 @@ class Family:
     comm_s: np.ndarray  # the collectives' time per step if nothing overlapped
     infeasible: np.ndarray
     rejected: dict[str, int]
+    dtypes: ComputeDtypes | None = None  # the compute dtypes it was costed in (None: default)
 
     @staticmethod
-    def of(structure: Structure, cand: Candidates, r: StepArrays) -> Family:
+    def of(
+        structure: Structure, cand: Candidates, r: StepArrays, dtypes: ComputeDtypes | None = None
+    ) -> Family:
         return Family(
-            structure, cand, r.step_time_s, sum(r.comm.values()), r.infeasible, r.reason.counts()
+            structure,
+            cand,
+            r.step_time_s,
+            sum(r.comm.values()),
+            r.infeasible,
+            r.reason.counts(),
+            dtypes,
         )
 
 
@@ -227,4 +236,5 @@ def plan_at(families: list[Family], ranked: Ranked, row: int, space, opt) -> Pla
         collective_matmul=bool(c.collective_matmul[i]),
         overlap_ep=bool(c.overlap_ep[i]) if c.overlap_ep is not None else False,
         optimizer=opt,
+        **({} if f.dtypes is None else {"dtypes": f.dtypes}),
     )

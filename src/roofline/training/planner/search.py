@@ -11,13 +11,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
-from roofline.core.stack import Stack, stack_of
+from roofline.core.stack import Stack, recipe_dtypes, stack_of
 from roofline.errors import PlanError
-from roofline.report.text import algebra_advice, sub_slice_note, why_it_wins
+from roofline.report.text import (
+    algebra_advice,
+    precision_advice,
+    sub_slice_note,
+    why_it_wins,
+)
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import ComputeDtypes, Plan, Strategy, Workload, parse_optimizer
+from roofline.specs.plan import ComputeDtypes, Strategy, Workload, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.planner.rank import (
     Family,
@@ -32,6 +37,7 @@ from roofline.training.planner.rank import (
 from roofline.training.planner.space import SearchSpace, enumerate_plans
 from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import StepCost, evaluate_plan, evaluate_plans, training_profile
+from roofline.units import DAY
 
 
 class SubsetReason(enum.StrEnum):
@@ -63,6 +69,12 @@ class PlanResult:
     feasible_per_system: dict[str, int] = field(default_factory=dict)
     # the best plan with the algebra's cheapest options, where they beat the stack's
     algebra_alternative: StepCost | None = None
+    # the best plan on a smaller cluster that runs a token for far fewer chip-hours
+    efficient: StepCost | None = None
+    # the compute precisions searched, as the user names them ("bf16", "fp8-delayed")
+    precisions: tuple[str, ...] = ()
+    # a faster recipe the stack does not document for pre-training, and the best plan in it
+    precision_alternative: tuple[str, StepCost] | None = None
 
     def __repr__(self) -> str:  # one line: the best plan and how much was searched
         best = repr(self.top[0]) if self.top else "no plan"
@@ -91,10 +103,11 @@ class PlanResult:
 
     @property
     def sub_slice_note(self) -> str:
-        """Why the best plan does not use the whole requested system (empty if it does)."""
+        """Why the best plan does not use the whole requested system, or that the system is far
+        past the run's efficient size (empty if neither)."""
         return sub_slice_note(
             self.subset_reason.value, self.best, self.requested, self.searched, self.objective
-        )
+        ) or efficient_size_note(self.best, self.efficient)
 
     @property
     def why(self) -> str:
@@ -102,8 +115,14 @@ class PlanResult:
 
     @property
     def advice(self) -> str:
-        """Where the algebra finds a cheaper way to run the best plan than its stack does."""
-        return algebra_advice(self.best, self.algebra_alternative)
+        """Where the algebra finds a cheaper way to run the best plan than its stack does, and
+        where a precision not searched by default would run it faster."""
+        alt = self.precision_alternative
+        said = (
+            algebra_advice(self.best, self.algebra_alternative),
+            precision_advice(self.best, alt[0], alt[1]) if alt else "",
+        )
+        return ". ".join(s for s in said if s)
 
     def to_dict(self) -> dict[str, Any]:
         b = self.best.to_dict()
@@ -116,11 +135,13 @@ class PlanResult:
             "feasible_per_system": dict(self.feasible_per_system),
             "candidates_evaluated": self.candidates_evaluated,
             "candidates_enumerated": self.candidates_enumerated,
+            "precisions_searched": list(self.precisions),
             "rejected": dict(self.rejected),
             "domains": self.domains,
             "objective": self.objective,
             "why": self.why,
             "advice": self.advice or None,
+            "efficient_size": None if self.efficient is None else _brief(self.efficient),
             "top": [c.to_dict() for c in self.top],
             "pareto": list(self.pareto),
             "search_time_s": self.search_time_s,
@@ -154,13 +175,17 @@ def plan_training(
     policy: OptionPolicy = CHEAPEST,
     framework: str | Framework | Stack | None = None,
     dtypes: ComputeDtypes | None = None,
+    efficient_size: bool = True,
 ) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
 
     `framework` is the stack the plans run on (None: the idealised machine): the search keeps
     only what it can run (strategies, schedules, remat policies, ZeRO stages, overlap switches)
-    and costs what it does. `policy` overrides its option policy; `dtypes` are the compute
-    dtypes (default bf16)."""
+    and costs what it does. `policy` overrides its option policy; `dtypes` pins the compute
+    dtypes, else every precision the stack runs faster than 16-bit on the chip is searched
+    beside the chip's 16-bit default (`Stack.searchable_dtypes`). `efficient_size`: where the
+    best plan on the whole system spends most of its step not computing, halvings of the system
+    are costed too and the cheapest per token is named (`smaller_efficient`)."""
     t0 = time.perf_counter()
     stack = stack_of(framework)
     space = (space or SearchSpace()).for_stack(stack, model)
@@ -179,7 +204,8 @@ def plan_training(
             rule="; ".join(f"{k}: {v}" for k, v in found.domains.items()),
             fix="try another chip count (--chips) or batch size",
         )
-    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, dtypes)
+    searched = (dtypes,) if dtypes is not None else stack.searchable_dtypes(system.chip)
+    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, searched)
     families = _cost(found.groups, ctx, progress)
     rejected = found.rejected
     for f in families:
@@ -197,7 +223,7 @@ def plan_training(
     def cost_of(row: int) -> StepCost:
         f = families[int(ranked.family[row])]
         sysm = systems[int(f.cand.system_idx[int(ranked.index[row])])]
-        plan = ctx.plan(plan_at(families, ranked, row, space, opt))
+        plan = plan_at(families, ranked, row, space, opt)
         return evaluate_plan(
             model, sysm, workload, plan, efficiency=eff, policy=policy, framework=stack
         )
@@ -220,6 +246,11 @@ def plan_training(
         tie_tolerance=tie_tolerance,
         feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
         algebra_alternative=_algebra_alternative(top[0], ctx),
+        precisions=tuple(stack.precision_name(d, system.chip) for d in searched),
+        precision_alternative=None if dtypes is not None else _precision_alternative(top[0], ctx),
+        efficient=smaller_efficient(top[0], ctx, dtypes)
+        if efficient_size and allow_sub_slices and not chips
+        else None,
     )
 
 
@@ -253,10 +284,7 @@ class _Costing:
     space: SearchSpace
     policy: OptionPolicy
     stack: Stack
-    dtypes: ComputeDtypes | None
-
-    def plan(self, plan: Plan) -> Plan:
-        return plan if self.dtypes is None else replace(plan, dtypes=self.dtypes)
+    dtypes: tuple[ComputeDtypes | None, ...]  # the precisions searched (None: the default)
 
 
 # the algebra's own choice among the options, never the stack's (advice only)
@@ -280,6 +308,22 @@ def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
     return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
 
 
+def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost] | None:
+    """The best plan costed in the fastest recipe the stack runs on the chip but does not
+    document for pre-training (`Stack.advised_recipe`), where that is faster: advice only."""
+    r = ctx.stack.advised_recipe(best.system.chip)
+    if r is None:
+        return None
+    plan = replace(best.plan, dtypes=recipe_dtypes(r))
+    alt = evaluate_plan(
+        ctx.model, best.system, ctx.workload, plan, efficiency=ctx.eff, policy=ctx.policy,
+        framework=ctx.stack,
+    )  # fmt: skip
+    return (
+        (r.name, alt) if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
+    )
+
+
 # below this relative gain the algebra's cheaper options are not worth a sentence
 ALGEBRA_ADVICE_MARGIN = 0.03
 
@@ -290,25 +334,112 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
     (Splitting the families over processes was measured slower on the 2-core target, because
     each process rebuilds the shared caches; see benchmarks/.)
     """
-    total = sum(len(c) for _, c in groups)
+    total = sum(len(c) for _, c in groups) * len(ctx.dtypes)
     out = []
     done = 0
-    for st, cand in groups:
-        r = evaluate_plans(
-            ctx.model,
-            ctx.systems,
-            ctx.workload,
-            st,
-            cand,
-            eff=ctx.eff,
-            optimizer=ctx.opt,
-            remats=list(ctx.space.remats),
-            policy=ctx.policy,
-            framework=ctx.stack,
-            dtypes=ctx.dtypes,
-        )
-        out.append(Family.of(st, cand, r))
-        done += len(cand)
-        if progress:
-            progress(done, total)
+    for dt in ctx.dtypes:
+        for st, cand in groups:
+            r = evaluate_plans(
+                ctx.model,
+                ctx.systems,
+                ctx.workload,
+                st,
+                cand,
+                eff=ctx.eff,
+                optimizer=ctx.opt,
+                remats=list(ctx.space.remats),
+                policy=ctx.policy,
+                framework=ctx.stack,
+                dtypes=dt,
+            )
+            out.append(Family.of(st, cand, r, dt))
+            done += len(cand)
+            if progress:
+                progress(done, total)
     return out
+
+
+# -- the efficient size (issue 22 item 14) -------------------------------------------------
+
+# Below this share of the step spent computing, more than half of every chip-hour goes to
+# communication, the pipeline bubble and fixed overheads. Halving the chips at most doubles the
+# compute per chip and leaves the rest no larger, so a smaller cluster may run each token for
+# fewer chip-hours: the planner then costs halvings of the requested system.
+EFFICIENT_COMPUTE_SHARE = 0.5
+# A smaller cluster is named when it needs at least this much fewer chip-hours per token
+# (smaller gains are within the model's accuracy: docs/validate.md's median error is ~5%).
+EFFICIENT_SAVING = 0.2
+# Halvings costed at most (down to 1/16 of the requested chips).
+EFFICIENT_HALVINGS = 4
+
+
+def _chip_seconds_per_token(c: StepCost) -> float:
+    return c.step_time_s * c.system.n_chips / c.workload.batch_tokens
+
+
+def smaller_efficient(
+    best: StepCost, ctx: _Costing, dtypes: ComputeDtypes | None
+) -> StepCost | None:
+    """The best plan on half, a quarter, ... of the requested system that needs at least
+    `EFFICIENT_SAVING` fewer chip-seconds per token than `best`, when `best` computes for less
+    than `EFFICIENT_COMPUTE_SHARE` of its step (None otherwise). Halving stops once a size is
+    no cheaper per token than the one before it, or when no plan fits."""
+    if best.compute_time_s >= EFFICIENT_COMPUTE_SHARE * best.step_time_s:
+        return None
+    found, cost = None, _chip_seconds_per_token(best)
+    for k in range(1, EFFICIENT_HALVINGS + 1):
+        n = best.system.n_chips >> k
+        try:
+            (sysm,) = systems_for_counts(best.system, [n])[:1]
+            res = plan_training(
+                ctx.model, sysm, ctx.workload, top_k=1, efficiency=ctx.eff,
+                optimizer=ctx.opt.name, allow_sub_slices=False, policy=ctx.policy,
+                framework=ctx.stack, dtypes=dtypes, space=ctx.space, efficient_size=False,
+            )  # fmt: skip
+        except (PlanError, ValueError):
+            break
+        c = _chip_seconds_per_token(res.best)
+        if c >= cost:
+            break
+        found, cost = res.best, c
+    if found is None or cost > (1 - EFFICIENT_SAVING) * _chip_seconds_per_token(best):
+        return None
+    return found
+
+
+def efficient_size_note(best: StepCost, smaller: StepCost | None) -> str:
+    """One sentence naming the smaller cluster that runs a token for far fewer chip-hours."""
+    if smaller is None:
+        return ""
+    ratio = _chip_seconds_per_token(smaller) / _chip_seconds_per_token(best)
+    money = ""
+    if (
+        best.run_cost_usd is not None
+        and smaller.run_cost_usd is not None
+        and best.workload.total_tokens
+    ):
+        money = (
+            f" (${smaller.run_cost_usd / 1e6:.3g}M in {smaller.run_time_s / DAY:.3g} days instead"
+            f" of ${best.run_cost_usd / 1e6:.3g}M in {best.run_time_s / DAY:.3g} days)"
+        )
+    return (
+        f"{best.system.name} is far past this run's efficient size: its best plan computes for "
+        f"{best.compute_time_s / best.step_time_s:.0%} of each step at {best.mfu:.1%} MFU; on "
+        f"{smaller.system.n_chips} chips ({smaller.system.name}) the best plan runs at "
+        f"{smaller.mfu:.1%} MFU and needs {1 - ratio:.0%} fewer chip-hours per token{money}, "
+        f"{smaller.step_time_s / best.step_time_s:.2g}x the step time "
+        f"({smaller.plan.describe()})"
+    )
+
+
+def _brief(c: StepCost) -> dict[str, Any]:
+    return {
+        "system": c.system.name,
+        "chips": c.system.n_chips,
+        "plan": c.plan.describe(),
+        "step_time_s": c.step_time_s,
+        "mfu": c.mfu,
+        "run_time_s": c.run_time_s,
+        "run_cost_usd": c.run_cost_usd,
+        "chip_seconds_per_token": _chip_seconds_per_token(c),
+    }
