@@ -54,6 +54,10 @@ class Spec:
             raise ValueError("dims and axes differ in length")
 
     def __str__(self) -> str:
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:
         parts = []
         for d, a in zip(self.dims, self.axes, strict=True):
             parts.append(d if not a else d + "_" + _axes_str(a))
