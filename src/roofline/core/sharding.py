@@ -100,6 +100,15 @@ class Spec:
 
 
 def _axes_str(axes: Sequence[str]) -> str:
+    return _axes_text(axes) if isinstance(axes, tuple) else _axes_join(axes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _axes_text(axes: tuple[str, ...]) -> str:
+    return _axes_join(axes)
+
+
+def _axes_join(axes: Sequence[str]) -> str:
     return "".join(axes) if all(len(a) == 1 for a in axes) else "{" + ",".join(axes) + "}"
 
 
