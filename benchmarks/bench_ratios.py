@@ -45,7 +45,10 @@ HERE = Path(__file__).resolve().parents[1]
 
 ONE_PLAN = """
 import json, time
-from roofline.specs.model import load_model
+try:
+    from roofline.specs.model_catalog import load_model
+except ImportError:  # trees before the import-cycle fix (494a97b, the old core)
+    from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 from roofline.specs.plan import parse_plan, Workload
 from roofline.training.step import evaluate_plan
@@ -80,7 +83,10 @@ except ImportError:  # the old core's layout (no stacks: the idealised machine)
     from roofline.planner import plan_training
     from roofline.training import Workload
     new = False
-from roofline.specs.model import load_model
+try:
+    from roofline.specs.model_catalog import load_model
+except ImportError:  # trees before the import-cycle fix (494a97b, the old core)
+    from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 s = parse_system("a100:1024")
 kw = {"framework": resolve_framework("auto", s.chip)} if new else {}
@@ -98,7 +104,10 @@ from roofline.serving.inference import Quant
 from roofline.serving.search import Objective, ServeQuery, search
 from roofline.serving.steady import Workload
 from roofline.specs.engines import load_engine
-from roofline.specs.model import load_model
+try:
+    from roofline.specs.model_catalog import load_model
+except ImportError:  # trees before the import-cycle fix (494a97b, the old core)
+    from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 def once(model, system):
     q = ServeQuery(load_model(model), parse_system(system), Workload(1024, 256, concurrency=256),

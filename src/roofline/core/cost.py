@@ -188,6 +188,8 @@ class CommModel:
 
     def _coef(self, kind: CollectiveKind, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
         n = len(self.meshes)
+        if n == 1:  # one mesh (a single plan): no grouping of rows to do
+            return self._coef_one(kind, axes)
         lat, spb = np.zeros(n), np.zeros(n)
         # an axis of size 1 is absent from a mesh (pid -1): it adds nothing to the group
         cols = np.stack([self.pid.get(a, np.full(n, -1, dtype=np.int64)) for a in axes], axis=1)
@@ -209,6 +211,21 @@ class CommModel:
                 vals[c] = (u.latency_s, u.seconds_per_byte / link)
             lat[vidx] = vals[where, 0]
             spb[vidx] = vals[where, 1]
+        return lat[self.inv], spb[self.inv]
+
+    def _coef_one(
+        self, kind: CollectiveKind, axes: tuple[str, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`_coef` of a single mesh: the same unit cost and link fraction, without the
+        grouping of rows by placement."""
+        lat, spb = np.zeros(1), np.zeros(1)
+        ids = [(a, int(self.pid[a][0])) for a in axes if a in self.pid]
+        combo = [(a, j) for a, j in ids if j >= 0]
+        m = self.meshes[0]
+        if combo and m is not None:
+            ukey = (kind, tuple(self.sig_of[j] for _, j in combo))
+            u = _unit(kind, tuple(a for a, _ in combo), ukey, m)
+            lat[0], spb[0] = u.latency_s, u.seconds_per_byte / self.link(m.system.chip, u.tier)
         return lat[self.inv], spb[self.inv]
 
     def __call__(self, kind: CollectiveKind, nbytes: Any, axes: tuple[str, ...]) -> Any:

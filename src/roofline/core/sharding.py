@@ -54,6 +54,10 @@ class Spec:
             raise ValueError("dims and axes differ in length")
 
     def __str__(self) -> str:
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:
         parts = []
         for d, a in zip(self.dims, self.axes, strict=True):
             parts.append(d if not a else d + "_" + _axes_str(a))
@@ -96,6 +100,15 @@ class Spec:
 
 
 def _axes_str(axes: Sequence[str]) -> str:
+    return _axes_text(axes) if isinstance(axes, tuple) else _axes_join(axes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _axes_text(axes: tuple[str, ...]) -> str:
+    return _axes_join(axes)
+
+
+def _axes_join(axes: Sequence[str]) -> str:
     return "".join(axes) if all(len(a) == 1 for a in axes) else "{" + ",".join(axes) + "}"
 
 
@@ -842,47 +855,108 @@ def _slice_to(cur: Spec, out: Spec, phase: str, steps: list[CommStep]) -> Spec |
     return cur
 
 
-def _numeric(
-    r: Recipe,
-    contracting: Sequence[str],
+@dataclass(frozen=True)
+class _Shape:
+    """An einsum's options with their sized quantities deduplicated, computed once per
+    (lhs, rhs, out, phase): the distinct arrays whose per-chip elements the options read
+    (`arrays`, by dims, splitting axes and dtype: equal keys give equal bytes), the distinct
+    collectives (kind, axes, array index), the distinct contracting splits of the lhs, and
+    per recipe the indices into them. A plan then sizes each distinct quantity once."""
+
+    recipes: tuple[Recipe, ...]
+    labels: tuple[str, ...]
+    arrays: tuple[Spec, ...]
+    comms: tuple[tuple[CollectiveKind, tuple[str, ...], int], ...]
+    splits: tuple[tuple[tuple[str, ...], ...], ...]
+    # per recipe: (comm indices, lhs, rhs, natural-out array indices, split index)
+    index: tuple[tuple[tuple[int, ...], int, int, int, int], ...]
+
+
+def _key_index(table: dict, key: Any) -> int:
+    return table.setdefault(key, len(table))
+
+
+@functools.lru_cache(maxsize=8192)
+def _shape(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> _Shape:
+    recipes = _symbolic_options(lhs, rhs, out, phase)
+    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
+    arrays: dict[tuple, int] = {}
+    specs: list[Spec] = []
+    comms: dict[tuple, int] = {}
+    splits: dict[tuple, int] = {}
+
+    def array(x: Spec) -> int:
+        i = _key_index(arrays, (x.dims, x.used_axes, x.dtype))
+        if i == len(specs):
+            specs.append(x)
+        return i
+
+    index = []
+    for r in recipes:
+        cs = tuple(_key_index(comms, (c.kind, c.axes, array(c.array))) for c in r.steps)
+        split = tuple(r.lhs.axes_of(d) for d in contracting)
+        index.append(
+            (cs, array(r.lhs), array(r.rhs), array(r.natural_out), _key_index(splits, split))
+        )
+    return _Shape(
+        recipes,
+        tuple(r.label for r in recipes),
+        tuple(specs),
+        tuple(comms),
+        tuple(splits),
+        tuple(index),
+    )
+
+
+def _numeric_all(
+    lhs: Spec,
+    rhs: Spec,
+    out: Spec,
+    phase: str,
     sizes,
     mesh,
     comm_fn,
     weights: frozenset[str] = frozenset(),
     weight_read_fraction: Any = 1.0,
-) -> Option:
-    """Put numbers on a recipe: bytes per chip, collective times, FLOPs and HBM bytes.
+) -> list[Option]:
+    """Put numbers on every option: bytes per chip, collective times, FLOPs and HBM bytes.
 
-    Operands named in `weights` move `weight_read_fraction` of their bytes through HBM (a
-    routed-expert weight: a pass reads only the experts its tokens chose)."""
-    comms = []
-    for c in r.steps:
-        b = c.array.local_bytes(sizes, mesh)
-        comms.append(
+    Each distinct array, collective and contracting split is sized once (`_Shape`), with the
+    same arithmetic in the same order as sizing every option on its own. Operands named in
+    `weights` move `weight_read_fraction` of their bytes through HBM (a routed-expert weight:
+    a pass reads only the experts its tokens chose)."""
+    sh = _shape(lhs, rhs, out, phase)
+    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
+    elems = [x.local_elements(sizes, mesh) for x in sh.arrays]
+    nbytes = [e * x.itemsize for e, x in zip(elems, sh.arrays, strict=True)]
+    times = [comm_fn(k, nbytes[i], axes) for k, axes, i in sh.comms]
+    split = [
+        _prod(sizes[d] / _prod(mesh[a] for a in ax) for d, ax in zip(contracting, s, strict=True))
+        for s in sh.splits
+    ]
+    options = []
+    for r, label, (cs, li, ri, ni, si) in zip(sh.recipes, sh.labels, sh.index, strict=True):
+        comm = tuple(
             Comm(
                 c.kind,
                 c.axes,
                 c.tensor,
-                b,
-                comm_fn(c.kind, b, c.axes),
+                nbytes[sh.comms[j][2]],
+                times[j],
                 c.before,
                 c.after,
                 c.why,
                 c.phase,
             )
+            for c, j in zip(r.steps, cs, strict=True)
         )
-    L, R, nat = r.lhs, r.rhs, r.natural_out
-    flops = (
-        2.0
-        * nat.local_elements(sizes, mesh)
-        * _prod(sizes[d] / _prod(mesh[a] for a in L.axes_of(d)) for d in contracting)
-    )
-    hbm = nat.local_bytes(sizes, mesh)
-    for x in (L, R):
-        b = x.local_bytes(sizes, mesh)
-        hbm = hbm + (b * weight_read_fraction if x.name in weights else b)
-    t = sum((c.time_s for c in comms), start=0.0)
-    return Option(r.label, L, R, nat, r.out, tuple(comms), flops, hbm, t)
+        hbm = nbytes[ni]
+        for x, i in ((r.lhs, li), (r.rhs, ri)):
+            hbm = hbm + (nbytes[i] * weight_read_fraction if x.name in weights else nbytes[i])
+        t = sum((c.time_s for c in comm), start=0.0)
+        flops = 2.0 * elems[ni] * split[si]
+        options.append(Option(label, r.lhs, r.rhs, r.natural_out, r.out, comm, flops, hbm, t))
+    return options
 
 
 def plan_einsum(
@@ -919,11 +993,9 @@ def plan_einsum(
     e = None if trusted else _Einsum(lhs, rhs, out, phase)
     if e is not None:
         _check_einsum(e, sizes, mesh, check_divisible, allow_conflict)
-    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
-    options = [
-        _numeric(r, contracting, sizes, mesh, comm_fn, weights, weight_read_fraction)
-        for r in _symbolic_options(lhs, rhs, out, phase)
-    ]
+    options = _numeric_all(
+        lhs, rhs, out, phase, sizes, mesh, comm_fn, weights, weight_read_fraction
+    )
     if not options:
         raise ShardingError(
             f"no legal way to compute {lhs} * {rhs} -> {out}",
