@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from roofline.errors import SpecError
+from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_int,
@@ -348,6 +349,7 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
     A variant file names a catalog chip in `base` and gives only what differs (A100 40GB:
     `base = "a100"` with its own name, memory and bandwidth).
     """
+    check_schema("chip", d, origin)
     data = dict(d)
     _check_keys(data, origin)
     if "base" in data:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import SpecError, UnknownNameError
+from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_name_length,
@@ -626,6 +627,7 @@ def profile_from_dict(raw: Mapping[str, Any], origin: str, _depth: int = 0) -> E
     keys given; a family the base lacks needs match, tile and mm_fraction) and [framework.X]
     tables then override it (how `calibrate` writes a fitted profile: only what it fitted).
     `[provenance]` records how a calibrated profile was made."""
+    check_schema("profile", raw, origin)
     data = dict(raw)
     fams_raw = data.pop("family", {})
     fw_raw = data.pop("framework", {})

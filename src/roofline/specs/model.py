@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from roofline.errors import SpecError
+from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_bool,
@@ -380,6 +381,7 @@ def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
 
     Every value is type- and range-checked before any arithmetic; errors name the file.
     """
+    check_schema("model", d, origin)
     data = dict(d)
     where = f"model file {origin}"
     _check_keys(data, where)

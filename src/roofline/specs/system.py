@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
+from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_bool,
@@ -901,6 +902,7 @@ def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
     """Read a user system file; see specs/systems/example-custom.toml for the keys."""
     origin = str(path)
     raw = read_toml(path, "system")
+    check_schema("system", raw, origin)
     where = f"system file {origin}"
     unknown = sorted(set(raw) - _TOML_KEYS)
     if unknown:
