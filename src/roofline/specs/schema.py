@@ -64,13 +64,24 @@ def schema(kind: str) -> dict[str, Any]:
 
 def check(kind: str, data: Any, origin: str) -> None:
     """Raise a one-paragraph SpecError at the first place `data` breaks `kind`'s schema."""
+    err = violation(kind, data, origin)
+    if err is not None:
+        raise err
+
+
+def violation(kind: str, data: Any, origin: str, part: str = "") -> SpecError | None:
+    """The first place `data` breaks `kind`'s schema as a SpecError (not raised), or None.
+
+    `part` names a `$defs` entry to check against instead of the whole schema (a runs file's
+    `entry`: validate skips one bad entry with the reason instead of refusing the file)."""
     root = schema(kind)
     where = f"{_NOUN.get(kind, kind)} file {origin}"
-    problem = _first_violation(data, root, root, ())
-    if problem is not None:
-        path, what, rule, fix = problem
-        at = f" {_dotted(path)}" if path and what[0] in "=h" else ""
-        raise SpecError(f"{where}:{at} {what}", rule=rule, fix=fix.replace("KIND", kind))
+    problem = _first_violation(data, root["$defs"][part] if part else root, root, ())
+    if problem is None:
+        return None
+    path, what, rule, fix = problem
+    at = f" {_dotted(path)}" if path and what[0] in "=h" else ""
+    return SpecError(f"{where}:{at} {what}", rule=rule, fix=fix.replace("KIND", kind))
 
 
 def _dotted(path: tuple) -> str:
