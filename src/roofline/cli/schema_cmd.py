@@ -14,7 +14,9 @@ from roofline.errors import SpecError
 from roofline.specs.schema import KINDS, schema
 
 NAME = "schema"
-HELP = "print the JSON Schema of a file kind (model, chip, system, framework, profile, engine, runs)"
+HELP = (
+    "print the JSON Schema of a file kind (model, chip, system, framework, profile, engine, runs)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

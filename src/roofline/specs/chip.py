@@ -15,7 +15,6 @@ from types import MappingProxyType
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_int,
@@ -26,6 +25,7 @@ from roofline.specs.catalog import (
     read_toml,
     resolve,
 )
+from roofline.specs.schema import check as check_schema
 from roofline.units import DTYPE_BYTES, compute_format, parse_dtype
 
 CHIP_DIR = DATA_DIR / "chips"

@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import SpecError, UnknownNameError
-from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_name_length,
@@ -48,6 +47,7 @@ from roofline.specs.catalog import (
 )
 from roofline.specs.filecache import cached
 from roofline.specs.filecache import read_toml as stamped_toml
+from roofline.specs.schema import check as check_schema
 from roofline.units import parse_dtype
 
 PROFILE_DIR = DATA_DIR / "profiles"

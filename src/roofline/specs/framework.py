@@ -35,10 +35,10 @@ from types import MappingProxyType
 from typing import Any
 
 from roofline.errors import SpecError, UnknownNameError
-from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import DATA_DIR, is_file, normalize, read_toml, resolve
 from roofline.specs.filecache import cached
 from roofline.specs.filecache import read_toml as stamped_toml
+from roofline.specs.schema import check as check_schema
 from roofline.units import parse_dtype
 
 FRAMEWORK_DIR = DATA_DIR / "frameworks"

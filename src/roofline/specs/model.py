@@ -12,7 +12,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_bool,
@@ -21,6 +20,7 @@ from roofline.specs.catalog import (
     check_str,
     check_str_list,
 )
+from roofline.specs.schema import check as check_schema
 
 MODEL_DIR = DATA_DIR / "models"
 

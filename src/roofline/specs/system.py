@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import (
     DATA_DIR,
     check_bool,
@@ -64,6 +63,7 @@ from roofline.specs.catalog import (
     read_toml,
 )
 from roofline.specs.chip import Chip, load_chip
+from roofline.specs.schema import check as check_schema
 from roofline.units import parse_quantity
 
 SYSTEM_DIR = DATA_DIR / "systems"

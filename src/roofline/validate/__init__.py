@@ -134,7 +134,10 @@ def _schema_checked(run: Any, entry: Any, origin: str) -> Any:
     if run.skipped_reason:
         return run
     err = violation("runs", entry, origin, part="entry")
-    return run if err is None else replace(run, skipped_reason=f"schema: {err.what}; {err.rule}")
+    if err is None:
+        return run
+    what = err.what.removeprefix(f"runs file {origin}: ")
+    return replace(run, skipped_reason=f"schema: {what}; {err.rule}")
 
 
 __all__ = [

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
-from roofline.specs.schema import check as check_schema
 from roofline.specs.catalog import read_toml, resolve
 from roofline.specs.filecache import cached
 from roofline.specs.filecache import read_toml as stamped_toml
+from roofline.specs.schema import check as check_schema
 
 ENGINE_DIR = Path(__file__).parent
 _FRACTION_OF = ("total", "free_after_weights")
