@@ -286,3 +286,27 @@ def test_schema_command_unwritable_out_is_one_paragraph(tmp_path, capsys):
     assert main(["schema", "model", "--out", str(tmp_path / "no" / "such" / "m.json")]) == 2
     err = capsys.readouterr().err
     assert "cannot be written" in err and "Traceback" not in err
+
+
+# -- docs/schemas.md shows real output ------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "schemas.md"
+
+
+def test_docs_show_the_errors_the_loaders_print():
+    doc = DOC.read_text()
+    d = data_of("chip", "h100.toml")
+    d["hbm_bw_bytes_per_sec"] = d.pop("hbm_bw_bytes_per_s")
+    with pytest.raises(SpecError) as e:
+        chip_from_dict(d, "my-chip.toml")
+    assert f"\n{e.value}\n" in doc
+    f = data_of("framework", "megatron.toml")
+    f["overlap"]["tensor"]["on"]["forward"] = "most"
+    with pytest.raises(SpecError) as e:
+        framework_from_dict(f, "my-stack.toml")
+    assert f"\n{e.value}\n" in doc
+
+
+def test_docs_name_every_kind():
+    doc = DOC.read_text()
+    assert all(f"| `{k}`" in doc for k in KINDS)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from roofline.errors import SpecError
+
+_DIR = Path(__file__).parent / "schemas"  # package data (pyproject: specs/schemas/*.json)
 
 KINDS = ("model", "chip", "system", "framework", "profile", "engine", "runs")
 
@@ -58,7 +60,7 @@ def schema(kind: str) -> dict[str, Any]:
             rule="schemas exist for " + ", ".join(KINDS),
             fix="name one of those kinds",
         )
-    text = files("roofline.specs").joinpath("schemas", f"{kind}.schema.json").read_text("utf-8")
+    text = (_DIR / f"{kind}.schema.json").read_text("utf-8")
     return json.loads(text)
 
 
