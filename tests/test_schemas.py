@@ -310,3 +310,21 @@ def test_docs_show_the_errors_the_loaders_print():
 def test_docs_name_every_kind():
     doc = DOC.read_text()
     assert all(f"| `{k}`" in doc for k in KINDS)
+
+
+def test_every_key_has_a_type():
+    """A key the shipped files never use still has a type for the editor and the checker."""
+
+    def untyped(node, path=""):
+        if isinstance(node, dict):
+            for k, v in node.get("properties", {}).items():
+                if not v:
+                    yield path + k
+                yield from untyped(v, f"{path}{k}.")
+            for key in ("items", "additionalProperties"):
+                if isinstance(node.get(key), dict):
+                    yield from untyped(node[key], path + "*.")
+            for v in node.get("$defs", {}).values():
+                yield from untyped(v, path)
+
+    assert {k: list(untyped(schema(k))) for k in KINDS} == {k: [] for k in KINDS}
