@@ -25,6 +25,7 @@ ORDER = (
     # specs: inputs as validated frozen records
     "specs.catalog",
     "specs.filecache",
+    "specs.schema",
     "specs.chip",
     "specs.system",
     "specs.efficiency",
@@ -134,6 +135,7 @@ ORDER = (
     "cli._common",
     "cli._profile",
     "cli.chips_cmd",
+    "cli.schema_cmd",
     "cli.chip_cmd",
     "cli.models_cmd",
     "cli.model_cmd",

@@ -33,6 +33,7 @@ COMMANDS = (
     "verify",
     "validate",
     "calibrate",
+    "schema",
     "report",
     "ui",
 )

@@ -25,6 +25,7 @@ from roofline.specs.catalog import (
     read_toml,
     resolve,
 )
+from roofline.specs.schema import check as check_schema
 from roofline.units import DTYPE_BYTES, compute_format, parse_dtype
 
 CHIP_DIR = DATA_DIR / "chips"
@@ -371,6 +372,7 @@ def chip_from_dict(d: dict, origin: str) -> Chip:
     A variant file names a catalog chip in `base` and gives only what differs (A100 40GB:
     `base = "a100"` with its own name, memory and bandwidth).
     """
+    check_schema("chip", d, origin)
     data = dict(d)
     _check_keys(data, origin)
     if "base" in data:

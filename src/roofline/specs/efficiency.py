@@ -47,6 +47,7 @@ from roofline.specs.catalog import (
 )
 from roofline.specs.filecache import cached
 from roofline.specs.filecache import read_toml as stamped_toml
+from roofline.specs.schema import check as check_schema
 from roofline.units import parse_dtype
 
 PROFILE_DIR = DATA_DIR / "profiles"
@@ -626,6 +627,7 @@ def profile_from_dict(raw: Mapping[str, Any], origin: str, _depth: int = 0) -> E
     keys given; a family the base lacks needs match, tile and mm_fraction) and [framework.X]
     tables then override it (how `calibrate` writes a fitted profile: only what it fitted).
     `[provenance]` records how a calibrated profile was made."""
+    check_schema("profile", raw, origin)
     data = dict(raw)
     fams_raw = data.pop("family", {})
     fw_raw = data.pop("framework", {})

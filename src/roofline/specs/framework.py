@@ -38,6 +38,7 @@ from roofline.errors import SpecError, UnknownNameError
 from roofline.specs.catalog import DATA_DIR, is_file, normalize, read_toml, resolve
 from roofline.specs.filecache import cached
 from roofline.specs.filecache import read_toml as stamped_toml
+from roofline.specs.schema import check as check_schema
 from roofline.units import parse_dtype
 
 FRAMEWORK_DIR = DATA_DIR / "frameworks"
@@ -1090,6 +1091,7 @@ def _parse_overheads(t: _Table) -> Overheads:
 
 def framework_from_dict(raw: dict, origin: str = "<dict>") -> Framework:
     """Validate a parsed profile (the TOML's dict) into a frozen `Framework`."""
+    check_schema("framework", raw, origin)
     t = _Table(raw, "", origin)
     schema = int(t.number("schema"))
     if schema != SCHEMA_VERSION:

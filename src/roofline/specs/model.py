@@ -20,6 +20,7 @@ from roofline.specs.catalog import (
     check_str,
     check_str_list,
 )
+from roofline.specs.schema import check as check_schema
 
 MODEL_DIR = DATA_DIR / "models"
 
@@ -380,6 +381,7 @@ def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
 
     Every value is type- and range-checked before any arithmetic; errors name the file.
     """
+    check_schema("model", d, origin)
     data = dict(d)
     where = f"model file {origin}"
     _check_keys(data, where)

@@ -63,6 +63,7 @@ from roofline.specs.catalog import (
     read_toml,
 )
 from roofline.specs.chip import Chip, load_chip
+from roofline.specs.schema import check as check_schema
 from roofline.units import parse_quantity
 
 SYSTEM_DIR = DATA_DIR / "systems"
@@ -901,6 +902,7 @@ def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
     """Read a user system file; see specs/systems/example-custom.toml for the keys."""
     origin = str(path)
     raw = read_toml(path, "system")
+    check_schema("system", raw, origin)
     where = f"system file {origin}"
     unknown = sorted(set(raw) - _TOML_KEYS)
     if unknown:

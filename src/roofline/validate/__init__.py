@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from roofline.errors import SpecError
 from roofline.specs.catalog import DATA_DIR as SPEC_DIR
 from roofline.specs.catalog import is_file
 from roofline.specs.efficiency import PEAK, Efficiency, load_efficiency
+from roofline.specs.schema import violation
 from roofline.validate.runfile import BUILTIN, RunFile, Schema, load_runs
 from roofline.validate.scoreboard import TrainingReport, validate_training
 from roofline.validate.serving_runs import ServingRun, map_serving_run
@@ -120,8 +122,22 @@ def mapped_runs(rf: RunFile) -> list:
     """Every entry of a runs file as a typed run of its schema (TrainingRun or ServingRun),
     mapped or with the reason it is not; a repeated id keeps its first entry."""
     if rf.schema == Schema.TRAINING:
-        return _dedupe([map_training_run(e) for e in rf.entries])
-    return _dedupe([map_serving_run(e, rf.schema.value) for e in rf.entries])
+        runs = [map_training_run(e) for e in rf.entries]
+    else:
+        runs = [map_serving_run(e, rf.schema.value) for e in rf.entries]
+    return _dedupe([_schema_checked(r, e, rf.path) for r, e in zip(runs, rf.entries, strict=True)])
+
+
+def _schema_checked(run: Any, entry: Any, origin: str) -> Any:
+    """A run the hand checks mapped is still skipped if its entry breaks the runs schema
+    (roofline.specs.schema: an unknown or misspelt key, a wrong type); their reasons come first."""
+    if run.skipped_reason:
+        return run
+    err = violation("runs", entry, origin, part="entry")
+    if err is None:
+        return run
+    what = err.what.removeprefix(f"runs file {origin}: ")
+    return replace(run, skipped_reason=f"schema: {what}; {err.rule}")
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from roofline.errors import SpecError
 from roofline.specs.catalog import read_toml, resolve
 from roofline.specs.filecache import cached
 from roofline.specs.filecache import read_toml as stamped_toml
+from roofline.specs.schema import check as check_schema
 
 ENGINE_DIR = Path(__file__).parent
 _FRACTION_OF = ("total", "free_after_weights")
@@ -115,6 +116,7 @@ _SECTIONS = ("scheduler", "graphs", "memory", "features", "kv")
 
 def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
     """Flatten the TOML sections and validate every field (the file, the rule and a fix)."""
+    check_schema("engine", raw, origin)
     flat: dict[str, Any] = {k: v for k, v in raw.items() if k not in _SECTIONS}
     for sec in _SECTIONS:
         sub = raw.get(sec, {})
