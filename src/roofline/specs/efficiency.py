@@ -28,6 +28,7 @@ live in `specs/profiles/*.toml` (`load_profile`); `calibrate` writes the same fo
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
@@ -261,6 +262,21 @@ class FamilyPhysics:
         return float(self.mm_fraction[d])
 
 
+# Per-profile lookup memos live beside the records, not in them: a profile stays a plain
+# frozen record (`replace`, `__dict__` round trips and equality see only its fields).
+_MEMOS: dict[tuple[int, str], dict] = {}
+
+
+def _memo(obj: Any, name: str) -> dict:
+    """The memo `name` of `obj`, dropped when `obj` is collected."""
+    key = (id(obj), name)
+    memo = _MEMOS.get(key)
+    if memo is None:
+        memo = _MEMOS[key] = {}
+        weakref.finalize(obj, _MEMOS.pop, key, None)
+    return memo
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """An efficiency profile. `Efficiency(name, matmul, hbm, link, source)` is a constant one.
@@ -310,10 +326,7 @@ class Efficiency:
         """The family physics that covers `chip`, or None (the profile's constants apply);
         looked up once per chip name (the walk asks for every op)."""
         key = (chip.name, getattr(chip, "generation", ""), tuple(getattr(chip, "aliases", ())))
-        memo = self.__dict__.get("_family_memo")
-        if memo is None:
-            memo = {}
-            object.__setattr__(self, "_family_memo", memo)
+        memo = _memo(self, "family")
         if key not in memo:
             memo[key] = next((fam for fam in self.families if fam.covers(chip)), None)
         return memo[key]
@@ -395,10 +408,7 @@ class Efficiency:
         over = self.frameworks.get(framework)
         if over is None:
             return self
-        memo = self.__dict__.get("_framework_memo")
-        if memo is None:
-            memo = {}
-            object.__setattr__(self, "_framework_memo", memo)
+        memo = _memo(self, "framework")
         if framework not in memo:
             memo[framework] = self._with_overrides(framework, over)
         return memo[framework]
