@@ -35,7 +35,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROMPT = "$ roofline "
 SKIP = "..."
 TIMINGS = (
-    re.compile(r"(Searched [\d,]+ plans \([\d,]+ costed\) in )[\d.]+ (?:s|ms|µs)"),
+    re.compile(r"(Searched [\d,]+ plans (?:in [^(]+ )?\([\d,]+ costed\) in )[\d.]+ (?:s|ms|µs)"),
     re.compile(r"(compiled in )[\d.]+ s"),
 )
 UPDATE = os.environ.get("ROOFLINE_UPDATE_DOCS") == "1"
@@ -211,6 +211,14 @@ def test_numbers_are_compared_exactly_but_timings_are_not():
     assert not matches(
         ["Searched 1,000 plans (10 costed) in 0.95 s"],
         ["Searched 1,001 plans (10 costed) in 0.95 s"],
+    )
+    assert matches(
+        ["Searched 1,000 plans in bf16 and fp8 (10 costed) in 0.95 s; x"],
+        ["Searched 1,000 plans in bf16 and fp8 (10 costed) in 3.2 s; x"],
+    )
+    assert not matches(
+        ["Searched 1,000 plans in bf16 (10 costed) in 0.95 s; x"],
+        ["Searched 1,000 plans in bf16 and fp8 (10 costed) in 0.95 s; x"],
     )
     assert not matches(["TTFT  109 ms"], ["TTFT  347 ms"])
     assert matches(["mesh x; compiled in 6.3 s; y"], ["mesh x; compiled in 21.8 s; y"])

@@ -142,7 +142,7 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
         optimizer_time_saved_s=cost.optimizer_time_s,
         step_time_s=cost.step_time_s - cost.optimizer_time_s + exposed,
         memory_per_chip_bytes=cost.memory_per_chip_bytes - state,
-        hbm_bytes=system.chip.hbm_bytes,
+        hbm_bytes=system.chip.fit_hbm_bytes,
         host_dram_bytes_per_chip=system.host_dram_bytes_per_chip,
         breakeven_tokens_per_chip=offload_min_tokens_per_chip(C, W) * share,
         tokens_per_chip=cost.workload.batch_tokens / n,
