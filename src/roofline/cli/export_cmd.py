@@ -84,6 +84,14 @@ def _plans(args: argparse.Namespace, model, work: Workload) -> list:
     """The plans to try, best first: --plan (with the target's optimizer and precision), or
     train's top plans for the target stack."""
     mod = stack_module(args.to)
+    if mod.KIND != LaunchKind.TRAINING:  # vllm, sglang, trtllm: no training plan to write
+        raise LaunchError(
+            f"export --to {args.to}: {args.to} is a serving engine and export writes a "
+            "training plan",
+            rule="export --to takes a training stack (torchtitan, maxtext, megatron, nemo, "
+            "deepspeed); roofline serve costs serving plans",
+            fix="pick a training stack for --to",
+        )
     args.optimizer = args.optimizer or mod.OPTIMIZER
     dtypes = stack_of(mod.PROFILE).dtypes(args.precision) if args.precision else None
     if args.plan:
