@@ -498,11 +498,12 @@ def _mutate_line(draw, text: str) -> str:
 @st.composite
 def launch_file(draw) -> tuple[str, str]:
     """(content, suffix): a launch file of any stack with 0-3 edits, or a malformed one."""
-    path = draw(st.sampled_from(launch_files()))
-    if draw(st.integers(0, 7)) == 0:
+    training = [p for p in launch_files() if "serving" not in p.parts]
+    path = draw(mostly(st.sampled_from(training), st.sampled_from(launch_files()), 3))
+    if draw(st.integers(0, 7)) == 7:
         bad = st.sampled_from(["", "[parallelism]\n", "{}", "-1", "vllm serve\n", "python\n"])
         return draw(st.one_of(bad, nasty_content())), path.suffix
     text = path.read_text()
-    for _ in range(draw(st.integers(0, 3))):
+    for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
         text = _mutate_line(draw, text)
     return text, path.suffix
