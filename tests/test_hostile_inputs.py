@@ -253,3 +253,19 @@ def test_given_step_times_whose_ratio_overflows_are_refused(capsys, prefill, dec
     argv = [*SERVE, "--plan", "tp=1", "--batch", "280", "--context", "365"]
     argv += [f"--prefill-step-s={prefill}", f"--decode-step-s={decode}", "--json"]
     one_paragraph(capsys, argv, "no finite number")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "--to", "megatron", "--model", "tiny-llama", "--system", "h100:8"],
+        [*SERVE, "--prompt", "512", "--gen", "64"],
+    ],
+    ids=["export", "serve"],
+)
+@pytest.mark.parametrize("kind", ["missing", "dir", "empty"])
+def test_export_and_serve_check_their_output_before_work(capsys, tmp_path, argv, kind):
+    # export searched first and failed at the write; --out '' / --plot '' wrote nothing (F15)
+    flag = "--out" if argv[0] == "export" else "--plot"
+    path = {"missing": str(tmp_path / "no" / "x.png"), "dir": str(tmp_path), "empty": ""}[kind]
+    one_paragraph(capsys, [*argv, flag, path], flag)

@@ -331,13 +331,21 @@ def serve_argv(draw) -> list[str]:
                     )
                 ),
             ]
+    return argv + _serve_options(draw) + draw(_json)
+
+
+def _serve_options(draw) -> list[str]:
+    argv = []
     if draw(st.integers(0, 5)) == 0:
         argv += ["--prefix-hit", draw(st.sampled_from(["0", "0.5", "1", "1.5", "-0.1", "nan"]))]
     if draw(st.integers(0, 6)) == 0:
         argv += ["--acceptance", draw(st.sampled_from(["0.7", "0", "1", "2", "nan"]))]
     if draw(st.integers(0, 6)) == 0:
         argv += ["--price", draw(S.number_text(0, 100))]
-    return argv + draw(_json)
+    if draw(st.integers(0, 11)) == 11:  # a chart (matplotlib: slow), every kind of path
+        suffix = draw(st.sampled_from([".png", ".svg", ".bogus"]))
+        argv += ["--plot", out_path(draw(st.sampled_from(_OUTS)), suffix)]
+    return argv
 
 
 # -- the commands of issues 19-21: import, export, limits, transfer, serve's given steps ---------

@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from roofline.cli._common import add_json, emit
+from roofline.cli._common import add_json, check_output_path, emit
 from roofline.cli._profile import add_profile_arg
 from roofline.cli.train_cmd import search_plans, stack_and_profile
 from roofline.core.stack import stack_of
@@ -140,6 +140,7 @@ def _first_expressible(args: argparse.Namespace, plans: list, work: Workload) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")  # before train's search, not at the write
     model = load_model(args.model)
     work = _workload(args)
     config, text, skipped = _first_expressible(args, _plans(args, model, work), work)
