@@ -169,6 +169,10 @@ def test_the_oracle_can_fail():
     assert not Outcome(["x", "--json"], 0, run % "fp4", "", 0.1).problems()
     assert Outcome(["x", "--json"], 0, run % "bf16", "", 0.1).problems()
     assert Outcome(["x", "--json"], 0, run.replace("1.07", "7.0") % "fp4", "", 0.1).problems()
+    mfu = "MFU 77.6% of the bf16 peak, 38.8% of the fp8 peak (the matmuls' dtype); HFU 107.1%"
+    assert not Outcome(["import", "f", "--system", "tpu-v5e:4x4"], 0, mfu, "", 0.1).problems()
+    assert Outcome(["import", "f", "--system", "tpu-v5e:4x4"], 0, mfu + " 207%", "", 0.1).problems()
+    assert Outcome(["import", "f"], 0, mfu, "", 0.1).problems()  # no chip: 100%
 
 
 def test_the_ui_oracle_can_fail():
