@@ -269,3 +269,12 @@ def test_export_and_serve_check_their_output_before_work(capsys, tmp_path, argv,
     flag = "--out" if argv[0] == "export" else "--plot"
     path = {"missing": str(tmp_path / "no" / "x.png"), "dir": str(tmp_path), "empty": ""}[kind]
     one_paragraph(capsys, [*argv, flag, path], flag)
+
+
+def test_a_control_character_in_a_maxtext_override_is_one_paragraph(capsys, tmp_path):
+    # yaml.reader.ReaderError escaped from the override's value (F16, seed 20261203)
+    text = (ROOT / "tests" / "data" / "launch" / "maxtext_llama2_70b_v5p.sh").read_text()
+    f = tmp_path / "launch.sh"
+    f.write_text(text.replace("per_device_batch_size=4", "per_device_batch_size=\x014"))
+    assert "per_device_batch_size=\x014" in f.read_text()
+    one_paragraph(capsys, ["import", str(f), "--chips", "256"], "per_device_batch_size")
