@@ -223,3 +223,58 @@ def test_deep_nesting_is_one_paragraph(capsys, tmp_path, argv_of, text):
     f = tmp_path / ("f.json" if text.startswith("[[") else "f.toml")
     f.write_text(text)
     one_paragraph(capsys, argv_of(str(f)))
+
+
+# -- the fresh-seed fuzz of the new commands (docs/fuzz-findings.md, F12-F14) ---------------
+
+
+@pytest.mark.parametrize("stack", [None, "maxtext", "nemo", "trtllm", "deepspeed", "torchtitan"])
+@pytest.mark.parametrize(
+    "text", ['{"a":' * 5000 + "1", "{" * 5000, "a = " + "[" * 5000], ids=["json", "flow", "toml"]
+)
+def test_import_of_a_deeply_nested_file_is_one_paragraph(capsys, tmp_path, stack, text):
+    f = tmp_path / "launch.yaml"  # each stack's parser recursed past Python's limit (F12)
+    f.write_text(text)
+    argv = ["import", str(f), *(["--stack", stack] if stack else [])]
+    err = one_paragraph(capsys, argv)
+    assert len(err) < 2000  # names the file, never echoes it
+
+
+@pytest.mark.parametrize("stack", ["vllm", "sglang", "trtllm"])
+def test_export_to_a_serving_engine_is_one_paragraph(capsys, stack):
+    # an AttributeError (the serving modules keep no training OPTIMIZER) before (F13)
+    argv = ["export", "--to", stack, "--model", "tiny-llama", "--plan", "tp=1"]
+    one_paragraph(capsys, argv, "serving engine", "training stack")
+
+
+@pytest.mark.parametrize(("prefill", "decode"), [("1e308", "19ms"), ("1e-308", "1e308")])
+def test_given_step_times_whose_ratio_overflows_are_refused(capsys, prefill, decode):
+    # the prefill : decode ratio was inf, printed as "inf : 1" and written as null (F14)
+    argv = [*SERVE, "--plan", "tp=1", "--batch", "280", "--context", "365"]
+    argv += [f"--prefill-step-s={prefill}", f"--decode-step-s={decode}", "--json"]
+    one_paragraph(capsys, argv, "no finite number")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "--to", "megatron", "--model", "tiny-llama", "--system", "h100:8"],
+        [*SERVE, "--prompt", "512", "--gen", "64"],
+    ],
+    ids=["export", "serve"],
+)
+@pytest.mark.parametrize("kind", ["missing", "dir", "empty"])
+def test_export_and_serve_check_their_output_before_work(capsys, tmp_path, argv, kind):
+    # export searched first and failed at the write; --out '' / --plot '' wrote nothing (F15)
+    flag = "--out" if argv[0] == "export" else "--plot"
+    path = {"missing": str(tmp_path / "no" / "x.png"), "dir": str(tmp_path), "empty": ""}[kind]
+    one_paragraph(capsys, [*argv, flag, path], flag)
+
+
+def test_a_control_character_in_a_maxtext_override_is_one_paragraph(capsys, tmp_path):
+    # yaml.reader.ReaderError escaped from the override's value (F16, seed 20261203)
+    text = (ROOT / "tests" / "data" / "launch" / "maxtext_llama2_70b_v5p.sh").read_text()
+    f = tmp_path / "launch.sh"
+    f.write_text(text.replace("per_device_batch_size=4", "per_device_batch_size=\x014"))
+    assert "per_device_batch_size=\x014" in f.read_text()
+    one_paragraph(capsys, ["import", str(f), "--chips", "256"], "per_device_batch_size")

@@ -236,6 +236,8 @@ def train_argv(draw, known_issues: bool = True) -> list[str]:
                 st.sampled_from([".", "/dev/null", write_file(draw(S.efficiency_toml()), ".toml")])
             ),
         ]
+    if draw(st.integers(0, 5)) == 0:
+        argv += ["--offload-optimizer"]
     if not known_issues and system.startswith(("gb200", "gb300", "tpu-7x")):
         argv += ["--price", "3.0"]  # F5: unpriced chips print $nan / NaN per-token costs
     if draw(st.integers(0, 3)) == 0:  # default: auto (the chip's reference stack)
@@ -329,12 +331,153 @@ def serve_argv(draw) -> list[str]:
                     )
                 ),
             ]
+    return argv + _serve_options(draw) + draw(_json)
+
+
+def _serve_options(draw) -> list[str]:
+    argv = []
     if draw(st.integers(0, 5)) == 0:
         argv += ["--prefix-hit", draw(st.sampled_from(["0", "0.5", "1", "1.5", "-0.1", "nan"]))]
     if draw(st.integers(0, 6)) == 0:
         argv += ["--acceptance", draw(st.sampled_from(["0.7", "0", "1", "2", "nan"]))]
     if draw(st.integers(0, 6)) == 0:
         argv += ["--price", draw(S.number_text(0, 100))]
+    if draw(st.integers(0, 11)) == 11:  # a chart (matplotlib: slow), every kind of path
+        suffix = draw(st.sampled_from([".png", ".svg", ".bogus"]))
+        argv += ["--plot", out_path(draw(st.sampled_from(_OUTS)), suffix)]
+    return argv
+
+
+# -- the commands of issues 19-21: import, export, limits, transfer, serve's given steps ---------
+
+STACKS = ["torchtitan", "maxtext", "megatron", "nemo", "deepspeed", "vllm", "sglang", "trtllm"]
+
+
+@st.composite
+def import_argv(draw) -> list[str]:
+    """`roofline import`: every stack's launch files, mutated or malformed, with or without a
+    system to cost them on."""
+    content, suffix = draw(S.launch_file())
+    argv = ["import", write_file(content, suffix)]
+    # `== last`, not `== 0`: Hypothesis starts from (and shrinks to) 0, which would add the
+    # flags that refuse most files to most early cases
+    if draw(st.integers(0, 3)) == 3:
+        argv += ["--stack", draw(S.mostly(st.sampled_from(STACKS), st.just("bogus"), 8))]
+    where = draw(st.integers(0, 3))
+    if where == 0:
+        argv += ["--system", draw(S.mostly(S.good_system(), S.system_spec(), 4))]
+    elif where == 1:
+        argv += ["--chips", draw(S.number_text(0, 4096))]
+    if draw(st.integers(0, 4)) == 4:
+        argv += ["--model", draw(S.name_of(S.SMALL_MODELS))]
+    for flag in ("--seq", "--tokens", "--price"):
+        if draw(st.integers(0, 6)) == 6:
+            argv += [flag, draw(S.number_text(0, 1 << 20))]
+    return argv + draw(_json)
+
+
+@st.composite
+def export_argv(draw) -> list[str]:
+    """`roofline export --to STACK`: a given plan, or train's search on a small system."""
+    argv = ["export", "--to", draw(S.mostly(st.sampled_from(STACKS), st.just("bogus"), 10))]
+    argv += [
+        "--model",
+        draw(S.mostly(st.sampled_from(["tiny-llama", "book-tf-q1"]), S.name_of(S.SMALL_MODELS), 4)),
+    ]
+    system = draw(st.sampled_from(["h100:8", "h100:16", "tpu-v5e:4x4", "mi300x:8", "gb200:72"]))
+    if draw(st.booleans()):
+        argv += ["--plan", draw(plan_text(_SYSTEMS.get(system, 8)))]
+        if draw(st.booleans()):
+            argv += ["--system", system]
+    else:
+        argv += ["--system", draw(S.mostly(st.just(system), S.system_spec(), 6)), "--top", "3"]
+    for flag, values in (
+        ("--batch-tokens", ["1Mi", "4096", "0", "-1", "nan", "1e30"]),
+        ("--seq", ["2048", "4096", "0", "4096.5"]),
+        ("--steps", ["100", "0", "-1", "1e308", "x"]),
+        ("--precision", ["bf16", "fp8", "fp8-delayed", "nvfp4", "fp4", "bogus"]),
+        ("--optimizer", ["adam-fp32-master", "adam", "sgd", "bogus"]),
+        ("--objective", ["cost", "time"]),
+    ):
+        if draw(st.integers(0, 4)) == 0:
+            argv += [flag, draw(st.sampled_from(values))]
+    if draw(st.integers(0, 4)) == 0:
+        argv += ["--out", out_path(draw(st.sampled_from(_OUTS)), ".txt")]
+    return argv + draw(_json)
+
+
+@st.composite
+def limits_argv(draw) -> list[str]:
+    """`roofline limits`: the book's closed-form limits, every strategy, batches and plans."""
+    argv = ["limits", "--model", draw(S.name_of(S.SMALL_MODELS + ["llama-3-70b", "deepseek-v3"]))]
+    argv += ["--system", draw(S.mostly(S.good_system(), S.system_spec(), 4))]
+    if draw(st.booleans()):
+        argv += ["--batch", draw(S.number_text(0, 1 << 24))]
+    if draw(st.integers(0, 2)) == 0:
+        strategies = ["fsdp", "tp", "fsdp+tp", "zero3+pp", "decode"]
+        argv += ["--strategy", draw(S.mostly(st.sampled_from(strategies), st.just("pp"), 10))]
+    if draw(st.integers(0, 2)) == 0:
+        argv += ["--plan", draw(plan_text(8))]
+    for flag in ("--weight-dtype", "--activation-dtype"):
+        if draw(st.integers(0, 4)) == 0:
+            argv += [flag, draw(st.sampled_from(S.DTYPES + ["bf17"]))]
+    return argv + draw(_json)
+
+
+def _endpoint(draw) -> str:
+    good = st.one_of(
+        st.integers(0, 300).map(str),
+        st.tuples(st.integers(0, 17), st.integers(0, 17)).map(lambda t: f"{t[0]},{t[1]}"),
+        st.sampled_from(["0,0,0", "3,3,3", "host"]),
+    )
+    bad = st.sampled_from(["-1", "0,", "a,b", "", "99999", "1,2,3,4", "9" * 50, "host,1"])
+    return draw(S.mostly(good, bad, 5))
+
+
+@st.composite
+def transfer_argv(draw) -> list[str]:
+    """`roofline transfer`: point to point, many-to-one gathers, host loads, tier capacities."""
+    argv = ["transfer", "--system", draw(S.mostly(S.good_system(), S.system_spec(), 4))]
+    mode = draw(st.integers(0, 3))
+    if mode == 3:
+        return argv + ["--capacities", *draw(_json)]
+    argv += ["--bytes", draw(S.number_text(0, 1 << 34))]
+    if mode == 2:
+        argv += ["--gather-to", _endpoint(draw)]
+    else:
+        argv += ["--from", _endpoint(draw), "--to", _endpoint(draw)]
+    if draw(st.integers(0, 5)) == 0:
+        argv += ["--capacities"]
+    return argv + draw(_json)
+
+
+_STEP_TIMES = ["0.91s", "19ms", "1ms", "0", "-1s", "nan", "inf", "1e308", "5 min", "x", "2"]
+
+
+@st.composite
+def serve_steps_argv(draw) -> list[str]:
+    """`serve`'s one-step mode with given step times, --kv-seq and --engine (issue 21)."""
+    model = draw(
+        S.mostly(st.sampled_from(["tiny-llama", "llama-3-8b"]), S.name_of(S.SMALL_MODELS), 8)
+    )
+    system = draw(st.sampled_from(["h100:8", "tpu-v5e:4x2", "b200:8", "h100:1"]))
+    argv = ["serve", "--model", model, "--system", system]
+    plans = ["tp=8", "tp=4", "tp=2", "tp=1", "tp=2,dp=4"]
+    argv += ["--plan", draw(S.mostly(st.sampled_from(plans), st.just("x"), 10))]
+    argv += ["--batch", draw(S.number_text(0, 512)), "--context", draw(S.number_text(0, 1 << 17))]
+    given = draw(st.integers(0, 3))
+    if given <= 1:
+        argv += [f"--prefill-step-s={draw(st.sampled_from(_STEP_TIMES))}"]
+        argv += [f"--decode-step-s={draw(st.sampled_from(_STEP_TIMES))}"]
+        if draw(st.booleans()):
+            argv += ["--prefill-batch", draw(S.number_text(0, 64))]
+    elif given == 2:
+        argv += [draw(st.sampled_from(["--prefill-step-s", "--decode-step-s"])), "1s"]
+    if draw(st.booleans()):
+        argv += ["--kv-seq", draw(S.number_text(0, 16))]
+    if draw(st.booleans()):
+        engines = ["vllm", "sglang", "trtllm", "jetstream", "none", "VLLM", "bogus", ""]
+        argv += ["--engine", draw(st.sampled_from(engines))]
     return argv + draw(_json)
 
 
@@ -395,7 +538,7 @@ def out_path(kind: str, suffix: str) -> str:
 def file_kind_argv(draw) -> list[str]:
     """Every command that reads a file, given a file of every kind."""
     small = ["--model", "tiny-llama", "--system", "h100:8"]
-    use = draw(st.integers(0, 7))
+    use = draw(st.integers(0, 8))
     if use == 0:
         return ["model", draw(nasty_file(draw(st.sampled_from([".json", ".toml"]))))]
     if use == 1:
@@ -413,6 +556,9 @@ def file_kind_argv(draw) -> list[str]:
     if use == 6:
         out = out_path(draw(st.sampled_from(_OUTS)), ".toml")
         return ["calibrate", "--from-runs", draw(nasty_file(".yaml")), "--out", out]
+    if use == 7:
+        suffix = draw(st.sampled_from([".toml", ".yaml", ".json", ".sh"]))
+        return ["import", draw(nasty_file(suffix)), "--system", "h100:8", *draw(_json)]
     return ["train", "--model", draw(nasty_file(".json")), "--system", "h100:8"]
 
 
@@ -580,4 +726,9 @@ FAMILIES = {
     "file_kinds": file_kind_argv(),
     "calibrate": calibrate_argv(),
     "report": report_argv(),
+    "import": import_argv(),
+    "export": export_argv(),
+    "limits": limits_argv(),
+    "transfer": transfer_argv(),
+    "serve_steps": serve_steps_argv(),
 }

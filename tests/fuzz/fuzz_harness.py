@@ -128,11 +128,25 @@ def _answer_problems(argv: list[str], out: str) -> list[str]:
     probs = [msg for rx, msg in _BAD_TEXT if rx.search(out)]
     # validate prints signed errors ("+237.8%"), which may exceed 100%; other percentages are
     # shares, MFU or bubble fractions
-    for m in _PCT.finditer(out) if argv[:1] != ["validate"] else ():
-        if float(m.group(1).replace(",", "")) > 100.0 + 1e-9:
-            probs.append(f"a percentage above 100%: {m.group(0)!r}")
+    for line in out.splitlines() if argv[:1] != ["validate"] else ():
+        limit = 100.0 * _text_ceiling(argv, line)
+        big = [m for m in _PCT.finditer(line) if float(m.group(1).replace(",", "")) > limit]
+        if big:
+            probs.append(f"a percentage above {limit:g}%: {big[0].group(0)!r}")
             break
     return probs
+
+
+_COMPUTE_PEAK = re.compile(r"% of the bf16 peak, [\d.]+% of the (\w+) peak")
+
+
+def _text_ceiling(argv: list[str], line: str) -> float:
+    """The MFU line of a run whose matmuls compute in fp8/fp4 may pass 100% of the bf16 peak
+    (its HFU too), up to the system's chip's peak ratio (mfu_ceiling); 1 elsewhere."""
+    m = _COMPUTE_PEAK.search(line)
+    if not m or "--system" not in argv[:-1]:
+        return 1.0
+    return mfu_ceiling(argv[argv.index("--system") + 1], m.group(1))
 
 
 # keys whose values are quantities: numbers (or null) and never negative
@@ -155,14 +169,43 @@ _NUMERIC_SUFFIXES = (
     "hfu",
 )
 _FRACTION_KEYS = re.compile(r"(^|_)(mfu|hfu|share|fraction|efficiency|utilization)$")
+_BF16_REFERENCED = re.compile(r"(^|_)(mfu|hfu)$")  # not mfu_compute_dtype: its own peak
 _NON_NEGATIVE_EXEMPT = re.compile(r"(error|bias|delta|diff|signed)", re.I)
 
 
 _GENERIC_REASONS = ("not a number (", "+infinite (", "-infinite (", "entries [")
 
 
-def _json_problems(x, path: str) -> Iterable[str]:
+def mfu_ceiling(chip_text, compute_dtype) -> float:
+    """The most a bf16-referenced MFU can be (training/step.py: `mfu` is model FLOPs over the
+    bf16 peak, `mfu_compute_dtype` over the dense matmuls' dtype peak): the chip's
+    compute-dtype peak over its bf16 peak, so an fp8/fp4 run may pass 100%; 1 otherwise."""
+    if not isinstance(chip_text, str) or not isinstance(compute_dtype, str):
+        return 1.0
+    from roofline.errors import RooflineError
+    from roofline.specs.chip import load_chip
+    from roofline.training.step import mfu_peak
+
+    name = chip_text.strip().split(" ")[0].split(":")[0]
+    try:
+        chip = load_chip(name)
+        return max(1.0, chip.peak(compute_dtype, fallback=chip.default_dtype) / mfu_peak(chip))
+    except (RooflineError, KeyError, ValueError):
+        return 1.0
+
+
+def _context(x: dict, ceiling: float) -> float:
+    """A record naming its chip (`system`/`chip`) and `compute_dtype` sets the MFU ceiling
+    for everything inside it."""
+    chip = x.get("chip", x.get("system"))
+    if isinstance(chip, dict):
+        chip = chip.get("name")
+    return mfu_ceiling(chip, x.get("compute_dtype")) if "compute_dtype" in x else ceiling
+
+
+def _json_problems(x, path: str, ceiling: float = 1.0) -> Iterable[str]:
     if isinstance(x, dict):
+        ceiling = _context(x, ceiling)
         for k, v in x.items():
             p = f"{path}.{k}"
             if k in ("formulas", "arithmetic", "notes"):  # text about numbers, not numbers
@@ -175,8 +218,8 @@ def _json_problems(x, path: str) -> Iterable[str]:
                 # the writer's fallback: a non-finite float reached the output (docs/json.md)
                 yield f"{p}: a non-finite number reached the JSON writer ({v[:40]}...)"
             elif _is_quantity_key(k):
-                yield from _quantity_problems(k, v, p)
-            yield from _json_problems(v, p)
+                yield from _quantity_problems(k, v, p, ceiling)
+            yield from _json_problems(v, p, ceiling)
     elif isinstance(x, list):
         for i, v in enumerate(x):
             if isinstance(v, float) and not math.isfinite(v):
@@ -184,14 +227,14 @@ def _json_problems(x, path: str) -> Iterable[str]:
             elif isinstance(v, str) and v.strip().lower() in ("inf", "-inf", "nan"):
                 yield f"{path}[{i}] is the string {v!r}"
             else:
-                yield from _json_problems(v, f"{path}[{i}]")
+                yield from _json_problems(v, f"{path}[{i}]", ceiling)
 
 
 def _is_quantity_key(k: str) -> bool:
     return k.endswith(_NUMERIC_SUFFIXES) and not k.endswith(("_reason", "_source", "_formula"))
 
 
-def _quantity_problems(k: str, v, path: str) -> Iterable[str]:
+def _quantity_problems(k: str, v, path: str, ceiling: float = 1.0) -> Iterable[str]:
     if v is None or isinstance(v, (dict, list)):
         return
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -199,8 +242,10 @@ def _quantity_problems(k: str, v, path: str) -> Iterable[str]:
         return
     if v < 0 and not _NON_NEGATIVE_EXEMPT.search(k):
         yield f"{path} = {v!r} is negative"
-    if _FRACTION_KEYS.search(k) and v > 1.0 + 1e-9:
-        yield f"{path} = {v!r}: a fraction above 1 (100%)"
+    # MFU/HFU against the bf16 peak may pass 1 when the matmuls run in fp8/fp4 (mfu_ceiling)
+    limit = ceiling if _BF16_REFERENCED.search(k) else 1.0
+    if _FRACTION_KEYS.search(k) and v > limit + 1e-9:
+        yield f"{path} = {v!r}: a fraction above {limit:g} ({100 * limit:g}%)"
 
 
 # -- `roofline ui` requests -------------------------------------------------------------------------

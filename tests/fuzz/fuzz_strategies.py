@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 from hypothesis import strategies as st
@@ -451,3 +452,58 @@ def lengths_csv(draw) -> str:
     rows = draw(st.lists(row, min_size=0, max_size=6))
     head = draw(st.sampled_from(["", "prompt,output\n", "# comment\n"]))
     return head + "\n".join(rows) + "\n"
+
+
+# -- launch files (import): every stack's files, mutated, and malformed ones ---------------------
+
+LAUNCH_DIR = Path(__file__).parents[1] / "data" / "launch"
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(\.\d+)?(e[+-]?\d+)?(?![\w.])", re.I)
+_VALUE = re.compile(r"(=|:)\s*([^\s,#]+)")
+
+
+@functools.cache
+def launch_files() -> list[Path]:
+    """tests/data/launch/ and its serving/ folders: every stack's launch files."""
+    keep = {".toml", ".yaml", ".json", ".sh", ".slurm"}
+    files = [p for p in LAUNCH_DIR.rglob("*") if p.suffix in keep and p.stem != "MANIFEST"]
+    return sorted(files)
+
+
+def _mutate_line(draw, text: str) -> str:
+    """One edit: a number or a value replaced, a line dropped or doubled, the file cut."""
+    lines = text.splitlines()
+    if not lines:
+        return text
+    i = draw(st.integers(0, len(lines) - 1))
+    action = draw(st.integers(0, 5))
+    line = lines[i]
+    numbers = list(_NUMBER.finditer(line))
+    values = list(_VALUE.finditer(line))
+    wrong = st.one_of(st.sampled_from(_SPECIAL_NUMBERS + [HUGE_DIGITS]), _ascii)
+    if action <= 1 and numbers:
+        m = draw(st.sampled_from(numbers))
+        lines[i] = line[: m.start()] + draw(wrong) + line[m.end() :]
+    elif action == 2 and values:
+        m = draw(st.sampled_from(values))
+        lines[i] = line[: m.start(2)] + draw(st.one_of(wrong, _garbage)) + line[m.end(2) :]
+    elif action == 3:
+        del lines[i]
+    elif action == 4:
+        lines.insert(i, line)
+    else:
+        return text[: draw(st.integers(0, len(text)))]
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def launch_file(draw) -> tuple[str, str]:
+    """(content, suffix): a launch file of any stack with 0-3 edits, or a malformed one."""
+    training = [p for p in launch_files() if "serving" not in p.parts]
+    path = draw(mostly(st.sampled_from(training), st.sampled_from(launch_files()), 3))
+    if draw(st.integers(0, 7)) == 7:
+        bad = st.sampled_from(["", "[parallelism]\n", "{}", "-1", "vllm serve\n", "python\n"])
+        return draw(st.one_of(bad, nasty_content())), path.suffix
+    text = path.read_text()
+    for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
+        text = _mutate_line(draw, text)
+    return text, path.suffix

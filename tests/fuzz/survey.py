@@ -1,6 +1,7 @@
 """Survey: run many fuzz cases per family and list every distinct failure (not a test).
 
     PYTHONPATH=src python tests/fuzz/survey.py [N per family] [family ...]
+    ROOFLINE_FUZZ_SEED=20261202 ... survey.py 480     # a fresh run that can be repeated
 
 The pytest tier stops at the first failing case of a family (and shrinks it); this script keeps
 going and groups failures by cause, which is how docs/fuzz-findings.md is written.
@@ -9,6 +10,7 @@ going and groups failures by cause, which is how docs/fuzz-findings.md is writte
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import time
 import warnings
@@ -18,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2]))
 
 import fuzz_cases  # noqa: E402
-from fuzz_harness import run_cli  # noqa: E402
-from hypothesis import Phase, given, settings  # noqa: E402
+from fuzz_harness import run_cli, run_request  # noqa: E402
+from hypothesis import Phase, given, seed, settings  # noqa: E402
 from hypothesis.errors import NonInteractiveExampleWarning  # noqa: E402
 
 
@@ -31,6 +33,9 @@ def _cause(outcome) -> str:
     return "; ".join(outcome.problems())[:160]
 
 
+SEED = os.environ.get("ROOFLINE_FUZZ_SEED")  # a fresh run: any integer, recorded with it
+
+
 def _draw(strat, n: int) -> list[list[str]]:
     """n argv lists drawn by Hypothesis's real engine (`.example()` is not representative)."""
     out: list[list[str]] = []
@@ -40,25 +45,34 @@ def _draw(strat, n: int) -> list[list[str]]:
     def collect(argv):
         out.append(argv)
 
+    if SEED is not None:
+        collect = seed(int(SEED))(collect)
     collect()
     return out
 
 
+def _run(fam: str, case):
+    """One case: a CLI argv, or (family `ui`) a request to the UI's app in-process."""
+    if fam == "ui":
+        return run_request(fuzz_cases.ui_app(), case, timeout_s=20.0)
+    return run_cli(case, timeout_s=10.0)
+
+
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    families = [a for a in sys.argv[2:] if a != "-v"] or list(fuzz_cases.FAMILIES)
+    families = [a for a in sys.argv[2:] if a != "-v"] or [*fuzz_cases.FAMILIES, "ui"]
     warnings.simplefilter("ignore", NonInteractiveExampleWarning)
     for fam in families:
-        strat = fuzz_cases.FAMILIES[fam]
+        strat = fuzz_cases.ui_request() if fam == "ui" else fuzz_cases.FAMILIES[fam]
         causes: dict[str, list] = collections.defaultdict(list)
         t0, slow, answered = time.perf_counter(), 0.0, 0
         refusals: collections.Counter = collections.Counter()
         argvs = _draw(strat, n)
         for argv in argvs:
-            out = run_cli(argv, timeout_s=10.0)
+            out = _run(fam, argv)
             slow = max(slow, out.seconds)
-            answered += out.rc == 0
-            if out.rc == 2:
+            answered += getattr(out, "rc", getattr(out, "status", None)) in (0, 200)
+            if getattr(out, "rc", None) == 2:
                 refusals[out.err.split(": error: ")[-1].split("Rule:")[0][:70]] += 1
             if out.problems():
                 causes[_cause(out)].append(argv)
@@ -73,9 +87,11 @@ def main() -> int:
                 print(f"  refused [{k}] {msg}")
         for cause, argvs in sorted(causes.items(), key=lambda kv: -len(kv[1])):
             print(f"  [{len(argvs)}] {cause}")
-            print(
-                f"      e.g. roofline {' '.join(repr(a) if ' ' in a or not a else a for a in argvs[0])}"
+            case = argvs[0]
+            shown = (
+                case if fam == "ui" else " ".join(repr(a) if " " in a or not a else a for a in case)
             )
+            print(f"      e.g. roofline {shown}"[:2000])
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from roofline.cli._common import add_json, emit, int_flag
+from roofline.cli._common import add_json, check_output_path, emit, int_flag
 from roofline.cli._profile import add_profile_arg
 from roofline.cli.train_cmd import search_plans, stack_and_profile
 from roofline.core.stack import stack_of
@@ -169,6 +169,7 @@ def _first_expressible(args: argparse.Namespace, plans: list, work: Workload) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")  # before any search, not at the write
     if args.to in SERVING_STACKS:
         return _emit(args, *_serving_export(args))
     _training_only(args)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from roofline.cli._common import add_json, emit, int_flag
+from roofline.cli._common import add_json, check_output_path, emit, int_flag
 from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import SpecError
 from roofline.launch.lines import launch_text, serving_launch
@@ -199,6 +199,7 @@ def _size(text: str | None, flag: str, unit: str, example: str, *, lo: float) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_path(args.plot, "--plot")  # '' was silently no chart
     model = load_model(args.model)
     system = _system(args)
     if args.steps or args.prefill_step_s is not None or args.decode_step_s is not None:

@@ -280,9 +280,17 @@ def detect_stack(text: str, path: str = "") -> str:
 def read_launch(
     text: str, *, source: str = "<text>", stack: str | None = None, chips: int | None = None
 ) -> LaunchConfig:
-    """Read one launch file: `stack` names the format (else it is detected)."""
-    name = stack or detect_stack(text, source)
-    return READERS[name](text, source=source, chips=chips)
+    """Read one launch file: `stack` names the format (else it is detected). A file nested
+    past the parsers' stack (YAML, JSON, TOML all recurse) is refused, not a traceback."""
+    try:
+        name = stack or detect_stack(text, source)
+        return READERS[name](text, source=source, chips=chips)
+    except RecursionError:
+        raise LaunchError(
+            f"cannot read {source}: it is nested too deeply to parse",
+            rule="a launch file is a flat TOML, YAML, JSON or shell file a few levels deep",
+            fix="give the stack's own launch file",
+        ) from None
 
 
 def write_launch(config: LaunchConfig, stack: str) -> str:

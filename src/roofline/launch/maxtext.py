@@ -85,7 +85,12 @@ def _yaml(text: str, source: str) -> dict[str, Any]:
 
 
 def _scalar(text: str) -> Any:
-    value = yaml.safe_load(text) if text.strip() else ""
+    """A key=value override's value as YAML reads it; text YAML cannot read (a control
+    character) stays the text, for the setting's own check to name."""
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
     return value if isinstance(value, (int, float, bool, str)) or value is None else text
 
 

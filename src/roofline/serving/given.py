@@ -162,11 +162,21 @@ def size_deployment(g: GivenSteps) -> Sized:
             "rate_completions_per_step": done,
             "rate_evicted_tokens_per_step": done * (P + G),
         }
+    ratio = dec / pre
+    if not all(math.isfinite(x) and x > 0 for x in (pre, dec, ratio)):
+        raise SpecError(
+            f"--prefill-step-s {g.prefill_step_s:g} and --decode-step-s {g.decode_step_s:g} "
+            f"(--batch {B:g}, --gen {G:g}) give prefill/decode rates {pre:g} and {dec:g} "
+            "requests/s, whose ratio is no finite number",
+            rule="given step times and batches are measured values, so the rates and their "
+            "ratio are finite and positive",
+            fix="give the step times as measured, e.g. --prefill-step-s 0.91s --decode-step-s 19ms",
+        )
     return Sized(
         given=g,
         prefill_rate=pre,
         decode_rate=dec,
-        ratio=dec / pre,
+        ratio=ratio,
         completions_per_step=B / G,
         evicted_tokens_per_step=B * (P + G) / G,
         handoff_bytes=handoff,
