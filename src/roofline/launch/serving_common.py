@@ -779,6 +779,16 @@ def _devices(r: Reading, chips: int | None) -> int:
     return chips
 
 
+def read_command_line(text: str, stack: str, source: str) -> tuple[Reading, list[str]]:
+    """The engine's command line in `text` (with any --config file it names) read against its
+    flag table: the Reading and the positional words (the model, where the engine takes it so)."""
+    table = load_table(stack)
+    words, notes = command_words(text, table, source)
+    args = config_file_args(text, parse_args(words, table, source), table, source)
+    r = Reading(table, source, options=dict(args.options), problems=notes + args.problems)
+    return r, list(args.positionals)
+
+
 def serving_config(r: Reading, stack: str, *, chips: int | None = None) -> LaunchConfig:
     """The LaunchConfig of a finished Reading (plan, workload, options, notes)."""
     weights = r.weights or "bf16"

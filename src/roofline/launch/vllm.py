@@ -26,14 +26,12 @@ from roofline.launch.base import Default, LaunchConfig, LaunchError, Problem, Un
 from roofline.launch.serving_common import (
     Reading,
     ServingPlan,
-    command_words,
-    config_file_args,
     is_moe,
     kv_value,
     load_table,
     model_spec,
-    parse_args,
     quant_method,
+    read_command_line,
     replicas_comment,
     replicas_in,
     serving_config,
@@ -55,11 +53,8 @@ def sniff(text: str, path: str = "") -> int:
 
 def read(text: str, *, source: str = "<text>", chips: int | None = None) -> LaunchConfig:
     """The serving LaunchConfig of the first `vllm serve` line in `text`."""
-    table = load_table(STACK)
-    words, notes = command_words(text, table, source)
-    args = config_file_args(text, parse_args(words, table, source), table, source)
-    r = Reading(table, source, options=dict(args.options), problems=notes + args.problems)
-    r.model = _model(r, args.positionals)
+    r, positionals = read_command_line(text, STACK, source)
+    r.model = _model(r, positionals)
     _parallel(r, replicas_in(text))
     _limits(r)
     r.quantization("--quantization", r.take("--quantization"))
