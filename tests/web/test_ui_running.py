@@ -18,11 +18,15 @@ def test_the_form_carries_the_running_indicator():
 
 
 @pytest.mark.browser
-def test_submit_shows_running_until_the_page_returns(browser, ui_url):
+def test_submit_shows_running_until_the_page_returns(browser, ui_url, ui_token):
     context = browser.new_context()
     page = context.new_page()
     page.goto(
-        ui_url + "/?" + urllib.parse.urlencode({"model": "tiny-llama", "system": "tpu-v5e:4x4"})
+        ui_url
+        + "/?"
+        + urllib.parse.urlencode(
+            {"model": "tiny-llama", "system": "tpu-v5e:4x4", "token": ui_token}
+        )
     )
     assert page.locator("#running").is_hidden() and page.is_enabled("#submit")
     # keep the page: a later listener cancels the navigation, the form's own one still runs
