@@ -138,12 +138,15 @@ def _answer_problems(argv: list[str], out: str) -> list[str]:
 
 
 _COMPUTE_PEAK = re.compile(r"% of the bf16 peak, [\d.]+% of the (\w+) peak")
+# a row of the top-plans table names its plan's matmul dtype; its MFU column is the bf16 one
+_PLAN_DTYPE = re.compile(r"\bmatmul_dtype=(\w+)")
 
 
 def _text_ceiling(argv: list[str], line: str) -> float:
-    """The MFU line of a run whose matmuls compute in fp8/fp4 may pass 100% of the bf16 peak
-    (its HFU too), up to the system's chip's peak ratio (mfu_ceiling); 1 elsewhere."""
-    m = _COMPUTE_PEAK.search(line)
+    """The MFU line (or a top-plans row) of a plan whose matmuls compute in fp8/fp4 may pass
+    100% of the bf16 peak (its HFU too), up to the system's chip's peak ratio (mfu_ceiling);
+    1 elsewhere."""
+    m = _COMPUTE_PEAK.search(line) or _PLAN_DTYPE.search(line)
     if not m or "--system" not in argv[:-1]:
         return 1.0
     return mfu_ceiling(argv[argv.index("--system") + 1], m.group(1))

@@ -173,6 +173,10 @@ def test_the_oracle_can_fail():
     assert not Outcome(["import", "f", "--system", "tpu-v5e:4x4"], 0, mfu, "", 0.1).problems()
     assert Outcome(["import", "f", "--system", "tpu-v5e:4x4"], 0, mfu + " 207%", "", 0.1).problems()
     assert Outcome(["import", "f"], 0, mfu, "", 0.1).problems()  # no chip: 100%
+    # a top-plans row: its MFU column is against the bf16 peak, its plan names the dtype
+    row = "1  dp=32,fsdp=2,microbatch=4,matmul_dtype=%s  64  2.71 s  101.2%%  171 GB  compute"
+    assert not Outcome(["train", "--system", "gb200:72"], 0, row % "fp4", "", 0.1).problems()
+    assert Outcome(["train", "--system", "gb200:72"], 0, row % "bf16", "", 0.1).problems()
 
 
 def test_the_ui_oracle_can_fail():
