@@ -129,6 +129,7 @@ def counter(desc: str, *, unit: str = "it") -> Callable[[int, int], None] | None
             b = state["bar"] = _bar(total, desc, unit)
         b.update(done - b.n)
         if done >= total:
+            b.refresh()  # the finished state is drawn even when it came within tqdm's mininterval
             b.close()
             state.pop("bar")
 
