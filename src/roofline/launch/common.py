@@ -162,6 +162,21 @@ class Notes:
         )
 
 
+def yaml_mapping(text: str, source: str, what: str) -> Any:
+    """The YAML document of a launch file, or a LaunchError naming the line (`what`: the
+    config kind, for the rule). The caller checks the document's shape."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise LaunchError(
+            f"{source} is not valid YAML: {e}".replace("\n", " "),
+            rule=f"a {what} config is a YAML mapping",
+            fix="correct the line named",
+        ) from None
+
+
 def check_known(
     notes: Notes,
     keys: Iterable[str],

@@ -37,6 +37,7 @@ from roofline.launch.common import (
     resolve_rest,
     stack_defaults,
     workload,
+    yaml_mapping,
 )
 from roofline.launch.shell import script
 from roofline.specs.model_catalog import load_model
@@ -67,14 +68,7 @@ def sniff(text: str, path: str = "") -> int:
 
 
 def _yaml(text: str, source: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise LaunchError(
-            f"{source} is not valid YAML: {e}".replace("\n", " "),
-            rule="a MaxText config is a YAML mapping",
-            fix="correct the line named",
-        ) from None
+    data = yaml_mapping(text, source, "MaxText")
     if not isinstance(data, dict):
         raise LaunchError(
             f"{source} is not a YAML mapping of settings",

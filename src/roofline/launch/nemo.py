@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
-from roofline.launch.common import Notes, needs, recipe_for, remat_of
+from roofline.launch.common import Notes, needs, recipe_for, remat_of, yaml_mapping
 from roofline.launch.megatron import MegatronSettings, expressible, megatron_config
 from roofline.specs.plan import Plan, RematKind, Schedule
 
@@ -69,14 +69,7 @@ def _resolve(flat: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def _load(text: str, source: str) -> dict[str, Any]:
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise LaunchError(
-            f"{source} is not valid YAML: {e}".replace("\n", " "),
-            rule="a NeMo config is a YAML mapping",
-            fix="correct the line named",
-        ) from None
+    raw = yaml_mapping(text, source, "NeMo")
     if not isinstance(raw, dict) or "model" not in raw:
         raise LaunchError(
             f"{source} has no `model:` section",
