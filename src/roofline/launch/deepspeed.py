@@ -22,6 +22,7 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
+    refuse_lacks,
     remat_of,
     stack_defaults,
     workload,
@@ -256,12 +257,7 @@ def _expressible(plan: Plan) -> None:
         lacks.append("megatron_sp / collective_matmul / overlap_ep")
     if plan.optimizer.name != "adam-fp32-master":
         lacks.append(f"optimizer={plan.optimizer.name} (mixed precision keeps adam-fp32-master)")
-    if lacks:
-        raise LaunchError(
-            "DeepSpeed's JSON cannot express " + "; ".join(lacks),
-            rule="an export writes only what the stack's own configuration can say",
-            fix="change the plan (or export to a stack that has it)",
-        )
+    refuse_lacks("DeepSpeed's JSON", lacks)
 
 
 def write(config: LaunchConfig) -> str:

@@ -33,6 +33,7 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
+    refuse_lacks,
     remat_of,
     resolve_rest,
     stack_defaults,
@@ -388,12 +389,7 @@ def _expressible(plan: Plan) -> None:
         lacks.append(f"optimizer={plan.optimizer.name} (weight_dtype float32 keeps adam-fp32)")
     if plan.degrees.pp > 1 and plan.schedule == Schedule.GPIPE:
         lacks.append("the GPipe schedule")
-    if lacks:
-        raise LaunchError(
-            "MaxText cannot express " + "; ".join(lacks),
-            rule="an export writes only what the stack's own configuration can say",
-            fix="change the plan (or export to a stack that has it)",
-        )
+    refuse_lacks("MaxText", lacks)
 
 
 def write(config: LaunchConfig) -> str:

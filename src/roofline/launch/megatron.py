@@ -34,6 +34,7 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
+    refuse_lacks,
     remat_of,
     stack_defaults,
     workload,
@@ -496,12 +497,7 @@ def expressible(plan: Plan, stack: str) -> None:
         lacks.append("the GPipe schedule")
     if plan.optimizer != OPTIMIZERS["adam-fp32-master"]:
         lacks.append(f"optimizer={plan.optimizer.name} (mixed precision keeps adam-fp32-master)")
-    if lacks:
-        raise LaunchError(
-            f"{stack} cannot express " + "; ".join(lacks),
-            rule="an export writes only what the stack's own configuration can say",
-            fix="change the plan (or export to a stack that has it)",
-        )
+    refuse_lacks(stack, lacks)
 
 
 def _args(config: LaunchConfig) -> list[tuple[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
-from roofline.launch.common import Notes, needs, recipe_for, remat_of, yaml_mapping
+from roofline.launch.common import Notes, needs, recipe_for, refuse_lacks, remat_of, yaml_mapping
 from roofline.launch.megatron import MegatronSettings, expressible, megatron_config
 from roofline.specs.plan import Plan, RematKind, Schedule
 
@@ -253,9 +253,4 @@ def _expressible(plan: Plan) -> None:
         lacks.append("a precision other than bf16 or fp8 delayed scaling")
     if plan.degrees.pp > 1 and plan.schedule == Schedule.GPIPE:
         lacks.append("the GPipe schedule")
-    if lacks:
-        raise LaunchError(
-            "NeMo cannot express " + "; ".join(lacks),
-            rule="an export writes only what the stack's own configuration can say",
-            fix="change the plan (or export to megatron)",
-        )
+    refuse_lacks("NeMo", lacks, fix="change the plan (or export to megatron)")

@@ -33,6 +33,7 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
+    refuse_lacks,
     remat_of,
     resolve_rest,
     stack_defaults,
@@ -363,12 +364,7 @@ def _expressible(plan: Plan) -> None:
         lacks.append("overlap_ep (DualPipe-style expert overlap)")
     if plan.optimizer.name not in _OPTIMIZER_OF_DTYPE.values():
         lacks.append(f"optimizer={plan.optimizer.name} (training.dtype float32 keeps adam-fp32)")
-    if lacks:
-        raise LaunchError(
-            "torchtitan cannot express " + "; ".join(lacks),
-            rule="an export writes only what the stack's own configuration can say",
-            fix="change the plan (or export to a stack that has it)",
-        )
+    refuse_lacks("torchtitan", lacks)
 
 
 def _batch_split(plan: Plan, global_seqs: int) -> tuple[int, int, int]:
