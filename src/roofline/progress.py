@@ -81,6 +81,14 @@ def _bar(total: float | None, desc: str, unit: str) -> Any:
     )
 
 
+def _finish(b: Any) -> None:
+    """Draw a bar's finished state even when it came within tqdm's mininterval of the last draw
+    (a loop quicker than one refresh would otherwise end on its first, ETA-less frame); a bar
+    still inside its delay stays undrawn, so quick work never flickers."""
+    if b._time() - b.start_t >= b.delay:
+        b.refresh()
+
+
 class _Silent:
     """What `bar` yields when no bar is drawn: the same calls, doing nothing."""
 
@@ -104,6 +112,7 @@ def track(
         for x in items:
             yield x
             b.update(1)
+        _finish(b)
 
 
 @contextlib.contextmanager
@@ -129,7 +138,7 @@ def counter(desc: str, *, unit: str = "it") -> Callable[[int, int], None] | None
             b = state["bar"] = _bar(total, desc, unit)
         b.update(done - b.n)
         if done >= total:
-            b.refresh()  # the finished state is drawn even when it came within tqdm's mininterval
+            _finish(b)
             b.close()
             state.pop("bar")
 
