@@ -1015,7 +1015,11 @@ def kv_cache_bytes_per_token(
             share = min(1.0, model.sliding_window / context)  # type: ignore[operator]
         total += per_layer * share
     if context is not None and model.linear is not None:
-        total += linear_state_bytes_per_sequence(model) / max(float(context), 1.0)
+        import numpy as np  # lazily, as causal_fraction: contexts may be arrays (serving)
+
+        c = np.maximum(np.asarray(context, dtype=float), 1.0)
+        share = linear_state_bytes_per_sequence(model) / c
+        total = total + (float(share) if share.ndim == 0 else share)
     return total
 
 
