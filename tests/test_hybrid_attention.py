@@ -350,14 +350,17 @@ def test_serving_prices_the_state_per_sequence_not_per_token():
 
 
 def test_serving_kv_pool_holds_the_state():
+    """Per chip: the attention cache over tp (copied tp/K times past the 2 KV heads) plus the
+    linear state, split by value heads over tp and never copied."""
     from roofline.serving.inference import Quant, ServePlan, memory_per_chip
 
     q = load_model("qwen3.5-397b-a17b")
-    plan = ServePlan(tp=2)
     B, C = 8, 4096
-    m = memory_per_chip(q, plan, Quant(), B, C)
-    per_seq = 2 * 2 * 256 * 15 * 2 * C + linear_state_bytes_per_sequence(q)
-    assert float(m.kv_bytes) == pytest.approx(B * per_seq / 2)
+    attn = 2 * 2 * 256 * 15 * 2 * C  # one sequence's KV in the 15 full layers
+    state = linear_state_bytes_per_sequence(q)
+    for tp, copies in ((2, 1), (8, 4)):
+        m = memory_per_chip(q, ServePlan(tp=tp), Quant(), B, C)
+        assert float(m.kv_bytes) == pytest.approx(B * (attn * copies + state) / tp)
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-397b-a17b", "glm-5"])

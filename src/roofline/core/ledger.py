@@ -986,7 +986,7 @@ def flops_per_token(
 
 
 def kv_cache_bytes_per_token(
-    model: ModelSpec, kv_dtype: str = "bf16", context: float | None = None
+    model: ModelSpec, kv_dtype: str = "bf16", context: float | None = None, kv_copies: Any = 1.0
 ) -> float:
     """KV-cache bytes per token of context, all layers: 2·K·H·L·bytes for GQA/MHA/MQA.
 
@@ -997,7 +997,9 @@ def kv_cache_bytes_per_token(
     count, and with a `context` the fixed recurrent state of a sequence
     (`linear_state_bytes_per_sequence`) is spread over it as state/context per token — so
     bytes/token × context is the memory of one sequence, as the serving KV pool sizes it.
-    Book: transformers.md "KV caching", inference.md.
+    `kv_copies`: copies of the attention cache a tensor axis keeps when it exceeds the KV heads
+    (serving's kv_replication; numpy-friendly); the linear state is split by value heads, never
+    copied. Book: transformers.md "KV caching", inference.md.
     """
     b = dtype_bytes(kv_dtype)
     if model.mla is not None:
@@ -1014,6 +1016,7 @@ def kv_cache_bytes_per_token(
         if context is not None and model.is_local_layer(i):
             share = min(1.0, model.sliding_window / context)  # type: ignore[operator]
         total += per_layer * share
+    total = total * kv_copies
     if context is not None and model.linear is not None:
         import numpy as np  # lazily, as causal_fraction: contexts may be arrays (serving)
 

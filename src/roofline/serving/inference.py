@@ -458,7 +458,7 @@ def memory_per_chip(
     else:
         w = wb["dense"] / (plan.tp * plan.pp) + wb["experts"] / N + wb["embeddings"] / plan.tp
         rep = kv_replication(model, plan)
-        kv_chip = kv_tok * rep / (plan.tp * plan.pp)
+        kv_chip = kv_cache_bytes_per_token(model, quant.kv, context, rep) / (plan.tp * plan.pp)
         kv = np.ceil(B / plan.dp) * S * kv_chip
     act_b = dtype_bytes(quant.compute if quant.compute != "fp4" else "fp8")
     width = model.d_model + max(model.d_ff, (model.moe.d_ff_expert if model.moe else 0)) / plan.tp

@@ -228,9 +228,8 @@ def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dic
     tp, pp, dp, n = (c.tp[sel].astype(float), c.pp[sel].astype(float), c.dp[sel], c.chips[sel])
     w = wb["dense"] / (tp * pp) + wb["experts"] / n + wb["embeddings"] / tp
     ctx = q.workload.max_context
-    kv_tok = kv_cache_bytes_per_token(q.model, quant.kv, context=ctx)
     rep = np.array([kv_replication(q.model, ServePlan(tp=int(t))) for t in c.tp[sel]])
-    kv_seq = kv_tok * ctx * rep / (tp * pp)
+    kv_seq = kv_cache_bytes_per_token(q.model, quant.kv, ctx, rep) * ctx / (tp * pp)
     hbm = q.system.chip.hbm_bytes
     e = q.engine
     usable = e.kv_memory_bytes(hbm, w, 0.0) if e else hbm - w
