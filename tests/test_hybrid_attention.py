@@ -396,3 +396,16 @@ def test_training_keeps_the_state_of_each_linear_layer():
     kept = {(op.name, t.name): (op, t) for op, t in saved_tensors(led, Remat(RematKind.NONE))}
     op, t = kept[("attn/lin_state_in", "S")]
     assert t.nbytes(op.sizes) * op.count == 3 * HV * DK * DV * 4 * HYBRID.n_linear_layers
+
+
+def test_verify_refuses_a_hybrid_instead_of_compiling_gqa_layers(tmp_path, capsys):
+    from roofline.cli import main
+
+    p = tmp_path / "hybrid.toml"
+    p.write_text(
+        'name = "h"\nn_layers = 4\nd_model = 256\nd_ff = 512\nn_heads = 4\nn_kv_heads = 2\n'
+        "vocab = 1000\n[linear]\nn_key_heads = 2\nn_value_heads = 4\nkey_head_dim = 32\n"
+        "value_head_dim = 32\n"
+    )
+    assert main(["verify", "--model", str(p), "--plan", "tp=2", "--devices", "2"]) == 2
+    assert "linear-attention layers" in capsys.readouterr().err
