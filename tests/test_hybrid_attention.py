@@ -409,3 +409,14 @@ def test_verify_refuses_a_hybrid_instead_of_compiling_gqa_layers(tmp_path, capsy
     )
     assert main(["verify", "--model", str(p), "--plan", "tp=2", "--devices", "2"]) == 2
     assert "linear-attention layers" in capsys.readouterr().err
+
+
+def test_model_command_states_the_kv_formula_it_computes(capsys):
+    from roofline.cli import main
+
+    assert main(["model", "qwen3.5-397b-a17b"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("KV cache/token"))
+    assert "2·15·2·256·2 over the 15 full-attention layers" in line
+    assert main(["model", "glm-5"]) == 0
+    out = capsys.readouterr().out
+    assert "(512 + 64)·78·2 + 128·78·1 (DSA fp8 index key)" in out
