@@ -498,11 +498,12 @@ def _attention_ops(
 
 
 # The recurrent state of a Gated DeltaNet layer is kept in fp32 by the serving engines (SGLang
-# server_args `mamba_ssm_dtype` default "float32"; the Qwen3-Next/Qwen3.5 model configs of
-# several runtimes default to the same), whatever the KV-cache dtype.
+# ServerArgs.mamba_ssm_dtype, python/sglang/srt/server_args.py, default "float32"), whatever the
+# KV-cache dtype.
 LINEAR_STATE_DTYPE = "fp32"
-# DSA's indexer keys are cached in FP8 (DeepSeek-V3.2-Exp inference/model.py: Indexer.k_cache is
-# float8_e4m3fn, one fp32 scale per 128 values, ~3% more, not counted), whatever the KV dtype.
+# DSA's indexer keys are cached in FP8 whatever the KV dtype (deepseek-ai/DeepSeek-V3.2-Exp
+# inference/model.py @ 6d8cb70dfdd6f37c83c5208105a3e2c8da117485: Indexer.k_cache is
+# float8_e4m3fn [.., index_head_dim], k_scale_cache one fp32 per 128 values, ~3% more, not counted).
 DSA_INDEX_DTYPE = "fp8"
 
 
@@ -594,8 +595,9 @@ def _linear_ops(m: ModelSpec, sizes: dict, T: float, wd: str, ad: str) -> list[O
 def _dsa_indexer_ops(
     m: ModelSpec, sizes: dict, T: float, S: float, ad: str, wd: str, causal: Causal
 ) -> list[Op]:
-    """DSA's lightning indexer (DeepSeek-V3.2-Exp report §2.1): per layer, index queries
-    q_I[index heads, d_I] from the query latent, one index key k_I[d_I] per token (cached, FP8)
+    """DSA's lightning indexer (DeepSeek-V3.2-Exp report §2.1; the reference Indexer in
+    deepseek-ai/DeepSeek-V3.2-Exp inference/model.py @ 6d8cb70d): per layer, index queries
+    q_I[index heads, d_I] from the query latent (wq_b), one index key k_I[d_I] per token (cached, FP8)
     and a weight per index head; every query scores every cached key, 2·H_I·d_I FLOPs per
     (query, key) pair under the causal mask (O(L) per query), and the top-k select reads the
     head-summed logits (fp32, written and read once). Attention then runs on `index_topk` keys."""
