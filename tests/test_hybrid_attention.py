@@ -420,3 +420,45 @@ def test_model_command_states_the_kv_formula_it_computes(capsys):
     assert main(["model", "glm-5"]) == 0
     out = capsys.readouterr().out
     assert "(512 + 64)·78·2 + 128·78·1 (DSA fp8 index key)" in out
+
+
+def test_deepseek_v32_is_deepseek_v3_plus_the_indexer():
+    v3, v32 = load_model("deepseek-v3"), load_model("deepseek-v3.2")
+    assert _arch(v32.with_(dsa=None)) == _arch(v3)
+    # per layer: wq_b [q_lora, 64·128], wk [D, 128], weights_proj [D, 64]
+    indexer = 61 * (1536 * 64 * 128 + 7168 * 128 + 7168 * 64)
+    assert count_params(v32).total - count_params(v3).total == indexer
+    cfg = {
+        "model_type": "deepseek_v32",
+        "num_hidden_layers": 61,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "vocab_size": 129280,
+        "max_position_embeddings": 163840,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 3,
+        "topk_method": "noaux_tc",
+        "n_group": 8,
+        "topk_group": 4,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "num_nextn_predict_layers": 1,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "index_topk": 2048,
+    }
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "config.json"
+        p.write_text(json.dumps(cfg))
+        assert _arch(load_hf_config(p)) == _arch(v32)
