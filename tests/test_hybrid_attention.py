@@ -462,3 +462,45 @@ def test_deepseek_v32_is_deepseek_v3_plus_the_indexer():
         p = Path(d) / "config.json"
         p.write_text(json.dumps(cfg))
         assert _arch(load_hf_config(p)) == _arch(v32)
+
+
+def test_qwen3_next_reads_from_its_config_and_counts_80b():
+    """Qwen3-Next-80B-A3B: 80B total (model card); "3B activated" counts no embedding tables:
+    the ledger's active 3.87B less the 2 x 151936 x 2048 embedding and unembedding = 3.25B."""
+    q = load_model("qwen3-next-80b-a3b")
+    c = count_params(q)
+    assert c.total == pytest.approx(80e9, rel=0.005)
+    emb = c.breakdown["embed"] + c.breakdown["unembed"]
+    assert emb == 2 * 151936 * 2048
+    assert c.active - emb == pytest.approx(3e9, rel=0.1)
+    cfg = {
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 48,
+        "hidden_size": 2048,
+        "intermediate_size": 5120,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "vocab_size": 151936,
+        "max_position_embeddings": 262144,
+        "full_attention_interval": 4,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "mlp_only_layers": [],
+        "decoder_sparse_step": 1,
+        "tie_word_embeddings": False,
+    }
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "config.json"
+        p.write_text(json.dumps(cfg))
+        assert _arch(load_hf_config(p)) == _arch(q)
