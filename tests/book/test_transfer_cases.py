@@ -13,6 +13,7 @@ import pytest
 from roofline.cli import main
 from roofline.cli.op_cmd import result as op_result
 from roofline.core import transfer as T
+from roofline.core.collectives import IB_SWITCH_BW_BYTES_PER_S
 from roofline.errors import PlanError
 from roofline.specs.system import parse_system
 
@@ -78,7 +79,7 @@ def test_capacities_gpus_md():
     assert caps["spine"].cable_bw_bytes_per_s == pytest.approx(51.2e12)
     assert caps["spine"].switch_bw_bytes_per_s == pytest.approx(51.2e12)
     big = {c.name: c for c in T.capacities(parse_system("h100:2048"))}
-    assert big["spine"].switch_bw_bytes_per_s / T.IB_SWITCH_BW_BYTES_PER_S == pytest.approx(32)
+    assert big["spine"].switch_bw_bytes_per_s / IB_SWITCH_BW_BYTES_PER_S == pytest.approx(32)
 
 
 def test_torus_bisection():

@@ -110,6 +110,11 @@ def render(res: dict[str, Any]) -> str:
             f"{c['per_chip_bw_bytes_per_s']:.3g} B/s per chip; cable {c['cable_bw_bytes_per_s']:.3g} B/s, "
             f"bisection {c['bisection_bw_bytes_per_s']:.3g} B/s"
             + ("" if sw is None else f", switches {sw:.3g} B/s")
+            + (
+                f"; switch-bound: a collective gets S/chips = {c['collective_bw_bytes_per_s']:.3g} B/s per chip"
+                if c["switch_bound"]
+                else ""
+            )
         )
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ collectives use (each physical dim's per-chip one-way bandwidth, wraparound and 
   (book gpus.md Quiz 2: an 8-GPU H100 node has 8·450e9 = 3.6 TB/s of GPU egress and a 3.6 TB/s
   bisection, counting both directions across the cut).
 
-Left out: routing contention from other traffic, DCN point-to-point between slices.
+Left out: routing contention from other traffic.
 """
 
 from __future__ import annotations
@@ -28,14 +28,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from roofline.core.collectives import switch_capacity, switched_bw
 from roofline.errors import PlanError
-from roofline.specs.system import NODES_PER_SU, DimKind, PhysDim, System
+from roofline.specs.system import DimKind, PhysDim, System
 
 _AXIS_NAMES = ("x", "y", "z", "w")
-# gpus.md, the DGX H100 SuperPod reference: NDR InfiniBand switches of 64 ports x 50 GB/s
-# (3.2 TB/s each), 8 leaf switches per scalable unit of 32 nodes, 16 spine switches per 4 SUs.
-IB_SWITCH_BW_BYTES_PER_S = 64 * 50e9
-IB_SWITCHES_PER_SU = {"leaf": 8, "spine": 4}
 
 
 @dataclass(frozen=True)
@@ -278,6 +275,9 @@ class TierCapacity:
     switch_bw_bytes_per_s: float | None = (
         None  # the switches of one group (None: not in the records)
     )
+    # what a collective gets per chip at this tier: min(per-chip bandwidth, switches / chips)
+    collective_bw_bytes_per_s: float = 0.0
+    switch_bound: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -286,42 +286,37 @@ class TierCapacity:
 def capacities(system: System) -> list[TierCapacity]:
     """Each tier's cable and bisection bandwidth, innermost first.
 
-    Switched tiers (NVLink, scale-out, DCN) are non-blocking fat trees: a cut of a group of
-    n chips into halves carries n/2 chips' bandwidth each way (`n·W` both ways; H100 node:
-    8·450e9 = 3.6 TB/s, gpus.md Quiz 2). An ICI axis of size n cut in half crosses the
+    Switched tiers (NVLink, scale-out, DCN) are fat trees: a cut of a group of n chips into
+    halves carries n/2 chips' bandwidth each way (`n·W` both ways; H100 node: 8·450e9 = 3.6 TB/s,
+    gpus.md Quiz 2), W capped by the group's switches, `min(w, S/n)` (a tapered tier, see
+    core.collectives). An ICI axis of size n cut in half crosses the
     other axes' chips once (open line) or twice (ring) per direction.
     """
     out, below = [], 1
     for d in reversed(system.dims):
         below *= d.size
         cable = below * d.bw_bytes_per_s
+        w, capped = switched_bw(system, d)
         if d.kind is DimKind.ICI:
             cross = below // d.size * (2 if d.wraparound else 1)
             bisect = 2 * cross * d.bw_bytes_per_s
         else:
-            bisect = below * d.bw_bytes_per_s
-        sw = _switch_bw(system, d, below)
-        out.append(TierCapacity(d.name, d.kind.value, below, d.bw_bytes_per_s, cable, bisect, sw))
+            bisect = below * w
+        sw = switch_capacity(system, d)
+        out.append(
+            TierCapacity(
+                d.name,
+                d.kind.value,
+                below,
+                d.bw_bytes_per_s,
+                cable,
+                bisect,
+                sw,
+                w,
+                capped is not None,
+            )
+        )
     return out
-
-
-def _switch_bw(system: System, d: PhysDim, below: int) -> float | None:
-    """Switch capacity of one group of tier `d`: the chip file's NVSwitches for the NVLink
-    domain; the SuperPod reference's InfiniBand switches for 8-GPU nodes (gpus.md: node 6.4,
-    scalable unit 25.6, 1024-GPU spine 51.2 TB/s)."""
-    chip = system.chip
-    if d.kind is DimKind.NVLINK:
-        if chip.nvswitches_per_domain is None or chip.nvswitch_bw_bytes_per_s is None:
-            return None
-        return chip.nvswitches_per_domain * chip.nvswitch_bw_bytes_per_s
-    if (
-        d.kind is not DimKind.SCALEOUT
-        or chip.nvlink_domain != 8
-        or d.name not in IB_SWITCHES_PER_SU
-    ):
-        return None
-    sus = below / (8 * NODES_PER_SU)
-    return IB_SWITCHES_PER_SU[d.name] * max(sus, 1.0) * IB_SWITCH_BW_BYTES_PER_S
 
 
 def _check_bytes(nbytes: float) -> None:
