@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",
         dest="src",
-        help='sending chip: TPU coordinates "0,0" or a GPU rank "12"; "host" loads from host memory',
+        help='sending chip: TPU coordinates "0,0", "slice:x,y" on several slices (a bare slice '
+        'index "1": every chip of that slice), or a GPU rank "12"; "host" loads from host memory',
     )
     p.add_argument("--to", dest="dst", help="receiving chip (for --from host: one chip only)")
     p.add_argument("--gather-to", help="every chip sends its 1/N of --bytes to this chip")

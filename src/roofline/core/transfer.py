@@ -15,6 +15,9 @@ collectives use (each physical dim's per-chip one-way bandwidth, wraparound and 
   of 4.5e10 -> 167 ms);
 - host to HBM: each chip's host link (PCIe) carries its share, `T = bytes/(N·W_pcie)` (Q6:
   16 GB over 16 links of 1.6e10 -> 63 ms);
+- between TPU slices (`slice:x,y` chips, or bare slice indices for whole slices): over the
+  DCN, a chip's share of its host's DCN egress when every chip sends, `min(W_pcie,
+  chips_per_host·W_dcn)` for one chip alone;
 - capacities: per tier, the cable bandwidth (chips x per-chip bandwidth) and the bisection
   (book gpus.md Quiz 2: an 8-GPU H100 node has 8·450e9 = 3.6 TB/s of GPU egress and a 3.6 TB/s
   bisection, counting both directions across the cut).
@@ -61,9 +64,10 @@ class Transfer:
         return out
 
 
-def _tpu_dims(system: System) -> list[PhysDim | None]:
-    """The ICI dim of each topology axis (None for an axis of size 1)."""
-    if not system.is_tpu or system.n_slices > 1:
+def _tpu_dims(system: System, *, slices: bool = False) -> list[PhysDim | None]:
+    """The ICI dim of each topology axis (None for an axis of size 1); `slices`: a multi-slice
+    system's ICI dims (the same in every slice)."""
+    if not system.is_tpu or (system.n_slices > 1 and not slices):
         raise PlanError(
             f"system {system.name}: coordinates name chips of one TPU slice",
             rule="point-to-point coordinates are (x, y[, z]) inside one ICI slice",
@@ -96,8 +100,13 @@ def parse_coord(text: str | tuple[int, ...], system: System) -> tuple[int, ...]:
 
 
 def point_to_point(system: System, src: Any, dst: Any, nbytes: float) -> Transfer:
-    """Send `nbytes` from chip `src` to chip `dst` (coordinates or ranks, see `parse_coord`)."""
+    """Send `nbytes` from chip `src` to chip `dst` (coordinates or ranks, see `parse_coord`).
+
+    On a multi-slice TPU system a chip is `slice:x,y[,z]` and a bare `slice` index stands for
+    every chip of that slice (see `_dcn_transfer`)."""
     _check_bytes(nbytes)
+    if system.is_tpu and system.n_slices > 1:
+        return _multislice(system, src, dst, nbytes)
     a, b = parse_coord(src, system), parse_coord(dst, system)
     if system.is_tpu:
         return _tpu_p2p(system, a, b, nbytes)
@@ -106,7 +115,7 @@ def point_to_point(system: System, src: Any, dst: Any, nbytes: float) -> Transfe
 
 def _tpu_p2p(system: System, a: tuple[int, ...], b: tuple[int, ...], nbytes: float) -> Transfer:
     hops, links, lat, W, steps = 0, 0, 0.0, 0.0, []
-    for i, d in enumerate(_tpu_dims(system)):
+    for i, d in enumerate(_tpu_dims(system, slices=True)):
         delta = abs(a[i] - b[i])
         if d is None or delta == 0:
             continue
@@ -132,6 +141,70 @@ def _tpu_p2p(system: System, a: tuple[int, ...], b: tuple[int, ...], nbytes: flo
         f"{hops}·{lat / hops:.3g} + {nbytes:.4g} / ({links}·{W:.3g})",
         "; ".join(steps),
     )
+
+
+def _slice_of(text: Any, system: System) -> tuple[int, str | None]:
+    """'1:3,3' -> (1, '3,3'); '1' -> (1, None): slice index, then the chip inside it (or all)."""
+    head, sep, rest = str(text).partition(":")
+    try:
+        s = int(head.strip())
+    except ValueError:
+        s = -1
+    if not 0 <= s < system.n_slices:
+        raise PlanError(
+            f"chip {text!r} on {system.name}",
+            rule=f"on {system.n_slices} slices a chip is slice:coordinates (slice 0 to "
+            f"{system.n_slices - 1}), or a bare slice index for every chip of that slice",
+            fix=f"write e.g. 0:{','.join('0' for _ in system.topology)} or 1",
+        )
+    chip = rest.strip() if sep else ""
+    return s, chip or None
+
+
+def _multislice(system: System, src: Any, dst: Any, nbytes: float) -> Transfer:
+    (sa, ca), (sb, cb) = _slice_of(src, system), _slice_of(dst, system)
+    if (ca is None) != (cb is None):
+        raise PlanError(
+            f"--from {src} --to {dst}",
+            rule="both ends are chips (slice:coordinates) or both are whole slices (a slice index)",
+            fix=f"write e.g. --from {sa} --to {sb}",
+        )
+    if ca is not None:
+        a, b = parse_coord(ca, system), parse_coord(cb, system)
+        if sa == sb:
+            return _tpu_p2p(system, a, b, nbytes)
+    elif sa == sb:
+        return _same_chip(nbytes)
+    return _dcn_transfer(system, sa, sb, ca, cb, nbytes)
+
+
+def _dcn_transfer(
+    system: System, sa: int, sb: int, ca: str | None, cb: str | None, nbytes: float
+) -> Transfer:
+    """Between slices over the data-center network (tpus.md: TPU -> PCIe -> host NIC -> DCN ->
+    host -> PCIe -> HBM). Every chip of a slice sending its 1/n: each gets its share of its
+    host's DCN egress (the dcn dim's per-chip bandwidth, as the collectives charge), bounded by
+    its host link. One chip alone: its host link and its host's whole NIC (chips per host x
+    that share), `min(W_pcie, chips_per_host·W_dcn)`. First byte: the DCN hop latency."""
+    dcn = next(d for d in system.dims if d.kind is DimKind.DCN)
+    pcie = system.host_bw_bytes_per_s or math.inf
+    per_host = math.prod(system.chip.host_topology) if system.chip.host_topology else 1
+    if ca is None:
+        n = system.n_chips // system.n_slices
+        w = min(dcn.bw_bytes_per_s, pcie)
+        formula = "T = T_dcn + bytes / (chips·min(W_dcn, W_pcie))"
+        sub = f"{dcn.hop_latency_s:.3g} + {nbytes:.4g} / ({n}·{w:.3g})"
+        path = (
+            f"slice {sa} -> slice {sb}: each of {n} chips sends its 1/{n} over its host's DCN share"
+        )
+        links, bw = n, n * w
+    else:
+        bw = min(pcie, per_host * dcn.bw_bytes_per_s)
+        formula = "T = T_dcn + bytes / min(W_pcie, chips_per_host·W_dcn)"
+        sub = f"{dcn.hop_latency_s:.3g} + {nbytes:.4g} / min({system.host_bw_bytes_per_s or math.inf:.3g}, {per_host}·{dcn.bw_bytes_per_s:.3g})"
+        path = f"chip {sa}:{ca} -> chip {sb}:{cb}: host link, host NIC, DCN, host NIC, host link"
+        links = 1
+    return Transfer("dcn", nbytes, 1, links, bw, dcn.hop_latency_s, nbytes / bw, formula, sub, path)
 
 
 def _same_chip(nbytes: float, kind: str = "p2p") -> Transfer:
