@@ -92,3 +92,12 @@ def test_cli(capsys):
     out = capsys.readouterr().out
     assert "optimizer_host 70.6 GB" in out and "exposed          host" in out
     assert "optimizer offload (ZeRO-Offload):" in out
+
+
+def test_not_searched_on_a_stack():
+    """A stack's records do not say it offloads the optimizer, nor do its launch writers write
+    it: the axis stays off there."""
+    from roofline.core.stack import stack_of
+
+    assert ON.for_stack(stack_of("megatron"), M70).offload_optimizer == (False,)
+    assert ON.for_stack(stack_of(None), M70).offload_optimizer == (False, True)

@@ -8,7 +8,7 @@ bounds `feasibility` checks (a degree outside them is never tried); combinations
 rejected by the named rules of `feasibility.RULES` and the space's own bounds, each counted.
 
 Optimizer offload (`offload_optimizer`, off by default; `train --offload-optimizer` turns it
-on) is an axis that applies only where it changes the answer: a candidate that misses HBM
+on, on the idealised machine: a stack's records and launch writers do not express it) is an axis that applies only where it changes the answer: a candidate that misses HBM
 by no more than its optimizer state, which its host DRAM holds, is costed with that state in
 host memory (ZeRO-Offload, `training.offload`) instead of rejected (`offload_rescue`). A plan
 that fits without offload is costed as it is (offload would only add host traffic to it).
@@ -149,6 +149,9 @@ class SearchSpace:
             collective_matmul=(False, True) if tensor.plan_key else (False,),
             overlap_ep=(False, True) if expert.plan_key and model.moe is not None else (False,),
             uneven_stages=stack.uneven_stages,
+            # the stacks' records say nothing of optimizer offload and their launch writers
+            # do not write it: searched on the idealised machine only
+            offload_optimizer=(False,),
         )
 
     def domains(
