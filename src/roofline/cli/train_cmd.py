@@ -239,7 +239,7 @@ def search_plans(
         allow_sub_slices=not args.no_sub_slices,
         chips=chips,
         progress=counter("train: costing plans", unit="plan"),
-        space=SearchSpace(),
+        space=SearchSpace(offload_optimizer=(False, True) if args.offload_optimizer else (False,)),
         framework=stack,
         dtypes=dtypes,
     )

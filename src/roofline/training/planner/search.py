@@ -24,6 +24,7 @@ from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Strategy, Workload, parse_optimizer
 from roofline.specs.system import System
+from roofline.training.offload import offloaded_cost
 from roofline.training.planner.rank import (
     Family,
     Ranked,
@@ -34,7 +35,7 @@ from roofline.training.planner.rank import (
     runner_up_row,
     shape_key,
 )
-from roofline.training.planner.space import SearchSpace, enumerate_plans
+from roofline.training.planner.space import SearchSpace, enumerate_plans, offload_rescue
 from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import StepCost, evaluate_plan, evaluate_plans, training_profile
 from roofline.units import DAY
@@ -224,9 +225,12 @@ def plan_training(
         f = families[int(ranked.family[row])]
         sysm = systems[int(f.cand.system_idx[int(ranked.index[row])])]
         plan = plan_at(families, ranked, row, space, opt)
-        return evaluate_plan(
+        c = evaluate_plan(
             model, sysm, workload, plan, efficiency=eff, policy=policy, framework=stack
         )
+        if not c.fits and True in space.offload_optimizer:  # ranked as offload_rescue costed it
+            c = offloaded_cost(model, c) or c
+        return c
 
     top = [cost_of(r) for r in rows]
     runner = _runner_up(families, ranked, systems, top, len(rows), cost_of)
@@ -352,6 +356,8 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
                 framework=ctx.stack,
                 dtypes=dt,
             )
+            if True in ctx.space.offload_optimizer:  # plans that fit only with it (space.py)
+                r = offload_rescue(ctx.systems, cand, r, ctx.opt)
             out.append(Family.of(st, cand, r, dt))
             done += len(cand)
             if progress:
