@@ -8,8 +8,10 @@ arrays:
   a GEMM of per-chip shape (m, n, k) reaches: the large-GEMM ceiling of the chip family and
   dtype, times tile quantisation (the output is computed in whole tiles), wave quantisation
   (tiles are spread over the SMs / TensorCores in whole waves), small-dimension roll-off
-  (fixed per-tile cost, Hockney's half-performance length) and a grouped-GEMM factor for
-  expert GEMMs. A fixed time per kernel launch is separate: `kernel_overhead_s(chip)`.
+  (fixed per-tile cost, Hockney's half-performance length) and, for expert GEMMs (m = the
+  mean tokens per expert), the partial token tiles of every expert's own count (Poisson around
+  the mean, `expected_tiles`) and a grouped-GEMM factor. A fixed time per kernel launch is
+  separate: `kernel_overhead_s(chip)`.
 - `attention_fraction(chip, dtype, backward, head_dim, causal)`: flash attention's matmul
   FLOPs over time, with the softmax's non-matmul work per score element as a fixed cost.
 - `hbm_fraction(chip)`, `vector_fraction(chip)` (memory-bound elementwise / norm kernels, as
