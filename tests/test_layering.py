@@ -64,6 +64,7 @@ ORDER = (
     # the training stacks' readers and writers (they read the stack profiles via core.stack)
     "launch.shell",
     "launch.common",
+    "launch.capable",
     "launch.torchtitan",
     "launch.maxtext",
     "launch.megatron",

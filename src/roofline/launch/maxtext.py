@@ -26,6 +26,7 @@ import yaml
 
 from roofline.errors import RooflineError
 from roofline.launch.base import Default, LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_devices,
@@ -33,7 +34,6 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     resolve_rest,
     stack_defaults,
@@ -47,7 +47,9 @@ from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, 
 STACK = "maxtext"
 KIND = LaunchKind.TRAINING
 PROFILE = "maxtext"
-OPTIMIZER = "adam-fp32"  # what the stack keeps by default (fp32 parameters): an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _TRAIN = re.compile(r"(MaxText|maxtext)\.[\w.$]*|\btrain\.py|train_compile")
 _OVERRIDE = re.compile(r"^([a-z_][a-z0-9_]*)=(.*)$")
 _AXES_SOURCE = "src/maxtext/configs/base.yml:659-684"
@@ -372,24 +374,7 @@ def _model(notes: Notes) -> str | None:
 
 
 def _expressible(plan: Plan) -> None:
-    lacks = []
-    if plan.remat.kind in (RematKind.NONE, RematKind.CHECKPOINTS):
-        lacks.append(
-            f"remat={plan.remat} (MaxText's policies are full, minimal and save_* variants)"
-        )
-    if plan.degrees.dp > 1 and plan.zero != 0:
-        lacks.append(
-            f"zero={plan.zero} over dp (the data axis keeps whole optimizer states; shard with fsdp)"
-        )
-    if plan.sequence_parallel and plan.degrees.tp > 1:
-        lacks.append("Megatron-style sequence parallelism (megatron_sp)")
-    if plan.overlap_ep:
-        lacks.append("overlap_ep")
-    if plan.optimizer.name != "adam-fp32":
-        lacks.append(f"optimizer={plan.optimizer.name} (weight_dtype float32 keeps adam-fp32)")
-    if plan.degrees.pp > 1 and plan.schedule == Schedule.GPIPE:
-        lacks.append("the GPipe schedule")
-    refuse_lacks("MaxText", lacks)
+    capabilities(STACK).refuse(plan)
 
 
 def write(config: LaunchConfig) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roofline.launch.base import Default, LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_known,
@@ -34,18 +35,19 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     stack_defaults,
     workload,
 )
 from roofline.launch.shell import script
-from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, parse_optimizer
+from roofline.specs.plan import Degrees, Plan, RematKind, Schedule, parse_optimizer
 
 STACK = "megatron"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
-OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _SCRIPT = re.compile(r"pretrain_\w+\.py")
 _NOT_LAUNCH = ("echo", "printf", "ls", "test", "[", "[[", "cat", "cp", "if")
 # the arguments this reader reads (a near miss of one is an error naming it)
@@ -481,23 +483,9 @@ def _zero(notes: Notes, s: MegatronSettings) -> int:
 # ------------------------------------------------------------------------------ write
 
 
-def expressible(plan: Plan, stack: str) -> None:
-    """A LaunchError naming what Megatron (or NeMo) lacks for `plan`."""
-    d = plan.degrees
-    lacks = []
-    if d.dp > 1 and d.fsdp > 1:
-        lacks.append("dp and fsdp together (hybrid sharding)")
-    if d.dp > 1 and plan.zero not in (0, 1):
-        lacks.append(
-            f"zero={plan.zero} over dp (the distributed optimizer is ZeRO-1; shard with fsdp)"
-        )
-    if plan.remat.kind == RematKind.CHECKPOINTS:
-        lacks.append(f"remat={plan.remat}")
-    if d.pp > 1 and plan.schedule == Schedule.GPIPE:
-        lacks.append("the GPipe schedule")
-    if plan.optimizer != OPTIMIZERS["adam-fp32-master"]:
-        lacks.append(f"optimizer={plan.optimizer.name} (mixed precision keeps adam-fp32-master)")
-    refuse_lacks(stack, lacks)
+def expressible(plan: Plan, stack: str = STACK) -> None:
+    """A LaunchError naming what Megatron-LM (or NeMo, `stack`) lacks for `plan`."""
+    capabilities(stack).refuse(plan)
 
 
 def _args(config: LaunchConfig) -> list[tuple[str, Any]]:
@@ -559,7 +547,7 @@ def write(config: LaunchConfig) -> str:
     needs(plan, STACK, "a training plan", "--plan")
     needs(w.seq_len, STACK, "a sequence length", "--seq")
     needs(w.global_batch_sequences, STACK, "a global batch", "--batch-tokens")
-    expressible(plan, "Megatron-LM")
+    expressible(plan)
     n = plan.degrees.n_chips
     per_node = 8 if n % 8 == 0 else n
     lines = [

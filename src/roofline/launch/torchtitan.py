@@ -25,6 +25,7 @@ import tomllib
 from typing import Any
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_devices,
@@ -33,7 +34,6 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     resolve_rest,
     stack_defaults,
@@ -51,7 +51,9 @@ from roofline.specs.plan import (
 STACK = "torchtitan"
 KIND = LaunchKind.TRAINING
 PROFILE = "torchtitan"
-OPTIMIZER = "adam-fp32"  # what the stack keeps by default (fp32 parameters): an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _DEVICES = "--chips N or --system (data_parallel_shard_degree = -1 takes the devices left)"
 # training.dtype -> the optimizer policy's bytes (fp32: fp32 params, grads and Adam moments)
 _OPTIMIZER_OF_DTYPE = {"float32": "adam-fp32"}
@@ -349,22 +351,7 @@ def _model(notes: Notes) -> str:
 
 
 def _expressible(plan: Plan) -> None:
-    lacks = []
-    if plan.remat.kind == RematKind.CHECKPOINTS:
-        lacks.append(
-            f"remat={plan.remat} (torchtitan checkpoints whole layers or ops, not N per layer)"
-        )
-    if plan.degrees.dp > 1 and plan.zero != 0:
-        lacks.append(
-            f"zero={plan.zero} over dp (replicas are DDP with whole optimizer states; shard with fsdp)"
-        )
-    if plan.degrees.tp > 1 and not plan.sequence_parallel:
-        lacks.append("tensor parallelism without sequence-parallel norms (add megatron_sp=1)")
-    if plan.overlap_ep:
-        lacks.append("overlap_ep (DualPipe-style expert overlap)")
-    if plan.optimizer.name not in _OPTIMIZER_OF_DTYPE.values():
-        lacks.append(f"optimizer={plan.optimizer.name} (training.dtype float32 keeps adam-fp32)")
-    refuse_lacks("torchtitan", lacks)
+    capabilities(STACK).refuse(plan)
 
 
 def _batch_split(plan: Plan, global_seqs: int) -> tuple[int, int, int]:
