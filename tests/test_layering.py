@@ -78,6 +78,7 @@ ORDER = (
     "training.offload",
     "training.planner.systems",
     "training.planner.space",
+    "training.planner.launchable",
     "training.planner.rank",
     "training.planner.search",
     "training.planner.deadline",
