@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -43,21 +43,27 @@ class PlanArrays:
 
     @classmethod
     def of(cls, plan: Plan, recipe: str | None = None) -> PlanArrays:
-        one = lambda v: np.array([v])  # noqa: E731
-        d = plan.degrees
+        """One plan (with its optimizer and, where the rule needs it, its recipe)."""
+        return replace(cls.of_plans([plan]), optimizer=plan.optimizer.name, recipe=recipe)
+
+    @classmethod
+    def of_plans(cls, plans: Sequence[Plan]) -> PlanArrays:
+        """Many plans, judged without their optimizer or recipe (as the planner judges)."""
+
+        def col(get) -> np.ndarray:
+            return np.array([get(p) for p in plans])
+
         return cls(
-            deg={s.value: one(getattr(d, s.value)) for s in Strategy},
-            zero=one(plan.zero),
-            schedule=one(plan.schedule.value),
-            remat_kind=one(plan.remat.kind.value),
-            remat_text=one(str(plan.remat)),
+            deg={s.value: col(lambda p, s=s: getattr(p.degrees, s.value)) for s in Strategy},
+            zero=col(lambda p: p.zero),
+            schedule=col(lambda p: p.schedule.value),
+            remat_kind=col(lambda p: p.remat.kind.value),
+            remat_text=col(lambda p: str(p.remat)),
             switch={
-                "megatron_sp": one(plan.sequence_parallel),
-                "collective_matmul": one(plan.collective_matmul),
-                "overlap_ep": one(plan.overlap_ep),
+                "megatron_sp": col(lambda p: p.sequence_parallel),
+                "collective_matmul": col(lambda p: p.collective_matmul),
+                "overlap_ep": col(lambda p: p.overlap_ep),
             },
-            optimizer=plan.optimizer.name,
-            recipe=recipe,
         )
 
     @classmethod
