@@ -29,6 +29,8 @@ PLANS = {
     ],
     "maxtext": [
         ("fsdp=256,microbatch=1,remat=full,optimizer=adam-fp32", None),
+        # ZeRO-1 over the data axis: shard_optimizer_over_data=true (base.yml:690)
+        ("dp=4,fsdp=16,tp=4,zero=1,microbatch=2,remat=full,optimizer=adam-fp32", None),
         ("dp=4,fsdp=64,tp=4,zero=0,microbatch=4,remat=matmuls,optimizer=adam-fp32", "fp8"),
         ("fsdp=8,sp=2,ep=4,optimizer=adam-fp32", "int8"),
         ("fsdp=16,pp=4,microbatch=8,remat=full,optimizer=adam-fp32", None),

@@ -140,7 +140,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         degrees=deg,
         microbatches=accum * per_pass,
         remat=_remat(notes),
-        zero=0 if deg.dp > 1 else 1,
+        zero=_zero(notes, deg.dp),
         schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=virtual,
         optimizer=_optimizer(notes),
@@ -158,6 +158,15 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
             steps=notes.integer("steps", notes.get("steps")),
         ),
     )
+
+
+def _zero(notes: Notes, dp: int) -> int:
+    """ZeRO over the data axis: 1 with shard_optimizer_over_data, else whole optimizer states
+    on every replica (0); with one replica the stage does not apply (the plan's default, 1)."""
+    if dp == 1:
+        return 1
+    key = "shard_optimizer_over_data"
+    return 1 if notes.flag(key, notes.get(key)) else 0
 
 
 def _read_keys() -> list[str]:
@@ -404,6 +413,8 @@ def write(config: LaunchConfig) -> str:
     }
     if d.pp > 1:
         out |= _pipeline_overrides(config)
+    if d.dp > 1 and plan.zero == 1:
+        out["shard_optimizer_over_data"] = True
     if w.train_steps:
         out["steps"] = w.train_steps
     args = " ".join(f"{k}={_word(v)}" for k, v in out.items())
