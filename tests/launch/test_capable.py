@@ -262,3 +262,28 @@ def test_zero_stage_text_is_from_the_numbers():
     ][0]
     assert mask.tolist() == [True, True] and text(1).startswith("zero=1 over dp")
     assert np.array_equal(capabilities("megatron").launchable(a), [False, True])
+
+
+@pytest.mark.parametrize(
+    "stack,said",
+    [
+        ("torchtitan", ['dtype = "float32"', 'mixed_precision_reduce = "float32"', "AdamW"]),
+        ("maxtext", ["opt_type=adamw", "weight_dtype=float32"]),
+        ("megatron", ["--bf16", "--optimizer adam"]),
+        ("deepspeed", ['"bf16": {\n    "enabled": true']),
+    ],
+)
+def test_export_writes_the_stacks_own_optimizer(stack, said):
+    plan = parse_plan(f"fsdp=8,remat=full,optimizer={capabilities(stack).optimizer}")
+    if stack == "deepspeed":
+        plan = replace(plan, remat=parse_plan("dp=1,remat=none").remat)
+    config = LaunchConfig(
+        stack=stack,
+        kind=LaunchKind.TRAINING,
+        model="llama-3.1-8b",
+        plan=plan,
+        workload=LaunchWorkload(seq_len=4096, global_batch_sequences=64),
+    )
+    text = write_launch(config, stack)
+    assert all(s in text for s in said), text
+    assert read_launch(text, source="<export>").plan.optimizer == plan.optimizer

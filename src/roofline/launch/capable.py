@@ -1,5 +1,5 @@
 """What a training stack's launch configuration can say of a plan, and the stack's own
-optimizer and precision defaults: `launch/defaults/capabilities.toml`, read by both the
+optimizer default: `launch/defaults/capabilities.toml`, read by both the
 writers (`refuse`: the one paragraph an export gives) and train's planner (`launchable`:
 the candidate plans a named stack cannot launch, skipped and counted).
 
@@ -175,8 +175,6 @@ class Capabilities:
     rules: Mapping[str, Mapping[str, Any]]
     optimizer: str
     optimizer_source: str
-    precision: str
-    precision_source: str
 
     def breaches(self, a: PlanArrays) -> list[tuple[str, np.ndarray, Callable[[int], str]]]:
         """(rule, refused mask, text of entry i) for every rule of the stack."""
@@ -239,8 +237,6 @@ def capabilities(stack: str) -> Capabilities | None:
         rules=merged,
         optimizer=pick("optimizer"),
         optimizer_source=pick("optimizer_source"),
-        precision=pick("precision"),
-        precision_source=pick("precision_source"),
     )
 
 

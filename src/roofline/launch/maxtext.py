@@ -398,6 +398,7 @@ def write(config: LaunchConfig) -> str:
     out |= _batch_overrides(plan, w.global_batch_sequences)
     out["max_target_length"] = w.seq_len
     out["remat_policy"] = "minimal" if plan.remat.kind == RematKind.MATMULS else "full"
+    out |= {"opt_type": "adamw", "weight_dtype": "float32"}  # the stack's own (capabilities.toml)
     q = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), STACK)
     if q != "bf16":
         out["quantization"] = q

@@ -533,7 +533,7 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
         if kind == "full":
             out += [("recompute-method", "uniform"), ("recompute-num-layers", 1)]
     recipe = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), "Megatron-LM")
-    out.append(("bf16", True))
+    out += [("bf16", True), ("optimizer", "adam")]  # the stack's own (capabilities.toml)
     inverse = {v: k for k, v in stack_defaults(STACK).data["fp8_recipes"].items()}
     if recipe in inverse:
         out += [("fp8-format", "hybrid"), ("fp8-recipe", inverse[recipe])]

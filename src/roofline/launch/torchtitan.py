@@ -386,8 +386,13 @@ def write(config: LaunchConfig) -> str:
             "local_batch_size": local,
             "global_batch_size": global_seqs,
             "seq_len": w.seq_len,
+            # the stack's own optimizer (capabilities.toml): fp32 parameters, bf16 compute, fp32
+            # gradient reduction, AdamW
             "dtype": "float32",
+            "mixed_precision_param": "bfloat16",
+            "mixed_precision_reduce": "float32",
         },
+        "optimizer": {"name": "AdamW"},
         "parallelism": {
             "data_parallel_replicate_degree": d.dp,
             "data_parallel_shard_degree": d.fsdp * d.ep,
