@@ -24,6 +24,8 @@ from roofline.specs.plan import SCHEDULE_OF_CODE, Plan, Remat, Strategy
 
 TABLE = Path(__file__).parent / "defaults" / "capabilities.toml"
 SWITCHES = ("megatron_sp", "collective_matmul", "overlap_ep")
+# schedule name by the planner's Schedule.code (specs.plan.SCHEDULE_OF_CODE)
+_SCHEDULE_NAMES = np.array([SCHEDULE_OF_CODE[c].value for c in sorted(SCHEDULE_OF_CODE)])
 
 
 @dataclass(frozen=True)
@@ -72,22 +74,20 @@ class PlanArrays:
         `remats`: the space's list `remat_idx` points into)."""
         n = len(cand)
         ri = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
-        codes = np.asarray(cand.schedule, dtype=int)
-        off = np.zeros(n, dtype=bool)
+
+        def flag(x) -> np.ndarray:
+            return np.zeros(n, dtype=bool) if x is None else np.asarray(x, dtype=bool)
+
         return cls(
             deg={s.value: np.asarray(cand.deg[s]) for s in Strategy},
             zero=np.asarray(cand.zero),
-            schedule=np.array([SCHEDULE_OF_CODE[c].value for c in range(len(SCHEDULE_OF_CODE))])[
-                codes
-            ],
+            schedule=_SCHEDULE_NAMES[np.asarray(cand.schedule, dtype=int)],
             remat_kind=np.array([r.kind.value for r in remats])[ri],
             remat_text=np.array([str(r) for r in remats])[ri],
             switch={
                 "megatron_sp": np.full(n, sequence_parallel),
-                "collective_matmul": off
-                if cand.collective_matmul is None
-                else cand.collective_matmul,
-                "overlap_ep": off if cand.overlap_ep is None else cand.overlap_ep,
+                "collective_matmul": flag(cand.collective_matmul),
+                "overlap_ep": flag(cand.overlap_ep),
             },
         )
 
