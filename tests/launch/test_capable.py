@@ -30,7 +30,7 @@ from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import SCHEDULE_OF_CODE, Degrees, Plan, Workload, parse_plan
 from roofline.specs.system import parse_system
 from roofline.training.planner import SearchSpace, plan_training
-from roofline.training.planner.launchable import launchable, skipped
+from roofline.training.planner.launchable import launch_space, launchable, skipped
 from roofline.training.planner.space import enumerate_plans
 
 from .test_real_configs import CASES as EXAMPLES
@@ -155,41 +155,55 @@ def test_with_no_stack_named_nothing_is_skipped():
     assert launchable(found, space, "llm-foundry") is found  # a stack without a table
 
 
+def _search(stack: str, named: bool, space: SearchSpace | None = None):
+    return plan_training(
+        load_model("llama-3.1-8b"),
+        parse_system("h100:64"),
+        Workload(2**20, 4096),
+        framework=stack,
+        optimizer=capabilities(stack).optimizer,
+        allow_sub_slices=False,
+        top_k=2,
+        space=space,
+        launch_stack=stack if named else None,
+    )
+
+
 def test_train_with_a_named_stack_says_how_many_it_skipped(capsys):
     from roofline.cli import main
 
-    argv = ["train", "--model", "llama-3.1-8b", "--system", "h100:64", "--batch-tokens", "1Mi"]
-    argv += ["--top", "2", "--no-sub-slices"]
-    named = plan_training(
-        load_model("llama-3.1-8b"),
-        parse_system("h100:64"),
-        Workload(2**20, 4096),
-        framework="torchtitan",
-        optimizer="adam-fp32",
-        allow_sub_slices=False,
-        top_k=2,
-        launch_stack="torchtitan",
-    )
-    free = plan_training(
-        load_model("llama-3.1-8b"),
-        parse_system("h100:64"),
-        Workload(2**20, 4096),
-        framework="torchtitan",
-        optimizer="adam-fp32",
-        allow_sub_slices=False,
-        top_k=2,
-    )
+    named, free = _search("megatron", True), _search("megatron", False)
     n = skipped(named.rejected)
     assert n > 0 and skipped(free.rejected) == 0
+    assert named.rejected["Megatron-LM cannot launch: hybrid sharding"] == n
     assert named.candidates_enumerated == free.candidates_enumerated
     # each candidate is costed once per precision searched
     assert free.candidates_evaluated - named.candidates_evaluated == n * len(free.precisions)
-    assert not any(capabilities("torchtitan").lacks(c.plan) for c in named.top)
-    assert main([*argv, "--framework", "torchtitan"]) == 0
-    out = capsys.readouterr().out
-    assert f"{n:,} plans the stack cannot launch were skipped." in out
-    assert main([*argv, "--framework", "auto"]) == 0
+    assert not any(capabilities("megatron").lacks(c.plan) for c in named.top)
+    argv = ["train", "--model", "llama-3.1-8b", "--system", "h100:64", "--batch-tokens", "1Mi"]
+    argv += ["--top", "2", "--no-sub-slices"]
+    assert main([*argv, "--framework", "megatron"]) == 0
+    assert f"{n:,} plans the stack cannot launch were skipped." in capsys.readouterr().out
+    assert main([*argv, "--framework", "auto"]) == 0  # auto: megatron on GPUs, unfiltered
     assert "cannot launch" not in capsys.readouterr().out
+
+
+def test_torchtitans_replicas_are_searched_as_it_runs_them():
+    """torchtitan's replicas keep whole optimizer states: the space's ZeRO-1/2 over dp would
+    all be skipped, so with torchtitan named the replicas are searched at zero=0 instead."""
+    assert SearchSpace().zero_stages == (1, 2)
+    space = launch_space(SearchSpace(), "torchtitan")
+    assert space.zero_stages == (0,)
+    assert launch_space(SearchSpace(), "megatron").zero_stages == (1,)
+    assert launch_space(SearchSpace(), None) == SearchSpace()
+    free, skipping, named = (
+        _search("torchtitan", False),
+        _search("torchtitan", True),
+        _search("torchtitan", True, space),
+    )
+    assert skipped(skipping.rejected) > 0 and skipped(named.rejected) == 0
+    assert named.candidates_evaluated == free.candidates_evaluated  # zero 0 for 2, one for one
+    assert not any(capabilities("torchtitan").lacks(c.plan) for c in named.top)
 
 
 def test_the_default_optimizer_is_the_stacks_own():

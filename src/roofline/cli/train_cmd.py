@@ -27,7 +27,7 @@ from roofline.specs.plan import DEFAULT_OPTIMIZER
 from roofline.specs.system import parse_system
 from roofline.training.pipecomm import pipeline_traffic
 from roofline.training.planner import PlanResult, SearchSpace, plan_training
-from roofline.training.planner.launchable import skipped
+from roofline.training.planner.launchable import launch_space, skipped
 from roofline.training.step import (
     AssumedRun,
     StepCost,
@@ -246,7 +246,7 @@ def search_plans(
         allow_sub_slices=not args.no_sub_slices,
         chips=chips,
         progress=counter("train: costing plans", unit="plan"),
-        space=SearchSpace(),
+        space=launch_space(SearchSpace(), launch_stack(args, stack)),
         framework=stack,
         dtypes=dtypes,
         launch_stack=launch_stack(args, stack),
@@ -370,6 +370,7 @@ def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -
         top_k=args.top,
         framework=stack,
         dtypes=dtypes,
+        space=launch_space(SearchSpace(), launch_stack(args, stack)),
         launch_stack=launch_stack(args, stack),
     )
     tried = table(

@@ -41,6 +41,18 @@ def _take(cand: Candidates, keep: np.ndarray) -> Candidates:
     )
 
 
+def launch_space(space: SearchSpace, stack: str | None) -> SearchSpace:
+    """`space` with the ZeRO stages over replicas the named stack can launch: the space's own
+    where the stack has some of them, else the stack's (torchtitan's DDP/HSDP replicas keep
+    whole optimizer states, zero=0, which the default (1, 2) would never search)."""
+    cap = capabilities(stack) if stack else None
+    rule = cap.rules.get("replica_zero") if cap else None
+    if rule is None:
+        return space
+    zeros = tuple(z for z in space.zero_stages if z in rule["allowed"])
+    return replace(space, zero_stages=zeros or tuple(rule["allowed"]))
+
+
 def launchable(found: Enumeration, space: SearchSpace, stack: str | None) -> Enumeration:
     """`found` without the plans `stack` cannot launch (each counted under the first rule it
     breaks); `found` itself when no stack is named or the table does not hold it."""
@@ -62,4 +74,4 @@ def launchable(found: Enumeration, space: SearchSpace, stack: str | None) -> Enu
     return replace(found, groups=tuple(groups), rejected=rejected)
 
 
-__all__ = ["CANNOT_LAUNCH", "launchable", "skipped"]
+__all__ = ["CANNOT_LAUNCH", "launch_space", "launchable", "skipped"]
