@@ -311,3 +311,40 @@ def test_export_writes_the_stacks_own_optimizer(stack, said):
     text = write_launch(config, stack)
     assert all(s in text for s in said), text
     assert read_launch(text, source="<export>").plan.optimizer == plan.optimizer
+
+
+HSDP = "torchrun --nproc_per_node 8 --nnodes 4 pretrain_gpt.py --micro-batch-size 1 --bf16 "
+
+
+@pytest.mark.parametrize(
+    "flags,dp,fsdp,zero",
+    [
+        ("--use-megatron-fsdp --num-distributed-optimizer-instances 4", 4, 8, 0),
+        (
+            "--use-megatron-fsdp --num-distributed-optimizer-instances 2 "
+            "--outer-dp-sharding-strategy optim",
+            2,
+            16,
+            1,
+        ),
+        ("--use-megatron-fsdp", 1, 32, 1),
+    ],
+)
+def test_megatron_fsdp_instances_are_hsdp_replicas(flags, dp, fsdp, zero):
+    c = read_launch(HSDP + flags, source="<run.sh>")
+    d = c.plan.degrees
+    assert (d.dp, d.fsdp, c.plan.zero) == (dp, fsdp, zero) and c.unsupported == ()
+
+
+def test_distributed_optimizer_instances_without_fsdp_are_named():
+    c = read_launch(
+        HSDP + "--use-distributed-optimizer --num-distributed-optimizer-instances 4",
+        source="<run.sh>",
+    )
+    assert c.plan.degrees.dp == 32 and c.plan.zero == 1
+    assert [u.key for u in c.unsupported] == ["num-distributed-optimizer-instances"]
+    with pytest.raises(LaunchError, match="does not divide the 32 data-parallel ranks"):
+        read_launch(
+            HSDP + "--use-megatron-fsdp --num-distributed-optimizer-instances 5",
+            source="<run.sh>",
+        )
