@@ -395,6 +395,7 @@ def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -
         + _render_one(model, work, b, header="Fastest plan there:", auto=_auto(args, system.chip))
         + "\n\nTried (bisection):\n"
         + tried
+        + _optimizer_text(args, inputs.get("optimizer_default"))
     )
     return emit(
         args,
