@@ -348,3 +348,13 @@ def test_distributed_optimizer_instances_without_fsdp_are_named():
             HSDP + "--use-megatron-fsdp --num-distributed-optimizer-instances 5",
             source="<run.sh>",
         )
+
+
+def test_torchtitans_looped_schedule_runs_two_stages_per_rank():
+    cap = capabilities("torchtitan")
+    spec = "fsdp=4,pp=4,microbatch=8,schedule=interleaved,megatron_sp=1,optimizer=adam-fp32"
+    assert cap.lacks(parse_plan(spec + ",virtual=2")) == []
+    (said,) = cap.lacks(parse_plan(spec + ",virtual=4"))
+    assert said.startswith("virtual=4 (torchtitan's looped schedules run 2 stages per rank")
+    megatron = parse_plan(spec.replace("adam-fp32", "adam-fp32-master") + ",virtual=4")
+    assert capabilities("megatron").lacks(megatron) == []  # Megatron's interleaving takes any

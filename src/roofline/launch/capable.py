@@ -39,6 +39,7 @@ class PlanArrays:
     schedule: np.ndarray
     remat_kind: np.ndarray
     remat_text: np.ndarray
+    virtual: np.ndarray
     switch: Mapping[str, np.ndarray]
     optimizer: str | None = None
     recipe: str | None = None
@@ -61,6 +62,7 @@ class PlanArrays:
             schedule=col(lambda p: p.schedule.value),
             remat_kind=col(lambda p: p.remat.kind.value),
             remat_text=col(lambda p: str(p.remat)),
+            virtual=col(lambda p: p.virtual_stages),
             switch={
                 "megatron_sp": col(lambda p: p.sequence_parallel),
                 "collective_matmul": col(lambda p: p.collective_matmul),
@@ -84,6 +86,7 @@ class PlanArrays:
             schedule=_SCHEDULE_NAMES[np.asarray(cand.schedule, dtype=int)],
             remat_kind=np.array([r.kind.value for r in remats])[ri],
             remat_text=np.array([str(r) for r in remats])[ri],
+            virtual=np.asarray(cand.virtual),
             switch={
                 "megatron_sp": np.full(n, sequence_parallel),
                 "collective_matmul": flag(cand.collective_matmul),
@@ -124,6 +127,11 @@ def _schedules(r: Mapping, a: PlanArrays) -> Verdict:
     return mask, lambda i: f"schedule={a.schedule[i]} ({r['why']})"
 
 
+def _virtual(r: Mapping, a: PlanArrays) -> Verdict:
+    mask = (a.deg["pp"] > 1) & (a.schedule == "interleaved") & ~np.isin(a.virtual, r["allowed"])
+    return mask, lambda i: f"virtual={a.virtual[i]} ({r['why']})"
+
+
 def _tp_needs_sp(r: Mapping, a: PlanArrays) -> Verdict:
     mask = (a.deg["tp"] > 1) & ~a.switch["megatron_sp"]
     return mask, lambda i: f"tensor parallelism without sequence-parallel norms ({r['why']})"
@@ -158,6 +166,7 @@ RULES: dict[str, Callable[[Mapping, PlanArrays], Verdict]] = {
     "replica_zero": _replica_zero,
     "remat": _remat,
     "schedules": _schedules,
+    "virtual": _virtual,
     "tp_needs_sp": _tp_needs_sp,
     "tp_refuses_sp": _tp_refuses_sp,
     "switches": _switches,

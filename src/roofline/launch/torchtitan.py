@@ -428,13 +428,7 @@ def _schedule_name(plan: Plan) -> str:
         return "1F1B"
     if plan.schedule == Schedule.GPIPE:
         return "GPipe"
-    if plan.virtual_stages != 2:
-        raise LaunchError(
-            f"torchtitan cannot express virtual={plan.virtual_stages} by schedule name alone",
-            rule="torchtitan's looped schedules run 2 stages per rank unless pipeline_parallel_layers_per_stage is set from the model",
-            fix="use virtual=2, or set pipeline_parallel_layers_per_stage by hand",
-        )
-    return "Interleaved1F1B"
+    return "Interleaved1F1B"  # 2 stages per rank (capabilities.toml [torchtitan.rules.virtual])
 
 
 def _remat_section(plan: Plan) -> dict[str, Any]:
