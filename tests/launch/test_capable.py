@@ -358,3 +358,15 @@ def test_torchtitans_looped_schedule_runs_two_stages_per_rank():
     assert said.startswith("virtual=4 (torchtitan's looped schedules run 2 stages per rank")
     megatron = parse_plan(spec.replace("adam-fp32", "adam-fp32-master") + ",virtual=4")
     assert capabilities("megatron").lacks(megatron) == []  # Megatron's interleaving takes any
+
+
+def test_maxtexts_pipeline_microbatches_are_a_multiple_of_the_stages():
+    cap = capabilities("maxtext")
+    spec = "fsdp=4,pp=4,remat=full,optimizer=adam-fp32,microbatch="
+    assert cap.lacks(parse_plan(spec + "8")) == []
+    assert cap.lacks(parse_plan(spec + "6")) == [
+        "microbatch=6 on pp=4 (num_pipeline_microbatches is a multiple of the stage count)"
+    ]
+    assert (
+        capabilities("megatron").lacks(parse_plan(spec.replace("fp32", "fp32-master") + "6")) == []
+    )

@@ -40,6 +40,7 @@ class PlanArrays:
     remat_kind: np.ndarray
     remat_text: np.ndarray
     virtual: np.ndarray
+    microbatches: np.ndarray
     switch: Mapping[str, np.ndarray]
     optimizer: str | None = None
     recipe: str | None = None
@@ -63,6 +64,7 @@ class PlanArrays:
             remat_kind=col(lambda p: p.remat.kind.value),
             remat_text=col(lambda p: str(p.remat)),
             virtual=col(lambda p: p.virtual_stages),
+            microbatches=col(lambda p: p.microbatches),
             switch={
                 "megatron_sp": col(lambda p: p.sequence_parallel),
                 "collective_matmul": col(lambda p: p.collective_matmul),
@@ -87,6 +89,7 @@ class PlanArrays:
             remat_kind=np.array([r.kind.value for r in remats])[ri],
             remat_text=np.array([str(r) for r in remats])[ri],
             virtual=np.asarray(cand.virtual),
+            microbatches=np.asarray(cand.microbatches),
             switch={
                 "megatron_sp": np.full(n, sequence_parallel),
                 "collective_matmul": flag(cand.collective_matmul),
@@ -132,6 +135,11 @@ def _virtual(r: Mapping, a: PlanArrays) -> Verdict:
     return mask, lambda i: f"virtual={a.virtual[i]} ({r['why']})"
 
 
+def _stage_microbatches(r: Mapping, a: PlanArrays) -> Verdict:
+    mask = (a.deg["pp"] > 1) & (a.microbatches % a.deg["pp"] != 0)
+    return mask, lambda i: f"microbatch={a.microbatches[i]} on pp={a.deg['pp'][i]} ({r['why']})"
+
+
 def _tp_needs_sp(r: Mapping, a: PlanArrays) -> Verdict:
     mask = (a.deg["tp"] > 1) & ~a.switch["megatron_sp"]
     return mask, lambda i: f"tensor parallelism without sequence-parallel norms ({r['why']})"
@@ -167,6 +175,7 @@ RULES: dict[str, Callable[[Mapping, PlanArrays], Verdict]] = {
     "remat": _remat,
     "schedules": _schedules,
     "virtual": _virtual,
+    "stage_microbatches": _stage_microbatches,
     "tp_needs_sp": _tp_needs_sp,
     "tp_refuses_sp": _tp_refuses_sp,
     "switches": _switches,
