@@ -7,7 +7,9 @@ semantics (launch/defaults/megatron.toml cites each default):
 
 - data-parallel size = world / (TP × PP × CP) (arguments.py:442-448); expert parallelism
   borrows its ranks from it, so dp = that / EP; Megatron FSDP (`--use-megatron-fsdp`,
-  `--use-torch-fsdp2`) shards over the same ranks (fsdp instead of dp);
+  `--use-torch-fsdp2`) shards over the same ranks (fsdp instead of dp), and with
+  `--num-distributed-optimizer-instances R` Megatron-FSDP runs HSDP: dp = R replicas of an
+  fsdp group of the rest (`--outer-dp-sharding-strategy optim`: ZeRO-1 over the replicas);
 - microbatches = global batch / (micro batch × data-parallel size); the global batch
   defaults to micro × data-parallel size;
 - virtual pipeline stages from `--num-layers-per-virtual-pipeline-stage` (with
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roofline.launch.base import Default, LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_known,
@@ -34,18 +37,19 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     stack_defaults,
     workload,
 )
 from roofline.launch.shell import script
-from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, parse_optimizer
+from roofline.specs.plan import Degrees, Plan, RematKind, Schedule, parse_optimizer
 
 STACK = "megatron"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
-OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _SCRIPT = re.compile(r"pretrain_\w+\.py")
 _NOT_LAUNCH = ("echo", "printf", "ls", "test", "[", "[[", "cat", "cp", "if")
 # the arguments this reader reads (a near miss of one is an error naming it)
@@ -69,6 +73,8 @@ _READ = (
     "use-megatron-fsdp",
     "use-torch-fsdp2",
     "data-parallel-sharding-strategy",
+    "num-distributed-optimizer-instances",
+    "outer-dp-sharding-strategy",
     "recompute-granularity",
     "recompute-method",
     "recompute-num-layers",
@@ -133,6 +139,10 @@ class MegatronSettings:
     recipe: str  # the megatron profile's precision recipe
     optimizer: str
     zero_stage: int | None = None  # Megatron-DeepSpeed's --zero-stage (None: not given)
+    # Megatron-FSDP's HSDP: the replicas of the sharded group, and whether they shard the
+    # optimizer state (outer-dp-sharding-strategy optim)
+    replicas: int = 1
+    outer_shard: bool = False
 
 
 # ------------------------------------------------------------------------------ read
@@ -251,7 +261,18 @@ def _settings(notes: Notes) -> MegatronSettings:
         zero_stage=notes.integer("zero-stage", notes.settings["zero-stage"], low=0)
         if notes.given("zero-stage")
         else None,
+        **_hsdp(notes),
     )
+
+
+def _hsdp(notes: Notes) -> dict[str, Any]:
+    """Megatron-FSDP's replicas (`--num-distributed-optimizer-instances`; mcore_fsdp_adapter.py
+    runs HSDP when it is above 1) and their optimizer sharding; read only when given."""
+    key = "num-distributed-optimizer-instances"
+    if not notes.given(key):
+        return {}
+    outer = str(notes.get("outer-dp-sharding-strategy"))
+    return {"replicas": notes.integer(key, notes.settings[key]), "outer_shard": outer == "optim"}
 
 
 def _micro(notes: Notes) -> int:
@@ -429,10 +450,8 @@ def megatron_config(
             f"expert ranks beyond the {dp_all} data-parallel ranks: costed with ep={math.gcd(ep, dp_all)}",
         )
         ep = math.gcd(ep, dp_all)
-    rest = dp_all // ep
-    deg = Degrees(
-        dp=1 if s.fsdp else rest, fsdp=rest if s.fsdp else 1, tp=s.tp, sp=s.cp, ep=ep, pp=s.pp
-    )
+    dp, fsdp = _data_axes(notes, s, dp_all // ep)
+    deg = Degrees(dp=dp, fsdp=fsdp, tp=s.tp, sp=s.cp, ep=ep, pp=s.pp)
     global_batch = s.global_batch if s.global_batch is not None else s.micro * dp_all
     m = microbatch_count(
         notes,
@@ -450,7 +469,7 @@ def megatron_config(
         degrees=deg,
         microbatches=m,
         remat=s.recompute,
-        zero=_zero(notes, s) if deg.dp > 1 else 1,  # no replicas: the plan's default
+        zero=(int(s.outer_shard) if s.fsdp else _zero(notes, s)) if deg.dp > 1 else 1,
         schedule=Schedule.INTERLEAVED if s.virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=s.virtual,
         sequence_parallel=s.sequence_parallel and s.tp > 1,
@@ -468,6 +487,28 @@ def megatron_config(
     )
 
 
+def _data_axes(notes: Notes, s: MegatronSettings, rest: int) -> tuple[int, int]:
+    """(dp, fsdp) of the data-parallel ranks left beside EP: replicas, or the FSDP group, or
+    Megatron-FSDP's HSDP (replicas of an FSDP group)."""
+    if not s.fsdp:
+        if s.replicas > 1:
+            notes.unsupported_(
+                "num-distributed-optimizer-instances",
+                s.replicas,
+                "the distributed optimizer sharded within each of that many instances: costed as "
+                "ZeRO-1 over all the data-parallel ranks",
+            )
+        return rest, 1
+    if rest % s.replicas:
+        raise notes.error(
+            "num-distributed-optimizer-instances",
+            f"= {s.replicas} does not divide the {rest} data-parallel ranks",
+            rule="HSDP replicates an FSDP group: the instances divide the data-parallel size",
+            fix="give a divisor of the data-parallel size",
+        )
+    return s.replicas, rest // s.replicas
+
+
 def _zero(notes: Notes, s: MegatronSettings) -> int:
     if s.zero_stage is None:
         return 1 if s.distributed_optimizer else 0
@@ -481,23 +522,9 @@ def _zero(notes: Notes, s: MegatronSettings) -> int:
 # ------------------------------------------------------------------------------ write
 
 
-def expressible(plan: Plan, stack: str) -> None:
-    """A LaunchError naming what Megatron (or NeMo) lacks for `plan`."""
-    d = plan.degrees
-    lacks = []
-    if d.dp > 1 and d.fsdp > 1:
-        lacks.append("dp and fsdp together (hybrid sharding)")
-    if d.dp > 1 and plan.zero not in (0, 1):
-        lacks.append(
-            f"zero={plan.zero} over dp (the distributed optimizer is ZeRO-1; shard with fsdp)"
-        )
-    if plan.remat.kind == RematKind.CHECKPOINTS:
-        lacks.append(f"remat={plan.remat}")
-    if d.pp > 1 and plan.schedule == Schedule.GPIPE:
-        lacks.append("the GPipe schedule")
-    if plan.optimizer != OPTIMIZERS["adam-fp32-master"]:
-        lacks.append(f"optimizer={plan.optimizer.name} (mixed precision keeps adam-fp32-master)")
-    refuse_lacks(stack, lacks)
+def expressible(plan: Plan, stack: str = STACK) -> None:
+    """A LaunchError naming what Megatron-LM (or NeMo, `stack`) lacks for `plan`."""
+    capabilities(stack).refuse(plan)
 
 
 def _args(config: LaunchConfig) -> list[tuple[str, Any]]:
@@ -539,13 +566,20 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     ):
         if on:
             out.append((name, True))
+    d = plan.degrees
+    if d.dp > 1 and d.fsdp > 1:  # HSDP: dp replicas of the fsdp group
+        outer = "optim" if plan.zero == 1 else "no_shard"
+        out += [
+            ("num-distributed-optimizer-instances", d.dp),
+            ("outer-dp-sharding-strategy", outer),
+        ]
     if plan.remat.kind != RematKind.NONE:
         kind = "selective" if plan.remat.kind == RematKind.MATMULS else "full"
         out.append(("recompute-granularity", kind))
         if kind == "full":
             out += [("recompute-method", "uniform"), ("recompute-num-layers", 1)]
     recipe = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), "Megatron-LM")
-    out.append(("bf16", True))
+    out += [("bf16", True), ("optimizer", "adam")]  # the stack's own (capabilities.toml)
     inverse = {v: k for k, v in stack_defaults(STACK).data["fp8_recipes"].items()}
     if recipe in inverse:
         out += [("fp8-format", "hybrid"), ("fp8-recipe", inverse[recipe])]
@@ -559,7 +593,7 @@ def write(config: LaunchConfig) -> str:
     needs(plan, STACK, "a training plan", "--plan")
     needs(w.seq_len, STACK, "a sequence length", "--seq")
     needs(w.global_batch_sequences, STACK, "a global batch", "--batch-tokens")
-    expressible(plan, "Megatron-LM")
+    expressible(plan)
     n = plan.degrees.n_chips
     per_node = 8 if n % 8 == 0 else n
     lines = [

@@ -19,14 +19,17 @@ from typing import Any
 import yaml
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
-from roofline.launch.common import Notes, needs, recipe_for, refuse_lacks, remat_of, yaml_mapping
-from roofline.launch.megatron import MegatronSettings, expressible, megatron_config
-from roofline.specs.plan import Plan, RematKind, Schedule
+from roofline.launch.capable import capabilities
+from roofline.launch.common import Notes, needs, recipe_for, remat_of, yaml_mapping
+from roofline.launch.megatron import MegatronSettings, megatron_config
+from roofline.specs.plan import Plan, RematKind
 
 STACK = "nemo"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
-OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _REF = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
@@ -244,13 +247,5 @@ def _granularity(plan: Plan) -> str | None:
 
 
 def _expressible(plan: Plan) -> None:
-    expressible(plan, "NeMo")
-    lacks = []
-    if plan.overlap_ep:
-        lacks.append("overlap_ep (NeMo 1.x has no expert-parallel overlap setting)")
-    recipe_ok = recipe_for(PROFILE, plan.dtypes, None, "NeMo") in ("bf16", "fp8-delayed")
-    if not recipe_ok:
-        lacks.append("a precision other than bf16 or fp8 delayed scaling")
-    if plan.degrees.pp > 1 and plan.schedule == Schedule.GPIPE:
-        lacks.append("the GPipe schedule")
-    refuse_lacks("NeMo", lacks, fix="change the plan (or export to megatron)")
+    recipe = recipe_for(PROFILE, plan.dtypes, None, "NeMo")
+    capabilities(STACK).refuse(plan, recipe, fix="change the plan (or export to megatron)")

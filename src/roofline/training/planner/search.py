@@ -25,6 +25,7 @@ from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Strategy, Workload, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.offload import offloaded_cost
+from roofline.training.planner.launchable import launchable
 from roofline.training.planner.rank import (
     Family,
     Ranked,
@@ -177,6 +178,7 @@ def plan_training(
     framework: str | Framework | Stack | None = None,
     dtypes: ComputeDtypes | None = None,
     efficient_size: bool = True,
+    launch_stack: str | None = None,
 ) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
 
@@ -186,7 +188,9 @@ def plan_training(
     dtypes, else every precision the stack runs faster than 16-bit on the chip is searched
     beside the chip's 16-bit default (`Stack.searchable_dtypes`). `efficient_size`: where the
     best plan on the whole system spends most of its step not computing, halvings of the system
-    are costed too and the cheapest per token is named (`smaller_efficient`)."""
+    are costed too and the cheapest per token is named (`smaller_efficient`). `launch_stack`:
+    the stack named to launch the plans (None: any), whose configuration must say them
+    (`planner.launchable`)."""
     t0 = time.perf_counter()
     stack = stack_of(framework)
     space = (space or SearchSpace()).for_stack(stack, model)
@@ -198,7 +202,7 @@ def plan_training(
         systems = systems_for_counts(system, chips)
     else:
         systems = sub_slices(system) if allow_sub_slices else [system]
-    found = enumerate_plans(model, workload, systems, space)
+    found = launchable(enumerate_plans(model, workload, systems, space), space, launch_stack)
     if not found.groups:
         raise PlanError(
             f"no mesh factorisation of {system.n_chips} chips satisfies the divisibility rules",
@@ -206,7 +210,7 @@ def plan_training(
             fix="try another chip count (--chips) or batch size",
         )
     searched = (dtypes,) if dtypes is not None else stack.searchable_dtypes(system.chip)
-    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, searched)
+    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, searched, launch_stack)
     families = _cost(found.groups, ctx, progress)
     rejected = found.rejected
     for f in families:
@@ -289,6 +293,7 @@ class _Costing:
     policy: OptionPolicy
     stack: Stack
     dtypes: tuple[ComputeDtypes | None, ...]  # the precisions searched (None: the default)
+    launch_stack: str | None = None  # the stack named to launch the plans
 
 
 # the algebra's own choice among the options, never the stack's (advice only)
@@ -401,6 +406,7 @@ def smaller_efficient(
                 ctx.model, sysm, ctx.workload, top_k=1, efficiency=ctx.eff,
                 optimizer=ctx.opt.name, allow_sub_slices=False, policy=ctx.policy,
                 framework=ctx.stack, dtypes=dtypes, space=ctx.space, efficient_size=False,
+                launch_stack=ctx.launch_stack,
             )  # fmt: skip
         except (PlanError, ValueError):
             break
