@@ -247,7 +247,11 @@ def search_plans(
         chips=chips,
         progress=counter("train: costing plans", unit="plan"),
         space=launch_space(
-            SearchSpace(offload_optimizer=(False, True) if args.offload_optimizer else (False,)),
+            SearchSpace(
+                offload_optimizer=(False, True)
+                if getattr(args, "offload_optimizer", False)
+                else (False,)
+            ),
             launch_stack(args, stack),
         ),
         framework=stack,
