@@ -247,6 +247,30 @@ RERUN_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 
+# What each module of a partial recompute (plan `remat=a+b`, `specs.plan.RECOMPUTE_MODULES`)
+# reruns: its rerun groups, and the overlap classes of the collectives inside it that rerun with
+# it. From the `recompute_modules` docstring of MLM megatron/core/transformer/transformer_config.py:
+# core_attn "the core attention part" (under context parallelism the K/V exchange is inside it),
+# mla_up_proj "the MLA up projection and RoPE applying parts", layernorm "the input_layernorm and
+# pre_mlp_layernorm", mlp "the dense MLP submodule" (its TP collectives inside), moe "the MoE
+# layer" (router, dispatch/combine and experts), moe_act "the MoE MLP activation function",
+# shared_experts "the shared experts in the MoE layer".
+MODULE_RERUNS: Mapping[str, tuple[tuple[str, ...], tuple[OverlapClass, ...]]] = MappingProxyType(
+    {
+        "core_attn": (("attention_core",), (OverlapClass.SEQUENCE,)),
+        "mla_up_proj": (("mla_up_proj",), ()),
+        "layernorm": (("norms",), ()),
+        "mlp": (("mlp_in", "mlp_act", "mlp_out"), (OverlapClass.TENSOR,)),
+        "moe": (
+            ("router", "moe_in", "moe_act", "moe_out", "shared_experts"),
+            (OverlapClass.TENSOR, OverlapClass.EXPERT),
+        ),
+        "moe_act": (("moe_act",), ()),
+        "shared_experts": (("shared_experts",), (OverlapClass.TENSOR,)),
+    }
+)
+
+
 # Which family an op belongs to, by ledger op name (first match wins).
 FAMILY_PATTERNS: tuple[tuple[str, Family], ...] = (
     ("embed", Family.VOCAB),

@@ -226,12 +226,31 @@ class RematKind(enum.StrEnum):
     MATMULS = "matmuls"
     FULL = "full"  # one checkpoint per layer (the layer input); recompute the whole layer
     CHECKPOINTS = "checkpoints"  # N checkpoints of size D per layer (book applied-training: 4)
+    # save everything but what the named modules produce; rerun those modules in backward
+    # (Megatron's --recompute-granularity selective --recompute-modules ...)
+    MODULES = "modules"
+
+
+# The modules a partial recompute may name, in Megatron-Core's words and order
+# (NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py, the `recompute_modules`
+# docstring: "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts").
+# What each one reruns over the ledger is `specs.framework.MODULE_RERUNS`.
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "mla_up_proj",
+    "layernorm",
+    "mlp",
+    "moe",
+    "moe_act",
+    "shared_experts",
+)
 
 
 @dataclass(frozen=True)
 class Remat:
     kind: RematKind = RematKind.FULL
     n: int = 1  # checkpoints per layer for CHECKPOINTS
+    modules: tuple[str, ...] = ()  # the recomputed modules for MODULES (RECOMPUTE_MODULES order)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, RematKind):
@@ -247,8 +266,28 @@ class Remat:
             high=MAX_CHECKPOINTS,
             fix="write e.g. remat=ckpt4 (the book's four checkpoints per layer)",
         )
+        self._check_modules()
+
+    def _check_modules(self) -> None:
+        mods = self.modules
+        wanted = self.kind == RematKind.MODULES
+        bad = [m for m in mods if m not in RECOMPUTE_MODULES]
+        if (
+            bad
+            or wanted != bool(mods)
+            or list(mods) != sorted(set(mods), key=RECOMPUTE_MODULES.index)
+        ):
+            raise PlanError(
+                f"remat {self.kind.value} with modules {mods!r}",
+                rule="a partial recompute (kind modules) names one or more distinct modules of "
+                + ", ".join(RECOMPUTE_MODULES)
+                + " in that order; other kinds name none",
+                fix="write e.g. remat=mla_up_proj+moe_act (parse_remat orders them)",
+            )
 
     def __str__(self) -> str:
+        if self.kind == RematKind.MODULES:
+            return "+".join(self.modules)
         return f"ckpt{self.n}" if self.kind == RematKind.CHECKPOINTS else self.kind.value
 
 
@@ -264,20 +303,34 @@ _REMAT_ALIASES = {
 }
 
 
+def parse_modules(text: str) -> Remat | None:
+    """'mla_up_proj+moe_act' (or a list's text 'mla_up_proj, moe_act') -> a MODULES remat;
+    None where a word is not one of RECOMPUTE_MODULES."""
+    words = [w for w in re.split(r"[+,\s\[\]'\"]+", text.strip().lower()) if w]
+    if not words or any(w not in RECOMPUTE_MODULES for w in words):
+        return None
+    return Remat(RematKind.MODULES, modules=tuple(m for m in RECOMPUTE_MODULES if m in words))
+
+
 def parse_remat(text: str | Remat) -> Remat:
-    """'none' | 'matmuls' (alias 'dots', 'selective') | 'full' (alias 'block', 'layer') | 'ckpt4' / 'checkpoints=4'."""
+    """'none' | 'matmuls' (alias 'dots', 'selective') | 'full' (alias 'block', 'layer') | 'ckpt4' / 'checkpoints=4'
+    | modules joined by '+' (partial recompute, e.g. 'mla_up_proj+moe_act')."""
     if isinstance(text, Remat):
         return text
     s = str(text).strip().lower()
     if s in _REMAT_ALIASES:
         return Remat(_REMAT_ALIASES[s])
+    mods = parse_modules(s)
+    if mods is not None:
+        return mods
     m = re.fullmatch(r"(?:ckpt|checkpoints?)[=:]?(\d{1,6})", s)
     if m and 0 < int(m.group(1)) <= MAX_CHECKPOINTS:
         return Remat(RematKind.CHECKPOINTS, int(m.group(1)))
     raise SpecError(
         f"unknown remat policy {text!r}",
-        rule=f"remat is none, matmuls, full, or ckptN (N = 1..{MAX_CHECKPOINTS} checkpoints of size D per layer)",
-        fix="write e.g. remat=full or remat=ckpt4",
+        rule=f"remat is none, matmuls, full, ckptN (N = 1..{MAX_CHECKPOINTS} checkpoints of size D per layer), "
+        "or recomputed modules joined by '+' (" + ", ".join(RECOMPUTE_MODULES) + ")",
+        fix="write e.g. remat=full, remat=ckpt4 or remat=mla_up_proj+moe_act",
     )
 
 
@@ -313,6 +366,10 @@ OPTIMIZERS = {
     "adam-bf16": OptimizerPolicy("adam-bf16", 2.0, 2.0, 8.0),
     # Megatron/DeepSpeed mixed precision: bf16 params, fp32 grads, fp32 master + m + v (18 B/param)
     "adam-fp32-master": OptimizerPolicy("adam-fp32-master", 2.0, 4.0, 12.0),
+    # the same with the gradients accumulated and reduced in bf16 (16 B/param): Megatron's
+    # --no-gradient-reduce-in-fp32 / Megatron-Bridge ddp.grad_reduce_in_fp32=False, NeMo's
+    # distributed_fused_adam grad_sync_dtype: bf16
+    "adam-fp32-master-bf16-grads": OptimizerPolicy("adam-fp32-master-bf16-grads", 2.0, 2.0, 12.0),
     "adam-fp32": OptimizerPolicy("adam-fp32", 4.0, 4.0, 8.0),
     "sgd-bf16": OptimizerPolicy("sgd-bf16", 2.0, 2.0, 0.0),
 }
@@ -777,6 +834,7 @@ __all__ = [
     "Phase",
     "Plan",
     "Remat",
+    "RECOMPUTE_MODULES",
     "RematKind",
     "SCHEDULE_OF_CODE",
     "Schedule",
@@ -785,5 +843,6 @@ __all__ = [
     "parse_degrees",
     "parse_optimizer",
     "parse_plan",
+    "parse_modules",
     "parse_remat",
 ]

@@ -516,10 +516,13 @@ class _Context:
         )
 
     def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
-        """1.0 where the candidate's remat policy reruns ops of `rerun_by`, else 0.0."""
+        """1.0 where the candidate's remat policy reruns ops of `rerun_by` (its kind, or the
+        partial recompute itself: `Walker.rerun_by`), else 0.0."""
         if not rerun_by:
             return np.zeros(len(self.inv))
-        return np.array([float(r.kind in rerun_by) for r in self.remats])[self.remat_idx]
+        return np.array([float(r.kind in rerun_by or r in rerun_by) for r in self.remats])[
+            self.remat_idx
+        ]
 
 
 def _reuses_gathers(stack: Stack, pipelined: np.ndarray, no_remat: np.ndarray) -> np.ndarray:

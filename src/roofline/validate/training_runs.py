@@ -19,6 +19,7 @@ from typing import Any
 from roofline.core.ledger import count_params
 from roofline.errors import RooflineError
 from roofline.specs.model import ModelSpec
+from roofline.specs.plan import RECOMPUTE_MODULES
 from roofline.specs.system import System
 from roofline.training.step import Plan, Workload, evaluate_plan, parse_plan
 from roofline.units import compute_format
@@ -128,9 +129,14 @@ def published_remat(text: str) -> str | None:
     """The tool's remat policy for a published description, None if it cannot be read.
 
     Megatron 'selective', torchtitan 'selective (op)' and MaxText 'minimal' keep the matmul
-    outputs and rerun the rest -> `matmuls`; 'full' in any stack -> `full`.
+    outputs and rerun the rest -> `matmuls`; Megatron's recompute modules other than core_attn
+    named ('selective: mla_up_proj, mlp') -> that partial recompute (`mla_up_proj+mlp`); 'full'
+    in any stack -> `full`.
     """
     low = text.lower()
+    mods = [m for m in RECOMPUTE_MODULES if re.search(rf"\b{m}\b", low)]
+    if mods and mods != ["core_attn"]:
+        return "+".join(mods)
     if "selective" in low or low.strip() == "minimal":
         return "matmuls"
     if "full" in low:
@@ -565,8 +571,16 @@ def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
     if sched := _schedule(p, deg["pp"], model.n_layers, st.framework, notes):
         parts.append(sched)
     parts += _flags(p, hw, deg["tp"], st, src.document, notes)
-    parts.append(f"optimizer={st.optimizer}")
+    parts.append(f"optimizer={_optimizer(over, st, notes)}")
     return ",".join(parts)
+
+
+def _optimizer(over: Any, st: StackDefaults, notes: list[str]) -> str:
+    """The optimizer policy: the table's own where its runs differ from the stack's default."""
+    if over is None or over.optimizer is None:
+        return st.optimizer
+    notes.append(over.optimizer_why)
+    return over.optimizer
 
 
 def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
@@ -645,6 +659,8 @@ def _recipe_text(src: Source, m: dict, hw: dict, p: dict, notes: list[str]) -> s
     )
     if r is None:
         return ""
+    if "remat=" in r.plan and not p.get("remat"):  # the recipe states what the row leaves out
+        notes[:] = [n for n in notes if n != defaults_for(src.stack).remat_why]
     notes.append(r.why)
     return "," + r.plan
 
