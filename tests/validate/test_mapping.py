@@ -382,3 +382,30 @@ def test_the_recipes_memory_fits_where_the_runs_ran(training_entries):
         x = map_training_run(training_entries[rid]).inputs
         c = evaluate_plan(x.model, x.system, x.workload, x.plan, framework=x.stack or x.framework)
         assert c.fits, rid
+
+
+@pytest.mark.parametrize(
+    "rid,dp,microbatches",
+    [("llama3-405b-h100-8192gpu-cp1", 64, 32), ("llama3-405b-h100-16384gpu-cp1", 128, 16)],
+)
+def test_llama3_paper_runs_are_read_as_table_4_and_its_interleaved_schedule(
+    training_entries, rid, dp, microbatches
+):
+    """Issue 19 item 3: Llama 3 paper Table 4 (tp 8, cp 1, pp 16, dp 64/128, 16M tokens of 8K
+    sequences: a batch of 32/16 sequences per data-parallel group) under the paper's interleaved
+    schedule with one-layer chunks (§3.3.2: V = (126 + 2) / 16 = 8), without activation
+    checkpointing. The bubble is the paper's (PP-1)/(V·M) of the busy time, and the run fits
+    its 80 GB parts."""
+    from roofline.training.step import evaluate_plan
+
+    x = map_training_run(training_entries[rid]).inputs
+    plan = x.plan
+    d = plan.degrees
+    assert (d.tp, d.sp, d.pp, d.dp) == (8, 1, 16, dp)
+    assert plan.microbatches == microbatches and x.workload.seq_len == 8192
+    assert (plan.schedule.value, plan.virtual_stages) == ("interleaved", 8)
+    assert plan.remat.kind.value == "none"
+    c = evaluate_plan(x.model, x.system, x.workload, plan, framework=x.stack or x.framework)
+    assert c.fits
+    # idle share of the step: (PP-1)/(V·M) of the busy time, i.e. (PP-1)/(V·M + PP-1) of the step
+    assert c.bubble_fraction == pytest.approx(15 / (8 * microbatches + 15), rel=1e-9)

@@ -249,6 +249,8 @@ class DocumentOverride:
     kernel_why: str = ""
     optimizer: str | None = None  # specs.plan.OPTIMIZERS name where the table's runs differ
     optimizer_why: str = ""
+    virtual: int | None = None  # model chunks per pipeline rank (interleaved) where unpublished
+    virtual_why: str = ""
 
 
 # The gradient dtype of Megatron-Bridge's performance benchmarks: every version read reduces (and
@@ -295,6 +297,14 @@ DOCUMENTS: dict[str, DocumentOverride] = {
     "llama3-paper": DocumentOverride(
         seq_len=8192,
         why="sequence length unstated: 8192, the 8K pre-training stage the table describes",
+        virtual=8,
+        virtual_why=(
+            "Llama 3 paper (arXiv:2407.21783 §3.3.2, pipeline parallelism improvements): an "
+            "interleaved schedule with V model chunks per pipeline rank (bubble (PP-1)/(V·M)); one "
+            "Transformer layer is taken from the first and the last stage so that the first chunk "
+            "holds only the embedding and the last only the output and loss: chunks of one layer, "
+            "(126 layers + embedding + loss) / 16 ranks = V = 8"
+        ),
     ),
 }
 

@@ -277,13 +277,18 @@ def _microbatches(
     return gbs // (ways * mbs)
 
 
-def _schedule(p: dict, pp: int, layers: int, framework: str, notes: list[str]) -> str:
+def _schedule(
+    p: dict, pp: int, layers: int, framework: str, notes: list[str], over: Any = None
+) -> str:
     from roofline.core.stack import stack_of
 
     if pp <= 1:
         return ""
     uneven = stack_of(framework).uneven_stages
     v = _num(p.get("vp")) or 1
+    if v == 1 and "vp" not in p and over is not None and over.virtual:
+        v = over.virtual  # the document's own schedule where its table leaves it out
+        notes.append(over.virtual_why)
     if (k := _num(p.get("vp_layers_per_virtual_stage"))) and layers % (pp * k) == 0:
         v = layers // (pp * k)
     if v > 1 and (layers % (pp * v) == 0 or uneven):
@@ -568,7 +573,7 @@ def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
         "dp=1"
     ]
     parts += [f"microbatch={mb}", f"remat={remat}", f"zero={zero}"]
-    if sched := _schedule(p, deg["pp"], model.n_layers, st.framework, notes):
+    if sched := _schedule(p, deg["pp"], model.n_layers, st.framework, notes, over):
         parts.append(sched)
     parts += _flags(p, hw, deg["tp"], st, src.document, notes)
     parts.append(f"optimizer={_optimizer(over, st, notes)}")
