@@ -253,6 +253,13 @@ class Stack:
             return False
         return cls in pol.reruns_collectives
 
+    # -- eager mode ------------------------------------------------------------------------
+    def eager_traffic(self, op_name: str) -> float:
+        """HBM bytes of the row's eager kernels over its fused kernel (1 where the stack has
+        no [eager] table: its kernels are fused whether or not a compiler runs)."""
+        e = self.framework.eager
+        return 1.0 if e is None else e.factor(op_name)
+
     # -- data parallelism and FSDP --------------------------------------------------------
     def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
         return self.framework.data_parallel.grad_reduce_per(zero, pipelined)

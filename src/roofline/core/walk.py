@@ -477,6 +477,7 @@ class WalkOptions:
     choices: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (op, pass) -> option
     remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
     stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
+    eager: bool = False  # elementwise rows as the stack's eager kernels (Plan.compiled False)
     # a walk of one row runs on Python floats, not 1-element arrays (numpy's cost per call is
     # most of a single plan's time); its records then hold floats, which `Totals` broadcasts
     # to the row — for readers that broadcast (training's timeline), not those that index
@@ -796,6 +797,8 @@ class _Walker:
                 if not t.on_chip
             )
         cls = OpClass.EMBEDDING if op.kind == OpKind.GATHER else OpClass.ELEMENTWISE
+        if self.opts.eager:  # uncompiled: the row's eager kernels move more bytes
+            by = by * self.stack.eager_traffic(op.name)
         rr = self.rerun_by(op)
         rec = self.vector_record(op.name, Pass.FORWARD, cls, op.out.dtype, copies, fl, by, rr)
         self.ops.append(rec)

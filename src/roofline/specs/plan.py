@@ -509,6 +509,9 @@ class Plan:
     sequence_parallel: bool = False  # Megatron SP: TP AllReduce -> ReduceScatter + AllGather
     collective_matmul: bool = False  # overlap TP collectives with their matmuls
     overlap_ep: bool = False  # hide the expert all-to-alls behind compute (DeepSeek's DualPipe)
+    # elementwise ops run as the compiler's fused kernels (torch.compile, XLA, Megatron's fused
+    # kernels); False: as eager PyTorch kernels (the stack profile's [eager] traffic)
+    compiled: bool = True
     optimizer: OptimizerPolicy = field(default_factory=lambda: OPTIMIZERS[DEFAULT_OPTIMIZER])
     dtypes: ComputeDtypes = field(default_factory=ComputeDtypes)
 
@@ -551,7 +554,7 @@ class Plan:
                 rule="virtual stages (model chunks per pipeline stage) exist only in the interleaved schedule",
                 fix=f"add schedule=interleaved, or drop virtual={self.virtual_stages}",
             )
-        for f in ("sequence_parallel", "collective_matmul", "overlap_ep"):
+        for f in ("sequence_parallel", "collective_matmul", "overlap_ep", "compiled"):
             object.__setattr__(self, f, bool(getattr(self, f)))
 
     @property
@@ -583,6 +586,8 @@ class Plan:
         ):
             if on:
                 parts.append(f"{flag}=1")
+        if not self.compiled:
+            parts.append("compile=0")
         parts += self.dtypes.describe()
         return ",".join(parts)
 
@@ -599,6 +604,7 @@ class Plan:
             "sequence_parallel": self.sequence_parallel,
             "collective_matmul": self.collective_matmul,
             "overlap_ep": self.overlap_ep,
+            "compiled": self.compiled,
             "optimizer": self.optimizer.name,
             "compute_dtypes": {
                 "matmul": self.dtypes.matmul.value,
@@ -612,7 +618,7 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "collective_matmul, overlap_ep, compile, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
     "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
@@ -662,6 +668,7 @@ for _keys, _field, _reader in (
     (("megatron_sp", "sequence_parallel", "seqpar"), "sequence_parallel", _flag),
     (("collective_matmul", "cm"), "collective_matmul", _flag),
     (("overlap_ep", "dualpipe"), "overlap_ep", _flag),
+    (("compile", "compiled"), "compiled", _flag),
     (("optimizer", "opt"), "optimizer", lambda k, v: parse_optimizer(v)),
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),

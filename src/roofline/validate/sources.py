@@ -80,6 +80,9 @@ class StackDefaults:
     microbatch_why: str
     ep_from_dp: bool  # expert parallelism carved out of the data-parallel ranks
     layout_why: str  # what the stack does with an unpublished layout
+    # an unstated compile: False where the stack runs eager unless configured (the profile's
+    # [eager] table says so); True keeps the plan's compiled kernels
+    compiled: bool = True
 
 
 _MBS1 = (
@@ -152,6 +155,7 @@ STACKS: dict[str, StackDefaults] = {
         microbatch_why="torchtitan's local batch size is the whole per-rank batch (no gradient accumulation)",
         ep_from_dp=False,
         layout_why="torchtitan's default layout is FSDP over every GPU (data_parallel_shard_degree=-1)",
+        compiled=False,
     ),
     "llm-foundry": StackDefaults(
         framework="llm-foundry",

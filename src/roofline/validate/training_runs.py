@@ -322,6 +322,26 @@ def _remat(p: dict, st: StackDefaults, notes: list[str]) -> str:
     return st.remat
 
 
+def _compiled(p: dict, st: StackDefaults, notes: list[str]) -> list[str]:
+    """`compile=0` where the run ran eager PyTorch kernels: the row says so (`compile: false`,
+    or 'eager' in its precision), or says nothing on a stack that is eager by default
+    (StackDefaults.compiled; the profile's [eager] table holds its flag and traffic)."""
+    from roofline.core.stack import stack_of
+
+    eager = stack_of(st.framework).framework.eager if st.framework else None
+    if eager is None:
+        return []
+    if "compile" in p:
+        return [] if p["compile"] is True else ["compile=0"]
+    if "eager" in str(p.get("precision") or "").lower():
+        notes.append("the row's precision says eager: no torch.compile")
+        return ["compile=0"]
+    if st.compiled:  # a stack other than torchtitan's own configs (e.g. Meta's): as compiled
+        return []
+    notes.append(f"compile unstated: eager, the stack's default ({eager.flag})")
+    return ["compile=0"]
+
+
 def _flags(p: dict, hw: dict, tp: int, st: StackDefaults, doc: str, notes: list[str]) -> list[str]:
     over = DOCUMENTS.get(doc)
     out = []
@@ -576,6 +596,7 @@ def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
     if sched := _schedule(p, deg["pp"], model.n_layers, st.framework, notes, over):
         parts.append(sched)
     parts += _flags(p, hw, deg["tp"], st, src.document, notes)
+    parts += _compiled(p, st, notes)
     parts.append(f"optimizer={_optimizer(over, st, notes)}")
     return ",".join(parts)
 
