@@ -109,3 +109,18 @@ def test_partial_recompute_sits_between_none_and_full():
     # the activations scale with the saved bytes per token of the rule
     ratio = per_token_layer(LLAMA, "mlp") / per_token_layer(LLAMA, "none")
     assert acts["mlp"] / acts["none"] == pytest.approx(ratio, rel=0.02)
+
+
+def test_bf16_gradients_halve_the_replicas_gradient_sum():
+    """A master-weights optimizer with a bf16 gradient buffer (Megatron grad_reduce_in_fp32 =
+    False) reduces it in bf16: half the bytes of Megatron's default fp32 reduction; the book's
+    adam-bf16 keeps the stack's own reduction dtype."""
+    from roofline.core.stack import stack_of
+    from roofline.specs.plan import OPTIMIZERS
+    from roofline.training.step import _grad_reduce_factor
+
+    mega = stack_of("megatron")
+    assert _grad_reduce_factor(mega, OPTIMIZERS["adam-fp32-master"]) == 2.0
+    assert _grad_reduce_factor(mega, OPTIMIZERS["adam-fp32-master-bf16-grads"]) == 1.0
+    assert _grad_reduce_factor(mega, OPTIMIZERS["adam-bf16"]) == 2.0
+    assert OPTIMIZERS["adam-fp32-master-bf16-grads"].bytes_per_param == 16.0
