@@ -107,6 +107,9 @@ def test_round_trip_is_the_identity(stack, spec, recipe):
     "stack,spec,lacks",
     [
         ("torchtitan", "fsdp=8,remat=ckpt4,optimizer=adam-fp32", "remat=ckpt4"),
+        ("torchtitan", "fsdp=8,remat=moe_act,optimizer=adam-fp32", "remat=moe_act"),
+        ("maxtext", "fsdp=8,remat=mlp,optimizer=adam-fp32", "remat=mlp"),
+        ("deepspeed", "dp=8,remat=mlp,optimizer=adam-fp32-master", "remat=mlp"),
         ("torchtitan", "dp=8,zero=1,optimizer=adam-fp32", "zero=1 over dp"),
         ("torchtitan", "fsdp=8,tp=2,optimizer=adam-fp32", "sequence-parallel"),
         ("torchtitan", "fsdp=8,optimizer=adam-bf16", "optimizer=adam-bf16"),

@@ -373,7 +373,7 @@ def _model(notes: Notes) -> str | None:
 
 def _expressible(plan: Plan) -> None:
     lacks = []
-    if plan.remat.kind in (RematKind.NONE, RematKind.CHECKPOINTS):
+    if plan.remat.kind in (RematKind.NONE, RematKind.CHECKPOINTS, RematKind.MODULES):
         lacks.append(
             f"remat={plan.remat} (MaxText's policies are full, minimal and save_* variants)"
         )

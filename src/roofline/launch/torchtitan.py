@@ -346,9 +346,9 @@ def _model(notes: Notes) -> str:
 
 def _expressible(plan: Plan) -> None:
     lacks = []
-    if plan.remat.kind == RematKind.CHECKPOINTS:
+    if plan.remat.kind in (RematKind.CHECKPOINTS, RematKind.MODULES):
         lacks.append(
-            f"remat={plan.remat} (torchtitan checkpoints whole layers or ops, not N per layer)"
+            f"remat={plan.remat} (torchtitan checkpoints whole layers or ops, not N per layer or named modules)"
         )
     if plan.degrees.dp > 1 and plan.zero != 0:
         lacks.append(
