@@ -27,7 +27,9 @@ def test_import_json_has_the_issue_keys_and_costs_as_train_plan(capsys):
     assert (doc["plan"]["fsdp"], doc["plan"]["tp"]) == (16, 8)
     w = doc["workload"]
     assert (w["seq_len"], w["global_batch_sequences"], w["batch_tokens"]) == (8192, 32, 32 * 8192)
-    assert doc["defaults"] and doc["unsupported"] and doc["problems"] == []
+    assert doc["defaults"] and doc["problems"] == []
+    # [compile] enable = true is the plan's compiled kernels (no longer an unsupported note)
+    assert doc["plan"]["compiled"] and doc["unsupported"] == []
     train = run_json(
         capsys,
         "train",

@@ -54,6 +54,11 @@ PLANS = {
         # Megatron-FSDP's HSDP: 4 replicas of a 32-way FSDP group, whole or ZeRO-1 optimizer
         ("dp=4,fsdp=32,microbatch=2,remat=full,zero=0,optimizer=adam-fp32-master", None),
         ("dp=4,fsdp=16,tp=2,megatron_sp=1,zero=1,optimizer=adam-fp32-master", None),
+        (
+            "dp=4,ep=8,pp=8,microbatch=32,remat=mla_up_proj+mlp,zero=1,schedule=interleaved,"
+            "virtual=2,optimizer=adam-fp32-master-bf16-grads",
+            "mxfp8",
+        ),
     ],
     "nemo": [
         (
@@ -65,6 +70,11 @@ PLANS = {
             "fp8-delayed",
         ),
         ("fsdp=64,tp=2,ep=2,microbatch=8,remat=matmuls,optimizer=adam-fp32-master", None),
+        (
+            "dp=16,tp=8,pp=8,megatron_sp=1,microbatch=16,remat=layernorm+moe_act,zero=1,"
+            "schedule=interleaved,virtual=4,optimizer=adam-fp32-master-bf16-grads",
+            None,
+        ),
     ],
     "deepspeed": [
         ("dp=256,microbatch=4,remat=none,zero=1,optimizer=adam-fp32-master", None),
@@ -102,6 +112,9 @@ def test_round_trip_is_the_identity(stack, spec, recipe):
     "stack,spec,lacks",
     [
         ("torchtitan", "fsdp=8,remat=ckpt4,optimizer=adam-fp32", "remat=ckpt4"),
+        ("torchtitan", "fsdp=8,remat=moe_act,optimizer=adam-fp32", "remat=moe_act"),
+        ("maxtext", "fsdp=8,remat=mlp,optimizer=adam-fp32", "remat=mlp"),
+        ("deepspeed", "dp=8,remat=mlp,optimizer=adam-fp32-master", "remat=mlp"),
         ("torchtitan", "dp=8,zero=1,optimizer=adam-fp32", "zero=1 over dp"),
         ("torchtitan", "fsdp=8,tp=2,optimizer=adam-fp32", "sequence-parallel"),
         ("torchtitan", "fsdp=8,optimizer=adam-bf16", "optimizer=adam-bf16"),
@@ -111,6 +124,7 @@ def test_round_trip_is_the_identity(stack, spec, recipe):
         ("megatron", "dp=8,pp=2,microbatch=4,schedule=gpipe,optimizer=adam-fp32-master", "GPipe"),
         ("megatron", "dp=8,optimizer=adam-bf16", "optimizer=adam-bf16"),
         ("nemo", "dp=8,ep=2,overlap_ep=1,optimizer=adam-fp32-master", "overlap_ep"),
+        ("nemo", "dp=8,zero=0,optimizer=adam-fp32-master-bf16-grads", "bf16 gradients"),
         ("deepspeed", "dp=8,pp=2,remat=none,optimizer=adam-fp32-master", "pp=2"),
         ("deepspeed", "dp=8,remat=full,optimizer=adam-fp32-master", "remat=full"),
     ],

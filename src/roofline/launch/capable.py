@@ -157,6 +157,12 @@ def _switches(r: Mapping, a: PlanArrays) -> Verdict:
     return mask, text
 
 
+def _bf16_grads_need_zero1(r: Mapping, a: PlanArrays) -> Verdict:
+    on = a.optimizer == "adam-fp32-master-bf16-grads"  # None (the planner): not judged
+    mask = on & ~((a.zero == 1) & (a.deg["dp"] > 1))
+    return mask, lambda i: f"bf16 gradients without the distributed optimizer ({r['why']})"
+
+
 def _scalar(field: str, key: str) -> Callable[[Mapping, PlanArrays], Verdict]:
     """A rule on one value for every candidate (`field` of PlanArrays; None: not judged)."""
 
@@ -179,6 +185,7 @@ RULES: dict[str, Callable[[Mapping, PlanArrays], Verdict]] = {
     "tp_needs_sp": _tp_needs_sp,
     "tp_refuses_sp": _tp_refuses_sp,
     "switches": _switches,
+    "bf16_grads_need_zero1": _bf16_grads_need_zero1,
     "optimizers": _scalar("optimizer", "optimizer"),
     "recipes": _scalar("recipe", "precision"),
 }

@@ -14,9 +14,11 @@ semantics (launch/defaults/megatron.toml cites each default):
   defaults to micro × data-parallel size;
 - virtual pipeline stages from `--num-layers-per-virtual-pipeline-stage` (with
   `--num-layers`) or `--num-virtual-stages-per-pipeline-rank` (the interleaved schedule);
-- `--recompute-granularity` full | selective (`--recompute-activations` = selective), fp8
+- `--recompute-granularity` full | selective (`--recompute-activations` = selective; with
+  `--recompute-modules` other than core_attn, the plan's partial recompute), fp8
   (`--fp8-format` + `--fp8-recipe`), fp4, `--bf16`/`--fp16`, `--use-distributed-optimizer`
-  (ZeRO-1), `--sequence-parallel`, `--tp-comm-overlap`, `--overlap-moe-expert-parallel-comm`.
+  (ZeRO-1), `--grad-reduce-in-bf16` (bf16 gradients), `--sequence-parallel`, `--tp-comm-overlap`,
+  `--overlap-moe-expert-parallel-comm`.
 
 `nemo.py` maps NeMo's YAML names onto the same semantics (`megatron_plan`).
 """
@@ -42,14 +44,24 @@ from roofline.launch.common import (
     workload,
 )
 from roofline.launch.shell import script
-from roofline.specs.plan import Degrees, Plan, RematKind, Schedule, parse_optimizer
+from roofline.specs.plan import (
+    OPTIMIZERS,
+    Degrees,
+    Plan,
+    RematKind,
+    Schedule,
+    parse_modules,
+    parse_optimizer,
+)
 
 STACK = "megatron"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
-OPTIMIZER = capabilities(
-    STACK
-).optimizer  # the stack's own (capabilities.toml): an export's default
+OPTIMIZER = capabilities(STACK).optimizer  # the stack's own (capabilities.toml): export's default
+BF16_GRADS = "adam-fp32-master-bf16-grads"  # the same with --grad-reduce-in-bf16
+# arguments that take several words (argparse nargs='*'): megatron/training/arguments.py
+# --recompute-modules
+_MULTI = ("recompute-modules",)
 _SCRIPT = re.compile(r"pretrain_\w+\.py")
 _NOT_LAUNCH = ("echo", "printf", "ls", "test", "[", "[[", "cat", "cp", "if")
 # the arguments this reader reads (a near miss of one is an error naming it)
@@ -79,6 +91,8 @@ _READ = (
     "recompute-method",
     "recompute-num-layers",
     "recompute-activations",
+    "recompute-modules",
+    "grad-reduce-in-bf16",
     "checkpoint-activations",
     "activations-checkpoint-method",
     "activations-checkpoint-num-layers",
@@ -177,6 +191,12 @@ def parse_args(words: list[str]) -> dict[str, Any]:
         name, eq, value = w[2:].partition("=")
         if eq:
             out[name] = value
+        elif name in _MULTI:  # every word up to the next --flag
+            vals = []
+            while i + 1 < len(words) and not words[i + 1].startswith("--"):
+                vals.append(words[i + 1])
+                i += 1
+            out[name] = " ".join(vals) if vals else True
         elif i + 1 < len(words) and not words[i + 1].startswith("--"):
             out[name] = words[i + 1]
             i += 1
@@ -361,7 +381,7 @@ def _recompute(notes: Notes) -> Any:
     if gran in (None, "none"):
         return remat_of(notes, PROFILE, key, "none")
     if gran == "selective":
-        return remat_of(notes, PROFILE, key, "selective")
+        return _selective(notes, key)
     if gran != "full":
         raise notes.error(
             key, f"= {gran!r}", rule="full or selective", fix="write --recompute-granularity full"
@@ -375,6 +395,23 @@ def _recompute(notes: Notes) -> Any:
             "recomputes part of the layers (block) or checkpoints groups of layers (uniform): costed as full",
         )
     return remat_of(notes, PROFILE, key, "full")
+
+
+def _selective(notes: Notes, key: str) -> Any:
+    """Selective recompute: Megatron's default module (core_attn) is the stack's `selective`
+    policy; other `--recompute-modules` are the plan's partial recompute (remat=a+b)."""
+    mods = notes.get("recompute-modules")
+    if mods in (None, True) or str(mods).split() == ["core_attn"]:
+        return remat_of(notes, PROFILE, key, "selective")
+    remat = parse_modules(str(mods))
+    if remat is None:
+        raise notes.error(
+            "recompute-modules",
+            f"= {mods!r}",
+            rule="modules are core_attn, mla_up_proj, layernorm, mlp, moe, moe_act, shared_experts",
+            fix="write e.g. --recompute-modules mla_up_proj moe_act",
+        )
+    return remat
 
 
 def _recipe(notes: Notes) -> str:
@@ -405,7 +442,7 @@ def _optimizer(notes: Notes) -> str:
             notes.unsupported_(
                 key, notes.settings[key], "a batch-size ramp: costed at the final global batch"
             )
-    for key in ("grad-reduce-in-bf16", "use-precision-aware-optimizer", "optimizer-cpu-offload"):
+    for key in ("use-precision-aware-optimizer", "optimizer-cpu-offload"):
         if notes.given(key):
             notes.unsupported_(
                 key,
@@ -416,7 +453,9 @@ def _optimizer(notes: Notes) -> str:
         notes.unsupported_(
             "optimizer", notes.settings["optimizer"], "an optimizer other than Adam: costed as Adam"
         )
-    return "adam-fp32-master"
+    if notes.flag("grad-reduce-in-bf16", notes.get("grad-reduce-in-bf16")):
+        return BF16_GRADS  # the gradient buffer in the parameters' bf16 (param_and_grad_buffer.py)
+    return OPTIMIZER
 
 
 def _model(notes: Notes) -> str | None:
@@ -554,6 +593,9 @@ def _args(config: LaunchConfig) -> list[tuple[str, Any]]:
     return out + _flags(config)
 
 
+_SELECTIVE = (RematKind.MATMULS, RematKind.MODULES)
+
+
 def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     plan = config.plan
     out: list[tuple[str, Any]] = []
@@ -574,10 +616,14 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
             ("outer-dp-sharding-strategy", outer),
         ]
     if plan.remat.kind != RematKind.NONE:
-        kind = "selective" if plan.remat.kind == RematKind.MATMULS else "full"
+        kind = "selective" if plan.remat.kind in _SELECTIVE else "full"
         out.append(("recompute-granularity", kind))
         if kind == "full":
             out += [("recompute-method", "uniform"), ("recompute-num-layers", 1)]
+        if plan.remat.kind == RematKind.MODULES:
+            out.append(("recompute-modules", " ".join(plan.remat.modules)))
+    if plan.optimizer == OPTIMIZERS[BF16_GRADS]:
+        out.append(("grad-reduce-in-bf16", True))
     recipe = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), "Megatron-LM")
     out += [("bf16", True), ("optimizer", "adam")]  # the stack's own (capabilities.toml)
     inverse = {v: k for k, v in stack_defaults(STACK).data["fp8_recipes"].items()}

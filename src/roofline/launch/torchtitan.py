@@ -14,7 +14,8 @@ Semantics (launch/defaults/torchtitan.toml cites each default):
   the number of stages);
 - `activation_checkpoint.mode` none | full | selective (`selective_ac_option` "op" or every
   N-th layer), `model.converters` float8 / mx (the recipe of `quantize.linear.float8`),
-  `training.dtype` (fp32 parameters by default), async TP.
+  `training.dtype` (fp32 parameters by default), async TP, `compile.enable` (false: eager
+  kernels, the profile's [eager] traffic; the plan's compile=0).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         virtual_stages=virtual,
         sequence_parallel=deg.tp > 1,
         collective_matmul=_async_tp(notes, deg.tp),
+        compiled=notes.flag("compile.enable", notes.get("compile.enable")),
         optimizer=_optimizer(notes),
         dtypes=dtypes,
     )
@@ -328,12 +330,6 @@ def _optimizer(notes: Notes) -> Any:
 
 
 def _notes_unsupported(notes: Notes) -> None:
-    if notes.given("compile.enable") and notes.flag(
-        "compile.enable", notes.settings["compile.enable"]
-    ):
-        notes.unsupported_(
-            "compile.enable", True, "torch.compile fusions: costed with the stack profile's kernels"
-        )
     if notes.flag("training.enable_cpu_offload", notes.get("training.enable_cpu_offload")):
         notes.unsupported_(
             "training.enable_cpu_offload", True, "host offload of parameters and optimizer state"
@@ -406,7 +402,7 @@ def write(config: LaunchConfig) -> str:
             "expert_tensor_parallel_degree": d.tp if d.ep > 1 else 1,
         },
         "activation_checkpoint": _remat_section(plan),
-        "compile": {"enable": plan.collective_matmul},
+        "compile": {"enable": plan.compiled or plan.collective_matmul},
     }
     if w.train_steps:
         sections["training"]["steps"] = w.train_steps
