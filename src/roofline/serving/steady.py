@@ -302,10 +302,10 @@ def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:
 
 
 def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
-    """A prefill-first engine under a closed loop of fixed lengths: every wave is a first wave.
+    """A prefill-first engine under a closed loop of fixed lengths whose cohorts stay aligned
+    (`closed_loop_lockstep`, JetStream): every wave is a first wave.
 
-    Waiting prompts run before any decode (SGLang's scheduler: a prefill batch whenever one can
-    be admitted), so all B admitted requests are prefilled in ⌈B/k⌉ back-to-back batches, then
+    Waiting prompts run before any decode (a prefill batch whenever one can be admitted), so all B admitted requests are prefilled in ⌈B/k⌉ back-to-back batches, then
     decode in lockstep, finish on the same pass and come back together. The i-th batch's
     requests see TTFT = i·n_chunks·t_batch; requests beyond B wait a whole wave (Little's law).
     """
