@@ -518,7 +518,7 @@ class Cheapest:
     name: str = "cheapest"
 
     def choose(self, ctx: OptionContext) -> Any:
-        return np.argmin(np.stack(np.broadcast_arrays(*ctx.costs)), axis=0)
+        return argmin_allowed(ctx.costs)
 
 
 @dataclass(frozen=True)
@@ -530,11 +530,7 @@ class Prefer:
     predicate: Callable[[Option, OptionContext], bool]
 
     def choose(self, ctx: OptionContext) -> Any:
-        ok = np.array([bool(self.predicate(o, ctx)) for o in ctx.options])
-        costs = np.stack(np.broadcast_arrays(*ctx.costs))
-        if ok.any():
-            costs = np.where(ok.reshape((-1,) + (1,) * (costs.ndim - 1)), costs, np.inf)
-        return np.argmin(costs, axis=0)
+        return argmin_allowed(ctx.costs, [bool(self.predicate(o, ctx)) for o in ctx.options])
 
 
 CHEAPEST = Cheapest()
@@ -1002,18 +998,24 @@ def plan_einsum(
             rule="see book sharding.md cases 1-4",
             fix="shard the output like the inputs' free dims",
         )
-    comp = [np.asarray(o.flops_per_chip, float) / peak_flops_per_s for o in options]
-    memt = [np.asarray(o.hbm_bytes_per_chip, float) / hbm_bw_bytes_per_s for o in options]
+    floats = _all_floats(options, peak_flops_per_s, hbm_bw_bytes_per_s)
+    if floats:  # one plan: Python floats, the same arithmetic without numpy's per-call cost
+        comp = [o.flops_per_chip / peak_flops_per_s for o in options]
+        memt = [o.hbm_bytes_per_chip / hbm_bw_bytes_per_s for o in options]
+    else:
+        comp = [np.asarray(o.flops_per_chip, float) / peak_flops_per_s for o in options]
+        memt = [np.asarray(o.hbm_bytes_per_chip, float) / hbm_bw_bytes_per_s for o in options]
     if trusted and len(options) == 1 and policy is CHEAPEST:  # nothing to choose
         choice: Any = 0
     else:
+        cost = _float_option_cost if floats else option_cost
         costs = tuple(
-            option_cost(c, m, _choice_comm(o, comm_share))
+            cost(c, m, _choice_comm(o, comm_share, floats))
             for c, m, o in zip(comp, memt, options, strict=True)
         )
         ctx = OptionContext(lhs, rhs, out, phase, tuple(options), costs, weights)
         choice = policy.choose(ctx)
-    if np.ndim(choice) == 0:
+    if type(choice) is int or np.ndim(choice) == 0:
         choice = int(choice)
         compute_t, mem_t = _scalar(comp[choice]), _scalar(memt[choice])
     else:
@@ -1032,11 +1034,60 @@ def plan_einsum(
     )
 
 
-def _choice_comm(o: Option, share: Callable[[Comm], Any] | None) -> Any:
+def _choice_comm(o: Option, share: Callable[[Comm], Any] | None, floats: bool = False) -> Any:
     """The communication seconds the option choice weighs (each collective × its share)."""
+    if floats:
+        if share is None:
+            return o.comm_time_s
+        return sum((c.time_s * share(c) for c in o.comms), start=0.0)
     if share is None:
         return np.asarray(o.comm_time_s, float)
     return sum((np.asarray(c.time_s, float) * share(c) for c in o.comms), start=np.zeros(()))
+
+
+def _is_float(x: Any) -> bool:
+    return type(x) is float or type(x) is np.float64
+
+
+def _all_floats(options: list[Option], peak: Any, bw: Any) -> bool:
+    """True when every number of every option is a float (a single plan's walk)."""
+    if not (_is_float(peak) and _is_float(bw)):
+        return False
+    for o in options:
+        if not (_is_float(o.flops_per_chip) and _is_float(o.hbm_bytes_per_chip)):
+            return False
+        if not all(_is_float(c.time_s) for c in o.comms):
+            return False
+    return True
+
+
+def _float_option_cost(compute_s: float, memory_s: float, comm_s: float) -> float:
+    """`option_cost` of floats (the same value; NaN propagates as numpy's maximum does)."""
+    if compute_s != compute_s or memory_s != memory_s or comm_s != comm_s:
+        return math.nan
+    return max(max(compute_s, memory_s), comm_s) + 1e-3 * (compute_s + memory_s + comm_s)
+
+
+def argmin_allowed(costs: tuple[Any, ...], ok: list[bool] | None = None) -> Any:
+    """The index of the cheapest option (per row when the costs are arrays), among those `ok`
+    allows when it allows any; the first on ties, as numpy's argmin."""
+    if all(_is_float(c) for c in costs):
+        vals = costs
+        if ok is not None and any(ok):
+            vals = tuple(c if a else math.inf for c, a in zip(costs, ok, strict=True))
+        at = 0
+        for i, v in enumerate(vals):
+            if v != v:  # NaN: numpy's argmin takes the first NaN
+                return np.intp(i)
+            if v < vals[at]:
+                at = i
+        return np.intp(at)
+    stacked = np.stack(np.broadcast_arrays(*costs))
+    if ok is not None:
+        keep = np.array(ok, dtype=bool)
+        if keep.any():
+            stacked = np.where(keep.reshape((-1,) + (1,) * (stacked.ndim - 1)), stacked, np.inf)
+    return np.argmin(stacked, axis=0)
 
 
 def _scalar(x: Any) -> Any:

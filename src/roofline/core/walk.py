@@ -692,11 +692,17 @@ class _Walker:
 
     def einsum_collectives(self, op, label, ep, block, copies, reruns) -> None:
         """Records for the collectives of every option chosen on some row."""
-        choice = np.asarray(ep.choice)
+        choice = ep.choice
+        one = type(choice) is int  # a single plan: only its option has records
         for oi, o in enumerate(ep.options):
-            sel = choice == oi
-            if not np.any(sel):
-                continue
+            if one:
+                if oi != choice:
+                    continue
+                sel = np.True_
+            else:
+                sel = np.asarray(choice) == oi
+                if not np.any(sel):
+                    continue
             for c in o.comms:
                 counted, reusable = self.shared.count(c, block, sel, self.opts.merge_reductions)
                 cls = overlap_class(c)

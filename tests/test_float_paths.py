@@ -1,0 +1,37 @@
+"""A single plan's walk runs on Python floats (no numpy call per number): its option costs
+and choices must be exactly the vectorised walk's, ties, infinities and NaN included."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from roofline.core.sharding import _float_option_cost, argmin_allowed, option_cost
+
+VALUES = st.sampled_from([0.0, 1.0, 2.0, 1e-3, math.inf, math.nan]) | st.floats(0, 10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(VALUES, st.booleans()), min_size=1, max_size=8), st.booleans())
+def test_argmin_of_floats_is_numpys(rows, masked):
+    costs = tuple(float(c) for c, _ in rows)
+    ok = [a for _, a in rows] if masked else None
+    got = argmin_allowed(costs, ok)
+    want = argmin_allowed(tuple(np.array([c]) for c in costs), ok)
+    assert int(got) == int(want[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES, VALUES, VALUES)
+def test_float_option_cost_is_numpys(c, m, k):
+    got, want = _float_option_cost(c, m, k), float(option_cost(c, m, k))
+    assert (math.isnan(got) and math.isnan(want)) or got == want
+
+
+def test_ties_take_the_first_option():
+    assert int(argmin_allowed((2.0, 1.0, 1.0))) == 1
+    assert int(argmin_allowed((2.0, 1.0, 1.0), [True, False, True])) == 2
+    assert int(argmin_allowed((2.0, 1.0), [False, False])) == 1  # none allowed: cheapest
