@@ -35,3 +35,13 @@ def test_ties_take_the_first_option():
     assert int(argmin_allowed((2.0, 1.0, 1.0))) == 1
     assert int(argmin_allowed((2.0, 1.0, 1.0), [True, False, True])) == 2
     assert int(argmin_allowed((2.0, 1.0), [False, False])) == 1  # none allowed: cheapest
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES, VALUES, VALUES)
+def test_collective_time_of_floats_is_numpys(lat, spb, b):
+    from roofline.core.collectives import collective_time
+
+    got = collective_time(float(lat), float(spb), float(b))
+    want = float(np.maximum(np.array([lat]), spb * np.array([b]))[0])
+    assert (math.isnan(got) and math.isnan(want)) or got == want

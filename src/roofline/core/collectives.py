@@ -197,6 +197,13 @@ def collective_time(latency_s: Any, seconds_per_byte: Any, bytes_per_chip: Any) 
 
     Vectorised over any argument; every caller that re-prices a collective uses this.
     """
+    if (
+        type(latency_s) is float
+        and type(seconds_per_byte) is float
+        and type(bytes_per_chip) is float
+    ):
+        bw = seconds_per_byte * bytes_per_chip  # floats (a single plan): numpy's maximum, NaN too
+        return latency_s if latency_s >= bw or latency_s != latency_s else bw
     return np.maximum(latency_s, seconds_per_byte * np.asarray(bytes_per_chip, dtype=float))
 
 

@@ -626,6 +626,12 @@ class _Einsum:
 
 
 @functools.lru_cache(maxsize=8192)
+def _einsum_of(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> _Einsum:
+    """`_Einsum` of the specs (symbolic, so computed once per distinct einsum)."""
+    return _Einsum(lhs, rhs, out, phase)
+
+
+@functools.lru_cache(maxsize=8192)
 def _symbolic_options(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> tuple[Recipe, ...]:
     """Every legal option as a recipe (which arrays move how); bytes and times come later.
 
@@ -986,7 +992,7 @@ def plan_einsum(
     `comm_share(c)` is the share of collective c's time this einsum's choice carries (a
     gradient sum paid once per step weighs 1/M in a microbatch's choice; default 1).
     """
-    e = None if trusted else _Einsum(lhs, rhs, out, phase)
+    e = None if trusted else _einsum_of(lhs, rhs, out, phase)
     if e is not None:
         _check_einsum(e, sizes, mesh, check_divisible, allow_conflict)
     options = _numeric_all(

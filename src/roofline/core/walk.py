@@ -24,6 +24,7 @@ Training's timeline, the planner, verify's predictor and inference all read thes
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -1145,6 +1146,7 @@ class MeshRows:
         return len(self.microbatches)
 
 
+@functools.lru_cache(maxsize=256)
 def ledger_for(
     model: ModelSpec,
     phase: Phase,
