@@ -5,6 +5,8 @@ rank them, and cost the few plans the report lists one by one.
 from __future__ import annotations
 
 import enum
+import functools
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -168,6 +170,27 @@ def _check_objective(objective: str) -> None:
         )
 
 
+def _gc_paused(fn: Callable[..., PlanResult]) -> Callable[..., PlanResult]:
+    """Run `fn` with Python's cyclic garbage collector paused (reference counting still frees
+    everything that is not a cycle). A search allocates some 10^5 short-lived containers; the
+    collections their count triggers rescan every long-lived object, the caches included (one
+    full pass measured ~35 ms of a ~300 ms search, benchmarks/README.md). Nested calls leave
+    the collector as the outermost found it."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> PlanResult:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+
+    return run
+
+
+@_gc_paused
 def plan_training(
     model: ModelSpec,
     system: System,
