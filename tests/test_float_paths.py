@@ -46,3 +46,30 @@ def test_collective_time_of_floats_is_numpys(lat, spb, b):
     with np.errstate(invalid="ignore"):  # 0 x inf
         want = float(np.maximum(np.array([lat]), spb * np.array([b]))[0])
     assert (math.isnan(got) and math.isnan(want)) or got == want
+
+
+def test_unit_cost_is_the_collectives_unit():
+    """`unit_cost` (no per-byte arrays, no formula text) equals `collective_cost(...).unit` for
+    every kind over every set of axes, on a TPU torus and on an NVLink + scale-out cluster."""
+    import itertools
+
+    from roofline.core.collectives import CollectiveKind, collective_cost, unit_cost
+    from roofline.core.mesh import make_mesh, place_mesh
+    from roofline.specs.system import parse_system
+
+    for system, axes in (
+        ("tpu-v5p:8x8x16", (("data", 4), ("fsdp", 16), ("seq", 2), ("tensor", 8))),
+        ("h100:256", (("data", 2), ("fsdp", 16), ("tensor", 8))),
+        ("a100:1024", (("data", 32), ("fsdp", 16), ("tensor", 2))),
+    ):
+        s = parse_system(system)
+        mesh = place_mesh(s, list(axes))
+        assert mesh == make_mesh(s, axes)
+        names = [a for a, _ in axes]
+        for kind in CollectiveKind:
+            for r in range(1, len(names) + 1):
+                for group in itertools.combinations(names, r):
+                    assert (
+                        unit_cost(kind, group, mesh)
+                        == collective_cost(kind, 1.0e6, group, mesh).unit
+                    ), (system, kind, group)

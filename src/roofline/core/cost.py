@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from roofline.core.collectives import CollectiveKind, UnitCost, collective_time, unit_cost
-from roofline.core.mesh import Mesh, make_mesh
+from roofline.core.mesh import Mesh, place_mesh
 from roofline.core.rules import Structure as Structure  # re-exported: the walk's family of plans
 from roofline.core.sharding import GemmShape
 from roofline.errors import PlanError
@@ -111,7 +111,7 @@ def mesh_for(system: System, axes: tuple[tuple[str, int], ...]) -> Mesh | str:
     hit = _MESH_CACHE.get(key)
     if hit is None or hit[0] is not system:
         try:
-            m: Mesh | str = make_mesh(system, axes)
+            m: Mesh | str = place_mesh(system, list(axes))  # axes from mesh_axes_of
         except PlanError as e:
             m = f"mesh does not fit the topology ({e.what})"
         hit = _MESH_CACHE[key] = (system, m)
