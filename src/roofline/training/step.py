@@ -379,6 +379,7 @@ def evaluate_plans(
     eff: Efficiency | None = None,
     optimizer: OptimizerPolicy | None = None,
     keep_einsums: bool = False,
+    keep_walk: bool = False,
     merge_reductions: bool = True,
     remats: list[Remat] | None = None,
     ops: tuple[str, ...] | None = None,
@@ -396,6 +397,8 @@ def evaluate_plans(
     `framework` is the stack whose behaviour is costed (None: the idealised machine); its
     option policy applies unless `policy` names another. `plan` (single plans) or `dtypes`
     supply the compute dtypes; `with_terms` adds the per-pass terms of `step_terms`.
+    `keep_walk` keeps the walk's records (a single plan's collectives), `keep_einsums` its
+    einsum plans too, with their report fields.
 
     Two phases: the walk runs once per distinct (system, mesh, microbatch) — the only inputs
     the einsums see — and the timeline then combines its sums with each candidate's remat,
@@ -432,7 +435,8 @@ def evaluate_plans(
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
     ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
     ctx = replace(ctx, n_rows=(w.n,), dtypes=options.dtypes)
-    return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums, with_terms)
+    keep = keep_einsums or keep_walk
+    return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep, with_terms)
 
 
 def effective_dtypes(plan: Plan, chip: Any) -> ComputeDtypes:
@@ -1023,7 +1027,7 @@ def _evaluate_one(
         candidates_of(plan),
         eff=eff,
         optimizer=plan.optimizer,
-        keep_einsums=keep,
+        keep_walk=keep,
         ops=ops,
         policy=policy,
         plan=plan,
@@ -1166,7 +1170,7 @@ def evaluate_plan_rows(
     eff = training_profile(efficiency).for_framework(stack.name)
     r = evaluate_plans(
         model, systems, workload, structure, cand, eff=eff, optimizer=plans[0].optimizer,
-        keep_einsums=True, remats=remats, policy=policy, plan=plans[0], with_terms=True,
+        keep_walk=True, remats=remats, policy=policy, plan=plans[0], with_terms=True,
         framework=stack,
     )  # fmt: skip
     _, row = _distinct_rows(cand)
