@@ -69,7 +69,8 @@ class Spec:
 
     def with_axes(self, dim: str, axes: tuple[str, ...]) -> Spec:
         i = self.dims.index(dim)
-        return replace(self, axes=self.axes[:i] + (tuple(axes),) + self.axes[i + 1 :])
+        new = self.axes[:i] + (tuple(axes),) + self.axes[i + 1 :]
+        return Spec(self.name, self.dims, new, self.unreduced, self.dtype)
 
     @functools.cached_property
     def used_axes(self) -> tuple[str, ...]:

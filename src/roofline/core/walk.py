@@ -299,12 +299,31 @@ class Totals:
 # --------------------------------------------------------------------------------------
 
 
+# (id(rules), tensor, block_io) -> (rules, spec): the rules kept, so an id cannot be reused by
+# other rules while its entry lives
+_SPECS: dict[tuple[int, Tensor, bool], tuple[Rules, Spec]] = {}
+_MAX_SPECS = 1 << 16
+
+
 def spec_of(t: Tensor, rules: Rules, *, block_io: bool = False) -> Spec:
     """The sharded array of a ledger tensor under `rules` (an axis is used once per array).
 
     `block_io`: a layer's input or output between blocks, which Megatron sequence parallelism
-    splits along the sequence over the tensor axis.
+    splits along the sequence over the tensor axis. Remembered per (rules, tensor): the walk
+    asks again for every plan of a structure (`_rules_of` keeps one Rules per structure).
     """
+    key = (id(rules), t, block_io)
+    hit = _SPECS.get(key)
+    if hit is not None and hit[0] is rules:
+        return hit[1]
+    if len(_SPECS) >= _MAX_SPECS:
+        _SPECS.clear()
+    spec = _spec_of(t, rules, block_io)
+    _SPECS[key] = (rules, spec)
+    return spec
+
+
+def _spec_of(t: Tensor, rules: Rules, block_io: bool) -> Spec:
     axes = []
     used: set[str] = set()
     for d in t.dims:
@@ -1224,7 +1243,7 @@ def walk_rows(
     """
     deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
     mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
-    rules = rules_of(structure, model)
+    rules = _rules_of(structure, model)
     meshes, minv, reason = _meshes(systems, rows)
     chip = systems[0].chip
     context = pricing_context(stack_of(options.stack), eff, chip)
@@ -1260,6 +1279,12 @@ def walk_rows(
         microbatches=mb,
         scale_up=scale_up,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _rules_of(structure: Structure, model: ModelSpec) -> Rules:
+    """`rules_of`, one Rules object per (structure, model) (immutable: read-only mappings)."""
+    return rules_of(structure, model)
 
 
 def _scale_up(system: System) -> float:
