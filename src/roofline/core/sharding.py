@@ -290,16 +290,36 @@ class GemmShape:
 
 def gemm_shape(o: Option, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> GemmShape:
     """The local matmul of option `o` as a GEMM (free dims of each operand, contracting, batch)."""
-    L, R = o.lhs, o.rhs
+    return GemmShape(
+        *(_local_size(g, sizes, mesh) for g in _gemm_dims(o.lhs, o.rhs, o.natural_out))
+    )
 
-    def local(s: Spec, dims: Sequence[str]) -> Any:
-        return _prod(sizes[d] / _prod(mesh[a] for a in s.axes_of(d)) for d in dims)
 
-    contracting = [d for d in L.dims if d in R.dims and d not in o.natural_out.dims]
-    batch = [d for d in L.dims if d in R.dims and d in o.natural_out.dims]
-    m = local(L, [d for d in L.dims if d not in R.dims])
-    n = local(R, [d for d in R.dims if d not in L.dims])
-    return GemmShape(m, n, local(L, contracting), local(L, batch))
+@functools.lru_cache(maxsize=8192)
+def _gemm_dims(L: Spec, R: Spec, out: Spec) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]:
+    """(dim, splitting axes) of the GEMM's m (free dims of the lhs), n (of the rhs), k
+    (contracting) and count (batch dims), read off the operands' specs once."""
+    contracting = [d for d in L.dims if d in R.dims and d not in out.dims]
+    batch = [d for d in L.dims if d in R.dims and d in out.dims]
+    return (
+        tuple((d, L.axes_of(d)) for d in L.dims if d not in R.dims),
+        tuple((d, R.axes_of(d)) for d in R.dims if d not in L.dims),
+        tuple((d, L.axes_of(d)) for d in contracting),
+        tuple((d, L.axes_of(d)) for d in batch),
+    )
+
+
+def _local_size(
+    dims: tuple[tuple[str, tuple[str, ...]], ...], sizes: Mapping[str, Any], mesh: Mapping[str, Any]
+) -> Any:
+    """Product over `dims` of each dim's size over the product of its splitting axes."""
+    out: Any = 1
+    for d, ax in dims:
+        den: Any = 1
+        for a in ax:
+            den = den * mesh[a]
+        out = out * (sizes[d] / den)
+    return out
 
 
 @dataclass(frozen=True)
@@ -873,6 +893,8 @@ class _Shape:
     splits: tuple[tuple[tuple[str, ...], ...], ...]
     # per recipe: (comm indices, lhs, rhs, natural-out array indices, split index)
     index: tuple[tuple[tuple[int, ...], int, int, int, int], ...]
+    # per distinct split: (contracting dim, axes splitting it on the lhs) pairs
+    split_dims: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = ()
 
 
 def _key_index(table: dict, key: Any) -> int:
@@ -908,6 +930,7 @@ def _shape(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> _Shape:
         tuple(comms),
         tuple(splits),
         tuple(index),
+        tuple(tuple(zip(contracting, sp, strict=True)) for sp in splits),
     )
 
 
@@ -929,14 +952,10 @@ def _numeric_all(
     `weights` move `weight_read_fraction` of their bytes through HBM (a routed-expert weight:
     a pass reads only the experts its tokens chose)."""
     sh = _shape(lhs, rhs, out, phase)
-    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
     elems = [x.local_elements(sizes, mesh) for x in sh.arrays]
     nbytes = [e * x.itemsize for e, x in zip(elems, sh.arrays, strict=True)]
     times = [comm_fn(k, nbytes[i], axes) for k, axes, i in sh.comms]
-    split = [
-        _prod(sizes[d] / _prod(mesh[a] for a in ax) for d, ax in zip(contracting, s, strict=True))
-        for s in sh.splits
-    ]
+    split = [_local_size(dims, sizes, mesh) for dims in sh.split_dims]
     options = []
     for r, label, (cs, li, ri, ni, si) in zip(sh.recipes, sh.labels, sh.index, strict=True):
         comm = tuple(
