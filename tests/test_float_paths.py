@@ -76,11 +76,11 @@ def test_unit_cost_is_the_collectives_unit():
 
 
 def test_unique_rows_is_numpys_unique_by_rows():
-    from roofline.core.walk import _unique_rows
+    from roofline.core.cost import unique_rows
 
     rng = np.random.default_rng(0)
     for n, hi in ((0, 5), (1, 5), (7, 3), (3000, 9), (50, 2**40)):  # the last: numpy's path
         cols = rng.integers(0, hi, size=(n, 7)).astype(np.int64)
-        rows, inv = _unique_rows(cols)
+        rows, inv = unique_rows(cols)
         want, want_inv = np.unique(cols, axis=0, return_inverse=True)
         assert (rows == want).all() and (inv == want_inv.reshape(-1)).all()
