@@ -1019,6 +1019,8 @@ def check_plan(
 def _evaluate_one(
     model, system, workload, plan: Plan, eff, *, keep: bool, ops=None, policy=CHEAPEST, fw=None
 ) -> StepArrays:
+    """One plan's StepArrays: its walk's records kept (`keep`: evaluate_plan's collectives) or
+    the per-pass terms added (not `keep`: step_terms)."""
     return evaluate_plans(
         model,
         system,
@@ -1031,7 +1033,7 @@ def _evaluate_one(
         ops=ops,
         policy=policy,
         plan=plan,
-        with_terms=True,
+        with_terms=not keep,
         framework=fw,
     )
 
@@ -1170,7 +1172,7 @@ def evaluate_plan_rows(
     eff = training_profile(efficiency).for_framework(stack.name)
     r = evaluate_plans(
         model, systems, workload, structure, cand, eff=eff, optimizer=plans[0].optimizer,
-        keep_walk=True, remats=remats, policy=policy, plan=plans[0], with_terms=True,
+        keep_walk=True, remats=remats, policy=policy, plan=plans[0],
         framework=stack,
     )  # fmt: skip
     _, row = _distinct_rows(cand)
