@@ -243,7 +243,7 @@ class CommModel:
         return lat[self.inv], spb[self.inv]
 
     def __call__(self, kind: CollectiveKind, nbytes: Any, axes: tuple[str, ...]) -> Any:
-        if self.single and np.ndim(nbytes) == 0:  # one plan: floats, not 1-element arrays
+        if self.single and (type(nbytes) is float or np.ndim(nbytes) == 0):  # one plan: floats
             key = (kind, tuple(axes))
             one = self.scalar.get(key)
             if one is None:

@@ -345,10 +345,12 @@ class EinsumPlan:
 
     @property
     def best(self) -> Option:
+        if type(self.choice) is int:  # a single plan's choice
+            return self.options[self.choice]
         return self.options[int(np.asarray(self.choice).flat[0])]
 
     def pick(self, attr: str) -> Any:
-        if np.ndim(self.choice) == 0:
+        if type(self.choice) is int or np.ndim(self.choice) == 0:
             return getattr(self.best, attr)
         if len(self.options) == 1:  # nothing was chosen: the one option, shaped like the choice
             v = np.asarray(getattr(self.options[0], attr), float)
@@ -1117,6 +1119,8 @@ def argmin_allowed(costs: tuple[Any, ...], ok: list[bool] | None = None) -> Any:
 
 
 def _scalar(x: Any) -> Any:
+    if type(x) is float:
+        return x
     return float(x) if np.ndim(x) == 0 else x
 
 

@@ -523,6 +523,7 @@ class _Walker:
         self.step_share = 1.0 / np.asarray(mb, float)
         self.shared = SharedCollectives()
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
+        self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
         self.ops: list[OpRecord] = []
         self.colls: list[CollectiveRecord] = []
         self.einsums: list[tuple] = []
@@ -634,7 +635,11 @@ class _Walker:
     def comm_share(self, c: Comm) -> Any:
         """The share of a collective's time one microbatch's option choice carries: a per-step
         gradient sum is paid once for the M microbatches of a step."""
-        return self.step_share if per_step_gradient(c) else 1.0
+        key = (c.tensor, c.axes)
+        per_step = self._per_step.get(key)
+        if per_step is None:
+            per_step = self._per_step[key] = per_step_gradient(c)
+        return self.step_share if per_step else 1.0
 
     def rerun_collective(self, reruns: frozenset[RematKind], cls: Overlap, c_kind) -> Any:
         """The remat kinds that rerun a collective of class `cls` inside an op they rerun."""
