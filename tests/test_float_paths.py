@@ -84,3 +84,24 @@ def test_unique_rows_is_numpys_unique_by_rows():
         rows, inv = unique_rows(cols)
         want, want_inv = np.unique(cols, axis=0, return_inverse=True)
         assert (rows == want).all() and (inv == want_inv.reshape(-1)).all()
+
+
+def test_options_built_directly_equal_their_dataclasses():
+    """`_numeric_all` fills each Comm's and Option's fields at once (`sharding._built`): every
+    field is set and each equals (and hashes as) the object its `__init__` builds."""
+    from dataclasses import fields
+
+    from roofline.core.sharding import Comm, Option, parse_einsum, plan_einsum
+
+    assert not hasattr(Comm, "__post_init__") and not hasattr(Option, "__post_init__")
+    a, b, c = parse_einsum("A[I_X, J_Y] * B[J_Y, K] -> C[I_X, K]", ["X", "Y"])
+    ep = plan_einsum(a, b, c, {"I": 64.0, "J": 128.0, "K": 32.0}, {"X": 2.0, "Y": 4.0},
+                     lambda k, nbytes, axes: nbytes / 1e11)  # fmt: skip
+    assert ep.options and any(o.comms for o in ep.options)
+    for o in ep.options:
+        assert set(o.__dict__) == {f.name for f in fields(Option)}
+        same = Option(**{f.name: getattr(o, f.name) for f in fields(Option)})
+        assert same == o and hash(same) == hash(o)
+        for cm in o.comms:
+            assert set(cm.__dict__) == {f.name for f in fields(Comm)}
+            assert Comm(**{f.name: getattr(cm, f.name) for f in fields(Comm)}) == cm
