@@ -18,6 +18,7 @@ from roofline.specs.efficiency import (
     TIERS,
     Efficiency,
     default_efficiency,
+    expected_tiles,
     load_efficiency,
     load_profile,
     profile_from_dict,
@@ -142,9 +143,54 @@ def test_grouped_fraction_and_kernel_overhead():
     e = physics(grouped_fraction=0.5, kernel_fixed_s=1e-6)
     m, n, k = 128 * 132, 1024, 6400
     got = e.matmul_fraction(H100, "bf16", m, n, k, grouped=[False, True])
-    np.testing.assert_allclose(got, [0.8, 0.4])  # the fixed time is not inside the fraction
+    # the fixed time is not inside the fraction; the experts' counts around m = 132 whole tiles
+    # leave partial tiles (test_routed_expert_tiles)
+    fill = m / (poisson_ceil_mean(m, 128) * 128)
+    np.testing.assert_allclose(got, [0.8, 0.4 * fill])
     assert e.kernel_overhead_s(H100) == 1e-6 and e.kernel_overhead_s(V5P) == 0.0
     assert PEAK.kernel_overhead_s(H100) == 0.0
+
+
+def poisson_ceil_mean(lam: float, t: int) -> float:
+    """E[ceil(X / t)], X ~ Poisson(lam), summed exactly over the pmf (log-space)."""
+    hi = int(lam + 12 * math.sqrt(lam) + 20)
+    return sum(
+        math.ceil(x / t) * math.exp(x * math.log(lam) - lam - math.lgamma(x + 1))
+        for x in range(1, hi)
+    )
+
+
+@pytest.mark.parametrize(
+    "lam,t",
+    [(256.0, 128), (128.0, 128), (170.7, 128), (16.0, 16), (0.5, 8)]
+    + [(601.0, 128), (640.0, 640), (700.0, 16), (3000.0, 64)],  # the normal approximation
+)
+def test_expected_tiles_is_the_poisson_mean_of_whole_tiles(lam, t):
+    assert float(expected_tiles(lam, t)) == pytest.approx(poisson_ceil_mean(lam, t), rel=3e-3)
+    # vectorised: each element its own mean, exact and approximated side by side
+    got = expected_tiles(np.array([lam, 4.0, 5000.0]), t)
+    assert got[1] == pytest.approx(poisson_ceil_mean(4.0, t), rel=1e-6)
+
+
+def test_routed_expert_tiles():
+    """A grouped expert GEMM computes each expert's tokens in whole token tiles (vLLM fused_moe's
+    moe_align_block_size pads each expert's count to the block): at a mean of exactly two tiles
+    per expert the experts above the mean pay a third, partial tile."""
+    e = physics(grouped_fraction=1.0)
+    n, k = 1024, 6400
+    dense, grouped = e.matmul_fraction(H100, "bf16", 256, n, k, grouped=[False, True])
+    assert grouped / dense == pytest.approx(256 / (poisson_ceil_mean(256.0, 128) * 128), rel=2e-3)
+    assert 0.78 < grouped / dense < 0.82  # E[ceil(X/128)] = 2.49 tiles for 2 tiles' tokens
+    # many tiles per expert: the partial tiles vanish; a mean that already pays a partial tile
+    # (m = 170: 2 tiles for 1.33 tiles' tokens) pays about the same on average
+    big = e.matmul_fraction(H100, "bf16", 128 * 400, n, k, grouped=[False, True])
+    assert big[1] / big[0] > 0.99
+    odd = e.matmul_fraction(H100, "bf16", 170.0, n, k, grouped=[False, True])
+    assert odd[1] / odd[0] == pytest.approx(1.0, abs=0.01)
+    # never better than the dense GEMM of the mean count
+    m = np.geomspace(1, 1e5, 40)
+    g = e.matmul_fraction(H100, "bf16", m, n, k, grouped=True)
+    assert np.all(g <= e.matmul_fraction(H100, "bf16", m, n, k) + 1e-12)
 
 
 def test_vectorised_and_monotone_in_size():

@@ -22,6 +22,7 @@ from roofline.errors import RooflineError, SpecError, UnknownNameError
 from roofline.specs.framework import (
     COLLECTIVE_KINDS,
     FRAMEWORK_DIR,
+    MODULE_RERUNS,
     REMAT_MEMORY_KINDS,
     RERUN_GROUPS,
     AxisRole,
@@ -42,6 +43,7 @@ from roofline.specs.framework import (
     load_framework,
 )
 from roofline.specs.model_catalog import load_model
+from roofline.specs.plan import RECOMPUTE_MODULES
 from roofline.training.step import Schedule as PlanSchedule
 
 RUNS = Path("/work/shared/reference/measured_training.yaml")
@@ -151,7 +153,11 @@ def test_names_and_aliases_resolve():
 def test_vocabulary_matches_the_code():
     assert {a.value for a in AxisRole} <= set(AXIS_OF.values())
     assert set(COLLECTIVE_KINDS) == {k.value for k in CollectiveKind}
-    assert set(REMAT_MEMORY_KINDS) == {k.value for k in RematKind}
+    # a partial recompute's memory follows from its modules (MODULE_RERUNS), not a class a
+    # profile's policy names
+    assert set(REMAT_MEMORY_KINDS) == {k.value for k in RematKind} - {"modules"}
+    assert set(MODULE_RERUNS) == set(RECOMPUTE_MODULES)
+    assert all(g in RERUN_GROUPS for groups, _ in MODULE_RERUNS.values() for g in groups)
 
 
 @functools.cache
@@ -219,7 +225,8 @@ def test_full_recompute_differs_by_stack():
     assert not mt.remat.policy("full").reruns_last_projection
     sel = mega.remat.policy("selective")
     assert sel.reruns_op("attn/scores") and not sel.reruns_op("mlp/act")
-    assert set(sel.parts) >= {"core_attn", "moe_act", "layernorm", "mlp"}
+    # Megatron's plain selective recompute is its default module list, ["core_attn"]
+    assert sel.reruns == MODULE_RERUNS["core_attn"][0]
 
 
 def test_gradient_reduction_timing():

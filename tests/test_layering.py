@@ -64,6 +64,7 @@ ORDER = (
     # the training stacks' readers and writers (they read the stack profiles via core.stack)
     "launch.shell",
     "launch.common",
+    "launch.capable",
     "launch.torchtitan",
     "launch.maxtext",
     "launch.megatron",
@@ -77,6 +78,7 @@ ORDER = (
     "training.offload",
     "training.planner.systems",
     "training.planner.space",
+    "training.planner.launchable",
     "training.planner.rank",
     "training.planner.search",
     "training.planner.deadline",

@@ -8,6 +8,7 @@ the Pareto set.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -120,15 +121,37 @@ def test_prefill_first_engines_space_out_decode_passes():
 
 
 def test_prefill_first_engines_run_closed_loops_in_waves():
-    """A closed loop of fixed lengths on a prefill-first engine: the 32 prompts run in 16 prefill
-    batches of 2 (8192-token budget on an 80 GB chip) before anyone decodes, then all 32 decode
-    in lockstep, finish together and come back together (every wave is a first wave)."""
-    s = steady_state(ideal(), load_engine("sglang"), Workload(4096, 256), np.array([32.0]))
+    """A closed loop of fixed lengths on a prefill-first engine whose cohorts stay aligned: the
+    32 prompts run in 16 prefill batches of 2 (8192-token budget on an 80 GB chip) before anyone
+    decodes, then all 32 decode in lockstep, finish together and come back together (every wave
+    is a first wave)."""
+    lockstep = dataclasses.replace(load_engine("sglang"), closed_loop_lockstep=True)
+    s = steady_state(ideal(), lockstep, Workload(4096, 256), np.array([32.0]))
     t_b = ideal().pass_time(PassShape(prefill_seqs=2, prefill_chunk=4096, prefill_context=4096))
     tau = ideal().pass_time(PassShape(decode=32, context=4096 + 128)).time_s
     assert s.ttft_s == pytest.approx((16 + 1) / 2 * t_b.time_s, rel=1e-9)
     assert s.tpot_s == pytest.approx(tau + (16 - 1) / 2 * t_b.time_s / 255, rel=1e-9)
     assert s.requests_per_s == pytest.approx(32 / (16 * t_b.time_s + 255 * tau), rel=1e-9)
+
+
+def test_sglang_closed_loops_drift_into_the_staggered_steady_state():
+    """SGLang's cohorts drift apart (engine record [drift]): a closed loop of fixed lengths is
+    served like staggered arrivals, prefill batches spacing out the decode passes
+    (TPOT = decode pass / (1 − prefill share)), and at 1024-token prompts and concurrency 128 the
+    mean TTFT is far below the lockstep wave's (8 prefill batches of 16k tokens one after
+    another)."""
+    sg = load_engine("sglang")
+    assert sg.closed_loop_lockstep is False
+    assert load_engine("jetstream").closed_loop_lockstep is True
+    w, C = Workload(1024, 1024), np.array([128.0])
+    s = steady_state(ideal(), sg, w, C)
+    dec = ideal().pass_time(PassShape(decode=s.decode_batch, context=1024 + 512)).time_s
+    assert s.tpot_s == pytest.approx(dec / (1 - s.prefill_share), rel=1e-6)
+    lock = steady_state(ideal(), dataclasses.replace(sg, closed_loop_lockstep=True), w, C)
+    assert s.ttft_s < 0.5 * lock.ttft_s
+    # never less than half a pass plus the cohort's own prefill
+    t_pf = ideal().pass_time(PassShape(prefill_seqs=1, prefill_chunk=1024, prefill_context=1024))
+    assert s.ttft_s > t_pf.time_s
 
 
 def test_prefix_cache_hits_cut_ttft():

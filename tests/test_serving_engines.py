@@ -70,6 +70,11 @@ def write(tmp: Path, body: str) -> str:
             lambda s: s.replace('memory_fraction_of = "total"', 'memory_fraction_of = "x"'),
             "memory_fraction_of",
         ),
+        (
+            lambda s: s.replace("closed_loop_lockstep = true", 'closed_loop_lockstep = "yes"'),
+            "closed_loop_lockstep",
+        ),
+        (lambda s: s.replace("closed_loop_lockstep = true", ""), "closed_loop_lockstep"),
     ],
 )
 def test_bad_files_are_refused_with_the_key_named(tmp_path, edit, needle):

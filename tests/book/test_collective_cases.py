@@ -6,8 +6,8 @@ the case's tolerance (relative; 0 means exact up to float rounding).
 
 Values not computable by a model of peak bandwidth (skipped on purpose):
 - sh-06 measured_time_us (680 µs profile), sh-07 measured_us (8 µs): measurements.
-- gp-10 switch_capacity_bytes_per_s (NVSwitch port capacity): switches are not modelled,
-  only per-GPU egress (which is what bounds the node, as the book says).
+- gp-10 switch_capacity_bytes_per_s (NVSwitch port capacity): checked in
+  tests/book/test_transfer_cases.py and test_switch_cases.py (GPU egress binds first).
 - gp-11 practical_ms (1.5 ms observed), gp-18 peak_achieved_bytes_per_s (370 GB/s) and
   achieved_bytes_per_s_58mb (150 GB/s): measurements.
 - gp-20 two_node_vs_one_node_slowdown (4.5): the book divides its leading-order forms

@@ -13,6 +13,7 @@ import pytest
 from roofline.cli import main
 from roofline.cli.op_cmd import result as op_result
 from roofline.core import transfer as T
+from roofline.core.collectives import IB_SWITCH_BW_BYTES_PER_S
 from roofline.errors import PlanError
 from roofline.specs.system import parse_system
 
@@ -78,7 +79,7 @@ def test_capacities_gpus_md():
     assert caps["spine"].cable_bw_bytes_per_s == pytest.approx(51.2e12)
     assert caps["spine"].switch_bw_bytes_per_s == pytest.approx(51.2e12)
     big = {c.name: c for c in T.capacities(parse_system("h100:2048"))}
-    assert big["spine"].switch_bw_bytes_per_s / T.IB_SWITCH_BW_BYTES_PER_S == pytest.approx(32)
+    assert big["spine"].switch_bw_bytes_per_s / IB_SWITCH_BW_BYTES_PER_S == pytest.approx(32)
 
 
 def test_torus_bisection():
@@ -147,3 +148,67 @@ def test_one_chip_moves_nothing(capsys):
     assert main(["transfer", "--system", "tpu-v5e:1x1", "--capacities"]) == 0
     assert "no network tiers" in capsys.readouterr().out
     assert T.gather_to_one(parse_system("h100:1"), 0, 1e9).time_s == 0.0
+
+
+# --------------------------------------------------------------- DCN between TPU slices
+
+
+def test_dcn_whole_slice_is_the_per_chip_dcn_share():
+    """training.md: a v5p host has ~25 GB/s of DCN for its 4 chips, 6.25e9 per TPU: a slice
+    sending to another, every chip its 1/n, streams at n·6.25e9 — the same as the collectives
+    module's permute over the dcn axis."""
+    from roofline.core.collectives import collective_cost
+    from roofline.core.mesh import make_mesh
+
+    s = parse_system("2xtpu-v5p:4x4x4")
+    t = T.point_to_point(s, "0", "1", 1e9)
+    assert t.kind == "dcn" and t.bw_bytes_per_s == pytest.approx(64 * 6.25e9)
+    assert t.t_bandwidth_s == pytest.approx(1e9 / (64 * 6.25e9))
+    c = collective_cost("permute", 1e9 / 64, "dcn", make_mesh(s, {"dcn": 2, "ici": 64}))
+    assert c.bandwidth_s == pytest.approx(t.t_bandwidth_s)
+    assert t.t_first_byte_s == s.dim("dcn").hop_latency_s
+
+
+@pytest.mark.parametrize(
+    "spec,chip_bw",
+    [
+        ("2xtpu-v5p:4x4x4", min(1.6e10, 4 * 6.25e9)),  # host link binds: 16 GB/s < 25 GB/s NIC
+        ("2xtpu-v5e:16x16", min(1.6e10, 8 * 3.125e9)),  # 8 chips per v5e host: 25 GB/s NIC
+    ],
+)
+def test_dcn_one_chip_alone(spec, chip_bw):
+    """One chip to a chip of another slice: its host link and its host's whole DCN NIC
+    (tpus.md: TPU -> PCIe -> host NIC -> DCN -> host -> PCIe -> HBM)."""
+    s = parse_system(spec)
+    a = "0:" + ",".join("0" for _ in s.topology)
+    b = "1:" + ",".join("1" for _ in s.topology)
+    t = T.point_to_point(s, a, b, 1e9)
+    assert t.bw_bytes_per_s == pytest.approx(chip_bw)
+    assert t.time_s == pytest.approx(s.dim("dcn").hop_latency_s + 1e9 / chip_bw)
+
+
+def test_dcn_same_slice_is_ici():
+    one = T.point_to_point(parse_system("tpu-v5p:4x4x4"), "0,0,0", "2,1,0", 1e9)
+    two = T.point_to_point(parse_system("2xtpu-v5p:4x4x4"), "1:0,0,0", "1:2,1,0", 1e9)
+    assert two.to_dict() == one.to_dict()
+
+
+def test_dcn_bad_coordinates(capsys):
+    s = parse_system("2xtpu-v5p:4x4x4")
+    with pytest.raises(PlanError, match="slice:coordinates"):
+        T.point_to_point(s, "2:0,0,0", "0:0,0,0", 1e9)
+    with pytest.raises(PlanError, match="both are whole slices"):
+        T.point_to_point(s, "0:0,0,0", "1", 1e9)
+    argv = [
+        "transfer",
+        "--system",
+        "2xtpu-v5p:4x4x4",
+        "--bytes",
+        "1G",
+        "--from",
+        "0,0,0",
+        "--to",
+        "1",
+    ]
+    assert main(argv) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -171,7 +171,7 @@ def test_torchtitan_405b_reads_async_tp_and_fp32_master_weights():
     assert c.plan.collective_matmul and c.plan.sequence_parallel
     assert c.plan.optimizer.name == "adam-fp32"  # training.dtype float32 (job_config.py:275)
     assert c.workload.total_tokens == 3000 * 32 * 8192
-    assert any(u.key == "compile.enable" for u in c.unsupported)
+    assert c.plan.compiled  # [compile] enable = true: fused kernels (issue 19 item 2)
 
 
 def test_maxtext_on_gpu_is_costed_as_maxtext_not_megatron():
@@ -195,11 +195,12 @@ def test_megatron_example_launched_on_too_few_gpus_is_a_problem():
     )
 
 
-def test_megatron_fp8_example_keeps_its_distributed_optimizer_and_notes_bf16_grads():
+def test_megatron_fp8_example_keeps_its_distributed_optimizer_and_bf16_grads():
     c = load("megatron_llama3_8b_h100_fp8.sh")
     assert c.plan.zero == 1 and c.chips == 8
     assert c.plan.dtypes.matmul.value == "fp8" and c.plan.dtypes.attention.value == "bf16"
-    assert [u.key for u in c.unsupported] == ["grad-reduce-in-bf16"]
+    # --grad-reduce-in-bf16: gradients in bf16 (16 B/param), no longer an unsupported note
+    assert c.plan.optimizer.name == "adam-fp32-master-bf16-grads" and c.unsupported == ()
 
 
 def test_nemo_interleaved_pipeline_and_megatron_sp():

@@ -29,6 +29,8 @@ PLANS = {
     ],
     "maxtext": [
         ("fsdp=256,microbatch=1,remat=full,optimizer=adam-fp32", None),
+        # ZeRO-1 over the data axis: shard_optimizer_over_data=true (base.yml:690)
+        ("dp=4,fsdp=16,tp=4,zero=1,microbatch=2,remat=full,optimizer=adam-fp32", None),
         ("dp=4,fsdp=64,tp=4,zero=0,microbatch=4,remat=matmuls,optimizer=adam-fp32", "fp8"),
         ("fsdp=8,sp=2,ep=4,optimizer=adam-fp32", "int8"),
         ("fsdp=16,pp=4,microbatch=8,remat=full,optimizer=adam-fp32", None),
@@ -49,6 +51,14 @@ PLANS = {
         ),
         ("fsdp=128,microbatch=2,remat=full,optimizer=adam-fp32-master", "nvfp4"),
         ("dp=32,pp=8,microbatch=16,remat=none,zero=1,optimizer=adam-fp32-master", "mxfp8"),
+        # Megatron-FSDP's HSDP: 4 replicas of a 32-way FSDP group, whole or ZeRO-1 optimizer
+        ("dp=4,fsdp=32,microbatch=2,remat=full,zero=0,optimizer=adam-fp32-master", None),
+        ("dp=4,fsdp=16,tp=2,megatron_sp=1,zero=1,optimizer=adam-fp32-master", None),
+        (
+            "dp=4,ep=8,pp=8,microbatch=32,remat=mla_up_proj+mlp,zero=1,schedule=interleaved,"
+            "virtual=2,optimizer=adam-fp32-master-bf16-grads",
+            "mxfp8",
+        ),
     ],
     "nemo": [
         (
@@ -60,6 +70,11 @@ PLANS = {
             "fp8-delayed",
         ),
         ("fsdp=64,tp=2,ep=2,microbatch=8,remat=matmuls,optimizer=adam-fp32-master", None),
+        (
+            "dp=16,tp=8,pp=8,megatron_sp=1,microbatch=16,remat=layernorm+moe_act,zero=1,"
+            "schedule=interleaved,virtual=4,optimizer=adam-fp32-master-bf16-grads",
+            None,
+        ),
     ],
     "deepspeed": [
         ("dp=256,microbatch=4,remat=none,zero=1,optimizer=adam-fp32-master", None),
@@ -97,15 +112,19 @@ def test_round_trip_is_the_identity(stack, spec, recipe):
     "stack,spec,lacks",
     [
         ("torchtitan", "fsdp=8,remat=ckpt4,optimizer=adam-fp32", "remat=ckpt4"),
+        ("torchtitan", "fsdp=8,remat=moe_act,optimizer=adam-fp32", "remat=moe_act"),
+        ("maxtext", "fsdp=8,remat=mlp,optimizer=adam-fp32", "remat=mlp"),
+        ("deepspeed", "dp=8,remat=mlp,optimizer=adam-fp32-master", "remat=mlp"),
         ("torchtitan", "dp=8,zero=1,optimizer=adam-fp32", "zero=1 over dp"),
         ("torchtitan", "fsdp=8,tp=2,optimizer=adam-fp32", "sequence-parallel"),
         ("torchtitan", "fsdp=8,optimizer=adam-bf16", "optimizer=adam-bf16"),
         ("maxtext", "fsdp=8,remat=none,optimizer=adam-fp32", "remat=none"),
         ("maxtext", "fsdp=8,tp=2,megatron_sp=1,optimizer=adam-fp32", "megatron_sp"),
-        ("megatron", "dp=2,fsdp=4,optimizer=adam-fp32-master", "hybrid sharding"),
+        ("nemo", "dp=2,fsdp=4,optimizer=adam-fp32-master", "hybrid sharding"),
         ("megatron", "dp=8,pp=2,microbatch=4,schedule=gpipe,optimizer=adam-fp32-master", "GPipe"),
         ("megatron", "dp=8,optimizer=adam-bf16", "optimizer=adam-bf16"),
         ("nemo", "dp=8,ep=2,overlap_ep=1,optimizer=adam-fp32-master", "overlap_ep"),
+        ("nemo", "dp=8,zero=0,optimizer=adam-fp32-master-bf16-grads", "bf16 gradients"),
         ("deepspeed", "dp=8,pp=2,remat=none,optimizer=adam-fp32-master", "pp=2"),
         ("deepspeed", "dp=8,remat=full,optimizer=adam-fp32-master", "remat=full"),
     ],

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from roofline.errors import RooflineError
 from roofline.launch import read_launch
-from roofline.specs.plan import RematKind, Schedule
+from roofline.specs.plan import RematKind, Schedule, parse_remat
 
 
 def tt(body: str, chips: int | None = None):
@@ -196,6 +197,45 @@ def test_megatron_selective_and_partial_recompute():
     )
     assert part.plan.remat.kind == RematKind.FULL
     assert [u.key for u in part.unsupported] == ["recompute-method"]
+
+
+def test_megatron_recompute_modules_are_the_plans_partial_recompute():
+    """--recompute-modules (nargs='*') other than the default core_attn: remat=a+b in
+    Megatron-Core's module order; --grad-reduce-in-bf16: bf16 gradients (16 B/param)."""
+    c = meg(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --recompute-granularity selective "
+        "--recompute-modules mlp mla_up_proj --grad-reduce-in-bf16 --micro-batch-size 1 --bf16"
+    )
+    assert c.plan.remat == parse_remat("mla_up_proj+mlp")
+    assert str(c.plan.remat) == "mla_up_proj+mlp"
+    assert c.plan.optimizer.bytes_per_param == 16.0
+    core = meg(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --recompute-granularity selective "
+        "--recompute-modules core_attn --micro-batch-size 1 --bf16"
+    )
+    assert core.plan.remat.kind == RematKind.MATMULS  # the stack's own selective policy
+    with pytest.raises(RooflineError, match="recompute-modules"):
+        meg(
+            "torchrun --nproc_per_node 8 pretrain_gpt.py --recompute-granularity selective "
+            "--recompute-modules attention --micro-batch-size 1 --bf16"
+        )
+
+
+def test_nemo_recompute_modules_and_bf16_gradient_sync():
+    text = """
+trainer: {devices: 8, num_nodes: 1, precision: bf16-mixed}
+model:
+  micro_batch_size: 1
+  global_batch_size: 8
+  encoder_seq_length: 4096
+  tensor_model_parallel_size: 1
+  activations_checkpoint_granularity: selective
+  recompute_modules: [moe_act, layernorm]
+  optim: {name: distributed_fused_adam, grad_sync_dtype: bf16}
+"""
+    c = read_launch(text, source="nemo.yaml", stack="nemo")
+    assert c.plan.remat == parse_remat("layernorm+moe_act")
+    assert c.plan.optimizer.name == "adam-fp32-master-bf16-grads"
 
 
 def ds(text: str, chips: int | None = None):

@@ -149,8 +149,29 @@ def test_train_plan_shows_its_launch_line_and_it_imports_back(capsys, tmp_path):
 
 
 def test_train_names_why_a_plan_has_no_launch_line(capsys):
+    argv = ["--plan", "dp=8,tp=8,microbatch=8,remat=full", "--optimizer", "adam-bf16"]
+    doc = run_json(capsys, "train", *TRAIN, *argv)
+    assert doc["launch"]["text"] is None and "optimizer=adam-bf16" in doc["launch"]["reason"]
+    assert doc["inputs"]["optimizer_default"] is None  # given, not defaulted
+
+
+def test_train_keeps_the_stacks_own_optimizer_unless_told(capsys):
+    """Without --optimizer, the named stack's own (launch/defaults/capabilities.toml, cited),
+    shown in the output and written by the launch line; the idealised machine keeps the book's."""
     doc = run_json(capsys, "train", *TRAIN, "--plan", "dp=8,tp=8,microbatch=8,remat=full")
-    assert doc["launch"]["text"] is None and "adam-bf16" in doc["launch"]["reason"]
+    assert doc["plan"]["optimizer"] == doc["inputs"]["optimizer"] == "adam-fp32-master"
+    source = doc["inputs"]["optimizer_default"]
+    assert source.startswith("Megatron-LM's own: NVIDIA/Megatron-LM megatron/training/arguments.py")
+    assert doc["launch"]["reason"] is None and "--bf16" in doc["launch"]["text"]
+    assert main(["train", *TRAIN, "--plan", "dp=8,tp=8,microbatch=8,remat=full"]) == 0
+    assert "Optimizer (not given): adam-fp32-master, Megatron-LM's own" in capsys.readouterr().out
+    for stack, opt in (
+        ("torchtitan", "adam-fp32"),
+        ("maxtext", "adam-fp32"),
+        ("ideal", "adam-bf16"),
+    ):
+        doc = run_json(capsys, "train", *TRAIN[:-1], stack, "--plan", "fsdp=64,microbatch=8")
+        assert doc["plan"]["optimizer"] == opt
 
 
 def test_train_search_shows_the_best_plans_launch(capsys):

@@ -52,13 +52,33 @@ def test_mla_moe_model_is_built(serving_entries):
     assert any("MTP" in d for d in r.defaults)
 
 
-@pytest.mark.parametrize(
-    "family,reason",
-    [("qwen3.5-397b-a17b", "linear-attention"), ("glm-5", "DSA sparse attention")],
-)
-def test_unmodelled_attention_is_skipped(serving_entries, family, reason):
+@pytest.mark.parametrize("family,feature", [("qwen3.5-397b-a17b", "linear"), ("glm-5", "dsa")])
+def test_hybrid_and_sparse_attention_map_through_the_catalog_model(
+    serving_entries, family, feature
+):
     rid = next(i for i, e in serving_entries.items() if e["model"]["family"] == family)
-    assert reason in map_serving_run(serving_entries[rid], "serving").skipped_reason
+    r = map_serving_run(serving_entries[rid], "serving")
+    assert r.mapped and getattr(r.model, feature) is not None
+    assert any("from catalog model" in d for d in r.defaults)
+
+
+@pytest.mark.parametrize(
+    "family,change,reason",
+    [
+        ("qwen3.5-397b-a17b", {"layers": 64}, "n_layers differ from catalog model"),
+        ("glm-5", {"name": "GLM-9", "checkpoint": "zai-org/GLM-9"}, "no catalog model gives"),
+        (
+            "glm-5",
+            {"attention": "MLA + DSA sparse attention (index_topk 1024)"},
+            "index_topk (1024",
+        ),
+        ("qwen3.5-397b-a17b", {"attention": "hybrid: Mamba layers"}, "Mamba layers are not"),
+    ],
+)
+def test_attention_the_catalog_cannot_vouch_for_is_skipped(serving_entries, family, change, reason):
+    e = copy.deepcopy(next(e for e in serving_entries.values() if e["model"]["family"] == family))
+    e["model"].update(change)
+    assert reason in map_serving_run(e, "serving").skipped_reason
 
 
 def test_suspect_quality_is_skipped(serving_entries):

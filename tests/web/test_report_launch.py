@@ -54,8 +54,10 @@ def test_html_page_shows_the_serving_launch_with_a_copy_button(tmp_path):
     pre = re.search(r'<pre class="mono" id="launch-serve">(.*?)</pre>', html, re.S)
     assert pre and pre.group(1) == LAUNCH["text"]
     assert 'data-copy="launch-serve"' in html
-    # the training plan (maxtext, adam-bf16) cannot be written: the reason is shown instead
-    assert "Training launch (maxtext" in html and "Not written:" in html
+    # the training plan (maxtext, with MaxText's own adam-fp32) is written too, with its button
+    train = re.search(r'<pre class="mono" id="launch-train">(.*?)</pre>', html, re.S)
+    assert "Training launch (maxtext" in html and train and "MaxText.train" in train.group(1)
+    assert 'data-copy="launch-train"' in html and "Not written:" not in html
 
 
 def test_markdown_report_shows_the_launch_lines(tmp_path):

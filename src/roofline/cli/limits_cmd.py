@@ -11,7 +11,7 @@ from roofline.specs.system import parse_system
 
 NAME = "limits"
 HELP = (
-    "the book's closed-form limits: smallest batch per chip for FSDP / TP / FSDP+TP / ZeRO-3+PP, "
+    "the book's closed-form limits: smallest batch per chip for FSDP / TP / FSDP+TP / ZeRO-3+PP / EP, "
     "widest TP, most chips for a batch, decode critical batch, break-even points"
 )
 

@@ -90,10 +90,18 @@ def _shape(args: argparse.Namespace, model: ModelSpec) -> tuple[int, int, int | 
 
 def _kv_formula(m: ModelSpec, kv_dtype: str) -> str:
     b = dtype_bytes(kv_dtype)
+    L = m.n_attention_layers  # a hybrid's linear layers cache no tokens
     if m.mla is not None:
         a = m.mla
-        return f"(kv_lora + rope)·L·bytes = ({a.kv_lora_rank} + {a.qk_rope_head_dim})·{m.n_layers}·{b:g}"
-    return f"2·L·K·H·bytes = 2·{m.n_layers}·{m.n_kv_heads}·{m.d_head}·{b:g}"
+        idx = f" + {m.dsa.index_head_dim}·{L}·1 (DSA fp8 index key)" if m.dsa else ""
+        text = (
+            f"(kv_lora + rope)·L·bytes = ({a.kv_lora_rank} + {a.qk_rope_head_dim})·{L}·{b:g}{idx}"
+        )
+    else:
+        text = f"2·L·K·H·bytes = 2·{L}·{m.n_kv_heads}·{m.d_head}·{b:g}"
+    if m.linear is not None:
+        text += f" over the {L} full-attention layers + the linear layers' fixed state / context"
+    return text
 
 
 def _ledger(

@@ -17,14 +17,17 @@ from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.core.ledger import count_params
 from roofline.core.stack import AUTO, Stack, auto_reason, is_auto, resolve_framework, stack_of
 from roofline.errors import PlanError
+from roofline.launch.capable import capabilities
 from roofline.launch.lines import launch_text, training_launch
 from roofline.progress import counter
 from roofline.report.table import kv, table
 from roofline.report.text import precisions_phrase, profile_assumptions, stack_note, term_phrase
 from roofline.specs.model_catalog import load_model
+from roofline.specs.plan import DEFAULT_OPTIMIZER
 from roofline.specs.system import parse_system
 from roofline.training.pipecomm import pipeline_traffic
 from roofline.training.planner import PlanResult, SearchSpace, plan_training
+from roofline.training.planner.launchable import launch_space, skipped
 from roofline.training.step import (
     AssumedRun,
     StepCost,
@@ -94,8 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--optimizer",
-        default="adam-bf16",
-        help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32, sgd-bf16",
+        help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32, sgd-bf16 (default: the "
+        "stack's own: adam-fp32-master for Megatron-LM and DeepSpeed, adam-fp32 for torchtitan "
+        "and MaxText, adam-bf16 for the idealised machine and stacks without a launch table)",
     )
     p.add_argument("--price", type=float, help="override USD per chip-hour")
     p.add_argument(
@@ -147,12 +151,14 @@ def run(args: argparse.Namespace) -> int:
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
     stack, eff = _stack_and_profile(args, system.chip)
+    optimizer_from = stack_optimizer(args, stack)
     dtypes = stack.dtypes(args.precision) if args.precision else None
     if args.top < 1:
         raise PlanError(f"--top {args.top}", rule="list at least one plan", fix="write --top 5")
     if args.objective is None:
         args.objective = "cost" if system.usd_per_chip_hour is not None else "time"
     inputs = _inputs(args, model, system, work, stack) | {"profile": eff.to_dict()}
+    inputs["optimizer_default"] = optimizer_from
 
     if args.assume_mfu is not None and not args.plan:
         return _assumed(args, model, system, work, inputs)
@@ -163,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         if dtypes is not None and plan.dtypes.is_default:
             plan = replace(plan, dtypes=dtypes)
         result, text = cost_one_plan(args, model, system, work, plan, eff, stack)
-        return emit(args, NAME, inputs, result, text)
+        return emit(args, NAME, inputs, result, text + _optimizer_text(args, optimizer_from))
     if args.deadline:
         return _deadline(args, model, system, work, eff, inputs, stack, dtypes)
     res = search_plans(args, model, system, work, eff, stack, dtypes)
@@ -177,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     doc = res.to_dict() | {"pipeline_comm": pipeline_traffic(res.best).to_dict()}
     doc |= _offload_doc(args, model, res.best)
     text += _offload_text(args, model, res.best)
+    text += _optimizer_text(args, optimizer_from)
     launch = plan_launch(args, model, work, res.best.plan, stack)
     return emit(args, NAME, inputs, doc | {"launch": launch}, text + launch_text(launch))
 
@@ -239,10 +246,43 @@ def search_plans(
         allow_sub_slices=not args.no_sub_slices,
         chips=chips,
         progress=counter("train: costing plans", unit="plan"),
-        space=SearchSpace(),
+        space=launch_space(
+            SearchSpace(
+                offload_optimizer=(False, True)
+                if getattr(args, "offload_optimizer", False)
+                else (False,)
+            ),
+            launch_stack(args, stack),
+        ),
         framework=stack,
         dtypes=dtypes,
+        launch_stack=launch_stack(args, stack),
     )
+
+
+def launch_stack(args: argparse.Namespace, stack: Stack) -> str | None:
+    """The stack whose launch configuration must say the searched plans: the one named
+    (`export --to`'s target, or `--framework`), None with `--framework auto`."""
+    if is_auto(getattr(args, "framework", None)):
+        return None
+    return getattr(args, "to", None) or stack.name
+
+
+def stack_optimizer(args: argparse.Namespace, stack: Stack) -> str | None:
+    """Fill `args.optimizer`, where not given, with the stack's own default (the launch
+    table, `launch.capable`; the book's adam-bf16 for a stack it does not hold). Returns the
+    default's source, None when the optimizer was given or is the book's."""
+    if args.optimizer:
+        return None
+    cap = capabilities(stack.name)
+    args.optimizer = cap.optimizer if cap else DEFAULT_OPTIMIZER
+    return f"{cap.who}'s own: {cap.optimizer_source}" if cap else None
+
+
+def _optimizer_text(args: argparse.Namespace, source: str | None) -> str:
+    if source is None:
+        return ""
+    return f"\n\nOptimizer (not given): {args.optimizer}, {source}."
 
 
 def stack_and_profile(args: argparse.Namespace, chip) -> tuple[Stack, Any]:
@@ -337,6 +377,8 @@ def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -
         top_k=args.top,
         framework=stack,
         dtypes=dtypes,
+        space=launch_space(SearchSpace(), launch_stack(args, stack)),
+        launch_stack=launch_stack(args, stack),
     )
     tried = table(
         [[s, n, "-" if t == float("inf") else f"{t / DAY:.1f}"] for s, n, t in res.tried],
@@ -360,6 +402,7 @@ def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -
         + _render_one(model, work, b, header="Fastest plan there:", auto=_auto(args, system.chip))
         + "\n\nTried (bisection):\n"
         + tried
+        + _optimizer_text(args, inputs.get("optimizer_default"))
     )
     return emit(
         args,
@@ -540,6 +583,8 @@ def _render_search(model, system, work: Workload, res: PlanResult, auto: str | N
         f"({res.candidates_evaluated:,} costed) in {res.search_time_s:.2f} s; "
         f"rejected: {rej}."
     )
+    if skipped(res.rejected):
+        search += f" {skipped(res.rejected):,} plans the stack cannot launch were skipped."
     parts = [head, search]
     if res.sub_slice_note:
         parts.append("Note: " + res.sub_slice_note + ".")

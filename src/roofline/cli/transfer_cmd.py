@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",
         dest="src",
-        help='sending chip: TPU coordinates "0,0" or a GPU rank "12"; "host" loads from host memory',
+        help='sending chip: TPU coordinates "0,0", "slice:x,y" on several slices (a bare slice '
+        'index "1": every chip of that slice), or a GPU rank "12"; "host" loads from host memory',
     )
     p.add_argument("--to", dest="dst", help="receiving chip (for --from host: one chip only)")
     p.add_argument("--gather-to", help="every chip sends its 1/N of --bytes to this chip")
@@ -110,6 +111,11 @@ def render(res: dict[str, Any]) -> str:
             f"{c['per_chip_bw_bytes_per_s']:.3g} B/s per chip; cable {c['cable_bw_bytes_per_s']:.3g} B/s, "
             f"bisection {c['bisection_bw_bytes_per_s']:.3g} B/s"
             + ("" if sw is None else f", switches {sw:.3g} B/s")
+            + (
+                f"; switch-bound: a collective gets S/chips = {c['collective_bw_bytes_per_s']:.3g} B/s per chip"
+                if c["switch_bound"]
+                else ""
+            )
         )
     return "\n".join(lines)
 

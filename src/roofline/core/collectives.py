@@ -21,6 +21,15 @@ consecutive ICI segments form one torus stage (their bandwidths add, book `shard
 combined hierarchically as in `gpus.md` ("a ring reduction at each layer, mostly
 overlapped"): the bandwidth term is the max over stages, the latency the sum.
 
+Switch capacity (gpus.md's SuperPod table, "Switch Bandwidth"; Quiz 4 Q4): every chip of a
+switched tier's group runs its copy of the collective at once (SPMD), so the tier's switches
+carry up to `P·w` (P chips in one group of that tier, w each); when the group's switches
+carry less (`S < P·w`: a tapered or oversubscribed tier) each chip gets `min(w, S/P)` at that
+tier. With the book's records the cables bind first (node 6.4 TB/s of NVSwitch over 3.6 TB/s
+of GPU egress; leaf 25.6 over 12.8; spine 51.2 over 51.2); Appendix B's spine of 16 x 1.6 =
+25.6 TB/s (`[switch_bw] spine = 25.6e12` in a system file) gives 25 GB/s per GPU there, and
+Quiz 4 Q4's spine-level AllReduce `2DF/6.4e12`.
+
 Left out: achieved-bandwidth efficiency (that comes from an efficiency profile, not here),
 tree algorithms, contention between different collectives running at the same time.
 """
@@ -37,7 +46,7 @@ import numpy as np
 
 from roofline.core.mesh import Mesh, Segment
 from roofline.errors import SpecError
-from roofline.specs.system import DimKind
+from roofline.specs.system import NODES_PER_SU, DimKind, PhysDim, System
 
 # gpus.md: SHARP in practice gives ~30% more AllReduce bandwidth (NCCL 2.27.5, 8xH100:
 # ~370 -> ~480 GB/s), not the theoretical ~75-100%. Pass sharp_speedup=SHARP_PRACTICAL_SPEEDUP
@@ -207,6 +216,58 @@ def collective_time(latency_s: Any, seconds_per_byte: Any, bytes_per_chip: Any) 
     return np.maximum(latency_s, seconds_per_byte * np.asarray(bytes_per_chip, dtype=float))
 
 
+# gpus.md, the DGX H100 SuperPod reference: InfiniBand switches of 64 ports, one port per GPU
+# NIC (NDR: 50 GB/s, so 3.2 TB/s a switch), 8 leaf switches per scalable unit of 32 nodes, 16
+# spine switches per 4 SUs. Other 8-GPU nodes take the same shape with ports as fast as their
+# NICs (node egress / 8): a non-blocking fat tree whose cables bind first.
+IB_PORTS_PER_SWITCH = 64
+IB_SWITCH_BW_BYTES_PER_S = IB_PORTS_PER_SWITCH * 50e9  # the book's H100 number
+IB_SWITCHES_PER_SU = {"leaf": 8, "spine": 4}
+
+
+def _group_chips(system: System, d: PhysDim) -> int:
+    """Chips in one group of tier `d`: its size times every dim inside it."""
+    i = next(j for j, x in enumerate(system.dims) if x.name == d.name)
+    return math.prod(x.size for x in system.dims[i:])
+
+
+def switch_capacity(system: System, d: PhysDim) -> float | None:
+    """Switch capacity of one group of tier `d`, one way (None: not in the records).
+
+    A system file's `[switch_bw]` first; else the chip file's NVSwitches for the NVLink
+    domain, and the SuperPod reference's InfiniBand switches for 8-GPU nodes (gpus.md, H100:
+    node 6.4, scalable unit 25.6, 1024-GPU spine 51.2 TB/s).
+    """
+    given = dict(system.switch_bw)
+    if d.name in given:
+        return float(given[d.name])
+    chip = system.chip
+    if d.kind is DimKind.NVLINK:
+        if chip.nvswitches_per_domain is None or chip.nvswitch_bw_bytes_per_s is None:
+            return None
+        return chip.nvswitches_per_domain * chip.nvswitch_bw_bytes_per_s
+    if (
+        d.kind is not DimKind.SCALEOUT
+        or chip.nvlink_domain != 8
+        or d.name not in IB_SWITCHES_PER_SU
+    ):
+        return None
+    port = float(chip.node_egress_bytes_per_s or 0.0) / 8
+    sus = _group_chips(system, d) / (8 * NODES_PER_SU)
+    return IB_SWITCHES_PER_SU[d.name] * max(sus, 1.0) * IB_PORTS_PER_SWITCH * port or None
+
+
+def switched_bw(system: System, d: PhysDim) -> tuple[float, float | None]:
+    """(per-chip bandwidth a collective gets at tier `d`, the switch share S/P when it binds).
+
+    `min(w, S/P)`: P chips of one group share its switches' capacity S (module doc)."""
+    s = switch_capacity(system, d) if d.switched else None
+    if s is None:
+        return d.bw_bytes_per_s, None
+    share = s / _group_chips(system, d)
+    return (share, share) if share < d.bw_bytes_per_s else (d.bw_bytes_per_s, None)
+
+
 # DimKind value of a tier -> the link tier name of the efficiency profile contract
 _TIER_OF_DIM = {"ici": "ici", "nvlink": "nvlink", "scaleout": "scale_out", "dcn": "dcn"}
 
@@ -236,7 +297,7 @@ def unit_cost(kind: CollectiveKind | str, axes: str | Iterable[str], mesh: Mesh)
     n = math.prod(shape[a] for a in names)
     if n == 1:
         return UnitCost(0.0, 0.0)
-    terms = _stage_terms(k, mesh.segments(names), n, mesh.system.sharp, None)
+    terms = _stage_terms(k, mesh.system, mesh.segments(names), n, mesh.system.sharp, None)
     worst = max(terms, key=lambda t: t.seconds_per_byte)
     latency = float(sum(t.latency_s for t in terms))
     return UnitCost(latency, worst.seconds_per_byte, _TIER_OF_DIM[worst.kind])
@@ -339,6 +400,7 @@ def _stages(segs: tuple[Segment, ...]) -> list[list[Segment]]:
 
 def _stage_terms(
     kind: CollectiveKind,
+    system: System,
     segs: tuple[Segment, ...],
     n: int,
     sharp: bool,
@@ -349,75 +411,111 @@ def _stage_terms(
     for st in _stages(segs):
         d = math.prod(s.size for s in st)
         if st[0].dim.kind is DimKind.ICI:
-            label = _ici_label(st)
-            lat_hops = sum(_ici_hops(s) for s in st)
-            hop_lat = sum(_ici_hops(s) * s.dim.hop_latency_s for s in st)
-            if kind in (
-                CollectiveKind.ALL_GATHER,
-                CollectiveKind.REDUCE_SCATTER,
-                CollectiveKind.ALL_REDUCE,
-            ):
-                # sharding.md: several axes at once -> bandwidths add: V/(M·W_ici); latency T_min·ΣX_i/2
-                bw = sum(1.0 / t for t in _per_dim(st, _ici_ag_t).values())
-                t = 1.0 / (inner * bw)
-                lat = hop_lat
-                detail = f"B/{_fmt_bw(inner * bw)} over {len(st)} ICI segment(s), {lat_hops} hops"
-                if kind is CollectiveKind.ALL_REDUCE:
-                    # sharding.md: AllReduce = ReduceScatter + AllGather = 2x
-                    t, lat = 2 * t, 2 * lat
-                    detail = "2 x (" + detail + ")"
-            elif kind is CollectiveKind.ALL_TO_ALL:
-                frac = inner * d / n
-                t = frac * max(_per_dim(st, _ici_a2a_t).values())
-                lat = hop_lat
-                detail = f"max over dims of B·X/(8·W_1way) (ring) or B·(X-1)/(2·W_1way) (line), x {frac:.3g} in-group -> B/{_fmt_bw(1 / t)}"
-            else:  # PERMUTE
-                # one hop to the neighbour: bytes / W_1way + one hop latency
-                t = max(1.0 / _w1(s) for s in st)
-                lat = max(s.dim.hop_latency_s * s.stride for s in st)
-                detail = f"B/{_fmt_bw(1 / t)} one hop"
-            terms.append(TierTerm(label, DimKind.ICI.value, d, inner, t, lat, detail))
+            terms.append(_ici_term(kind, st, d, inner, n))
         else:
-            seg = st[0]
-            w, ell = seg.dim.bw_bytes_per_s, seg.dim.hop_latency_s
-            label = _switch_label(seg)
-            supports_sharp = seg.dim.kind in (DimKind.NVLINK, DimKind.SCALEOUT)
-            if kind in (
-                CollectiveKind.ALL_GATHER,
-                CollectiveKind.REDUCE_SCATTER,
-                CollectiveKind.ALL_REDUCE,
-            ):
-                # gpus.md: T = B·max_i (D_i-1)/(D_i·W_link,i), W_link,i = P_{i-1}·w_i for this collective's inner members
-                t = (d - 1) / (d * inner * w)
-                lat = (d - 1) * ell
-                detail = f"B·({d}-1)/({d}·{inner}·{w:.3g})"
-                if kind is CollectiveKind.ALL_REDUCE:
-                    if sharp and supports_sharp and sharp_speedup is None:
-                        # gpus.md: SHARP in-network reduction, T_AR = bytes / W (no (N-1)/N factor)
-                        t, lat = 1.0 / (inner * w), 2 * ell
-                        detail = f"SHARP: B/({inner}·{w:.3g})"
-                    elif sharp and supports_sharp:
-                        t, lat = 2 * t / sharp_speedup, 2 * ell
-                        detail = f"SHARP: 2·{detail}/{sharp_speedup:g}"
-                    else:
-                        t, lat = 2 * t, 2 * lat
-                        detail = "2·" + detail
-            elif kind is CollectiveKind.ALL_TO_ALL:
-                if seg.dim.kind is DimKind.NVLINK:
-                    # gpus.md: in-node AllToAll B_total·(N-1)/(W·N²) = B·(D-1)/(N·W): only in-domain traffic on NVLink
-                    frac = (inner * d - inner) / n
-                else:
-                    # gpus.md: across M nodes B_total·(M-1)/(M²·W_node): everything leaving the inner group crosses this tier
-                    frac = (n - inner) / n
-                t = frac / w
-                lat = (d - 1) * ell
-                detail = f"B·{frac:.4g}/{w:.3g}"
-            else:  # PERMUTE
-                t, lat = 1.0 / w, ell
-                detail = f"B/{w:.3g}"
-            terms.append(TierTerm(label, seg.dim.kind.value, d, inner, t, lat, detail))
+            terms.append(_switched_term(kind, system, st[0], d, inner, n, sharp, sharp_speedup))
         inner *= d
     return terms
+
+
+_REDUCTIONS = (
+    CollectiveKind.ALL_GATHER,
+    CollectiveKind.REDUCE_SCATTER,
+    CollectiveKind.ALL_REDUCE,
+)
+
+
+def _ici_term(kind: CollectiveKind, st: list[Segment], d: int, inner: int, n: int) -> TierTerm:
+    """One torus stage (consecutive ICI segments)."""
+    lat_hops = sum(_ici_hops(s) for s in st)
+    hop_lat = sum(_ici_hops(s) * s.dim.hop_latency_s for s in st)
+    if kind in _REDUCTIONS:
+        # sharding.md: several axes at once -> bandwidths add: V/(M·W_ici); latency T_min·ΣX_i/2
+        bw = sum(1.0 / t for t in _per_dim(st, _ici_ag_t).values())
+        t = 1.0 / (inner * bw)
+        lat = hop_lat
+        detail = f"B/{_fmt_bw(inner * bw)} over {len(st)} ICI segment(s), {lat_hops} hops"
+        if kind is CollectiveKind.ALL_REDUCE:
+            # sharding.md: AllReduce = ReduceScatter + AllGather = 2x
+            t, lat = 2 * t, 2 * lat
+            detail = "2 x (" + detail + ")"
+    elif kind is CollectiveKind.ALL_TO_ALL:
+        frac = inner * d / n
+        t = frac * max(_per_dim(st, _ici_a2a_t).values())
+        lat = hop_lat
+        detail = f"max over dims of B·X/(8·W_1way) (ring) or B·(X-1)/(2·W_1way) (line), x {frac:.3g} in-group -> B/{_fmt_bw(1 / t)}"
+    else:  # PERMUTE
+        # one hop to the neighbour: bytes / W_1way + one hop latency
+        t = max(1.0 / _w1(s) for s in st)
+        lat = max(s.dim.hop_latency_s * s.stride for s in st)
+        detail = f"B/{_fmt_bw(1 / t)} one hop"
+    return TierTerm(_ici_label(st), DimKind.ICI.value, d, inner, t, lat, detail)
+
+
+def _switched_term(
+    kind: CollectiveKind,
+    system: System,
+    seg: Segment,
+    d: int,
+    inner: int,
+    n: int,
+    sharp: bool,
+    sharp_speedup: float | None,
+) -> TierTerm:
+    """One switched stage (NVLink, a scale-out tier, DCN), its per-chip bandwidth capped by
+    the group's switches (module doc)."""
+    w, capped = switched_bw(system, seg.dim)
+    ell = seg.dim.hop_latency_s
+    if kind in _REDUCTIONS:
+        # gpus.md: T = B·max_i (D_i-1)/(D_i·W_link,i), W_link,i = P_{i-1}·w_i for this collective's inner members
+        t = (d - 1) / (d * inner * w)
+        lat = (d - 1) * ell
+        detail = f"B·({d}-1)/({d}·{inner}·{w:.3g})"
+        if kind is CollectiveKind.ALL_REDUCE:
+            sharp_here = sharp and seg.dim.kind in (DimKind.NVLINK, DimKind.SCALEOUT)
+            t, lat, detail = _all_reduce_stage(
+                t, lat, detail, inner, w, ell, sharp_here, sharp_speedup
+            )
+    elif kind is CollectiveKind.ALL_TO_ALL:
+        if seg.dim.kind is DimKind.NVLINK:
+            # gpus.md: in-node AllToAll B_total·(N-1)/(W·N²) = B·(D-1)/(N·W): only in-domain traffic on NVLink
+            frac = (inner * d - inner) / n
+        else:
+            # gpus.md: across M nodes B_total·(M-1)/(M²·W_node): everything leaving the inner group crosses this tier
+            frac = (n - inner) / n
+        t = frac / w
+        lat = (d - 1) * ell
+        detail = f"B·{frac:.4g}/{w:.3g}"
+    else:  # PERMUTE
+        t, lat = 1.0 / w, ell
+        detail = f"B/{w:.3g}"
+    label = _switch_label(seg)
+    if capped is not None:
+        label += " (switch-bound)"
+        detail += (
+            f", w = S/P = {switch_capacity(system, seg.dim):.3g}/{_group_chips(system, seg.dim)}"
+            f" = {w:.3g} < {seg.dim.bw_bytes_per_s:.3g}"
+        )
+    return TierTerm(label, seg.dim.kind.value, d, inner, t, lat, detail)
+
+
+def _all_reduce_stage(
+    t: float,
+    lat: float,
+    detail: str,
+    inner: int,
+    w: float,
+    ell: float,
+    sharp: bool,
+    sharp_speedup: float | None,
+) -> tuple[float, float, str]:
+    """A switched stage's AllReduce from its ReduceScatter term: 2x, or SHARP's in-network reduction."""
+    if sharp and sharp_speedup is None:
+        # gpus.md: SHARP in-network reduction, T_AR = bytes / W (no (N-1)/N factor)
+        return 1.0 / (inner * w), 2 * ell, f"SHARP: B/({inner}·{w:.3g})"
+    if sharp:
+        return 2 * t / sharp_speedup, 2 * ell, f"SHARP: 2·{detail}/{sharp_speedup:g}"
+    return 2 * t, 2 * lat, "2·" + detail
 
 
 def collective_cost(
@@ -467,7 +565,7 @@ def collective_cost(
             (),
         )
     segs = mesh.segments(names)
-    terms = _stage_terms(k, segs, n, use_sharp, sharp_speedup)
+    terms = _stage_terms(k, mesh.system, segs, n, use_sharp, sharp_speedup)
     worst = max(terms, key=lambda t: t.seconds_per_byte)
     spb = worst.seconds_per_byte * (ragged_fraction if k is CollectiveKind.ALL_TO_ALL else 1.0)
     latency = float(sum(t.latency_s for t in terms))
@@ -551,4 +649,7 @@ __all__ = [
     "parse_collective_kind",
     "moe_ragged_fraction",
     "SHARP_PRACTICAL_SPEEDUP",
+    "IB_SWITCH_BW_BYTES_PER_S",
+    "switch_capacity",
+    "switched_bw",
 ]

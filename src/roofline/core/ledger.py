@@ -393,11 +393,12 @@ def _attention_ops(
     def sc(name: str) -> Tensor:  # the score / probability matrix
         return Tensor(name, ("batch", "heads", "seq", "kv_seq"), ad, False, flash)
 
-    L = m.n_layers
+    L = m.n_attention_layers  # a hybrid's linear layers are priced by _linear_ops
     x = _t("x", "batch seq embed", ad)
-    ops: list[Op] = []
+    ops: list[Op] = _linear_ops(m, sizes, T, wd, ad) if m.linear is not None else []
     if m.mla is not None:
-        return _mla_ops(m, sizes, T, S, wd, ad, kvd, causal, flash, mla_absorb)
+        mla = _mla_ops(m, sizes, T, S, wd, ad, kvd, causal, flash, mla_absorb)
+        return ops + (mla if m.dsa is None else _with_dsa(m, mla, sizes, T, S, ad, wd, causal))
     S_ = MappingProxyType(sizes)
     qkv_bias = 1  # bias vectors are counted under attn/bias below
     ops.append(
@@ -410,6 +411,17 @@ def _attention_ops(
             L,
         )
     )
+    if m.attn_output_gate:  # Qwen3-Next/3.5: q_proj's second half, sigmoid(g)·ctx
+        ops.append(
+            _mm(
+                "attn/gate",
+                x,
+                _t("W_g", "embed heads head_dim", wd, True),
+                _t("g", "batch seq heads head_dim", ad),
+                S_,
+                L,
+            )
+        )
     ops.append(
         _mm(
             "attn/k",
@@ -432,7 +444,9 @@ def _attention_ops(
     )
     # score and context rows: one per distinct key length (sliding-window layers see min(S, W))
     groups: dict[float, float] = {}
-    for i in range(L):
+    for i in range(m.n_layers):
+        if not m.is_full_attention_layer(i):
+            continue
         s_eff = min(S, float(m.sliding_window)) if m.is_local_layer(i) else S
         groups[s_eff] = groups.get(s_eff, 0) + 1
     for s_eff, n in groups.items():
@@ -484,6 +498,166 @@ def _attention_ops(
     return ops
 
 
+# The recurrent state of a Gated DeltaNet layer is kept in fp32 by the serving engines (SGLang
+# ServerArgs.mamba_ssm_dtype, python/sglang/srt/server_args.py, default "float32"), whatever the
+# KV-cache dtype.
+LINEAR_STATE_DTYPE = "fp32"
+# DSA's indexer keys are cached in FP8 whatever the KV dtype (deepseek-ai/DeepSeek-V3.2-Exp
+# inference/model.py @ 6d8cb70dfdd6f37c83c5208105a3e2c8da117485: Indexer.k_cache is
+# float8_e4m3fn [.., index_head_dim], k_scale_cache one fp32 per 128 values, ~3% more, not counted).
+DSA_INDEX_DTYPE = "fp8"
+
+
+def _linear_sizes(m: ModelSpec, sizes: dict, T: float) -> MappingProxyType:
+    """A Gated DeltaNet layer's dims: `heads`/`kv_heads` are its value/key heads (so tensor
+    parallelism splits them as it splits attention heads), `head_dim` dk, `v_dim` dv."""
+    a = m.linear
+    assert a is not None
+    sz = dict(sizes)
+    sz.update(
+        heads=a.n_value_heads,
+        kv_heads=a.n_key_heads,
+        head_dim=a.key_head_dim,
+        v_dim=a.value_head_dim,
+        conv_ch=a.conv_channels,
+        conv_k=a.conv_kernel,
+        gates=2,  # β (write strength) and α (decay) per value head
+        chunk=min(float(a.chunk_size), T),
+        intra=3 * a.key_head_dim + 2 * a.value_head_dim,
+    )
+    return MappingProxyType(sz)
+
+
+def _linear_ops(m: ModelSpec, sizes: dict, T: float, wd: str, ad: str) -> list[Op]:
+    """Gated DeltaNet layers (Yang et al., arXiv 2412.06464; Qwen3-Next/Qwen3.5 linear layers).
+
+    Projections q, k [key heads × dk], v, z [value heads × dv], β and α per value head, a
+    depthwise conv of `conv_kernel` taps (2·taps FLOPs per channel), then the delta rule over a
+    fixed state S[value heads, dk, dv] per sequence: u = β(v − Sᵀk) and o = Sᵀq read the state,
+    S += k·uᵀ writes it (three products of 2·dk·dv FLOPs per token and value head; q and k are
+    shared by the value heads of a group). Prefill runs the chunked form (Yang et al., arXiv
+    2406.06484 §3.2): within a chunk of C tokens QKᵀ, KKᵀ, the WY factor T·K, T·V and the
+    intra-chunk attention over U cost 2·C·(3·dk + 2·dv) per token and head (`attn/lin_chunk`,
+    absent in decode: the recurrent step has no chunk). No KV cache: the state does not grow.
+    """
+    n = m.n_linear_layers
+    S_ = _linear_sizes(m, sizes, T)
+    x = _t("x", "batch seq embed", ad)
+    q, k = _t("lq", "batch seq kv_heads head_dim", ad), _t("lk", "batch seq kv_heads head_dim", ad)
+    u = _t("lu", "batch seq heads v_dim", ad)
+    o = _t("lo", "batch seq heads v_dim", ad)
+    state = _t("S", "batch heads head_dim v_dim", LINEAR_STATE_DTYPE)
+    ops = [
+        _mm("attn/lin_q", x, _t("W_lq", "embed kv_heads head_dim", wd, True), q, S_, n),
+        _mm("attn/lin_k", x, _t("W_lk", "embed kv_heads head_dim", wd, True), k, S_, n),
+        _mm("attn/lin_v", x, _t("W_lv", "embed heads v_dim", wd, True), u, S_, n),
+        _mm("attn/lin_z", x, _t("W_lz", "embed heads v_dim", wd, True), o, S_, n),
+        _mm(
+            "attn/lin_ab",
+            x,
+            _t("W_lab", "embed heads gates", wd, True),
+            _t("lab", "batch seq heads gates", ad),
+            S_,
+            n,
+        ),
+        Op(
+            "attn/lin_conv",
+            OpKind.ELEMENTWISE,
+            (_t("lqkv", "batch seq conv_ch", ad), _t("W_conv", "conv_ch conv_k", wd, True)),
+            _t("lqkv", "batch seq conv_ch", ad),
+            S_,
+            n,
+            1.0,
+            2.0 * m.linear.conv_kernel,  # type: ignore[union-attr]
+        ),
+        # u = β(v − Sᵀk): reads the state from HBM (once per pass)
+        Op("attn/lin_state_in", OpKind.ATTENTION, (k, state), u, S_, n),
+        # o = Sᵀq: the state is already on chip
+        Op("attn/lin_state_out", OpKind.ATTENTION, (q, replace(state, on_chip=True)), o, S_, n),
+        # S ← αS + k·uᵀ: the updated state is written back
+        Op(
+            "attn/lin_state_update",
+            OpKind.ATTENTION,
+            (replace(k, on_chip=True), replace(u, on_chip=True)),
+            state,
+            S_,
+            n,
+        ),
+    ]
+    if T > 1:
+        a_ = Tensor("lqk", ("batch", "seq", "heads", "intra"), ad, False, True)
+        b_ = Tensor("lkk", ("batch", "chunk", "heads", "intra"), ad, False, True)
+        c_ = Tensor("lA", ("batch", "seq", "heads", "chunk"), ad, False, True)
+        ops.append(Op("attn/lin_chunk", OpKind.ATTENTION, (a_, b_), c_, S_, n))
+    ops.append(_mm("attn/lin_out", o, _t("W_lo", "heads v_dim embed", wd, True), x, S_, n))
+    return ops
+
+
+def _dsa_indexer_ops(
+    m: ModelSpec, sizes: dict, T: float, S: float, ad: str, wd: str, causal: Causal
+) -> list[Op]:
+    """DSA's lightning indexer (DeepSeek-V3.2-Exp report §2.1; the reference Indexer in
+    deepseek-ai/DeepSeek-V3.2-Exp inference/model.py @ 6d8cb70d): per layer, index queries
+    q_I[index heads, d_I] from the query latent (wq_b), one index key k_I[d_I] per token (cached, FP8)
+    and a weight per index head; every query scores every cached key, 2·H_I·d_I FLOPs per
+    (query, key) pair under the causal mask (O(L) per query), and the top-k select reads the
+    head-summed logits (fp32, written and read once). Attention then runs on `index_topk` keys."""
+    a, d = m.mla, m.dsa
+    assert a is not None and d is not None
+    L = m.n_attention_layers
+    sz = dict(sizes)
+    sz.update(idx_heads=d.index_n_heads, idx_dim=d.index_head_dim, head_dim=d.index_head_dim)
+    S_ = MappingProxyType(sz)
+    x = _t("x", "batch seq embed", ad)
+    src, w_dims = (_t("cq", "batch seq q_lora", ad), "q_lora") if a.q_lora_rank else (x, "embed")
+    qi = _t("qi", "batch seq idx_heads idx_dim", ad)
+    ki = _t("ki", "batch seq idx_dim", DSA_INDEX_DTYPE)
+    f = _causal_factor(T, S, None, causal)
+    logits = _t("ilog", "batch seq kv_seq", "fp32")
+    return [
+        _mm("attn/index_q", src, _t("W_iq", f"{w_dims} idx_heads idx_dim", wd, True), qi, S_, L),
+        _mm("attn/index_k", x, _t("W_ik", "embed idx_dim", wd, True), ki, S_, L),
+        _mm(
+            "attn/index_w",
+            x,
+            _t("W_iw", "embed idx_heads", wd, True),
+            _t("wi", "batch seq idx_heads", ad),
+            S_,
+            L,
+        ),
+        Op(
+            "attn/index_scores",
+            OpKind.ATTENTION,
+            (replace(qi, dtype=DSA_INDEX_DTYPE), _t("ki", "batch kv_seq idx_dim", DSA_INDEX_DTYPE)),
+            Tensor("il", ("batch", "seq", "idx_heads", "kv_seq"), ad, False, True),
+            S_,
+            L,
+            f,
+        ),
+        Op("attn/index_topk", OpKind.ELEMENTWISE, (logits,), logits, S_, L, 1.0, 1.0),
+    ]
+
+
+def _with_dsa(
+    m: ModelSpec, mla: list[Op], sizes: dict, T: float, S: float, ad: str, wd: str, causal: Causal
+) -> list[Op]:
+    """MLA rows under DSA: the indexer after the KV projection, attention over the top-k."""
+    assert m.dsa is not None
+    at = next(i for i, o in enumerate(mla) if o.name == "attn/kv_a") + 1
+    rows = [_sparse(o, m.dsa.index_topk, T, S, causal) for o in mla]
+    return rows[:at] + _dsa_indexer_ops(m, sizes, T, S, ad, wd, causal) + rows[at:]
+
+
+def _sparse(op: Op, topk: int, T: float, S: float, causal: Causal) -> Op:
+    """An MLA score/context row under DSA: each query attends min(position, top-k) keys, the
+    sliding-window count with W = top-k (`causal_fraction`), reading top-k cache entries."""
+    if op.kind != OpKind.ATTENTION:
+        return op
+    W = float(topk)
+    f = _causal_factor(T, S, W if W < S else None, causal)
+    return replace(op.with_sizes(kv_seq=min(S, W)), flop_factor=f, window=W)
+
+
 def mla_absorbed_by_default(model: ModelSpec, T: float, S: float) -> bool:
     """Whether MLA runs absorbed (latent-space attention) for T queries over S keys.
 
@@ -494,6 +668,8 @@ def mla_absorbed_by_default(model: ModelSpec, T: float, S: float) -> bool:
     decompresses for prefill (DeepSeek-V2 report §2.1.2; vLLM's MLA backend splits the same way).
     """
     a = model.mla
+    if a is not None and model.dsa is not None:
+        return True  # DSA runs on MLA's MQA (absorbed) mode (DeepSeek-V3.2-Exp report §2.1)
     if a is None or T >= S:
         return False
     return T * (2 * a.kv_lora_rank + a.qk_rope_head_dim) < a.kv_lora_rank * (
@@ -517,7 +693,7 @@ def _mla_ops(
     and values cached as one latent c[kv_lora] plus a shared rope key, up-projected by W_kvb."""
     a = m.mla
     assert a is not None
-    L = m.n_layers
+    L = m.n_attention_layers
     x = _t("x", "batch seq embed", ad)
     sizes.update(
         q_lora=a.q_lora_rank or 0,
@@ -814,26 +990,57 @@ def flops_per_token(
 
 
 def kv_cache_bytes_per_token(
-    model: ModelSpec, kv_dtype: str = "bf16", context: float | None = None
+    model: ModelSpec, kv_dtype: str = "bf16", context: float | None = None, kv_copies: Any = 1.0
 ) -> float:
     """KV-cache bytes per token of context, all layers: 2·K·H·L·bytes for GQA/MHA/MQA.
 
-    MLA caches the latent (kv_lora_rank + rope dim) once per layer. Sliding-window layers
+    MLA caches the latent (kv_lora_rank + rope dim) once per layer; DSA adds its FP8 index key
+    (index_head_dim bytes per layer), the rest of its cache stays full MLA. Sliding-window layers
     keep at most W tokens, so with a `context` longer than W their per-token share is W/context.
-    Book: transformers.md "KV caching", inference.md.
+    A hybrid's linear-attention layers cache nothing per token: only its full-attention layers
+    count, and with a `context` the fixed recurrent state of a sequence
+    (`linear_state_bytes_per_sequence`) is spread over it as state/context per token — so
+    bytes/token × context is the memory of one sequence, as the serving KV pool sizes it.
+    `kv_copies`: copies of the attention cache a tensor axis keeps when it exceeds the KV heads
+    (serving's kv_replication; numpy-friendly); the linear state is split by value heads, never
+    copied. Book: transformers.md "KV caching", inference.md.
     """
     b = dtype_bytes(kv_dtype)
     if model.mla is not None:
         per_layer = (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * b
     else:
         per_layer = 2 * model.n_kv_heads * model.d_head * b
+    if model.dsa is not None:
+        per_layer += model.dsa.index_head_dim * dtype_bytes(DSA_INDEX_DTYPE)
     total = 0.0
     for i in range(model.n_layers):
+        if not model.is_full_attention_layer(i):
+            continue
         share = 1.0
         if context is not None and model.is_local_layer(i):
             share = min(1.0, model.sliding_window / context)  # type: ignore[operator]
         total += per_layer * share
+    total = total * kv_copies
+    if context is not None and model.linear is not None:
+        import numpy as np  # lazily, as causal_fraction: contexts may be arrays (serving)
+
+        c = np.maximum(np.asarray(context, dtype=float), 1.0)
+        share = linear_state_bytes_per_sequence(model) / c
+        total = total + (float(share) if share.ndim == 0 else share)
     return total
+
+
+def linear_state_bytes_per_sequence(model: ModelSpec) -> float:
+    """Fixed memory of one sequence in a hybrid's linear-attention layers (0 without them):
+    per layer the delta-rule state n_value_heads·dk·dv plus the conv's last (taps − 1) inputs
+    of its q/k/v channels, in LINEAR_STATE_DTYPE (Gated DeltaNet, arXiv 2412.06464)."""
+    a = model.linear
+    if a is None:
+        return 0.0
+    per_layer = (a.state_elements + (a.conv_kernel - 1) * a.conv_channels) * dtype_bytes(
+        LINEAR_STATE_DTYPE
+    )
+    return per_layer * model.n_linear_layers
 
 
 # --------------------------------------------------------------------------------------

@@ -22,9 +22,11 @@ Closed forms (book chapter in brackets; B = global batch in tokens, N chips):
 | weights from host | `B > C/W_pcie` | tpus.md Q3 |
 | optimizer offload | `B/N > C/(3·W_host)` | ZeRO-Offload (not the book) |
 | 2D weight-stationary | `N > 2·(F/D)·(W_1D/W_2D)²` | inference.md Q7 |
+| EP over nodes (AllToAll) | `F > α·(Z−G)·min(G·k/Z, 1)/k`, `F > G·α`, α = C/W_node | gpus.md |
+| EP + FSDP of the experts | `B/N > (E/(k·Z))·C/W_X` | gpus.md's E/k with E/Z experts a chip |
 
-Left out: attention's own intensity (a per-op roofline, `roofline op`), the EP limits of
-gpus.md (their AllToAll fractions are the algebra's, see `train`).
+Left out: attention's own intensity (a per-op roofline, `roofline op`); EP on TPU slices (the
+gpus.md forms count NVLink nodes; `train` prices a TPU's expert AllToAll from the algebra).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dataclass_replace
 from typing import Any
 
-from roofline.core.collectives import CollectiveKind, collective_cost
+from roofline.core.collectives import CollectiveKind, collective_cost, switched_bw
 from roofline.core.mesh import Mesh, make_mesh
 from roofline.core.roofline import critical_batch
 from roofline.errors import PlanError, RooflineError
@@ -103,6 +105,34 @@ def offload_min_tokens_per_chip(C: float, W_host: float) -> float:
     return C / (3 * W_host)
 
 
+def ep_min_d_ff(alpha: float, Z: float, G: float, k: float) -> float:
+    """gpus.md: EP over Z GPUs in nodes of G keeps its two AllToAlls
+    (4·B·D·(Z−G)/(W_node·Z)·min(G·k/Z, 1)) under the expert matmuls (4·B·k·D·F/(Z·C)) iff
+    F > α·(Z−G)·min(G·k/Z, 1)/k, α = C/W_node; the batch cancels."""
+    return alpha * max(Z - G, 0.0) * min(G * k / Z, 1.0) / k
+
+
+def ep_max_degree(F: float, alpha: float, G: float, k: float) -> float:
+    """The widest EP that `ep_min_d_ff` allows (inf when F ≥ G·α): (Z−G)·min(G·k/Z, 1)/k
+    grows with Z towards G, so Z < G + k·F/α while Z ≤ G·k, else Z < G²/(G − F/α)."""
+    r = F / alpha
+    if r >= G:
+        return math.inf
+    if r <= G * (k - 1) / k:
+        return G + k * r
+    return G * G / (G - r)
+
+
+def ep_alltoall_time(B: float, D: float, Z: float, G: float, k: float, W_node: float) -> float:
+    """gpus.md: the two AllToAlls of one MoE layer, B tokens over Z-way EP, nodes of G GPUs."""
+    return 4 * B * D * max(Z - G, 0.0) / (W_node * Z) * min(G * k / Z, 1.0)
+
+
+def ep_fsdp_min_tokens_per_chip(C: float, W_X: float, E: float, k: float, Z: float) -> float:
+    """gpus.md's MoE DP limit (E/k)·C/W_X with each chip holding E/Z of the experts."""
+    return fsdp_min_tokens_per_chip(C, W_X) * E / (k * Z)
+
+
 def max_chips_for_batch(B: float, min_tokens_per_chip: float) -> float:
     """The most chips a batch of B tokens keeps compute-bound: B over the per-chip limit."""
     return B / min_tokens_per_chip
@@ -117,6 +147,7 @@ class LimitStrategy(enum.StrEnum):
     FSDP_TP = "fsdp+tp"
     ZERO3_PP = "zero3+pp"
     DECODE = "decode"
+    EP = "ep"
 
 
 _STRATEGY_ALIASES = {
@@ -132,6 +163,9 @@ _STRATEGY_ALIASES = {
     "pp": "zero3+pp",
     "decode": "decode",
     "inference": "decode",
+    "ep": "ep",
+    "expert": "ep",
+    "moe": "ep",
 }
 
 
@@ -734,6 +768,180 @@ def _part_decode(ctx: _Ctx, wd: str, ad: str) -> _Part:
     return part
 
 
+@dataclass(frozen=True)
+class _EP:
+    """What gpus.md's EP limits read: Z-way EP, nodes of G GPUs, W_node, the MoE's E and k."""
+
+    deg: Degrees
+    Z: int
+    G: int
+    W_node: float
+    E: int
+    k: int
+    tier: str
+
+    def alpha(self, C: float) -> float:
+        return C / self.W_node
+
+
+def _ep_setup(ctx: _Ctx, part: _Part) -> _EP:
+    moe, sys_ = ctx.model.moe, ctx.system
+    if moe is None:
+        raise PlanError(
+            f"EP limits for {ctx.model.name}, a dense model",
+            rule="expert parallelism shards the experts of a mixture-of-experts model",
+            fix="give an MoE model, e.g. --model deepseek-v3",
+        )
+    inner = sys_.dims[-1]
+    if inner.kind is not DimKind.NVLINK or len(sys_.dims) < 2:
+        raise PlanError(
+            f"EP limits on {sys_.name}",
+            rule="gpus.md's EP limits count NVLink nodes under a scale-out network (a GPU "
+            "cluster of 2 or more nodes)",
+            fix="give a multi-node GPU system, e.g. h100:2048; `train` prices EP on any system",
+        )
+    deg = _plan_for(
+        ctx,
+        {"fsdp": ctx.N // math.gcd(moe.n_experts, ctx.N), "ep": math.gcd(moe.n_experts, ctx.N)},
+        ("ep",),
+    )
+    mesh = _mesh(sys_, deg)
+    top = mesh.placement["expert"][0].dim  # the highest tier the EP axis reaches
+    tier = top if top.kind is not DimKind.NVLINK else sys_.dims[-2]
+    w, _ = switched_bw(sys_, tier)
+    part.plans["ep"] = deg.describe()
+    return _EP(deg, deg.ep, inner.size, inner.size * w, moe.n_experts, moe.top_k, tier.name)
+
+
+def _part_ep(ctx: _Ctx) -> _Part:
+    part = _Part()
+    ep = _ep_setup(ctx, part)
+    a = ep.alpha(ctx.C)
+    w_note = (
+        f"W_node = {ep.G} · {_fmt(ep.W_node / ep.G)} = {_fmt(ep.W_node)} B/s: a node's egress at "
+        f"the {ep.tier} tier (the system's per-GPU scale-out share, capped by its switches)"
+    )
+    v = ep_min_d_ff(a, ep.Z, ep.G, ep.k)
+    part.limits.append(
+        Limit(
+            "ep_min_d_ff",
+            f"EP over {ep.Z} GPUs: smallest expert F that hides the two AllToAlls (any batch)",
+            "F > α·(Z−G)·min(G·k/Z, 1)/k,  α = C/W_node",
+            f"{_fmt(a)}·({ep.Z}−{ep.G})·min({ep.G}·{ep.k}/{ep.Z}, 1)/{ep.k}",
+            v,
+            "d_ff",
+            _COMM + " (the dispatch and combine AllToAlls outlast the expert matmuls)",
+            _COMP,
+            w_note + "; gpus.md: T_comms = 4BD(Z−G)/(W_node·Z)·min(Gk/Z, 1) vs "
+            "T_math = 4BkDF/(ZC), the batch cancels",
+            ctx.F,
+            _side(ctx.F, v, _COMM, _COMP),
+        )
+    )
+    wide = ep.G * a
+    part.limits.append(
+        Limit(
+            "ep_wide_d_ff",
+            "EP: expert F above which EP stays compute-bound over any number of nodes",
+            "F > G · C / W_node",
+            f"{ep.G} · {_fmt(ctx.C)} / {_fmt(ep.W_node)}",
+            wide,
+            "d_ff",
+            "EP spans 1-2 nodes (see ep_max_degree)",
+            "EP can span up to E-way",
+            "gpus.md's takeaway: 8·C/W_node (H100: 8·2475 = 19,800)",
+            ctx.F,
+            _side(ctx.F, wide, "narrow EP", "wide EP"),
+        )
+    )
+    _ep_max(ctx, part, ep, a)
+    _ep_time(ctx, part, ep)
+    _ep_fsdp(ctx, part, ep)
+    return part
+
+
+def _ep_max(ctx: _Ctx, part: _Part, ep: _EP, a: float) -> None:
+    z = ep_max_degree(ctx.F, a, ep.G, ep.k)
+    bounded = math.isfinite(z)
+    part.limits.append(
+        Limit(
+            "ep_max_degree",
+            "EP: widest expert parallelism that stays compute-bound (any batch)",
+            "Z < G + k·F/α (Z ≤ G·k),  Z < G²/(G − F/α) (Z > G·k)",
+            _ep_max_substitution(ctx.F, a, ep),
+            z if bounded else float(ep.E),
+            "EP degree",
+            _COMP,
+            _COMM if bounded else _COMP,
+            "ep_min_d_ff solved for Z ((Z−G)·min(Gk/Z, 1)/k grows with Z towards G): "
+            + (
+                "F < G·α bounds it (gpus.md: EP spans 1-2 nodes)"
+                if bounded
+                else f"F ≥ G·α, no bandwidth bound: up to E = {ep.E}-way"
+            ),
+            float(ep.Z),
+            _side(float(ep.Z), z, _COMP, _COMM) if bounded else _COMP,
+        )
+    )
+
+
+def _ep_max_substitution(F: float, a: float, ep: _EP) -> str:
+    r = F / a
+    if r >= ep.G:
+        return f"F/α = {F:g}/{_fmt(a)} = {r:.4g} ≥ G = {ep.G}"
+    if r <= ep.G * (ep.k - 1) / ep.k:
+        return f"{ep.G} + {ep.k}·{F:g}/{_fmt(a)}"
+    return f"{ep.G}²/({ep.G} − {F:g}/{_fmt(a)})"
+
+
+def _ep_time(ctx: _Ctx, part: _Part, ep: _EP) -> None:
+    if ctx.batch is None:
+        part.skipped["ep_alltoall_s_per_layer"] = "needs a batch (--batch)"
+        return
+    Bg = ctx.batch * ep.Z / ctx.N  # tokens one EP group routes
+    t = ep_alltoall_time(Bg, ctx.D, ep.Z, ep.G, ep.k, ep.W_node)
+    t_math = 4 * Bg * ep.k * ctx.D * ctx.F / (ep.Z * ctx.C)
+    part.limits.append(
+        Limit(
+            "ep_alltoall_s_per_layer",
+            f"EP: the two AllToAlls of one MoE layer ({Bg:.4g} tokens per EP group)",
+            "T_comms = 4·B·D·(Z−G)/(W_node·Z)·min(G·k/Z, 1)",
+            f"4·{Bg:.4g}·{ctx.D:g}·({ep.Z}−{ep.G})/({_fmt(ep.W_node)}·{ep.Z})·min({ep.G}·{ep.k}/{ep.Z}, 1)",
+            t,
+            "s",
+            _COMM,
+            _COMP,
+            f"asked = T_math = 4·B·k·D·F/(Z·C) = {t_math:.4g} s (forward; the backward doubles both)",
+            t_math,
+            _side(t_math, t, _COMM, _COMP),
+        )
+    )
+
+
+def _ep_fsdp(ctx: _Ctx, part: _Part, ep: _EP) -> None:
+    if ep.deg.fsdp < 2:
+        part.skipped["ep_fsdp_min_tokens_per_chip"] = "no FSDP / DP axis beside EP in the plan"
+        return
+    bw = axis_bandwidth(_mesh(ctx.system, ep.deg), "fsdp")
+    part.bandwidths["W_X(fsdp, beside ep)"] = bw
+    v = ep_fsdp_min_tokens_per_chip(ctx.C, bw.bytes_per_s, ep.E, ep.k, ep.Z)
+    part.limits.append(
+        Limit(
+            "ep_fsdp_min_tokens_per_chip",
+            f"EP={ep.Z} with FSDP / DP of the experts: smallest batch per chip that stays compute-bound",
+            "B/N > (E/(k·Z)) · C / W_X",
+            f"({ep.E}/({ep.k}·{ep.Z})) · {_fmt(ctx.C)} / {_fmt(bw.bytes_per_s)}",
+            v,
+            "tokens per chip",
+            _COMM + " (the experts' weight gathers / gradient reductions)",
+            _COMP,
+            _w_note(bw, "W_X") + "; gpus.md's (E/k)·C/W with each chip holding E/Z experts",
+            ctx.per_chip,
+            _side(ctx.per_chip, v, _COMM, _COMP),
+        )
+    )
+
+
 def limits(
     model: ModelSpec,
     system: System,
@@ -761,6 +969,7 @@ def limits(
         LimitStrategy.FSDP_TP: lambda: _part_mixed(ctx),
         LimitStrategy.ZERO3_PP: lambda: _part_pp(ctx),
         LimitStrategy.DECODE: lambda: _part_decode(ctx, wd, ad),
+        LimitStrategy.EP: lambda: _part_ep(ctx),
     }
     chosen = [parse_strategy(strategy)] if strategy is not None else list(LimitStrategy)
     total, skipped = _Part(), {}

@@ -9,6 +9,7 @@ Here the saved tensors are read off the ledger rows instead of assumed.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from roofline.core.ledger import Ledger, Op, OpKind, Tensor
+from roofline.specs.framework import MODULE_RERUNS, RERUN_GROUPS
 
 # the remat and optimizer vocabulary lives with the rest of the plan vocabulary (re-exported)
 from roofline.specs.plan import OPTIMIZERS as OPTIMIZERS
@@ -27,15 +29,16 @@ from roofline.specs.plan import parse_remat as parse_remat
 
 
 def saved_tensors(ledger: Ledger, remat: Remat) -> list[tuple[Op, Tensor]]:
-    """The activations one layer keeps for its backward pass under NONE or MATMULS remat.
+    """The activations one layer keeps for its backward pass under NONE, MATMULS or MODULES.
 
     NONE: every distinct activation input of a per-layer row plus the weight matmuls' outputs
-    (deduplicated by block and name); MATMULS: the weight matmuls' outputs only. Tensors that
-    never reach HBM (flash attention's scores) are not kept. FULL/CHECKPOINTS keep N copies of
-    the layer input instead (see `saved_activation_bytes_per_token`).
+    (deduplicated by block and name); MATMULS: the weight matmuls' outputs only; MODULES: NONE's
+    less what the recomputed modules produce (`module_products`). Tensors that never reach HBM
+    (flash attention's scores) are not kept. FULL/CHECKPOINTS keep N copies of the layer input
+    instead (see `saved_activation_bytes_per_token`).
     """
     out: list[tuple[Op, Tensor]] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str]] = module_products(ledger, remat)
     for op in ledger:
         if op.name in ("embed", "unembed", "norms", *TRAINING_ROWS):
             continue
@@ -68,8 +71,8 @@ def saved_bytes(ledger: Ledger, remat: Remat, tensor_bytes: TensorBytes) -> Any:
     """Activation bytes all layers keep for the backward pass (the one home of the rule).
 
     FULL / CHECKPOINTS: N copies of the layer input per layer (book: 2·B·T·D·L at bf16);
-    NONE and MATMULS: the tensors of `saved_tensors`, and NONE adds the normalised copies of
-    x the norms keep. `tensor_bytes` says how a tensor is counted (whole, or per chip).
+    NONE, MATMULS and MODULES: the tensors of `saved_tensors`, and NONE (MODULES unless it
+    recomputes the layernorms) adds the normalised copies of x the norms keep. `tensor_bytes` says how a tensor is counted (whole, or per chip).
     """
     m = ledger.model
     assert m is not None
@@ -80,7 +83,9 @@ def saved_bytes(ledger: Ledger, remat: Remat, tensor_bytes: TensorBytes) -> Any:
     total: Any = 0.0
     for op, t in saved_tensors(ledger, remat):
         total = total + tensor_bytes(op, t) * op.count
-    if remat.kind == RematKind.NONE:
+    if remat.kind == RematKind.NONE or (
+        remat.kind == RematKind.MODULES and "layernorm" not in remat.modules
+    ):
         total = total + m.norms_per_layer * m.n_layers * tensor_bytes(None, x)
     return total
 
@@ -126,17 +131,54 @@ def rerun_by(op: Op) -> frozenset[RematKind]:
     return _RERUN_BY_ANY_REMAT
 
 
+# Tensors a row hands on under other names: the MLA up-projection's output is split into the
+# keys (with the RoPE part applied) and the values the attention rows read; the router's choice
+# makes the dispatched tokens xe (the permute row is outside the inference ledger).
+_PRODUCED_AS = {"attn/kv_b": ("k", "v"), "moe/router": ("xe",)}
+
+
+def module_patterns(remat: Remat) -> tuple[str, ...]:
+    """The ledger-name globs a MODULES remat reruns (`specs.framework.MODULE_RERUNS`)."""
+    out: list[str] = []
+    for m in remat.modules:
+        for g in MODULE_RERUNS[m][0]:
+            out.extend(RERUN_GROUPS[g])
+    return tuple(out)
+
+
+def reruns_module(op: Op, remat: Remat) -> bool:
+    """Whether a MODULES remat reruns `op`'s forward (rows outside the layers never rerun)."""
+    if remat.kind != RematKind.MODULES or op.name in NON_LAYER_ROWS:
+        return False
+    return any(fnmatch.fnmatchcase(op.name, p) for p in module_patterns(remat))
+
+
+def module_products(ledger: Ledger, remat: Remat) -> set[tuple[str, str]]:
+    """(block, tensor name) of what the recomputed modules of a MODULES remat produce: their
+    outputs are discarded after the forward pass and made again in the backward pass (Megatron's
+    checkpointing keeps a module's inputs only). Empty for the other kinds."""
+    out: set[tuple[str, str]] = set()
+    x = layer_input(ledger).name  # the residual stream a module returns into is its input
+    for op in ledger:
+        if reruns_module(op, remat):
+            block = op.name.split("/")[0]
+            names = (op.out.name, *_PRODUCED_AS.get(op.name, ()))
+            out.update((block, n) for n in names if n != x)
+    return out
+
+
 def recompute_flops_fraction(ledger: Ledger, remat: Remat) -> float:
     """Extra forward FLOPs in backward, as a fraction of forward FLOPs of the layers.
 
     The book's rule (transformers.md): FULL/CHECKPOINTS rerun the layer (6 → 8 × params ×
-    tokens); MATMULS reruns attention dot products and elementwise ops; NONE reruns nothing.
+    tokens); MATMULS reruns attention dot products and elementwise ops; MODULES the rows of its
+    modules; NONE reruns nothing.
     This is an upper bound: the step cost skips `LAST_PROJECTIONS`, as compilers do.
     """
     if remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS):
         return 1.0
     fwd = sum(o.flops for o in ledger if o.name not in NON_LAYER_ROWS)
-    redo = sum(o.flops for o in ledger if remat.kind in rerun_by(o))
+    redo = sum(o.flops for o in ledger if remat.kind in rerun_by(o) or reruns_module(o, remat))
     return redo / fwd if fwd else 0.0
 
 

@@ -41,6 +41,7 @@ from roofline.core.sharding import (
 )
 from roofline.errors import SpecError
 from roofline.specs.framework import (
+    MODULE_RERUNS,
     AttentionKernel,
     AxisRole,
     CPMethod,
@@ -64,7 +65,7 @@ from roofline.specs.framework import (
     load_framework,
 )
 from roofline.specs.framework import Schedule as FwSchedule
-from roofline.specs.plan import ComputeDtypes, RematKind, Schedule
+from roofline.specs.plan import ComputeDtypes, Remat, RematKind, Schedule
 from roofline.units import compute_format
 
 IDEAL = "ideal"
@@ -232,17 +233,32 @@ class Stack:
                 out.add(kind)
         return frozenset(out)
 
-    def reruns_collective(self, kind: RematKind, cls: OverlapClass, ckind: CollectiveKind) -> bool:
+    def reruns_collective(
+        self, kind: RematKind | Remat, cls: OverlapClass, ckind: CollectiveKind
+    ) -> bool:
         """Whether remat `kind` reruns a collective of class `cls` inside a rerun op (a
-        policy may save some collectives' outputs, e.g. torchtitan's reduce-scatters)."""
+        policy may save some collectives' outputs, e.g. torchtitan's reduce-scatters). A
+        partial recompute (a MODULES `Remat`) reruns the classes its modules hold
+        (`MODULE_RERUNS`)."""
         if cls == OverlapClass.WEIGHT_GATHER:
             return False  # weights are gathered once for the recompute and backward together
+        if isinstance(kind, Remat):
+            return cls == OverlapClass.OTHER or any(
+                cls in MODULE_RERUNS[m][1] for m in kind.modules
+            )
         pol = self.remat.get(kind)
         if pol is None or self.book or cls == OverlapClass.OTHER:
             return True
         if _COLLECTIVE_KIND.get(ckind) in pol.keeps_collective_kinds:
             return False
         return cls in pol.reruns_collectives
+
+    # -- eager mode ------------------------------------------------------------------------
+    def eager_traffic(self, op_name: str) -> float:
+        """HBM bytes of the row's eager kernels over its fused kernel (1 where the stack has
+        no [eager] table: its kernels are fused whether or not a compiler runs)."""
+        e = self.framework.eager
+        return 1.0 if e is None else e.factor(op_name)
 
     # -- data parallelism and FSDP --------------------------------------------------------
     def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:

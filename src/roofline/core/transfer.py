@@ -15,11 +15,14 @@ collectives use (each physical dim's per-chip one-way bandwidth, wraparound and 
   of 4.5e10 -> 167 ms);
 - host to HBM: each chip's host link (PCIe) carries its share, `T = bytes/(N·W_pcie)` (Q6:
   16 GB over 16 links of 1.6e10 -> 63 ms);
+- between TPU slices (`slice:x,y` chips, or bare slice indices for whole slices): over the
+  DCN, a chip's share of its host's DCN egress when every chip sends, `min(W_pcie,
+  chips_per_host·W_dcn)` for one chip alone;
 - capacities: per tier, the cable bandwidth (chips x per-chip bandwidth) and the bisection
   (book gpus.md Quiz 2: an 8-GPU H100 node has 8·450e9 = 3.6 TB/s of GPU egress and a 3.6 TB/s
   bisection, counting both directions across the cut).
 
-Left out: routing contention from other traffic, DCN point-to-point between slices.
+Left out: routing contention from other traffic.
 """
 
 from __future__ import annotations
@@ -28,14 +31,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from roofline.core.collectives import switch_capacity, switched_bw
 from roofline.errors import PlanError
-from roofline.specs.system import NODES_PER_SU, DimKind, PhysDim, System
+from roofline.specs.system import DimKind, PhysDim, System
 
 _AXIS_NAMES = ("x", "y", "z", "w")
-# gpus.md, the DGX H100 SuperPod reference: NDR InfiniBand switches of 64 ports x 50 GB/s
-# (3.2 TB/s each), 8 leaf switches per scalable unit of 32 nodes, 16 spine switches per 4 SUs.
-IB_SWITCH_BW_BYTES_PER_S = 64 * 50e9
-IB_SWITCHES_PER_SU = {"leaf": 8, "spine": 4}
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,10 @@ class Transfer:
         return out
 
 
-def _tpu_dims(system: System) -> list[PhysDim | None]:
-    """The ICI dim of each topology axis (None for an axis of size 1)."""
-    if not system.is_tpu or system.n_slices > 1:
+def _tpu_dims(system: System, *, slices: bool = False) -> list[PhysDim | None]:
+    """The ICI dim of each topology axis (None for an axis of size 1); `slices`: a multi-slice
+    system's ICI dims (the same in every slice)."""
+    if not system.is_tpu or (system.n_slices > 1 and not slices):
         raise PlanError(
             f"system {system.name}: coordinates name chips of one TPU slice",
             rule="point-to-point coordinates are (x, y[, z]) inside one ICI slice",
@@ -99,8 +100,13 @@ def parse_coord(text: str | tuple[int, ...], system: System) -> tuple[int, ...]:
 
 
 def point_to_point(system: System, src: Any, dst: Any, nbytes: float) -> Transfer:
-    """Send `nbytes` from chip `src` to chip `dst` (coordinates or ranks, see `parse_coord`)."""
+    """Send `nbytes` from chip `src` to chip `dst` (coordinates or ranks, see `parse_coord`).
+
+    On a multi-slice TPU system a chip is `slice:x,y[,z]` and a bare `slice` index stands for
+    every chip of that slice (see `_dcn_transfer`)."""
     _check_bytes(nbytes)
+    if system.is_tpu and system.n_slices > 1:
+        return _multislice(system, src, dst, nbytes)
     a, b = parse_coord(src, system), parse_coord(dst, system)
     if system.is_tpu:
         return _tpu_p2p(system, a, b, nbytes)
@@ -109,7 +115,7 @@ def point_to_point(system: System, src: Any, dst: Any, nbytes: float) -> Transfe
 
 def _tpu_p2p(system: System, a: tuple[int, ...], b: tuple[int, ...], nbytes: float) -> Transfer:
     hops, links, lat, W, steps = 0, 0, 0.0, 0.0, []
-    for i, d in enumerate(_tpu_dims(system)):
+    for i, d in enumerate(_tpu_dims(system, slices=True)):
         delta = abs(a[i] - b[i])
         if d is None or delta == 0:
             continue
@@ -135,6 +141,70 @@ def _tpu_p2p(system: System, a: tuple[int, ...], b: tuple[int, ...], nbytes: flo
         f"{hops}·{lat / hops:.3g} + {nbytes:.4g} / ({links}·{W:.3g})",
         "; ".join(steps),
     )
+
+
+def _slice_of(text: Any, system: System) -> tuple[int, str | None]:
+    """'1:3,3' -> (1, '3,3'); '1' -> (1, None): slice index, then the chip inside it (or all)."""
+    head, sep, rest = str(text).partition(":")
+    try:
+        s = int(head.strip())
+    except ValueError:
+        s = -1
+    if not 0 <= s < system.n_slices:
+        raise PlanError(
+            f"chip {text!r} on {system.name}",
+            rule=f"on {system.n_slices} slices a chip is slice:coordinates (slice 0 to "
+            f"{system.n_slices - 1}), or a bare slice index for every chip of that slice",
+            fix=f"write e.g. 0:{','.join('0' for _ in system.topology)} or 1",
+        )
+    chip = rest.strip() if sep else ""
+    return s, chip or None
+
+
+def _multislice(system: System, src: Any, dst: Any, nbytes: float) -> Transfer:
+    (sa, ca), (sb, cb) = _slice_of(src, system), _slice_of(dst, system)
+    if (ca is None) != (cb is None):
+        raise PlanError(
+            f"--from {src} --to {dst}",
+            rule="both ends are chips (slice:coordinates) or both are whole slices (a slice index)",
+            fix=f"write e.g. --from {sa} --to {sb}",
+        )
+    if ca is not None:
+        a, b = parse_coord(ca, system), parse_coord(cb, system)
+        if sa == sb:
+            return _tpu_p2p(system, a, b, nbytes)
+    elif sa == sb:
+        return _same_chip(nbytes)
+    return _dcn_transfer(system, sa, sb, ca, cb, nbytes)
+
+
+def _dcn_transfer(
+    system: System, sa: int, sb: int, ca: str | None, cb: str | None, nbytes: float
+) -> Transfer:
+    """Between slices over the data-center network (tpus.md: TPU -> PCIe -> host NIC -> DCN ->
+    host -> PCIe -> HBM). Every chip of a slice sending its 1/n: each gets its share of its
+    host's DCN egress (the dcn dim's per-chip bandwidth, as the collectives charge), bounded by
+    its host link. One chip alone: its host link and its host's whole NIC (chips per host x
+    that share), `min(W_pcie, chips_per_host·W_dcn)`. First byte: the DCN hop latency."""
+    dcn = next(d for d in system.dims if d.kind is DimKind.DCN)
+    pcie = system.host_bw_bytes_per_s or math.inf
+    per_host = math.prod(system.chip.host_topology) if system.chip.host_topology else 1
+    if ca is None:
+        n = system.n_chips // system.n_slices
+        w = min(dcn.bw_bytes_per_s, pcie)
+        formula = "T = T_dcn + bytes / (chips·min(W_dcn, W_pcie))"
+        sub = f"{dcn.hop_latency_s:.3g} + {nbytes:.4g} / ({n}·{w:.3g})"
+        path = (
+            f"slice {sa} -> slice {sb}: each of {n} chips sends its 1/{n} over its host's DCN share"
+        )
+        links, bw = n, n * w
+    else:
+        bw = min(pcie, per_host * dcn.bw_bytes_per_s)
+        formula = "T = T_dcn + bytes / min(W_pcie, chips_per_host·W_dcn)"
+        sub = f"{dcn.hop_latency_s:.3g} + {nbytes:.4g} / min({system.host_bw_bytes_per_s or math.inf:.3g}, {per_host}·{dcn.bw_bytes_per_s:.3g})"
+        path = f"chip {sa}:{ca} -> chip {sb}:{cb}: host link, host NIC, DCN, host NIC, host link"
+        links = 1
+    return Transfer("dcn", nbytes, 1, links, bw, dcn.hop_latency_s, nbytes / bw, formula, sub, path)
 
 
 def _same_chip(nbytes: float, kind: str = "p2p") -> Transfer:
@@ -278,6 +348,9 @@ class TierCapacity:
     switch_bw_bytes_per_s: float | None = (
         None  # the switches of one group (None: not in the records)
     )
+    # what a collective gets per chip at this tier: min(per-chip bandwidth, switches / chips)
+    collective_bw_bytes_per_s: float = 0.0
+    switch_bound: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -286,42 +359,37 @@ class TierCapacity:
 def capacities(system: System) -> list[TierCapacity]:
     """Each tier's cable and bisection bandwidth, innermost first.
 
-    Switched tiers (NVLink, scale-out, DCN) are non-blocking fat trees: a cut of a group of
-    n chips into halves carries n/2 chips' bandwidth each way (`n·W` both ways; H100 node:
-    8·450e9 = 3.6 TB/s, gpus.md Quiz 2). An ICI axis of size n cut in half crosses the
+    Switched tiers (NVLink, scale-out, DCN) are fat trees: a cut of a group of n chips into
+    halves carries n/2 chips' bandwidth each way (`n·W` both ways; H100 node: 8·450e9 = 3.6 TB/s,
+    gpus.md Quiz 2), W capped by the group's switches, `min(w, S/n)` (a tapered tier, see
+    core.collectives). An ICI axis of size n cut in half crosses the
     other axes' chips once (open line) or twice (ring) per direction.
     """
     out, below = [], 1
     for d in reversed(system.dims):
         below *= d.size
         cable = below * d.bw_bytes_per_s
+        w, capped = switched_bw(system, d)
         if d.kind is DimKind.ICI:
             cross = below // d.size * (2 if d.wraparound else 1)
             bisect = 2 * cross * d.bw_bytes_per_s
         else:
-            bisect = below * d.bw_bytes_per_s
-        sw = _switch_bw(system, d, below)
-        out.append(TierCapacity(d.name, d.kind.value, below, d.bw_bytes_per_s, cable, bisect, sw))
+            bisect = below * w
+        sw = switch_capacity(system, d)
+        out.append(
+            TierCapacity(
+                d.name,
+                d.kind.value,
+                below,
+                d.bw_bytes_per_s,
+                cable,
+                bisect,
+                sw,
+                w,
+                capped is not None,
+            )
+        )
     return out
-
-
-def _switch_bw(system: System, d: PhysDim, below: int) -> float | None:
-    """Switch capacity of one group of tier `d`: the chip file's NVSwitches for the NVLink
-    domain; the SuperPod reference's InfiniBand switches for 8-GPU nodes (gpus.md: node 6.4,
-    scalable unit 25.6, 1024-GPU spine 51.2 TB/s)."""
-    chip = system.chip
-    if d.kind is DimKind.NVLINK:
-        if chip.nvswitches_per_domain is None or chip.nvswitch_bw_bytes_per_s is None:
-            return None
-        return chip.nvswitches_per_domain * chip.nvswitch_bw_bytes_per_s
-    if (
-        d.kind is not DimKind.SCALEOUT
-        or chip.nvlink_domain != 8
-        or d.name not in IB_SWITCHES_PER_SU
-    ):
-        return None
-    sus = below / (8 * NODES_PER_SU)
-    return IB_SWITCHES_PER_SU[d.name] * max(sus, 1.0) * IB_SWITCH_BW_BYTES_PER_S
 
 
 def _check_bytes(nbytes: float) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 from roofline.core.collectives import CollectiveKind
 from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
 from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger
-from roofline.core.memory import NON_LAYER_ROWS, saved_bytes
+from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
 from roofline.core.pricing import PricingContext, pricing_context
 from roofline.core.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
@@ -497,6 +497,7 @@ class WalkOptions:
     choices: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (op, pass) -> option
     remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
     stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
+    eager: bool = False  # elementwise rows as the stack's eager kernels (Plan.compiled False)
     # a walk of one row runs on Python floats, not 1-element arrays (numpy's cost per call is
     # most of a single plan's time); its records then hold floats, which `Totals` broadcasts
     # to the row — for readers that broadcast (training's timeline), not those that index
@@ -530,6 +531,13 @@ class _Walker:
         self.passes = (Pass.FORWARD,) if phase != Phase.TRAIN else tuple(Pass)
 
     # -- per op -------------------------------------------------------------------------
+    def rerun_by(self, op: Op) -> frozenset:
+        """The remat kinds the stack reruns `op` under, plus the partial recomputes (MODULES
+        remats, held as the `Remat` itself) of the walk's policies that rerun it."""
+        kinds = self.ctx.rerun_by(op)
+        mods = [r for r in self.opts.remats if reruns_module(op, r)]
+        return kinds | frozenset(mods) if mods else kinds
+
     def copies(self, op: Op) -> Any:
         """Copies of a row on the fullest pipeline stage (stages may be uneven)."""
         if op.name in NON_LAYER_ROWS:
@@ -561,7 +569,7 @@ class _Walker:
             plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype, op)
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
-        reruns = self.ctx.rerun_by(op)
+        reruns = self.rerun_by(op)
         for label, ep in zip(self.passes, plans, strict=True):
             rr = reruns if label == Pass.FORWARD else NO_RERUN
             self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
@@ -780,7 +788,7 @@ class _Walker:
                 speed = self.ctx.attention_speed(not fwd)
                 comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
             comp = comp * self.cp_imbalance(op)
-            rr = self.ctx.rerun_by(op) if fwd else NO_RERUN
+            rr = self.rerun_by(op) if fwd else NO_RERUN
             self.ops.append(
                 OpRecord(
                     op.name,
@@ -820,7 +828,9 @@ class _Walker:
                 if not t.on_chip
             )
         cls = OpClass.EMBEDDING if op.kind == OpKind.GATHER else OpClass.ELEMENTWISE
-        rr = self.ctx.rerun_by(op)
+        if self.opts.eager:  # uncompiled: the row's eager kernels move more bytes
+            by = by * self.stack.eager_traffic(op.name)
+        rr = self.rerun_by(op)
         rec = self.vector_record(op.name, Pass.FORWARD, cls, op.out.dtype, copies, fl, by, rr)
         self.ops.append(rec)
         if self.phase == Phase.TRAIN:  # one backward pass: the gradient of the input (the table)
@@ -836,7 +846,7 @@ class _Walker:
         b = s.local_bytes(sizes, self.mesh)
         shard = str(replace(s, axes=_with_seq(s)))
         fwd_rr = self.rerun_collective(
-            self.ctx.rerun_by(op), Overlap.SEQUENCE, CollectiveKind.ALL_GATHER
+            self.rerun_by(op), Overlap.SEQUENCE, CollectiveKind.ALL_GATHER
         )
         why = "context parallelism: K/V gathered along the sequence"
         t_ag = self.pricing.comm(CollectiveKind.ALL_GATHER, b, ("seq",))
@@ -895,7 +905,7 @@ class _Walker:
             rr = NO_RERUN
             if label == Pass.FORWARD:
                 rr = self.rerun_collective(
-                    self.ctx.rerun_by(op), Overlap.EXPERT, CollectiveKind.ALL_TO_ALL
+                    self.rerun_by(op), Overlap.EXPERT, CollectiveKind.ALL_TO_ALL
                 )
             for name in ("dispatch", "combine"):
                 self.colls.append(

@@ -177,19 +177,6 @@ def yaml_mapping(text: str, source: str, what: str) -> Any:
         ) from None
 
 
-def refuse_lacks(
-    who: str, lacks: list[str], fix: str = "change the plan (or export to a stack that has it)"
-) -> None:
-    """The one paragraph an export gives when the stack's configuration cannot say every part
-    of the plan (`lacks`, each named); nothing when it can."""
-    if lacks:
-        raise LaunchError(
-            f"{who} cannot express " + "; ".join(lacks),
-            rule="an export writes only what the stack's own configuration can say",
-            fix=fix,
-        )
-
-
 def check_known(
     notes: Notes,
     keys: Iterable[str],

@@ -16,23 +16,25 @@ import re
 from typing import Any
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_known,
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     stack_defaults,
     workload,
 )
-from roofline.specs.plan import Degrees, Plan, RematKind, parse_optimizer
+from roofline.specs.plan import Degrees, Plan, parse_optimizer
 
 STACK = "deepspeed"
 KIND = LaunchKind.TRAINING
 PROFILE = "deepspeed"
-OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _DEVICES = "--chips N (the JSON gives only two of train_batch_size, micro batch and accumulation)"
 
 
@@ -243,21 +245,7 @@ def _remat(notes: Notes) -> Any:
 
 
 def _expressible(plan: Plan) -> None:
-    d = plan.degrees
-    lacks = [
-        f"{n}={getattr(d, n)} (it lives in the model code, not the JSON)"
-        for n in ("sp", "ep", "pp")
-        if getattr(d, n) > 1
-    ]
-    if d.dp > 1 and d.fsdp > 1:
-        lacks.append("dp and fsdp together (ZeRO-3 shards over every data-parallel rank)")
-    if plan.remat.kind != RematKind.NONE:
-        lacks.append(f"remat={plan.remat} (checkpointing is called by the model code)")
-    if plan.sequence_parallel or plan.collective_matmul or plan.overlap_ep:
-        lacks.append("megatron_sp / collective_matmul / overlap_ep")
-    if plan.optimizer.name != "adam-fp32-master":
-        lacks.append(f"optimizer={plan.optimizer.name} (mixed precision keeps adam-fp32-master)")
-    refuse_lacks("DeepSpeed's JSON", lacks)
+    capabilities(STACK).refuse(plan)
 
 
 def write(config: LaunchConfig) -> str:

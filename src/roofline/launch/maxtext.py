@@ -26,6 +26,7 @@ import yaml
 
 from roofline.errors import RooflineError
 from roofline.launch.base import Default, LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_devices,
@@ -33,7 +34,6 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     resolve_rest,
     stack_defaults,
@@ -47,7 +47,9 @@ from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, 
 STACK = "maxtext"
 KIND = LaunchKind.TRAINING
 PROFILE = "maxtext"
-OPTIMIZER = "adam-fp32"  # what the stack keeps by default (fp32 parameters): an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _TRAIN = re.compile(r"(MaxText|maxtext)\.[\w.$]*|\btrain\.py|train_compile")
 _OVERRIDE = re.compile(r"^([a-z_][a-z0-9_]*)=(.*)$")
 _AXES_SOURCE = "src/maxtext/configs/base.yml:659-684"
@@ -138,7 +140,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         degrees=deg,
         microbatches=accum * per_pass,
         remat=_remat(notes),
-        zero=0 if deg.dp > 1 else 1,
+        zero=_zero(notes, deg.dp),
         schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=virtual,
         optimizer=_optimizer(notes),
@@ -156,6 +158,15 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
             steps=notes.integer("steps", notes.get("steps")),
         ),
     )
+
+
+def _zero(notes: Notes, dp: int) -> int:
+    """ZeRO over the data axis: 1 with shard_optimizer_over_data, else whole optimizer states
+    on every replica (0); with one replica the stage does not apply (the plan's default, 1)."""
+    if dp == 1:
+        return 1
+    key = "shard_optimizer_over_data"
+    return 1 if notes.flag(key, notes.get(key)) else 0
 
 
 def _read_keys() -> list[str]:
@@ -372,24 +383,7 @@ def _model(notes: Notes) -> str | None:
 
 
 def _expressible(plan: Plan) -> None:
-    lacks = []
-    if plan.remat.kind in (RematKind.NONE, RematKind.CHECKPOINTS):
-        lacks.append(
-            f"remat={plan.remat} (MaxText's policies are full, minimal and save_* variants)"
-        )
-    if plan.degrees.dp > 1 and plan.zero != 0:
-        lacks.append(
-            f"zero={plan.zero} over dp (the data axis keeps whole optimizer states; shard with fsdp)"
-        )
-    if plan.sequence_parallel and plan.degrees.tp > 1:
-        lacks.append("Megatron-style sequence parallelism (megatron_sp)")
-    if plan.overlap_ep:
-        lacks.append("overlap_ep")
-    if plan.optimizer.name != "adam-fp32":
-        lacks.append(f"optimizer={plan.optimizer.name} (weight_dtype float32 keeps adam-fp32)")
-    if plan.degrees.pp > 1 and plan.schedule == Schedule.GPIPE:
-        lacks.append("the GPipe schedule")
-    refuse_lacks("MaxText", lacks)
+    capabilities(STACK).refuse(plan)
 
 
 def write(config: LaunchConfig) -> str:
@@ -404,6 +398,7 @@ def write(config: LaunchConfig) -> str:
     out |= _batch_overrides(plan, w.global_batch_sequences)
     out["max_target_length"] = w.seq_len
     out["remat_policy"] = "minimal" if plan.remat.kind == RematKind.MATMULS else "full"
+    out |= {"opt_type": "adamw", "weight_dtype": "float32"}  # the stack's own (capabilities.toml)
     q = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), STACK)
     if q != "bf16":
         out["quantization"] = q
@@ -419,6 +414,8 @@ def write(config: LaunchConfig) -> str:
     }
     if d.pp > 1:
         out |= _pipeline_overrides(config)
+    if d.dp > 1 and plan.zero == 1:
+        out["shard_optimizer_over_data"] = True
     if w.train_steps:
         out["steps"] = w.train_steps
     args = " ".join(f"{k}={_word(v)}" for k, v in out.items())
@@ -451,13 +448,7 @@ def _word(v: Any) -> str:
 def _batch_overrides(plan: Plan, global_seqs: int) -> dict[str, Any]:
     d, m = plan.degrees, plan.microbatches
     if d.pp > 1:
-        accum, per_pass = 1, m
-        if m % d.pp:
-            raise LaunchError(
-                f"MaxText cannot run {m} pipeline microbatches on {d.pp} stages",
-                rule="num_pipeline_microbatches is a multiple of the stage count",
-                fix=f"use microbatch={d.pp * max(1, m // d.pp)}",
-            )
+        accum, per_pass = 1, m  # a multiple of the stages (capabilities.toml, refused before)
     else:
         accum, per_pass = m, 1
     pdbs = global_seqs / (d.n_chips * accum)

@@ -7,14 +7,18 @@ semantics (launch/defaults/megatron.toml cites each default):
 
 - data-parallel size = world / (TP × PP × CP) (arguments.py:442-448); expert parallelism
   borrows its ranks from it, so dp = that / EP; Megatron FSDP (`--use-megatron-fsdp`,
-  `--use-torch-fsdp2`) shards over the same ranks (fsdp instead of dp);
+  `--use-torch-fsdp2`) shards over the same ranks (fsdp instead of dp), and with
+  `--num-distributed-optimizer-instances R` Megatron-FSDP runs HSDP: dp = R replicas of an
+  fsdp group of the rest (`--outer-dp-sharding-strategy optim`: ZeRO-1 over the replicas);
 - microbatches = global batch / (micro batch × data-parallel size); the global batch
   defaults to micro × data-parallel size;
 - virtual pipeline stages from `--num-layers-per-virtual-pipeline-stage` (with
   `--num-layers`) or `--num-virtual-stages-per-pipeline-rank` (the interleaved schedule);
-- `--recompute-granularity` full | selective (`--recompute-activations` = selective), fp8
+- `--recompute-granularity` full | selective (`--recompute-activations` = selective; with
+  `--recompute-modules` other than core_attn, the plan's partial recompute), fp8
   (`--fp8-format` + `--fp8-recipe`), fp4, `--bf16`/`--fp16`, `--use-distributed-optimizer`
-  (ZeRO-1), `--sequence-parallel`, `--tp-comm-overlap`, `--overlap-moe-expert-parallel-comm`.
+  (ZeRO-1), `--grad-reduce-in-bf16` (bf16 gradients), `--sequence-parallel`, `--tp-comm-overlap`,
+  `--overlap-moe-expert-parallel-comm`.
 
 `nemo.py` maps NeMo's YAML names onto the same semantics (`megatron_plan`).
 """
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roofline.launch.base import Default, LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_known,
@@ -34,18 +39,29 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     stack_defaults,
     workload,
 )
 from roofline.launch.shell import script
-from roofline.specs.plan import OPTIMIZERS, Degrees, Plan, RematKind, Schedule, parse_optimizer
+from roofline.specs.plan import (
+    OPTIMIZERS,
+    Degrees,
+    Plan,
+    RematKind,
+    Schedule,
+    parse_modules,
+    parse_optimizer,
+)
 
 STACK = "megatron"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
-OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
+OPTIMIZER = capabilities(STACK).optimizer  # the stack's own (capabilities.toml): export's default
+BF16_GRADS = "adam-fp32-master-bf16-grads"  # the same with --grad-reduce-in-bf16
+# arguments that take several words (argparse nargs='*'): megatron/training/arguments.py
+# --recompute-modules
+_MULTI = ("recompute-modules",)
 _SCRIPT = re.compile(r"pretrain_\w+\.py")
 _NOT_LAUNCH = ("echo", "printf", "ls", "test", "[", "[[", "cat", "cp", "if")
 # the arguments this reader reads (a near miss of one is an error naming it)
@@ -69,10 +85,14 @@ _READ = (
     "use-megatron-fsdp",
     "use-torch-fsdp2",
     "data-parallel-sharding-strategy",
+    "num-distributed-optimizer-instances",
+    "outer-dp-sharding-strategy",
     "recompute-granularity",
     "recompute-method",
     "recompute-num-layers",
     "recompute-activations",
+    "recompute-modules",
+    "grad-reduce-in-bf16",
     "checkpoint-activations",
     "activations-checkpoint-method",
     "activations-checkpoint-num-layers",
@@ -133,6 +153,10 @@ class MegatronSettings:
     recipe: str  # the megatron profile's precision recipe
     optimizer: str
     zero_stage: int | None = None  # Megatron-DeepSpeed's --zero-stage (None: not given)
+    # Megatron-FSDP's HSDP: the replicas of the sharded group, and whether they shard the
+    # optimizer state (outer-dp-sharding-strategy optim)
+    replicas: int = 1
+    outer_shard: bool = False
 
 
 # ------------------------------------------------------------------------------ read
@@ -167,6 +191,12 @@ def parse_args(words: list[str]) -> dict[str, Any]:
         name, eq, value = w[2:].partition("=")
         if eq:
             out[name] = value
+        elif name in _MULTI:  # every word up to the next --flag
+            vals = []
+            while i + 1 < len(words) and not words[i + 1].startswith("--"):
+                vals.append(words[i + 1])
+                i += 1
+            out[name] = " ".join(vals) if vals else True
         elif i + 1 < len(words) and not words[i + 1].startswith("--"):
             out[name] = words[i + 1]
             i += 1
@@ -251,7 +281,18 @@ def _settings(notes: Notes) -> MegatronSettings:
         zero_stage=notes.integer("zero-stage", notes.settings["zero-stage"], low=0)
         if notes.given("zero-stage")
         else None,
+        **_hsdp(notes),
     )
+
+
+def _hsdp(notes: Notes) -> dict[str, Any]:
+    """Megatron-FSDP's replicas (`--num-distributed-optimizer-instances`; mcore_fsdp_adapter.py
+    runs HSDP when it is above 1) and their optimizer sharding; read only when given."""
+    key = "num-distributed-optimizer-instances"
+    if not notes.given(key):
+        return {}
+    outer = str(notes.get("outer-dp-sharding-strategy"))
+    return {"replicas": notes.integer(key, notes.settings[key]), "outer_shard": outer == "optim"}
 
 
 def _micro(notes: Notes) -> int:
@@ -340,7 +381,7 @@ def _recompute(notes: Notes) -> Any:
     if gran in (None, "none"):
         return remat_of(notes, PROFILE, key, "none")
     if gran == "selective":
-        return remat_of(notes, PROFILE, key, "selective")
+        return _selective(notes, key)
     if gran != "full":
         raise notes.error(
             key, f"= {gran!r}", rule="full or selective", fix="write --recompute-granularity full"
@@ -354,6 +395,23 @@ def _recompute(notes: Notes) -> Any:
             "recomputes part of the layers (block) or checkpoints groups of layers (uniform): costed as full",
         )
     return remat_of(notes, PROFILE, key, "full")
+
+
+def _selective(notes: Notes, key: str) -> Any:
+    """Selective recompute: Megatron's default module (core_attn) is the stack's `selective`
+    policy; other `--recompute-modules` are the plan's partial recompute (remat=a+b)."""
+    mods = notes.get("recompute-modules")
+    if mods in (None, True) or str(mods).split() == ["core_attn"]:
+        return remat_of(notes, PROFILE, key, "selective")
+    remat = parse_modules(str(mods))
+    if remat is None:
+        raise notes.error(
+            "recompute-modules",
+            f"= {mods!r}",
+            rule="modules are core_attn, mla_up_proj, layernorm, mlp, moe, moe_act, shared_experts",
+            fix="write e.g. --recompute-modules mla_up_proj moe_act",
+        )
+    return remat
 
 
 def _recipe(notes: Notes) -> str:
@@ -384,7 +442,7 @@ def _optimizer(notes: Notes) -> str:
             notes.unsupported_(
                 key, notes.settings[key], "a batch-size ramp: costed at the final global batch"
             )
-    for key in ("grad-reduce-in-bf16", "use-precision-aware-optimizer", "optimizer-cpu-offload"):
+    for key in ("use-precision-aware-optimizer", "optimizer-cpu-offload"):
         if notes.given(key):
             notes.unsupported_(
                 key,
@@ -395,7 +453,9 @@ def _optimizer(notes: Notes) -> str:
         notes.unsupported_(
             "optimizer", notes.settings["optimizer"], "an optimizer other than Adam: costed as Adam"
         )
-    return "adam-fp32-master"
+    if notes.flag("grad-reduce-in-bf16", notes.get("grad-reduce-in-bf16")):
+        return BF16_GRADS  # the gradient buffer in the parameters' bf16 (param_and_grad_buffer.py)
+    return OPTIMIZER
 
 
 def _model(notes: Notes) -> str | None:
@@ -429,10 +489,8 @@ def megatron_config(
             f"expert ranks beyond the {dp_all} data-parallel ranks: costed with ep={math.gcd(ep, dp_all)}",
         )
         ep = math.gcd(ep, dp_all)
-    rest = dp_all // ep
-    deg = Degrees(
-        dp=1 if s.fsdp else rest, fsdp=rest if s.fsdp else 1, tp=s.tp, sp=s.cp, ep=ep, pp=s.pp
-    )
+    dp, fsdp = _data_axes(notes, s, dp_all // ep)
+    deg = Degrees(dp=dp, fsdp=fsdp, tp=s.tp, sp=s.cp, ep=ep, pp=s.pp)
     global_batch = s.global_batch if s.global_batch is not None else s.micro * dp_all
     m = microbatch_count(
         notes,
@@ -450,7 +508,7 @@ def megatron_config(
         degrees=deg,
         microbatches=m,
         remat=s.recompute,
-        zero=_zero(notes, s) if deg.dp > 1 else 1,  # no replicas: the plan's default
+        zero=(int(s.outer_shard) if s.fsdp else _zero(notes, s)) if deg.dp > 1 else 1,
         schedule=Schedule.INTERLEAVED if s.virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=s.virtual,
         sequence_parallel=s.sequence_parallel and s.tp > 1,
@@ -468,6 +526,28 @@ def megatron_config(
     )
 
 
+def _data_axes(notes: Notes, s: MegatronSettings, rest: int) -> tuple[int, int]:
+    """(dp, fsdp) of the data-parallel ranks left beside EP: replicas, or the FSDP group, or
+    Megatron-FSDP's HSDP (replicas of an FSDP group)."""
+    if not s.fsdp:
+        if s.replicas > 1:
+            notes.unsupported_(
+                "num-distributed-optimizer-instances",
+                s.replicas,
+                "the distributed optimizer sharded within each of that many instances: costed as "
+                "ZeRO-1 over all the data-parallel ranks",
+            )
+        return rest, 1
+    if rest % s.replicas:
+        raise notes.error(
+            "num-distributed-optimizer-instances",
+            f"= {s.replicas} does not divide the {rest} data-parallel ranks",
+            rule="HSDP replicates an FSDP group: the instances divide the data-parallel size",
+            fix="give a divisor of the data-parallel size",
+        )
+    return s.replicas, rest // s.replicas
+
+
 def _zero(notes: Notes, s: MegatronSettings) -> int:
     if s.zero_stage is None:
         return 1 if s.distributed_optimizer else 0
@@ -481,23 +561,9 @@ def _zero(notes: Notes, s: MegatronSettings) -> int:
 # ------------------------------------------------------------------------------ write
 
 
-def expressible(plan: Plan, stack: str) -> None:
-    """A LaunchError naming what Megatron (or NeMo) lacks for `plan`."""
-    d = plan.degrees
-    lacks = []
-    if d.dp > 1 and d.fsdp > 1:
-        lacks.append("dp and fsdp together (hybrid sharding)")
-    if d.dp > 1 and plan.zero not in (0, 1):
-        lacks.append(
-            f"zero={plan.zero} over dp (the distributed optimizer is ZeRO-1; shard with fsdp)"
-        )
-    if plan.remat.kind == RematKind.CHECKPOINTS:
-        lacks.append(f"remat={plan.remat}")
-    if d.pp > 1 and plan.schedule == Schedule.GPIPE:
-        lacks.append("the GPipe schedule")
-    if plan.optimizer != OPTIMIZERS["adam-fp32-master"]:
-        lacks.append(f"optimizer={plan.optimizer.name} (mixed precision keeps adam-fp32-master)")
-    refuse_lacks(stack, lacks)
+def expressible(plan: Plan, stack: str = STACK) -> None:
+    """A LaunchError naming what Megatron-LM (or NeMo, `stack`) lacks for `plan`."""
+    capabilities(stack).refuse(plan)
 
 
 def _args(config: LaunchConfig) -> list[tuple[str, Any]]:
@@ -527,6 +593,9 @@ def _args(config: LaunchConfig) -> list[tuple[str, Any]]:
     return out + _flags(config)
 
 
+_SELECTIVE = (RematKind.MATMULS, RematKind.MODULES)
+
+
 def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     plan = config.plan
     out: list[tuple[str, Any]] = []
@@ -539,13 +608,24 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     ):
         if on:
             out.append((name, True))
+    d = plan.degrees
+    if d.dp > 1 and d.fsdp > 1:  # HSDP: dp replicas of the fsdp group
+        outer = "optim" if plan.zero == 1 else "no_shard"
+        out += [
+            ("num-distributed-optimizer-instances", d.dp),
+            ("outer-dp-sharding-strategy", outer),
+        ]
     if plan.remat.kind != RematKind.NONE:
-        kind = "selective" if plan.remat.kind == RematKind.MATMULS else "full"
+        kind = "selective" if plan.remat.kind in _SELECTIVE else "full"
         out.append(("recompute-granularity", kind))
         if kind == "full":
             out += [("recompute-method", "uniform"), ("recompute-num-layers", 1)]
+        if plan.remat.kind == RematKind.MODULES:
+            out.append(("recompute-modules", " ".join(plan.remat.modules)))
+    if plan.optimizer == OPTIMIZERS[BF16_GRADS]:
+        out.append(("grad-reduce-in-bf16", True))
     recipe = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), "Megatron-LM")
-    out.append(("bf16", True))
+    out += [("bf16", True), ("optimizer", "adam")]  # the stack's own (capabilities.toml)
     inverse = {v: k for k, v in stack_defaults(STACK).data["fp8_recipes"].items()}
     if recipe in inverse:
         out += [("fp8-format", "hybrid"), ("fp8-recipe", inverse[recipe])]
@@ -559,7 +639,7 @@ def write(config: LaunchConfig) -> str:
     needs(plan, STACK, "a training plan", "--plan")
     needs(w.seq_len, STACK, "a sequence length", "--seq")
     needs(w.global_batch_sequences, STACK, "a global batch", "--batch-tokens")
-    expressible(plan, "Megatron-LM")
+    expressible(plan)
     n = plan.degrees.n_chips
     per_node = 8 if n % 8 == 0 else n
     lines = [

@@ -5,9 +5,10 @@
 `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`,
 `context_parallel_size`, `expert_model_parallel_size`, `sequence_parallel`,
 `micro_batch_size`, `global_batch_size`, `encoder_seq_length`,
-`activations_checkpoint_granularity` / `_method` / `_num_layers`, `fp8`, `ub_tp_comm_overlap`,
-`fsdp`, `megatron_amp_O2`, `optim.name` (distributed_fused_adam = the distributed
-optimizer); `trainer.precision`. Hydra `${a.b}` references to the same file are resolved.
+`activations_checkpoint_granularity` / `_method` / `_num_layers` (with `recompute_modules`, the
+Megatron-Core TransformerConfig field, other than core_attn: the plan's partial recompute), `fp8`,
+`ub_tp_comm_overlap`, `fsdp`, `megatron_amp_O2`, `optim.name` (distributed_fused_adam = the
+distributed optimizer), `optim.grad_sync_dtype` (bf16: bf16 gradients); `trainer.precision`. Hydra `${a.b}` references to the same file are resolved.
 Defaults: launch/defaults/nemo.toml. The plan is built by `megatron.megatron_config`.
 """
 
@@ -19,14 +20,17 @@ from typing import Any
 import yaml
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
-from roofline.launch.common import Notes, needs, recipe_for, refuse_lacks, remat_of, yaml_mapping
-from roofline.launch.megatron import MegatronSettings, expressible, megatron_config
-from roofline.specs.plan import Plan, RematKind, Schedule
+from roofline.launch.capable import capabilities
+from roofline.launch.common import Notes, needs, recipe_for, remat_of, yaml_mapping
+from roofline.launch.megatron import BF16_GRADS, MegatronSettings, megatron_config
+from roofline.specs.plan import OPTIMIZERS, Plan, RematKind, parse_modules
 
 STACK = "nemo"
 KIND = LaunchKind.TRAINING
 PROFILE = "megatron"
-OPTIMIZER = "adam-fp32-master"  # bf16 mixed precision with fp32 main weights: an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _REF = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
@@ -136,7 +140,7 @@ def _recompute(notes: Notes) -> Any:
     if gran in (None, "none", "null"):
         return remat_of(notes, PROFILE, key, "none")
     if gran == "selective":
-        return remat_of(notes, PROFILE, key, "selective")
+        return _selective(notes, key)
     if gran != "full":
         raise notes.error(
             key, f"= {gran!r}", rule="selective, full or null", fix=f"write {key}: full"
@@ -150,6 +154,24 @@ def _recompute(notes: Notes) -> Any:
             "part of the layers or groups of layers: costed as full",
         )
     return remat_of(notes, PROFILE, key, "full")
+
+
+def _selective(notes: Notes, key: str) -> Any:
+    """Megatron-Core's default selective module (core_attn) is the stack's `selective` policy;
+    other `model.recompute_modules` are the plan's partial recompute (remat=a+b)."""
+    mods = notes.settings.get("model.recompute_modules")  # absent: Megatron-Core core_attn
+    words = mods if isinstance(mods, list) else str(mods or "").split()
+    if not words or [str(w) for w in words] == ["core_attn"]:
+        return remat_of(notes, PROFILE, key, "selective")
+    remat = parse_modules(" ".join(str(w) for w in words))
+    if remat is None:
+        raise notes.error(
+            "model.recompute_modules",
+            f"= {mods!r}",
+            rule="modules are core_attn, mla_up_proj, layernorm, mlp, moe, moe_act, shared_experts",
+            fix="write e.g. recompute_modules: [mla_up_proj, moe_act]",
+        )
+    return remat
 
 
 def _recipe(notes: Notes) -> str:
@@ -166,6 +188,8 @@ def _optimizer(notes: Notes) -> str:
         "model.megatron_amp_O2", notes.settings["model.megatron_amp_O2"]
     ):
         return "adam-fp32"  # O1: fp32 parameters and gradients
+    if str(notes.settings.get("model.optim.grad_sync_dtype")).lower() in ("bf16", "bfloat16"):
+        return BF16_GRADS  # distributed_fused_adam's gradient buffers in bf16
     return "adam-fp32-master"
 
 
@@ -218,13 +242,12 @@ def write(config: LaunchConfig) -> str:
         "fsdp": d.fsdp > 1,
         "megatron_amp_O2": True,
         "activations_checkpoint_granularity": _granularity(plan),
+        "recompute_modules": list(plan.remat.modules) or None,
         "activations_checkpoint_method": "uniform" if plan.remat.kind == RematKind.FULL else None,
         "activations_checkpoint_num_layers": 1 if plan.remat.kind == RematKind.FULL else None,
         "fp8": recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), "NeMo")
         == "fp8-delayed",
-        "optim": {
-            "name": "distributed_fused_adam" if plan.zero == 1 and d.dp > 1 else "fused_adam"
-        },
+        "optim": _optim(plan),
     }
     if config.model:
         model["hf_model_name_or_path"] = config.model
@@ -240,17 +263,21 @@ def write(config: LaunchConfig) -> str:
 
 
 def _granularity(plan: Plan) -> str | None:
-    return {RematKind.MATMULS: "selective", RematKind.FULL: "full"}.get(plan.remat.kind)
+    return {
+        RematKind.MATMULS: "selective",
+        RematKind.MODULES: "selective",
+        RematKind.FULL: "full",
+    }.get(plan.remat.kind)
+
+
+def _optim(plan: Plan) -> dict[str, Any]:
+    distributed = plan.zero == 1 and plan.degrees.dp > 1
+    out: dict[str, Any] = {"name": "distributed_fused_adam" if distributed else "fused_adam"}
+    if plan.optimizer == OPTIMIZERS[BF16_GRADS]:
+        out["grad_sync_dtype"] = "bf16"
+    return out
 
 
 def _expressible(plan: Plan) -> None:
-    expressible(plan, "NeMo")
-    lacks = []
-    if plan.overlap_ep:
-        lacks.append("overlap_ep (NeMo 1.x has no expert-parallel overlap setting)")
-    recipe_ok = recipe_for(PROFILE, plan.dtypes, None, "NeMo") in ("bf16", "fp8-delayed")
-    if not recipe_ok:
-        lacks.append("a precision other than bf16 or fp8 delayed scaling")
-    if plan.degrees.pp > 1 and plan.schedule == Schedule.GPIPE:
-        lacks.append("the GPipe schedule")
-    refuse_lacks("NeMo", lacks, fix="change the plan (or export to megatron)")
+    recipe = recipe_for(PROFILE, plan.dtypes, None, "NeMo")
+    capabilities(STACK).refuse(plan, recipe, fix="change the plan (or export to megatron)")

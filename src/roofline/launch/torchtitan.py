@@ -14,7 +14,8 @@ Semantics (launch/defaults/torchtitan.toml cites each default):
   the number of stages);
 - `activation_checkpoint.mode` none | full | selective (`selective_ac_option` "op" or every
   N-th layer), `model.converters` float8 / mx (the recipe of `quantize.linear.float8`),
-  `training.dtype` (fp32 parameters by default), async TP.
+  `training.dtype` (fp32 parameters by default), async TP, `compile.enable` (false: eager
+  kernels, the profile's [eager] traffic; the plan's compile=0).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tomllib
 from typing import Any
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
+from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_devices,
@@ -33,7 +35,6 @@ from roofline.launch.common import (
     needs,
     precision_of,
     recipe_for,
-    refuse_lacks,
     remat_of,
     resolve_rest,
     stack_defaults,
@@ -51,7 +52,9 @@ from roofline.specs.plan import (
 STACK = "torchtitan"
 KIND = LaunchKind.TRAINING
 PROFILE = "torchtitan"
-OPTIMIZER = "adam-fp32"  # what the stack keeps by default (fp32 parameters): an export's default
+OPTIMIZER = capabilities(
+    STACK
+).optimizer  # the stack's own (capabilities.toml): an export's default
 _DEVICES = "--chips N or --system (data_parallel_shard_degree = -1 takes the devices left)"
 # training.dtype -> the optimizer policy's bytes (fp32: fp32 params, grads and Adam moments)
 _OPTIMIZER_OF_DTYPE = {"float32": "adam-fp32"}
@@ -139,6 +142,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         virtual_stages=virtual,
         sequence_parallel=deg.tp > 1,
         collective_matmul=_async_tp(notes, deg.tp),
+        compiled=notes.flag("compile.enable", notes.get("compile.enable")),
         optimizer=_optimizer(notes),
         dtypes=dtypes,
     )
@@ -326,12 +330,6 @@ def _optimizer(notes: Notes) -> Any:
 
 
 def _notes_unsupported(notes: Notes) -> None:
-    if notes.given("compile.enable") and notes.flag(
-        "compile.enable", notes.settings["compile.enable"]
-    ):
-        notes.unsupported_(
-            "compile.enable", True, "torch.compile fusions: costed with the stack profile's kernels"
-        )
     if notes.flag("training.enable_cpu_offload", notes.get("training.enable_cpu_offload")):
         notes.unsupported_(
             "training.enable_cpu_offload", True, "host offload of parameters and optimizer state"
@@ -349,22 +347,7 @@ def _model(notes: Notes) -> str:
 
 
 def _expressible(plan: Plan) -> None:
-    lacks = []
-    if plan.remat.kind == RematKind.CHECKPOINTS:
-        lacks.append(
-            f"remat={plan.remat} (torchtitan checkpoints whole layers or ops, not N per layer)"
-        )
-    if plan.degrees.dp > 1 and plan.zero != 0:
-        lacks.append(
-            f"zero={plan.zero} over dp (replicas are DDP with whole optimizer states; shard with fsdp)"
-        )
-    if plan.degrees.tp > 1 and not plan.sequence_parallel:
-        lacks.append("tensor parallelism without sequence-parallel norms (add megatron_sp=1)")
-    if plan.overlap_ep:
-        lacks.append("overlap_ep (DualPipe-style expert overlap)")
-    if plan.optimizer.name not in _OPTIMIZER_OF_DTYPE.values():
-        lacks.append(f"optimizer={plan.optimizer.name} (training.dtype float32 keeps adam-fp32)")
-    refuse_lacks("torchtitan", lacks)
+    capabilities(STACK).refuse(plan)
 
 
 def _batch_split(plan: Plan, global_seqs: int) -> tuple[int, int, int]:
@@ -399,8 +382,13 @@ def write(config: LaunchConfig) -> str:
             "local_batch_size": local,
             "global_batch_size": global_seqs,
             "seq_len": w.seq_len,
+            # the stack's own optimizer (capabilities.toml): fp32 parameters, bf16 compute, fp32
+            # gradient reduction, AdamW
             "dtype": "float32",
+            "mixed_precision_param": "bfloat16",
+            "mixed_precision_reduce": "float32",
         },
+        "optimizer": {"name": "AdamW"},
         "parallelism": {
             "data_parallel_replicate_degree": d.dp,
             "data_parallel_shard_degree": d.fsdp * d.ep,
@@ -414,7 +402,7 @@ def write(config: LaunchConfig) -> str:
             "expert_tensor_parallel_degree": d.tp if d.ep > 1 else 1,
         },
         "activation_checkpoint": _remat_section(plan),
-        "compile": {"enable": plan.collective_matmul},
+        "compile": {"enable": plan.compiled or plan.collective_matmul},
     }
     if w.train_steps:
         sections["training"]["steps"] = w.train_steps
@@ -436,13 +424,7 @@ def _schedule_name(plan: Plan) -> str:
         return "1F1B"
     if plan.schedule == Schedule.GPIPE:
         return "GPipe"
-    if plan.virtual_stages != 2:
-        raise LaunchError(
-            f"torchtitan cannot express virtual={plan.virtual_stages} by schedule name alone",
-            rule="torchtitan's looped schedules run 2 stages per rank unless pipeline_parallel_layers_per_stage is set from the model",
-            fix="use virtual=2, or set pipeline_parallel_layers_per_stage by hand",
-        )
-    return "Interleaved1F1B"
+    return "Interleaved1F1B"  # 2 stages per rank (capabilities.toml [torchtitan.rules.virtual])
 
 
 def _remat_section(plan: Plan) -> dict[str, Any]:

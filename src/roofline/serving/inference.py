@@ -233,6 +233,14 @@ def _has_kv_seq(op: Op) -> bool:
     return any("kv_seq" in t.dims for t in (*op.inputs, op.out))
 
 
+def _per_sequence(op: Op) -> bool:
+    """A row whose cost follows the sequences, not only the tokens: attention over the KV
+    cache, or a per-sequence state (a linear-attention layer's S[batch, heads, dk, dv])."""
+    return _has_kv_seq(op) or any(
+        "batch" in t.dims and "seq" not in t.dims and not t.is_param for t in (*op.inputs, op.out)
+    )
+
+
 def eval_row(op: Op, batch: Any, seq: Any, kv_seq: Any = None) -> tuple[Any, Any]:
     """FLOPs and HBM bytes of one ledger row at (batch, seq, kv_seq), numpy-broadcast.
 
@@ -271,7 +279,7 @@ class Rows:
         pre = build_ledger(model, batch=1, seq=BIG, kv_seq=BIG, dtypes=pol)
         dec_names = {o.name for o in dec}
         pre_names = {o.name for o in pre}
-        shared = tuple(o for o in dec if o.name in pre_names and not _has_kv_seq(o))
+        shared = tuple(o for o in dec if o.name in pre_names and not _per_sequence(o))
         names = {o.name for o in shared}
         return Rows(
             shared,
@@ -450,7 +458,7 @@ def memory_per_chip(
     else:
         w = wb["dense"] / (plan.tp * plan.pp) + wb["experts"] / N + wb["embeddings"] / plan.tp
         rep = kv_replication(model, plan)
-        kv_chip = kv_tok * rep / (plan.tp * plan.pp)
+        kv_chip = kv_cache_bytes_per_token(model, quant.kv, context, rep) / (plan.tp * plan.pp)
         kv = np.ceil(B / plan.dp) * S * kv_chip
     act_b = dtype_bytes(quant.compute if quant.compute != "fp4" else "fp8")
     width = model.d_model + max(model.d_ff, (model.moe.d_ff_expert if model.moe else 0)) / plan.tp

@@ -6,10 +6,19 @@ and KV dtypes) running B sequences; the deployment holds as many replicas as the
 fit HBM", "misses the TTFT target", ...); the survivors are ranked by the objective (cost: $ per
 million output tokens; throughput: output tokens/s per chip; latency: TPOT), and the Pareto of
 tokens/s/user against tokens/s/chip is returned with the best plan's arithmetic.
+
+Long contexts (issue 20): beside tp/pp/dp/ep the search tries sequence-sharded KV replicas,
+`tp × kvseq` chips with each sequence's KV cache split over `kvseq` (serving.seqkv), where the
+workload's longest context passes seqkv's break-even at the largest batch tried (the KV read
+saved outweighs the per-layer AllReduces over kvseq). Such a replica costs as the tensor-
+parallel step on `tp` chips at 1/kvseq of the context, plus seqkv's extra communication at each
+pass's decode batch (`_SeqKVStep`); its weights shard over tensor only. Searched without an
+engine only: the engines' launch writers do not express it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -18,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from roofline.core.ledger import kv_cache_bytes_per_token
-from roofline.errors import PlanError
+from roofline.errors import PlanError, RooflineError
 from roofline.serving.inference import (
     PassShape,
     Quant,
@@ -83,6 +92,7 @@ class Candidates:
     quant: np.ndarray  # index into query.quants
     system: list[System] = field(default_factory=list)  # by chip count index
     sys_index: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+    kvseq: np.ndarray = field(default_factory=lambda: np.zeros(0, int))  # KV sequence shards
 
     def __len__(self) -> int:
         return len(self.chips)
@@ -152,14 +162,17 @@ def plans_for(model: ModelSpec, n: int, system: System) -> list[ServePlan]:
 def candidates(q: ServeQuery) -> Candidates:
     systems = topologies(q.system)
     rows: list[tuple[int, ...]] = []
+    batches = q.batches or _batches(q.workload.concurrency)
     for si, s in enumerate(systems):
         plans = [q.plan] if q.plan is not None else plans_for(q.model, s.n_chips, s)
         if q.plan is not None and q.plan.chips != s.n_chips:
             continue
         for p in plans:
-            for b in q.batches or _batches(q.workload.concurrency):
+            for b in batches:
                 for qi in range(len(q.quants)):
-                    rows.append((s.n_chips, p.tp, p.pp, p.dp, p.ep, b, qi, si))
+                    rows.append((s.n_chips, p.tp, p.pp, p.dp, p.ep, b, qi, si, 1))
+        for tp, kvseq, qi in seqkv_options(q, s, max(batches)):
+            rows += [(s.n_chips, tp, 1, 1, 1, b, qi, si, kvseq) for b in batches]
     if not rows:
         raise PlanError(
             f"no replica of the plan {q.plan.describe() if q.plan else ''} fits {q.system.name}",
@@ -167,7 +180,105 @@ def candidates(q: ServeQuery) -> Candidates:
             fix="change --plan or --system",
         )
     a = np.array(rows, dtype=np.int64)
-    return Candidates(*(a[:, i] for i in range(7)), system=systems, sys_index=a[:, 7])
+    return Candidates(
+        *(a[:, i] for i in range(7)), system=systems, sys_index=a[:, 7], kvseq=a[:, 8]
+    )
+
+
+def seqkv_options(q: ServeQuery, s: System, batch: float) -> list[tuple[int, int, int]]:
+    """(tp, kvseq, quant index) of the sequence-sharded KV replicas of `s` worth searching: the
+    heads split over tp inside the fast domain, the context over kvseq = chips/tp ≥ 2, where the
+    workload's longest context is past seqkv's break-even at `batch` (long contexts only)."""
+    from roofline.serving.seqkv import sequence_sharded_decode
+
+    n, ctx = s.n_chips, q.workload.max_context
+    if q.plan is not None or q.engine is not None or n < 2:
+        return []
+    fast = n if s.is_tpu else (s.chip.nvlink_domain or 8)
+    out = []
+    for tp in (d for d in range(1, n // 2 + 1) if n % d == 0):
+        if q.model.n_heads % tp or tp > fast:
+            continue
+        for qi, quant in enumerate(q.quants):
+            try:
+                sk = sequence_sharded_decode(
+                    q.model, s, tp=tp, kvseq=n // tp, batch=batch, context=ctx, quant=quant
+                )
+            except RooflineError:
+                continue
+            if sk.breakeven_context is not None and ctx >= sk.breakeven_context:
+                out.append((tp, n // tp, qi))
+    return out
+
+
+@dataclass
+class _SeqKVStep:
+    """Replicas of tp × kvseq chips (one kvseq for all, tp per candidate) with each sequence's
+    KV cache split over kvseq: the tensor-parallel step on tp chips (`inner`, a ShardedStep
+    with one plan per shape and `select`) at 1/kvseq of the context (its KV read and attention
+    per chip), plus serving.seqkv's per-layer AllReduces over kvseq (`extra_comm_s`) at each
+    pass's decode batch. Every other attribute is the inner step's."""
+
+    inner: Any
+    shapes: list[tuple[System, int]]  # (replica system, tp) of each plan of `inner`
+    kvseq: int
+    context: float
+    _extra: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _extra_at(self, u: int, batch: int) -> float:
+        from roofline.serving.seqkv import sequence_sharded_decode
+
+        if (u, batch) not in self._extra:
+            system, tp = self.shapes[u]
+            self._extra[(u, batch)] = sequence_sharded_decode(
+                self.inner.model,
+                system,
+                tp=tp,
+                kvseq=self.kvseq,
+                batch=float(batch),
+                context=self.context,
+                quant=self.inner.quant,
+            ).extra_comm_s
+        return self._extra[(u, batch)]
+
+    def extra_comm_s(self, batch: Any) -> Any:
+        sel = self.inner.sel
+        B = np.broadcast_to(
+            np.asarray(batch, float), np.broadcast_shapes(np.shape(batch), sel.shape)
+        )
+        keys = np.ceil(np.maximum(B, 1.0)).astype(int)
+        extra = np.array(
+            [self._extra_at(int(u), int(k)) for u, k in zip(sel, keys, strict=True)], float
+        )
+        return np.where(B > 0, extra, 0.0)
+
+    def pass_time(self, shape: PassShape) -> Any:
+        ctx = np.asarray(shape.context, float) / self.kvseq
+        t = self.inner.pass_time(dataclasses.replace(shape, context=ctx))
+        extra = self.extra_comm_s(shape.decode)
+        return dataclasses.replace(t, time_s=t.time_s + extra, comm_s=t.comm_s + extra)
+
+
+def _seqkv_step(
+    q: ServeQuery, shapes: list[tuple[System, int]], kvseq: int, quant: Quant, select: Any = None
+) -> _SeqKVStep:
+    """The sequence-sharded step of replicas `shapes` ((system of tp·kvseq chips, tp) each)."""
+    from roofline.serving.step import ShardedStep
+
+    inner = ShardedStep(
+        q.model,
+        [_replica_system(system, tp) for system, tp in shapes],
+        [ServePlan(tp=tp) for _, tp in shapes],
+        quant,
+        q.efficiency,
+        select=select,
+    )
+    return _SeqKVStep(inner, shapes, kvseq, q.workload.max_context)
 
 
 def _batches(concurrency: float | None = None) -> tuple[int, ...]:
@@ -226,11 +337,11 @@ def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dic
     quant = q.quants[qi]
     wb = weight_bytes(q.model, quant)
     tp, pp, dp, n = (c.tp[sel].astype(float), c.pp[sel].astype(float), c.dp[sel], c.chips[sel])
-    w = wb["dense"] / (tp * pp) + wb["experts"] / n + wb["embeddings"] / tp
+    kvs = c.kvseq[sel].astype(float)  # sequence-sharded KV: weights over tensor only
+    w = wb["dense"] / (tp * pp) + wb["experts"] / (n / kvs) + wb["embeddings"] / tp
     ctx = q.workload.max_context
-    kv_tok = kv_cache_bytes_per_token(q.model, quant.kv, context=ctx)
     rep = np.array([kv_replication(q.model, ServePlan(tp=int(t))) for t in c.tp[sel]])
-    kv_seq = kv_tok * ctx * rep / (tp * pp)
+    kv_seq = kv_cache_bytes_per_token(q.model, quant.kv, ctx, rep) * ctx / (tp * pp * kvs)
     hbm = q.system.chip.hbm_bytes
     e = q.engine
     usable = e.kv_memory_bytes(hbm, w, 0.0) if e else hbm - w
@@ -341,8 +452,12 @@ def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, c
     fields = [f for f in Steady.__dataclass_fields__ if f != "gen_tokens"]
     out = {f: np.zeros(len(idx)) for f in fields}
     dec = np.zeros(len(idx))
-    layouts = [kv_layout(q.model, int(t)) for t in c.tp[idx]]
-    for k in sorted(set(layouts)):
+    layouts = [
+        kv_layout(q.model, int(t)) if kv == 1 else ""
+        for t, kv in zip(c.tp[idx], c.kvseq[idx], strict=True)
+    ]
+    _steady_seqkv(q, c, idx, quant, conc, cap, out, dec)
+    for k in sorted(set(layouts) - {""}):
         part = np.array([i for i, x in enumerate(layouts) if x == k])
         rows = np.column_stack(
             [
@@ -365,6 +480,32 @@ def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, c
         )
         dec[part] = d.time_s
     return Steady(**out, gen_tokens=q.workload.gen), dec
+
+
+def _steady_seqkv(q, c, idx, quant, conc, cap, out, dec) -> None:
+    """`_steady` for the sequence-sharded KV candidates: one `_SeqKVStep` per kvseq and KV
+    layout (the inner step's decode tables hold one context), its shapes selected per candidate."""
+    from roofline.serving.steady import Steady
+    from roofline.serving.step import kv_layout
+
+    kv, tps = c.kvseq[idx], c.tp[idx]
+    groups = {(int(k), kv_layout(q.model, int(t))) for k, t in zip(kv, tps, strict=True) if k > 1}
+    for k, lay in sorted(groups, key=str):
+        part = np.array(
+            [j for j in range(len(idx)) if kv[j] == k and kv_layout(q.model, int(tps[j])) == lay]
+        )
+        rows = np.column_stack([c.sys_index[idx][part], tps[part]])
+        uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+        shapes = [(c.system[int(si)], int(tp)) for si, tp in uniq]
+        step = _seqkv_step(q, shapes, k, quant, select=inv.reshape(-1))
+        st = steady_state(step, q.engine, q.workload, conc[part], batch_cap=cap[part])
+        for f in Steady.__dataclass_fields__:
+            if f != "gen_tokens":
+                out[f][part] = np.broadcast_to(np.asarray(getattr(st, f), float), part.shape)
+        d = step.pass_time(
+            PassShape(decode=np.maximum(st.decode_batch, 1.0), context=q.workload.decode_context)
+        )
+        dec[part] = d.time_s
 
 
 def score(ev: Evaluated, objective: Objective) -> np.ndarray:
@@ -403,7 +544,7 @@ class ServeResult:
         m = self.evaluated.metrics
         quant = self.query.quants[int(c.quant[i])]
         d: dict[str, Any] = {
-            "plan": c.plan(i).to_dict(),
+            "plan": _plan_dict(c, i),
             "chips_per_replica": int(c.chips[i]),
             # requests in flight on each replica (the load over the replicas), not the most it
             # was sized for: that is max_batch / batch_cap
@@ -415,6 +556,17 @@ class ServeResult:
         d.update({k: _num(v[i]) for k, v in m.items()})
         d["reason"] = str(self.evaluated.reason[i])
         return d
+
+
+def _plan_dict(c: Candidates, i: int) -> dict[str, Any]:
+    """The candidate's plan; a sequence-sharded KV replica names its kvseq degree and chips."""
+    d = c.plan(i).to_dict()
+    k = int(c.kvseq[i]) if len(c.kvseq) else 1
+    d["kvseq"] = k
+    if k > 1:
+        d["spec"] += f",kvseq={k}"
+        d["chips"] = int(c.chips[i])
+    return d
 
 
 def _num(x: Any) -> Any:
@@ -603,14 +755,19 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
     q, c = res.query, res.evaluated.cand
     plan, system = c.plan(i), c.system[int(c.sys_index[i])]
     quant = q.quants[int(c.quant[i])]
-    step = ShardedStep(q.model, [system], [plan], quant, q.efficiency)
+    kvseq = int(c.kvseq[i]) if len(c.kvseq) else 1
+    step = (
+        ShardedStep(q.model, [system], [plan], quant, q.efficiency)
+        if kvseq == 1
+        else _seqkv_step(q, [(system, plan.tp)], kvseq, quant)
+    )
     link = kv_link_bytes_per_s(system.chip)
     kv = kv_cache_bytes_per_token(q.model, quant.kv, context=q.workload.prompt)
     conc = float(res.evaluated.metrics["concurrency_per_replica"][i])
     handoff = float(getattr(q.efficiency, "disagg_handoff_s", 0.0))
 
     def run(n_prefill: int) -> dict[str, Any]:
-        d = Disagg(n_prefill, 1, link * plan.chips, 10e-6, kv, plan.dp, handoff_s=handoff)
+        d = Disagg(n_prefill, 1, link * int(c.chips[i]), 10e-6, kv, plan.dp, handoff_s=handoff)
         return disaggregated(step, step, d, q.workload, np.array([conc]), engine=q.engine)
 
     # one decode replica at the plan's load; its prefill pool is as many replicas as the

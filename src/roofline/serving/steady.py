@@ -239,7 +239,7 @@ def steady_state(
     chunk = Pn / n_chunks
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
-    if not mixed and work.synchronized:
+    if _runs_in_waves(engine, work):
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
     def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
@@ -290,11 +290,22 @@ def steady_state(
     )
 
 
-def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
-    """A prefill-first engine under a closed loop of fixed lengths: every wave is a first wave.
+def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:
+    """A closed loop of fixed lengths on a prefill-first engine whose cohorts stay aligned
+    (`closed_loop_lockstep`) runs in waves; where they drift apart (SGLang: its scheduler
+    prefills whoever is waiting and decodes in between, so a wave's late arrivals start
+    decoding passes after its early ones and never catch up) it serves the staggered steady
+    state, with only the benchmark's first wave all at once."""
+    if engine is None or engine.mixed_prefill_decode or not work.synchronized:
+        return False
+    return engine.closed_loop_lockstep
 
-    Waiting prompts run before any decode (SGLang's scheduler: a prefill batch whenever one can
-    be admitted), so all B admitted requests are prefilled in ⌈B/k⌉ back-to-back batches, then
+
+def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
+    """A prefill-first engine under a closed loop of fixed lengths whose cohorts stay aligned
+    (`closed_loop_lockstep`, JetStream): every wave is a first wave.
+
+    Waiting prompts run before any decode (a prefill batch whenever one can be admitted), so all B admitted requests are prefilled in ⌈B/k⌉ back-to-back batches, then
     decode in lockstep, finish on the same pass and come back together. The i-th batch's
     requests see TTFT = i·n_chunks·t_batch; requests beyond B wait a whole wave (Little's law).
     """

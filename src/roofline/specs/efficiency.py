@@ -8,8 +8,10 @@ arrays:
   a GEMM of per-chip shape (m, n, k) reaches: the large-GEMM ceiling of the chip family and
   dtype, times tile quantisation (the output is computed in whole tiles), wave quantisation
   (tiles are spread over the SMs / TensorCores in whole waves), small-dimension roll-off
-  (fixed per-tile cost, Hockney's half-performance length) and a grouped-GEMM factor for
-  expert GEMMs. A fixed time per kernel launch is separate: `kernel_overhead_s(chip)`.
+  (fixed per-tile cost, Hockney's half-performance length) and, for expert GEMMs (m = the
+  mean tokens per expert), the partial token tiles of every expert's own count (Poisson around
+  the mean, `expected_tiles`) and a grouped-GEMM factor. A fixed time per kernel launch is
+  separate: `kernel_overhead_s(chip)`.
 - `attention_fraction(chip, dtype, backward, head_dim, causal)`: flash attention's matmul
   FLOPs over time, with the softmax's non-matmul work per score element as a fixed cost.
 - `hbm_fraction(chip)`, `vector_fraction(chip)` (memory-bound elementwise / norm kernels, as
@@ -357,6 +359,8 @@ class Efficiency:
         if fam is None:
             return np.full(m.shape, float(self.matmul))
         eta = fam.mm_ceiling(dtype) * _shape_factor(fam, chip, dtype, m, n, k)
+        if np.any(grouped):
+            eta = np.where(grouped, eta * _routed_tile_factor(fam, m), eta)
         return np.where(grouped, eta * fam.grouped_fraction, eta)
 
     def kernel_overhead_s(self, chip: Any) -> float:
@@ -552,6 +556,66 @@ def _shape_factor(
     k_half = fam.k_half * chip.peak(dtype) / _reference_peak(chip)
     roll = (m / (m + fam.m_half)) * (n / (n + fam.n_half)) * (k / (k + k_half))
     return tile_q * wave_q * roll
+
+
+def _token_tile(fam: FamilyPhysics, m: np.ndarray) -> np.ndarray:
+    """The token (m) tile a GEMM of m rows computes in (see `_shape_factor`)."""
+    tm = float(fam.tile[0])
+    if fam.tile_m_min is None:
+        return np.full(np.shape(m), tm)
+    return np.clip(2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))), fam.tile_m_min, tm)
+
+
+def expected_tiles(mean: Any, tile: Any) -> np.ndarray:
+    """E[ceil(X / tile)] for the tokens X an expert receives, X ~ Poisson(mean).
+
+    A router that balances its experts sends each of the T·k routed tokens to a given expert
+    with probability 1/E: the expert's count is Binomial(T·k, 1/E) ~ Poisson(T·k/E) (a lower
+    bound on the spread of real routers). Summed over the pmf where the mean is at most
+    `EXACT_POISSON_MEAN`; above it, sum_{j>=0} P(X > j·t) with the normal approximation (with
+    continuity correction) for j >= 1 — an expert no token chose runs no tile (j = 0 term
+    1 − e^(−λ)). Evaluated once per distinct (mean, tile) pair."""
+    lam, t = np.broadcast_arrays(
+        np.maximum(np.asarray(mean, float), 0.0), np.maximum(np.asarray(tile, float), 1.0)
+    )
+    pairs, inv = np.unique(np.stack([lam.ravel(), t.ravel()], axis=1), axis=0, return_inverse=True)
+    vals = np.array([_tiles(float(a), float(b)) for a, b in pairs])
+    return vals[inv.reshape(-1)].reshape(lam.shape) if lam.size else np.zeros(lam.shape)
+
+
+EXACT_POISSON_MEAN = 600.0  # above it the normal approximation is within 0.3% (tested)
+
+
+@lru_cache(maxsize=1 << 16)
+def _tiles(lam: float, t: float) -> float:
+    if lam <= 0.0:
+        return 0.0
+    sd = math.sqrt(lam)
+    if lam <= EXACT_POISSON_MEAN:  # the pmf within 12 standard deviations of the mean
+        lo, hi = max(1, int(lam - 12 * sd)), int(lam + 12 * sd) + 20
+        log_lam = math.log(lam)
+        return sum(
+            math.ceil(x / t) * math.exp(x * log_lam - lam - math.lgamma(x + 1))
+            for x in range(lo, hi + 1)
+        )
+    j0 = max(math.floor((lam - 8 * sd) / t), 0)  # P(X > j·t) = 1 for j <= j0
+    total = -math.expm1(-lam) + j0
+    for j in range(j0 + 1, j0 + math.ceil(16 * sd / t) + 3):  # past it the terms vanish
+        total += 0.5 * math.erfc((j * t + 0.5 - lam) / (math.sqrt(2.0) * sd))
+    return total
+
+
+def _routed_tile_factor(fam: FamilyPhysics, m: np.ndarray) -> np.ndarray:
+    """The mean tile fill of a grouped expert GEMM over its experts' token counts, relative to
+    the fill of the mean count `_shape_factor` prices: each expert's tokens are computed in
+    whole token tiles (vLLM fused_moe pads every expert's tokens to the block size,
+    moe_align_block_size; CUTLASS grouped GEMMs tile each group), and the counts vary around
+    the mean m (`expected_tiles`), so a mean that fills its tiles exactly still pays the
+    partial tiles of the experts above and below it."""
+    tm = _token_tile(fam, m)
+    mean_fill = m / (np.ceil(np.maximum(m, 1.0) / tm) * tm)
+    fill = m / (np.maximum(expected_tiles(m, tm), 1e-12) * tm)
+    return np.minimum(fill / np.maximum(mean_fill, 1e-12), 1.0)
 
 
 def _reference_peak(chip: Any) -> float:

@@ -247,6 +247,30 @@ RERUN_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 
+# What each module of a partial recompute (plan `remat=a+b`, `specs.plan.RECOMPUTE_MODULES`)
+# reruns: its rerun groups, and the overlap classes of the collectives inside it that rerun with
+# it. From the `recompute_modules` docstring of MLM megatron/core/transformer/transformer_config.py:
+# core_attn "the core attention part" (under context parallelism the K/V exchange is inside it),
+# mla_up_proj "the MLA up projection and RoPE applying parts", layernorm "the input_layernorm and
+# pre_mlp_layernorm", mlp "the dense MLP submodule" (its TP collectives inside), moe "the MoE
+# layer" (router, dispatch/combine and experts), moe_act "the MoE MLP activation function",
+# shared_experts "the shared experts in the MoE layer".
+MODULE_RERUNS: Mapping[str, tuple[tuple[str, ...], tuple[OverlapClass, ...]]] = MappingProxyType(
+    {
+        "core_attn": (("attention_core",), (OverlapClass.SEQUENCE,)),
+        "mla_up_proj": (("mla_up_proj",), ()),
+        "layernorm": (("norms",), ()),
+        "mlp": (("mlp_in", "mlp_act", "mlp_out"), (OverlapClass.TENSOR,)),
+        "moe": (
+            ("router", "moe_in", "moe_act", "moe_out", "shared_experts"),
+            (OverlapClass.TENSOR, OverlapClass.EXPERT),
+        ),
+        "moe_act": (("moe_act",), ()),
+        "shared_experts": (("shared_experts",), (OverlapClass.TENSOR,)),
+    }
+)
+
+
 # Which family an op belongs to, by ledger op name (first match wins).
 FAMILY_PATTERNS: tuple[tuple[str, Family], ...] = (
     ("embed", Family.VOCAB),
@@ -563,6 +587,26 @@ class Kernels:
 
 
 @dataclass(frozen=True)
+class Eager:
+    """A stack that runs uncompiled (eager) by default or on request: `traffic` is, per ledger
+    row (a glob over op names), the HBM bytes its eager kernels move over the bytes of the one
+    fused kernel a compiled step runs for it (optional table)."""
+
+    flag: str  # the stack's own switch, e.g. torchtitan's [compile] enable
+    compiled_by_default: bool
+    traffic: Mapping[str, float]
+    source: str
+    note: str = ""
+
+    def factor(self, op_name: str) -> float:
+        """The eager traffic factor of ledger row `op_name` (1 where no glob matches)."""
+        for pattern, f in self.traffic.items():
+            if fnmatch.fnmatchcase(op_name, pattern):
+                return f
+        return 1.0
+
+
+@dataclass(frozen=True)
 class Overheads:
     step: Overhead  # per optimizer step (optimizer launch, data loading, logging)
     layer: Overhead  # per layer per microbatch pass (kernel launches)
@@ -589,6 +633,7 @@ class Framework:
     aliases: tuple[str, ...] = ()
     notes: str = ""
     kernels: Kernels | None = None
+    eager: Eager | None = None
 
     def move(self, family: Family | str, axis: AxisRole | str) -> Move:
         return self.options.move(family, axis)
@@ -1081,6 +1126,29 @@ def _parse_kernels(t: _Table | None) -> Kernels | None:
     return k
 
 
+def _parse_eager(t: _Table | None) -> Eager | None:
+    if t is None:
+        return None
+    raw = t.raw.get("traffic", {})
+    if not raw or any(not isinstance(v, (int, float)) or v < 1.0 for v in raw.values()):
+        raise t.error(
+            "traffic",
+            raw,
+            "traffic maps ledger-row globs to eager/compiled byte ratios of at least 1",
+            "write e.g. traffic = { norms = 9.0 }",
+        )
+    t.used.add("traffic")
+    e = Eager(
+        flag=t.text("flag"),
+        compiled_by_default=t.flag("compiled_by_default"),
+        traffic=MappingProxyType({str(k): float(v) for k, v in raw.items()}),
+        source=t.source(),
+        note=t.text("note", ""),
+    )
+    t.done()
+    return e
+
+
 def _parse_overheads(t: _Table) -> Overheads:
     step, layer = t.sub("step"), t.sub("layer")
     assert step is not None and layer is not None
@@ -1125,6 +1193,7 @@ def framework_from_dict(raw: dict, origin: str = "<dict>") -> Framework:
         aliases=t.texts("aliases", ()),
         notes=t.text("notes", ""),
         kernels=_parse_kernels(t.sub("kernels", None)),
+        eager=_parse_eager(t.sub("eager", None)),
     )
     t.done()
     return fw
@@ -1195,6 +1264,7 @@ def framework_for_source(text: str) -> str | None:
 
 __all__ = [
     "AttentionKernel",
+    "Eager",
     "Kernels",
     "COLLECTIVE_KINDS",
     "REMAT_MEMORY_KINDS",

@@ -1,7 +1,11 @@
 """Read a Hugging Face `config.json` into a ModelSpec.
 
 Supported `model_type`s: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, deepseek_v2,
-deepseek_v3, gpt_oss, nemotron, gpt2, gpt_neox, phi3. Only the fields that fix the architecture's
+deepseek_v3, gpt_oss, nemotron, gpt2, gpt_neox, phi3; the linear-attention hybrids qwen3_next,
+qwen3_5_moe / qwen3_5 (their `text_config`; Gated DeltaNet keys linear_num_key_heads,
+linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim,
+full_attention_interval or layer_types, attn_output_gate) and the DeepSeek-Sparse-Attention
+models deepseek_v32 and glm_moe_dsa (MLA plus index_n_heads, index_head_dim, index_topk). Only the fields that fix the architecture's
 shapes are read (rope scaling, softcapping, dtypes and the like are ignored). Field names and
 defaults follow the transformers config classes (`src/transformers/models/<type>/configuration_*.py`):
 num_key_value_heads = num_attention_heads, head_dim = hidden_size / heads, tie_word_embeddings
@@ -29,6 +33,8 @@ from roofline.specs.model import (
     MAX_SEQ,
     MAX_VOCAB,
     MAX_WIDTH,
+    DSASpec,
+    LinearAttentionSpec,
     MLASpec,
     MLPKind,
     ModelSpec,
@@ -86,8 +92,20 @@ _FAMILIES: dict[str, _Family] = {
     ),
     "gpt_neox": _Family("gpt-neox", mlp=MLPKind.PLAIN, bias_default=True),
     "phi3": _Family("phi"),
+    # Gated DeltaNet hybrids (transformers Qwen3NextConfig / Qwen3_5MoeTextConfig): q/k norm
+    "qwen3_next": _Family("qwen", qk_norm=True),
+    "qwen3_5_moe_text": _Family("qwen", qk_norm=True),
+    "qwen3_5_text": _Family("qwen", qk_norm=True),
+    # DeepSeek Sparse Attention on MLA (DeepseekV32Config, GlmMoeDsaConfig)
+    "deepseek_v32": _Family("deepseek"),
+    "glm_moe_dsa": _Family("glm"),
 }
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILIES)
+# multimodal wrappers whose language model is the `text_config` of another model_type
+_TEXT_CONFIG_TYPES = {"qwen3_5_moe": "qwen3_5_moe_text", "qwen3_5": "qwen3_5_text"}
+_HYBRID_TYPES = ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_text")
+_DSA_TYPES = ("deepseek_v32", "glm_moe_dsa")
+_MLA_TYPES = ("deepseek_v2", "deepseek_v3", *_DSA_TYPES)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = (*_FAMILIES, *_TEXT_CONFIG_TYPES)
 _BOUNDS = {
     "n_layers": MAX_LAYERS,
     "d_model": MAX_WIDTH,
@@ -270,10 +288,14 @@ def _qwen3_moe(c: _Cfg, n_layers: int) -> MoESpec:
             fix="use [] or a leading run of layer indices",
         )
     E, k = _experts(c, "num_experts", "num_experts_per_tok")
+    # Qwen3-Next / Qwen3.5: one gated shared expert of shared_expert_intermediate_size
+    shared = c.int("shared_expert_intermediate_size", 0, allow_zero=True, hi=MAX_FF)
     return MoESpec(
         n_experts=E,
         top_k=k,
         d_ff_expert=c.int("moe_intermediate_size", hi=MAX_FF),
+        n_shared_experts=1 if shared else 0,
+        d_ff_shared=shared or None,
         dense_layers=len(dense),
     )
 
@@ -294,9 +316,9 @@ def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
             d_ff_expert=c.int("intermediate_size", hi=MAX_FF),
             router_bias=True,
         )
-    if mt == "qwen3_moe":
+    if mt in ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
         return _qwen3_moe(c, n_layers)
-    if mt in ("deepseek_v2", "deepseek_v3"):
+    if mt in _MLA_TYPES:
         if c.int("moe_layer_freq", 1) != 1:
             raise c._err(
                 "moe_layer_freq",
@@ -328,8 +350,70 @@ def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
     return None
 
 
+def _linear(c: _Cfg, n_layers: int) -> LinearAttentionSpec | None:
+    """Gated DeltaNet layers of a hybrid: every full_attention_interval-th layer is full
+    attention (Qwen3NextConfig default 4); `layer_types`, when given, must be that pattern."""
+    if c.model_type not in _HYBRID_TYPES:
+        return None
+    interval = c.int("full_attention_interval", 4, hi=MAX_LAYERS)
+    types = c.data.get("layer_types")
+    if types is not None:
+        want = [
+            "full_attention" if i % interval == interval - 1 else "linear_attention"
+            for i in range(n_layers)
+        ]
+        if types != want:
+            raise c._err(
+                "layer_types",
+                f"is {str(types)[:60]}",
+                rule=f"full attention on every {interval}th layer (layers {interval - 1}, "
+                f"{2 * interval - 1}, ...), Gated DeltaNet on the others, one entry per layer",
+                fix="use the layer_types of the checkpoint's config.json unchanged",
+            )
+    return LinearAttentionSpec(
+        n_key_heads=c.int("linear_num_key_heads", hi=MAX_HEADS),
+        n_value_heads=c.int("linear_num_value_heads", hi=MAX_HEADS),
+        key_head_dim=c.int("linear_key_head_dim", hi=MAX_HEADS),
+        value_head_dim=c.int("linear_value_head_dim", hi=MAX_HEADS),
+        conv_kernel=c.int("linear_conv_kernel_dim", 4, hi=64),
+        full_attention_interval=interval,
+    )
+
+
+def _dsa(c: _Cfg) -> DSASpec | None:
+    """The DSA indexer; defaults are GlmMoeDsaConfig's / DeepseekV32Config's (transformers)."""
+    if c.model_type not in _DSA_TYPES:
+        return None
+    heads = 32 if c.model_type == "glm_moe_dsa" else 64
+    return DSASpec(
+        index_n_heads=c.int("index_n_heads", heads, hi=MAX_HEADS),
+        index_head_dim=c.int("index_head_dim", 128, hi=MAX_HEADS),
+        index_topk=c.int("index_topk", 2048, hi=MAX_SEQ),
+    )
+
+
+def _unwrap(data: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A multimodal wrapper's language model: its `text_config`, with the wrapper's
+    tie_word_embeddings (Qwen3.5 keeps it at the top level) and name."""
+    mt = data.get("model_type")
+    if not isinstance(mt, str) or mt not in _TEXT_CONFIG_TYPES:
+        return data
+    text = data.get("text_config")
+    if not isinstance(text, dict):
+        raise SpecError(
+            f"HF config {origin}: model_type {mt!r} without a text_config object",
+            rule=f"a {mt} config.json holds its language model under text_config",
+            fix="use the checkpoint's config.json unchanged",
+        )
+    out = {**text, "model_type": _TEXT_CONFIG_TYPES[mt]}
+    for k in ("tie_word_embeddings", "_name_or_path"):
+        if k in data and k not in text:
+            out[k] = data[k]
+    return out
+
+
 def _mla(c: _Cfg) -> MLASpec | None:
-    if c.model_type not in ("deepseek_v2", "deepseek_v3"):
+    if c.model_type not in _MLA_TYPES:
         return None
     return MLASpec(
         q_lora_rank=c.opt_int("q_lora_rank", hi=MAX_WIDTH),
@@ -386,6 +470,9 @@ def _shape(c: _Cfg, fam: _Family) -> dict[str, int]:
     out = {f: c.int(k[f], hi=_BOUNDS[f]) for f in ("n_layers", "d_model", "n_heads", "vocab")}
     if c.model_type == "gpt2":
         out["d_ff"] = c.int(k["d_ff"], 4 * out["d_model"], hi=MAX_FF)
+    elif c.model_type == "qwen3_5_moe_text" and not c.has(k["d_ff"]):
+        # every layer MoE and no intermediate_size: d_ff (dense width) is unused; the expert's
+        out["d_ff"] = c.int("moe_intermediate_size", hi=MAX_FF)
     else:
         out["d_ff"] = c.int(k["d_ff"], hi=MAX_FF)
     n_kv_key = (
@@ -395,6 +482,15 @@ def _shape(c: _Cfg, fam: _Family) -> dict[str, int]:
     if c.has(k["max_seq_len"]):
         out["max_seq_len"] = c.int(k["max_seq_len"], hi=MAX_SEQ)
     return out
+
+
+def _mtp(c: _Cfg) -> int:
+    """Multi-token-prediction modules (not counted in the parameters)."""
+    if c.model_type in ("deepseek_v3", *_DSA_TYPES):
+        return c.int("num_nextn_predict_layers", 0, allow_zero=True, hi=64)
+    if c.model_type in _HYBRID_TYPES:
+        return c.int("mtp_num_hidden_layers", 0, allow_zero=True, hi=64)
+    return 0
 
 
 def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
@@ -407,7 +503,7 @@ def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
     if is_dir(path):
         path = path / "config.json"
     origin = repr(str(path)) if len(str(path)) < 200 else repr(str(path)[:195] + "...")
-    data = _read(path)
+    data = _unwrap(_read(path), origin)
     mt = _model_type(data, origin)
     fam = _FAMILIES[mt]
     c = _Cfg(data, origin, mt)
@@ -435,9 +531,10 @@ def load_hf_config(path_or_dir: str | Path) -> ModelSpec:
         sliding_window=window,
         local_layer_period=period,
         norms_per_layer=fam.norms_per_layer,
-        n_mtp_modules=c.int("num_nextn_predict_layers", 0, allow_zero=True, hi=64)
-        if mt == "deepseek_v3"
-        else 0,
+        n_mtp_modules=_mtp(c),
+        attn_output_gate=mt in _HYBRID_TYPES and c.bool("attn_output_gate", True),
+        linear=_linear(c, shape["n_layers"]),
+        dsa=_dsa(c),
         family=fam.family,
         source=f"HF config.json {path}",
     )

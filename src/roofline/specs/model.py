@@ -51,7 +51,7 @@ _INT_FIELDS: dict[str, tuple[int, int]] = {
     "n_mtp_modules": (0, 64),
 }
 _OPT_INT_FIELDS = {"sliding_window": (1, MAX_SEQ)}
-_BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "qk_norm")
+_BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "qk_norm", "attn_output_gate")
 _STR_FIELDS = ("name", "family", "source")
 _OPT_NUMBER_FIELDS = ("published_params", "published_active_params")
 _MOE_INT = {
@@ -68,6 +68,25 @@ _MLA_INT = {
     "qk_nope_head_dim": (1, MAX_HEADS),
     "qk_rope_head_dim": (0, MAX_HEADS),
     "v_head_dim": (1, MAX_HEADS),
+}
+# Gated DeltaNet layers of a linear-attention hybrid (Qwen3-Next, Qwen3.5): HF config keys
+# linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim,
+# linear_conv_kernel_dim, full_attention_interval (see LinearAttentionSpec)
+_LINEAR_INT = {
+    "n_key_heads": (1, MAX_HEADS),
+    "n_value_heads": (1, MAX_HEADS),
+    "key_head_dim": (1, MAX_HEADS),
+    "value_head_dim": (1, MAX_HEADS),
+    "conv_kernel": (1, 64),
+    "full_attention_interval": (2, MAX_LAYERS),
+    "chunk_size": (1, 4096),
+}
+# DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2, GLM-5): HF config keys
+# index_n_heads, index_head_dim, index_topk (see DSASpec)
+_DSA_INT = {
+    "index_n_heads": (1, MAX_HEADS),
+    "index_head_dim": (1, MAX_HEADS),
+    "index_topk": (1, MAX_SEQ),
 }
 
 
@@ -134,6 +153,66 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class LinearAttentionSpec:
+    """Gated DeltaNet layers of a linear-attention hybrid (Qwen3-Next, Qwen3.5).
+
+    Every `full_attention_interval`-th layer (i % interval == interval − 1) is ordinary full
+    attention; the others are Gated DeltaNet (Yang, Kautz, Hatamizadeh, "Gated Delta Networks",
+    arXiv 2412.06464): q, k over `n_key_heads` of `key_head_dim`, v and the output gate z over
+    `n_value_heads` of `value_head_dim`, a depthwise causal conv of `conv_kernel` taps over the
+    q/k/v channels, and per sequence a fixed recurrent state of n_value_heads·dk·dv values per
+    layer instead of a KV cache. Qwen/Qwen3.5-397B-A17B config.json (text_config): 16 key / 64
+    value heads of 128, conv 4, full_attention_interval 4 (layer_types: 3 linear : 1 full).
+    `chunk_size`: the block of the chunked delta rule in prefill (flash-linear-attention's
+    chunk_gated_delta_rule uses 64; Yang et al., arXiv 2406.06484 §3.2).
+    """
+
+    n_key_heads: int
+    n_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+    full_attention_interval: int = 4
+    chunk_size: int = 64
+
+    def __post_init__(self) -> None:
+        for f, (lo, hi) in _LINEAR_INT.items():
+            check_int("[linear]", f, getattr(self, f), lo, hi)
+        if self.n_value_heads % self.n_key_heads:
+            raise SpecError(
+                f"[linear]: n_value_heads={self.n_value_heads}, n_key_heads={self.n_key_heads}",
+                rule="each key head serves n_value_heads / n_key_heads value heads, so it divides them",
+                fix=f"use n_key_heads in {divisors(self.n_value_heads)}",
+            )
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the depthwise conv: q and k (key heads) plus v (value heads)."""
+        return 2 * self.n_key_heads * self.key_head_dim + self.n_value_heads * self.value_head_dim
+
+    @property
+    def state_elements(self) -> int:
+        """Recurrent state of one sequence in one layer: n_value_heads · dk · dv."""
+        return self.n_value_heads * self.key_head_dim * self.value_head_dim
+
+
+@dataclass(frozen=True)
+class DSASpec:
+    """DeepSeek Sparse Attention (DeepSeek-V3.2-Exp report, 2025): a lightning indexer of
+    `index_n_heads` heads of `index_head_dim` scores every cached token for every query (FP8 in
+    the reference kernels), and attention runs over the `index_topk` best keys only.
+    GLM-5 (transformers GlmMoeDsaConfig defaults for zai-org/GLM-5): 32 heads of 128, top-2048."""
+
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+
+    def __post_init__(self) -> None:
+        for f, (lo, hi) in _DSA_INT.items():
+            check_int("[dsa]", f, getattr(self, f), lo, hi)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     n_layers: int  # L
@@ -147,8 +226,13 @@ class ModelSpec:
     tied_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3): 2·H weights per layer
+    # full-attention output gate (Qwen3-Next/Qwen3.5 attn_output_gate): q_proj also yields a
+    # sigmoid gate of N·H per token that multiplies the context, N·H·D more weights per layer
+    attn_output_gate: bool = False
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    linear: LinearAttentionSpec | None = None  # Gated DeltaNet hybrid: most layers linear
+    dsa: DSASpec | None = None  # DeepSeek Sparse Attention on the (MLA) attention layers
     sliding_window: int | None = None  # tokens, for layers marked local
     local_layer_period: int = 0  # 2 = every other layer local (Gemma-2: layers 0,2,4.. local)
     norms_per_layer: int = 2  # RMSNorm/LayerNorm weight vectors of size D per layer
@@ -189,7 +273,7 @@ class ModelSpec:
                 rule="mlp is 'gated' (SwiGLU/GeGLU) or 'plain'",
                 fix='write mlp = "gated" or mlp = "plain"',
             )
-        for f, kind in (("moe", MoESpec), ("mla", MLASpec)):
+        for f, kind in _SUBTABLES:
             v = getattr(self, f)
             if v is not None and not isinstance(v, kind):
                 raise SpecError(
@@ -223,6 +307,12 @@ class ModelSpec:
                 rule="0 <= dense_layers <= n_layers",
                 fix="correct moe.dense_layers",
             )
+        if self.dsa is not None and self.mla is None:
+            raise SpecError(
+                f"model {self.name!r}: [dsa] without [mla]",
+                rule="DeepSeek Sparse Attention is modelled on MLA attention (DeepSeek-V3.2, GLM-5)",
+                fix="add the [mla] table of the model or remove [dsa]",
+            )
 
     # -- derived ----------------------------------------------------------------
     @property
@@ -232,6 +322,21 @@ class ModelSpec:
         if self.n_kv_heads == self.n_heads:
             return AttentionKind.MHA
         return AttentionKind.MQA if self.n_kv_heads == 1 else AttentionKind.GQA
+
+    def is_full_attention_layer(self, i: int) -> bool:
+        """True unless layer i is a linear-attention (Gated DeltaNet) layer of a hybrid."""
+        lin = self.linear
+        return lin is None or i % lin.full_attention_interval == lin.full_attention_interval - 1
+
+    @property
+    def n_attention_layers(self) -> int:
+        """Layers with softmax attention and a KV cache: all, or L // interval in a hybrid."""
+        lin = self.linear
+        return self.n_layers if lin is None else self.n_layers // lin.full_attention_interval
+
+    @property
+    def n_linear_layers(self) -> int:
+        return self.n_layers - self.n_attention_layers
 
     @property
     def n_moe_layers(self) -> int:
@@ -270,7 +375,7 @@ class ModelSpec:
         out: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, (MoESpec, MLASpec)):
+            if isinstance(v, (MoESpec, MLASpec, LinearAttentionSpec, DSASpec)):
                 v = {g.name: getattr(v, g.name) for g in fields(v)}
             elif isinstance(v, enum.Enum):
                 v = v.value
@@ -279,6 +384,14 @@ class ModelSpec:
             out[f.name] = v
         out["attention"] = self.attention.value
         return out
+
+
+_SUBTABLES: tuple[tuple[str, type], ...] = (
+    ("moe", MoESpec),
+    ("mla", MLASpec),
+    ("linear", LinearAttentionSpec),
+    ("dsa", DSASpec),
+)
 
 
 def divisors(n: int) -> list[int]:
@@ -294,7 +407,7 @@ def divisors(n: int) -> list[int]:
 
 
 def _subtable(data: dict, key: str, kind: type, where: str) -> Any:
-    """[moe] / [mla] table -> MoESpec / MLASpec, unknown keys and missing fields named."""
+    """[moe] / [mla] / [linear] / [dsa] table -> its spec, unknown keys and missing fields named."""
     import difflib
 
     v = data[key]
@@ -389,7 +502,7 @@ def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
         _fill_defaults(data, where)
         if "mlp" in data:
             data["mlp"] = _parse_mlp(data["mlp"], where)
-        for key, kind in (("moe", MoESpec), ("mla", MLASpec)):
+        for key, kind in _SUBTABLES:
             if key in data:
                 data[key] = _subtable(data, key, kind, where)
         if "aliases" in data:
@@ -405,6 +518,8 @@ __all__ = [
     "ModelSpec",
     "MoESpec",
     "MLASpec",
+    "LinearAttentionSpec",
+    "DSASpec",
     "MLPKind",
     "AttentionKind",
     "model_from_dict",

@@ -226,12 +226,31 @@ class RematKind(enum.StrEnum):
     MATMULS = "matmuls"
     FULL = "full"  # one checkpoint per layer (the layer input); recompute the whole layer
     CHECKPOINTS = "checkpoints"  # N checkpoints of size D per layer (book applied-training: 4)
+    # save everything but what the named modules produce; rerun those modules in backward
+    # (Megatron's --recompute-granularity selective --recompute-modules ...)
+    MODULES = "modules"
+
+
+# The modules a partial recompute may name, in Megatron-Core's words and order
+# (NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py, the `recompute_modules`
+# docstring: "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts").
+# What each one reruns over the ledger is `specs.framework.MODULE_RERUNS`.
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "mla_up_proj",
+    "layernorm",
+    "mlp",
+    "moe",
+    "moe_act",
+    "shared_experts",
+)
 
 
 @dataclass(frozen=True)
 class Remat:
     kind: RematKind = RematKind.FULL
     n: int = 1  # checkpoints per layer for CHECKPOINTS
+    modules: tuple[str, ...] = ()  # the recomputed modules for MODULES (RECOMPUTE_MODULES order)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, RematKind):
@@ -247,8 +266,28 @@ class Remat:
             high=MAX_CHECKPOINTS,
             fix="write e.g. remat=ckpt4 (the book's four checkpoints per layer)",
         )
+        self._check_modules()
+
+    def _check_modules(self) -> None:
+        mods = self.modules
+        wanted = self.kind == RematKind.MODULES
+        bad = [m for m in mods if m not in RECOMPUTE_MODULES]
+        if (
+            bad
+            or wanted != bool(mods)
+            or list(mods) != sorted(set(mods), key=RECOMPUTE_MODULES.index)
+        ):
+            raise PlanError(
+                f"remat {self.kind.value} with modules {mods!r}",
+                rule="a partial recompute (kind modules) names one or more distinct modules of "
+                + ", ".join(RECOMPUTE_MODULES)
+                + " in that order; other kinds name none",
+                fix="write e.g. remat=mla_up_proj+moe_act (parse_remat orders them)",
+            )
 
     def __str__(self) -> str:
+        if self.kind == RematKind.MODULES:
+            return "+".join(self.modules)
         return f"ckpt{self.n}" if self.kind == RematKind.CHECKPOINTS else self.kind.value
 
 
@@ -264,20 +303,34 @@ _REMAT_ALIASES = {
 }
 
 
+def parse_modules(text: str) -> Remat | None:
+    """'mla_up_proj+moe_act' (or a list's text 'mla_up_proj, moe_act') -> a MODULES remat;
+    None where a word is not one of RECOMPUTE_MODULES."""
+    words = [w for w in re.split(r"[+,\s\[\]'\"]+", text.strip().lower()) if w]
+    if not words or any(w not in RECOMPUTE_MODULES for w in words):
+        return None
+    return Remat(RematKind.MODULES, modules=tuple(m for m in RECOMPUTE_MODULES if m in words))
+
+
 def parse_remat(text: str | Remat) -> Remat:
-    """'none' | 'matmuls' (alias 'dots', 'selective') | 'full' (alias 'block', 'layer') | 'ckpt4' / 'checkpoints=4'."""
+    """'none' | 'matmuls' (alias 'dots', 'selective') | 'full' (alias 'block', 'layer') | 'ckpt4' / 'checkpoints=4'
+    | modules joined by '+' (partial recompute, e.g. 'mla_up_proj+moe_act')."""
     if isinstance(text, Remat):
         return text
     s = str(text).strip().lower()
     if s in _REMAT_ALIASES:
         return Remat(_REMAT_ALIASES[s])
+    mods = parse_modules(s)
+    if mods is not None:
+        return mods
     m = re.fullmatch(r"(?:ckpt|checkpoints?)[=:]?(\d{1,6})", s)
     if m and 0 < int(m.group(1)) <= MAX_CHECKPOINTS:
         return Remat(RematKind.CHECKPOINTS, int(m.group(1)))
     raise SpecError(
         f"unknown remat policy {text!r}",
-        rule=f"remat is none, matmuls, full, or ckptN (N = 1..{MAX_CHECKPOINTS} checkpoints of size D per layer)",
-        fix="write e.g. remat=full or remat=ckpt4",
+        rule=f"remat is none, matmuls, full, ckptN (N = 1..{MAX_CHECKPOINTS} checkpoints of size D per layer), "
+        "or recomputed modules joined by '+' (" + ", ".join(RECOMPUTE_MODULES) + ")",
+        fix="write e.g. remat=full, remat=ckpt4 or remat=mla_up_proj+moe_act",
     )
 
 
@@ -313,6 +366,10 @@ OPTIMIZERS = {
     "adam-bf16": OptimizerPolicy("adam-bf16", 2.0, 2.0, 8.0),
     # Megatron/DeepSpeed mixed precision: bf16 params, fp32 grads, fp32 master + m + v (18 B/param)
     "adam-fp32-master": OptimizerPolicy("adam-fp32-master", 2.0, 4.0, 12.0),
+    # the same with the gradients accumulated and reduced in bf16 (16 B/param): Megatron's
+    # --no-gradient-reduce-in-fp32 / Megatron-Bridge ddp.grad_reduce_in_fp32=False, NeMo's
+    # distributed_fused_adam grad_sync_dtype: bf16
+    "adam-fp32-master-bf16-grads": OptimizerPolicy("adam-fp32-master-bf16-grads", 2.0, 2.0, 12.0),
     "adam-fp32": OptimizerPolicy("adam-fp32", 4.0, 4.0, 8.0),
     "sgd-bf16": OptimizerPolicy("sgd-bf16", 2.0, 2.0, 0.0),
 }
@@ -452,6 +509,9 @@ class Plan:
     sequence_parallel: bool = False  # Megatron SP: TP AllReduce -> ReduceScatter + AllGather
     collective_matmul: bool = False  # overlap TP collectives with their matmuls
     overlap_ep: bool = False  # hide the expert all-to-alls behind compute (DeepSeek's DualPipe)
+    # elementwise ops run as the compiler's fused kernels (torch.compile, XLA, Megatron's fused
+    # kernels); False: as eager PyTorch kernels (the stack profile's [eager] traffic)
+    compiled: bool = True
     optimizer: OptimizerPolicy = field(default_factory=lambda: OPTIMIZERS[DEFAULT_OPTIMIZER])
     dtypes: ComputeDtypes = field(default_factory=ComputeDtypes)
 
@@ -494,7 +554,7 @@ class Plan:
                 rule="virtual stages (model chunks per pipeline stage) exist only in the interleaved schedule",
                 fix=f"add schedule=interleaved, or drop virtual={self.virtual_stages}",
             )
-        for f in ("sequence_parallel", "collective_matmul", "overlap_ep"):
+        for f in ("sequence_parallel", "collective_matmul", "overlap_ep", "compiled"):
             object.__setattr__(self, f, bool(getattr(self, f)))
 
     @property
@@ -526,6 +586,8 @@ class Plan:
         ):
             if on:
                 parts.append(f"{flag}=1")
+        if not self.compiled:
+            parts.append("compile=0")
         parts += self.dtypes.describe()
         return ",".join(parts)
 
@@ -542,6 +604,7 @@ class Plan:
             "sequence_parallel": self.sequence_parallel,
             "collective_matmul": self.collective_matmul,
             "overlap_ep": self.overlap_ep,
+            "compiled": self.compiled,
             "optimizer": self.optimizer.name,
             "compute_dtypes": {
                 "matmul": self.dtypes.matmul.value,
@@ -555,7 +618,7 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "collective_matmul, overlap_ep, compile, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
     "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
@@ -605,6 +668,7 @@ for _keys, _field, _reader in (
     (("megatron_sp", "sequence_parallel", "seqpar"), "sequence_parallel", _flag),
     (("collective_matmul", "cm"), "collective_matmul", _flag),
     (("overlap_ep", "dualpipe"), "overlap_ep", _flag),
+    (("compile", "compiled"), "compiled", _flag),
     (("optimizer", "opt"), "optimizer", lambda k, v: parse_optimizer(v)),
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),
@@ -777,6 +841,7 @@ __all__ = [
     "Phase",
     "Plan",
     "Remat",
+    "RECOMPUTE_MODULES",
     "RematKind",
     "SCHEDULE_OF_CODE",
     "Schedule",
@@ -785,5 +850,6 @@ __all__ = [
     "parse_degrees",
     "parse_optimizer",
     "parse_plan",
+    "parse_modules",
     "parse_remat",
 ]

@@ -182,6 +182,9 @@ class System:
     # from the chip file, a system file may set its own (host_bw_bytes_per_s, host_dram_bytes_per_chip)
     host_bw_bytes_per_s: float | None = None
     host_dram_bytes_per_chip: float | None = None
+    # switch capacity of one group of a tier, one way, by dim name (a system file's [switch_bw]);
+    # tiers not named take the chip file's NVSwitches / the SuperPod reference (core.collectives)
+    switch_bw: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dims", tuple(self.dims))
@@ -268,6 +271,7 @@ class System:
             "description": self.description,
             "host_bw_bytes_per_s": self.host_bw_bytes_per_s,
             "host_dram_bytes_per_chip": self.host_dram_bytes_per_chip,
+            "switch_bw": dict(self.switch_bw),
         }
 
 
@@ -378,14 +382,7 @@ def _apply_options(
             for d in dims
         ]
     if tier_bw:
-        names = {d.name for d in dims}
-        for k in tier_bw:
-            if k not in names:
-                raise SpecError(
-                    f"tier_bw names dim {k!r}, which system {system.name!r} does not have",
-                    rule="dims are " + ", ".join(d.name for d in dims),
-                    fix="use one of those names",
-                )
+        _check_dim_names("tier_bw", tier_bw, system)
         dims = [
             dataclasses.replace(d, bw_bytes_per_s=float(tier_bw[d.name]))
             if d.name in tier_bw
@@ -395,6 +392,17 @@ def _apply_options(
     if dims != list(system.dims):
         changes["dims"] = tuple(dims)
     return dataclasses.replace(system, **changes) if changes else system
+
+
+def _check_dim_names(key: str, table: Mapping[str, float], system: System) -> None:
+    names = [d.name for d in system.dims]
+    for k in table:
+        if k not in names:
+            raise SpecError(
+                f"{key} names dim {k!r}, which system {system.name!r} does not have",
+                rule="dims are " + ", ".join(names),
+                fix="use one of those names",
+            )
 
 
 def _parse_spec_string(s: str, *, nodes_per_leaf: int | None) -> System:
@@ -807,6 +815,7 @@ _TOML_KEYS = {
     "sharp",
     "wraparound",
     "tier_bw",
+    "switch_bw",
     "nodes_per_leaf",
     "dims",
     "description",
@@ -834,17 +843,7 @@ def _check_toml_values(raw: dict, where: str) -> dict:
         out["usd_per_chip_hour"] = check_number(
             where, "usd_per_chip_hour", out["usd_per_chip_hour"], lo=0.0, lo_open=False, hi=1e5
         )
-    tier_bw = out.get("tier_bw")
-    if tier_bw is not None:
-        if not isinstance(tier_bw, dict):
-            raise SpecError(
-                f"{where}: tier_bw must be a table",
-                fix="write [tier_bw] with e.g. spine = 25e9",
-            )
-        out["tier_bw"] = {
-            k: check_number(where, f"tier_bw.{k}", v, hi=MAX_BW_BYTES_PER_S)
-            for k, v in tier_bw.items()
-        }
+    _check_bw_tables(out, where)
     if "dims" in out and (
         not isinstance(out["dims"], list) or not all(isinstance(d, dict) for d in out["dims"])
     ):
@@ -854,6 +853,22 @@ def _check_toml_values(raw: dict, where: str) -> dict:
             fix="write each dim as a [[dims]] block with name, kind, size and bw_bytes_per_s",
         )
     return out
+
+
+def _check_bw_tables(out: dict, where: str) -> None:
+    """[tier_bw] (per-chip bandwidth) and [switch_bw] (one group's switches), by dim name."""
+    for key, example, hi in (
+        ("tier_bw", "spine = 25e9", MAX_BW_BYTES_PER_S),
+        ("switch_bw", "spine = 25.6e12", MAX_BW_BYTES_PER_S * MAX_CHIPS),
+    ):
+        table = out.get(key)
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise SpecError(
+                f"{where}: {key} must be a table", fix=f"write [{key}] with e.g. {example}"
+            )
+        out[key] = {k: check_number(where, f"{key}.{k}", v, hi=hi) for k, v in table.items()}
 
 
 def _toml_dim(d: dict, i: int, chip: Chip, where: str) -> PhysDim:
@@ -950,7 +965,10 @@ def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
             topology=tuple(d.size for d in dims),
         )
     keys = ("name", "description", "host_bw_bytes_per_s", "host_dram_bytes_per_chip")
-    changes = {k: raw[k] for k in keys if k in raw}
+    changes: dict[str, Any] = {k: raw[k] for k in keys if k in raw}
+    if raw.get("switch_bw"):
+        _check_dim_names("switch_bw", raw["switch_bw"], system)
+        changes["switch_bw"] = tuple(sorted(raw["switch_bw"].items()))
     if changes:
         system = dataclasses.replace(system, **changes)
     return _apply_options(

@@ -7,7 +7,7 @@ receives the updated parameters back, over its own host link (full duplex: the t
 overlap, so the link is busy for the larger one):
 
     P_off = optimizer bytes per chip / state bytes per parameter   (the chip's shard)
-    T_host = max(grad_bytes, param_bytes) · P_off / W_host          (core.transfer.host_to_hbm)
+    T_host = max(grad_bytes, param_bytes) · P_off / W_host          (`offload_terms`)
 
 The traffic streams while the step computes (gradients as the backward produces them, the
 parameters back behind the next forward), so the step pays `max(0, T_host − T_compute)` and no
@@ -20,6 +20,10 @@ model whose state the chip holds, `P_off/N_active` (1 for pure data parallelism 
 where every chip holds a whole replica's state; 1/N when the state is sharded over N chips, so
 the whole batch B, not B/N, must exceed C/(3·W_host)).
 
+The planner searches it (`SearchSpace.offload_optimizer`): a candidate that misses HBM only by
+its optimizer state, which its host DRAM holds, is costed offloaded (`offload_terms` over the
+family's arrays), and the plan it returns is an `OffloadedCost` (`offloaded_cost`).
+
 Not modelled: the host's Adam time (no host DRAM bandwidth or CPU rate in the records; under
 ZeRO-Offload's one-step delayed update it overlaps the next step), activation offload.
 """
@@ -29,9 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from roofline.core.ledger import count_params
 from roofline.core.limits import offload_min_tokens_per_chip
-from roofline.core.transfer import host_to_hbm
 from roofline.errors import PlanError
 from roofline.specs.model import ModelSpec
 from roofline.training.step import StepCost, mfu_peak
@@ -105,9 +110,66 @@ class Offloaded:
         ]
 
 
+def offload_terms(opt: Any, state: Any, compute_s: Any, W_host: Any) -> tuple[Any, ...]:
+    """ZeRO-Offload per chip, vectorised: (P_off, gradient bytes out, parameter bytes back,
+    T_host, exposed). T_host is a host-to-HBM load of one chip (`core.transfer.host_to_hbm`,
+    bytes / W_host) for the larger direction (full duplex); the step pays what outlasts its
+    compute, max(0, T_host − T_compute)."""
+    state = np.asarray(state, float)
+    p_off = state / opt.state_bytes if opt.state_bytes > 0 else np.zeros_like(state)
+    g_out, p_in = opt.grad_bytes * p_off, opt.param_bytes * p_off
+    t_host = np.maximum(g_out, p_in) / W_host
+    return p_off, g_out, p_in, t_host, np.maximum(0.0, t_host - compute_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadedCost(StepCost):
+    """A plan costed with its optimizer state in host memory (what the planner returns for a
+    plan that fits only so): step time, memory and rates offloaded, the state under
+    `optimizer_host` in the breakdown, the exposed host traffic under `host` in the exposed
+    times; `base` is the plan as `evaluate_plan` costs it."""
+
+    base: StepCost
+
+    def to_dict(self) -> dict[str, Any]:
+        return super().to_dict() | {"offload_optimizer": True}
+
+
+def offloaded_cost(model: ModelSpec, cost: StepCost) -> OffloadedCost | None:
+    """`cost` with its optimizer state offloaded, when that makes it fit HBM and host DRAM
+    holds the state (None otherwise, or where the records lack host DRAM or the host link)."""
+    if cost.system.host_bw_bytes_per_s is None:
+        return None
+    off = offload_optimizer(model, cost)
+    if not (off.fits and off.fits_host):
+        return None
+    speed = cost.step_time_s / off.step_time_s
+    bd = dict(cost.memory_breakdown) | {"optimizer": 0.0, "optimizer_host": off.state_bytes}
+    same = {f: getattr(cost, f) for f in StepCost.__dataclass_fields__}
+    return OffloadedCost(
+        **same
+        | {
+            "step_time_s": off.step_time_s,
+            "exposed_comm_time_s": cost.exposed_comm_time_s + off.exposed_s,
+            "exposed_time_s": dict(cost.exposed_time_s) | {"host": off.exposed_s},
+            "optimizer_time_s": 0.0,
+            "memory_per_chip_bytes": off.memory_per_chip_bytes,
+            "memory_breakdown": bd,
+            "fits": True,
+            "reason": "",
+            "mfu": cost.mfu * speed,
+            "hfu": cost.hfu * speed,
+            "mfu_compute_dtype": cost.mfu_compute_dtype * speed,
+            "tokens_per_s": cost.tokens_per_s * speed,
+        },
+        base=cost,
+    )
+
+
 def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
     """`cost` (a plan of `model` costed by `evaluate_plan`) with its optimizer state offloaded
-    to host memory (module docstring)."""
+    to host memory (module docstring); an `OffloadedCost` is explained from its base."""
+    cost = cost.base if isinstance(cost, OffloadedCost) else cost
     system, plan = cost.system, cost.plan
     W = system.host_bw_bytes_per_s
     if W is None:
@@ -119,13 +181,9 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
         )
     opt = plan.optimizer
     state = float(cost.memory_breakdown.get("optimizer", 0.0))
-    p_off = state / opt.state_bytes if opt.state_bytes > 0 else 0.0
-    g_out, p_in = opt.grad_bytes * p_off, opt.param_bytes * p_off
-    t_host = max(
-        host_to_hbm(system, g_out, chips=1).time_s if g_out > 0 else 0.0,
-        host_to_hbm(system, p_in, chips=1).time_s if p_in > 0 else 0.0,
+    p_off, g_out, p_in, t_host, exposed = (
+        float(x) for x in offload_terms(opt, state, cost.compute_time_s, W)
     )
-    exposed = max(0.0, t_host - cost.compute_time_s)
     n = system.n_chips
     active = count_params(model).active
     share = p_off / active if active > 0 else 0.0

@@ -431,6 +431,7 @@ def evaluate_plans(
         remats=tuple(remat_list),
         stack=stack,
         floats=len(rows) == 1,  # the timeline broadcasts a single row's floats
+        eager=plan is not None and not plan.compiled,
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
     ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
@@ -520,10 +521,13 @@ class _Context:
         )
 
     def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
-        """1.0 where the candidate's remat policy reruns ops of `rerun_by`, else 0.0."""
+        """1.0 where the candidate's remat policy reruns ops of `rerun_by` (its kind, or the
+        partial recompute itself: `Walker.rerun_by`), else 0.0."""
         if not rerun_by:
             return np.zeros(len(self.inv))
-        return np.array([float(r.kind in rerun_by) for r in self.remats])[self.remat_idx]
+        return np.array([float(r.kind in rerun_by or r in rerun_by) for r in self.remats])[
+            self.remat_idx
+        ]
 
 
 def _reuses_gathers(stack: Stack, pipelined: np.ndarray, no_remat: np.ndarray) -> np.ndarray:
@@ -765,7 +769,21 @@ def _fsdp_share(c: Overlap, ctx: _Context) -> Any:
     return out
 
 
-def _replica_sync(s: _Sums, ctx: _Context, modes, layers: Any) -> tuple[Any, Any, Any]:
+def _grad_reduce_factor(st: Stack, opt: OptimizerPolicy | None) -> float:
+    """Bytes of the replicas' gradient sum against bf16: the stack's reduction dtype, except
+    that a master-weights optimizer whose gradient buffer is 16-bit reduces that buffer as it
+    is (Megatron: grad_dtype = fp32 only if grad_reduce_in_fp32, MLM
+    megatron/core/distributed/param_and_grad_buffer.py:924 @d98e8a64; NeMo's
+    distributed_fused_adam grad_sync_dtype)."""
+    f = st.grad_reduce_bytes_factor
+    if opt is not None and opt.state_bytes >= 12.0 and opt.grad_bytes < 4.0:
+        return min(f, opt.grad_bytes / 2.0)
+    return f
+
+
+def _replica_sync(
+    s: _Sums, ctx: _Context, modes, layers: Any, opt: OptimizerPolicy | None = None
+) -> tuple[Any, Any, Any]:
     """The replicas' gradient sum and ZeRO-1/2 parameter gather over the `data` axis:
     (gradient seconds per step, parameter-gather seconds per step, exposed seconds per step).
 
@@ -780,7 +798,7 @@ def _replica_sync(s: _Sums, ctx: _Context, modes, layers: Any) -> tuple[Any, Any
         grad, gather = ar, 0.0 * ar
     else:
         sharded = ctx.zero >= 1
-        grad = ar * st.grad_reduce_bytes_factor * np.where(sharded, 0.5, 1.0)
+        grad = ar * _grad_reduce_factor(st, opt) * np.where(sharded, 0.5, 1.0)
         gather = np.where(sharded & st.param_gather, 0.5 * ar, 0.0)
     per_mb = np.array(
         [[st.grad_reduce_per(z, piped) == Per.MICROBATCH for z in range(4)] for piped in (0, 1)]
@@ -816,7 +834,7 @@ def _step(
     t_pipe, bubble_t, bubble_frac = _pipeline(t_mb, ctx)
     hop = s.comm((Overlap.PIPELINE,), forward=True)
     p2p = 2 * hop * np.maximum(pp - 1, 0)
-    grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers)
+    grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
     mem = _memory(model, w, ctx, opt, _remats(w))
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
     opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm

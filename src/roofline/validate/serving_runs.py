@@ -9,8 +9,9 @@ TPOT and output throughput — each kept separately, never folded into one numbe
 
 Skip rules (docs/validate.md, "Serving"): quality 'suspect'; GPU count unknown; chip not in
 the catalog; model dims missing; linear-attention layers (Gated-DeltaNet hybrids) and DSA
-sparse attention (not modelled by the ledger); prompt/output lengths given only as a dataset
-(ShareGPT) distribution; disaggregated entries without worker counts.
+sparse attention without a catalog model that gives their layer pattern and dims (or whose
+dims disagree with the entry's), Mamba layers (not modelled); prompt/output lengths given only
+as a dataset (ShareGPT) distribution; disaggregated entries without worker counts.
 """
 
 from __future__ import annotations
@@ -287,7 +288,6 @@ def _skip_reason(
     work: ServingWorkload,
     attention: str,
 ) -> str:
-    low = attention.lower()
     mode = (e.get("workload") if isinstance(e.get("workload"), dict) else {}).get("mode", "")
     if not isinstance(mode, str):
         return f"workload mode {mode!r} is a {type(mode).__name__}, not a text such as 'offline'"
@@ -295,12 +295,6 @@ def _skip_reason(
         return "quality flag 'suspect': " + ", ".join(map(str, e.get("flags") or [])) or "suspect"
     if model_reason:
         return model_reason
-    if "linear" in low or "deltanet" in low or "mamba" in low:
-        return (
-            "linear-attention layers (Gated-DeltaNet/Mamba hybrid) are not modelled by the ledger"
-        )
-    if "dsa" in low or "sparse attention" in low:
-        return "DSA sparse attention (top-k indexer) is not modelled by the ledger"
     if chip is None:
         return chip_why
     if not chips:
@@ -308,6 +302,81 @@ def _skip_reason(
     if work.isl is None or work.osl is None:
         return "prompt/output lengths not given (a dataset distribution such as ShareGPT)"
     return ""
+
+
+_LINEAR = "linear-attention layers (Gated-DeltaNet/Mamba hybrid)"
+_DSA = "DSA sparse attention (top-k indexer)"
+
+
+def _catalog_model(m: dict) -> ModelSpec | None:
+    """The catalog model an entry names (its checkpoint, else its name), or None."""
+    from roofline.errors import RooflineError
+    from roofline.specs.model_catalog import load_model
+
+    for key in (m.get("checkpoint"), m.get("name")):
+        if isinstance(key, str) and key.strip() and not key.endswith((".toml", ".json")):
+            try:
+                return load_model(key.strip())
+            except RooflineError:
+                continue
+    return None
+
+
+def _disagreements(spec: ModelSpec, preset: ModelSpec, attention: str) -> list[str]:
+    """Fields where the entry (its dims and its attention note's numbers) and the catalog
+    model differ: a preset is used only for the model the entry measured."""
+    out = [
+        f
+        for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "vocab", "mla")
+        if getattr(spec, f) != getattr(preset, f)
+    ]
+    a, b = spec.moe, preset.moe
+    for f in ("n_experts", "top_k", "d_ff_expert", "n_shared_experts", "dense_layers"):
+        if (a is None) != (b is None) or (a and b and getattr(a, f) != getattr(b, f)):
+            out.append(f"moe.{f}")
+    low = attention.lower()
+    lin, dsa = preset.linear, preset.dsa
+    said = {
+        "linear layers": (r"(\d+) gated-deltanet", lin and preset.n_linear_layers),
+        "linear heads": (r"(\d+) k / \d+ v heads", lin and lin.n_key_heads),
+        "linear value heads": (r"\d+ k / (\d+) v heads", lin and lin.n_value_heads),
+        "index_topk": (r"index_topk (\d+)", dsa and dsa.index_topk),
+    }
+    for what, (pattern, want) in said.items():
+        hit = re.search(pattern, low)
+        if hit and int(hit.group(1)) != want:
+            out.append(f"{what} ({hit.group(1)} in the note)")
+    return out
+
+
+def _attention_features(
+    spec: ModelSpec | None, m: dict, attention: str, notes: list[str]
+) -> tuple[ModelSpec | None, str]:
+    """An entry whose attention note names linear-attention (Gated DeltaNet) layers or DSA:
+    the catalog model of the same dims supplies the layer pattern, the DeltaNet heads and the
+    DSA indexer (the entries transcribe only the dense dims); else a skip reason."""
+    low = attention.lower()
+    linear = any(w in low for w in ("linear", "deltanet", "mamba"))
+    dsa = "dsa" in low or "sparse attention" in low
+    if spec is None or not (linear or dsa):
+        return spec, ""
+    what = _LINEAR if linear else _DSA
+    if "mamba" in low:
+        return spec, f"{what}: Mamba layers are not modelled (Gated DeltaNet layers are)"
+    preset = _catalog_model(m)
+    if preset is None or (linear and preset.linear is None) or (dsa and preset.dsa is None):
+        return spec, (
+            f"{what}: no catalog model gives the layer pattern and dims of {spec.name!r} "
+            "(add it to specs/models)"
+        )
+    diff = _disagreements(spec, preset, attention)
+    if diff:
+        return (
+            spec,
+            f"{what}: the entry's {', '.join(diff)} differ from catalog model {preset.name}",
+        )
+    notes.append(f"{what} from catalog model {preset.name} (entry dims agree; {preset.source})")
+    return preset.with_(name=spec.name, source=spec.source, aliases=()), ""
 
 
 def _notes_for(e: dict, attention: str) -> list[str]:
@@ -336,13 +405,14 @@ def map_serving_run(e: Any, schema: str) -> ServingRun:
     notes = list(built.defaults)
     attention = str(m.get("attention") or "")
     notes += _notes_for(e, attention)
+    spec, feature_reason = _attention_features(built.spec, m, attention, notes)
     fam = str(hw.get("chip_family") or hw.get("chip") or "")
     chip, chip_why = chip_for_family(fam)
     p = e.get("parallelism") if isinstance(e.get("parallelism"), dict) else {}
     disagg = "prefill" in p and "decode" in p
     work = _workload(e.get("workload"), disagg, schema)
     chips = _int(hw.get("chips"))
-    reason = _skip_reason(e, built.reason, chip, chip_why, chips, work, attention)
+    reason = _skip_reason(e, built.reason or feature_reason, chip, chip_why, chips, work, attention)
     if (
         disagg
         and not reason
@@ -355,7 +425,7 @@ def map_serving_run(e: Any, schema: str) -> ServingRun:
         engine=engine_key(str(eng.get("name", ""))),
         engine_version=str(eng.get("version", "")),
         model_name=str(m.get("name", "")),
-        model=built.spec,
+        model=spec,
         attention=attention,
         chip_family=fam,
         chip=chip,
@@ -364,7 +434,7 @@ def map_serving_run(e: Any, schema: str) -> ServingRun:
         parallel=None if disagg else _parallel(p),
         prefill=_parallel(p.get("prefill")) if disagg else None,
         decode=_parallel(p.get("decode")) if disagg else None,
-        precision=_precision(e.get("precision"), built.spec, notes),
+        precision=_precision(e.get("precision"), spec, notes),
         workload=work,
         measured=_measured(e.get("measured"), work, schema),
         defaults=tuple(notes),

@@ -80,6 +80,9 @@ class StackDefaults:
     microbatch_why: str
     ep_from_dp: bool  # expert parallelism carved out of the data-parallel ranks
     layout_why: str  # what the stack does with an unpublished layout
+    # an unstated compile: False where the stack runs eager unless configured (the profile's
+    # [eager] table says so); True keeps the plan's compiled kernels
+    compiled: bool = True
 
 
 _MBS1 = (
@@ -152,6 +155,7 @@ STACKS: dict[str, StackDefaults] = {
         microbatch_why="torchtitan's local batch size is the whole per-rank batch (no gradient accumulation)",
         ep_from_dp=False,
         layout_why="torchtitan's default layout is FSDP over every GPU (data_parallel_shard_degree=-1)",
+        compiled=False,
     ),
     "llm-foundry": StackDefaults(
         framework="llm-foundry",
@@ -247,9 +251,34 @@ class DocumentOverride:
     why: str = ""
     attention_kernel: str | None = None  # specs.framework.AttentionKernel value
     kernel_why: str = ""
+    optimizer: str | None = None  # specs.plan.OPTIMIZERS name where the table's runs differ
+    optimizer_why: str = ""
+    virtual: int | None = None  # model chunks per pipeline rank (interleaved) where unpublished
+    virtual_why: str = ""
 
+
+# The gradient dtype of Megatron-Bridge's performance benchmarks: every version read reduces (and
+# so accumulates) gradients in bf16, not Megatron's fp32 default.
+_MB_BF16_GRADS = (
+    "Megatron-Bridge performance benchmarks accumulate and reduce gradients in bf16: "
+    "NVIDIA-NeMo/Megatron-Bridge@067f987d src/megatron/bridge/perf_recipes/_common.py "
+    "(_benchmark_common: ddp.grad_reduce_in_fp32 = False; _perf_precision: grad_reduce_in_fp32 = False), "
+    "the same in v0.2.0 scripts/performance/configs/*/..._llm_pretrain.py and v0.1.0rc4 "
+    "scripts/performance/configs/*/*_llm_pretrain.yaml (grad_reduce_in_fp32: false)"
+)
+_DGXC_BF16_GRADS = (
+    "DGX Cloud recipes sync gradients in bf16: NVIDIA/dgxc-benchmarking@35a9aecc every recipe yaml "
+    "(e.g. nemotron/nemotron4-340b-synth.yaml optim: distributed_fused_adam, grad_sync_dtype: bf16, "
+    "contiguous_grad_buffer: True)"
+)
 
 DOCUMENTS: dict[str, DocumentOverride] = {
+    "megatron-bridge": DocumentOverride(
+        optimizer="adam-fp32-master-bf16-grads", optimizer_why=_MB_BF16_GRADS
+    ),
+    "dgx-cloud": DocumentOverride(
+        optimizer="adam-fp32-master-bf16-grads", optimizer_why=_DGXC_BF16_GRADS
+    ),
     "megatron-narayanan2021": DocumentOverride(
         sequence_parallel=False,
         collective_matmul=False,
@@ -272,6 +301,14 @@ DOCUMENTS: dict[str, DocumentOverride] = {
     "llama3-paper": DocumentOverride(
         seq_len=8192,
         why="sequence length unstated: 8192, the 8K pre-training stage the table describes",
+        virtual=8,
+        virtual_why=(
+            "Llama 3 paper (arXiv:2407.21783 §3.3.2, pipeline parallelism improvements): an "
+            "interleaved schedule with V model chunks per pipeline rank (bubble (PP-1)/(V·M)); one "
+            "Transformer layer is taken from the first and the last stage so that the first chunk "
+            "holds only the embedding and the last only the output and loss: chunks of one layer, "
+            "(126 layers + embedding + loss) / 16 ranks = V = 8"
+        ),
     ),
 }
 
@@ -301,11 +338,63 @@ RECIPES: tuple[RecipeOverride, ...] = (
         r"deepseek-v3",
         r"^b200$",
         r"mxfp8",
-        "overlap_ep=1",
+        "overlap_ep=1,remat=mla_up_proj+mlp",
         (
-            "EP all-to-all overlapped with the other microbatch's compute (the benchmark's recipe: "
+            "EP all-to-all overlapped with the other microbatch's compute, and the MLA up-projection "
+            "and the dense MLPs recomputed (the benchmark's recipe: "
             f"{MB_PERF}/deepseek/b200/deepseek_v3.py:124-155 deepseek_v3_pretrain_256gpu_b200_fp8mx_config "
-            "sets overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True, DeepEP dispatch)"
+            "sets overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True, DeepEP dispatch, "
+            'recompute_modules=["mla_up_proj", "mlp"])'
+        ),
+    ),
+    RecipeOverride(
+        "megatron-bridge",
+        r"deepseek-v3",
+        r"^gb200$",
+        r"mxfp8",
+        "remat=mla_up_proj",
+        (
+            "the MLA up-projection recomputed (the benchmark's recipe: "
+            f"{MB_PERF}/deepseek/gb200/deepseek_v3.py:134-149 deepseek_v3_pretrain_256gpu_gb200_fp8mx_config "
+            'sets recompute_modules=["mla_up_proj"])'
+        ),
+    ),
+    RecipeOverride(
+        "megatron-bridge",
+        r"deepseek-v3",
+        r"^h100$",
+        r"",
+        "remat=mla_up_proj+mlp",
+        (
+            "the MLA up-projection and the dense MLPs recomputed (the benchmark's script on H100: "
+            "NVIDIA-NeMo/Megatron-Bridge@v0.1.0rc4 scripts/performance/run_script.py:90-91 "
+            'recompute_modules = ["mla_up_proj", "mlp"]; the same at '
+            f"{MB_PERF}/deepseek/h100/deepseek_v3.py:43)"
+        ),
+    ),
+    RecipeOverride(
+        "megatron-bridge",
+        r"gpt-oss-120b",
+        r"^b200$",
+        r"bf16",
+        "remat=layernorm+moe_act",
+        (
+            "the layernorms and the MoE activation recomputed (the benchmark's recipe: "
+            f"{MB_PERF}/gpt_oss/b200/gpt_oss.py:25-40 gpt_oss_120b_pretrain_64gpu_b200_bf16_config sets "
+            'recompute_granularity="selective", recompute_modules=["layernorm", "moe_act"])'
+        ),
+    ),
+    RecipeOverride(
+        "dgx-cloud",
+        r"nemotron-4 340b",
+        r"^h100$",
+        r"",
+        "remat=core_attn",
+        (
+            "selective recompute of the core attention (the benchmark's recipe: "
+            "NVIDIA/dgxc-benchmarking@35a9aecc nemotron/nemotron4-340b-synth.yaml:138 "
+            "activations_checkpoint_granularity: selective; Megatron-Core's selective recompute "
+            'reruns recompute_modules, default ["core_attn"])'
         ),
     ),
     RecipeOverride(

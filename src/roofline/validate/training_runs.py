@@ -19,6 +19,7 @@ from typing import Any
 from roofline.core.ledger import count_params
 from roofline.errors import RooflineError
 from roofline.specs.model import ModelSpec
+from roofline.specs.plan import RECOMPUTE_MODULES
 from roofline.specs.system import System
 from roofline.training.step import Plan, Workload, evaluate_plan, parse_plan
 from roofline.units import compute_format
@@ -128,9 +129,14 @@ def published_remat(text: str) -> str | None:
     """The tool's remat policy for a published description, None if it cannot be read.
 
     Megatron 'selective', torchtitan 'selective (op)' and MaxText 'minimal' keep the matmul
-    outputs and rerun the rest -> `matmuls`; 'full' in any stack -> `full`.
+    outputs and rerun the rest -> `matmuls`; Megatron's recompute modules other than core_attn
+    named ('selective: mla_up_proj, mlp') -> that partial recompute (`mla_up_proj+mlp`); 'full'
+    in any stack -> `full`.
     """
     low = text.lower()
+    mods = [m for m in RECOMPUTE_MODULES if re.search(rf"\b{m}\b", low)]
+    if mods and mods != ["core_attn"]:
+        return "+".join(mods)
     if "selective" in low or low.strip() == "minimal":
         return "matmuls"
     if "full" in low:
@@ -271,13 +277,18 @@ def _microbatches(
     return gbs // (ways * mbs)
 
 
-def _schedule(p: dict, pp: int, layers: int, framework: str, notes: list[str]) -> str:
+def _schedule(
+    p: dict, pp: int, layers: int, framework: str, notes: list[str], over: Any = None
+) -> str:
     from roofline.core.stack import stack_of
 
     if pp <= 1:
         return ""
     uneven = stack_of(framework).uneven_stages
     v = _num(p.get("vp")) or 1
+    if v == 1 and "vp" not in p and over is not None and over.virtual:
+        v = over.virtual  # the document's own schedule where its table leaves it out
+        notes.append(over.virtual_why)
     if (k := _num(p.get("vp_layers_per_virtual_stage"))) and layers % (pp * k) == 0:
         v = layers // (pp * k)
     if v > 1 and (layers % (pp * v) == 0 or uneven):
@@ -309,6 +320,26 @@ def _remat(p: dict, st: StackDefaults, notes: list[str]) -> str:
         return st.remat
     notes.append(st.remat_why)
     return st.remat
+
+
+def _compiled(p: dict, st: StackDefaults, notes: list[str]) -> list[str]:
+    """`compile=0` where the run ran eager PyTorch kernels: the row says so (`compile: false`,
+    or 'eager' in its precision), or says nothing on a stack that is eager by default
+    (StackDefaults.compiled; the profile's [eager] table holds its flag and traffic)."""
+    from roofline.core.stack import stack_of
+
+    eager = stack_of(st.framework).framework.eager if st.framework else None
+    if eager is None:
+        return []
+    if "compile" in p:
+        return [] if p["compile"] is True else ["compile=0"]
+    if "eager" in str(p.get("precision") or "").lower():
+        notes.append("the row's precision says eager: no torch.compile")
+        return ["compile=0"]
+    if st.compiled:  # a stack other than torchtitan's own configs (e.g. Meta's): as compiled
+        return []
+    notes.append(f"compile unstated: eager, the stack's default ({eager.flag})")
+    return ["compile=0"]
 
 
 def _flags(p: dict, hw: dict, tp: int, st: StackDefaults, doc: str, notes: list[str]) -> list[str]:
@@ -562,11 +593,20 @@ def _plan_text(p, hw, deg, gbs, model, st, src, notes) -> str:
         "dp=1"
     ]
     parts += [f"microbatch={mb}", f"remat={remat}", f"zero={zero}"]
-    if sched := _schedule(p, deg["pp"], model.n_layers, st.framework, notes):
+    if sched := _schedule(p, deg["pp"], model.n_layers, st.framework, notes, over):
         parts.append(sched)
     parts += _flags(p, hw, deg["tp"], st, src.document, notes)
-    parts.append(f"optimizer={st.optimizer}")
+    parts += _compiled(p, st, notes)
+    parts.append(f"optimizer={_optimizer(over, st, notes)}")
     return ",".join(parts)
+
+
+def _optimizer(over: Any, st: StackDefaults, notes: list[str]) -> str:
+    """The optimizer policy: the table's own where its runs differ from the stack's default."""
+    if over is None or over.optimizer is None:
+        return st.optimizer
+    notes.append(over.optimizer_why)
+    return over.optimizer
 
 
 def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
@@ -645,6 +685,8 @@ def _recipe_text(src: Source, m: dict, hw: dict, p: dict, notes: list[str]) -> s
     )
     if r is None:
         return ""
+    if "remat=" in r.plan and not p.get("remat"):  # the recipe states what the row leaves out
+        notes[:] = [n for n in notes if n != defaults_for(src.stack).remat_why]
     notes.append(r.why)
     return "," + r.plan
 

@@ -366,9 +366,9 @@ def _check_program(model: ModelSpec, deg: Degrees, n_layers: int) -> None:
             rule="the verify program is one layer (or a scanned stack) without pipeline stages",
             fix="verify dp, fsdp, tp, sp and ep; pipeline costs are bubbles and hops, not collectives of a layer",
         )
-    if model.mla is not None:
+    if model.mla is not None or model.linear is not None:
         raise VerifyError(
-            f"model {model.name!r} uses MLA",
+            f"model {model.name!r} uses {'MLA' if model.mla is not None else 'linear-attention layers'}",
             rule="the verify program builds GQA/MHA layers",
             fix="use a GQA model",
         )

@@ -48,6 +48,10 @@ class EngineProfile:
     # settings are the replica's, divided over its ranks (SGLang --enable-dp-attention)
     scheduler_per_dp_rank: bool
     overlap_scheduling: bool  # host scheduling of step n+1 hidden behind step n
+    # a closed loop of fixed lengths stays in lockstep waves on a prefill-first engine (every
+    # wave prefilled before anyone decodes); false: its cohorts drift apart and it serves the
+    # staggered steady state (prefill batches spacing out decode passes)
+    closed_loop_lockstep: bool
     step_overhead_s: float  # exposed host time per step
     cuda_graphs: bool
     max_graph_batch: int  # largest decode batch replayed from a captured graph
@@ -178,6 +182,7 @@ def _check(d: dict, origin: str) -> None:
         "disaggregated",
         "speculative",
         "scheduler_per_dp_rank",
+        "closed_loop_lockstep",
     ):
         if not isinstance(d[k], bool):
             raise bad(k, f"{k} is true or false")

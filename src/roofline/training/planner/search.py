@@ -27,6 +27,8 @@ from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Plan, Workload, parse_optimizer
 from roofline.specs.system import System
+from roofline.training.offload import offloaded_cost
+from roofline.training.planner.launchable import launchable
 from roofline.training.planner.rank import (
     Family,
     Ranked,
@@ -39,7 +41,7 @@ from roofline.training.planner.rank import (
     runner_up_row,
     shape_key,
 )
-from roofline.training.planner.space import SearchSpace, enumerate_plans
+from roofline.training.planner.space import SearchSpace, enumerate_plans, offload_rescue
 from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import (
     StepCost,
@@ -209,6 +211,7 @@ def plan_training(
     framework: str | Framework | Stack | None = None,
     dtypes: ComputeDtypes | None = None,
     efficient_size: bool = True,
+    launch_stack: str | None = None,
 ) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
 
@@ -218,7 +221,9 @@ def plan_training(
     dtypes, else every precision the stack runs faster than 16-bit on the chip is searched
     beside the chip's 16-bit default (`Stack.searchable_dtypes`). `efficient_size`: where the
     best plan on the whole system spends most of its step not computing, halvings of the system
-    are costed too and the cheapest per token is named (`smaller_efficient`)."""
+    are costed too and the cheapest per token is named (`smaller_efficient`). `launch_stack`:
+    the stack named to launch the plans (None: any), whose configuration must say them
+    (`planner.launchable`)."""
     t0 = time.perf_counter()
     stack = stack_of(framework)
     space = (space or SearchSpace()).for_stack(stack, model)
@@ -230,7 +235,7 @@ def plan_training(
         systems = systems_for_counts(system, chips)
     else:
         systems = sub_slices(system) if allow_sub_slices else [system]
-    found = enumerate_plans(model, workload, systems, space)
+    found = launchable(enumerate_plans(model, workload, systems, space), space, launch_stack)
     if not found.groups:
         raise PlanError(
             f"no mesh factorisation of {system.n_chips} chips satisfies the divisibility rules",
@@ -238,7 +243,7 @@ def plan_training(
             fix="try another chip count (--chips) or batch size",
         )
     searched = (dtypes,) if dtypes is not None else stack.searchable_dtypes(system.chip)
-    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, searched)
+    ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, searched, launch_stack)
     families = _cost(found.groups, ctx, progress)
     rejected = found.rejected
     for f in families:
@@ -298,25 +303,28 @@ def _runner_up_row(families, ranked: Ranked, systems, rows: list[int]) -> int | 
 
 def _cost_rows(families, ranked: Ranked, rows: list[int], ctx: _Costing) -> dict[int, StepCost]:
     """The StepCost of each ranked row the report lists: the plans that a single plan's walk
-    would walk alike (the same strategies, sharding and dtypes; remat and the flags may
-    differ) costed together in one multi-row walk (`evaluate_plan_rows`: the numbers
-    `evaluate_plan` gives)."""
+    would walk alike (the same strategies, sharding, dtypes and compilation; remat and the
+    flags may differ) costed together in one multi-row walk (`evaluate_plan_rows`: the numbers
+    `evaluate_plan` gives), with the optimizer offloaded where that made a plan fit."""
     groups: dict[tuple, list[tuple[int, Plan, int]]] = {}
     for r in rows:
         f = families[int(ranked.family[r])]
         plan = plan_at(families, ranked, r, ctx.space, ctx.opt)
         st = replace(structure_of(plan, ctx.model), remat=Structure.remat, collective_matmul=False)
         sys_i = int(f.cand.system_idx[int(ranked.index[r])])
-        groups.setdefault((st, plan.dtypes), []).append((r, plan, sys_i))
+        groups.setdefault((st, plan.dtypes, plan.compiled), []).append((r, plan, sys_i))
     out: dict[int, StepCost] = {}
-    for (st, _), members in groups.items():
+    for (st, *_), members in groups.items():
         plans = [p for _, p, _ in members]
         cand = candidates_of_plans(plans, [i for _, _, i in members], ctx.space.remats)
         costs = evaluate_plan_rows(
             ctx.model, ctx.systems, ctx.workload, st, cand, plans, remats=list(ctx.space.remats),
             efficiency=ctx.eff, policy=ctx.policy, framework=ctx.stack,
         )  # fmt: skip
-        out.update(zip([r for r, _, _ in members], costs, strict=True))
+        for (r, _, _), c in zip(members, costs, strict=True):
+            if not c.fits and True in ctx.space.offload_optimizer:  # as offload_rescue ranked it
+                c = offloaded_cost(ctx.model, c) or c
+            out[r] = c
     return out
 
 
@@ -333,6 +341,7 @@ class _Costing:
     policy: OptionPolicy
     stack: Stack
     dtypes: tuple[ComputeDtypes | None, ...]  # the precisions searched (None: the default)
+    launch_stack: str | None = None  # the stack named to launch the plans
 
 
 # the algebra's own choice among the options, never the stack's (advice only)
@@ -400,6 +409,8 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
                 framework=ctx.stack,
                 dtypes=dt,
             )
+            if True in ctx.space.offload_optimizer:  # plans that fit only with it (space.py)
+                r = offload_rescue(ctx.systems, cand, r, ctx.opt)
             out.append(Family.of(st, cand, r, dt))
             done += len(cand)
             if progress:
@@ -443,6 +454,7 @@ def smaller_efficient(
                 ctx.model, sysm, ctx.workload, top_k=1, efficiency=ctx.eff,
                 optimizer=ctx.opt.name, allow_sub_slices=False, policy=ctx.policy,
                 framework=ctx.stack, dtypes=dtypes, space=ctx.space, efficient_size=False,
+                launch_stack=ctx.launch_stack,
             )  # fmt: skip
         except (PlanError, ValueError):
             break

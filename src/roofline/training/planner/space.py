@@ -3,9 +3,15 @@ enumeration of candidate plans into families the walk costs in one pass each.
 
 Search space (every legal combination): system or sub-slices × mesh factorisation
 dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule ×
-Megatron sequence parallelism × collective matmul. Degrees come from the divisors of the
+Megatron sequence parallelism × collective matmul × optimizer offload. Degrees come from the divisors of the
 bounds `feasibility` checks (a degree outside them is never tried); combinations are then
 rejected by the named rules of `feasibility.RULES` and the space's own bounds, each counted.
+
+Optimizer offload (`offload_optimizer`, off by default; `train --offload-optimizer` turns it
+on, on the idealised machine: a stack's records and launch writers do not express it) is an axis that applies only where it changes the answer: a candidate that misses HBM
+by no more than its optimizer state, which its host DRAM holds, is costed with that state in
+host memory (ZeRO-Offload, `training.offload`) instead of rejected (`offload_rescue`). A plan
+that fits without offload is costed as it is (offload would only add host traffic to it).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +38,8 @@ from roofline.training.feasibility import (
     tp_must_divide,
     violations,
 )
-from roofline.training.step import Candidates
+from roofline.training.offload import offload_terms
+from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
@@ -113,6 +121,8 @@ class SearchSpace:
     overlap_ep: tuple[bool, ...] = (False,)  # expert all-to-alls behind compute (MoE stacks)
     # the stack lays out uneven pipeline stages (layers need not divide pp·virtual)
     uneven_stages: bool = False
+    # optimizer state in host memory (ZeRO-Offload) for plans that fit HBM only so
+    offload_optimizer: tuple[bool, ...] = (False,)
     # search-space bounds applied as named rules (counted like feasibility rules)
     bounds: tuple[Rule, ...] = field(default=(FEWER_MICROBATCHES_THAN_STAGES,))
 
@@ -139,6 +149,9 @@ class SearchSpace:
             collective_matmul=(False, True) if tensor.plan_key else (False,),
             overlap_ep=(False, True) if expert.plan_key and model.moe is not None else (False,),
             uneven_stages=stack.uneven_stages,
+            # the stacks' records say nothing of optimizer offload and their launch writers
+            # do not write it: searched on the idealised machine only
+            offload_optimizer=(False,),
         )
 
     def domains(
@@ -325,3 +338,53 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
         st = Structure(active, space.remats[0], bool(key >> 1 & 1), False, bool(key & 1))
         groups.append((st, cand))
     return groups
+
+
+class _Rescued:
+    """The family's rejection reasons less the candidates optimizer offload made fit."""
+
+    def __init__(self, base: Any, ok: np.ndarray) -> None:
+        self.base, self.ok = base, ok
+
+    def __getitem__(self, i: int) -> str:
+        return "" if self.ok[i] else self.base[i]
+
+    def counts(self) -> dict[str, int]:
+        out = dict(self.base.counts())
+        n = int(self.ok.sum())
+        if n:
+            out["does not fit HBM"] -= n
+            if not out["does not fit HBM"]:
+                del out["does not fit HBM"]
+        return out
+
+
+def offload_rescue(systems: list[System], cand: Candidates, r: StepArrays, opt: Any) -> StepArrays:
+    """Candidates that miss HBM by no more than their optimizer state, which their host DRAM
+    holds, costed with it offloaded: step − HBM optimizer update + exposed host traffic
+    (`training.offload.offload_terms`); the rest as they were."""
+    over = np.asarray(r.reason.over, bool)
+    if not over.any():
+        return r
+    si = np.zeros(len(cand), int) if cand.system_idx is None else cand.system_idx
+    W = np.array([s.host_bw_bytes_per_s or np.nan for s in systems], float)[si]
+    dram = np.array([s.host_dram_bytes_per_chip or np.nan for s in systems], float)[si]
+    state = np.asarray(r.memory["optimizer"], float)
+    *_, exposed = offload_terms(opt, state, r.compute_time_s, W)
+    with np.errstate(invalid="ignore"):
+        ok = over & (r.memory_total - state <= systems[0].chip.fit_hbm_bytes) & (state <= dram)
+    step = np.where(ok, r.step_time_s - r.optimizer_time_s + exposed, r.step_time_s)
+    speed = r.step_time_s / step
+    return replace(
+        r,
+        step_time_s=step,
+        optimizer_time_s=np.where(ok, 0.0, r.optimizer_time_s),
+        exposed_comm_time_s=np.where(ok, r.exposed_comm_time_s + exposed, r.exposed_comm_time_s),
+        memory_total=np.where(ok, r.memory_total - state, r.memory_total),
+        mfu=r.mfu * speed,
+        hfu=r.hfu * speed,
+        mfu_compute_dtype=r.mfu_compute_dtype * speed,
+        tokens_per_s=r.tokens_per_s * speed,
+        infeasible=r.infeasible & ~ok,
+        reason=_Rescued(r.reason, ok),
+    )
