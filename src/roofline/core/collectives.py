@@ -206,6 +206,13 @@ def collective_time(latency_s: Any, seconds_per_byte: Any, bytes_per_chip: Any) 
 
     Vectorised over any argument; every caller that re-prices a collective uses this.
     """
+    if (
+        type(latency_s) is float
+        and type(seconds_per_byte) is float
+        and type(bytes_per_chip) is float
+    ):
+        bw = seconds_per_byte * bytes_per_chip  # floats (a single plan): numpy's maximum, NaN too
+        return latency_s if latency_s >= bw or latency_s != latency_s else bw
     return np.maximum(latency_s, seconds_per_byte * np.asarray(bytes_per_chip, dtype=float))
 
 
@@ -282,11 +289,18 @@ class UnitCost:
 
 
 def unit_cost(kind: CollectiveKind | str, axes: str | Iterable[str], mesh: Mesh) -> UnitCost:
-    """The unit cost of a collective of `kind` over mesh `axes` (zero for a group of one)."""
-    c = collective_cost(kind, 1.0e6, axes, mesh)
-    if c.group_size == 1:
+    """The unit cost of a collective of `kind` over mesh `axes` (zero for a group of one):
+    `collective_cost(...).unit` without its per-byte arrays and formula text."""
+    k = parse_collective_kind(kind)
+    names = mesh.resolve_axes(axes)
+    shape = mesh.shape
+    n = math.prod(shape[a] for a in names)
+    if n == 1:
         return UnitCost(0.0, 0.0)
-    return c.unit
+    terms = _stage_terms(k, mesh.system, mesh.segments(names), n, mesh.system.sharp, None)
+    worst = max(terms, key=lambda t: t.seconds_per_byte)
+    latency = float(sum(t.latency_s for t in terms))
+    return UnitCost(latency, worst.seconds_per_byte, _TIER_OF_DIM[worst.kind])
 
 
 def moe_ragged_fraction(k: int, n: int, *, exact: bool = False) -> float:

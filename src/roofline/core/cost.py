@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from roofline.core.collectives import CollectiveKind, UnitCost, collective_time, unit_cost
-from roofline.core.mesh import Mesh, make_mesh
+from roofline.core.mesh import Mesh, place_mesh
 from roofline.core.rules import Structure as Structure  # re-exported: the walk's family of plans
 from roofline.core.sharding import GemmShape
 from roofline.errors import PlanError
@@ -111,11 +111,25 @@ def mesh_for(system: System, axes: tuple[tuple[str, int], ...]) -> Mesh | str:
     hit = _MESH_CACHE.get(key)
     if hit is None or hit[0] is not system:
         try:
-            m: Mesh | str = make_mesh(system, axes)
+            m: Mesh | str = place_mesh(system, list(axes))  # axes from mesh_axes_of
         except PlanError as e:
             m = f"mesh does not fit the topology ({e.what})"
         hit = _MESH_CACHE[key] = (system, m)
     return hit[1]
+
+
+def unique_rows(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(cols, axis=0, return_inverse=True)` of non-negative integer rows, through one
+    mixed-radix integer per row where it fits in 62 bits (the same sorted rows, ~10x faster)."""
+    radix = cols.max(axis=0) + 1 if len(cols) else np.ones(cols.shape[1], np.int64)
+    if float(np.prod(radix.astype(float))) >= 2.0**62 or (len(cols) and cols.min() < 0):
+        rows, inv = np.unique(cols, axis=0, return_inverse=True)
+        return rows, inv.reshape(-1)
+    flat = np.zeros(len(cols), dtype=np.int64)
+    for j in range(cols.shape[1]):
+        flat = flat * int(radix[j]) + cols[:, j]
+    _, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+    return cols[first], inv.reshape(-1)
 
 
 def _unit(kind: CollectiveKind, present: tuple[str, ...], ukey: tuple, m: Mesh) -> UnitCost:
@@ -195,13 +209,13 @@ class CommModel:
         cols = np.stack([self.pid.get(a, np.full(n, -1, dtype=np.int64)) for a in axes], axis=1)
         valid = np.any(cols >= 0, axis=1)
         if valid.any():
-            combos, where = np.unique(cols[valid], axis=0, return_inverse=True)
-            where = where.reshape(-1)
+            combos, where = unique_rows(cols[valid] + 1)  # absent (-1) as 0
+            combos = combos - 1
             vidx = np.nonzero(valid)[0]
             first = np.zeros(len(combos), dtype=int)
             first[where[::-1]] = vidx[::-1]
             vals = np.zeros((len(combos), 2))
-            for c, combo in enumerate(combos):
+            for c, combo in enumerate(combos.tolist()):  # Python ints
                 present = tuple(a for a, j in zip(axes, combo, strict=True) if j >= 0)
                 ukey = (kind, tuple(self.sig_of[j] for j in combo if j >= 0))
                 m = self.meshes[first[c]]
@@ -229,7 +243,7 @@ class CommModel:
         return lat[self.inv], spb[self.inv]
 
     def __call__(self, kind: CollectiveKind, nbytes: Any, axes: tuple[str, ...]) -> Any:
-        if self.single and np.ndim(nbytes) == 0:  # one plan: floats, not 1-element arrays
+        if self.single and (type(nbytes) is float or np.ndim(nbytes) == 0):  # one plan: floats
             key = (kind, tuple(axes))
             one = self.scalar.get(key)
             if one is None:

@@ -12,6 +12,7 @@ K kv heads, G = N/K, H head dim, V vocab, E experts, k experts per token, L laye
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -935,6 +936,7 @@ def _group(name: str) -> str:
     return head if head in ("mlp",) else name
 
 
+@functools.lru_cache(maxsize=256)  # immutable; a ModelSpec is hashable
 def count_params(model: ModelSpec) -> ParamCount:
     """Total and active (per-token) parameters, itemised by ledger row.
 

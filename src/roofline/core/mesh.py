@@ -315,6 +315,17 @@ def make_mesh(
     items, inline = _parse_axes(axes)
     wanted = {**inline, **{k: "*".join(v) for k, v in _parse_placement(placement).items()}}
     explicit = {k: _dim_list(v) for k, v in wanted.items()}
+    return place_mesh(sys_, items, explicit)
+
+
+def place_mesh(
+    sys_: System,
+    items: list[tuple[str, int]],
+    explicit: Mapping[str, tuple[str, ...]] | None = None,
+) -> Mesh:
+    """`make_mesh` of axes already read: (name, whole size >= 1) pairs, names distinct (the
+    planner's meshes, `specs.plan.mesh_axes_of`), and explicit placements per axis."""
+    explicit = explicit or {}
     names = [n for n, _ in items]
     _check_mesh(sys_, items, explicit)
     inner_first = list(reversed(sys_.dims))

@@ -69,7 +69,8 @@ class Spec:
 
     def with_axes(self, dim: str, axes: tuple[str, ...]) -> Spec:
         i = self.dims.index(dim)
-        return replace(self, axes=self.axes[:i] + (tuple(axes),) + self.axes[i + 1 :])
+        new = self.axes[:i] + (tuple(axes),) + self.axes[i + 1 :]
+        return Spec(self.name, self.dims, new, self.unreduced, self.dtype)
 
     @functools.cached_property
     def used_axes(self) -> tuple[str, ...]:
@@ -289,16 +290,36 @@ class GemmShape:
 
 def gemm_shape(o: Option, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> GemmShape:
     """The local matmul of option `o` as a GEMM (free dims of each operand, contracting, batch)."""
-    L, R = o.lhs, o.rhs
+    return GemmShape(
+        *(_local_size(g, sizes, mesh) for g in _gemm_dims(o.lhs, o.rhs, o.natural_out))
+    )
 
-    def local(s: Spec, dims: Sequence[str]) -> Any:
-        return _prod(sizes[d] / _prod(mesh[a] for a in s.axes_of(d)) for d in dims)
 
-    contracting = [d for d in L.dims if d in R.dims and d not in o.natural_out.dims]
-    batch = [d for d in L.dims if d in R.dims and d in o.natural_out.dims]
-    m = local(L, [d for d in L.dims if d not in R.dims])
-    n = local(R, [d for d in R.dims if d not in L.dims])
-    return GemmShape(m, n, local(L, contracting), local(L, batch))
+@functools.lru_cache(maxsize=8192)
+def _gemm_dims(L: Spec, R: Spec, out: Spec) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]:
+    """(dim, splitting axes) of the GEMM's m (free dims of the lhs), n (of the rhs), k
+    (contracting) and count (batch dims), read off the operands' specs once."""
+    contracting = [d for d in L.dims if d in R.dims and d not in out.dims]
+    batch = [d for d in L.dims if d in R.dims and d in out.dims]
+    return (
+        tuple((d, L.axes_of(d)) for d in L.dims if d not in R.dims),
+        tuple((d, R.axes_of(d)) for d in R.dims if d not in L.dims),
+        tuple((d, L.axes_of(d)) for d in contracting),
+        tuple((d, L.axes_of(d)) for d in batch),
+    )
+
+
+def _local_size(
+    dims: tuple[tuple[str, tuple[str, ...]], ...], sizes: Mapping[str, Any], mesh: Mapping[str, Any]
+) -> Any:
+    """Product over `dims` of each dim's size over the product of its splitting axes."""
+    out: Any = 1
+    for d, ax in dims:
+        den: Any = 1
+        for a in ax:
+            den = den * mesh[a]
+        out = out * (sizes[d] / den)
+    return out
 
 
 @dataclass(frozen=True)
@@ -324,10 +345,12 @@ class EinsumPlan:
 
     @property
     def best(self) -> Option:
+        if type(self.choice) is int:  # a single plan's choice
+            return self.options[self.choice]
         return self.options[int(np.asarray(self.choice).flat[0])]
 
     def pick(self, attr: str) -> Any:
-        if np.ndim(self.choice) == 0:
+        if type(self.choice) is int or np.ndim(self.choice) == 0:
             return getattr(self.best, attr)
         if len(self.options) == 1:  # nothing was chosen: the one option, shaped like the choice
             v = np.asarray(getattr(self.options[0], attr), float)
@@ -518,7 +541,7 @@ class Cheapest:
     name: str = "cheapest"
 
     def choose(self, ctx: OptionContext) -> Any:
-        return np.argmin(np.stack(np.broadcast_arrays(*ctx.costs)), axis=0)
+        return argmin_allowed(ctx.costs)
 
 
 @dataclass(frozen=True)
@@ -530,11 +553,7 @@ class Prefer:
     predicate: Callable[[Option, OptionContext], bool]
 
     def choose(self, ctx: OptionContext) -> Any:
-        ok = np.array([bool(self.predicate(o, ctx)) for o in ctx.options])
-        costs = np.stack(np.broadcast_arrays(*ctx.costs))
-        if ok.any():
-            costs = np.where(ok.reshape((-1,) + (1,) * (costs.ndim - 1)), costs, np.inf)
-        return np.argmin(costs, axis=0)
+        return argmin_allowed(ctx.costs, [bool(self.predicate(o, ctx)) for o in ctx.options])
 
 
 CHEAPEST = Cheapest()
@@ -627,6 +646,12 @@ class _Einsum:
                 c.append(self.out.axes_of(d))
             choices.append(list(dict.fromkeys(c)))
         return choices
+
+
+@functools.lru_cache(maxsize=8192)
+def _einsum_of(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> _Einsum:
+    """`_Einsum` of the specs (symbolic, so computed once per distinct einsum)."""
+    return _Einsum(lhs, rhs, out, phase)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -870,6 +895,8 @@ class _Shape:
     splits: tuple[tuple[tuple[str, ...], ...], ...]
     # per recipe: (comm indices, lhs, rhs, natural-out array indices, split index)
     index: tuple[tuple[tuple[int, ...], int, int, int, int], ...]
+    # per distinct split: (contracting dim, axes splitting it on the lhs) pairs
+    split_dims: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = ()
 
 
 def _key_index(table: dict, key: Any) -> int:
@@ -905,6 +932,7 @@ def _shape(lhs: Spec, rhs: Spec, out: Spec, phase: str) -> _Shape:
         tuple(comms),
         tuple(splits),
         tuple(index),
+        tuple(tuple(zip(contracting, sp, strict=True)) for sp in splits),
     )
 
 
@@ -926,27 +954,24 @@ def _numeric_all(
     `weights` move `weight_read_fraction` of their bytes through HBM (a routed-expert weight:
     a pass reads only the experts its tokens chose)."""
     sh = _shape(lhs, rhs, out, phase)
-    contracting = [d for d in lhs.dims if d in rhs.dims and d not in out.dims]
     elems = [x.local_elements(sizes, mesh) for x in sh.arrays]
     nbytes = [e * x.itemsize for e, x in zip(elems, sh.arrays, strict=True)]
     times = [comm_fn(k, nbytes[i], axes) for k, axes, i in sh.comms]
-    split = [
-        _prod(sizes[d] / _prod(mesh[a] for a in ax) for d, ax in zip(contracting, s, strict=True))
-        for s in sh.splits
-    ]
+    split = [_local_size(dims, sizes, mesh) for dims in sh.split_dims]
     options = []
     for r, label, (cs, li, ri, ni, si) in zip(sh.recipes, sh.labels, sh.index, strict=True):
         comm = tuple(
-            Comm(
-                c.kind,
-                c.axes,
-                c.tensor,
-                nbytes[sh.comms[j][2]],
-                times[j],
-                c.before,
-                c.after,
-                c.why,
-                c.phase,
+            _built(
+                Comm,
+                kind=c.kind,
+                axes=c.axes,
+                tensor=c.tensor,
+                bytes_per_chip=nbytes[sh.comms[j][2]],
+                time_s=times[j],
+                before=c.before,
+                after=c.after,
+                why=c.why,
+                phase=c.phase,
             )
             for c, j in zip(r.steps, cs, strict=True)
         )
@@ -955,8 +980,30 @@ def _numeric_all(
             hbm = hbm + (nbytes[i] * weight_read_fraction if x.name in weights else nbytes[i])
         t = sum((c.time_s for c in comm), start=0.0)
         flops = 2.0 * elems[ni] * split[si]
-        options.append(Option(label, r.lhs, r.rhs, r.natural_out, r.out, comm, flops, hbm, t))
+        options.append(
+            _built(
+                Option,
+                label=label,
+                lhs=r.lhs,
+                rhs=r.rhs,
+                natural_out=r.natural_out,
+                out=r.out,
+                comms=comm,
+                flops_per_chip=flops,
+                hbm_bytes_per_chip=hbm,
+                comm_time_s=t,
+            )
+        )
     return options
+
+
+def _built(cls: type, **fields: Any) -> Any:
+    """An instance of the frozen dataclass `cls` (Comm, Option: no `__post_init__`) from all
+    its fields, its `__dict__` filled at once: what the generated `__init__` does one
+    `object.__setattr__` at a time, ~3x slower (a single plan builds ~400 of them)."""
+    o = object.__new__(cls)
+    o.__dict__.update(fields)
+    return o
 
 
 def plan_einsum(
@@ -990,7 +1037,7 @@ def plan_einsum(
     `comm_share(c)` is the share of collective c's time this einsum's choice carries (a
     gradient sum paid once per step weighs 1/M in a microbatch's choice; default 1).
     """
-    e = None if trusted else _Einsum(lhs, rhs, out, phase)
+    e = None if trusted else _einsum_of(lhs, rhs, out, phase)
     if e is not None:
         _check_einsum(e, sizes, mesh, check_divisible, allow_conflict)
     options = _numeric_all(
@@ -1002,18 +1049,24 @@ def plan_einsum(
             rule="see book sharding.md cases 1-4",
             fix="shard the output like the inputs' free dims",
         )
-    comp = [np.asarray(o.flops_per_chip, float) / peak_flops_per_s for o in options]
-    memt = [np.asarray(o.hbm_bytes_per_chip, float) / hbm_bw_bytes_per_s for o in options]
+    floats = _all_floats(options, peak_flops_per_s, hbm_bw_bytes_per_s)
+    if floats:  # one plan: Python floats, the same arithmetic without numpy's per-call cost
+        comp = [o.flops_per_chip / peak_flops_per_s for o in options]
+        memt = [o.hbm_bytes_per_chip / hbm_bw_bytes_per_s for o in options]
+    else:
+        comp = [np.asarray(o.flops_per_chip, float) / peak_flops_per_s for o in options]
+        memt = [np.asarray(o.hbm_bytes_per_chip, float) / hbm_bw_bytes_per_s for o in options]
     if trusted and len(options) == 1 and policy is CHEAPEST:  # nothing to choose
         choice: Any = 0
     else:
+        cost = _float_option_cost if floats else option_cost
         costs = tuple(
-            option_cost(c, m, _choice_comm(o, comm_share))
+            cost(c, m, _choice_comm(o, comm_share, floats))
             for c, m, o in zip(comp, memt, options, strict=True)
         )
         ctx = OptionContext(lhs, rhs, out, phase, tuple(options), costs, weights)
         choice = policy.choose(ctx)
-    if np.ndim(choice) == 0:
+    if type(choice) is int or np.ndim(choice) == 0:
         choice = int(choice)
         compute_t, mem_t = _scalar(comp[choice]), _scalar(memt[choice])
     else:
@@ -1032,14 +1085,65 @@ def plan_einsum(
     )
 
 
-def _choice_comm(o: Option, share: Callable[[Comm], Any] | None) -> Any:
+def _choice_comm(o: Option, share: Callable[[Comm], Any] | None, floats: bool = False) -> Any:
     """The communication seconds the option choice weighs (each collective × its share)."""
+    if floats:
+        if share is None:
+            return o.comm_time_s
+        return sum((c.time_s * share(c) for c in o.comms), start=0.0)
     if share is None:
         return np.asarray(o.comm_time_s, float)
     return sum((np.asarray(c.time_s, float) * share(c) for c in o.comms), start=np.zeros(()))
 
 
+def _is_float(x: Any) -> bool:
+    return type(x) is float or type(x) is np.float64
+
+
+def _all_floats(options: list[Option], peak: Any, bw: Any) -> bool:
+    """True when every number of every option is a float (a single plan's walk)."""
+    if not (_is_float(peak) and _is_float(bw)):
+        return False
+    for o in options:
+        if not (_is_float(o.flops_per_chip) and _is_float(o.hbm_bytes_per_chip)):
+            return False
+        if not all(_is_float(c.time_s) for c in o.comms):
+            return False
+    return True
+
+
+def _float_option_cost(compute_s: float, memory_s: float, comm_s: float) -> float:
+    """`option_cost` of floats (the same value; NaN propagates as numpy's maximum does)."""
+    if compute_s != compute_s or memory_s != memory_s or comm_s != comm_s:
+        return math.nan
+    return max(max(compute_s, memory_s), comm_s) + 1e-3 * (compute_s + memory_s + comm_s)
+
+
+def argmin_allowed(costs: tuple[Any, ...], ok: list[bool] | None = None) -> Any:
+    """The index of the cheapest option (per row when the costs are arrays), among those `ok`
+    allows when it allows any; the first on ties, as numpy's argmin."""
+    if all(_is_float(c) for c in costs):
+        vals = costs
+        if ok is not None and any(ok):
+            vals = tuple(c if a else math.inf for c, a in zip(costs, ok, strict=True))
+        at = 0
+        for i, v in enumerate(vals):
+            if v != v:  # NaN: numpy's argmin takes the first NaN
+                return np.intp(i)
+            if v < vals[at]:
+                at = i
+        return np.intp(at)
+    stacked = np.stack(np.broadcast_arrays(*costs))
+    if ok is not None:
+        keep = np.array(ok, dtype=bool)
+        if keep.any():
+            stacked = np.where(keep.reshape((-1,) + (1,) * (stacked.ndim - 1)), stacked, np.inf)
+    return np.argmin(stacked, axis=0)
+
+
 def _scalar(x: Any) -> Any:
+    if type(x) is float:
+        return x
     return float(x) if np.ndim(x) == 0 else x
 
 

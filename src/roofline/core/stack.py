@@ -28,13 +28,17 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
-import numpy as np
-
 from roofline.core.collectives import CollectiveKind
 from roofline.core.ledger import Op
 from roofline.core.memory import LAST_PROJECTIONS, NON_LAYER_ROWS
 from roofline.core.memory import rerun_by as book_rerun_by
-from roofline.core.sharding import CHEAPEST, Option, OptionContext, OptionPolicy
+from roofline.core.sharding import (
+    CHEAPEST,
+    Option,
+    OptionContext,
+    OptionPolicy,
+    argmin_allowed,
+)
 from roofline.errors import SpecError
 from roofline.specs.framework import (
     MODULE_RERUNS,
@@ -148,11 +152,7 @@ class MovePolicy:
         return True
 
     def choose(self, ctx: OptionContext) -> Any:
-        ok = np.array([self.allows(o, ctx) for o in ctx.options])
-        costs = np.stack(np.broadcast_arrays(*ctx.costs))
-        if ok.any():
-            costs = np.where(ok.reshape((-1,) + (1,) * (costs.ndim - 1)), costs, np.inf)
-        return np.argmin(costs, axis=0)
+        return argmin_allowed(ctx.costs, [self.allows(o, ctx) for o in ctx.options])
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ Training's timeline, the planner, verify's predictor and inference all read thes
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from roofline.core.collectives import CollectiveKind
-from roofline.core.cost import CommModel, ComputeModel, mesh_for
+from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
 from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
@@ -298,12 +299,31 @@ class Totals:
 # --------------------------------------------------------------------------------------
 
 
+# (id(rules), tensor, block_io) -> (rules, spec): the rules kept, so an id cannot be reused by
+# other rules while its entry lives
+_SPECS: dict[tuple[int, Tensor, bool], tuple[Rules, Spec]] = {}
+_MAX_SPECS = 1 << 16
+
+
 def spec_of(t: Tensor, rules: Rules, *, block_io: bool = False) -> Spec:
     """The sharded array of a ledger tensor under `rules` (an axis is used once per array).
 
     `block_io`: a layer's input or output between blocks, which Megatron sequence parallelism
-    splits along the sequence over the tensor axis.
+    splits along the sequence over the tensor axis. Remembered per (rules, tensor): the walk
+    asks again for every plan of a structure (`_rules_of` keeps one Rules per structure).
     """
+    key = (id(rules), t, block_io)
+    hit = _SPECS.get(key)
+    if hit is not None and hit[0] is rules:
+        return hit[1]
+    if len(_SPECS) >= _MAX_SPECS:
+        _SPECS.clear()
+    spec = _spec_of(t, rules, block_io)
+    _SPECS[key] = (rules, spec)
+    return spec
+
+
+def _spec_of(t: Tensor, rules: Rules, block_io: bool) -> Spec:
     axes = []
     used: set[str] = set()
     for d in t.dims:
@@ -504,6 +524,7 @@ class _Walker:
         self.step_share = 1.0 / np.asarray(mb, float)
         self.shared = SharedCollectives()
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
+        self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
         self.ops: list[OpRecord] = []
         self.colls: list[CollectiveRecord] = []
         self.einsums: list[tuple] = []
@@ -622,7 +643,11 @@ class _Walker:
     def comm_share(self, c: Comm) -> Any:
         """The share of a collective's time one microbatch's option choice carries: a per-step
         gradient sum is paid once for the M microbatches of a step."""
-        return self.step_share if per_step_gradient(c) else 1.0
+        key = (c.tensor, c.axes)
+        per_step = self._per_step.get(key)
+        if per_step is None:
+            per_step = self._per_step[key] = per_step_gradient(c)
+        return self.step_share if per_step else 1.0
 
     def rerun_collective(self, reruns: frozenset[RematKind], cls: Overlap, c_kind) -> Any:
         """The remat kinds that rerun a collective of class `cls` inside an op they rerun."""
@@ -700,11 +725,17 @@ class _Walker:
 
     def einsum_collectives(self, op, label, ep, block, copies, reruns) -> None:
         """Records for the collectives of every option chosen on some row."""
-        choice = np.asarray(ep.choice)
+        choice = ep.choice
+        one = type(choice) is int  # a single plan: only its option has records
         for oi, o in enumerate(ep.options):
-            sel = choice == oi
-            if not np.any(sel):
-                continue
+            if one:
+                if oi != choice:
+                    continue
+                sel = np.True_
+            else:
+                sel = np.asarray(choice) == oi
+                if not np.any(sel):
+                    continue
             for c in o.comms:
                 counted, reusable = self.shared.count(c, block, sel, self.opts.merge_reductions)
                 cls = overlap_class(c)
@@ -1149,6 +1180,7 @@ class MeshRows:
         return len(self.microbatches)
 
 
+@functools.lru_cache(maxsize=256)
 def ledger_for(
     model: ModelSpec,
     phase: Phase,
@@ -1226,7 +1258,7 @@ def walk_rows(
     """
     deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
     mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
-    rules = rules_of(structure, model)
+    rules = _rules_of(structure, model)
     meshes, minv, reason = _meshes(systems, rows)
     chip = systems[0].chip
     context = pricing_context(stack_of(options.stack), eff, chip)
@@ -1245,7 +1277,7 @@ def walk_rows(
     )
     seqs = sequences / rows.microbatches.astype(float)
     mb = rows.microbatches.astype(float)
-    scale_up = np.array([_scale_up(systems[int(i)]) for i in rows.system_idx], float)
+    scale_up = np.array([_scale_up(s) for s in systems], float)[np.asarray(rows.system_idx, int)]
     if options.floats and len(rows) == 1:  # one plan on floats (WalkOptions.floats)
         mesh_sizes = {a: float(v[0]) for a, v in mesh_sizes.items()}
         seqs, mb, scale_up = float(seqs[0]), float(mb[0]), float(scale_up[0])
@@ -1264,6 +1296,12 @@ def walk_rows(
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _rules_of(structure: Structure, model: ModelSpec) -> Rules:
+    """`rules_of`, one Rules object per (structure, model) (immutable: read-only mappings)."""
+    return rules_of(structure, model)
+
+
 def _scale_up(system: System) -> float:
     """GPUs per NVLink domain (the innermost physical dim of a GPU cluster); 0 for a TPU."""
     inner = system.dims[-1] if system.dims else None
@@ -1280,8 +1318,7 @@ def _meshes(
     cols = np.column_stack(
         [rows.system_idx] + [np.asarray(rows.degrees[s]) for s in Strategy]
     ).astype(np.int64)
-    mesh_rows, minv = np.unique(cols, axis=0, return_inverse=True)
-    minv = minv.reshape(-1)
+    mesh_rows, minv = unique_rows(cols)
     found = []
     for row in mesh_rows.tolist():  # Python ints: numpy scalars are slow to convert one by one
         found.append(mesh_for(systems[row[0]], mesh_axes_of(tuple(row[1:]))))

@@ -379,6 +379,7 @@ def evaluate_plans(
     eff: Efficiency | None = None,
     optimizer: OptimizerPolicy | None = None,
     keep_einsums: bool = False,
+    keep_walk: bool = False,
     merge_reductions: bool = True,
     remats: list[Remat] | None = None,
     ops: tuple[str, ...] | None = None,
@@ -396,6 +397,8 @@ def evaluate_plans(
     `framework` is the stack whose behaviour is costed (None: the idealised machine); its
     option policy applies unless `policy` names another. `plan` (single plans) or `dtypes`
     supply the compute dtypes; `with_terms` adds the per-pass terms of `step_terms`.
+    `keep_walk` keeps the walk's records (a single plan's collectives), `keep_einsums` its
+    einsum plans too, with their report fields.
 
     Two phases: the walk runs once per distinct (system, mesh, microbatch) — the only inputs
     the einsums see — and the timeline then combines its sums with each candidate's remat,
@@ -433,7 +436,8 @@ def evaluate_plans(
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
     ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
     ctx = replace(ctx, n_rows=(w.n,), dtypes=options.dtypes)
-    return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep_einsums, with_terms)
+    keep = keep_einsums or keep_walk
+    return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep, with_terms)
 
 
 def effective_dtypes(plan: Plan, chip: Any) -> ComputeDtypes:
@@ -1033,6 +1037,8 @@ def check_plan(
 def _evaluate_one(
     model, system, workload, plan: Plan, eff, *, keep: bool, ops=None, policy=CHEAPEST, fw=None
 ) -> StepArrays:
+    """One plan's StepArrays: its walk's records kept (`keep`: evaluate_plan's collectives) or
+    the per-pass terms added (not `keep`: step_terms)."""
     return evaluate_plans(
         model,
         system,
@@ -1041,11 +1047,11 @@ def _evaluate_one(
         candidates_of(plan),
         eff=eff,
         optimizer=plan.optimizer,
-        keep_einsums=keep,
+        keep_walk=keep,
         ops=ops,
         policy=policy,
         plan=plan,
-        with_terms=True,
+        with_terms=not keep,
         framework=fw,
     )
 
@@ -1155,9 +1161,59 @@ def evaluate_plan(
         )
     eff = training_profile(efficiency).for_framework(stack.name)
     r = _evaluate_one(model, system, workload, plan, eff, keep=True, policy=policy, fw=stack)
+    return _step_cost(r, 0, 0, plan, system, workload, eff, stack, assume_mfu)
+
+
+def evaluate_plan_rows(
+    model: ModelSpec,
+    systems: list[System],
+    workload: Workload,
+    structure: Structure,
+    cand: Candidates,
+    plans: list[Plan],
+    *,
+    remats: list[Remat] | None = None,
+    efficiency: Efficiency | None = None,
+    policy: OptionPolicy = CHEAPEST,
+    framework: str | Framework | Stack | None = None,
+) -> list[StepCost]:
+    """`evaluate_plan` of several plans of one family in one multi-row walk (the planner's
+    listed plans): `plans[i]` is candidate i of `cand` (on `systems[cand.system_idx[i]]`, with
+    `remats[cand.remat_idx[i]]`), all in the same compute dtypes and optimizer. The walk does
+    a single plan's arithmetic on arrays, so each StepCost equals `evaluate_plan`'s."""
+    stack = stack_of(framework)
+    sys_idx = cand.system_idx if cand.system_idx is not None else np.zeros(len(cand), int)
+    on = [systems[int(j)] for j in sys_idx]
+    for sysm, plan in zip(on, plans, strict=True):
+        if check_plan(model, sysm, workload, plan, stack):  # evaluate_plan's error
+            evaluate_plan(model, sysm, workload, plan, efficiency=efficiency, framework=stack)
+    eff = training_profile(efficiency).for_framework(stack.name)
+    r = evaluate_plans(
+        model, systems, workload, structure, cand, eff=eff, optimizer=plans[0].optimizer,
+        keep_walk=True, remats=remats, policy=policy, plan=plans[0],
+        framework=stack,
+    )  # fmt: skip
+    _, row = _distinct_rows(cand)
+    return [
+        _step_cost(r, i, int(row[i]), p, on[i], workload, eff, stack) for i, p in enumerate(plans)
+    ]
+
+
+def _step_cost(
+    r: StepArrays,
+    i: int,
+    row: int,
+    plan: Plan,
+    system: System,
+    workload: Workload,
+    eff: Efficiency,
+    stack: Stack,
+    assume_mfu: float | None = None,
+) -> StepCost:
+    """The StepCost of candidate `i` of `r` (row `row` of its walk)."""
 
     def f(a: Any) -> float:
-        return float(np.asarray(a).reshape(-1)[0])
+        return float(_at(a, i))
 
     step, tokens_s, mfu, hfu = f(r.step_time_s), f(r.tokens_per_s), f(r.mfu), f(r.hfu)
     mfu_dt = f(r.mfu_compute_dtype)
@@ -1182,15 +1238,15 @@ def evaluate_plan(
         exposed_time_s=MappingProxyType({k: f(v) for k, v in r.exposed.items()}),
         memory_per_chip_bytes=f(r.memory_total),
         memory_breakdown=MappingProxyType({k: f(v) for k, v in r.memory.items()}),
-        fits=not bool(r.infeasible[0]),
-        reason=r.reason[0],
+        fits=not bool(r.infeasible[i]),
+        reason=r.reason[i],
         mfu=mfu,
         hfu=hfu,
         tokens_per_s=tokens_s,
         flops_per_chip=f(r.flops_per_chip),
         model_flops=r.model_flops,
         efficiency=eff,
-        collectives=_collective_rows(r.walk),
+        collectives=_collective_rows(r.walk, row),
         mfu_compute_dtype=mfu_dt,
         framework=stack.name,
         compute_dtype=dtypes.matmul.value,
@@ -1226,13 +1282,19 @@ def check_mfu(mfu: Any) -> float:
     return float(mfu)
 
 
-def _collective_rows(w: Walk | None) -> tuple[dict, ...]:
-    """The chosen collectives of a single plan, one row per record."""
+def _at(a: Any, i: int) -> Any:
+    """Entry i of a per-row array (a scalar or one-entry array: its value for every row)."""
+    a = np.asarray(a).reshape(-1)
+    return a[i] if a.size > 1 else a[0]
+
+
+def _collective_rows(w: Walk | None, row: int = 0) -> tuple[dict, ...]:
+    """The chosen collectives of one row of a walk (a single plan's), one row per record."""
     if w is None:
         return ()
     rows = []
     for c in w.collectives:
-        if not bool(np.asarray(c.chosen).reshape(-1)[0]):
+        if not bool(_at(c.chosen, row)):
             continue
         rows.append(
             {
@@ -1243,10 +1305,10 @@ def _collective_rows(w: Walk | None) -> tuple[dict, ...]:
                 "axes": list(c.axes),
                 "tensor": c.tensor,
                 "overlap": c.overlap.value,
-                "counted": bool(np.asarray(c.counted).reshape(-1)[0]),
-                "bytes_per_chip": float(np.asarray(c.bytes_per_chip).reshape(-1)[0]),
-                "time_s": float(np.asarray(c.time_s).reshape(-1)[0]),
-                "copies": float(np.asarray(c.copies).reshape(-1)[0]),
+                "counted": bool(_at(c.counted, row)),
+                "bytes_per_chip": float(_at(c.bytes_per_chip, row)),
+                "time_s": float(_at(c.time_s, row)),
+                "copies": float(_at(c.copies, row)),
                 "before": c.before,
                 "after": c.after,
             }

@@ -5,11 +5,14 @@ rank them, and cost the few plans the report lists one by one.
 from __future__ import annotations
 
 import enum
+import functools
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from roofline.core.rules import Structure
 from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
 from roofline.core.stack import Stack, recipe_dtypes, stack_of
 from roofline.errors import PlanError
@@ -22,13 +25,15 @@ from roofline.report.text import (
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import ComputeDtypes, Strategy, Workload, parse_optimizer
+from roofline.specs.plan import ComputeDtypes, Plan, Workload, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.offload import offloaded_cost
 from roofline.training.planner.launchable import launchable
 from roofline.training.planner.rank import (
     Family,
     Ranked,
+    candidates_of_plans,
+    degrees_at,
     distinct_rows,
     pareto,
     plan_at,
@@ -38,7 +43,14 @@ from roofline.training.planner.rank import (
 )
 from roofline.training.planner.space import SearchSpace, enumerate_plans, offload_rescue
 from roofline.training.planner.systems import sub_slices, systems_for_counts
-from roofline.training.step import StepCost, evaluate_plan, evaluate_plans, training_profile
+from roofline.training.step import (
+    StepCost,
+    evaluate_plan,
+    evaluate_plan_rows,
+    evaluate_plans,
+    structure_of,
+    training_profile,
+)
 from roofline.units import DAY
 
 
@@ -160,6 +172,27 @@ def _check_objective(objective: str) -> None:
         )
 
 
+def _gc_paused(fn: Callable[..., PlanResult]) -> Callable[..., PlanResult]:
+    """Run `fn` with Python's cyclic garbage collector paused (reference counting still frees
+    everything that is not a cycle). A search allocates some 10^5 short-lived containers; the
+    collections their count triggers rescan every long-lived object, the caches included (one
+    full pass measured ~35 ms of a ~300 ms search, benchmarks/README.md). Nested calls leave
+    the collector as the outermost found it."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> PlanResult:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+
+    return run
+
+
+@_gc_paused
 def plan_training(
     model: ModelSpec,
     system: System,
@@ -224,20 +257,11 @@ def plan_training(
         lambda: rejected.most_common(1)[0][0] if rejected else "no candidates",
     )
     rows = distinct_rows(families, ranked, systems, top_k)
-
-    def cost_of(row: int) -> StepCost:
-        f = families[int(ranked.family[row])]
-        sysm = systems[int(f.cand.system_idx[int(ranked.index[row])])]
-        plan = plan_at(families, ranked, row, space, opt)
-        c = evaluate_plan(
-            model, sysm, workload, plan, efficiency=eff, policy=policy, framework=stack
-        )
-        if not c.fits and True in space.offload_optimizer:  # ranked as offload_rescue costed it
-            c = offloaded_cost(model, c) or c
-        return c
-
-    top = [cost_of(r) for r in rows]
-    runner = _runner_up(families, ranked, systems, top, len(rows), cost_of)
+    runner_row = _runner_up_row(families, ranked, systems, rows)
+    listed = _cost_rows(
+        families, ranked, [*rows, *([] if runner_row is None else [runner_row])], ctx
+    )
+    top = [listed[r] for r in rows]
     return PlanResult(
         top=tuple(top),
         candidates_evaluated=sum(len(f.cand) for f in families),
@@ -247,7 +271,7 @@ def plan_training(
         pareto=pareto(ranked, lambda j: plan_at(families, ranked, j, space, opt).describe()),
         objective=objective,
         search_time_s=time.perf_counter() - t0,
-        runner_up=runner,
+        runner_up=None if runner_row is None else listed[runner_row],
         searched=tuple(systems),
         requested=system,
         chips_given=bool(chips),
@@ -262,22 +286,46 @@ def plan_training(
     )
 
 
-def _runner_up(
-    families, ranked: Ranked, systems, top: list[StepCost], start: int, cost_of
-) -> StepCost | None:
-    """The best plan with another set of strategies or chip count (variants of the winner's
-    mesh differ by noise, not by a reason a user can act on): from the top list if it holds
-    one, else found on the ranked arrays and costed alone."""
+def _runner_up_row(families, ranked: Ranked, systems, rows: list[int]) -> int | None:
+    """The row of the best plan with another set of strategies or chip count (variants of the
+    winner's mesh differ by noise, not by a reason a user can act on): from the top list if it
+    holds one, else found on the ranked arrays."""
 
-    def shape(c: StepCost) -> tuple:
-        d = c.plan.degrees
-        return shape_key({s: d.of(s) for s in Strategy}, c.system.n_chips)
+    def shape(row: int) -> tuple:
+        f, i, deg = degrees_at(families, ranked, row)
+        return shape_key(deg, systems[int(f.cand.system_idx[i])].n_chips)
 
-    runner = next((c for c in top[1:] if shape(c) != shape(top[0])), None)
-    if runner is not None:
-        return runner
-    row = runner_up_row(families, ranked, systems, int(ranked.order[0]), start)
-    return None if row is None else cost_of(row)
+    found = next((r for r in rows[1:] if shape(r) != shape(rows[0])), None)
+    if found is not None:
+        return found
+    return runner_up_row(families, ranked, systems, int(ranked.order[0]), len(rows))
+
+
+def _cost_rows(families, ranked: Ranked, rows: list[int], ctx: _Costing) -> dict[int, StepCost]:
+    """The StepCost of each ranked row the report lists: the plans that a single plan's walk
+    would walk alike (the same strategies, sharding, dtypes and compilation; remat and the
+    flags may differ) costed together in one multi-row walk (`evaluate_plan_rows`: the numbers
+    `evaluate_plan` gives), with the optimizer offloaded where that made a plan fit."""
+    groups: dict[tuple, list[tuple[int, Plan, int]]] = {}
+    for r in rows:
+        f = families[int(ranked.family[r])]
+        plan = plan_at(families, ranked, r, ctx.space, ctx.opt)
+        st = replace(structure_of(plan, ctx.model), remat=Structure.remat, collective_matmul=False)
+        sys_i = int(f.cand.system_idx[int(ranked.index[r])])
+        groups.setdefault((st, plan.dtypes, plan.compiled), []).append((r, plan, sys_i))
+    out: dict[int, StepCost] = {}
+    for (st, *_), members in groups.items():
+        plans = [p for _, p, _ in members]
+        cand = candidates_of_plans(plans, [i for _, _, i in members], ctx.space.remats)
+        costs = evaluate_plan_rows(
+            ctx.model, ctx.systems, ctx.workload, st, cand, plans, remats=list(ctx.space.remats),
+            efficiency=ctx.eff, policy=ctx.policy, framework=ctx.stack,
+        )  # fmt: skip
+        for (r, _, _), c in zip(members, costs, strict=True):
+            if not c.fits and True in ctx.space.offload_optimizer:  # as offload_rescue ranked it
+                c = offloaded_cost(ctx.model, c) or c
+            out[r] = c
+    return out
 
 
 @dataclass(frozen=True)
