@@ -246,12 +246,13 @@ def steady_state(
         seqs = k if Pn <= chunk else np.ones_like(k)
         return _cohort_pass(step, decode, ctx, seqs, chunk, P, Pn) + ovh
 
-    X = C / (n_chunks * pf_pass(0.0) + G * _decode(step, np.minimum(C, cap), ctx, ovh))
+    pf_alone = pf_pass(0.0)  # a cohort's prefill pass with nothing decoding beside it
+    X = C / (n_chunks * pf_alone + G * _decode(step, np.minimum(C, cap), ctx, ovh))
     Bd = np.minimum(C, cap) * 0.9
     for _ in range(ITERATIONS):
         Bd1 = np.maximum(Bd, 1.0)
         tau_d = _decode(step, Bd1, ctx, ovh)
-        t_pf = pf_pass(Bd1 if mixed else 0.0)  # the cohort's prefill pass
+        t_pf = pf_pass(Bd1) if mixed else pf_alone  # the cohort's prefill pass
         extra = t_pf - (tau_d if mixed else 0.0)  # what prefill adds over a decode pass
         per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
         rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
@@ -267,11 +268,14 @@ def steady_state(
             Bd_new / np.maximum((G - 1) * tau, 1e-12) if G > 1 else C / ttft_min,
             C / (ttft_min + (G - 1) * tau),
         )
-        X = 0.5 * X + 0.5 * X_new
-        Bd = 0.5 * Bd + 0.5 * Bd_new
+        X_next = 0.5 * X + 0.5 * X_new
+        Bd_next = 0.5 * Bd + 0.5 * Bd_new
+        if _settled((X, Bd), (X_next, Bd_next)):
+            break  # every later sweep would repeat this one to the last bit
+        X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
     # the first wave: all C arrive together, C/k cohorts prefill one after another
-    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_pass(0.0), ttft_min)
+    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_alone, ttft_min)
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
     return Steady(
@@ -288,6 +292,12 @@ def steady_state(
         capped=Bd >= cap - 1e-6,
         gen_tokens=G,
     )
+
+
+def _settled(state: tuple, new: tuple) -> bool:
+    """Whether a fixed-point sweep left its state unchanged to the last bit: every later sweep
+    then computes the same values, so stopping here gives the ITERATIONS-sweep answer exactly."""
+    return all(np.array_equal(a, b) for a, b in zip(state, new, strict=True))
 
 
 def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
@@ -491,7 +501,10 @@ def disaggregated(
         X_new = np.minimum(
             C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
         )
-        X = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
+        X_next = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
+        if _settled((X,), (X_next,)):
+            break  # every later sweep would repeat this one to the last bit
+        X = X_next
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
     # the first wave: all C arrive together and queue for the prefill pool's passes
     first = np.maximum((C / (d.prefill_replicas * per) + 1) / 2 * t_pf + lat, ttft_min)
