@@ -1,4 +1,4 @@
-"""Checks the chip and engine loaders leave to their JSON Schemas (issue 21): a table that is
+"""Checks the chip, engine and profile loaders leave to their JSON Schemas (issue 21): a table that is
 not a table, a list that is not a list, a flag that is not a boolean, an unknown key inside an
 engine section. Each is still refused through the loader with one paragraph naming the file,
 the key, the rule and a fix; the range rules the loaders keep still fire after the schema.
@@ -13,6 +13,7 @@ import pytest
 
 from roofline.errors import SpecError
 from roofline.specs.chip import chip_from_dict
+from roofline.specs.efficiency import profile_from_dict
 from roofline.specs.engines import engine_from_dict
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "roofline" / "specs"
@@ -99,3 +100,15 @@ def test_engine_ranges_stay_the_loaders():
     d = _engine()
     d["memory"]["memory_fraction"] = 1.5
     assert "memory_fraction is in (0, 1]" in _refused(engine_from_dict, d)
+
+
+def test_profile_unknown_keys_are_the_schemas_at_the_top_and_in_a_family():
+    d = tomllib.loads((SRC / "profiles" / "datasheet.toml").read_text())
+    d["matmull"] = d.pop("matmul")
+    text = _refused(profile_from_dict, d)
+    assert "unknown key 'matmull' (did you mean 'matmul'?)" in text
+    d = tomllib.loads((SRC / "profiles" / "datasheet.toml").read_text())
+    fam = next(iter(d["family"]))
+    d["family"][fam]["attn_fwdd"] = d["family"][fam].pop("attn_fwd")
+    text = _refused(profile_from_dict, d)
+    assert f"unknown key 'attn_fwdd' in [family.{fam}] (did you mean 'attn_fwd'?)" in text
