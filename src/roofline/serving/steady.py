@@ -242,8 +242,9 @@ def steady_state(
     if not mixed and work.synchronized:
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
+    seqs = k if Pn <= chunk else np.ones_like(k)  # the chunks a cohort's prefill pass runs
+
     def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
-        seqs = k if Pn <= chunk else np.ones_like(k)
         return _cohort_pass(step, decode, ctx, seqs, chunk, P, Pn) + ovh
 
     pf_alone = pf_pass(0.0)  # a cohort's prefill pass with nothing decoding beside it
@@ -251,8 +252,10 @@ def steady_state(
     Bd = np.minimum(C, cap) * 0.9
     for _ in range(ITERATIONS):
         Bd1 = np.maximum(Bd, 1.0)
-        tau_d = _decode(step, Bd1, ctx, ovh)
-        t_pf = pf_pass(Bd1) if mixed else pf_alone  # the cohort's prefill pass
+        if mixed:  # a decode pass and the cohort's prefill pass beside the same decodes
+            tau_d, t_pf = (t + ovh for t in _decode_and_cohort(step, Bd1, ctx, seqs, chunk, P, Pn))
+        else:
+            tau_d, t_pf = _decode(step, Bd1, ctx, ovh), pf_alone
         extra = t_pf - (tau_d if mixed else 0.0)  # what prefill adds over a decode pass
         per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
         rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
@@ -345,16 +348,35 @@ def _cohort_pass(
     `chunk` prompt tokens, a cached prefix before the first: a prompt of n = P_new / chunk chunks
     has its i-th chunk end at P − P_new + i·chunk, so the mean pass attends over the keys up to
     P − P_new + (n + 1)/2·chunk (attention is affine in the keys at a fixed chunk)."""
+    return step.pass_time(_cohort_shape(decode, ctx, seqs, chunk, P, Pn)).time_s
+
+
+def _cohort_shape(decode: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float):
     n = max(round(Pn / chunk), 1)
-    return step.pass_time(
-        PassShape(
-            decode=decode,
-            context=ctx,
-            prefill_seqs=seqs,
-            prefill_chunk=chunk,
-            prefill_context=P - Pn + chunk * (n + 1) / 2,
-        )
-    ).time_s
+    return PassShape(
+        decode=decode,
+        context=ctx,
+        prefill_seqs=seqs,
+        prefill_chunk=chunk,
+        prefill_context=P - Pn + chunk * (n + 1) / 2,
+    )
+
+
+def _decode_and_cohort(
+    step: StepModel, B: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float
+) -> tuple[Any, Any]:
+    """(a decode pass at B sequences, the cohort's prefill pass beside the same B decodes),
+    without the engine's overhead. A one-plan `ShardedStep` (`m` == 1: it costs any 1-d array
+    of shapes, a single shape as a 1-element array) at single shapes costs both in one
+    `pass_time` call over the two shapes: the decode shape prefills nothing, so its element is
+    the decode pass's to the last bit (its prefill rows add zeros after its own), as
+    tests/test_steady_settled.py checks; otherwise two calls."""
+    if np.size(B) != 1 or np.size(seqs) != 1 or getattr(step, "m", None) != 1:
+        decode = step.pass_time(PassShape(decode=B, context=ctx)).time_s
+        return decode, _cohort_pass(step, B, ctx, seqs, chunk, P, Pn)
+    b, k = (float(np.asarray(x, float).reshape(-1)[0]) for x in (B, seqs))
+    t = np.asarray(step.pass_time(_cohort_shape([b, b], ctx, [0.0, k], chunk, P, Pn)).time_s)
+    return t[0:1], t[1:2]  # shaped as a one-element call's
 
 
 def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
