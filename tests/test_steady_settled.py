@@ -134,6 +134,9 @@ def test_one_call_for_both_passes_gives_each_to_the_last_bit(make, B, seqs, chun
     assert np.shape(dec) == np.shape(alone_dec) and np.shape(pf) == np.shape(alone_pf)
     assert np.array_equal(dec, alone_dec) and np.array_equal(pf, alone_pf)
     assert np.all(pf > dec)  # the prefill chunk costs something
+    alone = steady_mod._cohort_alone(step, ctx, seqs, chunk, P, Pn, paired=True)
+    single = steady_mod._cohort_pass(step, 0.0, ctx, seqs, chunk, P, Pn)
+    assert np.shape(alone) == np.shape(single) and np.array_equal(alone, single)
 
 
 def test_arrays_of_candidates_take_two_calls():

@@ -244,10 +244,8 @@ def steady_state(
 
     seqs = k if Pn <= chunk else np.ones_like(k)  # the chunks a cohort's prefill pass runs
 
-    def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
-        return _cohort_pass(step, decode, ctx, seqs, chunk, P, Pn) + ovh
-
-    pf_alone = pf_pass(0.0)  # a cohort's prefill pass with nothing decoding beside it
+    # a cohort's prefill pass with nothing decoding beside it
+    pf_alone = _cohort_alone(step, ctx, seqs, chunk, P, Pn, paired=mixed) + ovh
     X = C / (n_chunks * pf_alone + G * _decode(step, np.minimum(C, cap), ctx, ovh))
     Bd = np.minimum(C, cap) * 0.9
     for _ in range(ITERATIONS):
@@ -371,12 +369,29 @@ def _decode_and_cohort(
     `pass_time` call over the two shapes: the decode shape prefills nothing, so its element is
     the decode pass's to the last bit (its prefill rows add zeros after its own), as
     tests/test_steady_settled.py checks; otherwise two calls."""
-    if np.size(B) != 1 or np.size(seqs) != 1 or getattr(step, "m", None) != 1:
+    if not _pairs(step, B, seqs):
         decode = step.pass_time(PassShape(decode=B, context=ctx)).time_s
         return decode, _cohort_pass(step, B, ctx, seqs, chunk, P, Pn)
     b, k = (float(np.asarray(x, float).reshape(-1)[0]) for x in (B, seqs))
     t = np.asarray(step.pass_time(_cohort_shape([b, b], ctx, [0.0, k], chunk, P, Pn)).time_s)
     return t[0:1], t[1:2]  # shaped as a one-element call's
+
+
+def _pairs(step: StepModel, B: Any, seqs: Any) -> bool:
+    """Whether `_decode_and_cohort` costs its two shapes in one call (see there)."""
+    return np.size(B) == 1 and np.size(seqs) == 1 and getattr(step, "m", None) == 1
+
+
+def _cohort_alone(
+    step: StepModel, ctx: float, seqs: Any, chunk: float, P: float, Pn: float, paired: bool
+) -> Any:
+    """The cohort's prefill pass with nothing decoding beside it. `paired` (the sweeps cost
+    their passes with `_decode_and_cohort`): costed the same way, beside an empty shape, so that
+    it and the sweeps walk one prefill table (the table is walked per set of chunk counts; the
+    element is the single call's to the last bit, as tests/test_steady_settled.py checks)."""
+    if paired and _pairs(step, 0.0, seqs):
+        return _decode_and_cohort(step, 0.0, ctx, seqs, chunk, P, Pn)[1]
+    return _cohort_pass(step, 0.0, ctx, seqs, chunk, P, Pn)
 
 
 def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
