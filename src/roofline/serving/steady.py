@@ -242,16 +242,18 @@ def steady_state(
     if _runs_in_waves(engine, work):
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
-    def pf_pass(decode: Any) -> Any:  # one pass prefilling a cohort's chunk (with decodes if mixed)
-        seqs = k if Pn <= chunk else np.ones_like(k)
-        return _cohort_pass(step, decode, ctx, seqs, chunk, P, Pn) + ovh
+    seqs = k if Pn <= chunk else np.ones_like(k)  # the chunks a cohort's prefill pass runs
 
-    X = C / (n_chunks * pf_pass(0.0) + G * _decode(step, np.minimum(C, cap), ctx, ovh))
+    # a cohort's prefill pass with nothing decoding beside it
+    pf_alone = _cohort_alone(step, ctx, seqs, chunk, P, Pn, paired=mixed) + ovh
+    X = C / (n_chunks * pf_alone + G * _decode(step, np.minimum(C, cap), ctx, ovh))
     Bd = np.minimum(C, cap) * 0.9
     for _ in range(ITERATIONS):
         Bd1 = np.maximum(Bd, 1.0)
-        tau_d = _decode(step, Bd1, ctx, ovh)
-        t_pf = pf_pass(Bd1 if mixed else 0.0)  # the cohort's prefill pass
+        if mixed:  # a decode pass and the cohort's prefill pass beside the same decodes
+            tau_d, t_pf = (t + ovh for t in _decode_and_cohort(step, Bd1, ctx, seqs, chunk, P, Pn))
+        else:
+            tau_d, t_pf = _decode(step, Bd1, ctx, ovh), pf_alone
         extra = t_pf - (tau_d if mixed else 0.0)  # what prefill adds over a decode pass
         per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
         rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
@@ -267,11 +269,14 @@ def steady_state(
             Bd_new / np.maximum((G - 1) * tau, 1e-12) if G > 1 else C / ttft_min,
             C / (ttft_min + (G - 1) * tau),
         )
-        X = 0.5 * X + 0.5 * X_new
-        Bd = 0.5 * Bd + 0.5 * Bd_new
+        X_next = 0.5 * X + 0.5 * X_new
+        Bd_next = 0.5 * Bd + 0.5 * Bd_new
+        if _settled((X, Bd), (X_next, Bd_next)):
+            break  # every later sweep would repeat this one to the last bit
+        X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
     # the first wave: all C arrive together, C/k cohorts prefill one after another
-    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_pass(0.0), ttft_min)
+    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_alone, ttft_min)
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
     return Steady(
@@ -299,6 +304,12 @@ def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:
     if engine is None or engine.mixed_prefill_decode or not work.synchronized:
         return False
     return engine.closed_loop_lockstep
+
+
+def _settled(state: tuple, new: tuple) -> bool:
+    """Whether a fixed-point sweep left its state unchanged to the last bit: every later sweep
+    then computes the same values, so stopping here gives the ITERATIONS-sweep answer exactly."""
+    return all(np.array_equal(a, b) for a, b in zip(state, new, strict=True))
 
 
 def _waves(step, work, C, B, k, chunk, n_chunks, ovh) -> Steady:
@@ -346,16 +357,52 @@ def _cohort_pass(
     `chunk` prompt tokens, a cached prefix before the first: a prompt of n = P_new / chunk chunks
     has its i-th chunk end at P − P_new + i·chunk, so the mean pass attends over the keys up to
     P − P_new + (n + 1)/2·chunk (attention is affine in the keys at a fixed chunk)."""
+    return step.pass_time(_cohort_shape(decode, ctx, seqs, chunk, P, Pn)).time_s
+
+
+def _cohort_shape(decode: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float):
     n = max(round(Pn / chunk), 1)
-    return step.pass_time(
-        PassShape(
-            decode=decode,
-            context=ctx,
-            prefill_seqs=seqs,
-            prefill_chunk=chunk,
-            prefill_context=P - Pn + chunk * (n + 1) / 2,
-        )
-    ).time_s
+    return PassShape(
+        decode=decode,
+        context=ctx,
+        prefill_seqs=seqs,
+        prefill_chunk=chunk,
+        prefill_context=P - Pn + chunk * (n + 1) / 2,
+    )
+
+
+def _decode_and_cohort(
+    step: StepModel, B: Any, ctx: float, seqs: Any, chunk: float, P: float, Pn: float
+) -> tuple[Any, Any]:
+    """(a decode pass at B sequences, the cohort's prefill pass beside the same B decodes),
+    without the engine's overhead. A one-plan `ShardedStep` (`m` == 1: it costs any 1-d array
+    of shapes, a single shape as a 1-element array) at single shapes costs both in one
+    `pass_time` call over the two shapes: the decode shape prefills nothing, so its element is
+    the decode pass's to the last bit (its prefill rows add zeros after its own), as
+    tests/test_steady_settled.py checks; otherwise two calls."""
+    if not _pairs(step, B, seqs):
+        decode = step.pass_time(PassShape(decode=B, context=ctx)).time_s
+        return decode, _cohort_pass(step, B, ctx, seqs, chunk, P, Pn)
+    b, k = (float(np.asarray(x, float).reshape(-1)[0]) for x in (B, seqs))
+    t = np.asarray(step.pass_time(_cohort_shape([b, b], ctx, [0.0, k], chunk, P, Pn)).time_s)
+    return t[0:1], t[1:2]  # shaped as a one-element call's
+
+
+def _pairs(step: StepModel, B: Any, seqs: Any) -> bool:
+    """Whether `_decode_and_cohort` costs its two shapes in one call (see there)."""
+    return np.size(B) == 1 and np.size(seqs) == 1 and getattr(step, "m", None) == 1
+
+
+def _cohort_alone(
+    step: StepModel, ctx: float, seqs: Any, chunk: float, P: float, Pn: float, paired: bool
+) -> Any:
+    """The cohort's prefill pass with nothing decoding beside it. `paired` (the sweeps cost
+    their passes with `_decode_and_cohort`): costed the same way, beside an empty shape, so that
+    it and the sweeps walk one prefill table (the table is walked per set of chunk counts; the
+    element is the single call's to the last bit, as tests/test_steady_settled.py checks)."""
+    if paired and _pairs(step, 0.0, seqs):
+        return _decode_and_cohort(step, 0.0, ctx, seqs, chunk, P, Pn)[1]
+    return _cohort_pass(step, 0.0, ctx, seqs, chunk, P, Pn)
 
 
 def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
@@ -502,7 +549,10 @@ def disaggregated(
         X_new = np.minimum(
             C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
         )
-        X = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
+        X_next = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
+        if _settled((X,), (X_next,)):
+            break  # every later sweep would repeat this one to the last bit
+        X = X_next
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
     # the first wave: all C arrive together and queue for the prefill pool's passes
     first = np.maximum((C / (d.prefill_replicas * per) + 1) / 2 * t_pf + lat, ttft_min)

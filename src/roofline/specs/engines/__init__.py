@@ -11,7 +11,6 @@ The physics of the kernels themselves lives in the efficiency profile, not here.
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, fields
 from functools import cache
@@ -120,23 +119,12 @@ _SECTIONS = ("scheduler", "graphs", "memory", "features", "kv")
 
 def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
     """Flatten the TOML sections and validate every field (the file, the rule and a fix)."""
+    # keys (each section holds exactly its EngineProfile fields), types and tables are the
+    # schema's; the rules below are presence, ranges and the fraction's basis
     check_schema("engine", raw, origin)
     flat: dict[str, Any] = {k: v for k, v in raw.items() if k not in _SECTIONS}
     for sec in _SECTIONS:
-        sub = raw.get(sec, {})
-        if not isinstance(sub, dict):
-            raise SpecError(f"engine file {origin}: [{sec}] is not a table", fix=f"write [{sec}]")
-        flat.update(sub)
-    known = {f.name for f in fields(EngineProfile)}
-    for k in flat:
-        if k not in known:
-            near = difflib.get_close_matches(k, sorted(known), n=1)
-            raise SpecError(
-                f"engine file {origin}: unknown key {k!r}"
-                + (f" (did you mean {near[0]!r}?)" if near else ""),
-                rule="keys are the fields of roofline.specs.engines.EngineProfile",
-                fix="rename or remove the key",
-            )
+        flat.update(raw.get(sec, {}))
     missing = [
         f.name for f in fields(EngineProfile) if f.default is not None and f.name not in flat
     ]
@@ -173,19 +161,6 @@ def _check(d: dict, origin: str) -> None:
         raise bad("memory_fraction", "memory_fraction is in (0, 1]")
     if d["memory_fraction_of"] not in _FRACTION_OF:
         raise bad("memory_fraction_of", "memory_fraction_of is one of " + ", ".join(_FRACTION_OF))
-    for k in (
-        "mixed_prefill_decode",
-        "chunked_prefill",
-        "overlap_scheduling",
-        "cuda_graphs",
-        "prefix_caching",
-        "disaggregated",
-        "speculative",
-        "scheduler_per_dp_rank",
-        "closed_loop_lockstep",
-    ):
-        if not isinstance(d[k], bool):
-            raise bad(k, f"{k} is true or false")
 
 
 @cache

@@ -1,0 +1,114 @@
+"""Checks the chip, engine and profile loaders leave to their JSON Schemas (issue 21): a table that is
+not a table, a list that is not a list, a flag that is not a boolean, an unknown key inside an
+engine section. Each is still refused through the loader with one paragraph naming the file,
+the key, the rule and a fix; the range rules the loaders keep still fire after the schema.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from roofline.errors import SpecError
+from roofline.specs.chip import chip_from_dict
+from roofline.specs.efficiency import profile_from_dict
+from roofline.specs.engines import engine_from_dict
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "roofline" / "specs"
+
+
+def _chip() -> dict:
+    return tomllib.loads((SRC / "chips" / "h100.toml").read_text())
+
+
+def _engine() -> dict:
+    return tomllib.loads((SRC / "engines" / "vllm.toml").read_text())
+
+
+def _refused(load, data: dict) -> str:
+    with pytest.raises(SpecError) as e:
+        load(data, "my.toml")
+    text = str(e.value)
+    assert "\n" not in text and "my.toml" in text and "Rule:" in text and "Fix:" in text
+    return text
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("peak_flops_per_s", 1e15, "peak_flops_per_s is a table"),
+        ("vector_ops_per_s", [1e12], "vector_ops_per_s is a table"),
+        ("sources", "a datasheet", "sources is a table"),
+        ("pod_topology", 16, "pod_topology is a list"),
+        ("aliases", "h100-sxm", "aliases is a list"),
+    ],
+)
+def test_chip_shapes_are_the_schemas(key, value, says):
+    d = _chip()
+    d[key] = value
+    text = _refused(chip_from_dict, d)
+    assert f"{key} = {value!r}" in text and says in text
+
+
+def test_chip_unknown_key_is_the_schemas_with_the_closest_key():
+    d = _chip()
+    d["hbm_bw_bytes_per_sec"] = d.pop("hbm_bw_bytes_per_s")
+    text = _refused(chip_from_dict, d)
+    assert "unknown key 'hbm_bw_bytes_per_sec' (did you mean 'hbm_bw_bytes_per_s'?)" in text
+
+
+def test_chip_ranges_stay_the_loaders():
+    d = _chip()
+    d["pod_topology"] = [2, 2, 2, 2, 2]
+    assert "up to 4 whole numbers" in _refused(chip_from_dict, d)
+    d = _chip()
+    d["sm_count"] = 0
+    assert "sm_count" in _refused(chip_from_dict, d)
+
+
+@pytest.mark.parametrize(
+    "section, key, value, says",
+    [
+        ("features", None, "yes", "features is a table"),
+        ("features", "prefix_caching", "yes", "features.prefix_caching is a boolean"),
+        ("scheduler", "chunked_prefill", 1, "scheduler.chunked_prefill is a boolean"),
+        ("graphs", "cuda_graphs", 0.0, "graphs.cuda_graphs is a boolean"),
+    ],
+)
+def test_engine_shapes_are_the_schemas(section, key, value, says):
+    d = _engine()
+    if key is None:
+        d[section] = value
+    else:
+        d[section][key] = value
+    assert says in _refused(engine_from_dict, d)
+
+
+def test_engine_unknown_key_in_a_section_names_the_section():
+    d = _engine()
+    d["scheduler"]["max_num_seq"] = d["scheduler"].pop("max_num_seqs")
+    text = _refused(engine_from_dict, d)
+    assert "unknown key 'max_num_seq' in [scheduler] (did you mean 'max_num_seqs'?)" in text
+
+
+def test_engine_ranges_stay_the_loaders():
+    d = _engine()
+    d["scheduler"]["max_num_seqs"] = 0
+    assert "max_num_seqs is a positive whole number" in _refused(engine_from_dict, d)
+    d = _engine()
+    d["memory"]["memory_fraction"] = 1.5
+    assert "memory_fraction is in (0, 1]" in _refused(engine_from_dict, d)
+
+
+def test_profile_unknown_keys_are_the_schemas_at_the_top_and_in_a_family():
+    d = tomllib.loads((SRC / "profiles" / "datasheet.toml").read_text())
+    d["matmull"] = d.pop("matmul")
+    text = _refused(profile_from_dict, d)
+    assert "unknown key 'matmull' (did you mean 'matmul'?)" in text
+    d = tomllib.loads((SRC / "profiles" / "datasheet.toml").read_text())
+    fam = next(iter(d["family"]))
+    d["family"][fam]["attn_fwdd"] = d["family"][fam].pop("attn_fwd")
+    text = _refused(profile_from_dict, d)
+    assert f"unknown key 'attn_fwdd' in [family.{fam}] (did you mean 'attn_fwd'?)" in text
