@@ -38,7 +38,7 @@ from roofline.training.feasibility import (
     tp_must_divide,
     violations,
 )
-from roofline.training.offload import offload_terms
+from roofline.training.offload import host_adam_per_param, offload_terms
 from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -369,8 +369,9 @@ def offload_rescue(systems: list[System], cand: Candidates, r: StepArrays, opt: 
     si = np.zeros(len(cand), int) if cand.system_idx is None else cand.system_idx
     W = np.array([s.host_bw_bytes_per_s or np.nan for s in systems], float)[si]
     dram = np.array([s.host_dram_bytes_per_chip or np.nan for s in systems], float)[si]
+    adam = np.array([host_adam_per_param(s, opt)[0] for s in systems], float)[si]
     state = np.asarray(r.memory["optimizer"], float)
-    *_, exposed = offload_terms(opt, state, r.compute_time_s, W)
+    *_, exposed = offload_terms(opt, state, r.compute_time_s, W, adam)
     with np.errstate(invalid="ignore"):
         ok = over & (r.memory_total - state <= systems[0].chip.fit_hbm_bytes) & (state <= dram)
     step = np.where(ok, r.step_time_s - r.optimizer_time_s + exposed, r.step_time_s)
