@@ -99,10 +99,14 @@ def test_cli(capsys):
     assert "optimizer offload (ZeRO-Offload):" in out
 
 
-def test_not_searched_on_a_stack():
-    """A stack's records do not say it offloads the optimizer, nor do its launch writers write
-    it: the axis stays off there."""
+def test_searched_on_the_stacks_whose_record_offloads():
+    """DeepSpeed (ZeRO-Offload) and Megatron (--optimizer-cpu-offload) have
+    [data_parallel.optimizer_offload] in their framework records; torchtitan does not: the axis
+    stays off there."""
     from roofline.core.stack import stack_of
 
-    assert ON.for_stack(stack_of("megatron"), M70).offload_optimizer == (False,)
+    for fw in ("megatron", "deepspeed"):
+        assert ON.for_stack(stack_of(fw), M70).offload_optimizer == (False, True)
+        assert SearchSpace().for_stack(stack_of(fw), M70).offload_optimizer == (False,)
+    assert ON.for_stack(stack_of("torchtitan"), M70).offload_optimizer == (False,)
     assert ON.for_stack(stack_of(None), M70).offload_optimizer == (False, True)

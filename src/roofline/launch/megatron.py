@@ -254,6 +254,21 @@ def _settings(notes: Notes) -> MegatronSettings:
     )
 
 
+def _offload_option(notes: Notes) -> dict[str, str]:
+    """--optimizer-cpu-offload: the optimizer on the host (`training.offload`, the framework
+    record's [data_parallel.optimizer_offload]); a fraction below 1 is costed as all of it."""
+    if not notes.given("optimizer-cpu-offload") or not notes.flag(
+        "optimizer-cpu-offload", notes.settings["optimizer-cpu-offload"]
+    ):
+        return {}
+    frac = notes.settings.get("optimizer-offload-fraction")
+    if frac is not None and float(frac) != 1.0:
+        notes.unsupported_(
+            "optimizer-offload-fraction", frac, "part of the update on the GPU: costed as all of it"
+        )
+    return {"offload_optimizer": "true"}
+
+
 def _micro(notes: Notes) -> int:
     v = notes.get("micro-batch-size")
     if v in (None, "none"):
@@ -384,7 +399,7 @@ def _optimizer(notes: Notes) -> str:
             notes.unsupported_(
                 key, notes.settings[key], "a batch-size ramp: costed at the final global batch"
             )
-    for key in ("grad-reduce-in-bf16", "use-precision-aware-optimizer", "optimizer-cpu-offload"):
+    for key in ("grad-reduce-in-bf16", "use-precision-aware-optimizer"):
         if notes.given(key):
             notes.unsupported_(
                 key,
@@ -463,7 +478,7 @@ def megatron_config(
         model=model,
         plan=plan,
         chips=world,
-        options={"framework": PROFILE, "precision": recipe},
+        options={"framework": PROFILE, "precision": recipe} | _offload_option(notes),
         workload=workload(seq_len=s.seq, global_seqs=global_batch, micro=s.micro, steps=s.iters),
     )
 
@@ -539,6 +554,15 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     ):
         if on:
             out.append((name, True))
+    if config.options.get("offload_optimizer") == "true":
+        # the framework record's [data_parallel.optimizer_offload] switch: the hybrid optimizer
+        # needs the precision-aware path; all of the update on the host, copies overlapped
+        out += [
+            ("optimizer-cpu-offload", True),
+            ("optimizer-offload-fraction", 1.0),
+            ("overlap-cpu-optimizer-d2h-h2d", True),
+            ("use-precision-aware-optimizer", True),
+        ]
     if plan.remat.kind != RematKind.NONE:
         kind = "selective" if plan.remat.kind == RematKind.MATMULS else "full"
         out.append(("recompute-granularity", kind))

@@ -60,7 +60,9 @@ from roofline.core.limits import (
     offload_adam_min_tokens_per_chip,
     offload_min_tokens_per_chip,
 )
+from roofline.core.stack import stack_of
 from roofline.errors import PlanError
+from roofline.specs.framework import HostTraffic
 from roofline.specs.model import ModelSpec
 from roofline.training.step import StepCost, mfu_peak
 from roofline.units import fmt_bytes, fmt_time
@@ -80,6 +82,7 @@ class Offloaded:
     host_adam_s_per_param: float  # t_adam = max(a/W_dram, 16/C_host)
     host_adam_s: float  # T_adam, the host's update, on the critical path (0 when not costed)
     host_adam_reason: str  # why T_adam is not costed ("" when it is)
+    host_traffic: str  # the stack's schedule (HostTraffic): behind_compute or with_update
     exposed_s: float
     optimizer_time_saved_s: float  # the HBM update the chip no longer runs
     step_time_s: float
@@ -127,9 +130,7 @@ class Offloaded:
             f"max({fmt_bytes(self.grad_bytes_out)}, {fmt_bytes(self.param_bytes_in)}) / "
             f"{W:.3g} = {fmt_time(self.host_transfer_s)}",
             self._adam_line(),
-            f"exposed: max(0, T_host − T_compute) + T_adam = max(0, {fmt_time(self.host_transfer_s)}"
-            f" − {fmt_time(self.compute_time_s)}) + {fmt_time(self.host_adam_s)} = "
-            f"{fmt_time(self.exposed_s)}",
+            self._exposed_line(),
             f"step: {fmt_time(self.base_step_time_s)} − optimizer {fmt_time(self.optimizer_time_saved_s)}"
             f" + exposed {fmt_time(self.exposed_s)} = {fmt_time(self.step_time_s)}",
             f"break-even: B/N > C/(3·W_host) · P_off/N_active = "
@@ -142,9 +143,22 @@ class Offloaded:
         if self.host_adam_reason:
             return f"host Adam: not costed ({self.host_adam_reason})"
         return (
-            f"host Adam (on the critical path): T_adam = P_off·max(a/W_dram, 16/C_host) = "
+            f"host Adam: T_adam = P_off·max(a/W_dram, 16/C_host) = "
             f"{self.params_offloaded:.4g} · {self.host_adam_s_per_param:.4g} s = "
             f"{fmt_time(self.host_adam_s)}"
+        )
+
+    def _exposed_line(self) -> str:
+        h, a = fmt_time(self.host_transfer_s), fmt_time(self.host_adam_s)
+        if self.host_traffic == HostTraffic.WITH_UPDATE:
+            return (
+                f"exposed (traffic at the step, pipelined with the host's update): "
+                f"max(T_host, T_adam) = max({h}, {a}) = {fmt_time(self.exposed_s)}"
+            )
+        return (
+            f"exposed (traffic behind compute, update on the critical path): max(0, T_host − "
+            f"T_compute) + T_adam = max(0, {h} − {fmt_time(self.compute_time_s)}) + {a} = "
+            f"{fmt_time(self.exposed_s)}"
         )
 
     def _adam_breakeven_line(self) -> list[str]:
@@ -169,19 +183,40 @@ def host_adam_per_param(system: Any, opt: Any) -> tuple[float, str]:
     return host_adam_s_per_param(a, W, Ch), ""
 
 
+def host_traffic_of(framework: Any) -> HostTraffic:
+    """When the stack moves the offloaded optimizer's traffic: its framework record's
+    `[data_parallel.optimizer_offload] host_traffic` (the idealised machine and a stack without
+    the record: ZeRO-Offload's, behind compute)."""
+    stack = stack_of(framework)
+    off = None if stack.book else stack.framework.data_parallel.optimizer_offload
+    return HostTraffic.BEHIND_COMPUTE if off is None else off.host_traffic
+
+
 def offload_terms(
-    opt: Any, state: Any, compute_s: Any, W_host: Any, adam_s_per_param: Any = 0.0
+    opt: Any,
+    state: Any,
+    compute_s: Any,
+    W_host: Any,
+    adam_s_per_param: Any = 0.0,
+    traffic: HostTraffic = HostTraffic.BEHIND_COMPUTE,
 ) -> tuple[Any, ...]:
-    """ZeRO-Offload per chip, vectorised: (P_off, gradient bytes out, parameter bytes back,
-    T_host, T_adam, exposed). T_host is a host-to-HBM load of one chip (`core.transfer.host_to_hbm`,
-    bytes / W_host) for the larger direction (full duplex), which hides behind compute;
-    T_adam = P_off·t_adam is on the critical path: exposed = max(0, T_host − T_compute) + T_adam."""
+    """Optimizer offload per chip, vectorised: (P_off, gradient bytes out, parameter bytes
+    back, T_host, T_adam, exposed). T_host is a host-to-HBM load of one chip
+    (`core.transfer.host_to_hbm`, bytes / W_host) for the larger direction (full duplex);
+    T_adam = P_off·t_adam. ZeRO-Offload (`behind_compute`) streams the traffic behind compute
+    and runs the update on the critical path: exposed = max(0, T_host − T_compute) + T_adam;
+    Megatron's hybrid optimizer (`with_update`) moves it at the step, pipelined with the
+    update: exposed = max(T_host, T_adam)."""
     state = np.asarray(state, float)
     p_off = state / opt.state_bytes if opt.state_bytes > 0 else np.zeros_like(state)
     g_out, p_in = opt.grad_bytes * p_off, opt.param_bytes * p_off
     t_host = np.maximum(g_out, p_in) / W_host
     t_adam = p_off * np.asarray(adam_s_per_param, float)
-    return p_off, g_out, p_in, t_host, t_adam, np.maximum(0.0, t_host - compute_s) + t_adam
+    if traffic is HostTraffic.WITH_UPDATE:
+        exposed = np.maximum(t_host, t_adam)
+    else:
+        exposed = np.maximum(0.0, t_host - compute_s) + t_adam
+    return p_off, g_out, p_in, t_host, t_adam, exposed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,8 +279,9 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
     opt = plan.optimizer
     state = float(cost.memory_breakdown.get("optimizer", 0.0))
     t_per, why = host_adam_per_param(system, opt)
+    traffic = host_traffic_of(cost.framework)
     p_off, g_out, p_in, t_host, t_adam, exposed = (
-        float(x) for x in offload_terms(opt, state, cost.compute_time_s, W, t_per)
+        float(x) for x in offload_terms(opt, state, cost.compute_time_s, W, t_per, traffic)
     )
     n = system.n_chips
     active = count_params(model).active
@@ -263,6 +299,7 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
         host_adam_s_per_param=t_per,
         host_adam_s=t_adam,
         host_adam_reason=why,
+        host_traffic=traffic.value,
         exposed_s=exposed,
         optimizer_time_saved_s=cost.optimizer_time_s,
         step_time_s=cost.step_time_s - cost.optimizer_time_s + exposed,

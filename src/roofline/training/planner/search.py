@@ -357,7 +357,7 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
                 dtypes=dt,
             )
             if True in ctx.space.offload_optimizer:  # plans that fit only with it (space.py)
-                r = offload_rescue(ctx.systems, cand, r, ctx.opt)
+                r = offload_rescue(ctx.systems, cand, r, ctx.opt, ctx.stack)
             out.append(Family.of(st, cand, r, dt))
             done += len(cand)
             if progress:
