@@ -24,7 +24,7 @@ from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Strategy, Workload, parse_optimizer
 from roofline.specs.system import System
-from roofline.training.offload import offloaded_cost
+from roofline.training.offload import OffloadedCost, offloaded_cost
 from roofline.training.planner.rank import (
     Family,
     Ranked,
@@ -309,7 +309,15 @@ def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
         policy=ALGEBRA,
         framework=ctx.stack,
     )
+    alt = _offloaded_like(best, alt, ctx.model)
     return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
+
+
+def _offloaded_like(best: StepCost, alt: StepCost, model: ModelSpec) -> StepCost:
+    """`alt` offloaded as `best` is (advice compares like with like)."""
+    if isinstance(best, OffloadedCost) and not alt.fits:
+        return offloaded_cost(model, alt) or alt
+    return alt
 
 
 def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost] | None:
@@ -323,6 +331,7 @@ def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost
         ctx.model, best.system, ctx.workload, plan, efficiency=ctx.eff, policy=ctx.policy,
         framework=ctx.stack,
     )  # fmt: skip
+    alt = _offloaded_like(best, alt, ctx.model)
     return (
         (r.name, alt) if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
     )
