@@ -134,3 +134,20 @@ def test_readers_take_the_switch_back():
     cfg = read_launch(json.dumps(nvme), stack="deepspeed", chips=8)
     assert "offload_optimizer" not in cfg.options
     assert any("nvme" in u.reason for u in cfg.unsupported)
+
+
+def test_megatron_offloads_no_fsdp_plan():
+    """Megatron-FSDP's optimizer refuses --optimizer-cpu-offload (the record's with_fsdp =
+    false): the search never offloads an fsdp plan there, and the writer refuses one."""
+    assert _record("megatron").with_fsdp is False and _record("deepspeed").with_fsdp is True
+    from roofline.training.offload import offloaded_cost
+
+    c = evaluate_plan(
+        M70, H8, W, parse_plan("fsdp=2,tp=4,optimizer=adam-fp32-master"), framework="megatron"
+    )
+    assert not c.fits and offloaded_cost(M70, c) is None
+    kw = dict(space=ON, allow_sub_slices=False, efficient_size=False, framework="megatron")
+    res = plan_training(M70, H8, W, optimizer="adam-fp32-master", top_k=10, **kw)
+    assert all(p.plan.degrees.fsdp == 1 for p in res.top if isinstance(p, OffloadedCost))
+    out = _launch("megatron", "fsdp=2,tp=4,optimizer=adam-fp32-master")
+    assert out["text"] is None and "Megatron-FSDP" in out["reason"]

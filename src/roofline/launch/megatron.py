@@ -555,6 +555,13 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
         if on:
             out.append((name, True))
     if config.options.get("offload_optimizer") == "true":
+        if plan.degrees.fsdp > 1:
+            raise LaunchError(
+                "Megatron-LM does not offload the optimizer of a Megatron-FSDP plan",
+                rule="--optimizer-cpu-offload is refused by Megatron-FSDP's optimizer "
+                "(the framework record's [data_parallel.optimizer_offload] with_fsdp = false)",
+                fix="use a plan without fsdp (dp with the distributed optimizer, tp, pp)",
+            )
         # the framework record's [data_parallel.optimizer_offload] switch: the hybrid optimizer
         # needs the precision-aware path; all of the update on the host, copies overlapped
         out += [

@@ -313,6 +313,7 @@ class OptimizerOffload:
     host_traffic: HostTraffic
     source: str
     note: str = ""
+    with_fsdp: bool = True  # whether the stack offloads on its fsdp (ZeRO-3) axis too
 
 
 @dataclass(frozen=True)
@@ -871,6 +872,7 @@ def _parse_offload(t: _Table) -> OptimizerOffload:
         host_traffic=t.enum("host_traffic", HostTraffic),
         source=t.source(),
         note=t.text("note", ""),
+        with_fsdp=t.flag("with_fsdp", True),
     )
     t.done()
     return out

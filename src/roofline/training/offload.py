@@ -192,6 +192,14 @@ def host_traffic_of(framework: Any) -> HostTraffic:
     return HostTraffic.BEHIND_COMPUTE if off is None else off.host_traffic
 
 
+def offloads_with_fsdp(framework: Any) -> bool:
+    """Whether the stack offloads on its fsdp axis too (its record's `with_fsdp`; the
+    idealised machine does)."""
+    stack = stack_of(framework)
+    off = None if stack.book else stack.framework.data_parallel.optimizer_offload
+    return off is None or off.with_fsdp
+
+
 def offload_terms(
     opt: Any,
     state: Any,
@@ -236,6 +244,8 @@ def offloaded_cost(model: ModelSpec, cost: StepCost) -> OffloadedCost | None:
     """`cost` with its optimizer state offloaded, when that makes it fit HBM and host DRAM
     holds the state (None otherwise, or where the records lack host DRAM or the host link)."""
     if cost.system.host_bw_bytes_per_s is None:
+        return None
+    if cost.plan.degrees.fsdp > 1 and not offloads_with_fsdp(cost.framework):
         return None
     off = offload_optimizer(model, cost)
     if not (off.fits and off.fits_host):

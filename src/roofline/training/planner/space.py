@@ -39,7 +39,12 @@ from roofline.training.feasibility import (
     tp_must_divide,
     violations,
 )
-from roofline.training.offload import host_adam_per_param, host_traffic_of, offload_terms
+from roofline.training.offload import (
+    host_adam_per_param,
+    host_traffic_of,
+    offload_terms,
+    offloads_with_fsdp,
+)
 from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -379,6 +384,8 @@ def offload_rescue(
     *_, exposed = offload_terms(opt, state, r.compute_time_s, W, adam, traffic)
     with np.errstate(invalid="ignore"):
         ok = over & (r.memory_total - state <= systems[0].chip.fit_hbm_bytes) & (state <= dram)
+    if not offloads_with_fsdp(stack):
+        ok &= np.asarray(cand.deg[Strategy.FSDP]) <= 1
     step = np.where(ok, r.step_time_s - r.optimizer_time_s + exposed, r.step_time_s)
     speed = r.step_time_s / step
     return replace(
