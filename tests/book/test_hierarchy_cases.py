@@ -130,3 +130,43 @@ def test_op_text_lists_each_level(capsys):
     assert "elementwise, vector units" in out
     for level in ("hbm", "l2", "smem"):
         assert f"\n{level} " in out
+
+
+def test_v5p_matmul_from_vmem_gpus_md():
+    """gpus.md: a TPU's VMEM has 'around 40TB/s' (the chapter's TPU is v5p): a bf16 matmul
+    reading its weights from VMEM turns compute-bound at B ≈ C/W_vmem = 4.59e14/4e13 ≈ 11.5,
+    against C/W_hbm = 4.59e14/2.765e12 ≈ 166 from HBM."""
+    chip = load_chip("tpu-v5p")
+    assert chip.vmem_bw_bytes_per_s == 4.0e13
+    res = result("bf16[B,D] @ bf16[D,F]", {"B": 64, "D": 8192, "F": 32768}, "tpu-v5p")
+    C = chip.peak_flops_per_s["bf16"]
+    assert _level(res, "vmem")["critical_batch"] == pytest.approx(C / 4.0e13, rel=0.01)
+    assert _level(res, "hbm")["critical_batch"] == pytest.approx(
+        C / chip.hbm_bw_bytes_per_s, rel=0.01
+    )
+    assert _level(res, "vmem")["bound"] == "compute" and _level(res, "hbm")["bound"] == "memory"
+
+
+@pytest.mark.parametrize("name", ["h200", "h800"])
+def test_gh100_parts_share_the_measured_l2(name):
+    """The book's measured H100 L2 (~5.5 TB/s, ~1.6x HBM) is the GH100 die's: H200 and H800
+    carry it; H200's faster HBM (4.8 TB/s) brings L2 to only ~1.15x HBM there."""
+    assert load_chip(name).l2_bw_bytes_per_s == load_chip("h100").l2_bw_bytes_per_s == 5.5e12
+    res = result("bf16[B,D] @ bf16[D,F]", {"B": 64, "D": 8192, "F": 8192}, name)
+    assert _level(res, "l2")["critical_batch"] == pytest.approx(
+        load_chip(name).peak_flops_per_s["bf16"] / 5.5e12, rel=0.01
+    )
+
+
+def test_mi300x_infinity_cache_bandwidth():
+    """AMD's CDNA 3 white paper: 17.2 TB/s from the 256 MB Infinity Cache (MI325X: same die)."""
+    for name in ("mi300x", "mi325x"):
+        chip = load_chip(name)
+        assert (chip.l2_bytes, chip.l2_bw_bytes_per_s) == (256e6, 1.72e13)
+
+
+@pytest.mark.parametrize("name", ["a100", "v100", "b200", "gb200", "h20"])
+def test_gpus_without_a_citable_l2_bandwidth_leave_it_unset(name):
+    assert load_chip(name).l2_bw_bytes_per_s is None
+    res = result("fp16[B,D] @ fp16[D,F]", {"B": 64, "D": 8192, "F": 8192}, name)
+    assert "l2" not in {lv["level"] for lv in res["levels"]}

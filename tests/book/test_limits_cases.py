@@ -262,6 +262,34 @@ def test_optimizer_offload_limit():
     assert 6 * lim * P / H100_C == pytest.approx(2 * P / W)
 
 
+def test_offload_host_adam_limit():
+    """The host's Adam update under offload: adam-bf16 moves 2 + 2·8 + 2 = 20 B/param of the
+    DGX H100 host's DRAM (76.8 GB/s per GPU) and does 16 FLOPs (1.792 TFLOP/s per GPU): DRAM-
+    bound, so B/N > C·(20/76.8e9)/6 ≈ 4.3e4 tokens per chip, 8x the host link's 5.2e3; the
+    same as `train --offload-optimizer`'s break-even where a chip holds a whole replica's state."""
+    from roofline.core.ledger import count_params
+    from roofline.training.offload import offload_optimizer
+    from roofline.training.step import mfu_peak
+
+    h = parse_system("h100:64")
+    rep = L.limits(LLAMA70, h, strategy="fsdp")
+    lim = rep["offload_adam_min_tokens_per_chip"].value
+    assert lim == pytest.approx(H100_C * 20 / 76.8e9 / 6, rel=1e-12)
+    assert 4.2e4 < lim < 4.4e4
+    assert lim / rep["offload_min_tokens_per_chip"].value == pytest.approx(
+        20 * 3 * 6.4e10 / 6 / 76.8e9
+    )
+    m8, h8 = load_model("llama-3-8b"), parse_system("h100:8")
+    c = evaluate_plan(m8, h8, Workload(2**17, 1024), parse_plan("dp=8,zero=0,microbatch=8"))
+    o = offload_optimizer(m8, c)
+    p = count_params(m8)
+    v = L.limits(m8, h8, strategy="fsdp")["offload_adam_min_tokens_per_chip"].value
+    assert mfu_peak(h8.chip) == H100_C
+    assert o.adam_breakeven_tokens_per_chip == pytest.approx(v * p.total / p.active, rel=1e-9)
+    v5p = L.limits(LLAMA70, parse_system("tpu-v5p:4x4x4"), strategy="fsdp")
+    assert "offload_adam_min_tokens_per_chip" in v5p.skipped
+
+
 @pytest.mark.parametrize("F", [13824, 28672, 32768])
 def test_mixed_limit_and_x_opt_equal_the_step_models(F):
     """The FSDP+TP limit and X_opt from the records equal the ones the training tests read off

@@ -57,12 +57,17 @@ def test_offload_terms_are_the_single_plans():
     c = evaluate_plan(M70, H8, W, parse_plan("fsdp=8,microbatch=1"))
     off = offload_optimizer(M70, c)
     opt = parse_optimizer("adam-bf16")
-    p_off, g, p, t_host, exposed = offload_terms(
-        opt, np.array([off.state_bytes] * 2), np.array([c.compute_time_s] * 2), 6.4e10
+    p_off, g, p, t_host, t_adam, exposed = offload_terms(
+        opt,
+        np.array([off.state_bytes] * 2),
+        np.array([c.compute_time_s] * 2),
+        6.4e10,
+        off.host_adam_s_per_param,
     )
     assert p_off[0] == pytest.approx(off.params_offloaded)
     assert t_host[1] == pytest.approx(off.host_transfer_s)
     assert t_host[0] == pytest.approx(max(g[0], p[0]) / 6.4e10)
+    assert t_adam[0] == pytest.approx(off.host_adam_s) and off.host_adam_s > 0
     assert exposed[0] == pytest.approx(off.exposed_s)
 
 
@@ -94,10 +99,14 @@ def test_cli(capsys):
     assert "optimizer offload (ZeRO-Offload):" in out
 
 
-def test_not_searched_on_a_stack():
-    """A stack's records do not say it offloads the optimizer, nor do its launch writers write
-    it: the axis stays off there."""
+def test_searched_on_the_stacks_whose_record_offloads():
+    """DeepSpeed (ZeRO-Offload) and Megatron (--optimizer-cpu-offload) have
+    [data_parallel.optimizer_offload] in their framework records; torchtitan does not: the axis
+    stays off there."""
     from roofline.core.stack import stack_of
 
-    assert ON.for_stack(stack_of("megatron"), M70).offload_optimizer == (False,)
+    for fw in ("megatron", "deepspeed"):
+        assert ON.for_stack(stack_of(fw), M70).offload_optimizer == (False, True)
+        assert SearchSpace().for_stack(stack_of(fw), M70).offload_optimizer == (False,)
+    assert ON.for_stack(stack_of("torchtitan"), M70).offload_optimizer == (False,)
     assert ON.for_stack(stack_of(None), M70).offload_optimizer == (False, True)

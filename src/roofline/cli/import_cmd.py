@@ -146,6 +146,7 @@ def _cost(args: argparse.Namespace, config: LaunchConfig, system) -> tuple[dict[
     targs = argparse.Namespace(
         framework=config.options.get("framework", "auto"),
         precision=config.options.get("precision"),
+        offload_optimizer=config.options.get("offload_optimizer") == "true",
         profile=getattr(args, "profile", None),
         efficiency=getattr(args, "efficiency", None),
         assume_mfu=None,

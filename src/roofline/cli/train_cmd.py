@@ -184,13 +184,21 @@ def run(args: argparse.Namespace) -> int:
     doc |= _offload_doc(args, model, res.best)
     text += _offload_text(args, model, res.best)
     text += _optimizer_text(args, optimizer_from)
-    launch = plan_launch(args, model, work, res.best.plan, stack)
+    launch = plan_launch(args, model, work, res.best.plan, stack, offloaded(res.best))
     return emit(args, NAME, inputs, doc | {"launch": launch}, text + launch_text(launch))
 
 
-def plan_launch(args: argparse.Namespace, model, work: Workload, plan, stack: Stack):
+def offloaded(cost: StepCost) -> bool:
+    from roofline.training.offload import OffloadedCost
+
+    return isinstance(cost, OffloadedCost)
+
+
+def plan_launch(
+    args: argparse.Namespace, model, work: Workload, plan, stack: Stack, offload: bool = False
+):
     """The chosen plan as the costed stack's launch file (`launch.lines`; None without a
-    writer for the stack)."""
+    writer for the stack); `offload`: with its optimizer state in host memory."""
     return training_launch(
         stack.name,
         model=model.name,
@@ -198,6 +206,7 @@ def plan_launch(args: argparse.Namespace, model, work: Workload, plan, stack: St
         seq_len=work.seq_len,
         global_batch_sequences=int(work.sequences),
         precision=getattr(args, "precision", None),
+        offload_optimizer=offload,
     )
 
 
@@ -225,7 +234,9 @@ def cost_one_plan(
     text = _render_one(
         model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
     ) + _offload_text(args, model, cost)
-    launch = plan_launch(args, model, work, plan, stack)
+    launch = plan_launch(
+        args, model, work, plan, stack, bool(getattr(args, "offload_optimizer", False))
+    )
     result = {**result, "candidates_evaluated": 1, "rejected": {}, "top": [result]}
     return result | {"launch": launch}, text + launch_text(launch)
 

@@ -21,6 +21,7 @@ Closed forms (book chapter in brackets; B = global batch in tokens, N chips):
 | DP over DCN | `B/slice > C/W_dcn` | training.md |
 | weights from host | `B > C/W_pcie` | tpus.md Q3 |
 | optimizer offload | `B/N > C/(3·W_host)` | ZeRO-Offload (not the book) |
+| host Adam under offload | `B/N > C·t_adam/6`, `t_adam = max(a/W_dram, 16/C_host)` | ZeRO-Offload (not the book) |
 | 2D weight-stationary | `N > 2·(F/D)·(W_1D/W_2D)²` | inference.md Q7 |
 | EP over nodes (AllToAll) | `F > α·(Z−G)·min(G·k/Z, 1)/k`, `F > G·α`, α = C/W_node | gpus.md |
 | EP + FSDP of the experts | `B/N > (E/(k·Z))·C/W_X` | gpus.md's E/k with E/Z experts a chip |
@@ -42,7 +43,7 @@ from roofline.core.mesh import Mesh, make_mesh
 from roofline.core.roofline import critical_batch
 from roofline.errors import PlanError, RooflineError
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import Degrees
+from roofline.specs.plan import DEFAULT_OPTIMIZER, OPTIMIZERS, Degrees
 from roofline.specs.system import DimKind, System
 from roofline.units import DTYPE_BYTES, parse_dtype
 
@@ -103,6 +104,31 @@ def offload_min_tokens_per_chip(C: float, W_host: float) -> float:
     host memory while its 2-byte parameters come back (full duplex: 2 bytes/param one way),
     against 6 FLOPs per parameter per token: hidden iff B/N > C/(3·W_host)."""
     return C / (3 * W_host)
+
+
+# Adam's arithmetic per parameter (bias corrections are per-step scalars):
+# m ← β1·m + (1−β1)·g (3), v ← β2·v + (1−β2)·g² (4), p ← p − lr·(m̂/(sqrt(v̂)+ε) + λ·p)
+# with m̂, v̂ (2), sqrt, +ε, ÷ (3), +λ·p (2), ×lr, − (2): 16 FLOPs
+ADAM_FLOPS_PER_PARAM = 16.0
+
+
+def host_adam_bytes_per_param(param_bytes: float, grad_bytes: float, state_bytes: float) -> float:
+    """The host DRAM traffic of one parameter's Adam update under optimizer offload: the
+    gradient read, the optimizer state (moments, master copy if any) read and written, the
+    updated parameter written for the trip back: a = g + 2·s + p."""
+    return grad_bytes + 2 * state_bytes + param_bytes
+
+
+def host_adam_s_per_param(a_bytes: float, W_dram: float, C_host: float) -> float:
+    """Seconds per parameter of the host's Adam update: a roofline on the host, the slower of
+    its DRAM (a bytes at W_dram) and its CPUs (16 FLOPs at C_host); both per chip served."""
+    return max(a_bytes / W_dram, ADAM_FLOPS_PER_PARAM / C_host)
+
+
+def offload_adam_min_tokens_per_chip(C: float, t_adam: float) -> float:
+    """The batch per chip at which the chip's 6 FLOPs per parameter per token take as long as
+    the host's Adam update of that parameter (t_adam seconds): B/N = C·t_adam/6."""
+    return C * t_adam / 6
 
 
 def ep_min_d_ff(alpha: float, Z: float, G: float, k: float) -> float:
@@ -423,6 +449,7 @@ def _part_fsdp(ctx: _Ctx) -> _Part:
     _max_chips(ctx, part, "fsdp_max_chips", "FSDP", v, "N < B·W_X / C")
     _dcn_limit(ctx, part)
     _offload_limit(ctx, part)
+    _offload_adam_limit(ctx, part)
     return part
 
 
@@ -447,6 +474,39 @@ def _offload_limit(ctx: _Ctx, part: _Part) -> None:
             "host_bw_bytes_per_s",
             ctx.per_chip,
             _side(ctx.per_chip, v, "host-link-bound", _COMP),
+        )
+    )
+
+
+def _offload_adam_limit(ctx: _Ctx, part: _Part) -> None:
+    sysm = ctx.system
+    W, Ch = sysm.host_dram_bw_bytes_per_s, sysm.host_flops_per_s
+    if W is None or Ch is None:
+        part.skipped["offload_adam_min_tokens_per_chip"] = (
+            "no host DRAM bandwidth or host FLOP/s in the records"
+        )
+        return
+    opt = OPTIMIZERS[DEFAULT_OPTIMIZER]
+    a = host_adam_bytes_per_param(opt.param_bytes, opt.grad_bytes, opt.state_bytes)
+    t = host_adam_s_per_param(a, W, Ch)
+    v = offload_adam_min_tokens_per_chip(ctx.C, t)
+    part.limits.append(
+        Limit(
+            "offload_adam_min_tokens_per_chip",
+            "optimizer offload: batch per chip at which the host's Adam update takes as long as "
+            "the chip's compute",
+            "B/N > C·t_adam/6, t_adam = max(a/W_dram, 16/C_host)",
+            f"{_fmt(ctx.C)}·max({a:g}/{_fmt(W)}, 16/{_fmt(Ch)})/6",
+            v,
+            "tokens per chip",
+            "host-Adam-bound (the host's update outlasts the step's compute)",
+            "compute-dominated (the update adds less than the compute time)",
+            f"a = g + 2·s + p = {a:g} bytes per parameter ({opt.name}); W_dram and C_host are "
+            "the host's DRAM bandwidth and fp32 FLOP/s per chip (host_dram_bw_bytes_per_s, "
+            "host_flops_per_s); ZeRO-Offload runs the update between backward and the next "
+            "forward, so `train --offload-optimizer` adds it to the step whatever the batch",
+            ctx.per_chip,
+            _side(ctx.per_chip, v, "host-Adam-bound", "compute-dominated"),
         )
     )
 

@@ -111,7 +111,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
             rule="ZeRO stages are 0, 1, 2 and 3",
             fix="write 0-3",
         )
-    _offload(notes)
+    offload = _offload(notes)
     recipe, dtypes = _precision(notes)
     plan = Plan(
         degrees=Degrees(dp=1 if stage == 3 else dp, fsdp=dp if stage == 3 else 1, tp=tp),
@@ -125,7 +125,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         model=None,
         plan=plan,
         chips=dp * tp,
-        options={"framework": PROFILE, "precision": recipe},
+        options={"framework": PROFILE, "precision": recipe} | offload,
         workload=workload(seq_len=None, global_seqs=train, micro=micro),
     )
 
@@ -202,13 +202,20 @@ def _complete(
     return dp, int(micro), int(accum), int(train)
 
 
-def _offload(notes: Notes) -> None:
+def _offload(notes: Notes) -> dict[str, str]:
+    """The optimizer offloaded to the CPU is costed (`training.offload`); NVMe and parameter
+    offload are not."""
+    out: dict[str, str] = {}
     for key in ("zero_optimization.offload_optimizer", "zero_optimization.offload_param"):
         v = notes.get(key)
-        if isinstance(v, dict) and str(v.get("device", "none")).lower() != "none":
+        device = str(v.get("device", "none")).lower() if isinstance(v, dict) else "none"
+        if key.endswith("offload_optimizer") and device == "cpu":
+            out["offload_optimizer"] = "true"
+        elif device != "none":
             notes.unsupported_(
                 key, v, f"offload to {v.get('device')}: costed as if the state stays in HBM"
             )
+    return out
 
 
 def _precision(notes: Notes) -> tuple[str, Any]:
@@ -271,6 +278,20 @@ def write(config: LaunchConfig) -> str:
         "bf16": {"enabled": recipe == "bf16"},
         "fp16": {"enabled": recipe == "fp16"},
     }
+    if config.options.get("offload_optimizer") == "true":
+        doc["zero_optimization"]["offload_optimizer"] = _offload_section(doc)
     if d.tp > 1:
         doc["tensor_parallel"] = {"autotp_size": d.tp}
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _offload_section(doc: dict[str, Any]) -> dict[str, Any]:
+    """ZeRO-Offload's section (the framework record's [data_parallel.optimizer_offload]):
+    the optimizer state and its Adam step on the CPU, pinned host buffers."""
+    if doc["zero_optimization"]["stage"] == 0:
+        raise LaunchError(
+            "DeepSpeed cannot offload the optimizer at ZeRO stage 0",
+            rule="zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3",
+            fix="use zero=1 (or 2, or fsdp) in the plan",
+        )
+    return {"device": "cpu", "pin_memory": True}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from roofline.core.stack import stack_of
 from roofline.launch.base import (
     STACK_MODULES,
     LaunchConfig,
@@ -40,18 +41,30 @@ def training_launch(
     seq_len: int,
     global_batch_sequences: int,
     precision: str | None = None,
+    offload_optimizer: bool = False,
 ) -> dict[str, Any] | None:
     """{'stack', 'text', 'reason'} for a training plan in `stack`'s format, or None when the
-    stack has no writer."""
+    stack has no writer. `offload_optimizer`: the plan keeps its optimizer state in host memory
+    (`training.offload`), written where the stack's framework record says it can."""
     if stack not in STACK_MODULES or stack in SERVING_STACKS:
         return None
+    options = {"precision": precision} if precision else {}
+    if offload_optimizer:
+        if stack_of(stack).framework.data_parallel.optimizer_offload is None:
+            return {
+                "stack": stack,
+                "text": None,
+                "reason": f"{stack}'s framework record has no [data_parallel.optimizer_offload]: "
+                "its launch file cannot keep the optimizer in host memory",
+            }
+        options["offload_optimizer"] = "true"
     config = LaunchConfig(
         stack=stack,
         kind=LaunchKind.TRAINING,
         model=model,
         plan=plan,
         workload=LaunchWorkload(seq_len=seq_len, global_batch_sequences=global_batch_sequences),
-        options={"precision": precision} if precision else {},
+        options=options,
     )
     return _written(config, stack)
 

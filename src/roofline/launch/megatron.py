@@ -295,6 +295,21 @@ def _hsdp(notes: Notes) -> dict[str, Any]:
     return {"replicas": notes.integer(key, notes.settings[key]), "outer_shard": outer == "optim"}
 
 
+def _offload_option(notes: Notes) -> dict[str, str]:
+    """--optimizer-cpu-offload: the optimizer on the host (`training.offload`, the framework
+    record's [data_parallel.optimizer_offload]); a fraction below 1 is costed as all of it."""
+    if not notes.given("optimizer-cpu-offload") or not notes.flag(
+        "optimizer-cpu-offload", notes.settings["optimizer-cpu-offload"]
+    ):
+        return {}
+    frac = notes.settings.get("optimizer-offload-fraction")
+    if frac is not None and float(frac) != 1.0:
+        notes.unsupported_(
+            "optimizer-offload-fraction", frac, "part of the update on the GPU: costed as all of it"
+        )
+    return {"offload_optimizer": "true"}
+
+
 def _micro(notes: Notes) -> int:
     v = notes.get("micro-batch-size")
     if v in (None, "none"):
@@ -442,7 +457,7 @@ def _optimizer(notes: Notes) -> str:
             notes.unsupported_(
                 key, notes.settings[key], "a batch-size ramp: costed at the final global batch"
             )
-    for key in ("use-precision-aware-optimizer", "optimizer-cpu-offload"):
+    for key in ("use-precision-aware-optimizer",):
         if notes.given(key):
             notes.unsupported_(
                 key,
@@ -521,7 +536,7 @@ def megatron_config(
         model=model,
         plan=plan,
         chips=world,
-        options={"framework": PROFILE, "precision": recipe},
+        options={"framework": PROFILE, "precision": recipe} | _offload_option(notes),
         workload=workload(seq_len=s.seq, global_seqs=global_batch, micro=s.micro, steps=s.iters),
     )
 
@@ -614,6 +629,22 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
         out += [
             ("num-distributed-optimizer-instances", d.dp),
             ("outer-dp-sharding-strategy", outer),
+        ]
+    if config.options.get("offload_optimizer") == "true":
+        if plan.degrees.fsdp > 1:
+            raise LaunchError(
+                "Megatron-LM does not offload the optimizer of a Megatron-FSDP plan",
+                rule="--optimizer-cpu-offload is refused by Megatron-FSDP's optimizer "
+                "(the framework record's [data_parallel.optimizer_offload] with_fsdp = false)",
+                fix="use a plan without fsdp (dp with the distributed optimizer, tp, pp)",
+            )
+        # the framework record's [data_parallel.optimizer_offload] switch: the hybrid optimizer
+        # needs the precision-aware path; all of the update on the host, copies overlapped
+        out += [
+            ("optimizer-cpu-offload", True),
+            ("optimizer-offload-fraction", 1.0),
+            ("overlap-cpu-optimizer-d2h-h2d", True),
+            ("use-precision-aware-optimizer", True),
         ]
     if plan.remat.kind != RematKind.NONE:
         kind = "selective" if plan.remat.kind in _SELECTIVE else "full"

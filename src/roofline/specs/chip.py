@@ -111,6 +111,10 @@ class Chip:
     # host and datacenter network
     pcie_bw_bytes_per_s: float | None = None
     host_dram_bytes_per_chip: float | None = None
+    # the host's side of offload, per chip (the host's total over the chips it serves): DRAM
+    # bandwidth and fp32 FLOP/s of its CPUs, which price the host's Adam update
+    host_dram_bw_bytes_per_s: float | None = None
+    host_flops_per_s: float | None = None
     dcn_bw_bytes_per_s: float | None = None
     usd_per_hour: float | None = None
     price_source: str = ""
@@ -273,6 +277,8 @@ _NUMBER_BOUNDS = {
     "pcie_bw_bytes_per_s": 1e14,
     "nvswitch_bw_bytes_per_s": 1e16,
     "host_dram_bytes_per_chip": 1e15,
+    "host_dram_bw_bytes_per_s": 1e14,
+    "host_flops_per_s": 1e16,
     "dcn_bw_bytes_per_s": 1e14,
     "usd_per_hour": 1e5,
     "hbm_bytes": 1e15,

@@ -321,6 +321,25 @@ class Timing:
     per_with_pipeline: Per | None = None  # where pipeline parallelism changes `per`
 
 
+class HostTraffic(enum.StrEnum):
+    """When an offloading stack moves gradients to the host and parameters back."""
+
+    BEHIND_COMPUTE = "behind_compute"  # streamed during backward / next forward (ZeRO-Offload)
+    WITH_UPDATE = "with_update"  # at the optimizer step, pipelined with the host's update
+
+
+@dataclass(frozen=True)
+class OptimizerOffload:
+    """The stack runs the optimizer on the host with its state in host DRAM
+    (`training.offload`): the switch as its launch file writes it and the traffic's schedule."""
+
+    switch: str
+    host_traffic: HostTraffic
+    source: str
+    note: str = ""
+    with_fsdp: bool = True  # whether the stack offloads on its fsdp (ZeRO-3) axis too
+
+
 @dataclass(frozen=True)
 class DataParallel:
     """Replicated data parallelism (the `data` axis) and the ZeRO stages the stack runs."""
@@ -333,6 +352,8 @@ class DataParallel:
     # ZeRO-2 keeps only a gradient shard, so some stacks reduce-scatter every microbatch
     zero2_grad_reduce_per: Per | None = None
     note: str = ""
+    # optimizer state and update on the host (None: the stack's records do not offload)
+    optimizer_offload: OptimizerOffload | None = None
 
     def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
         """When the replicas' gradient sum is paid under ZeRO stage `zero` (0-2), with or
@@ -874,6 +895,7 @@ def _parse_data_parallel(t: _Table) -> DataParallel:
         )
     grad = t.sub("grad_reduce")
     gather = t.sub("param_gather", None)
+    off = t.sub("optimizer_offload", None)
     assert grad is not None
     out = DataParallel(
         zero_stages=stages,
@@ -883,6 +905,19 @@ def _parse_data_parallel(t: _Table) -> DataParallel:
         source=t.source(),
         zero2_grad_reduce_per=t.enum("zero2_grad_reduce_per", Per, None),
         note=t.text("note", ""),
+        optimizer_offload=None if off is None else _parse_offload(off),
+    )
+    t.done()
+    return out
+
+
+def _parse_offload(t: _Table) -> OptimizerOffload:
+    out = OptimizerOffload(
+        switch=t.text("switch"),
+        host_traffic=t.enum("host_traffic", HostTraffic),
+        source=t.source(),
+        note=t.text("note", ""),
+        with_fsdp=t.flag("with_fsdp", True),
     )
     t.done()
     return out

@@ -182,6 +182,10 @@ class System:
     # from the chip file, a system file may set its own (host_bw_bytes_per_s, host_dram_bytes_per_chip)
     host_bw_bytes_per_s: float | None = None
     host_dram_bytes_per_chip: float | None = None
+    # the host's DRAM bandwidth and CPU FLOP/s per chip (its Adam update under optimizer
+    # offload); default from the chip file, a system file may set its own
+    host_dram_bw_bytes_per_s: float | None = None
+    host_flops_per_s: float | None = None
     # switch capacity of one group of a tier, one way, by dim name (a system file's [switch_bw]);
     # tiers not named take the chip file's NVSwitches / the SuperPod reference (core.collectives)
     switch_bw: tuple[tuple[str, float], ...] = ()
@@ -190,8 +194,9 @@ class System:
         object.__setattr__(self, "dims", tuple(self.dims))
         if self.host_bw_bytes_per_s is None:
             object.__setattr__(self, "host_bw_bytes_per_s", self.chip.pcie_bw_bytes_per_s)
-        if self.host_dram_bytes_per_chip is None:
-            object.__setattr__(self, "host_dram_bytes_per_chip", self.chip.host_dram_bytes_per_chip)
+        for k in ("host_dram_bytes_per_chip", "host_dram_bw_bytes_per_s", "host_flops_per_s"):
+            if getattr(self, k) is None:
+                object.__setattr__(self, k, getattr(self.chip, k))
         if not isinstance(self.n_chips, int) or self.n_chips < 1:
             raise SpecError(
                 f"system {self.name!r}: n_chips = {self.n_chips!r}",
@@ -271,6 +276,8 @@ class System:
             "description": self.description,
             "host_bw_bytes_per_s": self.host_bw_bytes_per_s,
             "host_dram_bytes_per_chip": self.host_dram_bytes_per_chip,
+            "host_dram_bw_bytes_per_s": self.host_dram_bw_bytes_per_s,
+            "host_flops_per_s": self.host_flops_per_s,
             "switch_bw": dict(self.switch_bw),
         }
 
@@ -808,6 +815,8 @@ def gpu_cluster(
 _TOML_KEYS = {
     "host_bw_bytes_per_s",
     "host_dram_bytes_per_chip",
+    "host_dram_bw_bytes_per_s",
+    "host_flops_per_s",
     "name",
     "base",
     "chip",
@@ -836,7 +845,12 @@ def _check_toml_values(raw: dict, where: str) -> dict:
         out["nodes_per_leaf"] = check_int(
             where, "nodes_per_leaf", out["nodes_per_leaf"], 1, MAX_CHIPS
         )
-    for k, hi in (("host_bw_bytes_per_s", MAX_BW_BYTES_PER_S), ("host_dram_bytes_per_chip", 1e15)):
+    for k, hi in (
+        ("host_bw_bytes_per_s", MAX_BW_BYTES_PER_S),
+        ("host_dram_bytes_per_chip", 1e15),
+        ("host_dram_bw_bytes_per_s", MAX_BW_BYTES_PER_S),
+        ("host_flops_per_s", 1e16),
+    ):
         if k in out:
             out[k] = check_number(where, k, out[k], hi=hi)
     if "usd_per_chip_hour" in out:
@@ -964,7 +978,14 @@ def _system_from_toml(path: Path, *, nodes_per_leaf: int | None) -> System:
             n_slices=slices,
             topology=tuple(d.size for d in dims),
         )
-    keys = ("name", "description", "host_bw_bytes_per_s", "host_dram_bytes_per_chip")
+    keys = (
+        "name",
+        "description",
+        "host_bw_bytes_per_s",
+        "host_dram_bytes_per_chip",
+        "host_dram_bw_bytes_per_s",
+        "host_flops_per_s",
+    )
     changes: dict[str, Any] = {k: raw[k] for k in keys if k in raw}
     if raw.get("switch_bw"):
         _check_dim_names("switch_bw", raw["switch_bw"], system)

@@ -14,18 +14,36 @@ parameters back behind the next forward), so the step pays `max(0, T_host − T_
 longer runs the optimizer update through HBM. HBM sheds the optimizer bytes; host DRAM must
 hold them (`host_dram_bytes_per_chip`).
 
+The host's Adam update (`host_adam_s`): the host reads each gradient, reads and writes the
+optimizer state, and writes the updated parameter, a = g + 2·s + p bytes per parameter of its
+DRAM, and does 16 FLOPs on its CPUs (`core.limits.host_adam_s_per_param`, a roofline on the
+host: the slower of host_dram_bw_bytes_per_s and host_flops_per_s, both the host's share per
+chip in the chip or system file):
+
+    T_adam = P_off · max(a / W_dram, 16 / C_host)
+
+ZeRO-Offload's schedule (Ren et al. 2021, §4) runs the update on the CPU after the backward's
+gradients arrive and before the next forward reads the parameters: it is on the critical path,
+so the step pays it in full, `exposed = max(0, T_host − T_compute) + T_adam` (the paper's
+one-step delayed update, which would overlap it, is not modelled; neither DeepSpeed's
+`offload_optimizer` nor Megatron's `--optimizer-cpu-offload` turns it on). Where the records
+give no host DRAM bandwidth or CPU rate, T_adam is not costed and the output says so.
+
 Break-even: T_host equals the model FLOPs' time `6·N_active·(B/N)/C` at the per-chip batch
 `core.limits.offload_min_tokens_per_chip(C, W_host)` = C/(3·W_host) scaled by the share of the
 model whose state the chip holds, `P_off/N_active` (1 for pure data parallelism without ZeRO,
 where every chip holds a whole replica's state; 1/N when the state is sharded over N chips, so
-the whole batch B, not B/N, must exceed C/(3·W_host)).
+the whole batch B, not B/N, must exceed C/(3·W_host)); T_adam equals it at
+`core.limits.offload_adam_min_tokens_per_chip` = C·t_adam/6 on the same scale.
 
 The planner searches it (`SearchSpace.offload_optimizer`): a candidate that misses HBM only by
 its optimizer state, which its host DRAM holds, is costed offloaded (`offload_terms` over the
-family's arrays), and the plan it returns is an `OffloadedCost` (`offloaded_cost`).
+family's arrays), and the plan it returns is an `OffloadedCost` (`offloaded_cost`). The
+idealised machine searches it under `train --offload-optimizer`, and so do the stacks whose
+framework record says `[data_parallel] optimizer_offload = true` (DeepSpeed ZeRO-Offload,
+Megatron's `--optimizer-cpu-offload`); their launch writers write it.
 
-Not modelled: the host's Adam time (no host DRAM bandwidth or CPU rate in the records; under
-ZeRO-Offload's one-step delayed update it overlaps the next step), activation offload.
+Not modelled: activation offload.
 """
 
 from __future__ import annotations
@@ -36,8 +54,15 @@ from typing import Any
 import numpy as np
 
 from roofline.core.ledger import count_params
-from roofline.core.limits import offload_min_tokens_per_chip
+from roofline.core.limits import (
+    host_adam_bytes_per_param,
+    host_adam_s_per_param,
+    offload_adam_min_tokens_per_chip,
+    offload_min_tokens_per_chip,
+)
+from roofline.core.stack import stack_of
 from roofline.errors import PlanError
+from roofline.specs.framework import HostTraffic
 from roofline.specs.model import ModelSpec
 from roofline.training.step import StepCost, mfu_peak
 from roofline.units import fmt_bytes, fmt_time
@@ -54,6 +79,10 @@ class Offloaded:
     host_bw_bytes_per_s: float
     host_transfer_s: float  # max of the two directions (full duplex)
     compute_time_s: float  # the window the traffic hides behind
+    host_adam_s_per_param: float  # t_adam = max(a/W_dram, 16/C_host)
+    host_adam_s: float  # T_adam, the host's update, on the critical path (0 when not costed)
+    host_adam_reason: str  # why T_adam is not costed ("" when it is)
+    host_traffic: str  # the stack's schedule (HostTraffic): behind_compute or with_update
     exposed_s: float
     optimizer_time_saved_s: float  # the HBM update the chip no longer runs
     step_time_s: float
@@ -61,6 +90,7 @@ class Offloaded:
     hbm_bytes: float
     host_dram_bytes_per_chip: float | None
     breakeven_tokens_per_chip: float
+    adam_breakeven_tokens_per_chip: float | None
     tokens_per_chip: float
     base_step_time_s: float
     base_memory_per_chip_bytes: float
@@ -99,27 +129,102 @@ class Offloaded:
             f"host traffic per step: T_host = max(grads, params)·P_off / W_host = "
             f"max({fmt_bytes(self.grad_bytes_out)}, {fmt_bytes(self.param_bytes_in)}) / "
             f"{W:.3g} = {fmt_time(self.host_transfer_s)}",
-            f"exposed: max(0, T_host − T_compute) = max(0, {fmt_time(self.host_transfer_s)} − "
-            f"{fmt_time(self.compute_time_s)}) = {fmt_time(self.exposed_s)}",
+            self._adam_line(),
+            self._exposed_line(),
             f"step: {fmt_time(self.base_step_time_s)} − optimizer {fmt_time(self.optimizer_time_saved_s)}"
             f" + exposed {fmt_time(self.exposed_s)} = {fmt_time(self.step_time_s)}",
             f"break-even: B/N > C/(3·W_host) · P_off/N_active = "
             f"{self.breakeven_tokens_per_chip:.4g} tokens per chip "
             f"(asked {self.tokens_per_chip:.4g}: {side}; the limit counts model FLOPs, the "
             "step's compute window above adds recompute and attention)",
+        ] + self._adam_breakeven_line()
+
+    def _adam_line(self) -> str:
+        if self.host_adam_reason:
+            return f"host Adam: not costed ({self.host_adam_reason})"
+        return (
+            f"host Adam: T_adam = P_off·max(a/W_dram, 16/C_host) = "
+            f"{self.params_offloaded:.4g} · {self.host_adam_s_per_param:.4g} s = "
+            f"{fmt_time(self.host_adam_s)}"
+        )
+
+    def _exposed_line(self) -> str:
+        h, a = fmt_time(self.host_transfer_s), fmt_time(self.host_adam_s)
+        if self.host_traffic == HostTraffic.WITH_UPDATE:
+            return (
+                f"exposed (traffic at the step, pipelined with the host's update): "
+                f"max(T_host, T_adam) = max({h}, {a}) = {fmt_time(self.exposed_s)}"
+            )
+        return (
+            f"exposed (traffic behind compute, update on the critical path): max(0, T_host − "
+            f"T_compute) + T_adam = max(0, {h} − {fmt_time(self.compute_time_s)}) + {a} = "
+            f"{fmt_time(self.exposed_s)}"
+        )
+
+    def _adam_breakeven_line(self) -> list[str]:
+        v = self.adam_breakeven_tokens_per_chip
+        if v is None:
+            return []
+        side = "compute-dominated" if self.tokens_per_chip >= v else "host-Adam-bound"
+        return [
+            f"host Adam break-even: B/N > C·t_adam/6 · P_off/N_active = {v:.4g} tokens per chip "
+            f"(asked {self.tokens_per_chip:.4g}: {side})"
         ]
 
 
-def offload_terms(opt: Any, state: Any, compute_s: Any, W_host: Any) -> tuple[Any, ...]:
-    """ZeRO-Offload per chip, vectorised: (P_off, gradient bytes out, parameter bytes back,
-    T_host, exposed). T_host is a host-to-HBM load of one chip (`core.transfer.host_to_hbm`,
-    bytes / W_host) for the larger direction (full duplex); the step pays what outlasts its
-    compute, max(0, T_host − T_compute)."""
+def host_adam_per_param(system: Any, opt: Any) -> tuple[float, str]:
+    """t_adam, the host's seconds per offloaded parameter (module docstring), and "" — or 0.0
+    and the reason it is not costed where the records lack the host's DRAM bandwidth or CPU
+    rate."""
+    W, Ch = system.host_dram_bw_bytes_per_s, system.host_flops_per_s
+    if W is None or Ch is None:
+        return 0.0, f"system {system.name} has no host DRAM bandwidth or host FLOP/s in the records"
+    a = host_adam_bytes_per_param(opt.param_bytes, opt.grad_bytes, opt.state_bytes)
+    return host_adam_s_per_param(a, W, Ch), ""
+
+
+def host_traffic_of(framework: Any) -> HostTraffic:
+    """When the stack moves the offloaded optimizer's traffic: its framework record's
+    `[data_parallel.optimizer_offload] host_traffic` (the idealised machine and a stack without
+    the record: ZeRO-Offload's, behind compute)."""
+    stack = stack_of(framework)
+    off = None if stack.book else stack.framework.data_parallel.optimizer_offload
+    return HostTraffic.BEHIND_COMPUTE if off is None else off.host_traffic
+
+
+def offloads_with_fsdp(framework: Any) -> bool:
+    """Whether the stack offloads on its fsdp axis too (its record's `with_fsdp`; the
+    idealised machine does)."""
+    stack = stack_of(framework)
+    off = None if stack.book else stack.framework.data_parallel.optimizer_offload
+    return off is None or off.with_fsdp
+
+
+def offload_terms(
+    opt: Any,
+    state: Any,
+    compute_s: Any,
+    W_host: Any,
+    adam_s_per_param: Any = 0.0,
+    traffic: HostTraffic = HostTraffic.BEHIND_COMPUTE,
+) -> tuple[Any, ...]:
+    """Optimizer offload per chip, vectorised: (P_off, gradient bytes out, parameter bytes
+    back, T_host, T_adam, exposed). T_host is a host-to-HBM load of one chip
+    (`core.transfer.host_to_hbm`, bytes / W_host) for the larger direction (full duplex);
+    T_adam = P_off·t_adam. ZeRO-Offload (`behind_compute`) streams the traffic behind compute
+    and runs the update on the critical path: exposed = max(0, T_host − T_compute) + T_adam;
+    Megatron's hybrid optimizer (`with_update`) moves it at the step, pipelined with the
+    update: exposed = max(T_host, T_adam)."""
     state = np.asarray(state, float)
     p_off = state / opt.state_bytes if opt.state_bytes > 0 else np.zeros_like(state)
     g_out, p_in = opt.grad_bytes * p_off, opt.param_bytes * p_off
     t_host = np.maximum(g_out, p_in) / W_host
-    return p_off, g_out, p_in, t_host, np.maximum(0.0, t_host - compute_s)
+    t_adam = p_off * np.asarray(adam_s_per_param, float)
+    if traffic is HostTraffic.WITH_UPDATE:
+        exposed = np.maximum(t_host, t_adam)
+    else:
+        exposed = np.maximum(0.0, t_host - compute_s) + t_adam
+    return p_off, g_out, p_in, t_host, t_adam, exposed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +244,8 @@ def offloaded_cost(model: ModelSpec, cost: StepCost) -> OffloadedCost | None:
     """`cost` with its optimizer state offloaded, when that makes it fit HBM and host DRAM
     holds the state (None otherwise, or where the records lack host DRAM or the host link)."""
     if cost.system.host_bw_bytes_per_s is None:
+        return None
+    if cost.plan.degrees.fsdp > 1 and not offloads_with_fsdp(cost.framework):
         return None
     off = offload_optimizer(model, cost)
     if not (off.fits and off.fits_host):
@@ -181,13 +288,16 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
         )
     opt = plan.optimizer
     state = float(cost.memory_breakdown.get("optimizer", 0.0))
-    p_off, g_out, p_in, t_host, exposed = (
-        float(x) for x in offload_terms(opt, state, cost.compute_time_s, W)
+    t_per, why = host_adam_per_param(system, opt)
+    traffic = host_traffic_of(cost.framework)
+    p_off, g_out, p_in, t_host, t_adam, exposed = (
+        float(x) for x in offload_terms(opt, state, cost.compute_time_s, W, t_per, traffic)
     )
     n = system.n_chips
     active = count_params(model).active
     share = p_off / active if active > 0 else 0.0
     C = mfu_peak(system.chip)
+    adam_be = None if why else offload_adam_min_tokens_per_chip(C, t_per) * share
     return Offloaded(
         params_offloaded=p_off,
         state_bytes=state,
@@ -196,6 +306,10 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
         host_bw_bytes_per_s=W,
         host_transfer_s=t_host,
         compute_time_s=cost.compute_time_s,
+        host_adam_s_per_param=t_per,
+        host_adam_s=t_adam,
+        host_adam_reason=why,
+        host_traffic=traffic.value,
         exposed_s=exposed,
         optimizer_time_saved_s=cost.optimizer_time_s,
         step_time_s=cost.step_time_s - cost.optimizer_time_s + exposed,
@@ -203,6 +317,7 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
         hbm_bytes=system.chip.fit_hbm_bytes,
         host_dram_bytes_per_chip=system.host_dram_bytes_per_chip,
         breakeven_tokens_per_chip=offload_min_tokens_per_chip(C, W) * share,
+        adam_breakeven_tokens_per_chip=adam_be,
         tokens_per_chip=cost.workload.batch_tokens / n,
         base_step_time_s=cost.step_time_s,
         base_memory_per_chip_bytes=cost.memory_per_chip_bytes,

@@ -27,7 +27,7 @@ from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Plan, Workload, parse_optimizer
 from roofline.specs.system import System
-from roofline.training.offload import offloaded_cost
+from roofline.training.offload import OffloadedCost, offloaded_cost
 from roofline.training.planner.launchable import launchable
 from roofline.training.planner.rank import (
     Family,
@@ -362,7 +362,15 @@ def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
         policy=ALGEBRA,
         framework=ctx.stack,
     )
+    alt = _offloaded_like(best, alt, ctx.model)
     return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
+
+
+def _offloaded_like(best: StepCost, alt: StepCost, model: ModelSpec) -> StepCost:
+    """`alt` offloaded as `best` is (advice compares like with like)."""
+    if isinstance(best, OffloadedCost) and not alt.fits:
+        return offloaded_cost(model, alt) or alt
+    return alt
 
 
 def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost] | None:
@@ -376,6 +384,7 @@ def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost
         ctx.model, best.system, ctx.workload, plan, efficiency=ctx.eff, policy=ctx.policy,
         framework=ctx.stack,
     )  # fmt: skip
+    alt = _offloaded_like(best, alt, ctx.model)
     return (
         (r.name, alt) if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
     )
@@ -410,7 +419,7 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
                 dtypes=dt,
             )
             if True in ctx.space.offload_optimizer:  # plans that fit only with it (space.py)
-                r = offload_rescue(ctx.systems, cand, r, ctx.opt)
+                r = offload_rescue(ctx.systems, cand, r, ctx.opt, ctx.stack)
             out.append(Family.of(st, cand, r, dt))
             done += len(cand)
             if progress:

@@ -8,7 +8,8 @@ bounds `feasibility` checks (a degree outside them is never tried); combinations
 rejected by the named rules of `feasibility.RULES` and the space's own bounds, each counted.
 
 Optimizer offload (`offload_optimizer`, off by default; `train --offload-optimizer` turns it
-on, on the idealised machine: a stack's records and launch writers do not express it) is an axis that applies only where it changes the answer: a candidate that misses HBM
+on, on the idealised machine and on the stacks whose framework record has
+`[data_parallel.optimizer_offload]`: DeepSpeed, Megatron) is an axis that applies only where it changes the answer: a candidate that misses HBM
 by no more than its optimizer state, which its host DRAM holds, is costed with that state in
 host memory (ZeRO-Offload, `training.offload`) instead of rejected (`offload_rescue`). A plan
 that fits without offload is costed as it is (offload would only add host traffic to it).
@@ -38,7 +39,12 @@ from roofline.training.feasibility import (
     tp_must_divide,
     violations,
 )
-from roofline.training.offload import offload_terms
+from roofline.training.offload import (
+    host_adam_per_param,
+    host_traffic_of,
+    offload_terms,
+    offloads_with_fsdp,
+)
 from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -149,9 +155,10 @@ class SearchSpace:
             collective_matmul=(False, True) if tensor.plan_key else (False,),
             overlap_ep=(False, True) if expert.plan_key and model.moe is not None else (False,),
             uneven_stages=stack.uneven_stages,
-            # the stacks' records say nothing of optimizer offload and their launch writers
-            # do not write it: searched on the idealised machine only
-            offload_optimizer=(False,),
+            # searched where the stack's record says it offloads (and its launch writer writes it)
+            offload_optimizer=self.offload_optimizer
+            if fw.data_parallel.optimizer_offload is not None
+            else (False,),
         )
 
     def domains(
@@ -359,7 +366,9 @@ class _Rescued:
         return out
 
 
-def offload_rescue(systems: list[System], cand: Candidates, r: StepArrays, opt: Any) -> StepArrays:
+def offload_rescue(
+    systems: list[System], cand: Candidates, r: StepArrays, opt: Any, stack: Stack
+) -> StepArrays:
     """Candidates that miss HBM by no more than their optimizer state, which their host DRAM
     holds, costed with it offloaded: step − HBM optimizer update + exposed host traffic
     (`training.offload.offload_terms`); the rest as they were."""
@@ -369,10 +378,14 @@ def offload_rescue(systems: list[System], cand: Candidates, r: StepArrays, opt: 
     si = np.zeros(len(cand), int) if cand.system_idx is None else cand.system_idx
     W = np.array([s.host_bw_bytes_per_s or np.nan for s in systems], float)[si]
     dram = np.array([s.host_dram_bytes_per_chip or np.nan for s in systems], float)[si]
+    adam = np.array([host_adam_per_param(s, opt)[0] for s in systems], float)[si]
     state = np.asarray(r.memory["optimizer"], float)
-    *_, exposed = offload_terms(opt, state, r.compute_time_s, W)
+    traffic = host_traffic_of(stack)
+    *_, exposed = offload_terms(opt, state, r.compute_time_s, W, adam, traffic)
     with np.errstate(invalid="ignore"):
         ok = over & (r.memory_total - state <= systems[0].chip.fit_hbm_bytes) & (state <= dram)
+    if not offloads_with_fsdp(stack):
+        ok &= np.asarray(cand.deg[Strategy.FSDP]) <= 1
     step = np.where(ok, r.step_time_s - r.optimizer_time_s + exposed, r.step_time_s)
     speed = r.step_time_s / step
     return replace(
