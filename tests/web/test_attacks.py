@@ -155,9 +155,8 @@ def test_the_data_dir_and_uploads_are_read_like_the_cli(ui, data_dir, capsys):
     status, body, _ = request(ui, "/api/serve", body=upload, headers={"Content-Type": ctype})
     assert status == 200, body
     assert outputs(json.loads(body)) == outputs(cli)
-    config, ctype = multipart(
-        {"system": "tpu-v5e:4x4"}, {"model": ("config.json", HF.read_bytes())}
-    )
+    # sent under the CLI file's own name: the model is named by its file (the launch line says it)
+    config, ctype = multipart({"system": "tpu-v5e:4x4"}, {"model": (HF.name, HF.read_bytes())})
     status, body, _ = request(ui, "/api/train", body=config, headers={"Content-Type": ctype})
     assert status == 200, body
     train = cli_json(capsys, ["train", "--model", str(HF), "--system", "tpu-v5e:4x4"])
