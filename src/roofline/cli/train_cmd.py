@@ -121,6 +121,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also cost the plan with its optimizer state in host memory (ZeRO-Offload)",
     )
+    p.add_argument(
+        "--offload-activations",
+        action="store_true",
+        help="search plans that fit only with their saved activations in host memory "
+        "(the plan key offload_activations=1)",
+    )
     add_json(p)
 
 
@@ -183,14 +189,22 @@ def run(args: argparse.Namespace) -> int:
     doc = res.to_dict() | {"pipeline_comm": pipeline_traffic(res.best).to_dict()}
     doc |= _offload_doc(args, model, res.best)
     text += _offload_text(args, model, res.best)
+    if res.best.plan.offload_activations:  # the search kept it on the host (space.py)
+        from roofline.training.offload import offload_activations
+
+        acts = offload_activations(model, res.best)
+        doc["activation_offload"] = acts.to_dict()
+        text += "\n\nactivation offload:\n" + "\n".join("  " + x for x in acts.explain())
     text += _optimizer_text(args, optimizer_from)
     launch = plan_launch(args, model, work, res.best.plan, stack, offloaded(res.best))
     return emit(args, NAME, inputs, doc | {"launch": launch}, text + launch_text(launch))
 
 
 def offloaded(cost: StepCost) -> bool:
-    from roofline.training.offload import OffloadedCost
+    from roofline.training.offload import ActivationsOffloadedCost, OffloadedCost
 
+    if isinstance(cost, ActivationsOffloadedCost):
+        cost = cost.base
     return isinstance(cost, OffloadedCost)
 
 
@@ -225,15 +239,28 @@ def cost_one_plan(
         assume_mfu=args.assume_mfu,
         framework=stack,
     )
+    acts_text = ""
+    if plan.offload_activations:  # the plan key: costed with its activations on the host
+        from roofline.training.offload import activations_offloaded_cost, offload_activations
+
+        acts = offload_activations(model, cost)
+        cost = activations_offloaded_cost(model, cost)
+        acts_text = "\n\nactivation offload:\n" + "\n".join("  " + x for x in acts.explain())
     result = cost.to_dict() | {"pipeline_comm": pipeline_traffic(cost).to_dict()}
+    if plan.offload_activations:
+        result["activation_offload"] = acts.to_dict()
     result |= _offload_doc(args, model, cost)
     if args.plot:
         from roofline.report.plots import plan_breakdown_chart
 
         plan_breakdown_chart([cost], args.plot, title=f"{model.name}: {plan.describe()}")
-    text = _render_one(
-        model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
-    ) + _offload_text(args, model, cost)
+    text = (
+        _render_one(
+            model, work, cost, header=f"Plan {plan.describe()}", auto=_auto(args, sysm.chip)
+        )
+        + _offload_text(args, model, cost)
+        + acts_text
+    )
     launch = plan_launch(
         args, model, work, plan, stack, bool(getattr(args, "offload_optimizer", False))
     )
@@ -261,7 +288,10 @@ def search_plans(
             SearchSpace(
                 offload_optimizer=(False, True)
                 if getattr(args, "offload_optimizer", False)
-                else (False,)
+                else (False,),
+                offload_activations=(False, True)
+                if getattr(args, "offload_activations", False)
+                else (False,),
             ),
             launch_stack(args, stack),
         ),

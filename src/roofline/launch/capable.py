@@ -23,7 +23,7 @@ from roofline.launch.base import LaunchError
 from roofline.specs.plan import SCHEDULE_OF_CODE, Plan, Remat, Strategy
 
 TABLE = Path(__file__).parent / "defaults" / "capabilities.toml"
-SWITCHES = ("megatron_sp", "collective_matmul", "overlap_ep")
+SWITCHES = ("megatron_sp", "collective_matmul", "overlap_ep", "offload_activations")
 # schedule name by the planner's Schedule.code (specs.plan.SCHEDULE_OF_CODE)
 _SCHEDULE_NAMES = np.array([SCHEDULE_OF_CODE[c].value for c in sorted(SCHEDULE_OF_CODE)])
 
@@ -69,6 +69,7 @@ class PlanArrays:
                 "megatron_sp": col(lambda p: p.sequence_parallel),
                 "collective_matmul": col(lambda p: p.collective_matmul),
                 "overlap_ep": col(lambda p: p.overlap_ep),
+                "offload_activations": col(lambda p: p.offload_activations),
             },
         )
 
@@ -94,6 +95,7 @@ class PlanArrays:
                 "megatron_sp": np.full(n, sequence_parallel),
                 "collective_matmul": flag(cand.collective_matmul),
                 "overlap_ep": flag(cand.overlap_ep),
+                "offload_activations": flag(None),  # offload is added after (space.py)
             },
         )
 
@@ -157,6 +159,13 @@ def _switches(r: Mapping, a: PlanArrays) -> Verdict:
     return mask, text
 
 
+def _offload_remat(r: Mapping, a: PlanArrays) -> Verdict:
+    mask = np.asarray(a.switch["offload_activations"], dtype=bool) & ~np.isin(
+        a.remat_kind, r["allowed"]
+    )
+    return mask, lambda i: f"offload_activations=1 with remat={a.remat_text[i]} ({r['why']})"
+
+
 def _bf16_grads_need_zero1(r: Mapping, a: PlanArrays) -> Verdict:
     on = a.optimizer == "adam-fp32-master-bf16-grads"  # None (the planner): not judged
     mask = on & ~((a.zero == 1) & (a.deg["dp"] > 1))
@@ -185,6 +194,7 @@ RULES: dict[str, Callable[[Mapping, PlanArrays], Verdict]] = {
     "tp_needs_sp": _tp_needs_sp,
     "tp_refuses_sp": _tp_refuses_sp,
     "switches": _switches,
+    "offload_remat": _offload_remat,
     "bf16_grads_need_zero1": _bf16_grads_need_zero1,
     "optimizers": _scalar("optimizer", "optimizer"),
     "recipes": _scalar("recipe", "precision"),

@@ -140,6 +140,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         degrees=deg,
         microbatches=accum * per_pass,
         remat=_remat(notes),
+        offload_activations=_offloads(notes),
         zero=_zero(notes, deg.dp),
         schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=virtual,
@@ -328,6 +329,15 @@ def _pipeline_microbatches(notes: Notes, pp: int, pass_seqs: int) -> int:
     return n
 
 
+def _offloads(notes: Notes) -> bool:
+    """remat_policy minimal_offloaded is offload_activations=1 (the maxtext profile's
+    `offloaded` policy; qkv_proj_offloaded offloads part of it: costed as not offloaded)."""
+    policy = str(notes.get("remat_policy"))
+    if policy == "qkv_proj_offloaded":
+        notes.unsupported_("remat_policy", policy, "offloads only q/k/v: costed with them in HBM")
+    return policy == "minimal_offloaded"
+
+
 def _remat(notes: Notes) -> Any:
     key = "remat_policy"
     policy = str(notes.get(key))
@@ -339,7 +349,7 @@ def _remat(notes: Notes) -> Any:
         )
         return remat_of(notes, PROFILE, key, "minimal")
     remat = remat_of(notes, PROFILE, key, policy)
-    if policy not in ("full", "minimal"):
+    if policy not in ("full", "minimal", "minimal_offloaded"):
         notes.unsupported_(
             key,
             policy,
@@ -398,6 +408,8 @@ def write(config: LaunchConfig) -> str:
     out |= _batch_overrides(plan, w.global_batch_sequences)
     out["max_target_length"] = w.seq_len
     out["remat_policy"] = "minimal" if plan.remat.kind == RematKind.MATMULS else "full"
+    if plan.offload_activations:  # capabilities.toml offload_remat: remat=matmuls only
+        out["remat_policy"] = "minimal_offloaded"
     out |= {"opt_type": "adamw", "weight_dtype": "float32"}  # the stack's own (capabilities.toml)
     q = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), STACK)
     if q != "bf16":

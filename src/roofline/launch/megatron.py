@@ -103,6 +103,8 @@ _READ = (
     "fp16",
     "zero-stage",
     "rampup-batch-size",
+    "cpu-offloading",
+    "cpu-offloading-num-layers",
 )
 _ENVIRONMENT = {
     "1",
@@ -308,6 +310,21 @@ def _offload_option(notes: Notes) -> dict[str, str]:
             "optimizer-offload-fraction", frac, "part of the update on the GPU: costed as all of it"
         )
     return {"offload_optimizer": "true"}
+
+
+def _cpu_offloading(notes: Notes) -> bool:
+    """--cpu-offloading: the saved activations on the host (offload_activations=1, costed for
+    all but the last layer, `training.offload`)."""
+    if not notes.given("cpu-offloading") or not notes.flag(
+        "cpu-offloading", notes.settings["cpu-offloading"]
+    ):
+        return False
+    n, layers = notes.get("cpu-offloading-num-layers"), notes.get("num-layers")
+    if n is not None and layers is not None and int(n) != int(layers) - 1:
+        notes.unsupported_(
+            "cpu-offloading-num-layers", n, f"costed as all but the last of {layers} layers"
+        )
+    return True
 
 
 def _micro(notes: Notes) -> int:
@@ -529,6 +546,7 @@ def megatron_config(
         sequence_parallel=s.sequence_parallel and s.tp > 1,
         collective_matmul=s.tp_overlap and s.tp > 1,
         overlap_ep=s.ep_overlap and ep > 1,
+        offload_activations=_cpu_offloading(notes),
         optimizer=parse_optimizer(s.optimizer),
         dtypes=dtypes,
     )
@@ -630,22 +648,7 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
             ("num-distributed-optimizer-instances", d.dp),
             ("outer-dp-sharding-strategy", outer),
         ]
-    if config.options.get("offload_optimizer") == "true":
-        if plan.degrees.fsdp > 1:
-            raise LaunchError(
-                "Megatron-LM does not offload the optimizer of a Megatron-FSDP plan",
-                rule="--optimizer-cpu-offload is refused by Megatron-FSDP's optimizer "
-                "(the framework record's [data_parallel.optimizer_offload] with_fsdp = false)",
-                fix="use a plan without fsdp (dp with the distributed optimizer, tp, pp)",
-            )
-        # the framework record's [data_parallel.optimizer_offload] switch: the hybrid optimizer
-        # needs the precision-aware path; all of the update on the host, copies overlapped
-        out += [
-            ("optimizer-cpu-offload", True),
-            ("optimizer-offload-fraction", 1.0),
-            ("overlap-cpu-optimizer-d2h-h2d", True),
-            ("use-precision-aware-optimizer", True),
-        ]
+    out += _offload_flags(config)
     if plan.remat.kind != RematKind.NONE:
         kind = "selective" if plan.remat.kind in _SELECTIVE else "full"
         out.append(("recompute-granularity", kind))
@@ -663,6 +666,46 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     elif recipe == "nvfp4":
         out.append(("fp4-format", "e2m1"))
     return out
+
+
+def _offload_flags(config: LaunchConfig) -> list[tuple[str, Any]]:
+    """The optimizer on the host (--optimizer-cpu-offload) and the activations
+    (--cpu-offloading) where the plan offloads them (`training.offload`)."""
+    plan = config.plan
+    out: list[tuple[str, Any]] = []
+    if config.options.get("offload_optimizer") == "true":
+        if plan.degrees.fsdp > 1:
+            raise LaunchError(
+                "Megatron-LM does not offload the optimizer of a Megatron-FSDP plan",
+                rule="--optimizer-cpu-offload is refused by Megatron-FSDP's optimizer "
+                "(the framework record's [data_parallel.optimizer_offload] with_fsdp = false)",
+                fix="use a plan without fsdp (dp with the distributed optimizer, tp, pp)",
+            )
+        # the framework record's [data_parallel.optimizer_offload] switch: the hybrid optimizer
+        # needs the precision-aware path; all of the update on the host, copies overlapped
+        out += [
+            ("optimizer-cpu-offload", True),
+            ("optimizer-offload-fraction", 1.0),
+            ("overlap-cpu-optimizer-d2h-h2d", True),
+            ("use-precision-aware-optimizer", True),
+        ]
+    if plan.offload_activations:
+        # Transformer Engine's CPU offload context (TransformerConfig.cpu_offloading); it
+        # takes fewer layers than the model has: all but the last (training.offload)
+        out += [("cpu-offloading", True), ("cpu-offloading-num-layers", _layers_less_one(config))]
+    return out
+
+
+def _layers_less_one(config: LaunchConfig) -> int:
+    from roofline.specs.model_catalog import load_model
+
+    if config.model is None:
+        raise LaunchError(
+            "Megatron-LM's --cpu-offloading-num-layers needs the model's layer count",
+            rule="activation offload writes the layers offloaded, all but the last",
+            fix="name the model (--model)",
+        )
+    return load_model(config.model).n_layers - 1
 
 
 def write(config: LaunchConfig) -> str:

@@ -512,6 +512,10 @@ class Plan:
     # elementwise ops run as the compiler's fused kernels (torch.compile, XLA, Megatron's fused
     # kernels); False: as eager PyTorch kernels (the stack profile's [eager] traffic)
     compiled: bool = True
+    # the saved activations kept in host memory between forward and backward
+    # (`training.offload.offload_activations`; Megatron's --cpu-offloading, MaxText's offload
+    # remat policies)
+    offload_activations: bool = False
     optimizer: OptimizerPolicy = field(default_factory=lambda: OPTIMIZERS[DEFAULT_OPTIMIZER])
     dtypes: ComputeDtypes = field(default_factory=ComputeDtypes)
 
@@ -554,7 +558,13 @@ class Plan:
                 rule="virtual stages (model chunks per pipeline stage) exist only in the interleaved schedule",
                 fix=f"add schedule=interleaved, or drop virtual={self.virtual_stages}",
             )
-        for f in ("sequence_parallel", "collective_matmul", "overlap_ep", "compiled"):
+        for f in (
+            "sequence_parallel",
+            "collective_matmul",
+            "overlap_ep",
+            "compiled",
+            "offload_activations",
+        ):
             object.__setattr__(self, f, bool(getattr(self, f)))
 
     @property
@@ -583,6 +593,7 @@ class Plan:
             ("megatron_sp", self.sequence_parallel and d.tp > 1),
             ("collective_matmul", self.collective_matmul),
             ("overlap_ep", self.overlap_ep),
+            ("offload_activations", self.offload_activations),
         ):
             if on:
                 parts.append(f"{flag}=1")
@@ -605,6 +616,7 @@ class Plan:
             "collective_matmul": self.collective_matmul,
             "overlap_ep": self.overlap_ep,
             "compiled": self.compiled,
+            "offload_activations": self.offload_activations,
             "optimizer": self.optimizer.name,
             "compute_dtypes": {
                 "matmul": self.dtypes.matmul.value,
@@ -618,7 +630,7 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, compile, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "collective_matmul, overlap_ep, compile, offload_activations, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
     "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
@@ -669,6 +681,7 @@ for _keys, _field, _reader in (
     (("collective_matmul", "cm"), "collective_matmul", _flag),
     (("overlap_ep", "dualpipe"), "overlap_ep", _flag),
     (("compile", "compiled"), "compiled", _flag),
+    (("offload_activations", "offload_acts"), "offload_activations", _flag),
     (("optimizer", "opt"), "optimizer", lambda k, v: parse_optimizer(v)),
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),

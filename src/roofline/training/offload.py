@@ -43,7 +43,27 @@ idealised machine searches it under `train --offload-optimizer`, and so do the s
 framework record says `[data_parallel] optimizer_offload = true` (DeepSpeed ZeRO-Offload,
 Megatron's `--optimizer-cpu-offload`); their launch writers write it.
 
-Not modelled: activation offload.
+Activation offload (`offload_activations`, the plan key `offload_activations=1`): the saved
+activations a layer keeps for its backward pass (the plan's `activations` bytes, whatever the
+remat policy saves) go to host DRAM as the forward produces them and come back as the backward
+needs them — Megatron-LM's `--cpu-offloading` (megatron/core/transformer/transformer_config.py
+`cpu_offloading`, Transformer Engine's `get_cpu_offload_context`: layer i's copy-out runs on a
+side stream behind layer i+1's forward, its copy-in behind the backward of the layer above) and
+MaxText's offloading remat policies (`remat_policy: custom` with `*: offload` names,
+`save_and_offload_only_these_names` in MaxText/configs/base.yml). With one microbatch in flight
+(no pipeline: Megatron refuses `cpu_offloading` with pipeline_model_parallel_size > 1) the
+chip's activations A_all are one microbatch's. The last of the L layers is not offloaded: its
+backward starts as its forward ends, so there is nothing to hide the copy behind (Megatron
+requires cpu_offloading_num_layers < num_layers; its writer offloads L − 1):
+
+    A = A_all · (L − 1)/L   moved from HBM to host DRAM
+    out: M·A bytes during the forwards, in: M·A bytes during the backwards (2·M·A in all)
+    T_out = M·A / W_host,  T_in = M·A / W_host
+    exposed = max(0, T_out − T_compute/3) + max(0, T_in − 2·T_compute/3)
+
+(the forward is a third of the step's model FLOPs and the backward two thirds, the book's
+6·N·T split; the directions run in different passes, so full duplex does not merge them). HBM
+sheds A; host DRAM must hold it (with any offloaded optimizer state).
 """
 
 from __future__ import annotations
@@ -62,6 +82,7 @@ from roofline.core.limits import (
 )
 from roofline.core.stack import stack_of
 from roofline.errors import PlanError
+from roofline.launch.capable import capabilities
 from roofline.specs.framework import HostTraffic
 from roofline.specs.model import ModelSpec
 from roofline.training.step import StepCost, mfu_peak
@@ -200,6 +221,29 @@ def offloads_with_fsdp(framework: Any) -> bool:
     return off is None or off.with_fsdp
 
 
+def stack_can_offload_activations(framework: Any) -> bool:
+    """Whether the stack's launch file can keep activations on the host: the idealised machine
+    can, a stack where launch/defaults/capabilities.toml's `switches` rule allows
+    `offload_activations` (Megatron's --cpu-offloading, MaxText's offload remat policies)."""
+    stack = stack_of(framework)
+    if stack.book:
+        return True
+    caps = capabilities(stack.name)
+    if caps is None:  # no launch file of ours says anything for it
+        return False
+    rule = caps.rules.get("switches")
+    return rule is None or "offload_activations" in rule["allowed"]
+
+
+def remats_offloading(framework: Any, remats: Any) -> np.ndarray:
+    """Per remat policy of `remats`, whether the stack offloads activations under it (its
+    capabilities.toml `offload_remat` rule; every policy where it has none)."""
+    stack = stack_of(framework)
+    caps = None if stack.book else capabilities(stack.name)
+    rule = None if caps is None else caps.rules.get("offload_remat")
+    return np.array([rule is None or r.kind.value in rule["allowed"] for r in remats], bool)
+
+
 def offload_terms(
     opt: Any,
     state: Any,
@@ -227,7 +271,7 @@ def offload_terms(
     return p_off, g_out, p_in, t_host, t_adam, exposed
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)  # StepCost's one-line repr
 class OffloadedCost(StepCost):
     """A plan costed with its optimizer state in host memory (what the planner returns for a
     plan that fits only so): step time, memory and rates offloaded, the state under
@@ -321,4 +365,189 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
         tokens_per_chip=cost.workload.batch_tokens / n,
         base_step_time_s=cost.step_time_s,
         base_memory_per_chip_bytes=cost.memory_per_chip_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class ActivationsOffloaded:
+    """One plan with its saved activations in host memory (per chip; module docstring)."""
+
+    activation_bytes: float  # A: one microbatch's saved activations, moved from HBM to host
+    microbatches: int
+    bytes_out: float  # M·A per step, HBM -> host during the forwards
+    bytes_in: float  # M·A per step, host -> HBM during the backwards
+    host_bw_bytes_per_s: float
+    out_s: float
+    in_s: float
+    forward_window_s: float  # T_compute/3
+    backward_window_s: float  # 2·T_compute/3
+    exposed_s: float
+    step_time_s: float
+    memory_per_chip_bytes: float
+    hbm_bytes: float
+    host_bytes: float  # what host DRAM holds per chip: A plus any offloaded optimizer state
+    host_dram_bytes_per_chip: float | None
+    base_step_time_s: float
+    base_memory_per_chip_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_per_chip_bytes <= self.hbm_bytes
+
+    @property
+    def fits_host(self) -> bool | None:
+        h = self.host_dram_bytes_per_chip
+        return None if h is None else self.host_bytes <= h
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["fits"], out["fits_host"] = self.fits, self.fits_host
+        if self.fits_host is None:
+            out["fits_host_reason"] = "no host DRAM size in the records"
+        return out
+
+    def explain(self) -> list[str]:
+        M, W = self.microbatches, self.host_bw_bytes_per_s
+        host = (
+            ""
+            if self.fits_host is None
+            else f"; host DRAM {fmt_bytes(self.host_dram_bytes_per_chip or 0.0)} per chip "
+            + ("holds it" if self.fits_host else "DOES NOT hold it")
+        )
+        return [
+            f"saved activations to host: A = {fmt_bytes(self.activation_bytes)} per chip{host}",
+            f"memory per chip: {fmt_bytes(self.base_memory_per_chip_bytes)} - "
+            f"{fmt_bytes(self.activation_bytes)} = {fmt_bytes(self.memory_per_chip_bytes)} of "
+            f"{fmt_bytes(self.hbm_bytes)} ({'fits' if self.fits else 'DOES NOT FIT'})",
+            f"host traffic per step: 2·M·A = 2 · {M} · {fmt_bytes(self.activation_bytes)} = "
+            f"{fmt_bytes(self.bytes_out + self.bytes_in)}; each way M·A / W_host = "
+            f"{fmt_bytes(self.bytes_out)} / {W:.3g} = {fmt_time(self.out_s)}",
+            f"exposed: max(0, T_out − T_compute/3) + max(0, T_in − 2·T_compute/3) = "
+            f"max(0, {fmt_time(self.out_s)} − {fmt_time(self.forward_window_s)}) + "
+            f"max(0, {fmt_time(self.in_s)} − {fmt_time(self.backward_window_s)}) = "
+            f"{fmt_time(self.exposed_s)}",
+            f"step: {fmt_time(self.base_step_time_s)} + exposed {fmt_time(self.exposed_s)} = "
+            f"{fmt_time(self.step_time_s)}",
+        ]
+
+
+def offloaded_activation_bytes(acts: Any, model: ModelSpec) -> Any:
+    """A = A_all·(L − 1)/L: the saved activations offloaded (all but the last layer's)."""
+    L = model.n_layers
+    return np.asarray(acts, float) * (L - 1) / L if L > 0 else np.zeros_like(acts, float)
+
+
+def activation_offload_terms(acts: Any, microbatches: Any, compute_s: Any, W_host: Any) -> tuple:
+    """Activation offload per chip, vectorised: (bytes each way M·A, T_out, T_in, exposed)
+    (module docstring)."""
+    moved = np.asarray(acts, float) * microbatches
+    t = moved / W_host
+    compute = np.asarray(compute_s, float)
+    exposed = np.maximum(0.0, t - compute / 3) + np.maximum(0.0, t - 2 * compute / 3)
+    return moved, t, t, exposed
+
+
+def offload_activations(model: ModelSpec, cost: StepCost) -> ActivationsOffloaded:
+    """`cost` (a plan costed by `evaluate_plan`, its optimizer offloaded or not) with its saved
+    activations kept in host memory (module docstring). `model` names the plan's model."""
+    base = cost.base if isinstance(cost, ActivationsOffloadedCost) else cost
+    system, plan = base.system, base.plan
+    W = system.host_bw_bytes_per_s
+    if W is None:
+        raise PlanError(
+            f"system {system.name} has no host-link bandwidth",
+            rule="activation offload moves the saved activations over each chip's host link",
+            fix="choose a chip whose file gives pcie_bw_bytes_per_s, or set host_bw_bytes_per_s "
+            "in a system file",
+        )
+    if plan.degrees.pp > 1:
+        raise PlanError(
+            f"activation offload of {model.name} with pp={plan.degrees.pp}",
+            rule="activation offload is costed with one microbatch's activations in flight "
+            "(Megatron-LM refuses --cpu-offloading with pipeline parallelism, "
+            "megatron/core/transformer/transformer_config.py)",
+            fix="drop offload_activations=1 or pp",
+        )
+    acts = float(offloaded_activation_bytes(base.memory_breakdown.get("activations", 0.0), model))
+    M = plan.microbatches
+    moved, t_out, t_in, exposed = (
+        float(x) for x in activation_offload_terms(acts, M, base.compute_time_s, W)
+    )
+    return ActivationsOffloaded(
+        activation_bytes=acts,
+        microbatches=M,
+        bytes_out=moved,
+        bytes_in=moved,
+        host_bw_bytes_per_s=W,
+        out_s=t_out,
+        in_s=t_in,
+        forward_window_s=base.compute_time_s / 3,
+        backward_window_s=2 * base.compute_time_s / 3,
+        exposed_s=exposed,
+        step_time_s=base.step_time_s + exposed,
+        memory_per_chip_bytes=float(base.memory_per_chip_bytes) - acts,
+        hbm_bytes=system.chip.fit_hbm_bytes,
+        host_bytes=acts + float(base.memory_breakdown.get("optimizer_host", 0.0)),
+        host_dram_bytes_per_chip=system.host_dram_bytes_per_chip,
+        base_step_time_s=base.step_time_s,
+        base_memory_per_chip_bytes=base.memory_per_chip_bytes,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, repr=False)  # StepCost's one-line repr
+class ActivationsOffloadedCost(StepCost):
+    """A plan costed with its saved activations in host memory (`offload_activations=1`): step
+    time, memory and rates offloaded, the activations under `activations_host` in the
+    breakdown, the exposed host traffic under `host_activations` in the exposed times; `base`
+    is the plan as costed without it."""
+
+    base: StepCost
+
+    def to_dict(self) -> dict[str, Any]:
+        return super().to_dict() | {
+            "offload_activations": True,
+            "offload_optimizer": isinstance(self.base, OffloadedCost),
+        }
+
+
+def activations_offloaded_cost(model: ModelSpec, cost: StepCost) -> ActivationsOffloadedCost:
+    """`cost` with its saved activations in host memory, fitting or not (`fits` and `reason`
+    say which, host DRAM included)."""
+    off = offload_activations(model, cost)
+    speed = cost.step_time_s / off.step_time_s if off.step_time_s > 0 else 1.0
+    bd = dict(cost.memory_breakdown) | {
+        "activations": float(cost.memory_breakdown.get("activations", 0.0)) - off.activation_bytes,
+        "activations_host": off.activation_bytes,
+    }
+    fits = off.fits and off.fits_host is not False
+    reason = "" if fits else _acts_reason(off)
+    same = {f: getattr(cost, f) for f in StepCost.__dataclass_fields__}
+    return ActivationsOffloadedCost(
+        **same
+        | {
+            "step_time_s": off.step_time_s,
+            "exposed_comm_time_s": cost.exposed_comm_time_s + off.exposed_s,
+            "exposed_time_s": dict(cost.exposed_time_s) | {"host_activations": off.exposed_s},
+            "memory_per_chip_bytes": off.memory_per_chip_bytes,
+            "memory_breakdown": bd,
+            "fits": fits,
+            "reason": reason,
+            "mfu": cost.mfu * speed,
+            "hfu": cost.hfu * speed,
+            "mfu_compute_dtype": cost.mfu_compute_dtype * speed,
+            "tokens_per_s": cost.tokens_per_s * speed,
+        },
+        base=cost,
+    )
+
+
+def _acts_reason(off: ActivationsOffloaded) -> str:
+    if not off.fits:
+        return (
+            f"needs {fmt_bytes(off.memory_per_chip_bytes)} per chip with its activations on the "
+            f"host, HBM holds {fmt_bytes(off.hbm_bytes)}"
+        )
+    return (
+        f"host DRAM {fmt_bytes(off.host_dram_bytes_per_chip or 0.0)} per chip cannot hold "
+        f"{fmt_bytes(off.host_bytes)} of offloaded state"
     )

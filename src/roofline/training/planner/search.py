@@ -27,7 +27,12 @@ from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Plan, Workload, parse_optimizer
 from roofline.specs.system import System
-from roofline.training.offload import OffloadedCost, offloaded_cost
+from roofline.training.offload import (
+    OffloadedCost,
+    activations_offloaded_cost,
+    offloaded_cost,
+    remats_offloading,
+)
 from roofline.training.planner.launchable import launchable
 from roofline.training.planner.rank import (
     Family,
@@ -41,7 +46,12 @@ from roofline.training.planner.rank import (
     runner_up_row,
     shape_key,
 )
-from roofline.training.planner.space import SearchSpace, enumerate_plans, offload_rescue
+from roofline.training.planner.space import (
+    SearchSpace,
+    activation_offload_rescue,
+    enumerate_plans,
+    offload_rescue,
+)
 from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import (
     StepCost,
@@ -324,8 +334,21 @@ def _cost_rows(families, ranked: Ranked, rows: list[int], ctx: _Costing) -> dict
         for (r, _, _), c in zip(members, costs, strict=True):
             if not c.fits and True in ctx.space.offload_optimizer:  # as offload_rescue ranked it
                 c = offloaded_cost(ctx.model, c) or c
+            if not c.fits and True in ctx.space.offload_activations:  # activation_offload_rescue
+                c = _activations_offloaded(ctx.model, c)
             out[r] = c
     return out
+
+
+def _activations_offloaded(model: ModelSpec, c: StepCost) -> StepCost:
+    """`c` with offload_activations=1 where that makes it fit (as the rescue ranked it)."""
+    if c.plan.degrees.pp > 1 or c.system.host_bw_bytes_per_s is None:
+        return c
+    if not remats_offloading(c.framework, [c.plan.remat])[0]:
+        return c
+    on = replace(c, plan=replace(c.plan, offload_activations=True))
+    off = activations_offloaded_cost(model, on)
+    return off if off.fits else c
 
 
 @dataclass(frozen=True)
@@ -420,6 +443,10 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
             )
             if True in ctx.space.offload_optimizer:  # plans that fit only with it (space.py)
                 r = offload_rescue(ctx.systems, cand, r, ctx.opt, ctx.stack)
+            if True in ctx.space.offload_activations:  # then with the activations on the host
+                r = activation_offload_rescue(
+                    ctx.systems, cand, r, ctx.model, remats_offloading(ctx.stack, ctx.space.remats)
+                )
             out.append(Family.of(st, cand, r, dt))
             done += len(cand)
             if progress:

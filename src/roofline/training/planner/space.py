@@ -40,10 +40,13 @@ from roofline.training.feasibility import (
     violations,
 )
 from roofline.training.offload import (
+    activation_offload_terms,
     host_adam_per_param,
     host_traffic_of,
     offload_terms,
+    offloaded_activation_bytes,
     offloads_with_fsdp,
+    stack_can_offload_activations,
 )
 from roofline.training.step import Candidates, StepArrays
 
@@ -129,6 +132,9 @@ class SearchSpace:
     uneven_stages: bool = False
     # optimizer state in host memory (ZeRO-Offload) for plans that fit HBM only so
     offload_optimizer: tuple[bool, ...] = (False,)
+    # saved activations in host memory for plans that fit HBM only so (after any optimizer
+    # offload): `training.offload.offload_activations`, the plan key offload_activations=1
+    offload_activations: tuple[bool, ...] = (False,)
     # search-space bounds applied as named rules (counted like feasibility rules)
     bounds: tuple[Rule, ...] = field(default=(FEWER_MICROBATCHES_THAN_STAGES,))
 
@@ -158,6 +164,10 @@ class SearchSpace:
             # searched where the stack's record says it offloads (and its launch writer writes it)
             offload_optimizer=self.offload_optimizer
             if fw.data_parallel.optimizer_offload is not None
+            else (False,),
+            # searched where the stack's launch file can say it (capabilities.toml switches)
+            offload_activations=self.offload_activations
+            if stack_can_offload_activations(stack)
             else (False,),
         )
 
@@ -353,6 +363,10 @@ class _Rescued:
     def __init__(self, base: Any, ok: np.ndarray) -> None:
         self.base, self.ok = base, ok
 
+    @property
+    def over(self) -> np.ndarray:  # still missing HBM (another offload may rescue them)
+        return np.asarray(self.base.over, bool) & ~self.ok
+
     def __getitem__(self, i: int) -> str:
         return "" if self.ok[i] else self.base[i]
 
@@ -394,6 +408,44 @@ def offload_rescue(
         optimizer_time_s=np.where(ok, 0.0, r.optimizer_time_s),
         exposed_comm_time_s=np.where(ok, r.exposed_comm_time_s + exposed, r.exposed_comm_time_s),
         memory_total=np.where(ok, r.memory_total - state, r.memory_total),
+        # what host DRAM holds (activation_offload_rescue adds to it)
+        memory=dict(r.memory) | {"optimizer_host": np.where(ok, state, 0.0)},
+        mfu=r.mfu * speed,
+        hfu=r.hfu * speed,
+        mfu_compute_dtype=r.mfu_compute_dtype * speed,
+        tokens_per_s=r.tokens_per_s * speed,
+        infeasible=r.infeasible & ~ok,
+        reason=_Rescued(r.reason, ok),
+    )
+
+
+def activation_offload_rescue(
+    systems: list[System], cand: Candidates, r: StepArrays, model: ModelSpec, remats_ok: Any
+) -> StepArrays:
+    """Candidates without a pipeline that still miss HBM by no more than their saved
+    activations, which their host DRAM holds, costed with them in host memory: step + exposed
+    host traffic (`training.offload.activation_offload_terms`); the rest as they were.
+    `remats_ok`: per remat policy of the space, whether the stack offloads under it."""
+    over = np.asarray(r.reason.over, bool)
+    if not over.any():
+        return r
+    si = np.zeros(len(cand), int) if cand.system_idx is None else cand.system_idx
+    W = np.array([s.host_bw_bytes_per_s or np.nan for s in systems], float)[si]
+    dram = np.array([s.host_dram_bytes_per_chip or np.nan for s in systems], float)[si]
+    acts = offloaded_activation_bytes(r.memory["activations"], model)
+    host = acts + np.asarray(r.memory.get("optimizer_host", 0.0), float)
+    _, _, _, exposed = activation_offload_terms(acts, cand.microbatches, r.compute_time_s, W)
+    with np.errstate(invalid="ignore"):
+        ok = over & (r.memory_total - acts <= systems[0].chip.fit_hbm_bytes) & (host <= dram)
+    ri = np.zeros(len(cand), int) if cand.remat_idx is None else cand.remat_idx
+    ok &= (np.asarray(cand.deg[Strategy.PP]) <= 1) & np.asarray(remats_ok, bool)[ri]
+    step = np.where(ok, r.step_time_s + exposed, r.step_time_s)
+    speed = r.step_time_s / step
+    return replace(
+        r,
+        step_time_s=step,
+        exposed_comm_time_s=np.where(ok, r.exposed_comm_time_s + exposed, r.exposed_comm_time_s),
+        memory_total=np.where(ok, r.memory_total - acts, r.memory_total),
         mfu=r.mfu * speed,
         hfu=r.hfu * speed,
         mfu_compute_dtype=r.mfu_compute_dtype * speed,
