@@ -319,7 +319,8 @@ def _cpu_offloading(notes: Notes) -> bool:
         "cpu-offloading", notes.settings["cpu-offloading"]
     ):
         return False
-    n, layers = notes.get("cpu-offloading-num-layers"), notes.get("num-layers")
+    n = notes.settings.get("cpu-offloading-num-layers")
+    layers = notes.settings.get("num-layers")
     if n is not None and layers is not None and int(n) != int(layers) - 1:
         notes.unsupported_(
             "cpu-offloading-num-layers", n, f"costed as all but the last of {layers} layers"
