@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 _LAZY: dict[str, str] = {
     # what the CLI does, as functions with typed results (docs/api.md); not named `validate`
     # or `calibrate`: those are subpackages, whose import would replace the attribute
+    "Answer": "roofline.api",
     "Calibration": "roofline.api",
+    "collective_query": "roofline.api",
+    "limits_query": "roofline.api",
+    "op_query": "roofline.api",
+    "serve_query": "roofline.api",
+    "train_query": "roofline.api",
+    "transfer_query": "roofline.api",
     "Score": "roofline.api",
     "ServeChoice": "roofline.api",
     "ServeSearch": "roofline.api",

@@ -1,5 +1,7 @@
 """The Python API for what the CLI does beyond the re-exported building blocks: serving (one
-decode step, the deployment search), validate and calibrate, as functions with typed results.
+decode step, the deployment search), validate and calibrate, as functions with typed results;
+the book's other questions — limits, op, transfer, collective, train — as `Answer`s that hold
+the command's document.
 
 Each function runs the command itself in-process (`roofline <command> ... --json`, its options
 turned into argv by `web.documents.argv_for`, as the report page and the UI do), so a result holds exactly the document the
@@ -213,6 +215,78 @@ def serve_step(
         usd_per_million_output_tokens=_f(doc.get("usd_per_million_output_tokens")),
         document=doc,
     )
+
+
+# --- the book's other questions: limits, op, transfer, collective, train ----------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """`roofline <command> ... --json` run in-process: its document (`.document`, as
+    docs/json.md says), read by key (`answer["limits"]`); the command's own words are its
+    `explanation` lines wherever the document has them."""
+
+    command: str
+    document: Mapping[str, Any] = field(repr=False, compare=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.document[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.document
+
+    def keys(self) -> Any:
+        return self.document.keys()
+
+    def __repr__(self) -> str:
+        keys = [k for k in self.document if k not in ("schema_version", "command", "inputs")]
+        more = f", ... ({len(keys)} keys)" if len(keys) > 6 else ""
+        return f"Answer(roofline {self.command}: {', '.join(keys[:6])}{more})"
+
+
+def _answer(command: str, values: Mapping[str, Any]) -> Answer:
+    return Answer(command=command, document=_document(command, values))
+
+
+def limits_query(system: str, model: str | None = None, **options: Any) -> Answer:
+    """`roofline limits`: the book's closed-form limits on `system` (of `model` where given;
+    strategy — fsdp, tp, fsdp+tp, ep, decode, ... —, batch, plan, dtypes: its options)."""
+    return _answer("limits", {"model": model, "system": system, **options})
+
+
+def op_query(expr: str, **options: Any) -> Answer:
+    """`roofline op`: one operation's roofline against each memory level of the chip
+    (dims, chip: the command's options)."""
+    return _answer("op", {"expr": expr, **options})
+
+
+def transfer_query(system: str, **options: Any) -> Answer:
+    """`roofline transfer`: a point-to-point transfer (`bytes`, `src` — `--from`, "host" for
+    a load from host memory — and `dst`), a many-to-one gather (`gather_to`), or the network's
+    capacities (`capacities=True`)."""
+    names = {"from_": "src", "from": "src", "to": "dst"}
+    values = {names.get(k, k): v for k, v in options.items()}
+    return _answer("transfer", {"system": system, **values})
+
+
+def collective_query(kind: str, **options: Any) -> Answer:
+    """`roofline collective`: one collective's time (array or bytes, sharding, over, mesh or
+    system, sharp, ragged: the command's options), DCN and switch capacities included."""
+    return _answer("collective", {"kind": kind, **options})
+
+
+def serve_query(model: str | None = None, system: str | None = None, **options: Any) -> Answer:
+    """`roofline serve` with any of its options, as a document: what `serve_search` and
+    `serve_step` do not type — a deployment sized from given step times (prefill_step_s,
+    decode_step_s, rate), a sequence-sharded KV cache (kv_seq)."""
+    return _answer("serve", {"model": model, "system": system, **options})
+
+
+def train_query(model: str, system: str, **options: Any) -> Answer:
+    """`roofline train`: the planner's search, or one `plan` costed (batch_tokens, seq, tokens,
+    framework, offload_optimizer, offload_activations, ...: the command's options); the
+    document holds the pipeline's communication (`pipeline_comm`) and any offload."""
+    return _answer("train", {"model": model, "system": system, **options})
 
 
 # --- validate --------------------------------------------------------------------------
