@@ -64,6 +64,8 @@ _LAZY: dict[str, str] = {
     "analyze_vector": "roofline.core.roofline",
     "pipeline_traffic": "roofline.training.pipecomm",
     "offload_optimizer": "roofline.training.offload",
+    "offload_activations": "roofline.training.offload",
+    "evaluate_offloaded": "roofline.training.offload",
     "GivenSteps": "roofline.serving.given",
     "size_deployment": "roofline.serving.given",
     "sequence_sharded_decode": "roofline.serving.seqkv",

@@ -21,6 +21,7 @@ from roofline.specs.system import parse_system
 from roofline.training.offload import (
     ActivationsOffloadedCost,
     activations_offloaded_cost,
+    evaluate_offloaded,
     offload_activations,
 )
 from roofline.training.planner.search import plan_training
@@ -75,10 +76,16 @@ def test_the_transfer_hides_when_the_compute_window_is_longer():
 
 
 def test_a_plan_that_fits_only_with_it():
-    c = _cost("fsdp=8,remat=none,offload_activations=1")  # evaluate_plan: as if in HBM
+    c = _cost("fsdp=8,remat=none")
     assert not c.fits
     off = activations_offloaded_cost(M8, c)
     assert off.fits and not off.base.fits
+    key = parse_plan("fsdp=8,remat=none,offload_activations=1")
+    with pytest.raises(PlanError, match="evaluate_offloaded"):  # never costed as if in HBM
+        evaluate_plan(M8, H8, W, key, efficiency=PEAK)
+    same = evaluate_offloaded(M8, H8, W, key, efficiency=PEAK, framework="ideal")
+    assert same.plan == key and same.step_time_s == pytest.approx(off.step_time_s)
+    assert same.memory_per_chip_bytes == pytest.approx(off.memory_per_chip_bytes)
     bd = off.memory_breakdown
     assert bd["activations_host"] == pytest.approx(offload_activations(M8, c).activation_bytes)
     assert bd["activations"] == pytest.approx(c.memory_breakdown["activations"] / M8.n_layers)
@@ -99,7 +106,7 @@ def test_the_planner_finds_it_where_nothing_else_fits():
     best = plan_training(M8, H8, W, space=on, **kw).best
     assert isinstance(best, ActivationsOffloadedCost) and best.plan.offload_activations
     assert best.fits and not best.base.fits
-    again = activations_offloaded_cost(M8, _cost(best.plan.describe()))
+    again = evaluate_offloaded(M8, H8, W, best.plan, efficiency=PEAK)
     assert best.step_time_s == pytest.approx(again.step_time_s)
     assert best.memory_per_chip_bytes == pytest.approx(again.memory_per_chip_bytes)
 

@@ -25,6 +25,7 @@ from roofline.report.text import precisions_phrase, profile_assumptions, stack_n
 from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import DEFAULT_OPTIMIZER
 from roofline.specs.system import parse_system
+from roofline.training.offload import evaluate_offloaded, offload_activations
 from roofline.training.pipecomm import pipeline_traffic
 from roofline.training.planner import PlanResult, SearchSpace, plan_training
 from roofline.training.planner.launchable import launch_space, skipped
@@ -33,7 +34,6 @@ from roofline.training.step import (
     StepCost,
     Workload,
     assumed_run,
-    evaluate_plan,
     parse_plan,
     training_profile,
 )
@@ -190,8 +190,6 @@ def run(args: argparse.Namespace) -> int:
     doc |= _offload_doc(args, model, res.best)
     text += _offload_text(args, model, res.best)
     if res.best.plan.offload_activations:  # the search kept it on the host (space.py)
-        from roofline.training.offload import offload_activations
-
         acts = offload_activations(model, res.best)
         doc["activation_offload"] = acts.to_dict()
         text += "\n\nactivation offload:\n" + "\n".join("  " + x for x in acts.explain())
@@ -230,7 +228,7 @@ def cost_one_plan(
     """One plan costed as `train --plan` costs it: (the result document, the text).
     `roofline import` costs a launch file's plan through this same function."""
     sysm = _system_for_plan(system, plan.degrees.n_chips)
-    cost = evaluate_plan(
+    cost = evaluate_offloaded(  # evaluate_plan, offload_activations=1 costed too
         model,
         sysm,
         work,
@@ -240,15 +238,11 @@ def cost_one_plan(
         framework=stack,
     )
     acts_text = ""
-    if plan.offload_activations:  # the plan key: costed with its activations on the host
-        from roofline.training.offload import activations_offloaded_cost, offload_activations
-
-        acts = offload_activations(model, cost)
-        cost = activations_offloaded_cost(model, cost)
-        acts_text = "\n\nactivation offload:\n" + "\n".join("  " + x for x in acts.explain())
     result = cost.to_dict() | {"pipeline_comm": pipeline_traffic(cost).to_dict()}
-    if plan.offload_activations:
+    if plan.offload_activations:  # the plan key: costed with its activations on the host
+        acts = offload_activations(model, cost)
         result["activation_offload"] = acts.to_dict()
+        acts_text = "\n\nactivation offload:\n" + "\n".join("  " + x for x in acts.explain())
     result |= _offload_doc(args, model, cost)
     if args.plot:
         from roofline.report.plots import plan_breakdown_chart

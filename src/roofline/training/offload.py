@@ -68,7 +68,7 @@ sheds A; host DRAM must hold it (with any offloaded optimizer state).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -85,7 +85,7 @@ from roofline.errors import PlanError
 from roofline.launch.capable import capabilities
 from roofline.specs.framework import HostTraffic
 from roofline.specs.model import ModelSpec
-from roofline.training.step import StepCost, mfu_peak
+from roofline.training.step import StepCost, evaluate_plan, mfu_peak
 from roofline.units import fmt_bytes, fmt_time
 
 
@@ -551,3 +551,15 @@ def _acts_reason(off: ActivationsOffloaded) -> str:
         f"host DRAM {fmt_bytes(off.host_dram_bytes_per_chip or 0.0)} per chip cannot hold "
         f"{fmt_bytes(off.host_bytes)} of offloaded state"
     )
+
+
+def evaluate_offloaded(
+    model: ModelSpec, system: Any, workload: Any, plan: Any, **kw: Any
+) -> StepCost:
+    """`evaluate_plan` for any plan, `offload_activations=1` included: the plan costed with its
+    activations in HBM, then with them in host memory (`activations_offloaded_cost`; its
+    `fits` and `reason` say whether it fits so). `kw`: evaluate_plan's options."""
+    if not plan.offload_activations:
+        return evaluate_plan(model, system, workload, plan, **kw)
+    cost = evaluate_plan(model, system, workload, replace(plan, offload_activations=False), **kw)
+    return activations_offloaded_cost(model, replace(cost, plan=plan))

@@ -1159,6 +1159,13 @@ def evaluate_plan(
             rule="every sharded dimension splits evenly and the mesh uses every chip",
             fix="change the degrees (e.g. run `roofline train` without --plan to search)",
         )
+    if plan.offload_activations:  # costed a layer above (training.offload), never ignored
+        raise PlanError(
+            f"plan {plan.describe()} keeps its saved activations in host memory",
+            rule="evaluate_plan costs the activations in HBM; activation offload is costed on "
+            "top of it",
+            fix="call roofline.evaluate_offloaded(...) with the same arguments",
+        )
     eff = training_profile(efficiency).for_framework(stack.name)
     r = _evaluate_one(model, system, workload, plan, eff, keep=True, policy=policy, fw=stack)
     return _step_cost(r, 0, 0, plan, system, workload, eff, stack, assume_mfu)

@@ -28,6 +28,7 @@ from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Plan, Workload, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.offload import (
+    ActivationsOffloadedCost,
     OffloadedCost,
     activations_offloaded_cost,
     offloaded_cost,
@@ -380,7 +381,7 @@ def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
         ctx.model,
         best.system,
         ctx.workload,
-        best.plan,
+        replace(best.plan, offload_activations=False),  # as `best` is, by _offloaded_like
         efficiency=ctx.eff,
         policy=ALGEBRA,
         framework=ctx.stack,
@@ -393,6 +394,8 @@ def _offloaded_like(best: StepCost, alt: StepCost, model: ModelSpec) -> StepCost
     """`alt` offloaded as `best` is (advice compares like with like)."""
     if isinstance(best, OffloadedCost) and not alt.fits:
         return offloaded_cost(model, alt) or alt
+    if isinstance(best, ActivationsOffloadedCost):
+        return activations_offloaded_cost(model, replace(alt, plan=best.plan))
     return alt
 
 
@@ -402,7 +405,7 @@ def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost
     r = ctx.stack.advised_recipe(best.system.chip)
     if r is None:
         return None
-    plan = replace(best.plan, dtypes=recipe_dtypes(r))
+    plan = replace(best.plan, dtypes=recipe_dtypes(r), offload_activations=False)
     alt = evaluate_plan(
         ctx.model, best.system, ctx.workload, plan, efficiency=ctx.eff, policy=ctx.policy,
         framework=ctx.stack,
