@@ -159,3 +159,50 @@ def test_cli_costs_the_key_and_prints_it(capsys):
     off = activations_offloaded_cost(M8, _cost("fsdp=8,remat=none"))
     assert best["fits"] and best["step_time_s"] == pytest.approx(off.step_time_s)
     assert best["plan"]["offload_activations"] is True
+
+
+def test_which_stacks_search_it():
+    """Where the stack's launch file can say it (capabilities.toml `switches`), under the remat
+    policies it goes with (`offload_remat`)."""
+    from roofline.training.offload import remats_offloading, stack_can_offload_activations
+
+    assert [stack_can_offload_activations(s) for s in ("ideal", "megatron", "maxtext")] == [
+        True,
+        True,
+        True,
+    ]
+    assert not any(stack_can_offload_activations(s) for s in ("torchtitan", "deepspeed"))
+    remats = [Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL)]
+    assert remats_offloading("megatron", remats).tolist() == [True, False, False]
+    assert remats_offloading("maxtext", remats).tolist() == [False, True, False]
+    assert remats_offloading("ideal", remats).tolist() == [True, True, True]
+
+
+def test_the_planner_finds_it_on_megatron_without_recompute():
+    space = SearchSpace(
+        remats=(Remat(RematKind.NONE),),
+        microbatches=(1,),
+        strategies=(Strategy.FSDP, Strategy.DP),
+        offload_activations=(False, True),
+    )
+    kw = dict(efficiency=PEAK, allow_sub_slices=False, efficient_size=False)
+    best = plan_training(
+        M8, H8, W, space=space, framework="megatron", optimizer="adam-fp32-master", **kw
+    ).best
+    assert isinstance(best, ActivationsOffloadedCost) and best.plan.remat.kind is RematKind.NONE
+    text = _launch("megatron", best.plan.describe().replace(",optimizer=adam-fp32-master", ""))
+    assert "--cpu-offloading" in text["text"]
+
+
+def test_readers_note_what_they_cost_otherwise():
+    text = _launch("megatron", "fsdp=8,remat=none,offload_activations=1")["text"]
+    other = text.replace(
+        f"--cpu-offloading-num-layers {M8.n_layers - 1}", "--cpu-offloading-num-layers 8"
+    )
+    cfg = read_launch(other.replace("--bf16", "--num-layers 32 --bf16"), stack="megatron")
+    assert cfg.plan.offload_activations
+    assert any("all but the last of 32" in u.reason for u in cfg.unsupported)
+    mt = _launch("maxtext", "fsdp=8,remat=matmuls")["text"].replace("minimal", "qkv_proj_offloaded")
+    cfg = read_launch(mt, stack="maxtext", chips=8)
+    assert not cfg.plan.offload_activations
+    assert any("q/k/v" in u.reason for u in cfg.unsupported)
