@@ -13,6 +13,11 @@ on, on the idealised machine and on the stacks whose framework record has
 by no more than its optimizer state, which its host DRAM holds, is costed with that state in
 host memory (ZeRO-Offload, `training.offload`) instead of rejected (`offload_rescue`). A plan
 that fits without offload is costed as it is (offload would only add host traffic to it).
+Activation offload (`offload_activations`, `train --offload-activations`; the stacks whose
+launch file can say it, launch/defaults/capabilities.toml) is the same kind of axis, after the
+optimizer's: a candidate without a pipeline that still misses HBM by no more than its saved
+activations (all but the last layer's) is costed with them in host memory
+(`activation_offload_rescue`, `training.offload.offload_activations`).
 """
 
 from __future__ import annotations
