@@ -40,9 +40,26 @@ QWEN3_235B = ModelSpec(
 )
 
 
+# Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 48 layers, hidden 2048, 32 / 4 heads x 128,
+# 128 experts, top-8, moe_intermediate_size 768, vocab 151936; every layer MoE.
+QWEN3_30B = ModelSpec(
+    name="qwen3-30b-a3b",
+    n_layers=48,
+    d_model=2048,
+    d_ff=6144,
+    n_heads=32,
+    n_kv_heads=4,
+    d_head=128,
+    vocab=151936,
+    moe=MoESpec(n_experts=128, top_k=8, d_ff_expert=768),
+)
+
+
 def expert_time_per_layer(model, system: str, tokens: int, eff) -> float:
-    """Seconds of the three expert-GEMM rows of one MoE layer in a decode pass of `tokens`."""
-    step = ShardedStep(model, [parse_system(system)], [ServePlan(tp=8)], FP8, eff)
+    """Seconds of the three expert-GEMM rows of one MoE layer in a decode pass of `tokens`
+    (tensor parallel over every chip of `system`)."""
+    tp = int(system.split(":")[1])
+    step = ShardedStep(model, [parse_system(system)], [ServePlan(tp=tp)], FP8, eff)
     br = step.pass_time(PassShape(decode=tokens, context=1024)).breakdown
     moe_layers = model.n_layers - model.moe.dense_layers
     return sum(float(br[n][0]) for n in EXPERT_ROWS) / moe_layers
@@ -69,6 +86,11 @@ CASES = [
     (QWEN3_235B, "h200:8", "hopper", 32, 124.99e-6),
     ("deepseek-v3", "b200:8", "blackwell", 16, 138.68e-6),  # [moeb] sglang #11816, B200, TP=8
     ("deepseek-v3", "b200:8", "blackwell", 24, 175.80e-6),
+    # a third chip and shape the constant was not derived from: vLLM #24700 ("Main" column),
+    # Qwen3-30B-A3B FP8 W8A8 on one H100 (E=128, N=768)
+    (QWEN3_30B, "h100:1", "hopper", 16, 185.40e-6),
+    (QWEN3_30B, "h100:1", "hopper", 32, 238.37e-6),
+    (QWEN3_30B, "h100:1", "hopper", 64, 262.73e-6),
 ]
 
 
@@ -80,9 +102,9 @@ def test_expert_rows_reproduce_the_measured_fused_moe_kernel(
     eff = triton_moe_profile()
     got = expert_time_per_layer(m, system, tokens, eff)
     assert got == pytest.approx(measured, rel=0.08)
-    # without the per-expert cost the rows are a bandwidth bound ~30% below the measurement
+    # without the per-expert cost the rows are a bandwidth bound 20-40% below the measurement
     bare = expert_time_per_layer(m, system, tokens, without_expert_cost(eff, family))
-    assert bare < 0.8 * measured
+    assert bare < 0.85 * measured
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 64])
