@@ -702,12 +702,20 @@ class _Walker:
             comm_share=self.comm_share,
         )
 
+    def touched_experts(self, op: Op) -> Any:
+        """Expected distinct routed experts one chip's slice of a routed row touches per pass:
+        the expected distinct experts of the pass's tokens over the chip's share of them."""
+        local = op.sizes["experts"] / shard_factor(("experts",), self.rules, True, self.mesh)
+        return self.weight_read_fraction(op) * local
+
     def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
-        compute_s = ep.compute_time_s
+        compute_s, memory_s = ep.compute_time_s, ep.memory_time_s
         cm = self.pricing.compute
         if cm is not None and cm.shape_dependent:
             shape = ep.gemm_shape(ep.sizes, ep.mesh)
             compute_s = ep.flops_per_chip / self.ctx.gemm_flops_per_s(op_class, dtype, shape)
+            if op.routed and cm.expert_overhead_s and dtype_bytes(op.weight.dtype) >= 1:
+                memory_s = memory_s + self.touched_experts(op) * cm.expert_overhead_s
         return OpRecord(
             op.name,
             label,
@@ -717,7 +725,7 @@ class _Walker:
             ep.flops_per_chip,
             None,
             compute_s,
-            ep.memory_time_s,
+            memory_s,
             reruns,
             ep,
             self.pricing.launch_s,

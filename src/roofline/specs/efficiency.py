@@ -107,6 +107,12 @@ PARAMS: dict[str, Param] = {
     "grouped_fraction": Param(
         0.2, 1.0, "fraction", "grouped expert GEMM throughput over a dense GEMM of the same shape"
     ),
+    "expert_fixed_s": Param(
+        0.0,
+        2e-6,
+        "s",
+        "fixed memory-side time per routed expert a grouped expert GEMM touches (weight stream start)",
+    ),
     "attn_fwd": Param(
         0.2, 1.0, "fraction", "flash-attention forward matmul efficiency at infinite head dim"
     ),
@@ -193,6 +199,7 @@ class FamilyPhysics:
     k_half: float = 0.0
     kernel_fixed_s: float = 0.0
     grouped_fraction: float = 1.0
+    expert_fixed_s: float = 0.0
     attn_fwd: float = 1.0
     attn_bwd: float = 1.0
     attn_softmax_flops: float = 0.0
@@ -390,6 +397,13 @@ class Efficiency:
     def hbm_fraction(self, chip: Any) -> float:
         fam = self.family_for(chip)
         return float(self.hbm if fam is None else fam.hbm)
+
+    def expert_overhead_s(self, chip: Any) -> float:
+        """Fixed seconds per routed expert a grouped expert GEMM touches, on the memory side (each
+        touched expert's weight stream starts cold; datasheet.toml derives it from fused-MoE
+        kernel times at decode). Hidden under the compute of a compute-bound grouped GEMM."""
+        fam = self.family_for(chip)
+        return 0.0 if fam is None else float(fam.expert_fixed_s)
 
     def vector_fraction(self, chip: Any) -> float:
         """Fraction of HBM bandwidth memory-bound elementwise / norm kernels reach."""
