@@ -43,12 +43,17 @@ def saved_tensors(ledger: Ledger, remat: Remat) -> list[tuple[Op, Tensor]]:
         if op.name in ("embed", "unembed", "norms", *TRAINING_ROWS):
             continue
         block = op.name.split("/")[0]
+        # a layer's last projection feeds only the residual stream: its output is never read
+        # backward (the routed experts' too: Megatron-Core scales by the router probabilities
+        # before the down projection, NVIDIA/Megatron-LM@329baaca megatron/core/transformer/moe/
+        # experts.py activation_func_with_probs, so the
+        # unpermute's backward needs no expert output; torchtitan's MoE default
+        # score_before_experts=True does the same)
+        keeps_out = op.kind == OpKind.MATMUL and op.name not in LAST_PROJECTIONS
         if remat.kind == RematKind.MATMULS:
-            tensors = [op.out] if op.kind == OpKind.MATMUL else []
+            tensors = [op.out] if keeps_out else []
         else:
-            tensors = [t for t in op.inputs if not t.is_param] + (
-                [op.out] if op.kind == OpKind.MATMUL else []
-            )
+            tensors = [t for t in op.inputs if not t.is_param] + ([op.out] if keeps_out else [])
         for t in tensors:
             if t.on_chip or (block, t.name) in seen:
                 continue

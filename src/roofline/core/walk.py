@@ -49,7 +49,7 @@ from roofline.core.sharding import (
     plan_einsum,
     plan_training_einsum,
 )
-from roofline.core.stack import Stack, stack_of
+from roofline.core.stack import Stack, experts_replicated_over_tensor, stack_of
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Dispatch, LoadBalance, OverlapClass
 from roofline.specs.model import ModelSpec
@@ -354,7 +354,10 @@ _BLOCK_INPUT_OPS = (
     "moe/shared/up",
     "unembed",
 )
-_BLOCK_OUTPUT_OPS = ("attn/out", "mlp/down", "moe/shared/down")
+# the router scores each token where it is: under sequence parallelism on the rank's slice of
+# the sequence (Megatron-Core moe/router.py runs on the sequence-parallel hidden states; the
+# token dispatcher gathers over the tensor ranks only after routing)
+_BLOCK_OUTPUT_OPS = ("attn/out", "mlp/down", "moe/shared/down", "moe/router")
 
 
 def op_specs(op: Op, rules: Rules) -> tuple[Spec, Spec, Spec]:
@@ -629,7 +632,7 @@ class _Walker:
                 hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
                 check_divisible=False,
                 trusted=self.opts.trusted,
-                policy=self.ctx.policy(self.opts.policy, op.name),
+                policy=self.policy(op),
                 weights=_weight_names(op),
                 weight_read_fraction=self.weight_read_fraction(op),
                 comm_share=self.comm_share,
@@ -639,6 +642,14 @@ class _Walker:
             else:
                 self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
         return self.same[key]
+
+    def policy(self, op: Op) -> Any:
+        """The stack's option policy for the op; routed experts whole on every tensor rank
+        (capacity split over the tensor axis: `rules.moe_rules`) treat it as a replica axis."""
+        policy = self.ctx.policy(self.opts.policy, op.name)
+        if op.routed and "tensor" in self.rules.activations.get("capacity", ()):
+            return experts_replicated_over_tensor(policy)
+        return policy
 
     def comm_share(self, c: Comm) -> Any:
         """The share of a collective's time one microbatch's option choice carries: a per-step

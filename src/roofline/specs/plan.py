@@ -509,6 +509,9 @@ class Plan:
     sequence_parallel: bool = False  # Megatron SP: TP AllReduce -> ReduceScatter + AllGather
     collective_matmul: bool = False  # overlap TP collectives with their matmuls
     overlap_ep: bool = False  # hide the expert all-to-alls behind compute (DeepSeek's DualPipe)
+    # routed experts split over the tensor axis (Megatron's expert tensor parallel size = tp, its
+    # default); False: expert_tensor_parallel_size = 1 (core.rules.moe_rules)
+    expert_tp: bool = True
     # elementwise ops run as the compiler's fused kernels (torch.compile, XLA, Megatron's fused
     # kernels); False: as eager PyTorch kernels (the stack profile's [eager] traffic)
     compiled: bool = True
@@ -554,7 +557,7 @@ class Plan:
                 rule="virtual stages (model chunks per pipeline stage) exist only in the interleaved schedule",
                 fix=f"add schedule=interleaved, or drop virtual={self.virtual_stages}",
             )
-        for f in ("sequence_parallel", "collective_matmul", "overlap_ep", "compiled"):
+        for f in ("sequence_parallel", "collective_matmul", "overlap_ep", "compiled", "expert_tp"):
             object.__setattr__(self, f, bool(getattr(self, f)))
 
     @property
@@ -588,6 +591,8 @@ class Plan:
                 parts.append(f"{flag}=1")
         if not self.compiled:
             parts.append("compile=0")
+        if not self.expert_tp and d.tp > 1:
+            parts.append("expert_tp=0")
         parts += self.dtypes.describe()
         return ",".join(parts)
 
@@ -604,6 +609,7 @@ class Plan:
             "sequence_parallel": self.sequence_parallel,
             "collective_matmul": self.collective_matmul,
             "overlap_ep": self.overlap_ep,
+            "expert_tp": self.expert_tp,
             "compiled": self.compiled,
             "optimizer": self.optimizer.name,
             "compute_dtypes": {
@@ -618,7 +624,7 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, compile, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "collective_matmul, overlap_ep, expert_tp, compile, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
     "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
@@ -669,6 +675,7 @@ for _keys, _field, _reader in (
     (("collective_matmul", "cm"), "collective_matmul", _flag),
     (("overlap_ep", "dualpipe"), "overlap_ep", _flag),
     (("compile", "compiled"), "compiled", _flag),
+    (("expert_tp",), "expert_tp", _flag),
     (("optimizer", "opt"), "optimizer", lambda k, v: parse_optimizer(v)),
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),
