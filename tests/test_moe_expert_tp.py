@@ -114,3 +114,11 @@ def test_expert_output_not_saved():
         assert ("moe/down", "ye") not in kept
     kept = {(op.name, t.name) for op, t in saved_tensors(led, Remat(RematKind.NONE))}
     assert {("moe/gate", "xe"), ("moe/down", "he")} <= kept
+
+
+def test_etp1_without_sequence_parallelism_is_refused():
+    """Each tensor rank routes its own sequence slice only under sequence parallelism."""
+    from roofline.errors import PlanError
+
+    with pytest.raises(PlanError, match="megatron_sp=1"):
+        _cost("tp=2,expert_tp=0")
