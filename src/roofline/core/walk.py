@@ -979,7 +979,11 @@ class _Walker:
         """
         share: Any = 1.0
         tp = np.asarray(self.mesh.get("tensor", 1.0), float)
-        if self.rules.sequence_parallel:
+        # (with expert tensor parallel size 1 the dispatched tokens' sharding already splits
+        # them over the tensor axis: rules.moe_rules)
+        if self.rules.sequence_parallel and "tensor" not in self.rules.activations.get(
+            "capacity", ()
+        ):
             share = share / tp
         if self.stack.dispatch == Dispatch.DEEPEP and self.scale_up is not None:
             k = float(op.sizes.get("top_k", 1.0))
