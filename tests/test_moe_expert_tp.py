@@ -87,11 +87,14 @@ def test_etp1_expert_collectives():
     tensor ranks once per step; each rank dispatches its own sequence slice either way (ETP = TP
     gathers over the tensor ranks after the all-to-all), so the dispatched bytes are the same."""
 
-    def expert_comms(cost):
+    def expert_comms(extra):
+        # one node: no dispatcher deduplication across nodes (see the next test)
+        plan = parse_plan(f"ep=4,tp=2,microbatch={M},remat=none,megatron_sp=1{extra}")
+        cost = evaluate_plan(MODEL, parse_system("h100:8"), WORK, plan, framework="megatron")
         return [c for c in cost.collectives if c["op"] in ("moe/gate", "moe/up", "moe/down")]
 
-    etp1 = expert_comms(_cost("tp=2,megatron_sp=1,expert_tp=0"))
-    etp_tp = expert_comms(_cost("tp=2,megatron_sp=1"))
+    etp1 = expert_comms(",expert_tp=0")
+    etp_tp = expert_comms("")
     tensor = [c for c in etp1 if "tensor" in c["axes"]]
     assert tensor and all(c["tensor"].startswith("dW") for c in tensor)
     assert all(c["overlap"] == "grad_step" for c in tensor)
@@ -123,3 +126,29 @@ def test_etp1_without_sequence_parallelism_is_refused():
 
     with pytest.raises(PlanError, match="megatron_sp=1"):
         _cost("tp=2,expert_tp=0")
+
+
+def test_etp1_expert_groups_are_consecutive_ranks():
+    """DeepEP sends a token once per node its experts sit on. With ETP = 1 Megatron's expert
+    groups are consecutive ranks (parallel_state.py: RankGenerator(tp=expert_tensor_parallel_size,
+    ep=...)): EP=64 spans 8 H100 nodes, not 16 as with the tensor ranks interleaved. DeepSeek-V3
+    routes each token to at most 4 of its 8 expert groups (node-limited routing): distinct nodes
+    per token R·(1 − (1 − 1/R)^k) with R = min(nodes, 4·max(1, nodes/8)), k = 8."""
+    ds = load_model("deepseek-v3")
+    system = parse_system("h100:1024")
+    work = Workload(8192 * 4096, 4096)
+    base = "tp=2,ep=64,pp=8,microbatch=128,megatron_sp=1,remat=full,schedule=1f1b"
+
+    def dispatched(extra: str) -> float:
+        c = evaluate_plan(ds, system, work, parse_plan(base + extra), framework="megatron")
+        (b,) = {x["bytes_per_chip"] for x in c.collectives if x["einsum"] == "dispatch"}
+        return b
+
+    def distinct(nodes: float) -> float:
+        r = min(nodes, 4 * max(1.0, nodes / 8))
+        return r * (1 - (1 - 1 / r) ** 8)
+
+    # ETP = TP: the whole routed tokens on each rank, 1/tp of them dispatched, over 16 nodes;
+    # ETP = 1: half the routed tokens on each rank, all dispatched, over 8 nodes
+    ratio = dispatched(",expert_tp=0") / dispatched("")
+    assert ratio == pytest.approx(distinct(8) / distinct(16), rel=1e-9)

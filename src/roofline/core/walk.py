@@ -979,16 +979,17 @@ class _Walker:
         """
         share: Any = 1.0
         tp = np.asarray(self.mesh.get("tensor", 1.0), float)
-        # (with expert tensor parallel size 1 the dispatched tokens' sharding already splits
-        # them over the tensor axis: rules.moe_rules)
-        if self.rules.sequence_parallel and "tensor" not in self.rules.activations.get(
-            "capacity", ()
-        ):
+        # with expert tensor parallel size 1 (rules.moe_rules) the dispatched tokens' sharding
+        # already splits them over the tensor axis, and the expert-parallel ranks are
+        # consecutive: Megatron-LM parallel_state.py builds the expert groups with its own
+        # RankGenerator(tp=expert_tensor_parallel_size, ep=..., order "tp-cp-ep-dp-pp")
+        etp1 = "tensor" in self.rules.activations.get("capacity", ())
+        if self.rules.sequence_parallel and not etp1:
             share = share / tp
         if self.stack.dispatch == Dispatch.DEEPEP and self.scale_up is not None:
             k = float(op.sizes.get("top_k", 1.0))
             ep = np.asarray(self.mesh.get("expert", 1.0), float)
-            stride = np.asarray(self.mesh.get("seq", 1.0), float) * tp
+            stride = np.asarray(self.mesh.get("seq", 1.0), float) * (1.0 if etp1 else tp)
             per_node = np.clip(self.scale_up / stride, 1.0, ep)
             nodes = np.where(self.scale_up > 0, ep / per_node, 1.0)
             reach = np.minimum(nodes, self.route_reach(nodes))
