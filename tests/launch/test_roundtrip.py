@@ -50,6 +50,11 @@ PLANS = {
             "fp8-current",
         ),
         ("fsdp=128,microbatch=2,remat=full,optimizer=adam-fp32-master", "nvfp4"),
+        # --expert-tensor-parallel-size 1 (Megatron's default is the TP size)
+        (
+            "dp=4,tp=2,ep=8,megatron_sp=1,expert_tp=0,microbatch=2,zero=1,optimizer=adam-fp32-master",
+            None,
+        ),
         ("dp=32,pp=8,microbatch=16,remat=none,zero=1,optimizer=adam-fp32-master", "mxfp8"),
         # Megatron-FSDP's HSDP: 4 replicas of a 32-way FSDP group, whole or ZeRO-1 optimizer
         ("dp=4,fsdp=32,microbatch=2,remat=full,zero=0,optimizer=adam-fp32-master", None),

@@ -884,25 +884,28 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
     E, k = sizes["experts"], sizes["top_k"]
     sz = dict(sizes)
     sz["capacity"] = sizes["batch"] * sizes["seq"] * k / E
-    sz["mlp"] = sizes["expert_mlp"]
     sz_ = MappingProxyType(sz)
+    # the expert FFN width is its own logical dim: tensor parallelism splits it only where the
+    # stack splits experts over the tensor ranks (rules.moe_rules)
     xe = _t("xe", "experts capacity embed", ad)
-    he = _t("he", "experts capacity mlp", ad)
+    he = _t("he", "experts capacity expert_mlp", ad)
     ue = replace(he, name="ue")
     ops = []
     acts: tuple[Tensor, ...] = (ue,)
     if gated:
         ge = replace(he, name="ge")
-        ops.append(_mm("moe/gate", xe, _t("W_gate", "experts embed mlp", wd, True), ge, sz_, n))
+        ops.append(
+            _mm("moe/gate", xe, _t("W_gate", "experts embed expert_mlp", wd, True), ge, sz_, n)
+        )
         acts = (ge, ue)
-    ops.append(_mm("moe/up", xe, _t("W_up", "experts embed mlp", wd, True), ue, sz_, n))
+    ops.append(_mm("moe/up", xe, _t("W_up", "experts embed expert_mlp", wd, True), ue, sz_, n))
     ops = [replace(o, routed=True) for o in ops]
     ops.append(Op("moe/act", OpKind.ELEMENTWISE, acts, he, sz_, n, 1.0, 4.0 if gated else 3.0))
     ops.append(
         _mm(
             "moe/down",
             he,
-            _t("W_down", "experts mlp embed", wd, True),
+            _t("W_down", "experts expert_mlp embed", wd, True),
             replace(xe, name="ye"),
             sz_,
             n,

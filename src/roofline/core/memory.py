@@ -43,12 +43,16 @@ def saved_tensors(ledger: Ledger, remat: Remat) -> list[tuple[Op, Tensor]]:
         if op.name in ("embed", "unembed", "norms", *TRAINING_ROWS):
             continue
         block = op.name.split("/")[0]
+        # the routed experts' down projection output is never read backward: Megatron-Core
+        # scales by the router probabilities before it (NVIDIA/Megatron-LM@329baaca
+        # megatron/core/transformer/moe/experts.py activation_func_with_probs), so the unpermute's
+        # backward needs no expert output; torchtitan's MoE default score_before_experts=True
+        # scales the inputs instead, to the same effect
+        keeps_out = op.kind == OpKind.MATMUL and op.name not in _OUTPUT_NOT_SAVED
         if remat.kind == RematKind.MATMULS:
-            tensors = [op.out] if op.kind == OpKind.MATMUL else []
+            tensors = [op.out] if keeps_out else []
         else:
-            tensors = [t for t in op.inputs if not t.is_param] + (
-                [op.out] if op.kind == OpKind.MATMUL else []
-            )
+            tensors = [t for t in op.inputs if not t.is_param] + ([op.out] if keeps_out else [])
         for t in tensors:
             if t.on_chip or (block, t.name) in seen:
                 continue
@@ -109,6 +113,8 @@ def saved_activation_bytes_per_token(
 # rematerialised layer does not rerun it (the backward pass never reads it). XLA does the same
 # (docs/verify.md, fsdp=8 with remat).
 LAST_PROJECTIONS = ("mlp/down", "moe/down", "moe/shared/down")
+# Matmuls whose output no backward pass reads (see saved_tensors)
+_OUTPUT_NOT_SAVED = ("moe/down",)
 # Rows outside the layer stack: remat never reruns them.
 NON_LAYER_ROWS = ("embed", "unembed", "loss")
 # Memory-bound kernels of a training step the inference ledger does not hold (walk.ledger_for):

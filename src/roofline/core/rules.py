@@ -49,6 +49,8 @@ LOGICAL_DIMS = (
     "head_dim",
     "vocab",
     "experts",
+    "expert_mlp",
+    "capacity",
     "layers",
     "q_lora",
     "kv_lora",
@@ -81,6 +83,9 @@ class Structure:
     collective_matmul: bool = False
     # tp does not divide the KV heads: K/V projections replicated across the tensor axis
     kv_replicated: bool = False
+    # routed experts split over the tensor axis (Megatron's expert tensor parallel size ETP =
+    # TP, its default); False: ETP = 1, see `moe_rules`
+    expert_tp: bool = True
 
 
 def rules_of(structure: Structure, model: ModelSpec) -> Rules:
@@ -95,12 +100,31 @@ def rules_of(structure: Structure, model: ModelSpec) -> Rules:
     if cap:
         act["capacity"] = cap
     if Strategy.TP in structure.active and model.moe is not None:
-        act["expert_mlp"] = ("tensor",)
-        par["expert_mlp"] = ("tensor",)
+        moe_rules(act, par, expert_tp=structure.expert_tp)
     if structure.kv_replicated:
         act.pop("kv_heads", None)
         par.pop("kv_heads", None)
     return Rules(MappingProxyType(act), MappingProxyType(par), r.sequence_parallel)
+
+
+def moe_rules(act: dict, par: dict, *, expert_tp: bool) -> None:
+    """The routed experts under tensor parallelism, in place: with ETP = TP (Megatron-LM's default:
+    NVIDIA/Megatron-LM megatron/training/arguments.py sets expert_tensor_parallel_size = tensor_model_parallel_size
+    when unset) every expert's FFN width is split over the tensor axis and the tensor ranks share
+    the dispatched tokens (the alltoall dispatcher all-gathers them over the ETP group), so the
+    dispatched tokens are whole on every tensor rank. With ETP = 1 (e.g. the Megatron-Bridge
+    DeepSeek-V3 recipe, NVIDIA-NeMo/Megatron-Bridge@05d003fb
+    src/megatron/bridge/recipes/deepseek/deepseek_v3.py: `expert_tensor_parallel_size = 1`)
+    each rank routes only its own sequence-parallel slice of the tokens (Megatron requires
+    sequence parallelism for MoE under TP) and its experts are whole: the tensor axis splits the
+    per-expert token slots instead of the FFN width, and the expert layer needs no tensor
+    collective (megatron/core/transformer/moe/token_dispatcher.py: the ETP all-gather and
+    reduce-scatter are skipped at tp_size 1)."""
+    if expert_tp:
+        act["expert_mlp"] = ("tensor",)
+        par["expert_mlp"] = ("tensor",)
+    else:
+        act["capacity"] = (*act.get("capacity", ()), "tensor")
 
 
 def rules_for(

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
+from types import MappingProxyType
 from typing import Any
 
 from roofline.core.collectives import CollectiveKind
@@ -168,6 +169,19 @@ class FamilyPolicy:
 
     def choose(self, ctx: OptionContext) -> Any:  # an einsum without an op: the dense rule
         return self.for_op("").choose(ctx)
+
+
+def experts_replicated_over_tensor(policy: OptionPolicy) -> OptionPolicy:
+    """The routed-expert policy where the experts are whole on every tensor rank (expert tensor
+    parallel size 1, `rules.moe_rules`): the tensor ranks are then replicas of the experts —
+    Megatron's expert-data-parallel group spans them (megatron/core/parallel_state.py) — so the
+    stack moves over the tensor axis what it moves over the data axis (the weight gradients,
+    summed once per step), never the tokens (each rank keeps its own)."""
+    if not isinstance(policy, MovePolicy):
+        return policy
+    moves = dict(policy.moves)
+    moves[AxisRole.TENSOR.value] = moves.get(AxisRole.DATA.value, Move.CHEAPEST)
+    return MovePolicy(policy.name + ":etp1", MappingProxyType(moves))
 
 
 def policy_for_op(policy: OptionPolicy, op_name: str) -> OptionPolicy:

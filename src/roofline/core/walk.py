@@ -49,7 +49,7 @@ from roofline.core.sharding import (
     plan_einsum,
     plan_training_einsum,
 )
-from roofline.core.stack import Stack, stack_of
+from roofline.core.stack import Stack, experts_replicated_over_tensor, stack_of
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Dispatch, LoadBalance, OverlapClass
 from roofline.specs.model import ModelSpec
@@ -354,7 +354,10 @@ _BLOCK_INPUT_OPS = (
     "moe/shared/up",
     "unembed",
 )
-_BLOCK_OUTPUT_OPS = ("attn/out", "mlp/down", "moe/shared/down")
+# the router scores each token where it is: under sequence parallelism on the rank's slice of
+# the sequence (Megatron-Core moe/router.py runs on the sequence-parallel hidden states; the
+# token dispatcher gathers over the tensor ranks only after routing)
+_BLOCK_OUTPUT_OPS = ("attn/out", "mlp/down", "moe/shared/down", "moe/router")
 
 
 def op_specs(op: Op, rules: Rules) -> tuple[Spec, Spec, Spec]:
@@ -629,7 +632,7 @@ class _Walker:
                 hbm_bw_bytes_per_s=p.hbm_bw_bytes_per_s,
                 check_divisible=False,
                 trusted=self.opts.trusted,
-                policy=self.ctx.policy(self.opts.policy, op.name),
+                policy=self.policy(op),
                 weights=_weight_names(op),
                 weight_read_fraction=self.weight_read_fraction(op),
                 comm_share=self.comm_share,
@@ -639,6 +642,14 @@ class _Walker:
             else:
                 self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
         return self.same[key]
+
+    def policy(self, op: Op) -> Any:
+        """The stack's option policy for the op; routed experts whole on every tensor rank
+        (capacity split over the tensor axis: `rules.moe_rules`) treat it as a replica axis."""
+        policy = self.ctx.policy(self.opts.policy, op.name)
+        if op.routed and "tensor" in self.rules.activations.get("capacity", ()):
+            return experts_replicated_over_tensor(policy)
+        return policy
 
     def comm_share(self, c: Comm) -> Any:
         """The share of a collective's time one microbatch's option choice carries: a per-step
@@ -976,12 +987,17 @@ class _Walker:
         """
         share: Any = 1.0
         tp = np.asarray(self.mesh.get("tensor", 1.0), float)
-        if self.rules.sequence_parallel:
+        # with expert tensor parallel size 1 (rules.moe_rules) the dispatched tokens' sharding
+        # already splits them over the tensor axis, and the expert-parallel ranks are
+        # consecutive: Megatron-LM parallel_state.py builds the expert groups with its own
+        # RankGenerator(tp=expert_tensor_parallel_size, ep=..., order "tp-cp-ep-dp-pp")
+        etp1 = "tensor" in self.rules.activations.get("capacity", ())
+        if self.rules.sequence_parallel and not etp1:
             share = share / tp
         if self.stack.dispatch == Dispatch.DEEPEP and self.scale_up is not None:
             k = float(op.sizes.get("top_k", 1.0))
             ep = np.asarray(self.mesh.get("expert", 1.0), float)
-            stride = np.asarray(self.mesh.get("seq", 1.0), float) * tp
+            stride = np.asarray(self.mesh.get("seq", 1.0), float) * (1.0 if etp1 else tp)
             per_node = np.clip(self.scale_up / stride, 1.0, ep)
             nodes = np.where(self.scale_up > 0, ep / per_node, 1.0)
             reach = np.minimum(nodes, self.route_reach(nodes))

@@ -159,6 +159,9 @@ class MegatronSettings:
     # optimizer state (outer-dp-sharding-strategy optim)
     replicas: int = 1
     outer_shard: bool = False
+    # routed experts split over the tensor ranks: --expert-tensor-parallel-size unset (Megatron
+    # sets it to the TP size) or above 1; False for 1 (rules.moe_rules)
+    expert_tp: bool = True
 
 
 # ------------------------------------------------------------------------------ read
@@ -280,6 +283,7 @@ def _settings(notes: Notes) -> MegatronSettings:
         recompute=_recompute(notes),
         recipe=_recipe(notes),
         optimizer=_optimizer(notes),
+        expert_tp=_int(notes, "expert-tensor-parallel-size") != 1,
         zero_stage=notes.integer("zero-stage", notes.settings["zero-stage"], low=0)
         if notes.given("zero-stage")
         else None,
@@ -548,6 +552,7 @@ def megatron_config(
         collective_matmul=s.tp_overlap and s.tp > 1,
         overlap_ep=s.ep_overlap and ep > 1,
         offload_activations=_cpu_offloading(notes),
+        expert_tp=s.expert_tp or s.tp == 1,
         optimizer=parse_optimizer(s.optimizer),
         dtypes=dtypes,
     )
@@ -622,6 +627,8 @@ def _args(config: LaunchConfig) -> list[tuple[str, Any]]:
     ]
     if plan.virtual_stages > 1:
         out.append(("num-virtual-stages-per-pipeline-rank", plan.virtual_stages))
+    if not plan.expert_tp and d.tp > 1:
+        out.append(("expert-tensor-parallel-size", 1))
     if w.train_steps:
         out.append(("train-iters", w.train_steps))
     return out + _flags(config)

@@ -509,6 +509,9 @@ class Plan:
     sequence_parallel: bool = False  # Megatron SP: TP AllReduce -> ReduceScatter + AllGather
     collective_matmul: bool = False  # overlap TP collectives with their matmuls
     overlap_ep: bool = False  # hide the expert all-to-alls behind compute (DeepSeek's DualPipe)
+    # routed experts split over the tensor axis (Megatron's expert tensor parallel size = tp, its
+    # default); False: expert_tensor_parallel_size = 1 (core.rules.moe_rules)
+    expert_tp: bool = True
     # elementwise ops run as the compiler's fused kernels (torch.compile, XLA, Megatron's fused
     # kernels); False: as eager PyTorch kernels (the stack profile's [eager] traffic)
     compiled: bool = True
@@ -564,6 +567,7 @@ class Plan:
             "overlap_ep",
             "compiled",
             "offload_activations",
+            "expert_tp",
         ):
             object.__setattr__(self, f, bool(getattr(self, f)))
 
@@ -599,6 +603,8 @@ class Plan:
                 parts.append(f"{flag}=1")
         if not self.compiled:
             parts.append("compile=0")
+        if not self.expert_tp and d.tp > 1:
+            parts.append("expert_tp=0")
         parts += self.dtypes.describe()
         return ",".join(parts)
 
@@ -615,6 +621,7 @@ class Plan:
             "sequence_parallel": self.sequence_parallel,
             "collective_matmul": self.collective_matmul,
             "overlap_ep": self.overlap_ep,
+            "expert_tp": self.expert_tp,
             "compiled": self.compiled,
             "offload_activations": self.offload_activations,
             "optimizer": self.optimizer.name,
@@ -630,7 +637,7 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, compile, offload_activations, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "collective_matmul, overlap_ep, expert_tp, compile, offload_activations, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
     "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
@@ -682,6 +689,7 @@ for _keys, _field, _reader in (
     (("overlap_ep", "dualpipe"), "overlap_ep", _flag),
     (("compile", "compiled"), "compiled", _flag),
     (("offload_activations", "offload_acts"), "offload_activations", _flag),
+    (("expert_tp",), "expert_tp", _flag),
     (("optimizer", "opt"), "optimizer", lambda k, v: parse_optimizer(v)),
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),

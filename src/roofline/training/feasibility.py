@@ -203,6 +203,12 @@ def plan_problems(
         out.append(
             f"plan uses {plan.degrees.n_chips} chips ({plan.describe()}) but the system has {n_chips}"
         )
+    if not plan.expert_tp and plan.degrees.tp > 1 and not plan.sequence_parallel and model.moe:
+        out.append(
+            "expert_tp=0 (routed experts whole on every tensor rank) needs megatron_sp=1: each "
+            "tensor rank routes only its own slice of the sequence (Megatron-LM asserts sequence "
+            "parallelism for MoE under tensor parallelism); add megatron_sp=1 or drop expert_tp=0"
+        )
     a = Arrays.of(plan)
     for rule, bad in violations(model, workload, a, rules_for(uneven_stages)):
         if bad[0]:

@@ -489,6 +489,7 @@ class _Context:
     flags: Mapping[str, np.ndarray]  # collective_matmul, overlap_ep
     stack: Stack
     sequence_parallel: bool = False  # Megatron SP (the structure's)
+    expert_tp: bool = True  # routed experts split over the tensor axis (the structure's)
     n_rows: tuple[int, ...] = (1,)  # the walk's rows (shape of its arrays)
     dtypes: ComputeDtypes = ComputeDtypes()
 
@@ -518,6 +519,7 @@ class _Context:
             },
             stack,
             bool(st.sequence_parallel),
+            expert_tp=bool(st.expert_tp),
         )
 
     def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
@@ -667,12 +669,16 @@ def _zero_groups(ctx: _Context) -> tuple[Any, Any]:
     context-parallel ranks (Megatron's distributed optimizer uses the data-parallel group with
     context parallelism, torchtitan's FSDP the dp_shard×cp mesh) and, for dense weights, the
     expert-parallel ranks too (Megatron carves EP out of DP; expert weights shard over the
-    expert-data-parallel group only). The idealised machine shards over `data` (the book)."""
+    expert-data-parallel group only, world / (ETP·EP·PP): with expert_tensor_parallel_size 1 the
+    tensor ranks hold whole replicas of the same experts and join it — Megatron-LM
+    megatron/core/parallel_state.py expert_data_parallel_size). The idealised machine shards
+    over `data` (the book)."""
     dp = ctx.deg[Strategy.DP]
     if ctx.stack.book:
         return dp, dp
     replicas = dp * ctx.deg[Strategy.SP]
-    return replicas * ctx.deg[Strategy.EP], replicas
+    experts = replicas if ctx.expert_tp else replicas * ctx.deg[Strategy.TP]
+    return replicas * ctx.deg[Strategy.EP], experts
 
 
 def _memory(
@@ -1010,7 +1016,12 @@ class StepCost:
 def structure_of(plan: Plan, model: ModelSpec) -> Structure:
     kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, plan.degrees.tp)
     return Structure(
-        plan.active, plan.remat, plan.sequence_parallel, plan.collective_matmul, bool(kv_rep)
+        plan.active,
+        plan.remat,
+        plan.sequence_parallel,
+        plan.collective_matmul,
+        bool(kv_rep),
+        plan.expert_tp,
     )
 
 

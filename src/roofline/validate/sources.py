@@ -364,12 +364,15 @@ RECIPES: tuple[RecipeOverride, ...] = (
         r"deepseek-v3",
         r"^h100$",
         r"",
-        "remat=mla_up_proj+mlp",
+        "remat=mla_up_proj+mlp,expert_tp=0",
         (
             "the MLA up-projection and the dense MLPs recomputed (the benchmark's script on H100: "
             "NVIDIA-NeMo/Megatron-Bridge@v0.1.0rc4 scripts/performance/run_script.py:90-91 "
             'recompute_modules = ["mla_up_proj", "mlp"]; the same at '
-            f"{MB_PERF}/deepseek/h100/deepseek_v3.py:43)"
+            f"{MB_PERF}/deepseek/h100/deepseek_v3.py:43); the routed experts whole on each "
+            "tensor rank (NVIDIA-NeMo/Megatron-Bridge@05d003fb "
+            "src/megatron/bridge/recipes/deepseek/deepseek_v3.py: the DeepSeek-V3 pretrain config "
+            "the H100 performance recipes start from sets expert_tensor_parallel_size = 1)"
         ),
     ),
     RecipeOverride(
