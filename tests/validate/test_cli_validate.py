@@ -27,7 +27,7 @@ def small_file(tmp_path, training_entries):
     ids = [
         "mpt-h100-80gb-amp_bf16-1b-seq2048-8gpu",
         "dgxc-2411-llama3.1-8b-bf16-8gpu",
-        "palm-540b-tpuv4-6144chip",
+        "maxtext-v5p-7680-1160b",
     ]
     p = tmp_path / "runs.yaml"
     p.write_text(yaml.safe_dump([training_entries[i] for i in ids]))
@@ -46,8 +46,8 @@ def test_json_keys_on_any_file(capsys, small_file):
     assert SUMMARY_KEYS <= set(doc["summary"])
     assert doc["summary"]["n"] == 2 and doc["summary"]["coverage"] == pytest.approx(2 / 3)
     assert {"by_source", "by_chip_family", "by_stack", "by_cause"} <= set(doc)
-    palm = next(r for r in doc["runs"] if r["id"].startswith("palm"))
-    assert palm["error"] is None and "model dims" in palm["skipped_reason"]
+    unmapped = next(r for r in doc["runs"] if r["id"].startswith("maxtext-v5p-7680"))
+    assert unmapped["error"] is None and "model dims" in unmapped["skipped_reason"]
 
 
 def test_text_and_plot(capsys, small_file, tmp_path):
