@@ -304,10 +304,11 @@ class ShardedStep:
         )
         tab = self._decode_tab(ctx)
         tokens = dec + np.where(pre_on, pseq * chunk, 0.0)
+        tok, sampled, other = self._groups(tab.names)
         parts = [
-            _at(tab, tokens, sel, lambda n: n in self.token_rows and n not in _SAMPLED),
-            _at(tab, dec + pseq, sel, lambda n: n in _SAMPLED),
-            _at(tab, dec, sel, lambda n: n not in self.token_rows),
+            _at(tab, tokens, sel, tok),
+            _at(tab, dec + pseq, sel, sampled),
+            _at(tab, dec, sel, other),
         ]
         if np.any(pre_on):
             ctx_p = float(np.max(shape.prefill_context))
@@ -319,14 +320,39 @@ class ShardedStep:
             )
         return self._combine(parts, shp)
 
+    def _groups(self, names: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
+        """A decode table's rows as `_at` reads them: (the token rows but the output head, the
+        output head, the rest), each as (names, indices); found once per table layout."""
+        key = ("groups", names)
+        hit = self._cache.get(key)
+        if hit is None:
+            tok = self.token_rows
+            hit = self._cache[key] = tuple(
+                _rows(names, which)
+                for which in (
+                    lambda n: n in tok and n not in _SAMPLED,
+                    lambda n: n in _SAMPLED,
+                    lambda n: n not in tok,
+                )
+            )
+        return hit
+
     def _combine(self, parts: list[dict], shp: tuple) -> PassTimes:
         z = np.zeros(shp)
-        rows: dict[str, Any] = {}
         N = self.even_split
-        for p in parts:
-            r = np.maximum(p["compute"], p["memory"]) / N + p["launch"]
-            for i, n in enumerate(p["names"]):
-                rows[n] = rows.get(n, z) + r[i]
+        names = [n for p in parts for n in p["names"]]
+        order = dict.fromkeys(names)  # each row once, in order of first appearance
+        at = {n: i for i, n in enumerate(order)}
+        r = np.concatenate(
+            [
+                (np.maximum(p["compute"], p["memory"]) / N + p["launch"]).reshape((-1, *shp))
+                for p in parts
+            ]
+        )
+        # each row's parts added to 0 in order (add.at is unbuffered: index after index)
+        per = np.zeros((len(at), *shp))
+        np.add.at(per, np.array([at[n] for n in names], dtype=int), r)
+        rows = dict(zip(order, per, strict=True))
         tot = _field_sums(parts, shp, N)
         rows_s = sum(rows.values(), z.copy())
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
@@ -416,21 +442,27 @@ def _one_chip(chip: Any) -> System:
     return gpu_cluster(chip, 1)
 
 
-def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, which) -> dict:
-    """The table's rows `which(name)` at B sequences (tokens) per candidate: linear in B between
-    grid points (the costs are affine in B between the roofline's kinks), affine beyond the
-    grid's end, 0 where B is 0."""
-    keep = [i for i, n in enumerate(t.names) if which(n)]
+def _rows(names: tuple[str, ...], which) -> tuple[tuple[str, ...], np.ndarray]:
+    """The rows `which(name)` of a table: (their names, their indices)."""
+    keep = [i for i, n in enumerate(names) if which(n)]
+    return tuple(names[i] for i in keep), np.array(keep, dtype=int)
+
+
+def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, rows_of: tuple) -> dict:
+    """The table's rows `rows_of` (`_rows`) at B sequences (tokens) per candidate: linear in B
+    between grid points (the costs are affine in B between the roofline's kinks), affine beyond
+    the grid's end, 0 where B is 0."""
+    names, keep = rows_of
     x = np.maximum(B, GRID[0])
-    j = np.clip(np.searchsorted(GRID, x) - 1, 0, len(GRID) - 2)
+    j = np.minimum(np.maximum(np.searchsorted(GRID, x) - 1, 0), len(GRID) - 2)
     f = (x - GRID[j]) / (GRID[j + 1] - GRID[j])
-    cand = np.broadcast_to(sel, B.shape)
+    cand = sel if np.shape(sel) == B.shape else np.broadcast_to(sel, B.shape)
     on = B > 0
-    rows = np.array(keep, dtype=int).reshape((-1,) + (1,) * B.ndim)
+    rows = keep.reshape((-1,) + (1,) * B.ndim)
     a = t.stacked  # every field at once: (field, op, grid, candidate)
     lo, hi = a[:, rows, j, cand], a[:, rows, j + 1, cand]
     v = np.where(on, lo + f * (hi - lo), 0.0)
-    out: dict[str, Any] = {"names": tuple(t.names[i] for i in keep), "stacked": v}
+    out: dict[str, Any] = {"names": names, "stacked": v}
     out.update(zip(_FIELDS, v, strict=True))
     return out
 
