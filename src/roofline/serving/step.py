@@ -313,11 +313,9 @@ class ShardedStep:
         if np.any(pre_on):
             ctx_p = float(np.max(shape.prefill_context))
             t = self._prefill_tab(pseq.reshape(-1), chunk, ctx_p, sel.reshape(-1))
-            keep = np.array([n not in self.token_rows for n in t.names])
-            parts.append(
-                {f: np.where(pre_on, getattr(t, f)[keep].reshape((-1, *shp)), 0.0) for f in _FIELDS}
-                | {"names": tuple(n for n, k in zip(t.names, keep, strict=True) if k)}
-            )
+            names, keep = self._groups(t.names)[2]  # its attention rows (not token rows)
+            v = np.where(pre_on, t.stacked[:, keep].reshape((len(_FIELDS), -1, *shp)), 0.0)
+            parts.append({"names": names, "stacked": v, **dict(zip(_FIELDS, v, strict=True))})
         return self._combine(parts, shp)
 
     def _groups(self, names: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
@@ -337,12 +335,22 @@ class ShardedStep:
             )
         return hit
 
+    def _merged(self, names: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], np.ndarray]:
+        """The parts' rows (`names`, part after part) merged: each row once, in order of first
+        appearance, and where each part's row goes; found once per layout of parts."""
+        key = ("merged", names)
+        hit = self._cache.get(key)
+        if hit is None:
+            every = [n for part in names for n in part]
+            order = tuple(dict.fromkeys(every))
+            at = {n: i for i, n in enumerate(order)}
+            hit = self._cache[key] = (order, np.array([at[n] for n in every], dtype=int))
+        return hit
+
     def _combine(self, parts: list[dict], shp: tuple) -> PassTimes:
         z = np.zeros(shp)
         N = self.even_split
-        names = [n for p in parts for n in p["names"]]
-        order = dict.fromkeys(names)  # each row once, in order of first appearance
-        at = {n: i for i, n in enumerate(order)}
+        order, idx = self._merged(tuple(p["names"] for p in parts))
         r = np.concatenate(
             [
                 (np.maximum(p["compute"], p["memory"]) / N + p["launch"]).reshape((-1, *shp))
@@ -350,8 +358,8 @@ class ShardedStep:
             ]
         )
         # each row's parts added to 0 in order (add.at is unbuffered: index after index)
-        per = np.zeros((len(at), *shp))
-        np.add.at(per, np.array([at[n] for n in names], dtype=int), r)
+        per = np.zeros((len(order), *shp))
+        np.add.at(per, idx, r)
         rows = dict(zip(order, per, strict=True))
         tot = _field_sums(parts, shp, N)
         rows_s = sum(rows.values(), z.copy())
