@@ -351,18 +351,14 @@ class ShardedStep:
         z = np.zeros(shp)
         N = self.even_split
         order, idx = self._merged(tuple(p["names"] for p in parts))
-        r = np.concatenate(
-            [
-                (np.maximum(p["compute"], p["memory"]) / N + p["launch"]).reshape((-1, *shp))
-                for p in parts
-            ]
-        )
+        every = _stacked(parts, shp)  # (field, every part's rows, *shp)
+        r = np.maximum(every[_COMPUTE], every[_MEMORY]) / N + every[_LAUNCH]
         # each row's parts added to 0 in order (add.at is unbuffered: index after index)
         per = np.zeros((len(order), *shp))
         np.add.at(per, idx, r)
-        rows = dict(zip(order, per, strict=True))
-        tot = _field_sums(parts, shp, N)
-        rows_s = sum(rows.values(), z.copy())
+        tot = _field_sums(every, shp, N)
+        # the rows summed one after another from 0 (an accumulate: the loop's sum to the bit)
+        rows_s = z + np.add.accumulate(per, axis=0)[-1] if len(order) else z
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
         over = z + self.overhead_s + layer
         pp = self.pp
@@ -378,7 +374,7 @@ class ShardedStep:
             weight_bytes_per_chip=pp * tot["weight_bytes"],
             kv_bytes_per_chip=pp * tot["kv_bytes"],
             launch_s=pp * tot["launch"],
-            breakdown={n: pp * v for n, v in rows.items()},
+            breakdown=dict(zip(order, pp * per, strict=True)),
         )
 
     def memory_per_chip(self, batch: Any, context: Any):
@@ -475,11 +471,15 @@ def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, rows_of: tuple) -> dict:
     return out
 
 
-def _field_sums(parts: list[dict], shp: tuple, N: float) -> dict[str, Any]:
-    """Each field summed over every part's rows, row after row in order (an accumulate, so
-    the sum is the row-by-row loop's to the last bit), the launch time whole, the rest / N."""
+def _stacked(parts: list[dict], shp: tuple) -> np.ndarray:
+    """Every part's rows, part after part, as one array (field × rows × shp)."""
     per = [p["stacked"] if "stacked" in p else np.stack([p[f] for f in _FIELDS]) for p in parts]
-    every = np.concatenate([a.reshape((len(_FIELDS), -1, *shp)) for a in per], axis=1)
+    return np.concatenate([a.reshape((len(_FIELDS), -1, *shp)) for a in per], axis=1)
+
+
+def _field_sums(every: np.ndarray, shp: tuple, N: float) -> dict[str, Any]:
+    """Each field summed over `every` row (`_stacked`), row after row in order (an accumulate, so
+    the sum is the row-by-row loop's to the last bit), the launch time whole, the rest / N."""
     if every.shape[1] == 0:
         return {f: np.zeros(shp) for f in _FIELDS}
     div = np.array([1.0 if f == "launch" else N for f in _FIELDS]).reshape(
@@ -490,6 +490,7 @@ def _field_sums(parts: list[dict], shp: tuple, N: float) -> dict[str, Any]:
 
 
 _FIELDS = ("compute", "memory", "flops", "nbytes", "kv_bytes", "weight_bytes", "comm", "launch")
+_COMPUTE, _MEMORY, _LAUNCH = (_FIELDS.index(f) for f in ("compute", "memory", "launch"))
 _SAMPLED = ("unembed",)  # the output head runs on the sampled rows only: one per sequence
 _AXES = {
     Strategy.DP: "data",
