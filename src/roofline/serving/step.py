@@ -304,18 +304,19 @@ class ShardedStep:
         )
         tab = self._decode_tab(ctx)
         tokens = dec + np.where(pre_on, pseq * chunk, 0.0)
-        tok, sampled, other = self._groups(tab.names)
+        # the token rows over all the pass's tokens, the output head over its sequences, the
+        # rest (decode attention) over its decodes: one read of the table at the three
+        v = _at(tab, np.stack([tokens, dec + pseq, dec]), sel)
         parts = [
-            _at(tab, tokens, sel, tok),
-            _at(tab, dec + pseq, sel, sampled),
-            _at(tab, dec, sel, other),
+            {"names": names, "stacked": v[:, keep, i]}
+            for i, (names, keep) in enumerate(self._groups(tab.names))
         ]
         if np.any(pre_on):
             ctx_p = float(np.max(shape.prefill_context))
             t = self._prefill_tab(pseq.reshape(-1), chunk, ctx_p, sel.reshape(-1))
             names, keep = self._groups(t.names)[2]  # its attention rows (not token rows)
             v = np.where(pre_on, t.stacked[:, keep].reshape((len(_FIELDS), -1, *shp)), 0.0)
-            parts.append({"names": names, "stacked": v, **dict(zip(_FIELDS, v, strict=True))})
+            parts.append({"names": names, "stacked": v})
         return self._combine(parts, shp)
 
     def _groups(self, names: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
@@ -452,29 +453,23 @@ def _rows(names: tuple[str, ...], which) -> tuple[tuple[str, ...], np.ndarray]:
     return tuple(names[i] for i in keep), np.array(keep, dtype=int)
 
 
-def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, rows_of: tuple) -> dict:
-    """The table's rows `rows_of` (`_rows`) at B sequences (tokens) per candidate: linear in B
-    between grid points (the costs are affine in B between the roofline's kinks), affine beyond
-    the grid's end, 0 where B is 0."""
-    names, keep = rows_of
+def _at(t: _Tab, B: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """Every row of the table at B sequences (tokens) per candidate, every field at once
+    (field × op × B's shape; `sel` broadcast against B's last axes): linear in B between grid
+    points (the costs are affine in B between the roofline's kinks), affine beyond the grid's
+    end, 0 where B is 0."""
     x = np.maximum(B, GRID[0])
     j = np.minimum(np.maximum(np.searchsorted(GRID, x) - 1, 0), len(GRID) - 2)
     f = (x - GRID[j]) / (GRID[j + 1] - GRID[j])
-    cand = sel if np.shape(sel) == B.shape else np.broadcast_to(sel, B.shape)
-    on = B > 0
-    rows = keep.reshape((-1,) + (1,) * B.ndim)
-    a = t.stacked  # every field at once: (field, op, grid, candidate)
-    lo, hi = a[:, rows, j, cand], a[:, rows, j + 1, cand]
-    v = np.where(on, lo + f * (hi - lo), 0.0)
-    out: dict[str, Any] = {"names": names, "stacked": v}
-    out.update(zip(_FIELDS, v, strict=True))
-    return out
+    cand = np.broadcast_to(sel, B.shape)
+    a = t.stacked  # (field, op, grid, candidate)
+    lo, hi = a[:, :, j, cand], a[:, :, j + 1, cand]
+    return np.where(B > 0, lo + f * (hi - lo), 0.0)
 
 
 def _stacked(parts: list[dict], shp: tuple) -> np.ndarray:
     """Every part's rows, part after part, as one array (field × rows × shp)."""
-    per = [p["stacked"] if "stacked" in p else np.stack([p[f] for f in _FIELDS]) for p in parts]
-    return np.concatenate([a.reshape((len(_FIELDS), -1, *shp)) for a in per], axis=1)
+    return np.concatenate([p["stacked"].reshape((len(_FIELDS), -1, *shp)) for p in parts], axis=1)
 
 
 def _field_sums(every: np.ndarray, shp: tuple, N: float) -> dict[str, Any]:
