@@ -66,3 +66,16 @@ def test_the_cache_keeps_the_most_recent_deployments(same_deployment, monkeypatc
     replica_step(a, a.parallel, eff, dataclasses.replace(q, kv="fp8" if q.kv != "fp8" else "bf16"))
     assert len(predict_mod._STEPS) == 1
     assert replica_step(a, a.parallel, eff, q) is not first  # dropped, built again
+
+
+def test_profiles_apart_only_in_the_hand_off_share_a_step(same_deployment, monkeypatch):
+    """The disaggregated hand-off is added by the predictor, never read by a step: calibrate
+    --from-runs serving predicts each run at many hand-offs on one step."""
+    monkeypatch.setattr(predict_mod, "_STEPS", {})
+    a, _ = same_deployment
+    eff, q = _profile(None, a.chip), quant_of(a, None)
+    step = replica_step(a, a.parallel, eff, q)
+    for h in (0.0, 0.25, 1.5):
+        assert replica_step(a, a.parallel, dataclasses.replace(eff, disagg_handoff_s=h), q) is step
+    slower = dataclasses.replace(eff, layer_overhead_s=eff.layer_overhead_s + 1e-6)
+    assert replica_step(a, a.parallel, slower, q) is not step  # a step reads this one

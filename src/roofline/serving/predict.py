@@ -193,9 +193,14 @@ def replica_step(run: Any, par: Any, eff: Efficiency, quant: Quant) -> StepModel
     deployment (400 serving points, 249 deployments) walk each table once."""
     plan = plan_of(par)
     # the model's `source` is a label (validate writes the run's id there; nothing in the walk,
-    # the step or the steady state reads it); a Chip holds mappings (unhashable): keyed by
-    # identity, the entry keeps it alive
-    key = (replace(run.model, source=""), id(run.chip), plan, quant, eff)
+    # the step or the steady state reads it), and the profile's disaggregated hand-off is read
+    # by `_disagg`, never by a step (calibrate --from-runs serving predicts each run at many);
+    # a Chip holds mappings (unhashable): keyed by identity, the entry keeps it alive
+    if getattr(eff, "disagg_handoff_s", 0.0):
+        eff_key = replace(eff, disagg_handoff_s=0.0)
+    else:
+        eff_key = eff
+    key = (replace(run.model, source=""), id(run.chip), plan, quant, eff_key)
     hit = _STEPS.pop(key, None)
     if hit is None:
         hit = (run.chip, _new_replica_step(run, plan, eff, quant))
