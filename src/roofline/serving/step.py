@@ -304,13 +304,7 @@ class ShardedStep:
         )
         tab = self._decode_tab(ctx)
         tokens = dec + np.where(pre_on, pseq * chunk, 0.0)
-        # the token rows over all the pass's tokens, the output head over its sequences, the
-        # rest (decode attention) over its decodes: one read of the table at the three
-        v = _at(tab, np.stack([tokens, dec + pseq, dec]), sel)
-        parts = [
-            {"names": names, "stacked": v[:, keep, i]}
-            for i, (names, keep) in enumerate(self._groups(tab.names))
-        ]
+        parts = self._decode_parts(tab, (tokens, dec + pseq, dec), sel)
         if np.any(pre_on):
             ctx_p = float(np.max(shape.prefill_context))
             t = self._prefill_tab(pseq.reshape(-1), chunk, ctx_p, sel.reshape(-1))
@@ -318,6 +312,20 @@ class ShardedStep:
             v = np.where(pre_on, t.stacked[:, keep].reshape((len(_FIELDS), -1, *shp)), 0.0)
             parts.append({"names": names, "stacked": v})
         return self._combine(parts, shp)
+
+    def _decode_parts(self, tab: _Tab, sizes: tuple, sel: np.ndarray) -> list[dict]:
+        """The decode table's token rows at all the pass's tokens, its output head at the
+        pass's sequences, the rest (decode attention) at its decodes (`sizes`, in that order).
+        A few candidates: one read of every row at the three sizes (numpy's per-call cost is
+        most of it); many: each part reads only its own rows (the same values)."""
+        groups = self._groups(tab.names)
+        if sizes[0].size <= _ONE_READ:
+            v = _at(tab, np.stack(sizes), sel)
+            return [{"names": n, "stacked": v[:, k, i]} for i, (n, k) in enumerate(groups)]
+        return [
+            {"names": n, "stacked": _at(tab, B, sel, k)}
+            for B, (n, k) in zip(sizes, groups, strict=True)
+        ]
 
     def _groups(self, names: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
         """A decode table's rows as `_at` reads them: (the token rows but the output head, the
@@ -453,17 +461,18 @@ def _rows(names: tuple[str, ...], which) -> tuple[tuple[str, ...], np.ndarray]:
     return tuple(names[i] for i in keep), np.array(keep, dtype=int)
 
 
-def _at(t: _Tab, B: np.ndarray, sel: np.ndarray) -> np.ndarray:
-    """Every row of the table at B sequences (tokens) per candidate, every field at once
-    (field × op × B's shape; `sel` broadcast against B's last axes): linear in B between grid
-    points (the costs are affine in B between the roofline's kinks), affine beyond the grid's
-    end, 0 where B is 0."""
+def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+    """The table's rows `keep` (default: every row) at B sequences (tokens) per candidate, every
+    field at once (field × row × B's shape; `sel` broadcast against B's last axes): linear in B
+    between grid points (the costs are affine in B between the roofline's kinks), affine beyond
+    the grid's end, 0 where B is 0."""
     x = np.maximum(B, GRID[0])
     j = np.minimum(np.maximum(np.searchsorted(GRID, x) - 1, 0), len(GRID) - 2)
     f = (x - GRID[j]) / (GRID[j + 1] - GRID[j])
     cand = np.broadcast_to(sel, B.shape)
     a = t.stacked  # (field, op, grid, candidate)
-    lo, hi = a[:, :, j, cand], a[:, :, j + 1, cand]
+    rows = slice(None) if keep is None else keep.reshape((-1,) + (1,) * B.ndim)
+    lo, hi = a[:, rows, j, cand], a[:, rows, j + 1, cand]
     return np.where(B > 0, lo + f * (hi - lo), 0.0)
 
 
@@ -485,6 +494,7 @@ def _field_sums(every: np.ndarray, shp: tuple, N: float) -> dict[str, Any]:
 
 
 _FIELDS = ("compute", "memory", "flops", "nbytes", "kv_bytes", "weight_bytes", "comm", "launch")
+_ONE_READ = 16  # candidates up to which a pass reads its decode table once (`_decode_parts`)
 _COMPUTE, _MEMORY, _LAUNCH = (_FIELDS.index(f) for f in ("compute", "memory", "launch"))
 _SAMPLED = ("unembed",)  # the output head runs on the sampled rows only: one per sequence
 _AXES = {
