@@ -22,6 +22,7 @@ Throughput is output tokens/s of the whole deployment (Little's law: C·OSL / E2
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import gcd
 from typing import Any
 
@@ -185,8 +186,35 @@ def _lengths(run: Any) -> tuple[float, float]:
 
 def replica_step(run: Any, par: Any, eff: Efficiency, quant: Quant) -> StepModel:
     """The walk's sharded step for one worker of `par` on the run's chip (the book's perfectly
-    sharded bound where the chip count has no system, e.g. a TPU count that is not a slice)."""
+    sharded bound where the chip count has no system, e.g. a TPU count that is not a slice).
+
+    Shared by every run of the same deployment (`_STEPS`): a step is a pure function of
+    (model, chip, plan, quant, profile) and caches the tables it walks, so the runs of one
+    deployment (400 serving points, 249 deployments) walk each table once."""
     plan = plan_of(par)
+    # the model's `source` is a label (validate writes the run's id there; nothing in the walk,
+    # the step or the steady state reads it), and the profile's disaggregated hand-off is read
+    # by `_disagg`, never by a step (calibrate --from-runs serving predicts each run at many);
+    # a Chip holds mappings (unhashable): keyed by identity, the entry keeps it alive
+    if getattr(eff, "disagg_handoff_s", 0.0):
+        eff_key = replace(eff, disagg_handoff_s=0.0)
+    else:
+        eff_key = eff
+    key = (replace(run.model, source=""), id(run.chip), plan, quant, eff_key)
+    hit = _STEPS.pop(key, None)
+    if hit is None:
+        hit = (run.chip, _new_replica_step(run, plan, eff, quant))
+    _STEPS[key] = hit  # most recently used last
+    while len(_STEPS) > _STEPS_MAX:
+        del _STEPS[next(iter(_STEPS))]
+    return hit[1]
+
+
+_STEPS: dict[tuple, tuple[Any, StepModel]] = {}
+_STEPS_MAX = 512  # deployments kept (each a few walked tables); least recently used dropped
+
+
+def _new_replica_step(run: Any, plan: ServePlan, eff: Efficiency, quant: Quant) -> StepModel:
     try:
         system = parse_system(f"{run.chip.name}:{plan.chips}")
     except RooflineError:

@@ -304,31 +304,70 @@ class ShardedStep:
         )
         tab = self._decode_tab(ctx)
         tokens = dec + np.where(pre_on, pseq * chunk, 0.0)
-        parts = [
-            _at(tab, tokens, sel, lambda n: n in self.token_rows and n not in _SAMPLED),
-            _at(tab, dec + pseq, sel, lambda n: n in _SAMPLED),
-            _at(tab, dec, sel, lambda n: n not in self.token_rows),
-        ]
+        parts = self._decode_parts(tab, (tokens, dec + pseq, dec), sel)
         if np.any(pre_on):
             ctx_p = float(np.max(shape.prefill_context))
             t = self._prefill_tab(pseq.reshape(-1), chunk, ctx_p, sel.reshape(-1))
-            keep = np.array([n not in self.token_rows for n in t.names])
-            parts.append(
-                {f: np.where(pre_on, getattr(t, f)[keep].reshape((-1, *shp)), 0.0) for f in _FIELDS}
-                | {"names": tuple(n for n, k in zip(t.names, keep, strict=True) if k)}
-            )
+            names, keep = self._groups(t.names)[2]  # its attention rows (not token rows)
+            v = np.where(pre_on, t.stacked[:, keep].reshape((len(_FIELDS), -1, *shp)), 0.0)
+            parts.append({"names": names, "stacked": v})
         return self._combine(parts, shp)
+
+    def _decode_parts(self, tab: _Tab, sizes: tuple, sel: np.ndarray) -> list[dict]:
+        """The decode table's token rows at all the pass's tokens, its output head at the
+        pass's sequences, the rest (decode attention) at its decodes (`sizes`, in that order).
+        A few candidates: one read of every row at the three sizes (numpy's per-call cost is
+        most of it); many: each part reads only its own rows (the same values)."""
+        groups = self._groups(tab.names)
+        if sizes[0].size <= _ONE_READ:
+            v = _at(tab, np.stack(sizes), sel)
+            return [{"names": n, "stacked": v[:, k, i]} for i, (n, k) in enumerate(groups)]
+        return [
+            {"names": n, "stacked": _at(tab, B, sel, k)}
+            for B, (n, k) in zip(sizes, groups, strict=True)
+        ]
+
+    def _groups(self, names: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
+        """A decode table's rows as `_at` reads them: (the token rows but the output head, the
+        output head, the rest), each as (names, indices); found once per table layout."""
+        key = ("groups", names)
+        hit = self._cache.get(key)
+        if hit is None:
+            tok = self.token_rows
+            hit = self._cache[key] = tuple(
+                _rows(names, which)
+                for which in (
+                    lambda n: n in tok and n not in _SAMPLED,
+                    lambda n: n in _SAMPLED,
+                    lambda n: n not in tok,
+                )
+            )
+        return hit
+
+    def _merged(self, names: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], np.ndarray]:
+        """The parts' rows (`names`, part after part) merged: each row once, in order of first
+        appearance, and where each part's row goes; found once per layout of parts."""
+        key = ("merged", names)
+        hit = self._cache.get(key)
+        if hit is None:
+            every = [n for part in names for n in part]
+            order = tuple(dict.fromkeys(every))
+            at = {n: i for i, n in enumerate(order)}
+            hit = self._cache[key] = (order, np.array([at[n] for n in every], dtype=int))
+        return hit
 
     def _combine(self, parts: list[dict], shp: tuple) -> PassTimes:
         z = np.zeros(shp)
-        rows: dict[str, Any] = {}
         N = self.even_split
-        for p in parts:
-            r = np.maximum(p["compute"], p["memory"]) / N + p["launch"]
-            for i, n in enumerate(p["names"]):
-                rows[n] = rows.get(n, z) + r[i]
-        tot = _field_sums(parts, shp, N)
-        rows_s = sum(rows.values(), z.copy())
+        order, idx = self._merged(tuple(p["names"] for p in parts))
+        every = _stacked(parts, shp)  # (field, every part's rows, *shp)
+        r = np.maximum(every[_COMPUTE], every[_MEMORY]) / N + every[_LAUNCH]
+        # each row's parts added to 0 in order (add.at is unbuffered: index after index)
+        per = np.zeros((len(order), *shp))
+        np.add.at(per, idx, r)
+        tot = _field_sums(every, shp, N)
+        # the rows summed one after another from 0 (an accumulate: the loop's sum to the bit)
+        rows_s = z + np.add.accumulate(per, axis=0)[-1] if len(order) else z
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
         over = z + self.overhead_s + layer
         pp = self.pp
@@ -344,7 +383,7 @@ class ShardedStep:
             weight_bytes_per_chip=pp * tot["weight_bytes"],
             kv_bytes_per_chip=pp * tot["kv_bytes"],
             launch_s=pp * tot["launch"],
-            breakdown={n: pp * v for n, v in rows.items()},
+            breakdown=dict(zip(order, pp * per, strict=True)),
         )
 
     def memory_per_chip(self, batch: Any, context: Any):
@@ -416,30 +455,35 @@ def _one_chip(chip: Any) -> System:
     return gpu_cluster(chip, 1)
 
 
-def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, which) -> dict:
-    """The table's rows `which(name)` at B sequences (tokens) per candidate: linear in B between
-    grid points (the costs are affine in B between the roofline's kinks), affine beyond the
-    grid's end, 0 where B is 0."""
-    keep = [i for i, n in enumerate(t.names) if which(n)]
+def _rows(names: tuple[str, ...], which) -> tuple[tuple[str, ...], np.ndarray]:
+    """The rows `which(name)` of a table: (their names, their indices)."""
+    keep = [i for i, n in enumerate(names) if which(n)]
+    return tuple(names[i] for i in keep), np.array(keep, dtype=int)
+
+
+def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+    """The table's rows `keep` (default: every row) at B sequences (tokens) per candidate, every
+    field at once (field × row × B's shape; `sel` broadcast against B's last axes): linear in B
+    between grid points (the costs are affine in B between the roofline's kinks), affine beyond
+    the grid's end, 0 where B is 0."""
     x = np.maximum(B, GRID[0])
-    j = np.clip(np.searchsorted(GRID, x) - 1, 0, len(GRID) - 2)
+    j = np.minimum(np.maximum(np.searchsorted(GRID, x) - 1, 0), len(GRID) - 2)
     f = (x - GRID[j]) / (GRID[j + 1] - GRID[j])
     cand = np.broadcast_to(sel, B.shape)
-    on = B > 0
-    rows = np.array(keep, dtype=int).reshape((-1,) + (1,) * B.ndim)
-    a = t.stacked  # every field at once: (field, op, grid, candidate)
+    a = t.stacked  # (field, op, grid, candidate)
+    rows = slice(None) if keep is None else keep.reshape((-1,) + (1,) * B.ndim)
     lo, hi = a[:, rows, j, cand], a[:, rows, j + 1, cand]
-    v = np.where(on, lo + f * (hi - lo), 0.0)
-    out: dict[str, Any] = {"names": tuple(t.names[i] for i in keep), "stacked": v}
-    out.update(zip(_FIELDS, v, strict=True))
-    return out
+    return np.where(B > 0, lo + f * (hi - lo), 0.0)
 
 
-def _field_sums(parts: list[dict], shp: tuple, N: float) -> dict[str, Any]:
-    """Each field summed over every part's rows, row after row in order (an accumulate, so
+def _stacked(parts: list[dict], shp: tuple) -> np.ndarray:
+    """Every part's rows, part after part, as one array (field × rows × shp)."""
+    return np.concatenate([p["stacked"].reshape((len(_FIELDS), -1, *shp)) for p in parts], axis=1)
+
+
+def _field_sums(every: np.ndarray, shp: tuple, N: float) -> dict[str, Any]:
+    """Each field summed over `every` row (`_stacked`), row after row in order (an accumulate, so
     the sum is the row-by-row loop's to the last bit), the launch time whole, the rest / N."""
-    per = [p["stacked"] if "stacked" in p else np.stack([p[f] for f in _FIELDS]) for p in parts]
-    every = np.concatenate([a.reshape((len(_FIELDS), -1, *shp)) for a in per], axis=1)
     if every.shape[1] == 0:
         return {f: np.zeros(shp) for f in _FIELDS}
     div = np.array([1.0 if f == "launch" else N for f in _FIELDS]).reshape(
@@ -450,6 +494,8 @@ def _field_sums(parts: list[dict], shp: tuple, N: float) -> dict[str, Any]:
 
 
 _FIELDS = ("compute", "memory", "flops", "nbytes", "kv_bytes", "weight_bytes", "comm", "launch")
+_ONE_READ = 16  # candidates up to which a pass reads its decode table once (`_decode_parts`)
+_COMPUTE, _MEMORY, _LAUNCH = (_FIELDS.index(f) for f in ("compute", "memory", "launch"))
 _SAMPLED = ("unembed",)  # the output head runs on the sampled rows only: one per sequence
 _AXES = {
     Strategy.DP: "data",
