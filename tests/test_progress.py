@@ -93,7 +93,9 @@ VALIDATE = ["validate", "--runs", "inference"]
 
 
 def test_validate_draws_a_bar_with_an_eta_on_a_terminal():
-    rc, out, err = run_in_pty(VALIDATE)
+    # no delay: validating the inference file now takes less than the default 0.5 s, below
+    # which (rightly) no bar is drawn at all
+    rc, out, err = run_in_pty(VALIDATE, delay=0)
     assert rc == 0, err
     seen = meters(err, "validate: inference runs")
     assert seen, err[-2000:]
