@@ -123,6 +123,7 @@ def bar(total: float | None, desc: str, *, unit: str = "it") -> Iterator[Any]:
         return
     with _bar(total, desc, unit) as b:
         yield b
+        _finish(b)
 
 
 def counter(desc: str, *, unit: str = "it") -> Callable[[int, int], None] | None:
