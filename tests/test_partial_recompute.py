@@ -124,3 +124,21 @@ def test_bf16_gradients_halve_the_replicas_gradient_sum():
     assert _grad_reduce_factor(mega, OPTIMIZERS["adam-fp32-master-bf16-grads"]) == 1.0
     assert _grad_reduce_factor(mega, OPTIMIZERS["adam-bf16"]) == 2.0
     assert OPTIMIZERS["adam-fp32-master-bf16-grads"].bytes_per_param == 16.0
+
+
+def test_recompute_of_a_module_the_model_lacks_is_refused():
+    """mla_up_proj on a GQA model and moe_act on a dense one are named, not silently costed."""
+    from roofline.specs.model_catalog import load_model
+    from roofline.specs.plan import Workload, parse_plan
+    from roofline.training.feasibility import plan_problems
+
+    dense = load_model("llama-3-8b")
+    work = Workload(2**20, 8192)
+    bad = plan_problems(dense, 8, work, parse_plan("fsdp=8,remat=mla_up_proj+moe_act+mlp"))
+    assert len(bad) == 1 and "mla_up_proj, moe_act" in bad[0] and "llama-3-8b" in bad[0]
+    assert plan_problems(dense, 8, work, parse_plan("fsdp=8,remat=mlp+core_attn")) == []
+    moe = load_model("deepseek-v3")
+    assert not any(
+        "recomputes" in p
+        for p in plan_problems(moe, 64, work, parse_plan("fsdp=64,remat=mla_up_proj+moe_act"))
+    )

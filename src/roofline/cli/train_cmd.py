@@ -97,7 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--optimizer",
-        help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32, sgd-bf16 (default: the "
+        help="adam-bf16 (book: 10 B/param), adam-fp32-master, adam-fp32-master-bf16-grads "
+        "(Megatron --grad-reduce-in-bf16), adam-fp32, sgd-bf16 (default: the "
         "stack's own: adam-fp32-master for Megatron-LM and DeepSpeed, adam-fp32 for torchtitan "
         "and MaxText, adam-bf16 for the idealised machine and stacks without a launch table)",
     )

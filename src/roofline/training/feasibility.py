@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import Plan, Schedule, Strategy, Workload
+from roofline.specs.plan import Plan, RematKind, Schedule, Strategy, Workload
 
 
 def tp_must_divide(model: ModelSpec) -> int:
@@ -193,6 +193,25 @@ def violations(
     return [(r, np.asarray(r.bad(model, workload, a), dtype=bool)) for r in rules]
 
 
+def _absent_modules(model: ModelSpec, plan: Plan) -> list[str]:
+    """Partial recompute names only modules the model has (Megatron's TransformerConfig refuses
+    mla_up_proj without multi-latent attention and the MoE modules on a dense model)."""
+    has = {
+        "mla_up_proj": model.mla is not None,
+        "moe": model.moe is not None,
+        "moe_act": model.moe is not None,
+        "shared_experts": model.moe is not None and model.moe.n_shared_experts > 0,
+    }
+    missing = [m for m in plan.remat.modules if not has.get(m, True)]
+    if plan.remat.kind != RematKind.MODULES or not missing:
+        return []
+    return [
+        f"remat={plan.remat} recomputes {', '.join(missing)}, which {model.name} does not have "
+        "(mla_up_proj needs multi-latent attention, moe/moe_act a MoE model, shared_experts "
+        "shared experts); drop them from the remat list"
+    ]
+
+
 def plan_problems(
     model: ModelSpec, n_chips: int, workload: Workload, plan: Plan, *, uneven_stages: bool = False
 ) -> list[str]:
@@ -209,6 +228,7 @@ def plan_problems(
             "tensor rank routes only its own slice of the sequence (Megatron-LM asserts sequence "
             "parallelism for MoE under tensor parallelism); add megatron_sp=1 or drop expert_tp=0"
         )
+    out += _absent_modules(model, plan)
     a = Arrays.of(plan)
     for rule, bad in violations(model, workload, a, rules_for(uneven_stages)):
         if bad[0]:
