@@ -15,6 +15,7 @@ from roofline.errors import SpecError
 from roofline.specs.chip import chip_from_dict
 from roofline.specs.efficiency import profile_from_dict
 from roofline.specs.engines import engine_from_dict
+from roofline.specs.system import parse_system
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "roofline" / "specs"
 
@@ -112,3 +113,58 @@ def test_profile_unknown_keys_are_the_schemas_at_the_top_and_in_a_family():
     d["family"][fam]["attn_fwdd"] = d["family"][fam].pop("attn_fwd")
     text = _refused(profile_from_dict, d)
     assert f"unknown key 'attn_fwdd' in [family.{fam}] (did you mean 'attn_fwd'?)" in text
+
+
+# ---- system files (specs/system.py): keys, booleans and table/list shapes are the schema's
+
+
+def _system_refused(tmp_path, old: str, new: str) -> str:
+    text = (SRC / "systems" / "example-custom.toml").read_text()
+    assert old in text
+    f = tmp_path / "my.toml"
+    f.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError) as e:
+        parse_system(str(f))
+    msg = str(e.value)
+    assert "\n" not in msg and str(f) in msg and "Rule:" in msg and "Fix:" in msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        ("\nsharp = false", '\nsharp = "no"', "sharp is a boolean"),
+        ("\nsharp = false", "\nsharp = false\nwraparound = 1", "wraparound is a boolean"),
+        ("\nsharp = false", "\nsharp = false\ntier_bw = 25e9", "tier_bw is a table"),
+        ("\nsharp = false", '\nsharp = false\nswitch_bw = "big"', "switch_bw is a table"),
+        ("hop_latency_s = 3e-6", "hop_latency_s = 3e-6\nwraparound = 0", "wraparound is a boolean"),
+    ],
+)
+def test_system_shapes_are_the_schemas(tmp_path, old, new, says):
+    assert says in _system_refused(tmp_path, old, new)
+
+
+def test_system_dims_not_a_list_of_tables_is_the_schemas(tmp_path):
+    text = (SRC / "systems" / "example-custom.toml").read_text()
+    head = text.split("\n[[dims]]")[0]  # the header comments name [[dims]] too
+    f = tmp_path / "my.toml"
+    f.write_text(head.replace("\nsharp = false", '\nsharp = false\ndims = ["leaf", "nvlink"]', 1))
+    with pytest.raises(SpecError) as e:
+        parse_system(str(f))
+    msg = str(e.value)
+    assert str(f) in msg and "Rule:" in msg and "Fix:" in msg and "dims[0]" in msg
+    assert "is a table" in msg
+
+
+def test_system_unknown_keys_are_the_schemas_at_the_top_and_in_a_dim(tmp_path):
+    text = _system_refused(tmp_path, "\nsharp = false", "\nsharpp = false")
+    assert "unknown key 'sharpp' (did you mean 'sharp'?)" in text
+    text = _system_refused(tmp_path, "bw_bytes_per_s = 25e9", "bw_bytes_per_sec = 25e9")
+    assert "unknown key 'bw_bytes_per_sec'" in text and "dims[0]" in text
+
+
+def test_system_ranges_stay_the_loaders(tmp_path):
+    text = _system_refused(tmp_path, "\nsharp = false", "\nsharp = false\n[tier_bw]\nleaf = -1.0")
+    assert "tier_bw.leaf" in text
+    assert "size" in _system_refused(tmp_path, "size = 2", "size = 0")
+    assert "lacks 'kind'" in _system_refused(tmp_path, 'kind = "scaleout"\n', "")
