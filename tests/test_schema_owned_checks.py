@@ -1,6 +1,6 @@
-"""Checks the chip, engine and profile loaders leave to their JSON Schemas (issue 21): a table that is
-not a table, a list that is not a list, a flag that is not a boolean, an unknown key inside an
-engine section. Each is still refused through the loader with one paragraph naming the file,
+"""Checks the chip, engine, profile, system and framework loaders leave to their JSON Schemas (issue
+21): a table that is not a table, a list that is not a list, a flag that is not a boolean, an
+unknown key inside a section. Each is still refused through the loader with one paragraph naming the file,
 the key, the rule and a fix; the range rules the loaders keep still fire after the schema.
 """
 
@@ -15,6 +15,7 @@ from roofline.errors import SpecError
 from roofline.specs.chip import chip_from_dict
 from roofline.specs.efficiency import profile_from_dict
 from roofline.specs.engines import engine_from_dict
+from roofline.specs.framework import framework_from_dict
 from roofline.specs.system import parse_system
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "roofline" / "specs"
@@ -168,3 +169,53 @@ def test_system_ranges_stay_the_loaders(tmp_path):
     assert "tier_bw.leaf" in text
     assert "size" in _system_refused(tmp_path, "size = 2", "size = 0")
     assert "lacks 'kind'" in _system_refused(tmp_path, 'kind = "scaleout"\n', "")
+
+
+# ---- framework files (specs/framework.py): keys, types and tables are the schema's
+
+
+def _framework() -> dict:
+    return tomllib.loads((SRC / "frameworks" / "megatron.toml").read_text())
+
+
+@pytest.mark.parametrize(
+    "path, value, says",
+    [
+        (("fsdp",), 3, "fsdp = 3. Rule: fsdp is a table"),
+        (("versions",), "0.9", "versions = '0.9'. Rule: versions is a list"),
+        (("fsdp", "supported"), "yes", "fsdp.supported = 'yes'. Rule: fsdp.supported is a boolean"),
+        (("data_parallel", "zero_stages"), 1, "data_parallel.zero_stages is a list"),
+        (("title",), 7, "title is a string"),
+        (("overlap", "tensor", "on", "forward"), "all", "overlap.tensor.on.forward is a number"),
+    ],
+)
+def test_framework_shapes_are_the_schemas(path, value, says):
+    d = _framework()
+    table = d
+    for k in path[:-1]:
+        table = table[k]
+    table[path[-1]] = value
+    assert says in _refused(framework_from_dict, d)
+
+
+def test_framework_unknown_keys_are_the_schemas_at_the_top_and_in_a_table():
+    d = _framework()
+    d["titel"] = d.pop("title")
+    assert "unknown key 'titel' (did you mean 'title'?)" in _refused(framework_from_dict, d)
+    d = _framework()
+    d["fsdp"]["supportd"] = d["fsdp"].pop("supported")
+    text = _refused(framework_from_dict, d)
+    assert "unknown key 'supportd' in [fsdp] (did you mean 'supported'?)" in text
+
+
+def test_framework_ranges_and_the_unschemad_list_stay_the_loaders():
+    d = _framework()
+    policy = next(iter(d["remat"]["policies"].values()))
+    policy["reruns"] = [3]  # the schema leaves reruns' items untyped: the reader refuses them
+    assert "reruns is a list of strings" in _refused(framework_from_dict, d)
+    d = _framework()
+    next(iter(d["remat"]["policies"].values()))["layer_fraction"] = 0.0
+    assert "layer_fraction is in (0, 1]" in _refused(framework_from_dict, d)
+    d = _framework()
+    d["overlap"]["tensor"]["on"]["forward"] = 1.5
+    assert "overlap fractions are in [0, 1]" in _refused(framework_from_dict, d)
