@@ -1,7 +1,8 @@
-"""Checks the chip, engine, profile, system and framework loaders leave to their JSON Schemas (issue
-21): a table that is not a table, a list that is not a list, a flag that is not a boolean, an
-unknown key inside a section. Each is still refused through the loader with one paragraph naming the file,
-the key, the rule and a fix; the range rules the loaders keep still fire after the schema.
+"""Checks the chip, engine, profile, system, framework and model loaders leave to their JSON
+Schemas (issue 21): a table that is not a table, a list that is not a list, a flag that is not a
+boolean, an unknown key inside a section. Each is still refused through the loader with one
+paragraph naming the file, the key, the rule and a fix; the range rules the loaders keep still
+fire after the schema.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from roofline.specs.chip import chip_from_dict
 from roofline.specs.efficiency import profile_from_dict
 from roofline.specs.engines import engine_from_dict
 from roofline.specs.framework import framework_from_dict
+from roofline.specs.model import model_from_dict
 from roofline.specs.system import parse_system
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "roofline" / "specs"
@@ -219,3 +221,47 @@ def test_framework_ranges_and_the_unschemad_list_stay_the_loaders():
     d = _framework()
     d["overlap"]["tensor"]["on"]["forward"] = 1.5
     assert "overlap fractions are in [0, 1]" in _refused(framework_from_dict, d)
+
+
+# ---- model files (specs/model.py): keys and sub-table shapes are the schema's
+
+
+def _model() -> dict:
+    return tomllib.loads((SRC / "models" / "deepseek-v3.toml").read_text())
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("moe", 8, "moe = 8. Rule: moe is a table"),
+        ("mla", "yes", "mla = 'yes'. Rule: mla is a table"),
+        ("linear", [1], "linear is a table"),
+        ("aliases", "dsv3", "aliases is a list"),
+    ],
+)
+def test_model_shapes_are_the_schemas(key, value, says):
+    d = _model()
+    d[key] = value
+    assert says in _refused(model_from_dict, d)
+
+
+def test_model_unknown_keys_are_the_schemas_at_the_top_and_in_a_subtable():
+    d = _model()
+    d["d_modle"] = d.pop("d_model")
+    assert "unknown key 'd_modle' (did you mean 'd_model'?)" in _refused(model_from_dict, d)
+    d = _model()
+    d["moe"]["n_expert"] = d["moe"].pop("n_experts")
+    text = _refused(model_from_dict, d)
+    assert "unknown key 'n_expert' in [moe] (did you mean 'n_experts'?)" in text
+
+
+def test_model_presence_and_ranges_stay_the_loaders():
+    d = _model()
+    del d["moe"]["top_k"]
+    assert "[moe] lacks 'top_k'" in _refused(model_from_dict, d)
+    d = _model()
+    del d["vocab"]
+    assert "lacks 'vocab'" in _refused(model_from_dict, d)
+    d = _model()
+    d["d_model"] = 0
+    assert "d_model" in _refused(model_from_dict, d)
