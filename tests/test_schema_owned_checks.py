@@ -1,7 +1,8 @@
-"""Checks the chip, engine and profile loaders leave to their JSON Schemas (issue 21): a table that is
-not a table, a list that is not a list, a flag that is not a boolean, an unknown key inside an
-engine section. Each is still refused through the loader with one paragraph naming the file,
-the key, the rule and a fix; the range rules the loaders keep still fire after the schema.
+"""Checks the chip, engine, profile, system, framework and model loaders leave to their JSON
+Schemas (issue 21): a table that is not a table, a list that is not a list, a flag that is not a
+boolean, an unknown key inside a section. Each is still refused through the loader with one
+paragraph naming the file, the key, the rule and a fix; the range rules the loaders keep still
+fire after the schema.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from roofline.errors import SpecError
 from roofline.specs.chip import chip_from_dict
 from roofline.specs.efficiency import profile_from_dict
 from roofline.specs.engines import engine_from_dict
+from roofline.specs.framework import framework_from_dict
+from roofline.specs.model import model_from_dict
+from roofline.specs.system import parse_system
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "roofline" / "specs"
 
@@ -112,3 +116,152 @@ def test_profile_unknown_keys_are_the_schemas_at_the_top_and_in_a_family():
     d["family"][fam]["attn_fwdd"] = d["family"][fam].pop("attn_fwd")
     text = _refused(profile_from_dict, d)
     assert f"unknown key 'attn_fwdd' in [family.{fam}] (did you mean 'attn_fwd'?)" in text
+
+
+# ---- system files (specs/system.py): keys, booleans and table/list shapes are the schema's
+
+
+def _system_refused(tmp_path, old: str, new: str) -> str:
+    text = (SRC / "systems" / "example-custom.toml").read_text()
+    assert old in text
+    f = tmp_path / "my.toml"
+    f.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError) as e:
+        parse_system(str(f))
+    msg = str(e.value)
+    assert "\n" not in msg and str(f) in msg and "Rule:" in msg and "Fix:" in msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        ("\nsharp = false", '\nsharp = "no"', "sharp is a boolean"),
+        ("\nsharp = false", "\nsharp = false\nwraparound = 1", "wraparound is a boolean"),
+        ("\nsharp = false", "\nsharp = false\ntier_bw = 25e9", "tier_bw is a table"),
+        ("\nsharp = false", '\nsharp = false\nswitch_bw = "big"', "switch_bw is a table"),
+        ("hop_latency_s = 3e-6", "hop_latency_s = 3e-6\nwraparound = 0", "wraparound is a boolean"),
+    ],
+)
+def test_system_shapes_are_the_schemas(tmp_path, old, new, says):
+    assert says in _system_refused(tmp_path, old, new)
+
+
+def test_system_dims_not_a_list_of_tables_is_the_schemas(tmp_path):
+    text = (SRC / "systems" / "example-custom.toml").read_text()
+    head = text.split("\n[[dims]]")[0]  # the header comments name [[dims]] too
+    f = tmp_path / "my.toml"
+    f.write_text(head.replace("\nsharp = false", '\nsharp = false\ndims = ["leaf", "nvlink"]', 1))
+    with pytest.raises(SpecError) as e:
+        parse_system(str(f))
+    msg = str(e.value)
+    assert str(f) in msg and "Rule:" in msg and "Fix:" in msg and "dims[0]" in msg
+    assert "is a table" in msg
+
+
+def test_system_unknown_keys_are_the_schemas_at_the_top_and_in_a_dim(tmp_path):
+    text = _system_refused(tmp_path, "\nsharp = false", "\nsharpp = false")
+    assert "unknown key 'sharpp' (did you mean 'sharp'?)" in text
+    text = _system_refused(tmp_path, "bw_bytes_per_s = 25e9", "bw_bytes_per_sec = 25e9")
+    assert "unknown key 'bw_bytes_per_sec'" in text and "dims[0]" in text
+
+
+def test_system_ranges_stay_the_loaders(tmp_path):
+    text = _system_refused(tmp_path, "\nsharp = false", "\nsharp = false\n[tier_bw]\nleaf = -1.0")
+    assert "tier_bw.leaf" in text
+    assert "size" in _system_refused(tmp_path, "size = 2", "size = 0")
+    assert "lacks 'kind'" in _system_refused(tmp_path, 'kind = "scaleout"\n', "")
+
+
+# ---- framework files (specs/framework.py): keys, types and tables are the schema's
+
+
+def _framework() -> dict:
+    return tomllib.loads((SRC / "frameworks" / "megatron.toml").read_text())
+
+
+@pytest.mark.parametrize(
+    "path, value, says",
+    [
+        (("fsdp",), 3, "fsdp = 3. Rule: fsdp is a table"),
+        (("versions",), "0.9", "versions = '0.9'. Rule: versions is a list"),
+        (("fsdp", "supported"), "yes", "fsdp.supported = 'yes'. Rule: fsdp.supported is a boolean"),
+        (("data_parallel", "zero_stages"), 1, "data_parallel.zero_stages is a list"),
+        (("title",), 7, "title is a string"),
+        (("overlap", "tensor", "on", "forward"), "all", "overlap.tensor.on.forward is a number"),
+    ],
+)
+def test_framework_shapes_are_the_schemas(path, value, says):
+    d = _framework()
+    table = d
+    for k in path[:-1]:
+        table = table[k]
+    table[path[-1]] = value
+    assert says in _refused(framework_from_dict, d)
+
+
+def test_framework_unknown_keys_are_the_schemas_at_the_top_and_in_a_table():
+    d = _framework()
+    d["titel"] = d.pop("title")
+    assert "unknown key 'titel' (did you mean 'title'?)" in _refused(framework_from_dict, d)
+    d = _framework()
+    d["fsdp"]["supportd"] = d["fsdp"].pop("supported")
+    text = _refused(framework_from_dict, d)
+    assert "unknown key 'supportd' in [fsdp] (did you mean 'supported'?)" in text
+
+
+def test_framework_ranges_and_the_unschemad_list_stay_the_loaders():
+    d = _framework()
+    policy = next(iter(d["remat"]["policies"].values()))
+    policy["reruns"] = [3]  # the schema leaves reruns' items untyped: the reader refuses them
+    assert "reruns is a list of strings" in _refused(framework_from_dict, d)
+    d = _framework()
+    next(iter(d["remat"]["policies"].values()))["layer_fraction"] = 0.0
+    assert "layer_fraction is in (0, 1]" in _refused(framework_from_dict, d)
+    d = _framework()
+    d["overlap"]["tensor"]["on"]["forward"] = 1.5
+    assert "overlap fractions are in [0, 1]" in _refused(framework_from_dict, d)
+
+
+# ---- model files (specs/model.py): keys and sub-table shapes are the schema's
+
+
+def _model() -> dict:
+    return tomllib.loads((SRC / "models" / "deepseek-v3.toml").read_text())
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("moe", 8, "moe = 8. Rule: moe is a table"),
+        ("mla", "yes", "mla = 'yes'. Rule: mla is a table"),
+        ("linear", [1], "linear is a table"),
+        ("aliases", "dsv3", "aliases is a list"),
+    ],
+)
+def test_model_shapes_are_the_schemas(key, value, says):
+    d = _model()
+    d[key] = value
+    assert says in _refused(model_from_dict, d)
+
+
+def test_model_unknown_keys_are_the_schemas_at_the_top_and_in_a_subtable():
+    d = _model()
+    d["d_modle"] = d.pop("d_model")
+    assert "unknown key 'd_modle' (did you mean 'd_model'?)" in _refused(model_from_dict, d)
+    d = _model()
+    d["moe"]["n_expert"] = d["moe"].pop("n_experts")
+    text = _refused(model_from_dict, d)
+    assert "unknown key 'n_expert' in [moe] (did you mean 'n_experts'?)" in text
+
+
+def test_model_presence_and_ranges_stay_the_loaders():
+    d = _model()
+    del d["moe"]["top_k"]
+    assert "[moe] lacks 'top_k'" in _refused(model_from_dict, d)
+    d = _model()
+    del d["vocab"]
+    assert "lacks 'vocab'" in _refused(model_from_dict, d)
+    d = _model()
+    d["d_model"] = 0
+    assert "d_model" in _refused(model_from_dict, d)

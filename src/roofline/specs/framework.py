@@ -671,7 +671,8 @@ class Framework:
 
 
 # --------------------------------------------------------------------------------------
-# Parsing: one reader per table, unknown keys and bad values are one-paragraph errors
+# Parsing: one reader per table; the schema (run first) owns keys, types and tables, the
+# readers own presence, enums, ranges and cross-field rules, each a one-paragraph error
 # --------------------------------------------------------------------------------------
 
 _MISSING = object()
@@ -682,24 +683,16 @@ def _norm_token(s: str) -> str:
 
 
 class _Table:
-    """A TOML table being read: tracks the keys used so leftovers are reported."""
+    """A TOML table being read, after the schema checked its keys and their types."""
 
-    def __init__(self, raw: Any, where: str, origin: str) -> None:
-        if not isinstance(raw, dict):
-            raise SpecError(
-                f"framework file {origin}: [{where}] is {type(raw).__name__}, not a table",
-                rule=f"[{where}] is a TOML table of keys",
-                fix=f"write it as [{where}] with key = value lines",
-            )
+    def __init__(self, raw: dict, where: str, origin: str) -> None:
         self.raw, self.where, self.origin = raw, where, origin
-        self.used: set[str] = set()
 
     def error(self, key: str, value: Any, rule: str, fix: str) -> SpecError:
         at = f"[{self.where}] " if self.where else ""
         return SpecError(f"framework file {self.origin}: {at}{key} = {value!r}", rule=rule, fix=fix)
 
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
-        self.used.add(key)
+    def get(self, key: str, default: Any = _MISSING) -> Any:
         if key not in self.raw:
             if default is _MISSING:
                 raise SpecError(
@@ -708,14 +701,10 @@ class _Table:
                     fix=f"add {key} = ... to [{self.where}] (see docs/frameworks.md)",
                 )
             return default
-        v = self.raw[key]
-        if not isinstance(v, kind) or (isinstance(v, bool) and bool not in _as_tuple(kind)):
-            names = " or ".join(dict.fromkeys(_TOML_KIND[t] for t in _as_tuple(kind)))
-            raise self.error(key, v, f"{key} is a {names}", f"write {key} as a {names}")
-        return v
+        return self.raw[key]
 
     def text(self, key: str, default: Any = _MISSING) -> str:
-        return self.get(key, str, default)
+        return self.get(key, default)
 
     def source(self, key: str = "source") -> str:
         s = self.text(key)
@@ -729,7 +718,7 @@ class _Table:
         return s
 
     def number(self, key: str, default: Any = _MISSING) -> float:
-        return float(self.get(key, (int, float), default))
+        return float(self.get(key, default))
 
     def fraction(self, key: str) -> float:
         v = self.number(key)
@@ -738,18 +727,19 @@ class _Table:
         return v
 
     def flag(self, key: str, default: Any = _MISSING) -> bool:
-        return self.get(key, bool, default)
+        return self.get(key, default)
 
     def enum(self, key: str, cls: type[enum.Enum], default: Any = _MISSING) -> Any:
-        v = self.get(key, str, default)
+        v = self.get(key, default)
         return v if v is default else _parse_enum(self, key, v, cls)
 
     def enums(self, key: str, cls: type[enum.Enum], default: Any = _MISSING) -> tuple:
-        vals = self.get(key, list, default)
+        vals = self.get(key, default)
         return tuple(_parse_enum(self, key, v, cls) for v in vals)
 
     def texts(self, key: str, default: Any = _MISSING) -> tuple[str, ...]:
-        vals = self.get(key, list, default)
+        vals = self.get(key, default)
+        # the schema types every such list's items except remat's reruns, so this one stays
         if not all(isinstance(v, str) for v in vals):
             raise self.error(key, vals, f"{key} is a list of strings", 'write ["a", "b"]')
         return tuple(vals)
@@ -762,32 +752,8 @@ class _Table:
             raise self.error(key, v, e.rule, e.fix) from None
 
     def sub(self, key: str, default: Any = _MISSING) -> _Table | None:
-        raw = self.get(key, dict, default)
+        raw = self.get(key, default)
         return None if raw is None else _Table(raw, f"{self.where}.{key}".lstrip("."), self.origin)
-
-    def done(self) -> None:
-        extra = sorted(set(self.raw) - self.used)
-        if extra:
-            raise self.error(
-                extra[0],
-                self.raw[extra[0]],
-                f"[{self.where}] keys are: " + ", ".join(sorted(self.used)),
-                "remove or rename the key (see docs/frameworks.md)",
-            )
-
-
-_TOML_KIND = {
-    str: 'string ("...")',
-    int: "number",
-    float: "number",
-    bool: "boolean (true/false)",
-    list: "list ([...])",
-    dict: "table ([name] or {...})",
-}
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
 
 
 def _parse_enum(t: _Table, key: str, value: Any, cls: type[enum.Enum]) -> Any:
@@ -808,7 +774,6 @@ def _parse_mode(t: _Table) -> OverlapMode:
         source=t.source(),
         evidence=t.text("evidence", ""),
     )
-    t.done()
     return m
 
 
@@ -832,7 +797,6 @@ def _parse_overlap(t: _Table, cls: OverlapClass) -> Overlap:
         requires=t.enums("requires", Requirement, ()),
         note=t.text("note", ""),
     )
-    t.done()
     return o
 
 
@@ -850,7 +814,6 @@ def _parse_overlaps(t: _Table) -> Mapping[OverlapClass, Overlap]:
             rule="a profile states its overlap for every class: " + ", ".join(REQUIRED_OVERLAP),
             fix="add [overlap.<class>] with default, [on] and [off] (fraction 0 where absent)",
         )
-    t.done()
     return MappingProxyType(out)
 
 
@@ -863,14 +826,12 @@ def _parse_options(t: _Table) -> OptionPolicy:
         moves[fam] = MappingProxyType(
             {_parse_enum(sub, k, k, AxisRole): sub.enum(k, Move) for k in list(sub.raw)}
         )
-        sub.done()
     p = OptionPolicy(MappingProxyType(moves), t.source(), t.text("note", ""))
-    t.done()
     return p
 
 
 def _parse_timing(t: _Table) -> Timing:
-    bucket = t.get("bucket_params", (int, float), None)
+    bucket = t.get("bucket_params", None)
     out = Timing(
         per=t.enum("per", Per),
         dtype=t.dtype("dtype"),
@@ -879,12 +840,11 @@ def _parse_timing(t: _Table) -> Timing:
         note=t.text("note", ""),
         per_with_pipeline=t.enum("per_with_pipeline", Per, None),
     )
-    t.done()
     return out
 
 
 def _parse_data_parallel(t: _Table) -> DataParallel:
-    stages = tuple(int(s) for s in t.get("zero_stages", list))
+    stages = tuple(int(s) for s in t.get("zero_stages"))
     default = int(t.number("default_zero"))
     if not stages or any(s not in (0, 1, 2, 3) for s in stages) or default not in stages:
         raise t.error(
@@ -907,7 +867,6 @@ def _parse_data_parallel(t: _Table) -> DataParallel:
         note=t.text("note", ""),
         optimizer_offload=None if off is None else _parse_offload(off),
     )
-    t.done()
     return out
 
 
@@ -919,7 +878,6 @@ def _parse_offload(t: _Table) -> OptimizerOffload:
         note=t.text("note", ""),
         with_fsdp=t.flag("with_fsdp", True),
     )
-    t.done()
     return out
 
 
@@ -938,7 +896,6 @@ def _parse_fsdp(t: _Table) -> Fsdp:
         grad_reduce_per_with_pipeline=t.enum("grad_reduce_per_with_pipeline", Per, None),
         note=t.text("note", ""),
     )
-    t.done()
     return out
 
 
@@ -979,8 +936,6 @@ def _parse_policy(t: _Table, name: str) -> RematPolicy:
         if parts_t is None
         else {k: _check_reruns(parts_t, k, parts_t.texts(k)) for k in list(parts_t.raw)}
     )
-    if parts_t is not None:
-        parts_t.done()
     frac = t.number("layer_fraction", 1.0)
     if not 0.0 < frac <= 1.0:
         raise t.error("layer_fraction", frac, "layer_fraction is in (0, 1]", "write e.g. 0.5")
@@ -998,7 +953,6 @@ def _parse_policy(t: _Table, name: str) -> RematPolicy:
         parts=MappingProxyType(parts),
         note=t.text("note", ""),
     )
-    t.done()
     return p
 
 
@@ -1010,7 +964,6 @@ def _parse_remat(t: _Table) -> Remat:
         sub = pol_t.sub(name)
         assert sub is not None
         policies[name] = _parse_policy(sub, name)
-    pol_t.done()
     r = Remat(t.text("default"), MappingProxyType(policies), t.source(), t.text("note", ""))
     try:
         r.policy()
@@ -1021,7 +974,6 @@ def _parse_remat(t: _Table) -> Remat:
             "the default is one of the policies listed",
             "name a policy under [remat.policies]",
         ) from None
-    t.done()
     return r
 
 
@@ -1049,7 +1001,6 @@ def _parse_pipeline(t: _Table) -> Pipeline:
         note=t.text("note", ""),
     )
     _check_default(t, p.default, p.schedules, "schedules")
-    t.done()
     return p
 
 
@@ -1062,7 +1013,6 @@ def _parse_cp(t: _Table) -> ContextParallel:
         note=t.text("note", ""),
     )
     _check_default(t, c.default, c.methods, "methods")
-    t.done()
     return c
 
 
@@ -1077,7 +1027,6 @@ def _parse_ep(t: _Table) -> ExpertParallel:
         note=t.text("note", ""),
     )
     _check_default(t, e.default, e.dispatch, "dispatch")
-    t.done()
     return e
 
 
@@ -1101,7 +1050,6 @@ def _parse_recipe(t: _Table, name: str) -> Recipe:
         note=t.text("note", ""),
         pretraining=t.text("pretraining", ""),
     )
-    t.done()
     return r
 
 
@@ -1113,7 +1061,6 @@ def _parse_precision(t: _Table) -> Precision:
         sub = rec_t.sub(name)
         assert sub is not None
         recipes[name] = _parse_recipe(sub, name)
-    rec_t.done()
     p = Precision(
         t.text("default"),
         MappingProxyType(recipes),
@@ -1130,12 +1077,11 @@ def _parse_precision(t: _Table) -> Precision:
             "the default is one of the recipes listed",
             "name a recipe under [precision.recipes]",
         ) from None
-    t.done()
     return p
 
 
 def _parse_overhead(t: _Table) -> Overhead:
-    value = t.get("value_s", (int, float), None)
+    value = t.get("value_s", None)
     src = t.source()
     if value is not None and (value < 0 or src.lower().startswith("no source")):
         raise t.error(
@@ -1145,7 +1091,6 @@ def _parse_overhead(t: _Table) -> Overhead:
             "drop value_s where no source gives one",
         )
     o = Overhead(src, None if value is None else float(value), t.text("note", ""))
-    t.done()
     return o
 
 
@@ -1157,7 +1102,6 @@ def _parse_kernels(t: _Table | None) -> Kernels | None:
         source=t.source(),
         note=t.text("note", ""),
     )
-    t.done()
     return k
 
 
@@ -1172,7 +1116,6 @@ def _parse_eager(t: _Table | None) -> Eager | None:
             "traffic maps ledger-row globs to eager/compiled byte ratios of at least 1",
             "write e.g. traffic = { norms = 9.0 }",
         )
-    t.used.add("traffic")
     e = Eager(
         flag=t.text("flag"),
         compiled_by_default=t.flag("compiled_by_default"),
@@ -1180,7 +1123,6 @@ def _parse_eager(t: _Table | None) -> Eager | None:
         source=t.source(),
         note=t.text("note", ""),
     )
-    t.done()
     return e
 
 
@@ -1188,7 +1130,6 @@ def _parse_overheads(t: _Table) -> Overheads:
     step, layer = t.sub("step"), t.sub("layer")
     assert step is not None and layer is not None
     o = Overheads(_parse_overhead(step), _parse_overhead(layer))
-    t.done()
     return o
 
 
@@ -1230,7 +1171,6 @@ def framework_from_dict(raw: dict, origin: str = "<dict>") -> Framework:
         kernels=_parse_kernels(t.sub("kernels", None)),
         eager=_parse_eager(t.sub("eager", None)),
     )
-    t.done()
     return fw
 
 

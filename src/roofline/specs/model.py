@@ -407,27 +407,9 @@ def divisors(n: int) -> list[int]:
 
 
 def _subtable(data: dict, key: str, kind: type, where: str) -> Any:
-    """[moe] / [mla] / [linear] / [dsa] table -> its spec, unknown keys and missing fields named."""
-    import difflib
-
-    v = data[key]
-    if not isinstance(v, dict):
-        raise SpecError(
-            f"{where}: {key} = {v!r}" + ("" if isinstance(v, (int, float, str)) else ""),
-            rule=f"{key} is a [{key}] table with the fields of {kind.__name__}",
-            fix=f"write a [{key}] table (see specs/models/deepseek-v3.toml) or remove `{key} = ...`",
-        )
-    known = [f.name for f in fields(kind)]
-    for k in v:
-        if k not in known:
-            near = difflib.get_close_matches(k, known, n=1)
-            raise SpecError(
-                f"{where}: unknown key {k!r} in [{key}]"
-                + (f" (did you mean {near[0]!r}?)" if near else ""),
-                rule=f"[{key}] keys are " + ", ".join(known),
-                fix="rename or remove the key",
-            )
-    v = dict(v)
+    """[moe] / [mla] / [linear] / [dsa] table -> its spec, missing fields named (that it is a
+    table of the spec's fields is the schema's, checked before this)."""
+    v = dict(data[key])
     if kind is MLASpec:
         v.setdefault("q_lora_rank", None)  # TOML has no null: absent = a plain Q projection
     required = [f.name for f in fields(kind) if f.default is dataclasses.MISSING]
@@ -441,19 +423,8 @@ def _subtable(data: dict, key: str, kind: type, where: str) -> Any:
     return kind(**v)
 
 
-def _check_keys(data: dict, where: str) -> None:
-    import difflib
-
-    known = {f.name for f in fields(ModelSpec)}
-    unknown = [k for k in data if k not in known]
-    if unknown:
-        k = unknown[0]
-        near = difflib.get_close_matches(k, sorted(known), n=1)
-        raise SpecError(
-            f"{where}: unknown key {k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""),
-            rule="keys are the fields of roofline.specs.model.ModelSpec",
-            fix="rename or remove the key",
-        )
+def _check_required(data: dict, where: str) -> None:
+    """The keys every model file gives (unknown keys are the schema's, checked before this)."""
     for req in ("name", "n_layers", "d_model", "d_ff", "n_heads", "vocab"):
         if req not in data:
             raise SpecError(
@@ -492,12 +463,14 @@ def _parse_mlp(v: Any, where: str) -> MLPKind:
 def model_from_dict(d: dict[str, Any], origin: str) -> ModelSpec:
     """Build a ModelSpec from a TOML-shaped dict ([moe] and [mla] sub-tables allowed).
 
-    Every value is type- and range-checked before any arithmetic; errors name the file.
+    Every value is type- and range-checked before any arithmetic; errors name the file. Keys,
+    types and sub-table shapes are the schema's; presence, ranges and relations are checked here
+    and in ModelSpec (which also guards models built in code).
     """
     check_schema("model", d, origin)
     data = dict(d)
     where = f"model file {origin}"
-    _check_keys(data, where)
+    _check_required(data, where)
     try:
         _fill_defaults(data, where)
         if "mlp" in data:
