@@ -89,8 +89,37 @@ from roofline.training.step import StepCost, evaluate_plan, mfu_peak
 from roofline.units import fmt_bytes, fmt_time
 
 
+class _HostHeld:
+    """What both offload records answer the same way: whether the chip's HBM holds what stays
+    and host DRAM what moved (`host_held_bytes`), and their JSON with those verdicts."""
+
+    memory_per_chip_bytes: float
+    hbm_bytes: float
+    host_dram_bytes_per_chip: float | None
+
+    @property
+    def host_held_bytes(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_per_chip_bytes <= self.hbm_bytes
+
+    @property
+    def fits_host(self) -> bool | None:
+        h = self.host_dram_bytes_per_chip
+        return None if h is None else self.host_held_bytes <= h
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["fits"], out["fits_host"] = self.fits, self.fits_host
+        if self.fits_host is None:
+            out["fits_host_reason"] = "no host DRAM size in the records"
+        return out
+
+
 @dataclass(frozen=True)
-class Offloaded:
+class Offloaded(_HostHeld):
     """One plan with its optimizer state in host memory (per chip unless named)."""
 
     params_offloaded: float  # P_off: parameters whose optimizer state this chip holds
@@ -117,20 +146,8 @@ class Offloaded:
     base_memory_per_chip_bytes: float
 
     @property
-    def fits(self) -> bool:
-        return self.memory_per_chip_bytes <= self.hbm_bytes
-
-    @property
-    def fits_host(self) -> bool | None:
-        h = self.host_dram_bytes_per_chip
-        return None if h is None else self.state_bytes <= h
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["fits"], out["fits_host"] = self.fits, self.fits_host
-        if self.fits_host is None:
-            out["fits_host_reason"] = "no host DRAM size in the records"
-        return out
+    def host_held_bytes(self) -> float:
+        return self.state_bytes
 
     def explain(self) -> list[str]:
         W = self.host_bw_bytes_per_s
@@ -369,7 +386,7 @@ def offload_optimizer(model: ModelSpec, cost: StepCost) -> Offloaded:
 
 
 @dataclass(frozen=True)
-class ActivationsOffloaded:
+class ActivationsOffloaded(_HostHeld):
     """One plan with its saved activations in host memory (per chip; module docstring)."""
 
     activation_bytes: float  # A: one microbatch's saved activations, moved from HBM to host
@@ -391,20 +408,8 @@ class ActivationsOffloaded:
     base_memory_per_chip_bytes: float
 
     @property
-    def fits(self) -> bool:
-        return self.memory_per_chip_bytes <= self.hbm_bytes
-
-    @property
-    def fits_host(self) -> bool | None:
-        h = self.host_dram_bytes_per_chip
-        return None if h is None else self.host_bytes <= h
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["fits"], out["fits_host"] = self.fits, self.fits_host
-        if self.fits_host is None:
-            out["fits_host_reason"] = "no host DRAM size in the records"
-        return out
+    def host_held_bytes(self) -> float:
+        return self.host_bytes
 
     def explain(self) -> list[str]:
         M, W = self.microbatches, self.host_bw_bytes_per_s
