@@ -362,7 +362,19 @@ def needs(value: Any, stack: str, what: str, flag: str) -> None:
         )
 
 
+def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config (TOML tables, YAML mappings) as dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 __all__ = [
+    "flatten",
     "Notes",
     "StackDefaults",
     "check_devices",

@@ -21,7 +21,7 @@ import yaml
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
 from roofline.launch.capable import capabilities
-from roofline.launch.common import Notes, needs, recipe_for, remat_of, yaml_mapping
+from roofline.launch.common import Notes, flatten, needs, recipe_for, remat_of, yaml_mapping
 from roofline.launch.megatron import BF16_GRADS, MegatronSettings, megatron_config
 from roofline.specs.plan import OPTIMIZERS, Plan, RematKind, parse_modules
 
@@ -40,16 +40,6 @@ def sniff(text: str, path: str = "") -> int:
     ) and re.search(r"^\s*trainer\s*:", text, re.M):
         return 4
     return 1 if re.search(r"^\s*tensor_model_parallel_size\s*:", text, re.M) else 0
-
-
-def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in raw.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _resolve(flat: dict[str, Any], source: str) -> dict[str, Any]:
@@ -80,7 +70,7 @@ def _load(text: str, source: str) -> dict[str, Any]:
             rule="a NeMo training config holds trainer: and model: sections",
             fix="import the training config (conf/training/...yaml)",
         )
-    return _resolve(_flatten(raw), source)
+    return _resolve(flatten(raw), source)
 
 
 def _opt_int(notes: Notes, key: str) -> int | None:

@@ -31,6 +31,7 @@ from roofline.launch.common import (
     Notes,
     check_devices,
     check_known,
+    flatten,
     microbatch_count,
     needs,
     precision_of,
@@ -88,21 +89,11 @@ def _load(text: str, source: str) -> dict[str, Any]:
         ) from None
 
 
-def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in raw.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _settings(raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """(dotted keys with the older spellings renamed to the current ones, whether the file is
     of the older generation that set the pipeline microbatch count)."""
     renamed = stack_defaults(STACK).data["renamed"]
-    flat = _flatten(raw)
+    flat = flatten(raw)
     old = any(k in flat for k in _OLD_GENERATION)
     return {renamed.get(k, k): v for k, v in flat.items()}, old
 
