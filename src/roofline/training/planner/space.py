@@ -385,6 +385,36 @@ class _Rescued:
         return out
 
 
+def _host_links(systems: list[System], cand: Candidates) -> tuple[np.ndarray, ...]:
+    """Per candidate: its system's index, host-link bandwidth and host DRAM per chip (NaN:
+    unknown)."""
+    si = np.zeros(len(cand), int) if cand.system_idx is None else cand.system_idx
+    W = np.array([s.host_bw_bytes_per_s or np.nan for s in systems], float)[si]
+    dram = np.array([s.host_dram_bytes_per_chip or np.nan for s in systems], float)[si]
+    return si, W, dram
+
+
+def _rescued(
+    r: StepArrays, ok: Any, step: Any, exposed: Any, moved: Any, **more: Any
+) -> StepArrays:
+    """`r` with the rescued candidates (`ok`) at their new step time, `exposed` host traffic
+    added, `moved` bytes out of HBM, and the rates scaled by the speed-up; `more` fields as given."""
+    speed = r.step_time_s / step
+    return replace(
+        r,
+        step_time_s=step,
+        exposed_comm_time_s=np.where(ok, r.exposed_comm_time_s + exposed, r.exposed_comm_time_s),
+        memory_total=np.where(ok, r.memory_total - moved, r.memory_total),
+        mfu=r.mfu * speed,
+        hfu=r.hfu * speed,
+        mfu_compute_dtype=r.mfu_compute_dtype * speed,
+        tokens_per_s=r.tokens_per_s * speed,
+        infeasible=r.infeasible & ~ok,
+        reason=_Rescued(r.reason, ok),
+        **more,
+    )
+
+
 def offload_rescue(
     systems: list[System], cand: Candidates, r: StepArrays, opt: Any, stack: Stack
 ) -> StepArrays:
@@ -394,9 +424,7 @@ def offload_rescue(
     over = np.asarray(r.reason.over, bool)
     if not over.any():
         return r
-    si = np.zeros(len(cand), int) if cand.system_idx is None else cand.system_idx
-    W = np.array([s.host_bw_bytes_per_s or np.nan for s in systems], float)[si]
-    dram = np.array([s.host_dram_bytes_per_chip or np.nan for s in systems], float)[si]
+    si, W, dram = _host_links(systems, cand)
     adam = np.array([host_adam_per_param(s, opt)[0] for s in systems], float)[si]
     state = np.asarray(r.memory["optimizer"], float)
     traffic = host_traffic_of(stack)
@@ -406,21 +434,15 @@ def offload_rescue(
     if not offloads_with_fsdp(stack):
         ok &= np.asarray(cand.deg[Strategy.FSDP]) <= 1
     step = np.where(ok, r.step_time_s - r.optimizer_time_s + exposed, r.step_time_s)
-    speed = r.step_time_s / step
-    return replace(
+    return _rescued(
         r,
-        step_time_s=step,
+        ok,
+        step,
+        exposed,
+        state,
         optimizer_time_s=np.where(ok, 0.0, r.optimizer_time_s),
-        exposed_comm_time_s=np.where(ok, r.exposed_comm_time_s + exposed, r.exposed_comm_time_s),
-        memory_total=np.where(ok, r.memory_total - state, r.memory_total),
         # what host DRAM holds (activation_offload_rescue adds to it)
         memory=dict(r.memory) | {"optimizer_host": np.where(ok, state, 0.0)},
-        mfu=r.mfu * speed,
-        hfu=r.hfu * speed,
-        mfu_compute_dtype=r.mfu_compute_dtype * speed,
-        tokens_per_s=r.tokens_per_s * speed,
-        infeasible=r.infeasible & ~ok,
-        reason=_Rescued(r.reason, ok),
     )
 
 
@@ -434,9 +456,7 @@ def activation_offload_rescue(
     over = np.asarray(r.reason.over, bool)
     if not over.any():
         return r
-    si = np.zeros(len(cand), int) if cand.system_idx is None else cand.system_idx
-    W = np.array([s.host_bw_bytes_per_s or np.nan for s in systems], float)[si]
-    dram = np.array([s.host_dram_bytes_per_chip or np.nan for s in systems], float)[si]
+    _, W, dram = _host_links(systems, cand)
     acts = offloaded_activation_bytes(r.memory["activations"], model)
     host = acts + np.asarray(r.memory.get("optimizer_host", 0.0), float)
     _, _, _, exposed = activation_offload_terms(acts, cand.microbatches, r.compute_time_s, W)
@@ -445,16 +465,4 @@ def activation_offload_rescue(
     ri = np.zeros(len(cand), int) if cand.remat_idx is None else cand.remat_idx
     ok &= (np.asarray(cand.deg[Strategy.PP]) <= 1) & np.asarray(remats_ok, bool)[ri]
     step = np.where(ok, r.step_time_s + exposed, r.step_time_s)
-    speed = r.step_time_s / step
-    return replace(
-        r,
-        step_time_s=step,
-        exposed_comm_time_s=np.where(ok, r.exposed_comm_time_s + exposed, r.exposed_comm_time_s),
-        memory_total=np.where(ok, r.memory_total - acts, r.memory_total),
-        mfu=r.mfu * speed,
-        hfu=r.hfu * speed,
-        mfu_compute_dtype=r.mfu_compute_dtype * speed,
-        tokens_per_s=r.tokens_per_s * speed,
-        infeasible=r.infeasible & ~ok,
-        reason=_Rescued(r.reason, ok),
-    )
+    return _rescued(r, ok, step, exposed, acts)
