@@ -481,9 +481,11 @@ class ComputeDtypes:
         return self == ComputeDtypes()
 
     def describe(self) -> list[str]:
+        """The dtypes that differ from the defaults as plan items, each under its canonical plan
+        key (`expert_dtype`, not the `experts_dtype` alias parse_plan also reads)."""
         d = ComputeDtypes()
         return [
-            f"{f}_dtype={getattr(self, f).value}"
+            f"{_CANONICAL_KEY[f'dtype:{f}']}={getattr(self, f).value}"
             for f in _DTYPE_FIELDS
             if getattr(self, f) != getattr(d, f)
         ]
@@ -676,8 +678,9 @@ def _schedule(k: str, v: str) -> Schedule:
         ) from None
 
 
-# plan key (and its aliases) -> (Plan field, reader)
+# plan key (and its aliases) -> (Plan field, reader); a field's canonical key is its first
 _PLAN_KEY_READERS: dict[str, tuple[str, Any]] = {}
+_CANONICAL_KEY: dict[str, str] = {}
 for _keys, _field, _reader in (
     (("microbatch", "microbatches", "mb", "accum", "grad_accum"), "microbatches", _int),
     (("remat",), "remat", lambda k, v: parse_remat(v)),
@@ -696,6 +699,7 @@ for _keys, _field, _reader in (
     (("expert_dtype", "experts_dtype"), "dtype:experts", lambda k, v: _compute_dtype(v, k)),
     (("vocab_dtype", "head_dtype"), "dtype:vocab", lambda k, v: _compute_dtype(v, k)),
 ):
+    _CANONICAL_KEY[_field] = _keys[0]
     for _k in _keys:
         _PLAN_KEY_READERS[_k] = (_field, _reader)
 

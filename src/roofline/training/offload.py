@@ -131,7 +131,7 @@ class Offloaded(_HostHeld):
     compute_time_s: float  # the window the traffic hides behind
     host_adam_s_per_param: float  # t_adam = max(a/W_dram, 16/C_host)
     host_adam_s: float  # T_adam, the host's update, on the critical path (0 when not costed)
-    host_adam_reason: str  # why T_adam is not costed ("" when it is)
+    host_adam_reason: str | None  # why T_adam is not costed (None when it is)
     host_traffic: str  # the stack's schedule (HostTraffic): behind_compute or with_update
     exposed_s: float
     optimizer_time_saved_s: float  # the HBM update the chip no longer runs
@@ -210,15 +210,15 @@ class Offloaded(_HostHeld):
         ]
 
 
-def host_adam_per_param(system: Any, opt: Any) -> tuple[float, str]:
-    """t_adam, the host's seconds per offloaded parameter (module docstring), and "" — or 0.0
+def host_adam_per_param(system: Any, opt: Any) -> tuple[float, str | None]:
+    """t_adam, the host's seconds per offloaded parameter (module docstring), and None — or 0.0
     and the reason it is not costed where the records lack the host's DRAM bandwidth or CPU
     rate."""
     W, Ch = system.host_dram_bw_bytes_per_s, system.host_flops_per_s
     if W is None or Ch is None:
         return 0.0, f"system {system.name} has no host DRAM bandwidth or host FLOP/s in the records"
     a = host_adam_bytes_per_param(opt.param_bytes, opt.grad_bytes, opt.state_bytes)
-    return host_adam_s_per_param(a, W, Ch), ""
+    return host_adam_s_per_param(a, W, Ch), None
 
 
 def host_traffic_of(framework: Any) -> HostTraffic:
