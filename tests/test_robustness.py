@@ -113,7 +113,7 @@ def test_bad_hf_json(tmp_path, content):
         ("max_seq_len = 0", "max_seq_len"),
         ("tied_embeddings = 1", "tied_embeddings"),
         ('mlp = "swiglu"', "mlp"),
-        ("[mla]\nkv_lora_rank = 512", "q_lora_rank"),
+        ("[mla]\nkv_lora_rank = 512", "[mla] lacks 'qk_nope_head_dim'"),
         ("[moe]\nn_experts = 8\ntop_k = 9\nd_ff_expert = 1024", "top_k"),
         ("[moe]\nn_experts = 8\ntop_k = 2\nd_ff_expert = 1024\nbogus = 1", "bogus"),
     ],

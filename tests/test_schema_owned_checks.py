@@ -210,11 +210,15 @@ def test_framework_unknown_keys_are_the_schemas_at_the_top_and_in_a_table():
     assert "unknown key 'supportd' in [fsdp] (did you mean 'supported'?)" in text
 
 
-def test_framework_ranges_and_the_unschemad_list_stay_the_loaders():
+def test_framework_ranges_stay_the_loaders_and_reruns_items_are_the_schemas():
     d = _framework()
-    policy = next(iter(d["remat"]["policies"].values()))
-    policy["reruns"] = [3]  # the schema leaves reruns' items untyped: the reader refuses them
-    assert "reruns is a list of strings" in _refused(framework_from_dict, d)
+    name, policy = next(iter(d["remat"]["policies"].items()))
+    policy["reruns"] = [3]  # the schema types reruns' items (it left them untyped before)
+    text = _refused(framework_from_dict, d)
+    assert (
+        f"remat.policies.{name}.reruns[0] = 3. Rule: remat.policies.{name}.reruns[0] is a string"
+        in text
+    )
     d = _framework()
     next(iter(d["remat"]["policies"].values()))["layer_fraction"] = 0.0
     assert "layer_fraction is in (0, 1]" in _refused(framework_from_dict, d)

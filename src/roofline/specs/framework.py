@@ -739,7 +739,7 @@ class _Table:
 
     def texts(self, key: str, default: Any = _MISSING) -> tuple[str, ...]:
         vals = self.get(key, default)
-        # the schema types every such list's items except remat's reruns, so this one stays
+        # the schema types every such list's items; this guards a dict built in code
         if not all(isinstance(v, str) for v in vals):
             raise self.error(key, vals, f"{key} is a list of strings", 'write ["a", "b"]')
         return tuple(vals)
@@ -1108,7 +1108,7 @@ def _parse_kernels(t: _Table | None) -> Kernels | None:
 def _parse_eager(t: _Table | None) -> Eager | None:
     if t is None:
         return None
-    raw = t.raw.get("traffic", {})
+    raw = t.get("traffic")  # a missing table is "has no", as every needed key
     if not raw or any(not isinstance(v, (int, float)) or v < 1.0 for v in raw.values()):
         raise t.error(
             "traffic",

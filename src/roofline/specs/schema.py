@@ -7,7 +7,9 @@ violation becomes a one-paragraph `SpecError` naming the file, the key path, the
 (for an unknown key, the closest known one).
 
 The checker reads the subset of JSON Schema these files use (`type`, `properties`,
-`additionalProperties`, `items`, `required`, `enum`, `oneOf`, local `$ref`); it is pure Python
+`additionalProperties`, `items`, `required`, `enum`, `oneOf`, `if`/`then`/`else`, local `$ref`;
+a file with a `base` inherits what it omits, so the keys a base-less file must give sit under
+`else` of `"if": {"required": ["base"]}`); it is pure Python
 with no import cost beyond `json`, where `jsonschema` would pull in `referencing` and `rpds`
 on every `roofline chips`. tests/test_schemas.py checks that `jsonschema` agrees with it.
 """
@@ -82,7 +84,10 @@ def violation(kind: str, data: Any, origin: str, part: str = "") -> SpecError | 
     if problem is None:
         return None
     path, what, rule, fix = problem
-    at = f" {_dotted(path)}" if path and what[0] in "=h" else ""
+    if what.startswith("lacks"):  # as the loaders word it: "[moe] lacks 'top_k'"
+        at = f": {_table(path)} " if path else " "
+        return SpecError(f"{where}{at}{what}", rule=rule, fix=fix)
+    at = f" {_dotted(path)}" if path and what[0] == "=" else ""
     return SpecError(f"{where}:{at} {what}", rule=rule, fix=fix.replace("KIND", kind))
 
 
@@ -91,6 +96,11 @@ def _dotted(path: tuple) -> str:
     for p in path:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out
+
+
+def _table(path: tuple) -> str:
+    """'[moe]' for a table, 'dims[0]' for a list's entry (the loaders' names for them)."""
+    return _dotted(path) if isinstance(path[-1], int) else f"[{_dotted(path)}]"
 
 
 def _is(value: Any, typ: str) -> bool:
@@ -116,13 +126,24 @@ def _first_violation(value: Any, node: dict, root: dict, path: tuple) -> tuple |
     if bad is not None:
         return bad
     if isinstance(value, dict):
-        return _object_violation(value, node, root, path)
+        bad = _object_violation(value, node, root, path)
+        if bad is not None:
+            return bad
     if isinstance(value, (list, tuple)) and "items" in node:
         for i, item in enumerate(value):
             bad = _first_violation(item, node["items"], root, (*path, i))
             if bad is not None:
                 return bad
-    return None
+    return _conditional(value, node, root, path)
+
+
+def _conditional(value: Any, node: dict, root: dict, path: tuple) -> tuple | None:
+    """`then` where `value` meets `if`, else `else` (each checked on top of `node`)."""
+    if "if" not in node:
+        return None
+    met = _first_violation(value, node["if"], root, path) is None
+    branch = node.get("then" if met else "else")
+    return None if branch is None else _first_violation(value, branch, root, path)
 
 
 def _one_of(value: Any, options: list, root: dict, path: tuple) -> tuple | None:
@@ -148,28 +169,35 @@ def _type_violation(value: Any, node: dict, path: tuple) -> tuple | None:
 
 
 def _object_violation(value: dict, node: dict, root: dict, path: tuple) -> tuple | None:
-    import difflib
-
+    """An unknown key first (a misspelt key is why a needed one is missing), then a missing
+    needed key, then the first violation inside a value."""
     props = node.get("properties", {})
     extra = node.get("additionalProperties", True)
-    for k in node.get("required", ()):
+    if extra is False:
+        for k in value:
+            if k not in props:
+                return _unknown(k, props, path)
+    required = node.get("required", ())
+    for k in required:
         if k not in value:
-            at = _dotted(path) or "the file"
-            return path, f"has no {k!r}", f"{at} needs {k}", f"add {k} = ..."
+            at = _table(path) if path else "the file"
+            under = f" under {at}" if path else ""
+            rule = f"{at} needs " + ", ".join(required)
+            return path, f"lacks {k!r}", rule, f"add `{k} = ...`{under}"
     for k, v in value.items():
-        if k in props:
-            sub = props[k]
-        elif extra is False:
-            near = difflib.get_close_matches(str(k), sorted(props), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            known = ", ".join(sorted(props))
-            inside = f" in [{_dotted(path)}]" if path else ""
-            return path, f"unknown key {k!r}{inside}{hint}", f"keys{inside} are {known}", _RENAME
-        elif isinstance(extra, dict):
-            sub = extra
-        else:
-            continue
-        bad = _first_violation(v, sub, root, (*path, k))
-        if bad is not None:
-            return bad
+        sub = props.get(k, extra)
+        if isinstance(sub, dict):
+            bad = _first_violation(v, sub, root, (*path, k))
+            if bad is not None:
+                return bad
     return None
+
+
+def _unknown(key: Any, props: dict, path: tuple) -> tuple:
+    import difflib
+
+    near = difflib.get_close_matches(str(key), sorted(props), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    known = ", ".join(sorted(props))
+    inside = f" in [{_dotted(path)}]" if path else ""
+    return path, f"unknown key {key!r}{inside}{hint}", f"keys{inside} are {known}", _RENAME
