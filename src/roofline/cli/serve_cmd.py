@@ -22,7 +22,7 @@ from roofline.cli._profile import add_profile_arg, resolve_profile
 from roofline.errors import SpecError
 from roofline.launch.lines import launch_text, serving_launch
 from roofline.report.table import kv, table
-from roofline.serving.inference import Quant, parse_serve_plan
+from roofline.serving.inference import Quant, ServePlan, parse_serve_plan
 from roofline.serving.search import Objective, ServeQuery, default_quants, search, step_report
 from roofline.serving.steady import MAX_TOKENS, Workload, load_lengths
 from roofline.specs.chip import load_chip
@@ -56,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", help="bf16, fp8, int8 (default: search)")
     p.add_argument("--compute-dtype", help="matmul dtype (default bf16; fp8/fp4 for W8A8/W4A4)")
     p.add_argument(
-        "--plan", help="one replica's sharding, e.g. tp=8, tp=8,ep=8,dp=8, tp=16,kv=heads_batch"
+        "--plan",
+        help="one replica's sharding, e.g. tp=8, tp=8,ep=8,dp=8, tp=16,kv=heads_batch, "
+        "tp=8,kvseq=2 (any plan the search prints)",
     )
     p.add_argument("--batch", help="with --plan and --context: cost one decode step of this batch")
     p.add_argument("--context", help="KV length of that step (tokens)")
@@ -204,11 +206,11 @@ def run(args: argparse.Namespace) -> int:
     system = _system(args)
     if args.steps or args.prefill_step_s is not None or args.decode_step_s is not None:
         return _run_given(args, model, system)
-    if args.kv_seq is not None:
+    step_mode = args.batch is not None or args.context is not None
+    if args.kv_seq is not None or (step_mode and serve_plan(args.plan)[1] > 1):
         return _run_kv_seq(args, model, system)
     engine = _engine(args, system)
     eff = _profile(args, system, engine)
-    step_mode = args.batch is not None or args.context is not None
     if step_mode:
         return _run_step(args, model, system, eff, engine)
     doc, text = cost_serving(args, model, system, eff, engine)
@@ -229,12 +231,21 @@ def cost_serving(
     """serve's search for the load (the plan fixed by `--plan` when given) as `serve` runs it:
     (the result document, the text). `roofline import` costs a serving launch file through
     this same function, with the engine's profile as the file sets it."""
+    plan, kvseq = serve_plan(args.plan)
+    if kvseq > 1 and engine is not None:
+        raise SpecError(
+            f"--plan {args.plan} with engine {engine.name}",
+            rule="a sequence-sharded KV replica (kvseq) is costed without an engine model: the "
+            "search lists it only with --engine none, and no engine launch expresses it",
+            fix="add --engine none, or drop kvseq from --plan",
+        )
     q = ServeQuery(
         model=model,
         system=system,
         workload=_workload(args),
         quants=_quants(args, system, engine),
-        plan=parse_serve_plan(args.plan) if args.plan else None,
+        plan=plan,
+        kvseq=kvseq,
         engine=engine,
         efficiency=eff,
         slo_ttft_s=parse_duration(args.slo_ttft, "slo-ttft"),
@@ -339,19 +350,50 @@ def _run_given(args, model, system: System) -> int:
     return emit(args, NAME, inputs, {"given_steps": s.to_dict()}, "\n".join([head, *explain(s)]))
 
 
-def _kv_seq_tp(text: str | None) -> int:
-    """The tensor degree of a sequence-sharded replica (its only other degree)."""
+def serve_plan(text: str | None) -> tuple[ServePlan | None, int]:
+    """`--plan` as the search prints its rows: the replica's sharding (parse_serve_plan) and
+    its `kvseq=K`, the chips each sequence's KV cache is split over (1 where not given)."""
     if not text:
-        return 1
-    plan = parse_serve_plan(text)
+        return None, 1
+    items = str(text).split(",")
+    kv = [p for p in items if p.partition("=")[0].strip().lower() == "kvseq"]
+    plan = parse_serve_plan(",".join(p for p in items if p not in kv))
+    if not kv:
+        return plan, 1
+    kvseq = int_flag(kv[-1].partition("=")[2].strip(), "plan kvseq", hi=MAX_SIZE, example="2")
+    return _seq_sharded(plan, text), kvseq
+
+
+def _seq_sharded(plan: ServePlan, text: str) -> ServePlan:
     if plan.chips != plan.tp or plan.ep > 1:
         raise SpecError(
-            f"--plan {text} with --kv-seq",
+            f"--plan {text} with a sequence-sharded KV cache (kvseq, --kv-seq)",
             rule="a sequence-sharded KV replica is tp × kvseq chips: heads over tensor, the "
             "context over kvseq (pp, dp and ep are not modelled with it)",
             fix=f"write --plan tp={plan.tp}",
         )
-    return plan.tp
+    return plan
+
+
+def _kv_seq_tp(text: str | None) -> int:
+    """The tensor degree of a sequence-sharded replica (its only other degree)."""
+    plan, _ = serve_plan(text)
+    return 1 if plan is None else _seq_sharded(plan, str(text)).tp
+
+
+def _kv_seq_of(args) -> int:
+    """--kv-seq, or the plan's kvseq (`--plan tp=8,kvseq=2` is `--plan tp=8 --kv-seq 2`)."""
+    _, in_plan = serve_plan(args.plan)
+    if args.kv_seq is None:
+        return in_plan
+    kvseq = int_flag(args.kv_seq, "kv-seq", hi=MAX_SIZE, example="4")
+    if in_plan > 1 and in_plan != kvseq:
+        raise SpecError(
+            f"--plan {args.plan} with --kv-seq {args.kv_seq}",
+            rule="the KV sequence degree is given once: kvseq in --plan or --kv-seq",
+            fix="drop one of them",
+        )
+    return kvseq
 
 
 def _run_kv_seq(args, model, system: System) -> int:
@@ -365,7 +407,7 @@ def _run_kv_seq(args, model, system: System) -> int:
             fix="add e.g. --batch 1 --context 1M",
         )
     tp = _kv_seq_tp(args.plan)
-    kvseq = int_flag(args.kv_seq, "kv-seq", hi=MAX_SIZE, example="4")
+    kvseq = _kv_seq_of(args)
     batch = int_flag(args.batch, "batch", hi=MAX_SIZE, example="1")
     ctx = _tokens(args.context, "context", "1M")
     quant = Quant(

@@ -77,6 +77,9 @@ class ServeQuery:
     slo_tpot_s: float | None = None
     objective: Objective = Objective.COST
     batches: tuple[int, ...] | None = None
+    # with `plan` (tp only): its replicas shard each sequence's KV cache over kvseq chips, the
+    # `tp=T,kvseq=K` rows the search prints (`seqkv_options`) fixed as `serve --plan` reads them
+    kvseq: int = 1
 
 
 @dataclass(frozen=True)
@@ -165,12 +168,13 @@ def candidates(q: ServeQuery) -> Candidates:
     batches = q.batches or _batches(q.workload.concurrency)
     for si, s in enumerate(systems):
         plans = [q.plan] if q.plan is not None else plans_for(q.model, s.n_chips, s)
-        if q.plan is not None and q.plan.chips != s.n_chips:
+        if q.plan is not None and q.plan.chips * q.kvseq != s.n_chips:
             continue
+        kv = q.kvseq if q.plan is not None else 1
         for p in plans:
             for b in batches:
                 for qi in range(len(q.quants)):
-                    rows.append((s.n_chips, p.tp, p.pp, p.dp, p.ep, b, qi, si, 1))
+                    rows.append((s.n_chips, p.tp, p.pp, p.dp, p.ep, b, qi, si, kv))
         for tp, kvseq, qi in seqkv_options(q, s, max(batches)):
             rows += [(s.n_chips, tp, 1, 1, 1, b, qi, si, kvseq) for b in batches]
     if not rows:
