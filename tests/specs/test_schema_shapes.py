@@ -159,3 +159,14 @@ def test_the_loader_reads_each_listed_value_and_refuses_another(where, monkeypat
         _load(kind, with_value(v), "f.toml")
     with pytest.raises(SpecError, match=path[-1]):
         _load(kind, with_value("not-a-" + path[-1]), "f.toml")
+
+
+def test_every_data_file_under_specs_is_of_a_kind_with_a_schema():
+    """tests/test_schemas.py validates each kind's folder with jsonschema; no data file sits
+    where that check would not reach it."""
+    folders = {"chips", "models", "systems", "frameworks", "profiles", "engines"}
+    data = [p for p in SPECS.rglob("*") if p.suffix in (".toml", ".yaml", ".yml", ".json")]
+    assert {p.parent.name for p in data} == folders | {"schemas"}
+    assert {p.name for p in data if p.parent.name == "schemas"} == {
+        f"{k}.schema.json" for k in KINDS
+    }
