@@ -556,8 +556,23 @@ class _Walker:
             self.attention(op, sizes, copies)
         else:
             self.elementwise(op, sizes, copies)
-        if op.name == "moe/up" and "expert" in self.rules.activations.get("experts", ()):
-            self.dispatch(op, sizes, copies)
+        if op.name == "moe/up":
+            self.host_sync(op, copies)
+            if "expert" in self.rules.activations.get("experts", ()):
+                self.dispatch(op, sizes, copies)
+
+    def host_sync(self, op: Op, copies: Any) -> None:
+        """The GPU idle of one routed-expert layer forward while the host waits on the device
+        for the tokens each expert received (`Stack.moe_host_sync_s`; rerun with the layer)."""
+        idle = self.stack.moe_host_sync_s
+        if idle:
+            rr = self.rerun_by(op)
+            self.ops.append(
+                OpRecord(
+                    "moe/host_sync", Pass.FORWARD, OpClass.ELEMENTWISE, op.out.dtype, copies,
+                    0.0, 0.0, 0.0, 0.0, rr, launch_s=idle,
+                )
+            )  # fmt: skip
 
     def matmul(self, op: Op, sizes: dict, copies: Any) -> None:
         op_class = OpClass.EXPERT_GEMM if "experts" in op.inputs[1].dims else OpClass.DENSE_GEMM
