@@ -364,12 +364,15 @@ RECIPES: tuple[RecipeOverride, ...] = (
         r"deepseek-v3",
         r"^h100$",
         r"",
-        "remat=mla_up_proj+mlp,expert_tp=0",
+        "remat=mla_up_proj+mlp,expert_tp=0,overlap_ep=1",
         (
             "the MLA up-projection and the dense MLPs recomputed (the benchmark's script on H100: "
             "NVIDIA-NeMo/Megatron-Bridge@v0.1.0rc4 scripts/performance/run_script.py:90-91 "
             'recompute_modules = ["mla_up_proj", "mlp"]; the same at '
-            f"{MB_PERF}/deepseek/h100/deepseek_v3.py:43); the routed experts whole on each "
+            f"{MB_PERF}/deepseek/h100/deepseek_v3.py:43); EP all-to-all overlapped with the other "
+            "microbatch's compute and DeepEP dispatch on H100 (the same script, :56 enable_deepep "
+            "and :62 A2A_1F1B for h100, :82-85 overlap_moe_expert_parallel_comm = True, "
+            "delay_wgrad_compute = True); the routed experts whole on each "
             "tensor rank (NVIDIA-NeMo/Megatron-Bridge@05d003fb "
             "src/megatron/bridge/recipes/deepseek/deepseek_v3.py: the DeepSeek-V3 pretrain config "
             "the H100 performance recipes start from sets expert_tensor_parallel_size = 1)"
