@@ -64,6 +64,13 @@ def test_step_idle_is_the_measured_one():
     assert with_sync - without == pytest.approx(24.714 - 22.821, abs=0.002)
 
 
+def test_a_full_iteration_graph_syncs_never():
+    """cuda_graph=1 (the step replayed from one CUDA graph, static expert capacity): no sync."""
+    graphed = _step(QWEN3_30B, PLAN + ",cuda_graph=1", MEGATRON)
+    assert graphed == _step(QWEN3_30B, PLAN, _without_sync(MEGATRON))
+    assert parse_plan(PLAN + ",cuda_graph=1").describe().endswith("cuda_graph=1")
+
+
 def test_full_recompute_syncs_again():
     """Full recompute reruns the layer forward, its dispatch and its sync: twice the idle."""
     plan = PLAN.replace("remat=none", "remat=full")

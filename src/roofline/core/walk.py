@@ -501,6 +501,7 @@ class WalkOptions:
     remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
     stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
     eager: bool = False  # elementwise rows as the stack's eager kernels (Plan.compiled False)
+    host_syncs: bool = True  # the MoE layers' host syncs are paid (not under Plan.cuda_graph)
     # a walk of one row runs on Python floats, not 1-element arrays (numpy's cost per call is
     # most of a single plan's time); its records then hold floats, which `Totals` broadcasts
     # to the row — for readers that broadcast (training's timeline), not those that index
@@ -565,7 +566,7 @@ class _Walker:
         """The GPU idle of one routed-expert layer forward while the host waits on the device
         for the tokens each expert received (`Stack.moe_host_sync_s`; rerun with the layer)."""
         idle = self.stack.moe_host_sync_s
-        if idle:
+        if idle and self.opts.host_syncs:
             rr = self.rerun_by(op)
             self.ops.append(
                 OpRecord(

@@ -519,6 +519,10 @@ class Plan:
     # (`training.offload.offload_activations`; Megatron's --cpu-offloading, MaxText's offload
     # remat policies)
     offload_activations: bool = False
+    # the whole step replayed from one CUDA graph (Megatron --cuda-graph-impl full_iteration,
+    # with static per-rank expert capacity): the host never waits on the device mid-step, so
+    # the MoE layers' host syncs (Stack.moe_host_sync_s) are not paid
+    cuda_graph: bool = False
     optimizer: OptimizerPolicy = field(default_factory=lambda: OPTIMIZERS[DEFAULT_OPTIMIZER])
     dtypes: ComputeDtypes = field(default_factory=ComputeDtypes)
 
@@ -568,6 +572,7 @@ class Plan:
             "compiled",
             "offload_activations",
             "expert_tp",
+            "cuda_graph",
         ):
             object.__setattr__(self, f, bool(getattr(self, f)))
 
@@ -598,6 +603,7 @@ class Plan:
             ("collective_matmul", self.collective_matmul),
             ("overlap_ep", self.overlap_ep),
             ("offload_activations", self.offload_activations),
+            ("cuda_graph", self.cuda_graph),
         ):
             if on:
                 parts.append(f"{flag}=1")
@@ -624,6 +630,7 @@ class Plan:
             "expert_tp": self.expert_tp,
             "compiled": self.compiled,
             "offload_activations": self.offload_activations,
+            "cuda_graph": self.cuda_graph,
             "optimizer": self.optimizer.name,
             "compute_dtypes": {
                 "matmul": self.dtypes.matmul.value,
@@ -637,7 +644,7 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, expert_tp, compile, offload_activations, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "collective_matmul, overlap_ep, expert_tp, compile, offload_activations, cuda_graph, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
     "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
@@ -690,6 +697,7 @@ for _keys, _field, _reader in (
     (("compile", "compiled"), "compiled", _flag),
     (("offload_activations", "offload_acts"), "offload_activations", _flag),
     (("expert_tp",), "expert_tp", _flag),
+    (("cuda_graph", "full_graph"), "cuda_graph", _flag),
     (("optimizer", "opt"), "optimizer", lambda k, v: parse_optimizer(v)),
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),

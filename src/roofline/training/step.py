@@ -432,6 +432,7 @@ def evaluate_plans(
         stack=stack,
         floats=len(rows) == 1,  # the timeline broadcasts a single row's floats
         eager=plan is not None and not plan.compiled,
+        host_syncs=plan is None or not plan.cuda_graph,
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
     ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
