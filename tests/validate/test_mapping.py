@@ -385,6 +385,31 @@ def test_benchmark_recipes_set_their_ep_overlap(training_entries, rid, overlap):
     assert x.plan.overlap_ep is overlap
 
 
+def test_full_iteration_graph_recipes_pay_no_host_sync(training_entries):
+    """DeepSeek-V3 on GB200 runs the whole step as one CUDA graph with a static expert capacity
+    (the recipe's _enable_deepseek_full_iteration_mxfp8): the plan says cuda_graph=1 and its step
+    pays none of the MoE layers' host syncs; the B200 run (partial graphs) pays them."""
+    from dataclasses import replace
+
+    from roofline.training.step import evaluate_plan
+
+    for rid, graphed in (
+        ("mbridge-26.04.01-dgx-gb200-mxfp8-deepseek-v3-256gpu", True),
+        ("mbridge-26.04.01-dgx-b200-mxfp8-deepseek-v3-256gpu", False),
+    ):
+        x = map_training_run(training_entries[rid]).inputs
+        assert x.plan.cuda_graph is graphed
+        fw = x.stack or x.framework
+        t = [
+            evaluate_plan(
+                x.model, x.system, x.workload, replace(x.plan, cuda_graph=on), framework=fw
+            ).step_time_s
+            for on in (False, True)
+        ]
+        assert stack_of(fw).moe_host_sync_s > 0.0
+        assert t[0] > t[1]
+
+
 def test_the_recipes_memory_fits_where_the_runs_ran(training_entries):
     """Issue 19 item 2: with their recipes' recompute and bf16 gradients, these measured runs fit
     (they did not: DeepSeek-V3 on GB200 needed 256 GB of 186, gpt-oss-120b 229 GB of 192, the

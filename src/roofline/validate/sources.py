@@ -352,11 +352,14 @@ RECIPES: tuple[RecipeOverride, ...] = (
         r"deepseek-v3",
         r"^gb200$",
         r"mxfp8",
-        "remat=mla_up_proj",
+        "remat=mla_up_proj,cuda_graph=1",
         (
-            "the MLA up-projection recomputed (the benchmark's recipe: "
-            f"{MB_PERF}/deepseek/gb200/deepseek_v3.py:134-149 deepseek_v3_pretrain_256gpu_gb200_fp8mx_config "
-            'sets recompute_modules=["mla_up_proj"])'
+            "the MLA up-projection recomputed, and the whole step one CUDA graph (the benchmark's "
+            f"recipe: {MB_PERF}/deepseek/gb200/deepseek_v3.py:134-160 "
+            'deepseek_v3_pretrain_256gpu_gb200_fp8mx_config sets recompute_modules=["mla_up_proj"] '
+            "and calls _enable_deepseek_full_iteration_mxfp8, deepseek/common.py:49-66: "
+            'cuda_graph_impl = "full_iteration" with a static per-rank expert capacity, '
+            "moe_expert_rank_capacity_factor = 1.5, so no host sync per MoE layer)"
         ),
     ),
     RecipeOverride(
