@@ -564,13 +564,14 @@ class _Walker:
 
     def host_sync(self, op: Op, copies: Any) -> None:
         """The GPU idle of one routed-expert layer forward while the host waits on the device
-        for the tokens each expert received (`Stack.moe_host_sync_s`; rerun with the layer)."""
+        for the tokens each expert received (`Stack.moe_host_sync_s`; rerun with the layer;
+        the step hides it under the EP-overlap schedule, training.step._host_idle)."""
         idle = self.stack.moe_host_sync_s
         if idle and self.opts.host_syncs:
             rr = self.rerun_by(op)
             self.ops.append(
                 OpRecord(
-                    "moe/host_sync", Pass.FORWARD, OpClass.ELEMENTWISE, op.out.dtype, copies,
+                    "moe/host_sync", Pass.FORWARD, OpClass.HOST_SYNC, op.out.dtype, copies,
                     0.0, 0.0, 0.0, 0.0, rr, launch_s=idle,
                 )
             )  # fmt: skip

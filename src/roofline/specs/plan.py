@@ -428,6 +428,7 @@ class OpClass(enum.StrEnum):
     ATTENTION = "attention"  # the scores and context contractions (flash attention)
     ELEMENTWISE = "elementwise"  # norms, activations: vector units, memory-bound
     EMBEDDING = "embedding"  # the table lookup
+    HOST_SYNC = "host_sync"  # no kernel: the GPU idle while the host waits on the device
 
 
 def _compute_dtype(value: Any, what: str) -> ComputeDtype:
