@@ -442,6 +442,10 @@ def _compute_dtype(value: Any, what: str) -> ComputeDtype:
         ) from None
 
 
+# ledger rows a low-precision recipe keeps in 16 bits: the LM head and the MoE router
+_HIGH_PRECISION_OPS = ("unembed", "moe/router")
+
+
 @dataclass(frozen=True)
 class ComputeDtypes:
     """The dtype each op class computes in (bf16 by default; MFU is reported against the bf16
@@ -469,8 +473,11 @@ class ComputeDtypes:
         return self.attention
 
     def for_op(self, op_name: str, op_class: OpClass) -> ComputeDtype:
-        """The dtype of one ledger op: the LM head has its own (`vocab`)."""
-        return self.vocab if op_name == "unembed" else self.of(op_class)
+        """The dtype of one ledger op: the LM head has its own (`vocab`), and the MoE router
+        computes with it, never in the experts' low precision (Megatron-Core runs it as a
+        16-bit GEMM with fp32 logits: NVIDIA/Megatron-LM@d98e8a64
+        megatron/core/transformer/moe/moe_utils.py:1389-1396 RouterGatingLinearFunction)."""
+        return self.vocab if op_name in _HIGH_PRECISION_OPS else self.of(op_class)
 
     @staticmethod
     def uniform(dtype: Any) -> ComputeDtypes:
