@@ -366,6 +366,51 @@ def test_benchmark_recipes_set_their_partial_recompute_and_bf16_gradients(
     assert any("grad" in d and "bf16" in d for d in r.defaults)
 
 
+@pytest.mark.parametrize(
+    "rid,overlap",
+    [
+        ("mbridge-25.09-dgx-h100-deepseekv3-dropless-1024gpu", True),
+        ("mbridge-26.04.01-dgx-b200-mxfp8-deepseek-v3-256gpu", True),
+        ("mbridge-26.04.01-dgx-b200-mxfp8-qwen3-30b-a3b-8gpu", True),
+        ("mbridge-26.04.01-dgx-gb200-mxfp8-deepseek-v3-256gpu", False),
+        ("mbridge-26.04.01-dgx-h100-fp8-qwen3-30b-a3b-16gpu", False),
+    ],
+)
+def test_benchmark_recipes_set_their_ep_overlap(training_entries, rid, overlap):
+    """The MoE benchmarks' scripts decide the 1F1B all-to-all overlap per chip: Megatron-Bridge
+    v0.1.0rc4 scripts/performance/run_script.py turns it on for DeepSeek-V3 on H100 only
+    (A2A_1F1B), the 26.04 perf recipes on B200 (DeepSeek-V3, Qwen3-30B-A3B), and the H100
+    Qwen3-30B-A3B recipe leaves it off (moe_a2a_overlap = False)."""
+    x = map_training_run(training_entries[rid]).inputs
+    assert x.plan.overlap_ep is overlap
+
+
+def test_full_iteration_graph_recipes_pay_no_host_sync(training_entries):
+    """DeepSeek-V3 on GB200 runs the whole step as one CUDA graph with a static expert capacity
+    (the recipe's _enable_deepseek_full_iteration_mxfp8): the plan says cuda_graph=1 and its step
+    pays none of the MoE layers' host syncs (it would without the graph: no EP overlap hides
+    them there); the B200 run uses partial graphs."""
+    from dataclasses import replace
+
+    from roofline.training.step import evaluate_plan
+
+    b200 = map_training_run(training_entries["mbridge-26.04.01-dgx-b200-mxfp8-deepseek-v3-256gpu"])
+    assert not b200.inputs.plan.cuda_graph
+    x = map_training_run(
+        training_entries["mbridge-26.04.01-dgx-gb200-mxfp8-deepseek-v3-256gpu"]
+    ).inputs
+    assert x.plan.cuda_graph and not x.plan.overlap_ep
+    fw = x.stack or x.framework
+    graphed, eager = (
+        evaluate_plan(
+            x.model, x.system, x.workload, replace(x.plan, cuda_graph=on), framework=fw
+        ).step_time_s
+        for on in (True, False)
+    )
+    assert stack_of(fw).moe_host_sync_s > 0.0
+    assert eager > graphed
+
+
 def test_the_recipes_memory_fits_where_the_runs_ran(training_entries):
     """Issue 19 item 2: with their recipes' recompute and bf16 gradients, these measured runs fit
     (they did not: DeepSeek-V3 on GB200 needed 256 GB of 186, gpt-oss-120b 229 GB of 192, the

@@ -375,6 +375,11 @@ class Stack:
     def node_limited_routing(self) -> bool:
         return self.framework.expert_parallel.node_limited_routing
 
+    @property
+    def moe_host_sync_s(self) -> float:
+        """GPU idle per routed-expert layer forward while the host reads the token counts."""
+        return self.framework.expert_parallel.host_sync_s
+
     # -- kernels -------------------------------------------------------------------------------
     def attention_speed(self, chip: Any, backward: bool) -> float:
         """The stack's attention kernel speed against the profile's reference kernel on `chip`

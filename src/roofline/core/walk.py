@@ -501,6 +501,7 @@ class WalkOptions:
     remats: tuple[Remat, ...] = ()  # remat policies to count saved activations for
     stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
     eager: bool = False  # elementwise rows as the stack's eager kernels (Plan.compiled False)
+    host_syncs: bool = True  # the MoE layers' host syncs are paid (not under Plan.cuda_graph)
     # a walk of one row runs on Python floats, not 1-element arrays (numpy's cost per call is
     # most of a single plan's time); its records then hold floats, which `Totals` broadcasts
     # to the row — for readers that broadcast (training's timeline), not those that index
@@ -556,8 +557,24 @@ class _Walker:
             self.attention(op, sizes, copies)
         else:
             self.elementwise(op, sizes, copies)
-        if op.name == "moe/up" and "expert" in self.rules.activations.get("experts", ()):
-            self.dispatch(op, sizes, copies)
+        if op.name == "moe/up":
+            self.host_sync(op, copies)
+            if "expert" in self.rules.activations.get("experts", ()):
+                self.dispatch(op, sizes, copies)
+
+    def host_sync(self, op: Op, copies: Any) -> None:
+        """The GPU idle of one routed-expert layer forward while the host waits on the device
+        for the tokens each expert received (`Stack.moe_host_sync_s`; rerun with the layer;
+        the step hides it under the EP-overlap schedule, training.step._host_idle)."""
+        idle = self.stack.moe_host_sync_s
+        if idle and self.opts.host_syncs:
+            rr = self.rerun_by(op)
+            self.ops.append(
+                OpRecord(
+                    "moe/host_sync", Pass.FORWARD, OpClass.HOST_SYNC, op.out.dtype, copies,
+                    0.0, 0.0, 0.0, 0.0, rr, launch_s=idle,
+                )
+            )  # fmt: skip
 
     def matmul(self, op: Op, sizes: dict, copies: Any) -> None:
         op_class = OpClass.EXPERT_GEMM if "experts" in op.inputs[1].dims else OpClass.DENSE_GEMM

@@ -544,6 +544,10 @@ class ExpertParallel:
     dropless: bool
     source: str
     note: str = ""
+    # GPU idle per routed-expert layer forward while the host waits on the device for the
+    # tokens each expert received (the dropless dispatchers' device-to-host sync)
+    host_sync_s: float = 0.0
+    host_sync_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -1016,6 +1020,9 @@ def _parse_cp(t: _Table) -> ContextParallel:
     return c
 
 
+MAX_HOST_SYNC_S = 0.01  # seconds: ten milliseconds of idle per MoE layer is no real stack
+
+
 def _parse_ep(t: _Table) -> ExpertParallel:
     e = ExpertParallel(
         dispatch=t.enums("dispatch", Dispatch),
@@ -1025,7 +1032,23 @@ def _parse_ep(t: _Table) -> ExpertParallel:
         dropless=t.flag("dropless"),
         source=t.source(),
         note=t.text("note", ""),
+        host_sync_s=t.number("host_sync_s", 0.0),
+        host_sync_source=t.text("host_sync_source", ""),
     )
+    if e.host_sync_s and not e.host_sync_source:
+        raise t.error(
+            "host_sync_s",
+            e.host_sync_s,
+            "a host sync time is a measurement: host_sync_source names it",
+            'add host_sync_source = "<the measurement and its source>"',
+        )
+    if not 0.0 <= e.host_sync_s <= MAX_HOST_SYNC_S:
+        raise t.error(
+            "host_sync_s",
+            e.host_sync_s,
+            f"a host sync per MoE layer is 0 to {MAX_HOST_SYNC_S} s",
+            "write the measured GPU idle per MoE layer forward in seconds",
+        )
     _check_default(t, e.default, e.dispatch, "dispatch")
     return e
 

@@ -428,6 +428,7 @@ class OpClass(enum.StrEnum):
     ATTENTION = "attention"  # the scores and context contractions (flash attention)
     ELEMENTWISE = "elementwise"  # norms, activations: vector units, memory-bound
     EMBEDDING = "embedding"  # the table lookup
+    HOST_SYNC = "host_sync"  # no kernel: the GPU idle while the host waits on the device
 
 
 def _compute_dtype(value: Any, what: str) -> ComputeDtype:
@@ -439,6 +440,10 @@ def _compute_dtype(value: Any, what: str) -> ComputeDtype:
             rule="compute dtypes are " + ", ".join(d.value for d in ComputeDtype),
             fix=f"write e.g. {what}=fp8",
         ) from None
+
+
+# ledger rows a low-precision recipe keeps in 16 bits: the LM head and the MoE router
+_HIGH_PRECISION_OPS = ("unembed", "moe/router")
 
 
 @dataclass(frozen=True)
@@ -468,8 +473,11 @@ class ComputeDtypes:
         return self.attention
 
     def for_op(self, op_name: str, op_class: OpClass) -> ComputeDtype:
-        """The dtype of one ledger op: the LM head has its own (`vocab`)."""
-        return self.vocab if op_name == "unembed" else self.of(op_class)
+        """The dtype of one ledger op: the LM head has its own (`vocab`), and the MoE router
+        computes with it, never in the experts' low precision (Megatron-Core runs it as a
+        16-bit GEMM with fp32 logits: NVIDIA/Megatron-LM@d98e8a64
+        megatron/core/transformer/moe/moe_utils.py:1389-1396 RouterGatingLinearFunction)."""
+        return self.vocab if op_name in _HIGH_PRECISION_OPS else self.of(op_class)
 
     @staticmethod
     def uniform(dtype: Any) -> ComputeDtypes:
@@ -521,6 +529,10 @@ class Plan:
     # (`training.offload.offload_activations`; Megatron's --cpu-offloading, MaxText's offload
     # remat policies)
     offload_activations: bool = False
+    # the whole step replayed from one CUDA graph (Megatron --cuda-graph-impl full_iteration,
+    # with static per-rank expert capacity): the host never waits on the device mid-step, so
+    # the MoE layers' host syncs (Stack.moe_host_sync_s) are not paid
+    cuda_graph: bool = False
     optimizer: OptimizerPolicy = field(default_factory=lambda: OPTIMIZERS[DEFAULT_OPTIMIZER])
     dtypes: ComputeDtypes = field(default_factory=ComputeDtypes)
 
@@ -570,6 +582,7 @@ class Plan:
             "compiled",
             "offload_activations",
             "expert_tp",
+            "cuda_graph",
         ):
             object.__setattr__(self, f, bool(getattr(self, f)))
 
@@ -600,6 +613,7 @@ class Plan:
             ("collective_matmul", self.collective_matmul),
             ("overlap_ep", self.overlap_ep),
             ("offload_activations", self.offload_activations),
+            ("cuda_graph", self.cuda_graph),
         ):
             if on:
                 parts.append(f"{flag}=1")
@@ -626,6 +640,7 @@ class Plan:
             "expert_tp": self.expert_tp,
             "compiled": self.compiled,
             "offload_activations": self.offload_activations,
+            "cuda_graph": self.cuda_graph,
             "optimizer": self.optimizer.name,
             "compute_dtypes": {
                 "matmul": self.dtypes.matmul.value,
@@ -639,7 +654,7 @@ class Plan:
 
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
-    "collective_matmul, overlap_ep, expert_tp, compile, offload_activations, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
+    "collective_matmul, overlap_ep, expert_tp, compile, offload_activations, cuda_graph, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
     "vocab_dtype"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
@@ -693,6 +708,7 @@ for _keys, _field, _reader in (
     (("compile", "compiled"), "compiled", _flag),
     (("offload_activations", "offload_acts"), "offload_activations", _flag),
     (("expert_tp",), "expert_tp", _flag),
+    (("cuda_graph", "full_graph"), "cuda_graph", _flag),
     (("optimizer", "opt"), "optimizer", lambda k, v: parse_optimizer(v)),
     (("matmul_dtype", "dtype"), "dtype:matmul", lambda k, v: _compute_dtype(v, k)),
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),

@@ -352,11 +352,14 @@ RECIPES: tuple[RecipeOverride, ...] = (
         r"deepseek-v3",
         r"^gb200$",
         r"mxfp8",
-        "remat=mla_up_proj",
+        "remat=mla_up_proj,cuda_graph=1",
         (
-            "the MLA up-projection recomputed (the benchmark's recipe: "
-            f"{MB_PERF}/deepseek/gb200/deepseek_v3.py:134-149 deepseek_v3_pretrain_256gpu_gb200_fp8mx_config "
-            'sets recompute_modules=["mla_up_proj"])'
+            "the MLA up-projection recomputed, and the whole step one CUDA graph (the benchmark's "
+            f"recipe: {MB_PERF}/deepseek/gb200/deepseek_v3.py:134-160 "
+            'deepseek_v3_pretrain_256gpu_gb200_fp8mx_config sets recompute_modules=["mla_up_proj"] '
+            "and calls _enable_deepseek_full_iteration_mxfp8, deepseek/common.py:49-66: "
+            'cuda_graph_impl = "full_iteration" with a static per-rank expert capacity, '
+            "moe_expert_rank_capacity_factor = 1.5, so no host sync per MoE layer)"
         ),
     ),
     RecipeOverride(
@@ -364,12 +367,15 @@ RECIPES: tuple[RecipeOverride, ...] = (
         r"deepseek-v3",
         r"^h100$",
         r"",
-        "remat=mla_up_proj+mlp,expert_tp=0",
+        "remat=mla_up_proj+mlp,expert_tp=0,overlap_ep=1",
         (
             "the MLA up-projection and the dense MLPs recomputed (the benchmark's script on H100: "
             "NVIDIA-NeMo/Megatron-Bridge@v0.1.0rc4 scripts/performance/run_script.py:90-91 "
             'recompute_modules = ["mla_up_proj", "mlp"]; the same at '
-            f"{MB_PERF}/deepseek/h100/deepseek_v3.py:43); the routed experts whole on each "
+            f"{MB_PERF}/deepseek/h100/deepseek_v3.py:43); EP all-to-all overlapped with the other "
+            "microbatch's compute and DeepEP dispatch on H100 (the same script, :56 enable_deepep "
+            "and :62 A2A_1F1B for h100, :82-85 overlap_moe_expert_parallel_comm = True, "
+            "delay_wgrad_compute = True); the routed experts whole on each "
             "tensor rank (NVIDIA-NeMo/Megatron-Bridge@05d003fb "
             "src/megatron/bridge/recipes/deepseek/deepseek_v3.py: the DeepSeek-V3 pretrain config "
             "the H100 performance recipes start from sets expert_tensor_parallel_size = 1)"

@@ -323,7 +323,8 @@ def _cost_rows(families, ranked: Ranked, rows: list[int], ctx: _Costing) -> dict
         plan = plan_at(families, ranked, r, ctx.space, ctx.opt)
         st = replace(structure_of(plan, ctx.model), remat=Structure.remat, collective_matmul=False)
         sys_i = int(f.cand.system_idx[int(ranked.index[r])])
-        groups.setdefault((st, plan.dtypes, plan.compiled), []).append((r, plan, sys_i))
+        key = (st, plan.dtypes, plan.compiled, plan.cuda_graph)
+        groups.setdefault(key, []).append((r, plan, sys_i))
     out: dict[int, StepCost] = {}
     for (st, *_), members in groups.items():
         plans = [p for _, p, _ in members]
