@@ -197,6 +197,18 @@ def test_disaggregated_ttft_carries_the_kv_transfer():
     assert fast["prefill_decode_ratio"] > 0
 
 
+def test_a_prefill_server_running_several_prompts_a_pass_is_busy_for_their_share():
+    """A prefill pass of `per` prompts (one per attention-DP rank) takes t_pf and finishes `per`
+    prompts: at X prompts/s the pool is busy X·t_pf/per server-seconds a second, not X·t_pf."""
+    kv = 2 * 32 * 8 * 128 * 2
+    w, C = Workload(1024, 256), np.array([4.0])
+    r = disaggregated(ideal(), ideal(), Disagg(2, 1, 400e9, 0.0, kv, prefill_batch=4), w, C)
+    busy = r["requests_per_s"] * r["prefill_s"] / 4
+    assert r["prefill_utilisation"] == pytest.approx(busy / 2, rel=1e-12)
+    n_dec = r["requests_per_s"] * 255 * r["tpot_s"] / r["decode_batch"]
+    assert r["prefill_decode_ratio"] == pytest.approx(busy / n_dec, rel=1e-12)
+
+
 def test_the_bill_splits_between_input_and_output_tokens():
     w = Workload(2048, 256)
     s = steady_state(ideal(ServePlan(tp=2)), load_engine("vllm"), w, np.array([16.0, 128.0]))

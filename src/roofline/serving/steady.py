@@ -559,7 +559,8 @@ def disaggregated(
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
     # servers each pool needs at this throughput: the prefill:decode ratio that balances them
-    n_pre = X * t_pf
+    # (a prefill server finishes `per` prompts every pass of t_pf)
+    n_pre = X * t_pf / per
     n_dec = X * (G - 1) * tau / np.maximum(Bd, 1.0)
     return {
         "ttft_s": ttft,
@@ -570,7 +571,7 @@ def disaggregated(
         "prefill_s": t_pf,
         "kv_transfer_s": xfer,
         "handoff_s": d.handoff_s,
-        "prefill_utilisation": X * t_pf / d.prefill_replicas,
+        "prefill_utilisation": n_pre / d.prefill_replicas,
         "prefill_decode_ratio": n_pre / np.maximum(n_dec, 1e-12),
     }
 
