@@ -370,25 +370,6 @@ def test_predictor_uses_the_engines_kv_default():
     assert any("kv=fp8" in n for n in p["notes"])
 
 
-def test_the_aiconfigurator_harness_launches_block_fp8_with_an_fp8_kv_cache():
-    """AIConfigurator writes --kv-cache-dtype fp8 for FP8, block-scaled FP8 and NVFP4
-    checkpoints (sdk/models/helpers.py), where the engine's own 'auto' keeps a block-scaled FP8
-    checkpoint's cache in bf16; a run that states its KV dtype keeps it."""
-    w = SimpleNamespace(mode="aggregated", isl=1024, osl=256, concurrency=16, harness="")
-    block = SimpleNamespace(
-        weights="fp8_block", moe_weights="fp8_block", activations="fp8", kv_cache="bf16"
-    )
-    engine_default = predict_measured_run(run(workload=w, precision=block), efficiency=PEAK)
-    assert any("kv=bf16" in n for n in engine_default["notes"])
-    aic = SimpleNamespace(**dict(w.__dict__, harness="aiconfigurator"))
-    launched = predict_measured_run(run(workload=aic, precision=block), efficiency=PEAK)
-    assert any("kv=fp8" in n for n in launched["notes"])
-    stated = predict_measured_run(run(workload=aic, precision=block, defaults=()), efficiency=PEAK)
-    assert any("kv=bf16" in n for n in stated["notes"])
-    # an fp8 cache reads half the bytes per decode step: TPOT falls
-    assert launched["tpot_s"] < engine_default["tpot_s"]
-
-
 def test_predictor_refuses_unknown_lengths():
     with pytest.raises(SpecError):
         predict_measured_run(

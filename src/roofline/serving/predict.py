@@ -62,18 +62,6 @@ FIRST_WAVE_SHARE = {
     "genai-perf": 0.0,
 }
 DEFAULT_FIRST_WAVE_SHARE = 0.1  # a client not named: assume AIConfigurator's 10 waves
-# The KV-cache dtype a harness launches the engine with when the run does not record it, by the
-# checkpoint's weight format. AIConfigurator writes each worker's launch arguments from its own
-# quantisation inference: an FP8 (per-tensor or block-scaled) or NVFP4 checkpoint gets an FP8 KV
-# cache and FP8 attention ("FMHA quant mode": kvcache_quant_mode = fp8 whenever quant_algo is
-# fp8, fp8_block or nvfp4 — ai-dynamo/aiconfigurator@095f58a51c4c aic-core/src/
-# aiconfigurator_core/sdk/models/helpers.py _infer_quant_modes_from_raw_config), and its
-# generator passes that mode on as the engine's kv_cache_dtype / --kv-cache-dtype
-# (src/aiconfigurator/generator/module_bridge.py, config/backend_config_mapping.yaml). The
-# engines' own default ("auto") would keep a block-scaled FP8 checkpoint's cache in bf16.
-HARNESS_KV_DTYPE = {
-    "aiconfigurator": ("fp8", frozenset({"fp8", "fp8_block", "nvfp4"})),
-}
 _DTYPE_FALLBACK = {
     "fp8_block": "fp8",
     "mxfp4": "fp4",
@@ -100,14 +88,11 @@ def _dtype(name: str | None, default: str = "bf16") -> str:
 def quant_of(run: Any, engine: EngineProfile | None = None) -> Quant:
     """Weights in the GEMM mode, experts in the MoE mode, compute in the activation dtype; the
     embeddings and the output head stay bf16 in quantised checkpoints (ModelOpt, DeepSeek FP8).
-    An unstated KV-cache dtype is the harness's launch setting (`HARNESS_KV_DTYPE`), else the
-    engine's default for the checkpoint (`kv_dtype_for`)."""
+    An unstated KV-cache dtype is the engine's default for the checkpoint (`kv_dtype_for`)."""
     p = run.precision
     w = _dtype(p.weights)
     unstated = any("KV-cache precision unstated" in n for n in getattr(run, "defaults", ()))
-    kv = _dtype(p.kv_cache)
-    if unstated:
-        kv = _unstated_kv(run, w, engine) or kv
+    kv = engine.kv_dtype_for(w) if (engine is not None and unstated) else _dtype(p.kv_cache)
     return Quant(
         weights=w,
         kv=kv,
@@ -115,16 +100,6 @@ def quant_of(run: Any, engine: EngineProfile | None = None) -> Quant:
         experts=_dtype(p.moe_weights, w),
         embeddings="bf16",
     )
-
-
-def _unstated_kv(run: Any, weights: str, engine: EngineProfile | None) -> str | None:
-    """The KV dtype of a run that does not record it: the harness's launch setting
-    (`HARNESS_KV_DTYPE`), else the engine's default for the checkpoint; None without either."""
-    harness = getattr(getattr(run, "workload", None), "harness", "") or ""
-    dtype, weight_formats = HARNESS_KV_DTYPE.get(harness, ("", frozenset()))
-    if str(getattr(run.precision, "weights", "")).lower() in weight_formats:
-        return dtype
-    return engine.kv_dtype_for(weights) if engine is not None else None
 
 
 def engine_of(run: Any) -> EngineProfile | None:
