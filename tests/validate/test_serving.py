@@ -212,3 +212,21 @@ def test_a_run_its_stated_layout_cannot_hold_is_flagged_not_scored(serving_entri
     assert kv_capacity_violation(adp) is None
     others = [map_serving_run(e, "serving") for i, e in serving_entries.items() if i != rid]
     assert not [o.id for o in others if o.mapped and kv_capacity_violation(o)]
+
+
+def test_a_layout_the_bound_cannot_size_is_left_to_the_predictor(serving_entries, monkeypatch):
+    """Where the serving model refuses to size a run's layout (a RooflineError from the memory
+    model), the bound does not judge it: the predictor's own error then names the run."""
+    import roofline.validate.serving_bounds as sb
+    from roofline.errors import SpecError
+
+    def refuse(*a, **k):
+        raise SpecError("no layout", rule="test", fix="none")
+
+    rid = "aic-2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c2150_tp32_ep1_121"
+    r = map_serving_run(serving_entries[rid], "serving")
+    assert sb.kv_capacity_violation(r)
+    sb._per_chip.cache_clear()
+    monkeypatch.setattr(sb, "memory_per_chip", refuse)
+    assert sb.kv_capacity_violation(r) is None
+    sb._per_chip.cache_clear()

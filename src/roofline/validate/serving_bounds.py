@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from roofline.errors import RooflineError
 from roofline.serving.inference import Quant, ServePlan, memory_per_chip
 from roofline.serving.predict import plan_of, quant_of
 from roofline.specs.model import ModelSpec
@@ -66,7 +67,15 @@ def _decode_layout(run: Any) -> tuple[Any, int] | None:
 
 def kv_capacity_violation(run: Any) -> str | None:
     """The reason a run's measured decodes cannot fit its stated layout's HBM (module doc), or
-    None when they can (or the run lacks the numbers to tell)."""
+    None when they can (or the run lacks the numbers to tell: a layout the serving model cannot
+    size is left to the predictor, whose own error then names it)."""
+    try:
+        return _violation(run)
+    except RooflineError:
+        return None
+
+
+def _violation(run: Any) -> str | None:
     B = decoding_at_once(run)
     layout = _decode_layout(run) if B is not None else None
     if layout is None or run.model is None or run.chip is None or not run.workload.isl:
