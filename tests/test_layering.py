@@ -107,6 +107,7 @@ ORDER = (
     "validate.systems",
     "validate.training_runs",
     "validate.serving_runs",
+    "validate.serving_bounds",
     "validate.serving_score",
     "validate.features",
     "validate.analysis",

@@ -197,6 +197,39 @@ def test_disaggregated_ttft_carries_the_kv_transfer():
     assert fast["prefill_decode_ratio"] > 0
 
 
+def test_a_prefill_server_running_several_prompts_a_pass_is_busy_for_their_share():
+    """A prefill pass of `per` prompts (one per attention-DP rank) takes t_pf and finishes `per`
+    prompts: at X prompts/s the pool is busy X·t_pf/per server-seconds a second, not X·t_pf."""
+    kv = 2 * 32 * 8 * 128 * 2
+    w, C = Workload(1024, 256), np.array([4.0])
+    r = disaggregated(ideal(), ideal(), Disagg(2, 1, 400e9, 0.0, kv, prefill_batch=4), w, C)
+    busy = r["requests_per_s"] * r["prefill_s"] / 4
+    assert r["prefill_utilisation"] == pytest.approx(busy / 2, rel=1e-12)
+    n_dec = r["requests_per_s"] * 255 * r["tpot_s"] / r["decode_batch"]
+    assert r["prefill_decode_ratio"] == pytest.approx(busy / n_dec, rel=1e-12)
+
+
+def test_a_chunking_prefill_worker_shares_its_token_budget_among_its_prompts():
+    """SGLang's chunked_prefill_size (16384 on a >= 160 GB GPU) is the replica's, so a prefill
+    worker of 8 attention-DP ranks, one 8192-token prompt on each, runs every prompt as four
+    2048-token chunks; TensorRT-LLM (no chunked prefill) runs it whole; a prompt that fits the
+    budget is one pass. The disaggregated prefill time is the chunks' passes end to end."""
+    from roofline.serving.steady import _cohort_pass, prefill_chunks
+
+    gb200 = load_chip("gb200")
+    pre = IdealStep(LLAMA8, gb200, ServePlan(dp=8), Quant(), PEAK)
+    sg, trt = load_engine("sglang"), load_engine("trtllm")
+    assert prefill_chunks(pre, sg, 8.0, 8192.0) == (4.0, 2048.0)
+    assert prefill_chunks(pre, sg, 8.0, 1024.0) == (1.0, 1024.0)
+    assert prefill_chunks(pre, trt, 8.0, 8192.0) == (1.0, 8192.0)
+    assert prefill_chunks(pre, None, 8.0, 8192.0) == (1.0, 8192.0)
+    kv = 2 * 32 * 8 * 128 * 2
+    d = Disagg(1, 1, 400e9, 0.0, kv, prefill_batch=8)
+    r = disaggregated(pre, pre, d, Workload(8192, 64), np.array([8.0]), engine=sg)
+    one = _cohort_pass(pre, 0.0, 8192 + 32, 8.0, 2048.0, 8192.0, 8192.0)
+    assert r["prefill_s"] == pytest.approx(4 * float(np.ravel(one)[0]), rel=1e-12)
+
+
 def test_the_bill_splits_between_input_and_output_tokens():
     w = Workload(2048, 256)
     s = steady_state(ideal(ServePlan(tp=2)), load_engine("vllm"), w, np.array([16.0, 128.0]))

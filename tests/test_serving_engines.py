@@ -84,12 +84,18 @@ def test_bad_files_are_refused_with_the_key_named(tmp_path, edit, needle):
 
 def test_caps_hold_per_scheduler():
     """Issue 18 item 2: with attention DP each vLLM / TensorRT-LLM rank runs its own scheduler
-    (the cap on running sequences and the token budget hold per rank); SGLang divides its
-    settings over the ranks (they hold per replica)."""
+    (the cap on running sequences and the token budget hold per rank); SGLang divides its token
+    budget over the ranks (it holds per replica), but its default cap on running requests is
+    sized by each rank's own request pool (model_runner_kv_cache_mixin.init_memory), so it holds
+    per rank; a replica-wide cap is still expressible."""
+    from dataclasses import replace
+
     v, t, sg = load_engine("vllm"), load_engine("trtllm"), load_engine("sglang")
     assert v.seq_cap(8) == 8 * v.max_num_seqs and t.seq_cap(32) == 32 * t.max_num_seqs
     assert v.token_budget(80e9, 8) == 8 * 8192
-    assert sg.seq_cap(8) == sg.max_num_seqs and sg.token_budget(80e9, 8) == 8192
+    assert sg.seq_cap(8) == 8 * sg.max_num_seqs and sg.token_budget(80e9, 8) == 8192
+    assert replace(sg, max_num_seqs_per_dp_rank=False).seq_cap(8) == sg.max_num_seqs
+    assert replace(sg, max_num_seqs_per_dp_rank=None).seq_cap(8) == sg.max_num_seqs
     assert list(t.seq_cap(np.array([1, 4]))) == [t.max_num_seqs, 4 * t.max_num_seqs]
 
 

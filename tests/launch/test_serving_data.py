@@ -166,6 +166,8 @@ def test_engine_profile_takes_the_files_limits_and_memory_fraction():
         3200,
         0.8,
     )
+    # the file's cap is the replica's total: not multiplied by the 8 ranks a second time
+    assert trt.seq_cap(8) == 8 * 1024
     assert (
         trt.memory_fraction_of == load_engine("trtllm").memory_fraction_of == "free_after_weights"
     )

@@ -181,3 +181,52 @@ def test_checkpoint_notes_set_the_dense_weights(serving_entries):
     assert gemm_format("bf16", "nvfp4", b200) == "bf16"  # 16-bit weights: not requantised
     assert gemm_format("nvfp4", "nvfp4", b200) == "fp4"
     assert gemm_format("mxfp4", "nvfp4", load_chip("h200")) == "bf16"  # W4A16 on Hopper
+
+
+def test_a_run_its_stated_layout_cannot_hold_is_flagged_not_scored(serving_entries):
+    """Little's law on the measured TTFT/TPOT gives the sequences decoding at once; on a pure
+    tensor-parallel MLA replica every chip keeps every sequence's latent, so 1,906 sequences of
+    ≥8,192 tokens need 1906 × 8192 × 61 layers × 576 × ½ B = 274 GB per GB200 even at 4 bits:
+    the run cannot have run as labelled (its twins in the source are a disaggregated deployment
+    of that many GPUs). The same measurement on 32 attention-DP ranks fits, and so does every
+    other run of the file."""
+    from dataclasses import replace
+
+    from roofline.validate.serving_bounds import (
+        KV_CAPACITY_FLAG,
+        decoding_at_once,
+        kv_capacity_violation,
+    )
+    from roofline.validate.serving_score import find_predictor, predict_serving_run
+
+    rid = "aic-2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c2150_tp32_ep1_121"
+    r = map_serving_run(serving_entries[rid], "serving")
+    m = r.measured
+    B = 2150 * 1023 * m.tpot_s / (m.ttft_s + 1023 * m.tpot_s)
+    assert decoding_at_once(r) == pytest.approx(B) and round(B) == 1906
+    why = kv_capacity_violation(r)
+    assert why and "274 GB per chip" in why and "leave 174 GB" in why and KV_CAPACITY_FLAG in why
+    res = predict_serving_run(r, find_predictor(), None)
+    assert res.skipped_reason == why and not res.errors and KV_CAPACITY_FLAG in res.run.flags
+    adp = replace(r, parallel=replace(r.parallel, tp=1, dp=32, ep=32, moe_tp=1))
+    assert kv_capacity_violation(adp) is None
+    others = [map_serving_run(e, "serving") for i, e in serving_entries.items() if i != rid]
+    assert not [o.id for o in others if o.mapped and kv_capacity_violation(o)]
+
+
+def test_a_layout_the_bound_cannot_size_is_left_to_the_predictor(serving_entries, monkeypatch):
+    """Where the serving model refuses to size a run's layout (a RooflineError from the memory
+    model), the bound does not judge it: the predictor's own error then names the run."""
+    import roofline.validate.serving_bounds as sb
+    from roofline.errors import SpecError
+
+    def refuse(*a, **k):
+        raise SpecError("no layout", rule="test", fix="none")
+
+    rid = "aic-2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c2150_tp32_ep1_121"
+    r = map_serving_run(serving_entries[rid], "serving")
+    assert sb.kv_capacity_violation(r)
+    sb._per_chip.cache_clear()
+    monkeypatch.setattr(sb, "memory_per_chip", refuse)
+    assert sb.kv_capacity_violation(r) is None
+    sb._per_chip.cache_clear()

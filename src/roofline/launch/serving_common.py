@@ -867,7 +867,9 @@ def engine_profile(config: LaunchConfig) -> Any:
     changes: dict[str, Any] = {}
     w, dp = config.workload, int(config.serve_plan.get("dp", 1))
     if w.max_num_seqs:
+        # the replica's total, so the profile's seq_cap must not multiply it by dp again
         changes["max_num_seqs"] = w.max_num_seqs * dp
+        changes["max_num_seqs_per_dp_rank"] = False
     if w.max_batched_tokens:
         changes["max_num_batched_tokens"] = w.max_batched_tokens
         changes["max_num_batched_tokens_large_hbm"] = None

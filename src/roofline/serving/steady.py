@@ -513,6 +513,22 @@ class Disagg:
     handoff_s: float = 0.0
 
 
+def prefill_chunks(
+    pre: StepModel, engine: EngineProfile | None, per: float, Pn: float
+) -> tuple[float, float]:
+    """(passes, tokens a prompt runs per pass) on a prefill worker whose passes each hold `per`
+    prompts: the engine's token budget per step (`token_budget`, the replica's or every
+    attention-DP rank's) is shared by the pass's prompts, and an engine that chunks prefill
+    splits a longer prompt over ceil(P / (budget / per)) passes of equal chunks — SGLang divides
+    its chunked_prefill_size over the DP ranks, so a DP-attention prefill worker on GB200 runs an
+    8192-token prompt as four 2048-token chunks. An engine that does not chunk runs it whole."""
+    if engine is None or not engine.chunked_prefill:
+        return 1.0, Pn
+    budget = float(np.max(engine.token_budget(pre.chip.hbm_bytes, pre.degree("dp"))))
+    n = float(np.ceil(Pn / min(Pn, max(budget / max(per, 1.0), 1.0))))
+    return n, Pn / n
+
+
 def disaggregated(
     pre: StepModel,
     dec: StepModel,
@@ -532,7 +548,8 @@ def disaggregated(
     G, P, Pn, ctx = work.gen, work.prompt, work.new_prompt, work.decode_context
     ovh = engine.step_overhead_s if engine else 0.0
     per = float(d.prefill_batch)  # prompts one prefill pass runs (one per attention-DP rank)
-    t_pf = _cohort_pass(pre, 0.0, ctx, per, Pn, P, Pn) + ovh
+    n_pf, chunk = prefill_chunks(pre, engine, per, Pn)
+    t_pf = n_pf * (_cohort_pass(pre, 0.0, ctx, per, chunk, P, Pn) + ovh)  # a prompt's prefill
     cap_pf = d.prefill_replicas * per / t_pf  # prompts/s the prefill pool can do
     xfer = d.link_latency_s + P * d.kv_bytes_per_token / d.link_bw_bytes_per_s
     # every request's way from prefill to its first token: the KV transfer and the hand-off
@@ -559,7 +576,8 @@ def disaggregated(
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
     # servers each pool needs at this throughput: the prefill:decode ratio that balances them
-    n_pre = X * t_pf
+    # (a prefill server finishes `per` prompts every pass of t_pf)
+    n_pre = X * t_pf / per
     n_dec = X * (G - 1) * tau / np.maximum(Bd, 1.0)
     return {
         "ttft_s": ttft,
@@ -570,7 +588,7 @@ def disaggregated(
         "prefill_s": t_pf,
         "kv_transfer_s": xfer,
         "handoff_s": d.handoff_s,
-        "prefill_utilisation": X * t_pf / d.prefill_replicas,
+        "prefill_utilisation": n_pre / d.prefill_replicas,
         "prefill_decode_ratio": n_pre / np.maximum(n_dec, 1e-12),
     }
 

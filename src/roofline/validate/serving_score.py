@@ -21,11 +21,12 @@ from __future__ import annotations
 import importlib
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from roofline.errors import RooflineError
 from roofline.specs.efficiency import Efficiency
+from roofline.validate.serving_bounds import KV_CAPACITY_FLAG, kv_capacity_violation
 from roofline.validate.serving_runs import Metric, ServingRun
 from roofline.validate.stats import breakdown, relative_error, summarize
 
@@ -84,6 +85,10 @@ def predict_serving_run(
         return ServingResult(run, skipped_reason=run.skipped_reason)
     if predictor is None:
         return ServingResult(run, skipped_reason=NO_MODEL)
+    impossible = kv_capacity_violation(run)  # a bound every run is checked against
+    if impossible:
+        flagged = replace(run, flags=(*run.flags, KV_CAPACITY_FLAG))
+        return ServingResult(flagged, skipped_reason=impossible)
     try:
         pred = _as_prediction(predictor(run, efficiency=efficiency))
     except RooflineError as e:

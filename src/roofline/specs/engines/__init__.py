@@ -71,6 +71,11 @@ class EngineProfile:
     # in `quantized_kv_weights` (ModelOpt FP8/NVFP4 checkpoints declare an FP8 KV cache)
     quantized_kv_dtype: str = ""
     quantized_kv_weights: tuple[str, ...] = ()
+    # the running-sequence cap where it is held apart from the other scheduler settings: true,
+    # each attention-DP rank admits max_num_seqs (SGLang's default cap is sized per rank from
+    # its own request pool, though its token budget is the replica's); None: as
+    # scheduler_per_dp_rank
+    max_num_seqs_per_dp_rank: bool | None = None
 
     def kv_dtype_for(self, weights: str) -> str:
         """The KV dtype for a checkpoint with `weights` when the run does not say (bf16 unless
@@ -89,7 +94,9 @@ class EngineProfile:
     def seq_cap(self, dp: Any = 1) -> Any:
         """Running sequences one replica of `dp` attention-DP ranks admits (issue 18 item 2:
         the cap is per scheduler, and with attention DP each rank has one)."""
-        return self.max_num_seqs * self.ranks_scheduling(dp)
+        if self.max_num_seqs_per_dp_rank is None:
+            return self.max_num_seqs * self.ranks_scheduling(dp)
+        return self.max_num_seqs * (np.maximum(dp, 1) if self.max_num_seqs_per_dp_rank else 1)
 
     def ranks_scheduling(self, dp: Any) -> Any:
         """Schedulers in a replica of `dp` attention-DP ranks that each hold the full settings

@@ -1,0 +1,100 @@
+"""Physical bounds every measured serving run is checked against before it is scored.
+
+A measurement that its own stated deployment could not have produced is a data problem, not a
+model error: scoring it would fit the model to a mislabelled run. One bound, applied to every
+run alike, from the measured numbers and the stated layout only (no fitted parameter):
+
+KV capacity. In a closed loop of C requests, Little's law on the measured latencies gives the
+requests in flight per second, X = C / (TTFT + (G − 1)·TPOT), and the sequences decoding at any
+moment, B = X·(G − 1)·TPOT (each spends (G − 1)·TPOT after its first token). Each holds at least
+its P prompt tokens of KV cache. On the stated layout a chip keeps its share of every one of its
+attention-DP rank's sequences (the tensor axis splits the KV heads and replicates them beyond K;
+an MLA latent is one shared head, so a pure tensor-parallel MLA replica keeps every sequence's
+whole latent on every chip: TensorRT-LLM docs features/parallel-strategy.md, vLLM and SGLang
+alike). The bound prices that cache at 4 bits per element — below any KV dtype the engines
+ship — and gives it all the HBM the weights leave (no workspace, no engine memory fraction). A
+run whose B sequences still do not fit could not have run as stated (`KV_CAPACITY_FLAG`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from roofline.errors import RooflineError
+from roofline.serving.inference import Quant, ServePlan, memory_per_chip
+from roofline.serving.predict import plan_of, quant_of
+from roofline.specs.model import ModelSpec
+
+KV_CAPACITY_FLAG = "beyond_kv_capacity"
+FLOOR_KV_DTYPE = "fp4"  # the smallest KV element any engine stores (NVFP4 KV on Blackwell)
+REASON = "physically impossible as stated"  # the skip reason's key in validate's listing
+
+
+@functools.lru_cache(maxsize=512)
+def _per_chip(
+    model: ModelSpec, plan: ServePlan, quant: Quant, prompt: float
+) -> tuple[float, float]:
+    """(weight bytes per chip, floor KV bytes per chip of one sequence of `prompt` tokens)."""
+    floor = Quant(quant.weights, FLOOR_KV_DTYPE, quant.compute, quant.experts, quant.embeddings)
+    m = memory_per_chip(model, plan, floor, 1, prompt)
+    return float(np.ravel(m.weights_bytes)[0]), float(np.ravel(m.kv_bytes)[0])
+
+
+def decoding_at_once(run: Any) -> float | None:
+    """Sequences in decode at any moment by Little's law on the measured TTFT and TPOT (whole
+    deployment), or None when the run lacks what the law needs."""
+    w, m = run.workload, run.measured
+    if not (w.concurrency and w.osl and w.osl > 1 and m.ttft_s and m.tpot_s):
+        return None
+    decode_s = (w.osl - 1) * m.tpot_s
+    return w.concurrency * decode_s / (m.ttft_s + decode_s)
+
+
+def _decode_layout(run: Any) -> tuple[Any, int] | None:
+    """(the decode workers' layout, how many of them) as the run states it."""
+    if run.disaggregated:
+        return (run.decode, max(run.decode.workers, 1)) if run.decode else None
+    if run.parallel is None:
+        return None
+    replicas = max(run.parallel.workers, 1)
+    if run.chips and plan_of(run.parallel).chips * replicas != run.chips:
+        replicas = max(run.chips // plan_of(run.parallel).chips, 1)
+    return run.parallel, replicas
+
+
+def kv_capacity_violation(run: Any) -> str | None:
+    """The reason a run's measured decodes cannot fit its stated layout's HBM (module doc), or
+    None when they can (or the run lacks the numbers to tell: a layout the serving model cannot
+    size is left to the predictor, whose own error then names it)."""
+    try:
+        return _violation(run)
+    except RooflineError:
+        return None
+
+
+def _violation(run: Any) -> str | None:
+    B = decoding_at_once(run)
+    layout = _decode_layout(run) if B is not None else None
+    if layout is None or run.model is None or run.chip is None or not run.workload.isl:
+        return None
+    par, workers = layout
+    plan = plan_of(par)
+    P = float(run.workload.isl)
+    weights, per_seq = _per_chip(run.model, plan, quant_of(run), P)
+    seqs_per_chip = B / workers / plan.dp  # attention DP splits a worker's sequences
+    need, room = seqs_per_chip * per_seq, run.chip.hbm_bytes - weights
+    if need <= room:
+        return None
+    return (
+        f"{REASON}: Little's law on the measured TTFT and TPOT puts {B:.0f} sequences in decode "
+        f"at once, {B / workers:.0f} per worker of {plan.describe()}; at ≥{P:g} tokens each their "
+        f"KV cache needs {need / 1e9:.0f} GB per chip even at 4 bits, where {run.chip.name}'s "
+        f"{run.chip.hbm_bytes / 1e9:.0f} GB leave {max(room, 0) / 1e9:.0f} GB after the weights "
+        f"({KV_CAPACITY_FLAG})"
+    )
+
+
+__all__ = ["KV_CAPACITY_FLAG", "decoding_at_once", "kv_capacity_violation"]
