@@ -91,6 +91,21 @@ def test_planner_mode_searches_the_runs_precision(capsys, tmp_path, training_ent
     (run,) = doc["runs"]
     assert run["compute_dtype"] == "fp8" and "matmul_dtype=fp8" in run["planner"]["plan"]
     assert run["planner"]["excess_over_own_plan_prediction"] >= -0.001
+    # the summary keeps the 8/4-bit runs' excess apart from the 16-bit ones (never pooled)
+    by = doc["planner"]["by_precision"]
+    assert by["16-bit"] == {"n": 0, "median_excess": None}
+    assert by["8/4-bit"]["n"] == 1
+    assert by["8/4-bit"]["median_excess"] == pytest.approx(run["planner"]["excess_over_measured"])
+
+
+def test_planner_text_splits_the_excess_by_precision(capsys, tmp_path, training_entries):
+    ids = ["mpt-h100-80gb-amp_bf16-1b-seq2048-8gpu", "mbridge-25.11-dgx-h100-fp8cs-llama3-8b-8gpu"]
+    p = tmp_path / "two.yaml"
+    p.write_text(yaml.safe_dump([training_entries[i] for i in ids]))
+    assert main(["validate", "--runs", str(p), "--planner"]) == 0
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if "by compute precision" in ln)
+    assert "16-bit runs" in line and "(1)" in line and "8/4-bit runs" in line
 
 
 def test_serving_json_has_one_summary_per_metric(capsys):

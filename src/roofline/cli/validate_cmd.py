@@ -170,6 +170,13 @@ def _render_training(
             f"(median) above the measured throughput of the run's own plan; within 15%: "
             f"{_pct(pl['within_15'])}; search {pl['search_time_s']:.1f} s"
         )
+        parts = [
+            f"{name} runs {_pct(g['median_excess'], True)} ({g['n']})"
+            for name, g in pl.get("by_precision", {}).items()
+            if g["n"]
+        ]
+        if parts:
+            out.append("  median excess by compute precision: " + ", ".join(parts))
     return "\n".join(out).rstrip()
 
 
