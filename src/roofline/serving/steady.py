@@ -275,8 +275,10 @@ def steady_state(
             break  # every later sweep would repeat this one to the last bit
         X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
-    # the first wave: all C arrive together, C/k cohorts prefill one after another
-    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_alone, ttft_min)
+    first = np.maximum(
+        _first_wave(step, C, k, seqs, chunk, n_chunks, (P, Pn), pf_alone, ovh, cap, mixed),
+        ttft_min,
+    )
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
     return Steady(
@@ -293,6 +295,27 @@ def steady_state(
         capped=Bd >= cap - 1e-6,
         gen_tokens=G,
     )
+
+
+def _first_wave(step, C, k, seqs, chunk, n_chunks, lengths, pf_alone, ovh, cap, mixed) -> Any:
+    """Mean TTFT of the benchmark's first wave: all C requests arrive together and n = C/k
+    cohorts prefill one after another, cohort i's first token after the passes of cohorts
+    0 … i − 1 and its own. On a mixed engine (vLLM, TensorRT-LLM: the running decodes are
+    scheduled first and ride in every pass, vllm/v1/core/sched/scheduler.py) the pass of cohort
+    j also decodes the j·k requests prefilled before it, at about the prompt's context; on a
+    prefill-first engine (SGLang) the waiting prompts run before any decode, alone. With the
+    pass time affine in its decodes, t(j) = a + b·j·k, the wave's mean
+    Σ_j t(j)·(n − j)/n = a·(n + 1)/2 + b·k·(n² − 1)/6 is (n + 1)/2 passes at j·k = k·(n − 1)/3
+    decodes: one pass costed at a third of the wave beside it."""
+    P, Pn = lengths
+    n = C / k
+    beside = np.minimum(np.maximum(k * (n - 1.0) / 3.0, 0.0), cap)
+    if mixed and np.any(beside > 0):
+        t = _cohort_pass(step, beside, P, seqs, chunk, P, Pn) + ovh
+        pf = np.where(beside > 0, t, pf_alone)
+    else:
+        pf = pf_alone
+    return (n + 1) / 2 * n_chunks * pf
 
 
 def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:
