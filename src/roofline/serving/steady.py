@@ -21,7 +21,7 @@ prompts of P tokens (a fraction `prefix_hit` already cached), G output tokens ea
 - X = C / (TTFT + (G − 1)·TPOT): a fixed point, solved vectorised over candidates.
 
 Benchmarks start all `concurrency` requests at once: the first wave's prefills queue behind each
-other. `first_wave_share` (1 / waves; a benchmark of 10×concurrency requests, AIConfigurator's
+other (on a mixed engine each beside the decodes of the requests prefilled before it). `first_wave_share` (1 / waves; a benchmark of 10×concurrency requests, AIConfigurator's
 assumption for its measured sample, has 0.1) averages that wave's TTFT into the reported mean.
 
 Disaggregated serving runs the same physics on two pools (prefill replicas with no decode,
