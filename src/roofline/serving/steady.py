@@ -21,7 +21,8 @@ prompts of P tokens (a fraction `prefix_hit` already cached), G output tokens ea
 - X = C / (TTFT + (G − 1)·TPOT): a fixed point, solved vectorised over candidates.
 
 Benchmarks start all `concurrency` requests at once: the first wave's prefills queue behind each
-other (on a mixed engine each beside the decodes of the requests prefilled before it). `first_wave_share` (1 / waves; a benchmark of 10×concurrency requests, AIConfigurator's
+other (on a mixed engine each beside the decodes of the requests prefilled before it).
+`first_wave_share` (1 / waves; a benchmark of 10×concurrency requests, AIConfigurator's
 assumption for its measured sample, has 0.1) averages that wave's TTFT into the reported mean.
 
 Disaggregated serving runs the same physics on two pools (prefill replicas with no decode,
@@ -301,7 +302,7 @@ def _first_wave(step, C, k, seqs, chunk, n_chunks, lengths, pf_alone, ovh, cap, 
     """Mean TTFT of the benchmark's first wave: all C requests arrive together and n = C/k
     cohorts prefill one after another, cohort i's first token after the passes of cohorts
     0 … i − 1 and its own. On a mixed engine (vLLM, TensorRT-LLM: the running decodes are
-    scheduled first and ride in every pass, vllm/v1/core/sched/scheduler.py) the pass of cohort
+    scheduled first and ride in every pass: the engine records' [sched] / [ifb]) the pass of cohort
     j also decodes the j·k requests prefilled before it, at about the prompt's context; on a
     prefill-first engine (SGLang) the waiting prompts run before any decode, alone. With the
     pass time affine in its decodes, t(j) = a + b·j·k, the wave's mean
