@@ -154,6 +154,25 @@ def test_sglang_closed_loops_drift_into_the_staggered_steady_state():
     assert s.ttft_s > t_pf.time_s
 
 
+def test_a_mixed_engines_first_wave_decodes_beside_its_prefills():
+    """All 32 requests arrive together; vLLM (decode-first, one 4096-token prompt per pass on
+    an 8192-token budget beside the running decodes) prefills them in 32 passes, the j-th pass
+    also decoding the j requests before it: the wave's mean TTFT is (32 + 1)/2 passes at
+    (32 − 1)/3 decodes (pass time affine in its decodes). SGLang runs the waiting prompts
+    before any decode: (n + 1)/2 passes with nothing beside them."""
+    vl, w, C = load_engine("vllm"), Workload(4096, 256), np.array([32.0])
+    s = steady_state(ideal(), vl, w, C)
+    shape = dict(prefill_seqs=1, prefill_chunk=4096, prefill_context=4096)
+    t_j = ideal().pass_time(PassShape(decode=31 / 3, context=4096, **shape)).time_s
+    assert s.first_wave_ttft_s == pytest.approx(33 / 2 * (t_j + vl.step_overhead_s), rel=1e-9)
+    t_0 = ideal().pass_time(PassShape(**shape)).time_s
+    assert s.first_wave_ttft_s > 33 / 2 * (t_0 + vl.step_overhead_s)
+    sg = load_engine("sglang")  # 4096-token prompts: two per 8192-token prefill batch
+    g = steady_state(ideal(), sg, w, C)
+    t_b = ideal().pass_time(PassShape(prefill_seqs=2, prefill_chunk=4096, prefill_context=4096))
+    assert g.first_wave_ttft_s == pytest.approx((16 + 1) / 2 * t_b.time_s, rel=1e-9)
+
+
 def test_prefix_cache_hits_cut_ttft():
     """One request alone: a 75% hit computes a quarter of the prompt (over the full context)."""
     a = steady_state(ideal(), load_engine("vllm"), Workload(8192, 128), np.array([1.0]))

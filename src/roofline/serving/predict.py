@@ -54,7 +54,11 @@ from roofline.units import parse_dtype
 # client that measured it (validate.serving_runs names it from the workload text).
 FIRST_WAVE_SHARE = {
     # 1 / (requests per concurrency slot): AIConfigurator assumes 10×concurrency requests
-    # (ai-dynamo/aiconfigurator sdk/backends/*_backend.py run_agg)
+    # (ai-dynamo/aiconfigurator sdk/backends/*_backend.py run_agg; docs/dynamo_deployment_guide.md
+    # @ 095f58a5: "we use concurrency * 10 as num_requests"). Its generated bench_run.sh.j2 uses
+    # 20× (aiperf waits out the 2×C warmup, so the profiling phase opens with a burst: 0.05);
+    # which one the sample was measured with is not recorded. 0.05 scores TTFT 34.6% vs 26.2%
+    # (docs/serving.md): the sample's TTFT grows with C like a first wave of weight ~0.1.
     "aiconfigurator": 0.1,
     # perf_analyzer "measures the throughput and latency over a time window, and then repeats the
     # measurements until it gets stable values" (triton-inference-server docs/perf_analyzer.md):

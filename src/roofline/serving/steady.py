@@ -21,7 +21,8 @@ prompts of P tokens (a fraction `prefix_hit` already cached), G output tokens ea
 - X = C / (TTFT + (G − 1)·TPOT): a fixed point, solved vectorised over candidates.
 
 Benchmarks start all `concurrency` requests at once: the first wave's prefills queue behind each
-other. `first_wave_share` (1 / waves; a benchmark of 10×concurrency requests, AIConfigurator's
+other (on a mixed engine each beside the decodes of the requests prefilled before it).
+`first_wave_share` (1 / waves; a benchmark of 10×concurrency requests, AIConfigurator's
 assumption for its measured sample, has 0.1) averages that wave's TTFT into the reported mean.
 
 Disaggregated serving runs the same physics on two pools (prefill replicas with no decode,
@@ -275,8 +276,10 @@ def steady_state(
             break  # every later sweep would repeat this one to the last bit
         X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
-    # the first wave: all C arrive together, C/k cohorts prefill one after another
-    first = np.maximum((C / k + 1) / 2 * n_chunks * pf_alone, ttft_min)
+    first = np.maximum(
+        _first_wave(step, C, k, seqs, chunk, n_chunks, (P, Pn), pf_alone, ovh, cap, mixed),
+        ttft_min,
+    )
     w = work.first_wave_share
     ttft = (1 - w) * ttft_ss + w * first
     return Steady(
@@ -293,6 +296,27 @@ def steady_state(
         capped=Bd >= cap - 1e-6,
         gen_tokens=G,
     )
+
+
+def _first_wave(step, C, k, seqs, chunk, n_chunks, lengths, pf_alone, ovh, cap, mixed) -> Any:
+    """Mean TTFT of the benchmark's first wave: all C requests arrive together and n = C/k
+    cohorts prefill one after another, cohort i's first token after the passes of cohorts
+    0 … i − 1 and its own. On a mixed engine (vLLM, TensorRT-LLM: the running decodes are
+    scheduled first and ride in every pass: the engine records' [sched] / [ifb]) the pass of cohort
+    j also decodes the j·k requests prefilled before it, at about the prompt's context; on a
+    prefill-first engine (SGLang) the waiting prompts run before any decode, alone. With the
+    pass time affine in its decodes, t(j) = a + b·j·k, the wave's mean
+    Σ_j t(j)·(n − j)/n = a·(n + 1)/2 + b·k·(n² − 1)/6 is (n + 1)/2 passes at j·k = k·(n − 1)/3
+    decodes: one pass costed at a third of the wave beside it."""
+    P, Pn = lengths
+    n = C / k
+    beside = np.minimum(np.maximum(k * (n - 1.0) / 3.0, 0.0), cap)
+    if mixed and np.any(beside > 0):
+        t = _cohort_pass(step, beside, P, seqs, chunk, P, Pn) + ovh
+        pf = np.where(beside > 0, t, pf_alone)
+    else:
+        pf = pf_alone
+    return (n + 1) / 2 * n_chunks * pf
 
 
 def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:
