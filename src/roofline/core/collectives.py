@@ -260,12 +260,26 @@ def switch_capacity(system: System, d: PhysDim) -> float | None:
 def switched_bw(system: System, d: PhysDim) -> tuple[float, float | None]:
     """(per-chip bandwidth a collective gets at tier `d`, the switch share S/P when it binds).
 
-    `min(w, S/P)`: P chips of one group share its switches' capacity S (module doc)."""
+    `min(w, S/P)`: P chips of one group share its switches' capacity S (module doc).
+    Remembered per (system, dim): every collective over the tier asks again (keyed by
+    identity, System and PhysDim kept to check it; bounded)."""
+    key = (id(system), id(d))
+    hit = _SWITCHED.get(key)
+    if hit is not None and hit[0] is system and hit[1] is d:
+        return hit[2]
     s = switch_capacity(system, d) if d.switched else None
     if s is None:
-        return d.bw_bytes_per_s, None
-    share = s / _group_chips(system, d)
-    return (share, share) if share < d.bw_bytes_per_s else (d.bw_bytes_per_s, None)
+        out: tuple[float, float | None] = (d.bw_bytes_per_s, None)
+    else:
+        share = s / _group_chips(system, d)
+        out = (share, share) if share < d.bw_bytes_per_s else (d.bw_bytes_per_s, None)
+    if len(_SWITCHED) >= 4096:
+        _SWITCHED.clear()
+    _SWITCHED[key] = (system, d, out)
+    return out
+
+
+_SWITCHED: dict[tuple[int, int], tuple[System, PhysDim, tuple[float, float | None]]] = {}
 
 
 # DimKind value of a tier -> the link tier name of the efficiency profile contract
@@ -293,8 +307,8 @@ def unit_cost(kind: CollectiveKind | str, axes: str | Iterable[str], mesh: Mesh)
     `collective_cost(...).unit` without its per-byte arrays and formula text."""
     k = parse_collective_kind(kind)
     names = mesh.resolve_axes(axes)
-    shape = mesh.shape
-    n = math.prod(shape[a] for a in names)
+    sizes = mesh.sizes
+    n = math.prod(sizes[a] for a in names)
     if n == 1:
         return UnitCost(0.0, 0.0)
     terms = _stage_terms(k, mesh.system, mesh.segments(names), n, mesh.system.sharp, None)
