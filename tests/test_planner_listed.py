@@ -1,5 +1,5 @@
-"""The planner costs the plans it lists (top, runner-up) again after ranking them; each must be
-exactly what `evaluate_plan` gives that plan alone."""
+"""The planner costs the plans it lists (top, runner-up) together in multi-row walks
+(`evaluate_plan_rows`); each must be exactly what `evaluate_plan` gives that plan alone."""
 
 from __future__ import annotations
 

@@ -156,6 +156,22 @@ def listing_key(deg: dict[Strategy, int], n_chips: int) -> tuple:
     return (deg[Strategy.TP], deg[Strategy.SP], deg[Strategy.PP], deg[Strategy.EP], n_chips)
 
 
+def candidates_of_plans(plans: list[Plan], system_idx: list[int], remats) -> Candidates:
+    """Candidates holding `plans` (plan i on system `system_idx[i]`, its remat an index into
+    `remats`): the listed plans of a search, costed again together."""
+    return Candidates(
+        {s: np.array([p.degrees.of(s) for p in plans]) for s in Strategy},
+        np.array([p.microbatches for p in plans]),
+        np.array([p.zero for p in plans]),
+        np.array([p.schedule.code for p in plans]),
+        np.array([p.virtual_stages for p in plans]),
+        system_idx=np.array(system_idx),
+        remat_idx=np.array([list(remats).index(p.remat) for p in plans]),
+        collective_matmul=np.array([p.collective_matmul for p in plans]),
+        overlap_ep=np.array([p.overlap_ep for p in plans]),
+    )
+
+
 def degrees_at(
     families: list[Family], ranked: Ranked, row: int
 ) -> tuple[Family, int, dict[Strategy, int]]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from roofline.core.rules import Structure
 from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
 from roofline.core.stack import Stack, recipe_dtypes, stack_of
 from roofline.errors import PlanError
@@ -24,7 +25,7 @@ from roofline.report.text import (
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Framework
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import ComputeDtypes, Workload, parse_optimizer
+from roofline.specs.plan import ComputeDtypes, Plan, Workload, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.offload import (
     ActivationsOffloadedCost,
@@ -37,6 +38,7 @@ from roofline.training.planner.launchable import launchable
 from roofline.training.planner.rank import (
     Family,
     Ranked,
+    candidates_of_plans,
     degrees_at,
     distinct_rows,
     pareto,
@@ -55,7 +57,9 @@ from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import (
     StepCost,
     evaluate_plan,
+    evaluate_plan_rows,
     evaluate_plans,
+    structure_of,
     training_profile,
 )
 from roofline.units import DAY
@@ -309,24 +313,31 @@ def _runner_up_row(families, ranked: Ranked, systems, rows: list[int]) -> int | 
 
 
 def _cost_rows(families, ranked: Ranked, rows: list[int], ctx: _Costing) -> dict[int, StepCost]:
-    """The StepCost of each ranked row the report lists, each costed alone by `evaluate_plan`
-    (a single plan's walk on Python floats: ~5 ms against ~20 ms for a multi-row walk of three
-    plans on arrays, benchmarks/README.md), with the optimizer offloaded where that made a plan
-    fit."""
-    out: dict[int, StepCost] = {}
-    for r in dict.fromkeys(rows):  # the runner-up may be one of the top rows
+    """The StepCost of each ranked row the report lists: the plans that a single plan's walk
+    would walk alike (the same strategies, sharding, dtypes and compilation; remat and the
+    flags may differ) costed together in one multi-row walk (`evaluate_plan_rows`: the numbers
+    `evaluate_plan` gives), with the optimizer offloaded where that made a plan fit."""
+    groups: dict[tuple, list[tuple[int, Plan, int]]] = {}
+    for r in rows:
         f = families[int(ranked.family[r])]
         plan = plan_at(families, ranked, r, ctx.space, ctx.opt)
-        sysm = ctx.systems[int(f.cand.system_idx[int(ranked.index[r])])]
-        c = evaluate_plan(
-            ctx.model, sysm, ctx.workload, plan, efficiency=ctx.eff, policy=ctx.policy,
-            framework=ctx.stack,
+        st = replace(structure_of(plan, ctx.model), remat=Structure.remat, collective_matmul=False)
+        sys_i = int(f.cand.system_idx[int(ranked.index[r])])
+        groups.setdefault((st, plan.dtypes, plan.compiled), []).append((r, plan, sys_i))
+    out: dict[int, StepCost] = {}
+    for (st, *_), members in groups.items():
+        plans = [p for _, p, _ in members]
+        cand = candidates_of_plans(plans, [i for _, _, i in members], ctx.space.remats)
+        costs = evaluate_plan_rows(
+            ctx.model, ctx.systems, ctx.workload, st, cand, plans, remats=list(ctx.space.remats),
+            efficiency=ctx.eff, policy=ctx.policy, framework=ctx.stack,
         )  # fmt: skip
-        if not c.fits and True in ctx.space.offload_optimizer:  # as offload_rescue ranked it
-            c = offloaded_cost(ctx.model, c) or c
-        if not c.fits and True in ctx.space.offload_activations:  # activation_offload_rescue
-            c = _activations_offloaded(ctx.model, c)
-        out[r] = c
+        for (r, _, _), c in zip(members, costs, strict=True):
+            if not c.fits and True in ctx.space.offload_optimizer:  # as offload_rescue ranked it
+                c = offloaded_cost(ctx.model, c) or c
+            if not c.fits and True in ctx.space.offload_activations:  # activation_offload_rescue
+                c = _activations_offloaded(ctx.model, c)
+            out[r] = c
     return out
 
 
