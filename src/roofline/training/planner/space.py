@@ -268,13 +268,7 @@ def enumerate_plans(
     """Every plan of the space, filtered by the named rules, grouped into Structures."""
     F, domains_txt = _meshes(model, workload, systems, space)
     # stage 1: mesh × microbatches × schedule, where the divisibility rules act
-    mbs = np.array(microbatch_counts(space.microbatches, workload))
-    scheds = np.array([s.code for s in space.schedules])
-    fi, mb, sc = (x.reshape(-1) for x in np.meshgrid(np.arange(len(F)), mbs, scheds, indexing="ij"))
-    rows = F[fi]
-    pp = rows[:, 1 + list(Strategy).index(Strategy.PP)]
-    keep = (pp > 1) | (sc == scheds[0])  # the schedule matters only with a pipeline
-    mb, sc, rows = mb[keep], sc[keep], rows[keep]
+    mb, sc, rows = _stage_one(F, workload, space)
     deg = {s: rows[:, 1 + j] for j, s in enumerate(Strategy)}
     # how many full candidates each stage-1 row stands for (choices that apply to it)
     tp1, dp1 = deg[Strategy.TP] > 1, deg[Strategy.DP] > 1
@@ -296,6 +290,21 @@ def enumerate_plans(
         ok &= ~bad
     groups = _expand(model, space, rows[ok], mb[ok], sc[ok], virtual[ok])
     return Enumeration(tuple(groups), int(weight.sum()), rejected, domains_txt)
+
+
+def _stage_one(F: np.ndarray, workload: Workload, space: SearchSpace) -> tuple[np.ndarray, ...]:
+    """(microbatches, schedule code, mesh row) of every mesh × microbatch count × schedule,
+    in that nested order, the schedules only where there is a pipeline (elsewhere the first):
+    the schedule matters only with one."""
+    mbs = np.array(microbatch_counts(space.microbatches, workload))
+    scheds = np.array([s.code for s in space.schedules])
+    pp = F[:, 1 + list(Strategy).index(Strategy.PP)]
+    per = np.where(pp > 1, len(scheds), 1)  # schedules tried per mesh
+    count = per * len(mbs)
+    fi = np.repeat(np.arange(len(F)), count)
+    k = np.arange(len(fi)) - np.repeat(np.cumsum(count) - count, count)  # index within the mesh
+    per = per[fi]
+    return mbs[k // per], scheds[k % per], F[fi]
 
 
 def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
