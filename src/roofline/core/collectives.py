@@ -260,12 +260,26 @@ def switch_capacity(system: System, d: PhysDim) -> float | None:
 def switched_bw(system: System, d: PhysDim) -> tuple[float, float | None]:
     """(per-chip bandwidth a collective gets at tier `d`, the switch share S/P when it binds).
 
-    `min(w, S/P)`: P chips of one group share its switches' capacity S (module doc)."""
+    `min(w, S/P)`: P chips of one group share its switches' capacity S (module doc).
+    Remembered per (system, dim): every collective over the tier asks again (keyed by
+    identity, System and PhysDim kept to check it; bounded)."""
+    key = (id(system), id(d))
+    hit = _SWITCHED.get(key)
+    if hit is not None and hit[0] is system and hit[1] is d:
+        return hit[2]
     s = switch_capacity(system, d) if d.switched else None
     if s is None:
-        return d.bw_bytes_per_s, None
-    share = s / _group_chips(system, d)
-    return (share, share) if share < d.bw_bytes_per_s else (d.bw_bytes_per_s, None)
+        out: tuple[float, float | None] = (d.bw_bytes_per_s, None)
+    else:
+        share = s / _group_chips(system, d)
+        out = (share, share) if share < d.bw_bytes_per_s else (d.bw_bytes_per_s, None)
+    if len(_SWITCHED) >= 4096:
+        _SWITCHED.clear()
+    _SWITCHED[key] = (system, d, out)
+    return out
+
+
+_SWITCHED: dict[tuple[int, int], tuple[System, PhysDim, tuple[float, float | None]]] = {}
 
 
 # DimKind value of a tier -> the link tier name of the efficiency profile contract
@@ -293,11 +307,13 @@ def unit_cost(kind: CollectiveKind | str, axes: str | Iterable[str], mesh: Mesh)
     `collective_cost(...).unit` without its per-byte arrays and formula text."""
     k = parse_collective_kind(kind)
     names = mesh.resolve_axes(axes)
-    shape = mesh.shape
-    n = math.prod(shape[a] for a in names)
+    sizes = mesh.sizes
+    n = math.prod(sizes[a] for a in names)
     if n == 1:
         return UnitCost(0.0, 0.0)
-    terms = _stage_terms(k, mesh.system, mesh.segments(names), n, mesh.system.sharp, None)
+    terms = _stage_terms(
+        k, mesh.system, mesh.segments(names), n, mesh.system.sharp, None, text=False
+    )
     worst = max(terms, key=lambda t: t.seconds_per_byte)
     latency = float(sum(t.latency_s for t in terms))
     return UnitCost(latency, worst.seconds_per_byte, _TIER_OF_DIM[worst.kind])
@@ -405,15 +421,21 @@ def _stage_terms(
     n: int,
     sharp: bool,
     sharp_speedup: float | None,
+    *,
+    text: bool = True,
 ) -> list[TierTerm]:
+    """Each stage's term; `text=False` leaves the labels and formula text empty (a unit cost
+    reads only the numbers and the tier)."""
     terms: list[TierTerm] = []
     inner = 1
     for st in _stages(segs):
         d = math.prod(s.size for s in st)
         if st[0].dim.kind is DimKind.ICI:
-            terms.append(_ici_term(kind, st, d, inner, n))
+            terms.append(_ici_term(kind, st, d, inner, n, text))
         else:
-            terms.append(_switched_term(kind, system, st[0], d, inner, n, sharp, sharp_speedup))
+            terms.append(
+                _switched_term(kind, system, st[0], d, inner, n, sharp, sharp_speedup, text)
+            )
         inner *= d
     return terms
 
@@ -425,8 +447,10 @@ _REDUCTIONS = (
 )
 
 
-def _ici_term(kind: CollectiveKind, st: list[Segment], d: int, inner: int, n: int) -> TierTerm:
-    """One torus stage (consecutive ICI segments)."""
+def _ici_term(
+    kind: CollectiveKind, st: list[Segment], d: int, inner: int, n: int, text: bool = True
+) -> TierTerm:
+    """One torus stage (consecutive ICI segments); `text`: with its label and formula text."""
     lat_hops = sum(_ici_hops(s) for s in st)
     hop_lat = sum(_ici_hops(s) * s.dim.hop_latency_s for s in st)
     if kind in _REDUCTIONS:
@@ -434,22 +458,31 @@ def _ici_term(kind: CollectiveKind, st: list[Segment], d: int, inner: int, n: in
         bw = sum(1.0 / t for t in _per_dim(st, _ici_ag_t).values())
         t = 1.0 / (inner * bw)
         lat = hop_lat
-        detail = f"B/{_fmt_bw(inner * bw)} over {len(st)} ICI segment(s), {lat_hops} hops"
+        detail = (
+            f"B/{_fmt_bw(inner * bw)} over {len(st)} ICI segment(s), {lat_hops} hops"
+            if text
+            else ""
+        )
         if kind is CollectiveKind.ALL_REDUCE:
             # sharding.md: AllReduce = ReduceScatter + AllGather = 2x
             t, lat = 2 * t, 2 * lat
-            detail = "2 x (" + detail + ")"
+            detail = "2 x (" + detail + ")" if text else ""
     elif kind is CollectiveKind.ALL_TO_ALL:
         frac = inner * d / n
         t = frac * max(_per_dim(st, _ici_a2a_t).values())
         lat = hop_lat
-        detail = f"max over dims of B·X/(8·W_1way) (ring) or B·(X-1)/(2·W_1way) (line), x {frac:.3g} in-group -> B/{_fmt_bw(1 / t)}"
+        detail = (
+            f"max over dims of B·X/(8·W_1way) (ring) or B·(X-1)/(2·W_1way) (line), x {frac:.3g} in-group -> B/{_fmt_bw(1 / t)}"
+            if text
+            else ""
+        )
     else:  # PERMUTE
         # one hop to the neighbour: bytes / W_1way + one hop latency
         t = max(1.0 / _w1(s) for s in st)
         lat = max(s.dim.hop_latency_s * s.stride for s in st)
-        detail = f"B/{_fmt_bw(1 / t)} one hop"
-    return TierTerm(_ici_label(st), DimKind.ICI.value, d, inner, t, lat, detail)
+        detail = f"B/{_fmt_bw(1 / t)} one hop" if text else ""
+    label = _ici_label(st) if text else ""
+    return TierTerm(label, DimKind.ICI.value, d, inner, t, lat, detail)
 
 
 def _switched_term(
@@ -461,16 +494,17 @@ def _switched_term(
     n: int,
     sharp: bool,
     sharp_speedup: float | None,
+    text: bool = True,
 ) -> TierTerm:
     """One switched stage (NVLink, a scale-out tier, DCN), its per-chip bandwidth capped by
-    the group's switches (module doc)."""
+    the group's switches (module doc); `text`: with its label and formula text."""
     w, capped = switched_bw(system, seg.dim)
     ell = seg.dim.hop_latency_s
     if kind in _REDUCTIONS:
         # gpus.md: T = B·max_i (D_i-1)/(D_i·W_link,i), W_link,i = P_{i-1}·w_i for this collective's inner members
         t = (d - 1) / (d * inner * w)
         lat = (d - 1) * ell
-        detail = f"B·({d}-1)/({d}·{inner}·{w:.3g})"
+        detail = f"B·({d}-1)/({d}·{inner}·{w:.3g})" if text else ""
         if kind is CollectiveKind.ALL_REDUCE:
             sharp_here = sharp and seg.dim.kind in (DimKind.NVLINK, DimKind.SCALEOUT)
             t, lat, detail = _all_reduce_stage(
@@ -485,10 +519,12 @@ def _switched_term(
             frac = (n - inner) / n
         t = frac / w
         lat = (d - 1) * ell
-        detail = f"B·{frac:.4g}/{w:.3g}"
+        detail = f"B·{frac:.4g}/{w:.3g}" if text else ""
     else:  # PERMUTE
         t, lat = 1.0 / w, ell
-        detail = f"B/{w:.3g}"
+        detail = f"B/{w:.3g}" if text else ""
+    if not text:
+        return TierTerm("", seg.dim.kind.value, d, inner, t, lat, "")
     label = _switch_label(seg)
     if capped is not None:
         label += " (switch-bound)"

@@ -19,6 +19,7 @@ explicit placement are auto-placed on what is left.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -89,6 +90,16 @@ class Mesh:
     def shape(self) -> dict[str, int]:
         return dict(self.axes)
 
+    @functools.cached_property
+    def sizes(self) -> Mapping[str, int]:
+        """`shape`, built once (read-only: the mesh's own lookups)."""
+        return MappingProxyType(dict(self.axes))
+
+    @functools.cached_property
+    def _dim_rank(self) -> dict[str, int]:
+        """Each physical dim's position in the system, outermost first (built once)."""
+        return {d.name: i for i, d in enumerate(self.system.dims)}
+
     @property
     def n_chips(self) -> int:
         return self.system.n_chips
@@ -98,8 +109,10 @@ class Mesh:
 
     def resolve_axes(self, axes: str | Iterable[str]) -> tuple[str, ...]:
         """Axis names from 'X', 'XY' (book notation), 'X,Y' or a sequence; PlanError if unknown."""
+        known = self.sizes
+        if type(axes) is tuple and all(a in known for a in axes) and len(set(axes)) == len(axes):
+            return axes  # already resolved (the walk's and the unit costs' axes)
         names = _as_axis_tuple(axes, self.axis_names)
-        known = self.shape
         for a in names:
             if a not in known:
                 raise PlanError(
@@ -117,7 +130,7 @@ class Mesh:
 
     def size(self, axes: str | Iterable[str] = ()) -> int:
         """Product of the sizes of `axes` (1 for none)."""
-        shape = self.shape
+        shape = self.sizes
         return math.prod(shape[a] for a in self.resolve_axes(axes))
 
     def segments(self, axes: str | Iterable[str]) -> tuple[Segment, ...]:
@@ -131,7 +144,7 @@ class Mesh:
         for a in names:
             for seg in self.placement[a]:
                 by_dim.setdefault(seg.dim.name, []).append(seg)
-        order = {d.name: i for i, d in enumerate(self.system.dims)}
+        order = self._dim_rank
         out: list[Segment] = []
         for dname in sorted(by_dim, key=lambda n: -order[n]):
             segs = sorted(by_dim[dname], key=lambda s: s.stride)
@@ -328,18 +341,46 @@ def place_mesh(
     explicit = explicit or {}
     names = [n for n, _ in items]
     _check_mesh(sys_, items, explicit)
-    inner_first = list(reversed(sys_.dims))
-    placer = _Placer(sys_)
-    result: dict[str, tuple[Segment, ...]] = {}
-    order = list(reversed(names))
-    for a in [n for n in order if n in explicit]:
-        allowed = [d for d in inner_first if d.name in explicit[a]]
-        result[a] = placer.take(a, dict(items)[a], allowed)
-    for a in [n for n in order if n not in explicit]:
-        result[a] = placer.take(a, dict(items)[a], inner_first)
+    if not explicit:
+        result = _auto_placed(sys_, items)
+    else:
+        inner_first = list(reversed(sys_.dims))
+        placer = _Placer(sys_)
+        result = {}
+        order = list(reversed(names))
+        for a in [n for n in order if n in explicit]:
+            allowed = [d for d in inner_first if d.name in explicit[a]]
+            result[a] = placer.take(a, dict(items)[a], allowed)
+        for a in [n for n in order if n not in explicit]:
+            result[a] = placer.take(a, dict(items)[a], inner_first)
     return Mesh(
         system=sys_, axes=tuple(items), placement=MappingProxyType({n: result[n] for n in names})
     )
+
+
+# One auto-placed axis's segments and what it leaves free, by (system, what was free, size):
+# an axis takes the same factors whatever it is named, so the planner's hundreds of meshes on
+# one system (sharing their inner axes) place each step once. Keyed by the system's identity
+# (System holds read-only mappings, not hashable), the system kept to check it; bounded.
+_TAKES: dict[tuple, tuple[System, tuple[Segment, ...], tuple[int, ...]]] = {}
+_TAKES_MAX = 1 << 16
+
+
+def _auto_placed(sys_: System, items: list[tuple[str, int]]) -> dict[str, tuple[Segment, ...]]:
+    """Every axis placed innermost first on the dims still free (`_Placer`), steps remembered."""
+    free = tuple(d.size for d in sys_.dims)
+    result: dict[str, tuple[Segment, ...]] = {}
+    for a, size in reversed(items):
+        key = (id(sys_), free, size)
+        hit = _TAKES.get(key)
+        if hit is None or hit[0] is not sys_:
+            placer = _Placer(sys_, free)
+            segs = placer.take(a, size, list(reversed(sys_.dims)))  # PlanError: not cached
+            if len(_TAKES) >= _TAKES_MAX:
+                _TAKES.clear()
+            hit = _TAKES[key] = (sys_, segs, tuple(placer.remaining[d.name] for d in sys_.dims))
+        result[a], free = hit[1], hit[2]
+    return result
 
 
 def _check_mesh(sys_: System, items: list[tuple[str, int]], explicit: Mapping[str, tuple]) -> None:
@@ -373,9 +414,11 @@ def _check_mesh(sys_: System, items: list[tuple[str, int]], explicit: Mapping[st
 class _Placer:
     """Hands out factors of the physical dims to mesh axes, innermost first."""
 
-    def __init__(self, sys_: System) -> None:
-        self.remaining = {d.name: d.size for d in sys_.dims}
-        self.taken = {d.name: 1 for d in sys_.dims}
+    def __init__(self, sys_: System, free: tuple[int, ...] | None = None) -> None:
+        """`free`: what each dim (in `sys_.dims` order) still has free (default: all of it)."""
+        left = free if free is not None else tuple(d.size for d in sys_.dims)
+        self.remaining = {d.name: f for d, f in zip(sys_.dims, left, strict=True)}
+        self.taken = {d.name: d.size // f for d, f in zip(sys_.dims, left, strict=True)}
 
     def take(self, axis: str, size: int, allowed: list[PhysDim]) -> tuple[Segment, ...]:
         remaining, taken = self.remaining, self.taken
