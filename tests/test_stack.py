@@ -285,6 +285,26 @@ def test_attention_kernel_of_the_stack():
     assert unfused.step_time_s > new.step_time_s
 
 
+def test_unfused_kernel_computes_the_whole_score_matrix():
+    """An unfused kernel's batched GEMMs compute every score, masked or not (Causal.FULL), and
+    its softmax and dropout run over the whole matrix: one chip holding one sequence does the
+    dense attention FLOPs plus those rows' elementwise FLOPs, forward and backward, more than
+    the flash kernel, which skips the masked half."""
+    from roofline.core.ledger import Causal, build_ledger
+
+    old = stack_of("megatron").with_attention_kernel(AttentionKernel.UNFUSED, "2021")
+    plan = "dp=8,remat=none"
+    new = _cost(L8, "a100:8", 8 * 2048, 2048, plan, "megatron")
+    unfused = _cost(L8, "a100:8", 8 * 2048, 2048, plan, old)
+
+    def flops(causal, flash):
+        led = build_ledger(L8, batch=1, seq=2048, causal=causal, flash=flash)
+        return sum(o.flops + o.backward_flops for o in led if o.name.startswith("attn/"))
+
+    extra = flops(Causal.FULL, False) - flops(Causal.HALF, True)
+    assert unfused.flops_per_chip - new.flops_per_chip == pytest.approx(extra, rel=1e-9)
+
+
 # ------------------------------------------------------------------------------- memory
 
 
