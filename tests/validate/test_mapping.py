@@ -83,6 +83,18 @@ def test_narayanan_virtual_stages_from_layers_per_stage(training_entries):
     assert not r.inputs.plan.sequence_parallel and r.inputs.plan.zero == 0  # 2021 Megatron
 
 
+def test_pre_flash_megatron_documents_run_the_unfused_kernel(training_entries):
+    """Narayanan et al. 2021 and Korthikanti et al. 2022 (10 May 2022, before FlashAttention,
+    27 May 2022) ran Megatron-LM's unfused attention: their runs are costed on the stack with
+    the score matrix in HBM; the 2024 README runs keep the profile's flash kernel."""
+    for rid in ("megatron-a100-narayanan2021-1.7b", "megatron-a100-korthikanti2022-1t"):
+        r = map_training_run(training_entries[rid])
+        assert r.inputs.stack is not None and not r.inputs.stack.flash_attention, rid
+        assert any("FlashAttention" in d for d in r.defaults), rid
+    new = map_training_run(training_entries["megatron-h100-weak-16b"])
+    assert new.inputs.stack is None
+
+
 def test_torchtitan_global_batch_from_local_batch(training_entries):
     r = map_training_run(training_entries["tt-h100-llama3-70b-tp8-bf16-vanilla-256gpu"])
     assert r.inputs.workload.sequences == 16 * 32  # local batch × FSDP ranks

@@ -291,6 +291,16 @@ DOCUMENTS: dict[str, DocumentOverride] = {
             "(Narayanan et al. 2021 §2.1; Korthikanti et al. 2022 count its 5as²b bytes)"
         ),
     ),
+    "megatron-korthikanti2022": DocumentOverride(
+        attention_kernel="unfused",
+        kernel_why=(
+            "Korthikanti et al. 2022 (arXiv:2205.05198, 10 May 2022) predates FlashAttention "
+            "(arXiv:2205.14135, 27 May 2022): its Megatron-LM ran QK^T and softmax-dropout-V as "
+            "batched GEMMs around the fused scale-mask-softmax kernel, the score matrix in HBM "
+            "(§4.1 counts its softmax output, dropout mask and dropout output, 5as²b bytes; "
+            "selective recomputation exists to drop them)"
+        ),
+    ),
     "maxtext-readme-v4": DocumentOverride(
         seq_len=1024,
         why=(
