@@ -305,6 +305,22 @@ def test_unfused_kernel_computes_the_whole_score_matrix():
     assert unfused.flops_per_chip - new.flops_per_chip == pytest.approx(extra, rel=1e-9)
 
 
+def test_an_older_stack_without_tp_overlap():
+    """Megatron overlaps TP collectives by default under sequence parallelism (the recipes'
+    --tp-comm-overlap); a version without the mechanism (2022 Megatron-LM) exposes more of
+    them, and the plan's collective_matmul=1 still switches it on."""
+    old = stack_of("megatron").without_overlap(OverlapClass.TENSOR, "2022")
+    assert old.overlap(OverlapClass.TENSOR).default == "off"
+    assert stack_of("megatron").overlap(OverlapClass.TENSOR).default == "sequence_parallel"
+    plan = "dp=2,tp=4,remat=none,megatron_sp=1"
+    new = _cost(L8, "h100:8", 8 * 4096, 4096, plan, "megatron")
+    off = _cost(L8, "h100:8", 8 * 4096, 4096, plan, old)
+    on = _cost(L8, "h100:8", 8 * 4096, 4096, plan + ",collective_matmul=1", old)
+    assert off.exposed_time_s["tp"] > new.exposed_time_s["tp"]
+    assert on.exposed_time_s["tp"] == pytest.approx(new.exposed_time_s["tp"], rel=1e-12)
+    assert off.comm_time_s["tp"] == pytest.approx(new.comm_time_s["tp"], rel=1e-12)
+
+
 # ------------------------------------------------------------------------------- memory
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from roofline.core.stack import stack_of
 from roofline.specs.chip import load_chip
+from roofline.specs.framework import OverlapClass
 from roofline.validate.systems import tpu_shape
 from roofline.validate.training_runs import (
     compute_dtype,
@@ -93,6 +94,26 @@ def test_pre_flash_megatron_documents_run_the_unfused_kernel(training_entries):
         assert any("FlashAttention" in d for d in r.defaults), rid
     new = map_training_run(training_entries["megatron-h100-weak-16b"])
     assert new.inputs.stack is None
+    # 2022 Megatron-LM had no TP comm overlap: the document's stack has it off by default
+    k = map_training_run(training_entries["megatron-a100-korthikanti2022-1t"])
+    assert k.inputs.stack.overlap(OverlapClass.TENSOR).default == "off"
+
+
+def test_megatron_local_ddp_reduces_gradients_after_the_backward(training_entries):
+    """2021/2022 Megatron-LM's local DDP all-reduces gradients after the backward pass (its
+    train_step), PyTorch DDP (--DDP-impl torch) under it: the Narayanan runs with local DDP and
+    the Korthikanti runs (local by default) take a stack whose gradient reduction is not
+    overlapped; the torch-DDP runs keep the overlap."""
+    off = ("megatron-a100-narayanan2021-39b", "megatron-a100-korthikanti2022-530b-2240gpu")
+    for rid in off:
+        st = map_training_run(training_entries[rid]).inputs.stack
+        assert st.overlap(OverlapClass.GRAD_REDUCE).default == "off", rid
+    torch_ddp = map_training_run(training_entries["megatron-a100-narayanan2021-1.7b"])
+    assert torch_ddp.inputs.stack.overlap(OverlapClass.GRAD_REDUCE).default == "data_parallel"
+    e = copy.deepcopy(training_entries["megatron-a100-narayanan2021-1.7b"])
+    e["parallelism"]["ddp_impl"] = "local"
+    st = map_training_run(e).inputs.stack
+    assert st.overlap(OverlapClass.GRAD_REDUCE).default == "off"
 
 
 def test_torchtitan_global_batch_from_local_batch(training_entries):

@@ -398,6 +398,13 @@ class Stack:
         fw = replace(self.framework, kernels=Kernels(kernel, source))
         return _build(fw)
 
+    def without_overlap(self, cls: OverlapClass, source: str) -> Stack:
+        """This stack with a class's overlap mechanism off by default (an older version that
+        did not have it); the plan's flag can still switch it on."""
+        ov = replace(self.overlap(cls), default="off", note=source)
+        fw = replace(self.framework, overlap=MappingProxyType({**self.framework.overlap, cls: ov}))
+        return _build(fw)
+
     # -- overheads ----------------------------------------------------------------------------
     @property
     def step_overhead_s(self) -> float:

@@ -252,6 +252,11 @@ class DocumentOverride:
     attention_kernel: str | None = None  # specs.framework.AttentionKernel value
     kernel_why: str = ""
     optimizer: str | None = None  # specs.plan.OPTIMIZERS name where the table's runs differ
+    # the document's default data-parallel implementation (an entry's `ddp_impl` wins) and the
+    # ones among them that all-reduce gradients after the backward pass, not under it
+    ddp: str | None = None
+    ddp_serial: tuple[str, ...] = ()
+    ddp_why: str = ""
     optimizer_why: str = ""
     virtual: int | None = None  # model chunks per pipeline rank (interleaved) where unpublished
     virtual_why: str = ""
@@ -272,6 +277,14 @@ _DGXC_BF16_GRADS = (
     "contiguous_grad_buffer: True)"
 )
 
+_MEGATRON_LOCAL_DDP = (
+    "Megatron-LM's local DDP (--DDP-impl local, the default) all-reduces gradients after the "
+    "whole backward pass: NVIDIA/Megatron-LM@a8d172b3 (2021-04-28) and @00129014 (2022-04-28, "
+    "the sequence-parallel/selective-recompute branch) megatron/training.py train_step "
+    "(forward_backward_func, then 'backward-params-all-reduce': allreduce_gradients()); "
+    "--DDP-impl torch (PyTorch DDP) overlaps its buckets with the backward pass"
+)
+
 DOCUMENTS: dict[str, DocumentOverride] = {
     "megatron-bridge": DocumentOverride(
         optimizer="adam-fp32-master-bf16-grads", optimizer_why=_MB_BF16_GRADS
@@ -284,6 +297,9 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         collective_matmul=False,
         zero=0,
         why="2021 Megatron-LM: sequence parallelism (2022), TP comm overlap and the distributed optimizer did not exist yet",
+        ddp="local",
+        ddp_serial=("local",),
+        ddp_why=_MEGATRON_LOCAL_DDP,
         attention_kernel="unfused",
         kernel_why=(
             "2021 Megatron-LM predates FlashAttention (Dao et al. 2022): attention ran as batched "
@@ -292,6 +308,18 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         ),
     ),
     "megatron-korthikanti2022": DocumentOverride(
+        collective_matmul=False,
+        ddp="local",
+        ddp_serial=("local",),
+        ddp_why=_MEGATRON_LOCAL_DDP,
+        why=(
+            "2022 Megatron-LM had no TP communication overlap (--tp-comm-overlap came with "
+            "Transformer Engine's userbuffers in 2023; the paper's release, "
+            "NVIDIA/Megatron-LM@00129014dc4b megatron/arguments.py, has --sequence-parallel and "
+            "--checkpoint-granularity selective but no such flag): only the backward's async "
+            "all-gather/reduce-scatter ran under a GEMM (Korthikanti et al. 2022 §4.2.2: the "
+            "extra all-gather 'is overlapped with gradient computation')"
+        ),
         attention_kernel="unfused",
         kernel_why=(
             "Korthikanti et al. 2022 (arXiv:2205.05198, 10 May 2022) predates FlashAttention "

@@ -609,18 +609,28 @@ def _optimizer(over: Any, st: StackDefaults, notes: list[str]) -> str:
     return over.optimizer
 
 
-def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
+def _document_stack(framework: str, document: str, p: dict, notes: list[str]) -> Any:
     """The stack as a document ran it where its version differs from the profile (None: the
-    profile itself), e.g. 2021 Megatron-LM without a flash attention kernel."""
+    profile itself), e.g. 2021 Megatron-LM without a flash attention kernel, TP communication
+    overlap, or (with its local DDP) a gradient all-reduce overlapped with the backward pass."""
     over = DOCUMENTS.get(document)
-    if over is None or over.attention_kernel is None:
+    if over is None:
         return None
     from roofline.core.stack import stack_of
-    from roofline.specs.framework import AttentionKernel
+    from roofline.specs.framework import AttentionKernel, OverlapClass
 
-    notes.append(over.kernel_why)
-    kernel = AttentionKernel(over.attention_kernel)
-    return stack_of(framework).with_attention_kernel(kernel, over.kernel_why)
+    stack = stack_of(framework)
+    if over.attention_kernel is not None:
+        notes.append(over.kernel_why)
+        stack = stack.with_attention_kernel(AttentionKernel(over.attention_kernel), over.kernel_why)
+    if over.collective_matmul is False and stack.overlap(OverlapClass.TENSOR).default != "off":
+        # the plan's collective_matmul=0 means "the stack's default"; this version had none
+        stack = stack.without_overlap(OverlapClass.TENSOR, over.why)
+    if over.ddp is not None and str(p.get("ddp_impl") or over.ddp).lower() in over.ddp_serial:
+        notes.append(over.ddp_why)
+        stack = stack.without_overlap(OverlapClass.GRAD_REDUCE, over.ddp_why)
+    changed = over.attention_kernel is not None or over.collective_matmul is False
+    return stack if changed or over.ddp is not None else None
 
 
 # words of published precision strings in the profiles' vocabulary
@@ -805,6 +815,6 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
         framework,
         dtype if dtype != "unknown" else "bf16",
         choice.assumed,
-        _document_stack(framework, src.document, notes),
+        _document_stack(framework, src.document, p, notes),
     )
     return inputs, measured, checks, params, lay.defaulted
