@@ -626,6 +626,8 @@ def _document_stack(framework: str, document: str, p: dict, notes: list[str]) ->
     if over.collective_matmul is False and stack.overlap(OverlapClass.TENSOR).default != "off":
         # the plan's collective_matmul=0 means "the stack's default"; this version had none
         stack = stack.without_overlap(OverlapClass.TENSOR, over.why)
+        if over.why not in notes:
+            notes.append(over.why)
     if over.ddp is not None and str(p.get("ddp_impl") or over.ddp).lower() in over.ddp_serial:
         notes.append(over.ddp_why)
         stack = stack.without_overlap(OverlapClass.GRAD_REDUCE, over.ddp_why)
