@@ -319,6 +319,11 @@ def test_an_older_stack_without_tp_overlap():
     assert off.exposed_time_s["tp"] > new.exposed_time_s["tp"]
     assert on.exposed_time_s["tp"] == pytest.approx(new.exposed_time_s["tp"], rel=1e-12)
     assert off.comm_time_s["tp"] == pytest.approx(new.comm_time_s["tp"], rel=1e-12)
+    # a version whose TP collectives had no async path at all: every second exposed
+    serial = stack_of("megatron").without_overlap(OverlapClass.TENSOR, "2021", serial=True)
+    blocking = _cost(L8, "h100:8", 8 * 4096, 4096, plan, serial)
+    assert blocking.exposed_time_s["tp"] == pytest.approx(blocking.comm_time_s["tp"], rel=1e-12)
+    assert blocking.exposed_time_s["tp"] > off.exposed_time_s["tp"]
 
 
 # ------------------------------------------------------------------------------- memory

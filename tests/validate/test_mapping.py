@@ -116,6 +116,29 @@ def test_megatron_local_ddp_reduces_gradients_after_the_backward(training_entrie
     assert st.overlap(OverlapClass.GRAD_REDUCE).default == "off"
 
 
+def test_2021_megatron_tp_all_reduces_were_synchronous(training_entries):
+    """April 2021 Megatron-LM all-reduced the column-parallel input gradient with a blocking
+    all_reduce (no async path under the weight-gradient GEMM, which 2022 had): the Narayanan
+    stack hides no TP collective, the Korthikanti stack keeps the async backward share."""
+    n = map_training_run(training_entries["megatron-a100-narayanan2021-39b"]).inputs.stack
+    off = n.overlap(OverlapClass.TENSOR).off
+    assert (off.forward, off.backward, off.exposed.value) == (0.0, 0.0, "all")
+    k = map_training_run(training_entries["megatron-a100-korthikanti2022-1t"]).inputs.stack
+    assert k.overlap(OverlapClass.TENSOR).off.backward > 0
+
+
+def test_fp16_megatron_documents_reduce_16_bit_gradients(training_entries):
+    """fp16 Megatron-LM (2021, 2022) accumulates and all-reduces gradients in fp16 (fp32 only
+    with --accumulate-allreduce-grads-in-fp32, forced for bf16): both the imported Narayanan
+    plans and the hand-mapped Korthikanti ones carry 2-byte gradients."""
+    for rid in ("megatron-a100-narayanan2021-39b", "megatron-a100-korthikanti2022-1t"):
+        opt = map_training_run(training_entries[rid]).inputs.plan.optimizer
+        assert (opt.grad_bytes, opt.state_bytes) == (2.0, 12.0), rid
+    e = copy.deepcopy(training_entries["megatron-a100-narayanan2021-39b"])
+    e["config"]["text"] += " --accumulate-allreduce-grads-in-fp32"  # a snippet that says so
+    assert map_training_run(e).inputs.plan.optimizer.grad_bytes == 4.0
+
+
 def test_torchtitan_global_batch_from_local_batch(training_entries):
     r = map_training_run(training_entries["tt-h100-llama3-70b-tp8-bf16-vanilla-256gpu"])
     assert r.inputs.workload.sequences == 16 * 32  # local batch × FSDP ranks

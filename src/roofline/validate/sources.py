@@ -257,6 +257,8 @@ class DocumentOverride:
     ddp: str | None = None
     ddp_serial: tuple[str, ...] = ()
     ddp_why: str = ""
+    # TP collectives ran synchronously, none under a GEMM (no async all-reduce yet): the why
+    tp_serial_why: str = ""
     optimizer_why: str = ""
     virtual: int | None = None  # model chunks per pipeline rank (interleaved) where unpublished
     virtual_why: str = ""
@@ -285,6 +287,16 @@ _MEGATRON_LOCAL_DDP = (
     "--DDP-impl torch (PyTorch DDP) overlaps its buckets with the backward pass"
 )
 
+# fp16 Megatron-LM of 2021/2022 kept and all-reduced gradients in the parameters' 16 bits: the
+# fp32 buffer only with --accumulate-allreduce-grads-in-fp32 (forced for bf16 only), which the
+# papers' fp16 configs do not set
+_MEGATRON_FP16_GRADS = (
+    "fp16 Megatron-LM accumulates and all-reduces gradients in fp16: NVIDIA/Megatron-LM@a8d172b3 "
+    "and @00129014 megatron/model/distributed.py (_get_buffer_type: fp32 only if "
+    "accumulate_allreduce_grads_in_fp32, else param.dtype), megatron/arguments.py (set True for "
+    "bf16 only); PyTorch DDP (--DDP-impl torch) reduces .grad in the parameters' dtype"
+)
+
 DOCUMENTS: dict[str, DocumentOverride] = {
     "megatron-bridge": DocumentOverride(
         optimizer="adam-fp32-master-bf16-grads", optimizer_why=_MB_BF16_GRADS
@@ -293,6 +305,8 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         optimizer="adam-fp32-master-bf16-grads", optimizer_why=_DGXC_BF16_GRADS
     ),
     "megatron-narayanan2021": DocumentOverride(
+        optimizer="adam-fp32-master-bf16-grads",
+        optimizer_why=_MEGATRON_FP16_GRADS,
         sequence_parallel=False,
         collective_matmul=False,
         zero=0,
@@ -300,6 +314,12 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         ddp="local",
         ddp_serial=("local",),
         ddp_why=_MEGATRON_LOCAL_DDP,
+        tp_serial_why=(
+            "2021 Megatron-LM's tensor-parallel all-reduces were synchronous: "
+            "NVIDIA/Megatron-LM@a8d172b3 (2021-04-28) megatron/mpu/layers.py ColumnParallelLinear "
+            "calls copy_to_tensor_model_parallel_region, whose backward is a blocking all_reduce "
+            "(mpu/mappings.py _reduce); the async all-reduce under the weight-gradient GEMM came later"
+        ),
         attention_kernel="unfused",
         kernel_why=(
             "2021 Megatron-LM predates FlashAttention (Dao et al. 2022): attention ran as batched "
@@ -308,6 +328,8 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         ),
     ),
     "megatron-korthikanti2022": DocumentOverride(
+        optimizer="adam-fp32-master-bf16-grads",
+        optimizer_why=_MEGATRON_FP16_GRADS,
         collective_matmul=False,
         ddp="local",
         ddp_serial=("local",),

@@ -19,7 +19,7 @@ from typing import Any
 from roofline.core.ledger import count_params
 from roofline.errors import RooflineError
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import RECOMPUTE_MODULES
+from roofline.specs.plan import RECOMPUTE_MODULES, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.step import Plan, Workload, evaluate_plan, parse_plan
 from roofline.units import compute_format
@@ -609,6 +609,23 @@ def _optimizer(over: Any, st: StackDefaults, notes: list[str]) -> str:
     return over.optimizer
 
 
+def _document_optimizer(imported: _Imported, document: str, text: str, notes: list[str]) -> Plan:
+    """An imported plan with the document's optimizer policy where its snippet left the
+    gradient dtype to the importer's (present-day) default, e.g. fp16 Megatron-LM's 16-bit
+    gradients where today's Megatron reduces in fp32."""
+    plan, over = imported.plan, DOCUMENTS.get(document)
+    defaulted = {d.key for d in imported.config.defaults}
+    stated = any(f"--{k}" in text for k in _GRAD_DTYPE_KEYS)
+    if over is None or over.optimizer is None or stated or not defaulted & set(_GRAD_DTYPE_KEYS):
+        return plan
+    notes.append(over.optimizer_why)
+    return replace(plan, optimizer=parse_optimizer(over.optimizer))
+
+
+# Megatron settings that decide the gradient dtype (the importer fills the first by default)
+_GRAD_DTYPE_KEYS = ("grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32")
+
+
 def _document_stack(framework: str, document: str, p: dict, notes: list[str]) -> Any:
     """The stack as a document ran it where its version differs from the profile (None: the
     profile itself), e.g. 2021 Megatron-LM without a flash attention kernel, TP communication
@@ -625,9 +642,11 @@ def _document_stack(framework: str, document: str, p: dict, notes: list[str]) ->
         stack = stack.with_attention_kernel(AttentionKernel(over.attention_kernel), over.kernel_why)
     if over.collective_matmul is False and stack.overlap(OverlapClass.TENSOR).default != "off":
         # the plan's collective_matmul=0 means "the stack's default"; this version had none
-        stack = stack.without_overlap(OverlapClass.TENSOR, over.why)
-        if over.why not in notes:
-            notes.append(over.why)
+        serial = bool(over.tp_serial_why)
+        why = over.tp_serial_why or over.why
+        stack = stack.without_overlap(OverlapClass.TENSOR, why, serial=serial)
+        if why not in notes:
+            notes.append(why)
     if over.ddp is not None and str(p.get("ddp_impl") or over.ddp).lower() in over.ddp_serial:
         notes.append(over.ddp_why)
         stack = stack.without_overlap(OverlapClass.GRAD_REDUCE, over.ddp_why)
@@ -795,7 +814,8 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
         raise _Skip(f"plan {plan_text} cannot be expressed: {e}") from None
     framework = st.framework
     if (imported := _imported(entry, chips, plan_text, notes)) is not None:
-        plan, plan_text, framework = imported.plan, imported.plan.describe(), imported.framework
+        plan = _document_optimizer(imported, src.document, _text_of(entry.get("config")), notes)
+        plan_text, framework = plan.describe(), imported.framework
         gbs = imported.config.workload.global_batch_sequences or gbs
         seq = imported.config.workload.seq_len or seq
     work = Workload(float(gbs * seq), seq)
