@@ -92,6 +92,37 @@ def test_causal_half_counts_the_unmasked_triangle():
     assert train(half, "attn/scores", "attn/context") == pytest.approx(f * (T + 1) / (2 * T))
 
 
+def test_unfused_kernel_adds_softmax_and_dropout_9_bytes_per_score():
+    """Without a flash kernel the score matrix crosses HBM: the softmax reads the scores and
+    writes the probabilities (2 + 2 bytes at 16 bits), the dropout reads them and writes the
+    dropped ones and a one-byte mask (2 + 2 + 1): 9·B·N·T² bytes per layer forward
+    (Korthikanti et al. 2022 §4.1's softmax output, mask and dropout output)."""
+    fused = build_ledger(small(), batch=B, seq=T)
+    led = build_ledger(small(), batch=B, seq=T, flash=False)
+    assert not [o for o in fused if o.name in ("attn/softmax", "attn/dropout")]
+    rows = {o.name: o for o in led if o.name in ("attn/softmax", "attn/dropout")}
+    assert set(rows) == {"attn/softmax", "attn/dropout"}
+    scores = B * N * T * T
+    assert rows["attn/softmax"].bytes == 4 * scores * L
+    assert rows["attn/dropout"].bytes == 5 * scores * L
+    assert all(o.kind == OpKind.ELEMENTWISE for o in rows.values())
+    # the GEMM rows are unchanged; only the elementwise rows are new
+    assert len(led.ops) == len(fused.ops) + 2
+    assert train(led, "attn/scores", "attn/context") == train(fused, "attn/scores", "attn/context")
+
+
+def test_unfused_softmax_rows_follow_each_score_row():
+    """A sliding-window model has a local and a global score row: each gets its own pair."""
+    m = small(sliding_window=32, local_layer_period=2)
+    led = build_ledger(m, batch=B, seq=T, flash=False)
+    rows = {o.name: o for o in led}
+    for part in ("softmax", "dropout"):
+        assert rows[f"attn/{part}_local"].count == rows["attn/scores_local"].count
+        assert rows[f"attn/{part}_global"].count == rows["attn/scores_global"].count
+    bare = build_ledger(small(), batch=B, seq=T, flash=False, include_elementwise=False)
+    assert not [o for o in bare if o.name.startswith(("attn/softmax", "attn/dropout"))]
+
+
 def test_unembed_6BTDV_and_DV_params():
     led = build_ledger(small(), batch=B, seq=T)
     assert train(led, "unembed") == 6 * B * T * D * V

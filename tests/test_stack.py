@@ -285,6 +285,47 @@ def test_attention_kernel_of_the_stack():
     assert unfused.step_time_s > new.step_time_s
 
 
+def test_unfused_kernel_computes_the_whole_score_matrix():
+    """An unfused kernel's batched GEMMs compute every score, masked or not (Causal.FULL), and
+    its softmax and dropout run over the whole matrix: one chip holding one sequence does the
+    dense attention FLOPs plus those rows' elementwise FLOPs, forward and backward, more than
+    the flash kernel, which skips the masked half."""
+    from roofline.core.ledger import Causal, build_ledger
+
+    old = stack_of("megatron").with_attention_kernel(AttentionKernel.UNFUSED, "2021")
+    plan = "dp=8,remat=none"
+    new = _cost(L8, "a100:8", 8 * 2048, 2048, plan, "megatron")
+    unfused = _cost(L8, "a100:8", 8 * 2048, 2048, plan, old)
+
+    def flops(causal, flash):
+        led = build_ledger(L8, batch=1, seq=2048, causal=causal, flash=flash)
+        return sum(o.flops + o.backward_flops for o in led if o.name.startswith("attn/"))
+
+    extra = flops(Causal.FULL, False) - flops(Causal.HALF, True)
+    assert unfused.flops_per_chip - new.flops_per_chip == pytest.approx(extra, rel=1e-9)
+
+
+def test_an_older_stack_without_tp_overlap():
+    """Megatron overlaps TP collectives by default under sequence parallelism (the recipes'
+    --tp-comm-overlap); a version without the mechanism (2022 Megatron-LM) exposes more of
+    them, and the plan's collective_matmul=1 still switches it on."""
+    old = stack_of("megatron").without_overlap(OverlapClass.TENSOR, "2022")
+    assert old.overlap(OverlapClass.TENSOR).default == "off"
+    assert stack_of("megatron").overlap(OverlapClass.TENSOR).default == "sequence_parallel"
+    plan = "dp=2,tp=4,remat=none,megatron_sp=1"
+    new = _cost(L8, "h100:8", 8 * 4096, 4096, plan, "megatron")
+    off = _cost(L8, "h100:8", 8 * 4096, 4096, plan, old)
+    on = _cost(L8, "h100:8", 8 * 4096, 4096, plan + ",collective_matmul=1", old)
+    assert off.exposed_time_s["tp"] > new.exposed_time_s["tp"]
+    assert on.exposed_time_s["tp"] == pytest.approx(new.exposed_time_s["tp"], rel=1e-12)
+    assert off.comm_time_s["tp"] == pytest.approx(new.comm_time_s["tp"], rel=1e-12)
+    # a version whose TP collectives had no async path at all: every second exposed
+    serial = stack_of("megatron").without_overlap(OverlapClass.TENSOR, "2021", serial=True)
+    blocking = _cost(L8, "h100:8", 8 * 4096, 4096, plan, serial)
+    assert blocking.exposed_time_s["tp"] == pytest.approx(blocking.comm_time_s["tp"], rel=1e-12)
+    assert blocking.exposed_time_s["tp"] > off.exposed_time_s["tp"]
+
+
 # ------------------------------------------------------------------------------- memory
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from roofline.core.stack import stack_of
 from roofline.specs.chip import load_chip
+from roofline.specs.framework import OverlapClass
 from roofline.validate.systems import tpu_shape
 from roofline.validate.training_runs import (
     compute_dtype,
@@ -81,6 +82,61 @@ def test_narayanan_virtual_stages_from_layers_per_stage(training_entries):
     r = map_training_run(training_entries["megatron-a100-narayanan2021-76b"])
     assert r.inputs.plan.virtual_stages == 60 // (4 * 5)
     assert not r.inputs.plan.sequence_parallel and r.inputs.plan.zero == 0  # 2021 Megatron
+
+
+def test_pre_flash_megatron_documents_run_the_unfused_kernel(training_entries):
+    """Narayanan et al. 2021 and Korthikanti et al. 2022 (10 May 2022, before FlashAttention,
+    27 May 2022) ran Megatron-LM's unfused attention: their runs are costed on the stack with
+    the score matrix in HBM; the 2024 README runs keep the profile's flash kernel."""
+    for rid in ("megatron-a100-narayanan2021-1.7b", "megatron-a100-korthikanti2022-1t"):
+        r = map_training_run(training_entries[rid])
+        assert r.inputs.stack is not None and not r.inputs.stack.flash_attention, rid
+        assert any("FlashAttention" in d for d in r.defaults), rid
+    new = map_training_run(training_entries["megatron-h100-weak-16b"])
+    assert new.inputs.stack is None
+    # 2022 Megatron-LM had no TP comm overlap: the document's stack has it off by default
+    k = map_training_run(training_entries["megatron-a100-korthikanti2022-1t"])
+    assert k.inputs.stack.overlap(OverlapClass.TENSOR).default == "off"
+
+
+def test_megatron_local_ddp_reduces_gradients_after_the_backward(training_entries):
+    """2021/2022 Megatron-LM's local DDP all-reduces gradients after the backward pass (its
+    train_step), PyTorch DDP (--DDP-impl torch) under it: the Narayanan runs with local DDP and
+    the Korthikanti runs (local by default) take a stack whose gradient reduction is not
+    overlapped; the torch-DDP runs keep the overlap."""
+    off = ("megatron-a100-narayanan2021-39b", "megatron-a100-korthikanti2022-530b-2240gpu")
+    for rid in off:
+        st = map_training_run(training_entries[rid]).inputs.stack
+        assert st.overlap(OverlapClass.GRAD_REDUCE).default == "off", rid
+    torch_ddp = map_training_run(training_entries["megatron-a100-narayanan2021-1.7b"])
+    assert torch_ddp.inputs.stack.overlap(OverlapClass.GRAD_REDUCE).default == "data_parallel"
+    e = copy.deepcopy(training_entries["megatron-a100-narayanan2021-1.7b"])
+    e["parallelism"]["ddp_impl"] = "local"
+    st = map_training_run(e).inputs.stack
+    assert st.overlap(OverlapClass.GRAD_REDUCE).default == "off"
+
+
+def test_2021_megatron_tp_all_reduces_were_synchronous(training_entries):
+    """April 2021 Megatron-LM all-reduced the column-parallel input gradient with a blocking
+    all_reduce (no async path under the weight-gradient GEMM, which 2022 had): the Narayanan
+    stack hides no TP collective, the Korthikanti stack keeps the async backward share."""
+    n = map_training_run(training_entries["megatron-a100-narayanan2021-39b"]).inputs.stack
+    off = n.overlap(OverlapClass.TENSOR).off
+    assert (off.forward, off.backward, off.exposed.value) == (0.0, 0.0, "all")
+    k = map_training_run(training_entries["megatron-a100-korthikanti2022-1t"]).inputs.stack
+    assert k.overlap(OverlapClass.TENSOR).off.backward > 0
+
+
+def test_fp16_megatron_documents_reduce_16_bit_gradients(training_entries):
+    """fp16 Megatron-LM (2021, 2022) accumulates and all-reduces gradients in fp16 (fp32 only
+    with --accumulate-allreduce-grads-in-fp32, forced for bf16): both the imported Narayanan
+    plans and the hand-mapped Korthikanti ones carry 2-byte gradients."""
+    for rid in ("megatron-a100-narayanan2021-39b", "megatron-a100-korthikanti2022-1t"):
+        opt = map_training_run(training_entries[rid]).inputs.plan.optimizer
+        assert (opt.grad_bytes, opt.state_bytes) == (2.0, 12.0), rid
+    e = copy.deepcopy(training_entries["megatron-a100-narayanan2021-39b"])
+    e["config"]["text"] += " --accumulate-allreduce-grads-in-fp32"  # a snippet that says so
+    assert map_training_run(e).inputs.plan.optimizer.grad_bytes == 4.0
 
 
 def test_torchtitan_global_batch_from_local_batch(training_entries):

@@ -350,6 +350,8 @@ def build_ledger(
 
     # ---- attention ------------------------------------------------------------------
     ops += _attention_ops(m, sizes, T, S, wd, ad, dt.kv, causal, flash, mla_absorb)
+    if not flash and include_elementwise:
+        ops += _unfused_softmax_rows(ops)
 
     # ---- MLP / MoE --------------------------------------------------------------------
     ops += _mlp_ops(m, sizes, wd, ad, dt.experts)
@@ -376,6 +378,36 @@ def build_ledger(
         emb = ops[0]
         ops[0] = replace(emb, inputs=(replace(emb.inputs[0], is_param=False),))
     return Ledger(tuple(ops), model, MappingProxyType(dict(sizes)))
+
+
+# What an unfused attention kernel does between its two batched GEMMs: Megatron-LM's attention
+# before FlashAttention (NVIDIA/Megatron-LM@00129014dc4b megatron/model/transformer.py
+# ParallelAttention: baddbmm scores, FusedScaleMaskSoftmax, attention_dropout, bmm), trained with
+# its default attention dropout (megatron/arguments.py _add_regularization_args:
+# --attention-dropout default 0.1). Per score element the softmax reads the scores and writes the
+# probabilities (2 + 2 bytes at 16 bits); the dropout reads them and writes the dropped
+# probabilities and a one-byte mask (Korthikanti et al. 2022 §4.1 count the same tensors: softmax
+# output 2as²b, mask as²b, dropout output 2as²b). Each row's backward moves as many bytes again.
+UNFUSED_MASK_DTYPE = "int8"
+
+
+def _unfused_softmax_rows(ops: list[Op]) -> list[Op]:
+    """The softmax and dropout rows of an unfused kernel, one pair per score row (a
+    sliding-window model's local and global rows each): memory-bound, the whole score matrix."""
+    out: list[Op] = []
+    for op in ops:
+        if op.kind != OpKind.ATTENTION or not op.name.startswith("attn/scores"):
+            continue
+        suffix = op.name.removeprefix("attn/scores")
+        s = op.out
+        p0 = replace(s, name="p0")
+        mask = replace(s, name="mask", dtype=UNFUSED_MASK_DTYPE)
+        for name, ins, o, fpe in (
+            ("attn/softmax", (s,), p0, 5.0),  # scale, mask, max, exp, normalise
+            ("attn/dropout", (p0, mask), replace(s, name="p"), 1.0),
+        ):
+            out.append(Op(name + suffix, OpKind.ELEMENTWISE, ins, o, op.sizes, op.count, 1.0, fpe))
+    return out
 
 
 def _attention_ops(

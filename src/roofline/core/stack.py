@@ -403,6 +403,18 @@ class Stack:
         fw = replace(self.framework, kernels=Kernels(kernel, source))
         return _build(fw)
 
+    def without_overlap(self, cls: OverlapClass, source: str, *, serial: bool = False) -> Stack:
+        """This stack with a class's overlap mechanism off by default (an older version that
+        did not have it); the plan's flag can still switch it on. `serial`: that version's
+        collectives also ran outside any compute when off (no async path), all exposed."""
+        ov = self.overlap(cls)
+        off = ov.off
+        if serial:
+            off = replace(off, forward=0.0, backward=0.0, exposed=Exposed.ALL, source=source)
+        ov = replace(ov, default="off", off=off, note=source)
+        fw = replace(self.framework, overlap=MappingProxyType({**self.framework.overlap, cls: ov}))
+        return _build(fw)
+
     # -- overheads ----------------------------------------------------------------------------
     @property
     def step_overhead_s(self) -> float:

@@ -222,7 +222,7 @@ SCALINGS = ("none", "delayed", "current", "rowwise", "blockwise", "mx", "nvfp4")
 RERUN_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "layer": ("attn/*", "mlp/*", "moe/*", "norms"),
-        "attention_core": ("attn/scores*", "attn/context*"),
+        "attention_core": ("attn/scores*", "attn/softmax*", "attn/dropout*", "attn/context*"),
         "qkv_proj": (
             "attn/q",
             "attn/k",

@@ -63,6 +63,7 @@ from roofline.specs.framework import (
 )
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
+    Causal,
     ComputeDtypes,
     OpClass,
     OptimizerPolicy,
@@ -414,7 +415,8 @@ def evaluate_plans(
         model,
         Phase.TRAIN,
         workload.seq_len,
-        causal=workload.causal,
+        # an unfused kernel's batched GEMMs compute the whole score matrix, masked or not
+        causal=workload.causal if stack.flash_attention else Causal.FULL,
         training_rows=not stack.book,
         flash=stack.flash_attention,
     )

@@ -252,6 +252,13 @@ class DocumentOverride:
     attention_kernel: str | None = None  # specs.framework.AttentionKernel value
     kernel_why: str = ""
     optimizer: str | None = None  # specs.plan.OPTIMIZERS name where the table's runs differ
+    # the document's default data-parallel implementation (an entry's `ddp_impl` wins) and the
+    # ones among them that all-reduce gradients after the backward pass, not under it
+    ddp: str | None = None
+    ddp_serial: tuple[str, ...] = ()
+    ddp_why: str = ""
+    # TP collectives ran synchronously, none under a GEMM (no async all-reduce yet): the why
+    tp_serial_why: str = ""
     optimizer_why: str = ""
     virtual: int | None = None  # model chunks per pipeline rank (interleaved) where unpublished
     virtual_why: str = ""
@@ -272,6 +279,24 @@ _DGXC_BF16_GRADS = (
     "contiguous_grad_buffer: True)"
 )
 
+_MEGATRON_LOCAL_DDP = (
+    "Megatron-LM's local DDP (--DDP-impl local, the default) all-reduces gradients after the "
+    "whole backward pass: NVIDIA/Megatron-LM@a8d172b3 (2021-04-28) and @00129014 (2022-04-28, "
+    "the sequence-parallel/selective-recompute branch) megatron/training.py train_step "
+    "(forward_backward_func, then 'backward-params-all-reduce': allreduce_gradients()); "
+    "--DDP-impl torch (PyTorch DDP) overlaps its buckets with the backward pass"
+)
+
+# fp16 Megatron-LM of 2021/2022 kept and all-reduced gradients in the parameters' 16 bits: the
+# fp32 buffer only with --accumulate-allreduce-grads-in-fp32 (forced for bf16 only), which the
+# papers' fp16 configs do not set
+_MEGATRON_FP16_GRADS = (
+    "fp16 Megatron-LM accumulates and all-reduces gradients in fp16: NVIDIA/Megatron-LM@a8d172b3 "
+    "and @00129014 megatron/model/distributed.py (_get_buffer_type: fp32 only if "
+    "accumulate_allreduce_grads_in_fp32, else param.dtype), megatron/arguments.py (set True for "
+    "bf16 only); PyTorch DDP (--DDP-impl torch) reduces .grad in the parameters' dtype"
+)
+
 DOCUMENTS: dict[str, DocumentOverride] = {
     "megatron-bridge": DocumentOverride(
         optimizer="adam-fp32-master-bf16-grads", optimizer_why=_MB_BF16_GRADS
@@ -280,15 +305,50 @@ DOCUMENTS: dict[str, DocumentOverride] = {
         optimizer="adam-fp32-master-bf16-grads", optimizer_why=_DGXC_BF16_GRADS
     ),
     "megatron-narayanan2021": DocumentOverride(
+        optimizer="adam-fp32-master-bf16-grads",
+        optimizer_why=_MEGATRON_FP16_GRADS,
         sequence_parallel=False,
         collective_matmul=False,
         zero=0,
         why="2021 Megatron-LM: sequence parallelism (2022), TP comm overlap and the distributed optimizer did not exist yet",
+        ddp="local",
+        ddp_serial=("local",),
+        ddp_why=_MEGATRON_LOCAL_DDP,
+        tp_serial_why=(
+            "2021 Megatron-LM's tensor-parallel all-reduces were synchronous: "
+            "NVIDIA/Megatron-LM@a8d172b3 (2021-04-28) megatron/mpu/layers.py ColumnParallelLinear "
+            "calls copy_to_tensor_model_parallel_region, whose backward is a blocking all_reduce "
+            "(mpu/mappings.py _reduce); the async all-reduce under the weight-gradient GEMM came later"
+        ),
         attention_kernel="unfused",
         kernel_why=(
             "2021 Megatron-LM predates FlashAttention (Dao et al. 2022): attention ran as batched "
             "GEMMs around its fused scale-mask-softmax kernel, the score matrix written to HBM "
             "(Narayanan et al. 2021 §2.1; Korthikanti et al. 2022 count its 5as²b bytes)"
+        ),
+    ),
+    "megatron-korthikanti2022": DocumentOverride(
+        optimizer="adam-fp32-master-bf16-grads",
+        optimizer_why=_MEGATRON_FP16_GRADS,
+        collective_matmul=False,
+        ddp="local",
+        ddp_serial=("local",),
+        ddp_why=_MEGATRON_LOCAL_DDP,
+        why=(
+            "2022 Megatron-LM had no TP communication overlap (--tp-comm-overlap came with "
+            "Transformer Engine's userbuffers in 2023; the paper's release, "
+            "NVIDIA/Megatron-LM@00129014dc4b megatron/arguments.py, has --sequence-parallel and "
+            "--checkpoint-granularity selective but no such flag): only the backward's async "
+            "all-gather/reduce-scatter ran under a GEMM (Korthikanti et al. 2022 §4.2.2: the "
+            "extra all-gather 'is overlapped with gradient computation')"
+        ),
+        attention_kernel="unfused",
+        kernel_why=(
+            "Korthikanti et al. 2022 (arXiv:2205.05198, 10 May 2022) predates FlashAttention "
+            "(arXiv:2205.14135, 27 May 2022): its Megatron-LM ran QK^T and softmax-dropout-V as "
+            "batched GEMMs around the fused scale-mask-softmax kernel, the score matrix in HBM "
+            "(§4.1 counts its softmax output, dropout mask and dropout output, 5as²b bytes; "
+            "selective recomputation exists to drop them)"
         ),
     ),
     "maxtext-readme-v4": DocumentOverride(

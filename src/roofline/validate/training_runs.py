@@ -19,7 +19,7 @@ from typing import Any
 from roofline.core.ledger import count_params
 from roofline.errors import RooflineError
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import RECOMPUTE_MODULES
+from roofline.specs.plan import RECOMPUTE_MODULES, parse_optimizer
 from roofline.specs.system import System
 from roofline.training.step import Plan, Workload, evaluate_plan, parse_plan
 from roofline.units import compute_format
@@ -609,18 +609,49 @@ def _optimizer(over: Any, st: StackDefaults, notes: list[str]) -> str:
     return over.optimizer
 
 
-def _document_stack(framework: str, document: str, notes: list[str]) -> Any:
+def _document_optimizer(imported: _Imported, document: str, text: str, notes: list[str]) -> Plan:
+    """An imported plan with the document's optimizer policy where its snippet left the
+    gradient dtype to the importer's (present-day) default, e.g. fp16 Megatron-LM's 16-bit
+    gradients where today's Megatron reduces in fp32."""
+    plan, over = imported.plan, DOCUMENTS.get(document)
+    defaulted = {d.key for d in imported.config.defaults}
+    stated = any(f"--{k}" in text for k in _GRAD_DTYPE_KEYS)
+    if over is None or over.optimizer is None or stated or not defaulted & set(_GRAD_DTYPE_KEYS):
+        return plan
+    notes.append(over.optimizer_why)
+    return replace(plan, optimizer=parse_optimizer(over.optimizer))
+
+
+# Megatron settings that decide the gradient dtype (the importer fills the first by default)
+_GRAD_DTYPE_KEYS = ("grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32")
+
+
+def _document_stack(framework: str, document: str, p: dict, notes: list[str]) -> Any:
     """The stack as a document ran it where its version differs from the profile (None: the
-    profile itself), e.g. 2021 Megatron-LM without a flash attention kernel."""
+    profile itself), e.g. 2021 Megatron-LM without a flash attention kernel, TP communication
+    overlap, or (with its local DDP) a gradient all-reduce overlapped with the backward pass."""
     over = DOCUMENTS.get(document)
-    if over is None or over.attention_kernel is None:
+    if over is None:
         return None
     from roofline.core.stack import stack_of
-    from roofline.specs.framework import AttentionKernel
+    from roofline.specs.framework import AttentionKernel, OverlapClass
 
-    notes.append(over.kernel_why)
-    kernel = AttentionKernel(over.attention_kernel)
-    return stack_of(framework).with_attention_kernel(kernel, over.kernel_why)
+    stack = stack_of(framework)
+    if over.attention_kernel is not None:
+        notes.append(over.kernel_why)
+        stack = stack.with_attention_kernel(AttentionKernel(over.attention_kernel), over.kernel_why)
+    if over.collective_matmul is False and stack.overlap(OverlapClass.TENSOR).default != "off":
+        # the plan's collective_matmul=0 means "the stack's default"; this version had none
+        serial = bool(over.tp_serial_why)
+        why = over.tp_serial_why or over.why
+        stack = stack.without_overlap(OverlapClass.TENSOR, why, serial=serial)
+        if why not in notes:
+            notes.append(why)
+    if over.ddp is not None and str(p.get("ddp_impl") or over.ddp).lower() in over.ddp_serial:
+        notes.append(over.ddp_why)
+        stack = stack.without_overlap(OverlapClass.GRAD_REDUCE, over.ddp_why)
+    changed = over.attention_kernel is not None or over.collective_matmul is False
+    return stack if changed or over.ddp is not None else None
 
 
 # words of published precision strings in the profiles' vocabulary
@@ -783,7 +814,8 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
         raise _Skip(f"plan {plan_text} cannot be expressed: {e}") from None
     framework = st.framework
     if (imported := _imported(entry, chips, plan_text, notes)) is not None:
-        plan, plan_text, framework = imported.plan, imported.plan.describe(), imported.framework
+        plan = _document_optimizer(imported, src.document, _text_of(entry.get("config")), notes)
+        plan_text, framework = plan.describe(), imported.framework
         gbs = imported.config.workload.global_batch_sequences or gbs
         seq = imported.config.workload.seq_len or seq
     work = Workload(float(gbs * seq), seq)
@@ -805,6 +837,6 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
         framework,
         dtype if dtype != "unknown" else "bf16",
         choice.assumed,
-        _document_stack(framework, src.document, notes),
+        _document_stack(framework, src.document, p, notes),
     )
     return inputs, measured, checks, params, lay.defaulted
