@@ -27,6 +27,7 @@ from roofline.serving.steady import (
     Disagg,
     Speculation,
     Workload,
+    arrival_batch,
     deployment_metrics,
     disaggregated,
     load_lengths,
@@ -154,6 +155,34 @@ def test_sglang_closed_loops_drift_into_the_staggered_steady_state():
     assert s.ttft_s > t_pf.time_s
 
 
+def test_a_staggered_prefill_batch_holds_the_arrivals_of_one_pass():
+    """A prefill-first engine in the staggered steady state runs a prefill batch only when a
+    prompt waits and admits whoever waits then: with λ = X·τ arrivals per pass interval the
+    batch holds λ / (1 − e^(−λ)) prompts (zero-truncated Poisson), 2·ln 2 at λ = ln 2, one as
+    λ → 0, never more than the budget's cohort."""
+    assert arrival_batch(math.log(2.0), 16.0) == pytest.approx(2 * math.log(2.0), rel=1e-12)
+    assert arrival_batch(1e-9, 16.0) == pytest.approx(1.0, rel=1e-6)
+    assert arrival_batch(50.0, 16.0) == 16.0
+    assert arrival_batch(0.0, 16.0) == pytest.approx(1.0)
+
+
+def test_sglang_light_load_ttft_is_half_a_pass_its_batch_and_the_front_end():
+    """Four 1024-token requests in a closed loop on SGLang (an 8192-token budget holds all four,
+    so no cohort queues behind another): TTFT = half a decode pass + the prefill of the
+    λ / (1 − e^(−λ)) prompts that arrived in one pass interval (λ = X·TPOT) + the engine's
+    per-request latency outside the passes (engine record [front])."""
+    sg, w, C = load_engine("sglang"), Workload(1024, 1024), np.array([4.0])
+    s = steady_state(ideal(), sg, w, C)
+    lam = float(s.requests_per_s[0] * s.tpot_s[0])
+    m = lam / (1 - math.exp(-lam))
+    assert 1.0 < m < 1.1  # four requests spread over ~1000 passes: nearly always one at a time
+    t_pf = ideal().pass_time(PassShape(prefill_seqs=m, prefill_chunk=1024, prefill_context=1024))
+    dec = ideal().pass_time(PassShape(decode=s.decode_batch, context=1024 + 512)).time_s
+    expect = dec / 2 + t_pf.time_s + sg.request_latency_s
+    assert s.ttft_s == pytest.approx(expect, rel=1e-6)
+    assert sg.request_latency_s > 0 and load_engine("vllm").request_latency_s == 0.0
+
+
 def test_a_mixed_engines_first_wave_decodes_beside_its_prefills():
     """All 32 requests arrive together; vLLM (decode-first, one 4096-token prompt per pass on
     an 8192-token budget beside the running decodes) prefills them in 32 passes, the j-th pass
@@ -170,7 +199,9 @@ def test_a_mixed_engines_first_wave_decodes_beside_its_prefills():
     sg = load_engine("sglang")  # 4096-token prompts: two per 8192-token prefill batch
     g = steady_state(ideal(), sg, w, C)
     t_b = ideal().pass_time(PassShape(prefill_seqs=2, prefill_chunk=4096, prefill_context=4096))
-    assert g.first_wave_ttft_s == pytest.approx((16 + 1) / 2 * t_b.time_s, rel=1e-9)
+    # plus the engine's per-request latency outside the passes (engine record [front])
+    lat = sg.request_latency_s
+    assert g.first_wave_ttft_s == pytest.approx((16 + 1) / 2 * t_b.time_s + lat, rel=1e-9)
 
 
 def test_prefix_cache_hits_cut_ttft():

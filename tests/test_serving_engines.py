@@ -67,6 +67,12 @@ def write(tmp: Path, body: str) -> str:
         ),
         (lambda s: s.replace("kv_block_tokens = 16", "kv_blocks = 16"), "kv_blocks"),
         (
+            lambda s: s.replace(
+                "step_overhead_s = 0.0006", "request_latency_s = -0.1\nstep_overhead_s = 0.0006"
+            ),
+            "request_latency_s",
+        ),
+        (
             lambda s: s.replace('memory_fraction_of = "total"', 'memory_fraction_of = "x"'),
             "memory_fraction_of",
         ),

@@ -240,6 +240,7 @@ def steady_state(
     chunk = Pn / n_chunks
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
+    lat = engine.request_latency_s if engine else 0.0
     if _runs_in_waves(engine, work):
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
@@ -249,20 +250,24 @@ def steady_state(
     pf_alone = _cohort_alone(step, ctx, seqs, chunk, P, Pn, paired=mixed) + ovh
     X = C / (n_chunks * pf_alone + G * _decode(step, np.minimum(C, cap), ctx, ovh))
     Bd = np.minimum(C, cap) * 0.9
+    tau = _decode(step, np.maximum(Bd, 1.0), ctx, ovh)
     for _ in range(ITERATIONS):
         Bd1 = np.maximum(Bd, 1.0)
         if mixed:  # a decode pass and the cohort's prefill pass beside the same decodes
             tau_d, t_pf = (t + ovh for t in _decode_and_cohort(step, Bd1, ctx, seqs, chunk, P, Pn))
-        else:
-            tau_d, t_pf = _decode(step, Bd1, ctx, ovh), pf_alone
+            m = k
+        else:  # a prefill batch holds whoever arrived since the last one (zero-truncated Poisson)
+            m = arrival_batch(X * tau, k)
+            tau_d = _decode(step, Bd1, ctx, ovh)
+            t_pf = _cohort_pass(step, 0.0, ctx, np.where(Pn <= chunk, m, 1.0), chunk, P, Pn) + ovh
         extra = t_pf - (tau_d if mixed else 0.0)  # what prefill adds over a decode pass
-        per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, k, 1.0)
+        per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, m, 1.0)
         rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
         tau = tau_d / (1.0 - rho)
         # cohorts queue behind each other (M/D/1); in a closed loop a cohort has only the other
         # C/k − 1 cohorts to queue behind
         wait = rho / (2 * (1 - rho)) * t_pf * np.maximum(1.0 - k / np.maximum(C, 1.0), 0.0)
-        ttft_min = tau_d / 2 + n_chunks * t_pf + wait
+        ttft_min = tau_d / 2 + n_chunks * t_pf + wait + lat
         Bd_new = np.minimum(C * (G - 1) * tau / ((G - 1) * tau + ttft_min), cap)
         Bd_new = np.maximum(Bd_new, np.minimum(C, 1.0))
         X_new = np.where(
@@ -277,7 +282,7 @@ def steady_state(
         X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
     first = np.maximum(
-        _first_wave(step, C, k, seqs, chunk, n_chunks, (P, Pn), pf_alone, ovh, cap, mixed),
+        _first_wave(step, C, k, seqs, chunk, n_chunks, (P, Pn), pf_alone, ovh, cap, mixed) + lat,
         ttft_min,
     )
     w = work.first_wave_share
@@ -317,6 +322,16 @@ def _first_wave(step, C, k, seqs, chunk, n_chunks, lengths, pf_alone, ovh, cap, 
     else:
         pf = pf_alone
     return (n + 1) / 2 * n_chunks * pf
+
+
+def arrival_batch(lam: Any, k: Any) -> Any:
+    """Mean prompts in a prefill-first engine's prefill batch in the staggered steady state:
+    its scheduler admits whoever is waiting when it looks (SGLang PrefillAdder, see the engine
+    record's [drift]), and it runs a prefill batch only when at least one waits, so with λ =
+    X·τ arrivals per pass interval the batch is a zero-truncated Poisson count, mean
+    λ / (1 − e^(−λ)) (1 as λ → 0, λ when λ is large), at most the budget's cohort k."""
+    lam = np.maximum(np.asarray(lam, float), 1e-12)
+    return np.clip(lam / -np.expm1(-lam), 1.0, np.maximum(k, 1.0))
 
 
 def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:

@@ -76,6 +76,9 @@ class EngineProfile:
     # its own request pool, though its token budget is the replica's); None: as
     # scheduler_per_dp_rank
     max_num_seqs_per_dp_rank: bool | None = None
+    # latency every request pays between the client and the scheduler outside any pass (front
+    # end, hand-over to the scheduler, first token back to the client); 0 where none is recorded
+    request_latency_s: float = 0.0
 
     def kv_dtype_for(self, weights: str) -> str:
         """The KV dtype for a checkpoint with `weights` when the run does not say (bf16 unless
@@ -136,7 +139,9 @@ def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
         f.name for f in fields(EngineProfile) if f.default is not None and f.name not in flat
     ]
     missing = [
-        m for m in missing if m not in ("aliases", "quantized_kv_dtype", "quantized_kv_weights")
+        m
+        for m in missing
+        if m not in ("aliases", "quantized_kv_dtype", "quantized_kv_weights", "request_latency_s")
     ]
     if missing:
         raise SpecError(
@@ -159,7 +164,9 @@ def _check(d: dict, origin: str) -> None:
     for k in ("max_num_batched_tokens", "max_num_seqs", "max_graph_batch", "kv_block_tokens"):
         if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1:
             raise bad(k, f"{k} is a positive whole number")
-    for k in ("step_overhead_s", "eager_launch_s_per_layer"):
+    for k in ("step_overhead_s", "eager_launch_s_per_layer", "request_latency_s"):
+        if k not in d:
+            continue
         v = d[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
             raise bad(k, f"{k} is a finite time in seconds, >= 0")
