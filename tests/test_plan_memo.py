@@ -92,3 +92,14 @@ def test_memo_is_bounded(monkeypatch):
         _cost("llama-3-8b", "h100:64", plan, "megatron")
     assert len(walk_mod._ONE_WALKS) <= 2
     assert len(walk_mod._ONE_TOTALS) <= 2
+
+
+def test_each_cost_owns_its_collective_rows():
+    _forget()
+    a = _cost(*CASES[0])
+    assert a.collectives  # the plan has collectives to list
+    before = [dict(d, axes=list(d["axes"])) for d in a.collectives]
+    a.collectives[0]["kind"] = "edited"
+    a.collectives[0]["axes"].append("edited")
+    b = _cost(*CASES[0])  # the remembered walk's rows, not a's edited ones
+    assert list(b.collectives) == before
