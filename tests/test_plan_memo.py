@@ -103,3 +103,51 @@ def test_each_cost_owns_its_collective_rows():
     a.collectives[0]["axes"].append("edited")
     b = _cost(*CASES[0])  # the remembered walk's rows, not a's edited ones
     assert list(b.collectives) == before
+
+
+def _one_einsum(comm_s: float):
+    """A TP-sharded matmul's einsum on floats, with every collective taking `comm_s`."""
+    from roofline.core.sharding import Spec, plan_einsum
+
+    x = Spec("x", ("B", "D"), ((), ("tensor",)))
+    w = Spec("w", ("D", "F"), (("tensor",), ()))
+    y = Spec("y", ("B", "F"), ((), ()))
+    return plan_einsum(
+        x, w, y, {"B": 4096.0, "D": 8192.0, "F": 28672.0}, {"tensor": 4.0},
+        lambda kind, nbytes, axes: comm_s * nbytes,
+        peak_flops_per_s=1e15, hbm_bw_bytes_per_s=2e12, trusted=True,
+    )  # fmt: skip
+
+
+def test_sized_options_remembered_by_their_numbers():
+    """A single plan's sized options are built once per (shape, sizes, collective times): the
+    same numbers give the same options, other collective times others, and the remembered
+    options are the ones a fresh build gives."""
+    from roofline.core import sharding
+
+    sharding._OPTIONS.clear()
+    a = _one_einsum(1e-10)
+    assert _one_einsum(1e-10).options is a.options
+    slow = _one_einsum(1e-9)
+    assert slow.options is not a.options
+    assert [o.comm_time_s for o in slow.options] != [o.comm_time_s for o in a.options]
+    sharding._OPTIONS.clear()
+    fresh = _one_einsum(1e-10)
+    assert fresh.options is not a.options and fresh.options == a.options
+    assert (fresh.choice, fresh.compute_time_s) == (a.choice, a.compute_time_s)
+
+
+def test_stack_answers_shared_across_profiles():
+    """The stack's answers (remat reruns, policies) do not depend on the profile: contexts of
+    one stack and chip under two profiles share them; the rates stay each profile's own."""
+    from roofline.core.pricing import pricing_context
+    from roofline.core.stack import stack_of
+
+    chip = _system("h100:64").chip
+    st = stack_of("megatron")
+    a = pricing_context(st, load_profile("fitted"), chip)
+    b = pricing_context(st, load_profile("datasheet"), chip)
+    assert a is not b
+    assert a._reruns is b._reruns and a._policy is b._policy
+    assert a._rates is not b._rates
+    assert a.matmul_peak("bf16") != b.matmul_peak("bf16")
