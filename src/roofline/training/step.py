@@ -307,14 +307,35 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
         uniq, where = np.unique(packed, return_inverse=True)
     sets = [frozenset(k for j, k in enumerate(names) if (int(u) >> j) & 1) for u in uniq]
     flag_of = {c: k for k, c in _PLAN_KEY_CLASSES.items()}
+    on_by_set = [_defaults_on(ctx.stack, c) for c in sets]
     out = {}
     for cls in Overlap:
         ov = ctx.stack.overlap(FRAMEWORK_CLASS[cls])
-        default_on = np.array([ov.mode(None, c) is ov.on for c in sets])[where.reshape(-1)]
+        default_on = np.array([on[cls] for on in on_by_set])[where.reshape(-1)]
         flag = ctx.flags.get(flag_of.get(cls, ""), None)
         on = default_on | (flag if flag is not None and ov.plan_key else False)
         out[cls] = ModeArrays(np.broadcast_to(on, default_on.shape), ov.on, ov.off)
     return out
+
+
+# (id(stack), conditions) -> (stack, {class: its mechanism on by default}); the stack kept
+_DEFAULT_ON: dict[tuple[int, frozenset[str]], tuple[Stack, dict[Overlap, bool]]] = {}
+
+
+def _defaults_on(stack: Stack, conditions: frozenset[str]) -> dict[Overlap, bool]:
+    """Per overlap class, whether the stack's mechanism is on by default under `conditions`
+    (`specs.framework.Overlap.mode`), resolved once per (stack, conditions)."""
+    key = (id(stack), conditions)
+    hit = _DEFAULT_ON.get(key)
+    if hit is None or hit[0] is not stack:
+        if len(_DEFAULT_ON) >= 4096:
+            _DEFAULT_ON.clear()
+        on = {}
+        for cls in Overlap:
+            ov = stack.overlap(FRAMEWORK_CLASS[cls])
+            on[cls] = ov.mode(None, conditions) is ov.on
+        hit = _DEFAULT_ON[key] = (stack, on)
+    return hit[1]
 
 
 # the mesh degree a decomposed collective of each class is chunked over (first_chunk)
@@ -437,8 +458,9 @@ def evaluate_plans(
         eager=plan is not None and not plan.compiled,
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
-    ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
-    ctx = replace(ctx, n_rows=(w.n,), dtypes=options.dtypes)
+    ctx = _Context.of(
+        cand, structure, remat_list, inv, len(cand), stack, n_rows=(w.n,), dtypes=options.dtypes
+    )
     keep = keep_einsums or keep_walk
     return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep, with_terms)
 
@@ -502,7 +524,14 @@ class _Context:
 
     @staticmethod
     def of(
-        cand: Candidates, st: Structure, remats: list[Remat], inv, n: int, stack: Stack
+        cand: Candidates,
+        st: Structure,
+        remats: list[Remat],
+        inv,
+        n: int,
+        stack: Stack,
+        n_rows: tuple[int, ...] = (1,),
+        dtypes: ComputeDtypes | None = None,
     ) -> _Context:
         r_idx = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
         no_remat = np.array([r.kind == RematKind.NONE for r in remats])[r_idx]
@@ -527,6 +556,8 @@ class _Context:
             stack,
             bool(st.sequence_parallel),
             expert_tp=bool(st.expert_tp),
+            n_rows=n_rows,
+            dtypes=dtypes if dtypes is not None else ComputeDtypes(),
         )
 
     def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
