@@ -976,7 +976,7 @@ def _numeric_all(
 # function of these, so a plan priced again (the same plan, or the same run under another
 # efficiency profile whose link fractions are the same: calibrate) builds none of them again.
 _OPTIONS: dict[tuple, tuple[_Shape, tuple[Option, ...]]] = {}
-_MAX_OPTIONS = 1 << 14
+_MAX_OPTIONS = 4096  # a few KB an entry; calibrate's 78 runs hold ~2,100
 
 
 def _options_key(sh, elems, times, split, weights, wrf) -> tuple | None:

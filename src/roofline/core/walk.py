@@ -1316,7 +1316,7 @@ _ONE_TOTALS: dict[int, tuple[Walk, Totals]] = {}
 # a single plan's walks: key (ids and values) -> (the objects the ids name, kept so no other
 # object takes their ids while the entry lives, and checked on a hit; the walk)
 _ONE_WALKS: dict[tuple, tuple[tuple, Walk]] = {}
-_MAX_ONE_WALKS = 512
+_MAX_ONE_WALKS = 128  # ~90 KB a walk (records, einsum plans)
 
 
 def _one_walk_key(model, systems, structure, rows, sequences, ledger, eff, phase, options):
