@@ -1387,7 +1387,7 @@ def _collective_rows(w: Walk | None, row: int = 0) -> tuple[dict, ...]:
         return _list_collectives(w, row)
     hit = _COLL_ROWS.get(id(w))
     if hit is None or hit[0] is not w:
-        if len(_COLL_ROWS) >= 512:
+        if len(_COLL_ROWS) >= 128:
             _COLL_ROWS.clear()
         hit = _COLL_ROWS[id(w)] = (w, _list_collectives(w, row))  # the walk kept: its id
     return tuple({**d, "axes": list(d["axes"])} for d in hit[1])
