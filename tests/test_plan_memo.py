@@ -151,3 +151,23 @@ def test_stack_answers_shared_across_profiles():
     assert a._reruns is b._reruns and a._policy is b._policy
     assert a._rates is not b._rates
     assert a.matmul_peak("bf16") != b.matmul_peak("bf16")
+
+
+def test_timeline_sums_shared_per_remat_choice():
+    """One plan's sums of its walk's Totals are kept per (Totals, remat choice, reuse): the
+    same plan twice reads them back, another remat policy gets its own, and each answer is
+    the fresh one."""
+    from roofline.training import step as step_mod
+
+    _forget()
+    step_mod._SUMS.clear()
+    model, system, _, fw = CASES[1]
+    full = _cost(model, system, "dp=8,tp=8,remat=full", fw).to_dict()
+    assert len(step_mod._SUMS) == 1
+    assert _cost(model, system, "dp=8,tp=8,remat=full", fw).to_dict() == full
+    assert len(step_mod._SUMS) == 1
+    none = _cost(model, system, "dp=8,tp=8,remat=none", fw).to_dict()
+    assert len(step_mod._SUMS) == 2 and none != full
+    _forget()
+    step_mod._SUMS.clear()
+    assert _cost(model, system, "dp=8,tp=8,remat=none", fw).to_dict() == none

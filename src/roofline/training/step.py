@@ -680,6 +680,32 @@ class _Sums:
         return out
 
 
+# one plan's sums by (its walk's Totals, what of the context they read): a remembered walk's
+# Totals (`core.walk`) are summed by query once per remat choice; the Totals kept (their id)
+_SUMS: dict[tuple, tuple[Totals, _Sums]] = {}
+
+
+def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
+    """The `_Sums` of `tot` under `ctx`: one plan's shared with every plan whose context gives
+    them the same values (the remat policies and choice, the gather reuse, the rows)."""
+    if len(ctx.inv) != 1:
+        return _Sums(tot, ctx)
+    key = (
+        id(tot),
+        ctx.remats,
+        int(ctx.remat_idx[0]),
+        bool(ctx.reuse[0]),
+        int(ctx.inv[0]),
+        ctx.n_rows,
+    )
+    hit = _SUMS.get(key)
+    if hit is None or hit[0] is not tot:
+        if len(_SUMS) >= 128:
+            _SUMS.clear()
+        hit = _SUMS[key] = (tot, _Sums(tot, ctx))
+    return hit[1]
+
+
 def _exposed(group: ExposureGroup, comm: Any, compute: Any, ctx: _Context) -> Any:
     if group.rule == "hidden":
         return np.maximum(0.0, comm - compute)
@@ -891,7 +917,7 @@ def _replica_sync(
 def _step(
     model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep, with_terms
 ) -> StepArrays:
-    s = _Sums(tot, ctx)
+    s = _sums_of(tot, ctx)
     chip = systems[0].chip
     M = ctx.M
     pp = ctx.deg[Strategy.PP]
