@@ -42,10 +42,15 @@ class PricingContext:
     def __init__(self, stack: Stack, compute: ComputeModel | None) -> None:
         self.stack, self.compute = stack, compute
         self.launch_s = 0.0 if compute is None else compute.kernel_overhead_s
-        self._policy: dict[tuple[int, str], tuple[OptionPolicy, OptionPolicy]] = {}
-        self._reruns: dict[tuple[str, Any], frozenset[RematKind]] = {}
-        self._rerun_coll: dict[tuple, frozenset[RematKind]] = {}
-        self._speed: dict[bool, float] = {}
+        # the stack's answers depend on the stack (and the chip) only: shared by every
+        # context of the same stack and chip, whatever the profile (calibrate builds a profile
+        # per parameter set; the stack's answers stay)
+        chip = compute.chip if compute is not None else None
+        shared = _stack_answers(stack, chip)
+        self._policy: dict[tuple[int, str], tuple[OptionPolicy, OptionPolicy]] = shared[0]
+        self._reruns: dict[tuple[str, Any], frozenset[RematKind]] = shared[1]
+        self._rerun_coll: dict[tuple, frozenset[RematKind]] = shared[2]
+        self._speed: dict[bool, float] = shared[3]
         self._rates: dict[tuple, Any] = {}
 
     # -- the stack ------------------------------------------------------------------------
@@ -122,6 +127,21 @@ class PricingContext:
             assert self.compute is not None
             hit = self._rates[key] = f(self.compute)
         return hit
+
+
+# (id(stack), id(chip)) -> (stack, chip, the stack's answers: policies, reruns, collective
+# reruns, attention speeds), the objects kept so their ids stay their own
+_STACK_ANSWERS: dict[tuple[int, int], tuple[Stack, Any, tuple[dict, dict, dict, dict]]] = {}
+
+
+def _stack_answers(stack: Stack, chip: Any) -> tuple[dict, dict, dict, dict]:
+    key = (id(stack), id(chip))
+    hit = _STACK_ANSWERS.get(key)
+    if hit is None or hit[0] is not stack or hit[1] is not chip:
+        if len(_STACK_ANSWERS) >= _MAX_CONTEXTS:
+            _STACK_ANSWERS.clear()
+        hit = _STACK_ANSWERS[key] = (stack, chip, ({}, {}, {}, {}))
+    return hit[2]
 
 
 # (id(stack), id(eff), id(chip)) -> (stack, eff, chip, context): the objects kept, so an id

@@ -946,7 +946,7 @@ def _numeric_all(
     comm_fn,
     weights: frozenset[str] = frozenset(),
     weight_read_fraction: Any = 1.0,
-) -> list[Option]:
+) -> tuple[Option, ...]:
     """Put numbers on every option: bytes per chip, collective times, FLOPs and HBM bytes.
 
     Each distinct array, collective and contracting split is sized once (`_Shape`), with the
@@ -958,6 +958,40 @@ def _numeric_all(
     nbytes = [e * x.itemsize for e, x in zip(elems, sh.arrays, strict=True)]
     times = [comm_fn(k, nbytes[i], axes) for k, axes, i in sh.comms]
     split = [_local_size(dims, sizes, mesh) for dims in sh.split_dims]
+    key = _options_key(sh, elems, times, split, weights, weight_read_fraction)
+    if key is not None:
+        hit = _OPTIONS.get(key)
+        if hit is not None and hit[0] is sh:
+            return hit[1]
+    options = _options(sh, elems, nbytes, times, split, weights, weight_read_fraction)
+    if key is not None:
+        if len(_OPTIONS) >= _MAX_OPTIONS:
+            _OPTIONS.clear()
+        _OPTIONS[key] = (sh, options)  # the shape kept: its id stays its own
+    return options
+
+
+# A single plan's sized options by (shape, per-chip elements of its arrays, its collectives'
+# times, its contracting splits, weights, read fraction): every number of every option is a
+# function of these, so a plan priced again (the same plan, or the same run under another
+# efficiency profile whose link fractions are the same: calibrate) builds none of them again.
+_OPTIONS: dict[tuple, tuple[_Shape, tuple[Option, ...]]] = {}
+_MAX_OPTIONS = 4096  # a few KB an entry; calibrate's 78 runs hold ~2,100
+
+
+def _options_key(sh, elems, times, split, weights, wrf) -> tuple | None:
+    """The memo key of a single plan's options (Python floats only), else None."""
+    if type(wrf) is not float:
+        return None
+    for xs in (elems, times, split):
+        for x in xs:
+            if type(x) is not float:
+                return None
+    return (id(sh), tuple(elems), tuple(times), tuple(split), weights, wrf)
+
+
+def _options(sh, elems, nbytes, times, split, weights, weight_read_fraction) -> tuple[Option, ...]:
+    """Every option of `sh` with its numbers (see `_numeric_all`)."""
     options = []
     for r, label, (cs, li, ri, ni, si) in zip(sh.recipes, sh.labels, sh.index, strict=True):
         comm = tuple(
@@ -994,7 +1028,7 @@ def _numeric_all(
                 comm_time_s=t,
             )
         )
-    return options
+    return tuple(options)
 
 
 def _built(cls: type, **fields: Any) -> Any:

@@ -258,6 +258,19 @@ class Totals:
 
     @staticmethod
     def of(walk: Walk) -> Totals:
+        """The sums of `walk`; a remembered single-plan walk's (`walk_rows`) are summed once."""
+        hit = _ONE_TOTALS.get(id(walk))
+        if hit is not None and hit[0] is walk:
+            return hit[1]
+        t = Totals._of(walk)
+        if walk.n == 1:
+            if len(_ONE_TOTALS) >= _MAX_ONE_WALKS:
+                _ONE_TOTALS.clear()
+            _ONE_TOTALS[id(walk)] = (walk, t)  # the walk kept: its id stays its own
+        return t
+
+    @staticmethod
+    def _of(walk: Walk) -> Totals:
         compute: dict = {}
         by_class: dict = {}
         edge: Any = 0.0
@@ -1296,7 +1309,57 @@ def walk_rows(
     degrees), collectives priced on each row's own mesh, compute through the efficiency profile.
 
     `sequences` is the global batch in sequences; each row runs `sequences / microbatches`.
+
+    A single plan's float walk (`options.floats`, one row) is remembered (`_ONE_WALKS`): the
+    walk is a pure function of its arguments, so the same plan on the same objects (model,
+    systems, ledger, profile, policy, stack) walks once.
     """
+    if options.floats and len(rows) == 1:
+        key, refs = _one_walk_key(
+            model, systems, structure, rows, sequences, ledger, eff, phase, options
+        )
+        hit = _ONE_WALKS.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], refs, strict=True)):
+            return hit[1]
+        w = _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options)
+        if len(_ONE_WALKS) >= _MAX_ONE_WALKS:  # calibrate walks each run under many profiles
+            _ONE_WALKS.clear()
+        _ONE_WALKS[key] = (refs, w)
+        return w
+    return _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options)
+
+
+_ONE_TOTALS: dict[int, tuple[Walk, Totals]] = {}
+# a single plan's walks: key (ids and values) -> (the objects the ids name, kept so no other
+# object takes their ids while the entry lives, and checked on a hit; the walk)
+_ONE_WALKS: dict[tuple, tuple[tuple, Walk]] = {}
+_MAX_ONE_WALKS = 128  # ~90 KB a walk (records, einsum plans)
+
+
+def _one_walk_key(model, systems, structure, rows, sequences, ledger, eff, phase, options):
+    """The memo key of a one-row float walk, and the objects its ids stand for."""
+    o = options
+    refs = (model, *systems, ledger, eff, o.policy, o.stack)
+    key = (
+        tuple(id(x) for x in refs),
+        structure,
+        int(rows.system_idx[0]),
+        tuple(int(rows.degrees[s][0]) for s in Strategy),
+        int(rows.microbatches[0]),
+        float(sequences),
+        phase,
+        o.dtypes,
+        o.keep_einsums,
+        o.merge_reductions,
+        o.trusted,
+        tuple(sorted(o.choices.items())),
+        o.remats,
+        o.eager,
+    )
+    return key, refs
+
+
+def _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options) -> Walk:
     deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
     mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
     rules = _rules_of(structure, model)

@@ -302,17 +302,41 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
     packed = np.zeros(len(ctx.inv), dtype=np.int64)
     for j, k in enumerate(names):
         packed |= cond[k].astype(np.int64) << j
-    uniq, where = np.unique(packed, return_inverse=True)
+    if len(packed) == 1:  # one plan: its own conditions
+        uniq, where = packed, np.zeros(1, dtype=np.int64)
+    else:
+        uniq, where = np.unique(packed, return_inverse=True)
     sets = [frozenset(k for j, k in enumerate(names) if (int(u) >> j) & 1) for u in uniq]
     flag_of = {c: k for k, c in _PLAN_KEY_CLASSES.items()}
+    on_by_set = [_defaults_on(ctx.stack, c) for c in sets]
     out = {}
     for cls in Overlap:
         ov = ctx.stack.overlap(FRAMEWORK_CLASS[cls])
-        default_on = np.array([ov.mode(None, c) is ov.on for c in sets])[where.reshape(-1)]
+        default_on = np.array([on[cls] for on in on_by_set])[where.reshape(-1)]
         flag = ctx.flags.get(flag_of.get(cls, ""), None)
         on = default_on | (flag if flag is not None and ov.plan_key else False)
         out[cls] = ModeArrays(np.broadcast_to(on, default_on.shape), ov.on, ov.off)
     return out
+
+
+# (id(stack), conditions) -> (stack, {class: its mechanism on by default}); the stack kept
+_DEFAULT_ON: dict[tuple[int, frozenset[str]], tuple[Stack, dict[Overlap, bool]]] = {}
+
+
+def _defaults_on(stack: Stack, conditions: frozenset[str]) -> dict[Overlap, bool]:
+    """Per overlap class, whether the stack's mechanism is on by default under `conditions`
+    (`specs.framework.Overlap.mode`), resolved once per (stack, conditions)."""
+    key = (id(stack), conditions)
+    hit = _DEFAULT_ON.get(key)
+    if hit is None or hit[0] is not stack:
+        if len(_DEFAULT_ON) >= 4096:
+            _DEFAULT_ON.clear()
+        on = {}
+        for cls in Overlap:
+            ov = stack.overlap(FRAMEWORK_CLASS[cls])
+            on[cls] = ov.mode(None, conditions) is ov.on
+        hit = _DEFAULT_ON[key] = (stack, on)
+    return hit[1]
 
 
 # the mesh degree a decomposed collective of each class is chunked over (first_chunk)
@@ -437,8 +461,9 @@ def evaluate_plans(
         host_syncs=plan is None or not plan.cuda_graph,
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)
-    ctx = _Context.of(cand, structure, remat_list, inv, len(cand), stack)
-    ctx = replace(ctx, n_rows=(w.n,), dtypes=options.dtypes)
+    ctx = _Context.of(
+        cand, structure, remat_list, inv, len(cand), stack, n_rows=(w.n,), dtypes=options.dtypes
+    )
     keep = keep_einsums or keep_walk
     return _step(model, systems, workload, w, Totals.of(w), ctx, eff, opt, keep, with_terms)
 
@@ -464,6 +489,10 @@ def _distinct_rows(cand: Candidates) -> tuple[MeshRows, np.ndarray]:
     key_mat = np.column_stack(
         [sys_idx] + [cand.deg.get(s, ones) for s in Strategy] + [cand.microbatches]
     ).astype(np.int64)
+    if n == 1:  # one plan: its row
+        rows = MeshRows(key_mat[:, 0], {s: key_mat[:, 1 + j] for j, s in enumerate(Strategy)},
+                        key_mat[:, -1])  # fmt: skip
+        return rows, np.zeros(1, dtype=np.int64)
     # distinct rows via one mixed-radix integer per row (much faster than unique(axis=0))
     radix = key_mat.max(axis=0) + 1
     flat_key = np.zeros(n, dtype=np.int64)
@@ -498,7 +527,14 @@ class _Context:
 
     @staticmethod
     def of(
-        cand: Candidates, st: Structure, remats: list[Remat], inv, n: int, stack: Stack
+        cand: Candidates,
+        st: Structure,
+        remats: list[Remat],
+        inv,
+        n: int,
+        stack: Stack,
+        n_rows: tuple[int, ...] = (1,),
+        dtypes: ComputeDtypes | None = None,
     ) -> _Context:
         r_idx = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
         no_remat = np.array([r.kind == RematKind.NONE for r in remats])[r_idx]
@@ -523,6 +559,8 @@ class _Context:
             stack,
             bool(st.sequence_parallel),
             expert_tp=bool(st.expert_tp),
+            n_rows=n_rows,
+            dtypes=dtypes if dtypes is not None else ComputeDtypes(),
         )
 
     def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
@@ -556,6 +594,13 @@ class _Sums:
     def __init__(self, tot: Totals, ctx: _Context) -> None:
         self.tot, self.ctx = tot, ctx
         self._rr: dict[frozenset, np.ndarray] = {}
+        self._memo: dict[tuple, Any] = {}  # each sum asked once (the timeline asks some twice)
+
+    def _remembered(self, key: tuple, f: Callable[[], Any]) -> Any:
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = f()
+        return hit
 
     def rr(self, s: frozenset) -> np.ndarray:
         if s not in self._rr:
@@ -575,8 +620,15 @@ class _Sums:
                 m: Any = self.rr(rerun)
             else:
                 m = (1.0 + self.rr(rerun)) if (fwd and forward_mult and rerun) else 1.0
-            out = out + np.broadcast_to(np.asarray(v, float), self.ctx.n_rows)[self.ctx.inv] * m
+            out = out + self.per_candidate(v) * m
         return out
+
+    def per_candidate(self, v: Any) -> np.ndarray:
+        """A per-row sum indexed out to the candidates (Totals' arrays have the rows' shape
+        already; anything else is broadcast to it first)."""
+        if type(v) is not np.ndarray or v.shape != self.ctx.n_rows or v.dtype != np.float64:
+            v = np.broadcast_to(np.asarray(v, float), self.ctx.n_rows)
+        return v[self.ctx.inv]
 
     def compute(
         self,
@@ -587,6 +639,12 @@ class _Sums:
     ) -> Any:
         """Compute seconds per microbatch (forward incl. recompute unless `forward` filters),
         of every op or of the ops of some `classes`."""
+        return self._remembered(
+            ("compute", forward, rerun_only, classes),
+            lambda: self._compute(forward, rerun_only, classes),
+        )
+
+    def _compute(self, forward, rerun_only, classes) -> Any:
         if classes is None:
             src = self.tot.compute_s.items()
         else:
@@ -595,12 +653,23 @@ class _Sums:
         return self._sum(items, forward is None, rerun_only)
 
     def flops(self, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
+        return self._remembered(
+            ("flops", forward, rerun_only), lambda: self._flops(forward, rerun_only)
+        )
+
+    def _flops(self, forward, rerun_only) -> Any:
         items = [(k, v) for k, v in self.tot.flops.items() if forward is None or k[0] == forward]
         return self._sum(items, forward is None, rerun_only)
 
     def comm(self, classes, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
         """Seconds per microbatch of the collectives of `classes` (with remat's reruns, less
         the re-gathers a no-remat step skips, unless `forward` picks one pass once)."""
+        return self._remembered(
+            ("comm", tuple(classes), forward, rerun_only),
+            lambda: self._comm(classes, forward, rerun_only),
+        )
+
+    def _comm(self, classes, forward, rerun_only) -> Any:
         items = [
             ((fwd, rr), v)
             for (c, fwd, rr), v in self.tot.comm_s.items()
@@ -612,6 +681,32 @@ class _Sums:
                 if c in self.tot.reusable_s:
                     out = out - np.where(self.ctx.reuse, self.tot.reusable_s[c][self.ctx.inv], 0.0)
         return out
+
+
+# one plan's sums by (its walk's Totals, what of the context they read): a remembered walk's
+# Totals (`core.walk`) are summed by query once per remat choice; the Totals kept (their id)
+_SUMS: dict[tuple, tuple[Totals, _Sums]] = {}
+
+
+def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
+    """The `_Sums` of `tot` under `ctx`: one plan's shared with every plan whose context gives
+    them the same values (the remat policies and choice, the gather reuse, the rows)."""
+    if len(ctx.inv) != 1:
+        return _Sums(tot, ctx)
+    key = (
+        id(tot),
+        ctx.remats,
+        int(ctx.remat_idx[0]),
+        bool(ctx.reuse[0]),
+        int(ctx.inv[0]),
+        ctx.n_rows,
+    )
+    hit = _SUMS.get(key)
+    if hit is None or hit[0] is not tot:
+        if len(_SUMS) >= 128:
+            _SUMS.clear()
+        hit = _SUMS[key] = (tot, _Sums(tot, ctx))
+    return hit[1]
 
 
 def _exposed(group: ExposureGroup, comm: Any, compute: Any, ctx: _Context) -> Any:
@@ -825,7 +920,7 @@ def _replica_sync(
 def _step(
     model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep, with_terms
 ) -> StepArrays:
-    s = _Sums(tot, ctx)
+    s = _sums_of(tot, ctx)
     chip = systems[0].chip
     M = ctx.M
     pp = ctx.deg[Strategy.PP]
@@ -1315,14 +1410,32 @@ def check_mfu(mfu: Any) -> float:
 
 def _at(a: Any, i: int) -> Any:
     """Entry i of a per-row array (a scalar or one-entry array: its value for every row)."""
-    a = np.asarray(a).reshape(-1)
+    if type(a) is not np.ndarray or a.ndim != 1:
+        a = np.asarray(a).reshape(-1)
     return a[i] if a.size > 1 else a[0]
 
 
 def _collective_rows(w: Walk | None, row: int = 0) -> tuple[dict, ...]:
-    """The chosen collectives of one row of a walk (a single plan's), one row per record."""
+    """The chosen collectives of one row of a walk (a single plan's), one row per record.
+
+    A single plan's walk is remembered (`core.walk.walk_rows`), so its rows are listed once
+    (`_COLL_ROWS`) and each StepCost gets its own copies of them."""
     if w is None:
         return ()
+    if w.n != 1:
+        return _list_collectives(w, row)
+    hit = _COLL_ROWS.get(id(w))
+    if hit is None or hit[0] is not w:
+        if len(_COLL_ROWS) >= 128:
+            _COLL_ROWS.clear()
+        hit = _COLL_ROWS[id(w)] = (w, _list_collectives(w, row))  # the walk kept: its id
+    return tuple({**d, "axes": list(d["axes"])} for d in hit[1])
+
+
+_COLL_ROWS: dict[int, tuple[Walk, tuple[dict, ...]]] = {}
+
+
+def _list_collectives(w: Walk, row: int) -> tuple[dict, ...]:
     rows = []
     for c in w.collectives:
         if not bool(_at(c.chosen, row)):
