@@ -171,3 +171,29 @@ def test_timeline_sums_shared_per_remat_choice():
     _forget()
     step_mod._SUMS.clear()
     assert _cost(model, system, "dp=8,tp=8,remat=none", fw).to_dict() == none
+
+
+def test_every_walk_option_is_in_the_memo_key():
+    """A WalkOptions field missing from the key would hand one option's walk to another (the
+    cuda_graph plan's host_syncs=False, serving's MoE combine): each field, changed, changes it."""
+    from dataclasses import fields, replace
+
+    from roofline.specs.plan import ComputeDtype, ComputeDtypes
+
+    base = walk_mod.WalkOptions()
+    changed = {
+        "dtypes": ComputeDtypes(matmul=ComputeDtype.FP8),
+        "keep_einsums": not base.keep_einsums,
+        "merge_reductions": not base.merge_reductions,
+        "trusted": not base.trusted,
+        "choices": {("mlp/up", "fwd"): 1},
+        "remats": ("x",),
+        "eager": not base.eager,
+        "floats": not base.floats,
+    }
+    for f in fields(base):
+        if f.name in ("policy", "stack"):  # by identity, in the refs
+            continue
+        value = changed.get(f.name, not getattr(base, f.name))
+        other = replace(base, **{f.name: value})
+        assert walk_mod._options_key(other) != walk_mod._options_key(base), f.name

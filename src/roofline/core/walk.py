@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -1348,15 +1348,19 @@ def _one_walk_key(model, systems, structure, rows, sequences, ledger, eff, phase
         int(rows.microbatches[0]),
         float(sequences),
         phase,
-        o.dtypes,
-        o.keep_einsums,
-        o.merge_reductions,
-        o.trusted,
-        tuple(sorted(o.choices.items())),
-        o.remats,
-        o.eager,
+        _options_key(o),
     )
     return key, refs
+
+
+def _options_key(o: WalkOptions) -> tuple:
+    """Every WalkOptions field by value (the policy and the stack go by id in the refs), so a
+    field added later cannot be left out of the memo key."""
+    return tuple(
+        (f.name, tuple(sorted(o.choices.items())) if f.name == "choices" else getattr(o, f.name))
+        for f in fields(o)
+        if f.name not in ("policy", "stack")
+    )
 
 
 def _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options) -> Walk:
