@@ -194,7 +194,8 @@ class ShardedStep:
                 self.quant.experts or self.quant.weights, self.quant.compute, self.chip
             ),
         )
-        self.options = WalkOptions(dtypes=dt)
+        # the engines reduce a MoE layer's output once, after the combine (walk.combine_reduce)
+        self.options = WalkOptions(dtypes=dt, moe_combine_reduce=True)
         self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
             "pipeline"
         }
