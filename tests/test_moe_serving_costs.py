@@ -139,3 +139,65 @@ def test_combine_reduce_is_one_top_k_th_of_the_expanded_reduce():
     16-bit dtype) would."""
     _, colls, _ = _walk("tp=8", 8)
     assert _bytes(colls[0]) * K == pytest.approx(T * K * D * STREAM, rel=1e-12)
+
+
+# -- the training walk (Megatron's option policy, sequence parallel under tp) ----------------
+
+
+def _train(plan: dict, chips: int, seqs: float):
+    """Per-chip FLOPs by (op, pass) and the MoE collectives of one training microbatch."""
+    from roofline.core.rules import Structure
+    from roofline.core.stack import stack_of
+    from roofline.core.walk import MeshRows, WalkOptions, ledger_for, walk_rows
+    from roofline.specs.plan import Strategy
+
+    deg = {s: float(plan.get(s.value, 1)) for s in Strategy}
+    active = frozenset(s for s in Strategy if deg[s] > 1)
+    rows = MeshRows(np.array([0]), {s: np.array([v]) for s, v in deg.items()}, np.array([1.0]))
+    stack = stack_of("megatron")
+    walk = walk_rows(
+        MODEL,
+        [parse_system(f"h100:{chips}")],
+        Structure(active=active, sequence_parallel=Strategy.TP in active),
+        rows,
+        seqs,
+        ledger_for(MODEL, Phase.TRAIN, int(S)),
+        PEAK,
+        phase=Phase.TRAIN,
+        options=WalkOptions(stack=stack, policy=stack.policy),
+    )
+    flops = {(r.op, r.pass_.value): float(np.ravel(r.flops_per_chip)[0]) for r in walk.ops}
+    colls = [c for c in walk.collectives if c.op.startswith("moe/")]
+    return flops, colls
+
+
+S = 4096.0
+
+
+@pytest.mark.parametrize(
+    ("plan", "chips", "routed_ways", "shared_tokens_ways", "shared_width_ways"),
+    [
+        ({"tp": 8}, 8, 8, 1, 8),  # ETP = TP: expert width over the tensor ranks
+        ({"ep": 8, "dp": 8}, 64, 64, 64, 1),  # whole experts, tokens over data × expert
+        ({"tp": 8, "ep": 8}, 64, 64, 8, 8),
+    ],
+)
+def test_training_moe_flops_per_chip(
+    plan, chips, routed_ways, shared_tokens_ways, shared_width_ways
+):
+    """Forward, input-gradient and weight-gradient FLOPs of every expert matmul per chip: the
+    routed ones 2·N·k·D·F over the chips sharing the experts' work, the shared expert's
+    2·N·D·F_sh over its token and width splits (N = tokens of the microbatch); never the full
+    width on a tensor rank (Megatron's policy moves activations, not weights, over tp)."""
+    seqs = 8.0
+    N = seqs * S
+    flops, colls = _train(plan, chips, seqs)
+    for op in ROUTED:
+        for p in ("forward", "d_lhs", "d_rhs"):
+            assert flops[(op, p)] == pytest.approx(2 * N * K * D * F / routed_ways, rel=1e-12)
+    for op in SHARED:
+        for p in ("forward", "d_lhs", "d_rhs"):
+            want = 2 * N / shared_tokens_ways * D * F_SH / shared_width_ways
+            assert flops[(op, p)] == pytest.approx(want, rel=1e-12)
+    gathered = [c.tensor for c in colls if "tensor" in c.axes and c.tensor.startswith("W")]
+    assert gathered == []
