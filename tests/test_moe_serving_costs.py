@@ -11,8 +11,11 @@ bytes are the ledger's, not the profile's):
 | shared g/u/d   | 2·T·D·F_sh/8 each | 2·(T/8)·D·F_sh each    | 2·(T/8)·D·F_sh/8 each       |
 | tensor AR      | T·D·2 once        | none                   | (T/8)·D·2 once              |
 | dispatch, comb.| none              | (T/8)·k·D·b each       | (T/8)·k·D·b each            |
+| combine pass   | (T·k + T)·D·2     | (T·k/8 + T/8)·D·2      | (T·k/8 + T/8)·D·2           |
 
-(b: the activations' bytes, 1 for fp8 compute; the all-reduce sums the 16-bit hidden states.)
+(b: the activations' bytes, 1 for fp8 compute; the all-reduce sums the 16-bit hidden states.
+The combine pass reads each token's top_k expert outputs and writes their weighted sum, in 16
+bits: vLLM's ops.moe_sum, TensorRT-LLM's finalizeMoeRouting.)
 
 How the engines shard it: vLLM's fused_moe under tp splits every expert's intermediate width
 over the tensor ranks (w13 [E, 2F/tp, D], w2 [E, D, F/tp]), sums each token's top_k outputs
@@ -34,7 +37,7 @@ import pytest
 
 from roofline.core.collectives import CollectiveKind
 from roofline.core.ledger import build_ledger
-from roofline.serving.inference import Quant, parse_serve_plan
+from roofline.serving.inference import Quant, parse_serve_plan, serving_ledger
 from roofline.serving.step import ShardedStep
 from roofline.specs.efficiency import PEAK
 from roofline.specs.model_catalog import load_model
@@ -58,9 +61,12 @@ def _walk(plan: str, chips: int):
     step = ShardedStep(
         MODEL, [parse_system(f"h200:{chips}")], [parse_serve_plan(plan)], QUANT, PEAK
     )
-    led = build_ledger(step.walked, batch=1, seq=T, kv_seq=T, dtypes=QUANT.policy)
+    led = serving_ledger(build_ledger(step.walked, batch=1, seq=T, kv_seq=T, dtypes=QUANT.policy))
     walk = step._walk(led, Phase.PREFILL, np.array([1.0]), np.array([0]))
     flops = {r.op: float(np.ravel(r.flops_per_chip)[0]) for r in walk.ops}
+    flops["combine bytes"] = next(
+        float(np.ravel(r.hbm_bytes_per_chip)[0]) for r in walk.ops if r.op == "moe/unpermute"
+    )
     colls = [c for c in walk.collectives if c.op.startswith("moe/") and c.tensor != "W_router"]
     act = dtype_bytes(next(o for o in led if o.name == "moe/down").out.dtype)
     return flops, colls, act
@@ -86,6 +92,7 @@ def test_tensor_parallel_moe_layer(plan):
     ]
     assert _bytes(colls[0]) == pytest.approx(T * D * STREAM, rel=1e-12)
     assert colls[0].dtype == "bf16" and b == 1.0  # fp8 GEMMs, a 16-bit sum
+    assert flops["combine bytes"] == pytest.approx((T * K + T) * D * STREAM, rel=1e-12)
 
 
 def test_ep_within_tp_costs_what_tp_costs():
@@ -114,6 +121,7 @@ def test_attention_dp_expert_parallel_moe_layer():
     ]
     for c in colls:
         assert _bytes(c) == pytest.approx((T / 8) * K * D * b, rel=1e-12)
+    assert flops["combine bytes"] == pytest.approx((T * K + T) / 8 * D * STREAM, rel=1e-12)
 
 
 def test_tp_and_attention_dp_expert_parallel_moe_layer():
@@ -132,6 +140,7 @@ def test_tp_and_attention_dp_expert_parallel_moe_layer():
     assert len(a2a) == 2
     for c in a2a:
         assert _bytes(c) == pytest.approx((T / 8) * K * D * b, rel=1e-12)
+    assert flops["combine bytes"] == pytest.approx((T * K + T) / 8 * D * STREAM, rel=1e-12)
 
 
 def test_combine_reduce_is_one_top_k_th_of_the_expanded_reduce():

@@ -33,7 +33,7 @@ import numpy as np
 
 from roofline.core.collectives import CollectiveKind
 from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
-from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger
+from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger, moe_token_rows
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
 from roofline.core.pricing import PricingContext, pricing_context
@@ -1320,13 +1320,7 @@ def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
         # MoE token permutation: tokens copied top_k times into expert order before the expert
         # GEMMs and weighted back after them (Megatron-Core moe_utils permute/unpermute,
         # torchtitan's token reorder): memory-bound gathers and scatters of top_k·d per token
-        msz = dict(up.sizes)
-        xe = Tensor("xe", ("experts", "capacity", "embed"), dt)
-        xt = Tensor("x", ("batch", "seq", "embed"), dt)
-        rows += [
-            Op("moe/permute", OpKind.ELEMENTWISE, (xt,), xe, msz, up.count, 1.0, 0.0),
-            Op("moe/unpermute", OpKind.ELEMENTWISE, (xe,), xt, msz, up.count, 1.0, 1.0),
-        ]
+        rows += list(moe_token_rows(up, dt))
     return tuple(rows)
 
 

@@ -45,6 +45,7 @@ from roofline.serving.inference import (
     kv_replication,
     memory_per_chip,
     rows_of,
+    serving_ledger,
 )
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import ModelSpec
@@ -254,7 +255,9 @@ class ShardedStep:
     def _decode_tab(self, context: float) -> _Tab:
         key = ("decode", round(context, 6))
         if key not in self._cache:
-            led = decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
+            led = serving_ledger(
+                decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
+            )
             idx = np.tile(np.arange(self.n), len(GRID))
             seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
