@@ -947,6 +947,23 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
     return ops
 
 
+def moe_token_rows(up: Op, dtype: str) -> tuple[Op, Op]:
+    """The MoE layer's memory passes around the expert GEMMs, as rows beside `up` (the
+    `moe/up` row, whose sizes carry the capacity B·T·k/E): `moe/permute` copies each token top_k
+    times into expert order, x[B, T, D] -> xe[E, capacity, D] (no FLOPs), and `moe/unpermute`
+    sums each token's top_k expert outputs with its router weights back into [B, T, D] (one FLOP
+    an element). Training stacks run both (Megatron-Core moe_utils permute/unpermute); inference
+    engines all run the combine (vLLM's fused_moe: ops.moe_sum over the top_k outputs;
+    TensorRT-LLM's finalizeMoeRouting), see serving.inference.serving_ledger."""
+    sz = MappingProxyType(dict(up.sizes))
+    xe = Tensor("xe", ("experts", "capacity", "embed"), dtype)
+    x = Tensor("x", ("batch", "seq", "embed"), dtype)
+    return (
+        Op("moe/permute", OpKind.ELEMENTWISE, (x,), xe, sz, up.count, 1.0, 0.0),
+        Op("moe/unpermute", OpKind.ELEMENTWISE, (xe,), x, sz, up.count, 1.0, 1.0),
+    )
+
+
 # --------------------------------------------------------------------------------------
 # Summaries
 # --------------------------------------------------------------------------------------

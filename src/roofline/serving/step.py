@@ -45,6 +45,7 @@ from roofline.serving.inference import (
     kv_replication,
     memory_per_chip,
     rows_of,
+    serving_ledger,
 )
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import ModelSpec
@@ -194,7 +195,8 @@ class ShardedStep:
                 self.quant.experts or self.quant.weights, self.quant.compute, self.chip
             ),
         )
-        self.options = WalkOptions(dtypes=dt)
+        # the engines reduce a MoE layer's output once, after the combine (walk.combine_reduce)
+        self.options = WalkOptions(dtypes=dt, moe_combine_reduce=True)
         self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
             "pipeline"
         }
@@ -253,7 +255,9 @@ class ShardedStep:
     def _decode_tab(self, context: float) -> _Tab:
         key = ("decode", round(context, 6))
         if key not in self._cache:
-            led = decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
+            led = serving_ledger(
+                decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
+            )
             idx = np.tile(np.arange(self.n), len(GRID))
             seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
