@@ -71,3 +71,37 @@ def test_step_routed_rows_pay_the_imbalance_under_ep():
         np.testing.assert_allclose(
             ratio[a.compute[i, :, 0] > 0], want[a.compute[i, :, 0] > 0], rtol=1e-9
         )
+
+
+def test_imbalance_against_simulated_uniform_routing():
+    """A measurement: 400 passes of 256 tokens, each routed to 4 distinct of 64 experts uniformly
+    at random, 8 experts a rank over 8 ranks; the mean busiest-rank load over the mean load is
+    the closed form's within 5% of its excess over 1 (measured 1.1210 against 1.1228: the
+    normal approximation's error plus the sampling error)."""
+    rng = np.random.default_rng(0)
+    E, k, T, ep, trials = 64, 4, 256, 8, 400
+    picks = np.argpartition(rng.random((trials, T, E)), k, axis=2)[:, :, :k]
+    loads = np.stack([np.sum(picks // (E // ep) == r, axis=(1, 2)) for r in range(ep)], axis=1)
+    measured = float(np.mean(loads.max(axis=1)) / (T * k / ep))
+    want = expert_parallel_imbalance(E, k, float(T), ep)
+    assert measured - 1 == pytest.approx(want - 1, rel=0.05)
+
+
+def test_uniform_spread_is_a_lower_bound_under_group_limited_routing():
+    """A measurement: DeepSeek-V3's group-limited router (256 experts in 8 groups of 32, a group
+    scored by its top-2 expert scores, the top 4 groups kept, the top 8 experts inside them;
+    deepseek-ai/DeepSeek-V3 config.json n_group = 8, topk_group = 4) with independent uniform
+    scores, at ep = 8 (one group a rank): one token's count per rank varies more than under
+    uniform routing (the variance the imbalance uses), so the imbalance is a lower bound."""
+    rng = np.random.default_rng(1)
+    N, E, G, k = 4000, 256, 8, 8
+    g = E // G
+    s = rng.random((N, E))
+    group_score = np.sort(s.reshape(N, G, g), axis=2)[:, :, -2:].sum(axis=2)
+    keep = np.zeros((N, G), bool)
+    np.put_along_axis(keep, np.argsort(group_score, axis=1)[:, -4:], True, axis=1)
+    chosen = np.argsort(np.where(np.repeat(keep, g, axis=1), s, -1.0), axis=1)[:, -k:]
+    counts = np.stack([np.sum(chosen // g == r, axis=1) for r in range(G)], axis=1)
+    uniform = k * (1 / G) * (1 - 1 / G) * (E - k) / (E - 1)
+    assert np.allclose(counts.sum(axis=1), k)
+    assert counts.var(axis=0).mean() > 1.3 * uniform
