@@ -66,10 +66,9 @@ def expert_parallel_imbalance(n_experts: float, top_k: float, tokens: Any, ep: i
     each routed to top_k distinct of E experts held E/ep per rank (numpy-friendly).
 
     A grouped expert GEMM finishes when its slowest rank does (the dispatch/combine wait for all
-    of them: "some GPUs can become bottlenecks, forcing the entire system to wait", the reason
-    the engines ship an EP load balancer — NVIDIA/TensorRT-LLM@956a4f23 docs/source/blogs/
-    tech_blog/blog4_Scaling_Expert_Parallelism_in_TensorRT-LLM.md, "EP Load Balancer"), so a
-    pass pays the expected maximum over ranks of the T·k assignments. Under
+    of them; the reason the engines ship an expert-parallel load balancer that duplicates hot
+    experts: NVIDIA/TensorRT-LLM@1cf5f035 examples/ep_load_balancer/README.md), so a pass pays
+    the expected maximum over ranks of the T·k assignments. Under
     uniform, independent routing one token's count on a rank is hypergeometric (k draws from E
     experts, E/ep of them the rank's): mean k/ep, the ranks' counts summing to k. Over T tokens
     the loads are normal with covariance s²·(I − J/ep), s² = T·k·(E − k) / (ep·(E − 1)), i.e.
