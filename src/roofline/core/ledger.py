@@ -42,6 +42,57 @@ def expected_distinct_experts(n_experts: float, top_k: float, tokens: Any) -> An
     return float(out) if out.ndim == 0 else out
 
 
+def expected_max_std_normal(n: int) -> float:
+    """E[max of n independent standard normals]: the integral of x·n·φ(x)·Φ(x)^(n−1) on a fine
+    grid (n = 1: 0; n = 2: 1/√π; n = 3: 3/(2√π), the closed forms the tests check)."""
+    return _expected_max_std_normal(int(n))
+
+
+@functools.lru_cache(maxsize=256)
+def _expected_max_std_normal(n: int) -> float:
+    if n <= 1:
+        return 0.0
+    import numpy as np
+
+    x = np.linspace(-12.0, 12.0, 24001)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in x]))
+    f = x * n * phi * cdf ** (n - 1)
+    return float(np.sum(f) * (x[1] - x[0]))
+
+
+def expert_parallel_imbalance(n_experts: float, top_k: float, tokens: Any, ep: int) -> Any:
+    """The slowest expert-parallel rank's routed tokens over the mean rank's, for `tokens` tokens
+    each routed to top_k distinct of E experts held E/ep per rank (numpy-friendly).
+
+    A grouped expert GEMM finishes when its slowest rank does (the dispatch/combine wait for all
+    of them; the reason the engines ship an expert-parallel load balancer that duplicates hot
+    experts: NVIDIA/TensorRT-LLM@1cf5f035 examples/ep_load_balancer/README.md), so a pass pays
+    the expected maximum over ranks of the T·k assignments. Under
+    uniform, independent routing one token's count on a rank is hypergeometric (k draws from E
+    experts, E/ep of them the rank's): mean k/ep, the ranks' counts summing to k. Over T tokens
+    the loads are normal with covariance s²·(I − J/ep), s² = T·k·(E − k) / (ep·(E − 1)), i.e.
+    s·(Z_i − Z̄) for independent standard normals Z, so E[max] = T·k/ep + s·E[max of ep Z]
+    (`expected_max_std_normal`): the ratio 1 + e_ep·sqrt(ep·(E − k) / (T·k·(E − 1))), capped
+    where the busiest rank takes min(k, E/ep) of every token's experts. ep = 1: 1. Real routers
+    are skewed (hot experts) and group-limited ones concentrate a token's experts (DeepSeek-V3's
+    8 groups / top 4 at ep = 8: a per-token rank-count variance of 1.34 simulated against the
+    uniform 0.85, tests/test_moe_ep_imbalance.py), which only adds to this — the
+    uniform-routing lower bound; no fitted factor.
+    """
+    import numpy as np
+
+    t = np.maximum(np.asarray(tokens, dtype=float), 1e-12)
+    if ep <= 1 or n_experts <= top_k:
+        out = np.ones_like(t)
+    else:
+        e = expected_max_std_normal(ep)
+        ratio = 1.0 + e * np.sqrt(ep * (n_experts - top_k) / (t * top_k * (n_experts - 1.0)))
+        cap = ep * min(top_k, n_experts / ep) / top_k
+        out = np.minimum(ratio, cap)
+    return float(out) if out.ndim == 0 else out
+
+
 class OpKind(enum.StrEnum):
     MATMUL = "matmul"  # contraction with a weight: 2·prod(dims) FLOPs forward
     ATTENTION = "attention"  # activation×activation contraction (scores, context)
@@ -945,6 +996,23 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
     )
     ops[-1] = replace(ops[-1], routed=True)
     return ops
+
+
+def moe_token_rows(up: Op, dtype: str) -> tuple[Op, Op]:
+    """The MoE layer's memory passes around the expert GEMMs, as rows beside `up` (the
+    `moe/up` row, whose sizes carry the capacity B·T·k/E): `moe/permute` copies each token top_k
+    times into expert order, x[B, T, D] -> xe[E, capacity, D] (no FLOPs), and `moe/unpermute`
+    sums each token's top_k expert outputs with its router weights back into [B, T, D] (one FLOP
+    an element). Training stacks run both (Megatron-Core moe_utils permute/unpermute); inference
+    engines all run the combine (vLLM's fused_moe: ops.moe_sum over the top_k outputs;
+    TensorRT-LLM's finalizeMoeRouting), see serving.inference.serving_ledger."""
+    sz = MappingProxyType(dict(up.sizes))
+    xe = Tensor("xe", ("experts", "capacity", "embed"), dtype)
+    x = Tensor("x", ("batch", "seq", "embed"), dtype)
+    return (
+        Op("moe/permute", OpKind.ELEMENTWISE, (x,), xe, sz, up.count, 1.0, 0.0),
+        Op("moe/unpermute", OpKind.ELEMENTWISE, (xe,), x, sz, up.count, 1.0, 1.0),
+    )
 
 
 # --------------------------------------------------------------------------------------

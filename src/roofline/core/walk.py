@@ -33,7 +33,7 @@ import numpy as np
 
 from roofline.core.collectives import CollectiveKind
 from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
-from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger
+from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger, moe_token_rows
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
 from roofline.core.pricing import PricingContext, pricing_context
@@ -515,6 +515,11 @@ class WalkOptions:
     stack: Stack | None = None  # the framework profile applied (None: the idealised machine)
     eager: bool = False  # elementwise rows as the stack's eager kernels (Plan.compiled False)
     host_syncs: bool = True  # the MoE layers' host syncs are paid (not under Plan.cuda_graph)
+    # the MoE output reduced over the tensor axis once per layer, after the weighted combine of
+    # the routed experts plus the shared expert (`_Walker.combine_reduce`: the inference engines);
+    # False: each down projection reduces its own output (Megatron's alltoall dispatcher
+    # reduce-scatters the expert outputs before the combine)
+    moe_combine_reduce: bool = False
     # a walk of one row runs on Python floats, not 1-element arrays (numpy's cost per call is
     # most of a single plan's time); its records then hold floats, which `Totals` broadcasts
     # to the row — for readers that broadcast (training's timeline), not those that index
@@ -570,6 +575,8 @@ class _Walker:
             self.attention(op, sizes, copies)
         else:
             self.elementwise(op, sizes, copies)
+        if op.name == "moe/down" and self.opts.moe_combine_reduce:
+            self.combine_reduce(op, sizes, copies)
         if op.name == "moe/up":
             self.host_sync(op, copies)
             if "expert" in self.rules.activations.get("experts", ()):
@@ -650,10 +657,53 @@ class _Walker:
         mem = by / (p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s)
         return OpRecord(name, label, cls, dtype, copies, fl, by, comp, mem, rr, launch_s=p.launch_s)
 
+    def combine_axes(self) -> tuple[str, ...]:
+        """The tensor axes the MoE layer's down projections leave partial sums over (the routed
+        experts' width under expert tensor parallelism, the shared expert's width under tp)."""
+        dims = ["expert_mlp"] + (["mlp"] if "moe/shared/down" in self.op_names else [])
+        return tuple(
+            dict.fromkeys(
+                a for d in dims for a in self.rules.axes_for(d, True) if a == AXIS_OF[Strategy.TP]
+            )
+        )
+
+    def combine_reduce(self, op: Op, sizes: dict, copies: Any) -> None:
+        """The MoE layer's one tensor-parallel AllReduce, of its output x[batch, seq, embed]
+        after the weighted combine: vLLM's fused_moe (and SGLang's, TensorRT-LLM's) computes each
+        token's top_k expert outputs with the expert width split over the tensor ranks, sums them
+        with the router weights into [tokens, embed] and adds the shared expert's partial output
+        before one all-reduce (vllm-project/vllm vllm/model_executor/models/deepseek_v2.py,
+        DeepseekV2MoE.forward: maybe_all_reduce_tensor_model_parallel on final_hidden_states) —
+        1/top_k of the bytes of reducing the routed outputs before the combine. The sum is in
+        the 16-bit hidden-state dtype whatever the GEMMs compute in: fused_moe writes its output
+        like its input hidden states (vllm/model_executor/layers/fused_moe/fused_moe.py,
+        fused_experts_impl: out_hidden_states = torch.empty_like(hidden_states)); fp8 / fp4
+        quantise only each GEMM's input."""
+        axes = self.combine_axes()
+        if not axes:
+            return
+        dt = op.out.dtype if dtype_bytes(op.out.dtype) >= 2 else "bf16"
+        x = spec_of(Tensor("x", ("batch", "seq", "embed"), dt), self.rules)
+        b = x.local_bytes(sizes, self.mesh)
+        t = self.pricing.comm(CollectiveKind.ALL_REDUCE, b, axes)
+        rr = self.rerun_collective(self.rerun_by(op), Overlap.TENSOR, CollectiveKind.ALL_REDUCE)
+        self.colls.append(
+            CollectiveRecord(
+                op.name, "combine", Pass.FORWARD, CollectiveKind.ALL_REDUCE, axes, "x", dt,
+                Overlap.TENSOR, b, t, copies, rr,
+                before=str(replace(x, unreduced=axes)), after=str(x),
+                why="MoE output (routed experts combined + shared expert) summed over the tensor axis",
+            )
+        )  # fmt: skip
+
     def plan(self, op: Op, sizes: dict, dtype: str) -> tuple[EinsumPlan, ...]:
         """The forward (and, training, both backward) einsums; identical einsums (gate and up)
-        are planned once."""
+        are planned once. Under `moe_combine_reduce` the MoE down projections keep their partial
+        sums (reduced once after the combine, `combine_reduce`)."""
         lhs, rhs, out = op_specs(op, self.rules)
+        if self.opts.moe_combine_reduce and op.name in ("moe/down", "moe/shared/down"):
+            part = tuple(a for d in op.contracting for a in rhs.axes_of(d))
+            out = replace(out, unreduced=tuple(a for a in self.combine_axes() if a in part))
         key = (lhs, rhs, out, tuple(sorted((k, v) for k, v in op.sizes.items() if k != "batch")))
         if key not in self.same:
             p = self.pricing
@@ -1283,13 +1333,7 @@ def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
         # MoE token permutation: tokens copied top_k times into expert order before the expert
         # GEMMs and weighted back after them (Megatron-Core moe_utils permute/unpermute,
         # torchtitan's token reorder): memory-bound gathers and scatters of top_k·d per token
-        msz = dict(up.sizes)
-        xe = Tensor("xe", ("experts", "capacity", "embed"), dt)
-        xt = Tensor("x", ("batch", "seq", "embed"), dt)
-        rows += [
-            Op("moe/permute", OpKind.ELEMENTWISE, (xt,), xe, msz, up.count, 1.0, 0.0),
-            Op("moe/unpermute", OpKind.ELEMENTWISE, (xe,), xt, msz, up.count, 1.0, 1.0),
-        ]
+        rows += list(moe_token_rows(up, dt))
     return tuple(rows)
 
 

@@ -37,6 +37,7 @@ from roofline.core.ledger import (
     causal_fraction,
     count_params,
     kv_cache_bytes_per_token,
+    moe_token_rows,
 )
 from roofline.errors import PlanError
 from roofline.specs.chip import Chip
@@ -259,6 +260,21 @@ def eval_row(op: Op, batch: Any, seq: Any, kv_seq: Any = None) -> tuple[Any, Any
     return o.flops, o.bytes
 
 
+def serving_ledger(led: Ledger) -> Ledger:
+    """A ledger as an engine runs it: with a MoE layer's combine pass, each token's top_k expert
+    outputs summed with its router weights into [tokens, d_model] (ledger.moe_token_rows'
+    `moe/unpermute`: vLLM's fused_moe ops.moe_sum, vllm/model_executor/layers/fused_moe/
+    fused_moe.py; TensorRT-LLM's finalizeMoeRoutingKernel), in the 16-bit hidden-state dtype the
+    expert outputs are written in whatever the GEMMs compute in. The permute before the experts
+    is not added: vLLM's and SGLang's Triton fused_moe read the tokens in place through
+    sorted_token_ids (TensorRT-LLM's CUTLASS path does permute: not modelled per engine)."""
+    up = next((o for o in led.ops if o.name == "moe/up"), None)
+    if up is None:
+        return led
+    dt = up.out.dtype if dtype_bytes(up.out.dtype) >= 2 else "bf16"
+    return replace(led, ops=(*led.ops, moe_token_rows(up, dt)[1]))
+
+
 @dataclass(frozen=True)
 class Rows:
     """The ledger rows of a model split for pass pricing.
@@ -275,8 +291,8 @@ class Rows:
     @staticmethod
     def of(model: ModelSpec, quant: Quant) -> Rows:
         pol = quant.policy
-        dec = build_ledger(model, batch=1, seq=1, kv_seq=BIG, dtypes=pol)
-        pre = build_ledger(model, batch=1, seq=BIG, kv_seq=BIG, dtypes=pol)
+        dec = serving_ledger(build_ledger(model, batch=1, seq=1, kv_seq=BIG, dtypes=pol))
+        pre = serving_ledger(build_ledger(model, batch=1, seq=BIG, kv_seq=BIG, dtypes=pol))
         dec_names = {o.name for o in dec}
         pre_names = {o.name for o in pre}
         shared = tuple(o for o in dec if o.name in pre_names and not _per_sequence(o))

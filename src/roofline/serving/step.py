@@ -34,7 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from roofline.core.ledger import OpKind, build_ledger, decode_ledger
+from roofline.core.ledger import (
+    OpKind,
+    build_ledger,
+    decode_ledger,
+    expert_parallel_imbalance,
+)
 from roofline.core.walk import MeshRows, Pass, WalkOptions, shard_factor, walk_rows
 from roofline.serving.inference import (
     _PASS_SUMS,
@@ -45,6 +50,7 @@ from roofline.serving.inference import (
     kv_replication,
     memory_per_chip,
     rows_of,
+    serving_ledger,
 )
 from roofline.specs.efficiency import PEAK, Efficiency
 from roofline.specs.model import ModelSpec
@@ -52,6 +58,7 @@ from roofline.specs.plan import ComputeDtypes, Phase, Strategy
 from roofline.specs.system import System
 from roofline.units import compute_format, dtype_bytes
 
+_ROUTED_GEMMS = ("moe/gate", "moe/up", "moe/down")  # the grouped expert GEMMs
 GRID = np.unique(np.round(np.geomspace(1, 65536, 49), 6))  # decode batch grid (1/4 octave)
 
 
@@ -194,7 +201,8 @@ class ShardedStep:
                 self.quant.experts or self.quant.weights, self.quant.compute, self.chip
             ),
         )
-        self.options = WalkOptions(dtypes=dt)
+        # the engines reduce a MoE layer's output once, after the combine (walk.combine_reduce)
+        self.options = WalkOptions(dtypes=dt, moe_combine_reduce=True)
         self.token_rows = frozenset(o.name for o in rows_of(self.model, self.quant).shared) | {
             "pipeline"
         }
@@ -235,9 +243,10 @@ class ShardedStep:
         comp, mem, fl, by, kv, wb, comm, launch = (
             np.zeros((len(names), len(seqs))) for _ in range(8)
         )
+        imb = self._ep_imbalance(ledger, seqs, idx)
         for r in fwd:
             i = at[r.op]
-            comp[i] += r.copies * np.asarray(r.compute_s, float)
+            comp[i] += r.copies * np.asarray(r.compute_s, float) * imb.get(r.op, 1.0)
             mem[i] += r.copies * np.asarray(r.memory_s, float)
             fl[i] += r.copies * np.asarray(r.flops_per_chip, float)
             by[i] += r.copies * np.asarray(r.hbm_bytes_per_chip, float)
@@ -250,10 +259,30 @@ class ShardedStep:
             comm[at[c.op]] += np.asarray(c.copies, float) * np.asarray(c.time_s, float)
         return _Tab(names, comp, mem, fl, by, kv, wb, comm, launch)
 
+    def _ep_imbalance(self, ledger, seqs: np.ndarray, idx: np.ndarray) -> dict:
+        """The routed expert GEMMs' compute time scale per row (`ledger.expert_parallel_imbalance`):
+        with experts split over ep ranks the pass waits for the rank its tokens load most. The
+        pass's tokens are the walk row's sequences × the ledger's tokens per sequence (the
+        routed row's capacity B·T·k/E at B = 1)."""
+        ops = {o.name: o for o in ledger}
+        ep = np.array([p.ep for p in self.plans], float)[idx]
+        up = ops.get("moe/up")
+        if up is None or not np.any(ep > 1):
+            return {}
+        E, k = up.sizes["experts"], up.sizes["top_k"]
+        tokens = seqs * up.sizes["capacity"] * E / k
+        f = np.ones(len(seqs))
+        for e in np.unique(ep[ep > 1]):
+            on = ep == e
+            f[on] = expert_parallel_imbalance(E, k, tokens[on], int(e))
+        return {n: f for n in _ROUTED_GEMMS if n in ops}
+
     def _decode_tab(self, context: float) -> _Tab:
         key = ("decode", round(context, 6))
         if key not in self._cache:
-            led = decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
+            led = serving_ledger(
+                decode_ledger(self.walked, batch=1, context=context, dtypes=self.quant.policy)
+            )
             idx = np.tile(np.arange(self.n), len(GRID))
             seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
