@@ -12,9 +12,10 @@ starting value (`additive`: the step model adds it after everything else,
 `training._step`), so a per-step overhead never re-runs the model: tokens/s per chip =
 tokens per step per chip / step time. A fixed time per layer per microbatch pass
 (`per_layer`) enters the step linearly too, at a slope each run's pipeline sets (layers on the
-fullest stage x 2 passes x (microbatches + fill)): the slope is measured once per run, by
-the model at the starting values and one step of the overhead, and the overhead then never
-re-runs the model either. `check_additive` re-runs the model at given values and reports the
+fullest stage x 2 passes x (microbatches + fill)) unless the uneven-stage rule changes
+sides: the slope is measured once per run, by the model at the starting values, one small
+step up and at the top of the overhead's bounds, and where the two slopes agree the overhead
+never re-runs the model either (a run whose slopes differ keeps running it). `check_additive` re-runs the model at given values and reports the
 largest difference (the command checks it on the final fit and, if a run's pipeline left the
 linear piece, fits again without the per-layer shortcut; a test pins it).
 
@@ -152,13 +153,14 @@ class Evaluator:
         scope), with every parameter at its start: the model there, one `SLOPE_STEP` up and at
         the top of the overhead's bounds. 0 where the two slopes differ (the run's pipeline
         leaves a line: the uneven-stage rule takes the smaller of two lines), and the model runs
-        that run at each value of the overhead; None where no run is on a line."""
+        that run at each value of the overhead; None where no run is on a line (or none is in its
+        scope, or its start leaves no range above it)."""
         idx = [int(i) for i in np.flatnonzero(self.masks[name])]
-        slope = np.zeros(len(self.cases))
-        if not idx:
-            return slope
-        t = self.step_tokens[idx]
         top = scales_top(name)
+        if not idx or top <= start + SLOPE_STEP:
+            return None
+        slope = np.zeros(len(self.cases))
+        t = self.step_tokens[idx]
         base = {**self.additive, name: start}
         t0 = t / np.asarray(self._predict(base, idx), float)
         t1 = t / np.asarray(self._predict({**base, name: start + SLOPE_STEP}, idx), float)
@@ -166,7 +168,7 @@ class Evaluator:
         self.evaluated += 3 * len(idx)
         near, far = (t1 - t0) / SLOPE_STEP, (t2 - t0) / (top - start)
         on_line = np.isclose(near, far, rtol=LINEAR_RTOL, atol=0.0) & (near > 0)
-        if top <= start or not np.any(on_line):
+        if not np.any(on_line):
             return None
         slope[idx] = np.where(on_line, near, 0.0)
         return slope
