@@ -6,13 +6,15 @@ fit predicted, and re-predicts only what a parameter moves (the cache)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from roofline.calibrate import scales
 from roofline.calibrate.evaluate import Evaluator
 from roofline.calibrate.kernels import Kernel, KernelKind, predict_time_s
-from roofline.calibrate.runs import RunCase, calibrate_cases, masks_of
+from roofline.calibrate.runs import RunCase, calibrate_cases, fit_runs, masks_of
 from roofline.calibrate.ship import profile_text, provenance, runs_text, write_cv_docs
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import load_efficiency, load_profile
@@ -295,3 +297,109 @@ def test_a_held_out_framework_is_predicted_with_the_pooled_overheads(cal):
     pool = np.median([v[f"step_overhead_s@{fw}"] for fw in ("megatron", "torchtitan", "maxtext")])
     assert cal.profile.for_framework("deepspeed").step_overhead_s == pytest.approx(pool, rel=1e-4)
     assert cal.profile.for_framework("ideal").step_overhead_s == 0.0
+
+
+LAYER_KINDS = (*KINDS, "layer_overhead_s@")
+LAYER_TRUTH = {**TRUTH, "layer_overhead_s@megatron": 2e-4, "layer_overhead_s@torchtitan": 5e-4}
+
+
+def _layer_evaluator(cases, predict, per_layer):
+    params = [
+        scales.FitParam("layer_overhead_s", framework=fw)
+        for fw in sorted({c.framework for c in cases})
+    ]
+    return Evaluator(
+        BASE,
+        cases,
+        masks_of(params, cases),
+        predict,
+        scales.apply,
+        step_tokens=[c.tokens_per_step_per_chip for c in cases],
+        per_layer={p.name: 0.0 for p in params} if per_layer else None,
+    )
+
+
+def test_a_per_layer_overhead_moves_the_step_by_its_measured_slope():
+    cases = make_cases(LAYER_TRUTH)
+    fast, plain = (_layer_evaluator(cases, predictor, x) for x in (True, False))
+    assert set(fast.additive) == {
+        f"layer_overhead_s@{fw}" for fw in ("maxtext", "megatron", "torchtitan")
+    }
+    assert not plain.additive
+    idx = range(len(cases))
+    for v in (0.0, 1e-4, 3.3e-3, 9e-3):
+        values = {n: v for n in fast.additive}
+        np.testing.assert_allclose(fast(values, idx), plain(values, idx), rtol=1e-9)
+        assert fast.check_additive(values, idx) < 1e-9
+    calls = fast.evaluated
+    fast({n: 7e-4 for n in fast.additive}, idx)  # no new step-model call
+    assert fast.evaluated == calls
+
+
+def test_a_per_layer_overhead_off_its_line_keeps_running_the_model():
+    """Where a run's step leaves a line as the overhead grows (the uneven-stage rule takes
+    the smaller of two lines), the slope one step up and across the bounds differ: that run
+    keeps running the model at each value; the runs on their line take the shortcut."""
+
+    def kinked(profile, cs):
+        out = []
+        for c in cs:
+            p, prof = c.payload, profile.for_framework(c.framework)
+            t = float(np.sum(predict_time_s(prof, c.chip, p["kernels"]))) * p["count"]
+            lp = prof.layer_overhead_s * 2 * p["layers"]
+            # the deeper runs' step bends: the smaller of two lines
+            bent = min(lp, 0.5 * lp + 0.01 * t) if p["layers"] >= 48 else lp
+            out.append(p["tokens"] / (t + bent))
+        return np.array(out)
+
+    ev = _layer_evaluator(make_cases(), kinked, True)
+    names = list(ev.masks)
+    off = [ev.masks[n] & (ev.slopes.get(n, np.zeros(len(ev.cases))) == 0) for n in names]
+    on = [ev.masks[n] & (ev.slopes.get(n, np.zeros(len(ev.cases))) > 0) for n in names]
+    assert np.any(off) and np.any(on)  # both kinds of run
+    idx = range(len(ev.cases))
+    for v in (1e-4, 2e-3, 9e-3):
+        values = {n: v for n in names}
+        want = kinked(scales.apply(BASE, values), ev.cases)
+        np.testing.assert_allclose(ev(values, idx), want, rtol=1e-9)
+
+
+def test_the_per_layer_shortcut_fits_what_the_model_fits():
+    cases = make_cases(LAYER_TRUTH)
+    kw = {"kinds": LAYER_KINDS, "cv_by": ("source",)}
+    fast = fit_runs(BASE, cases, predictor, **kw)
+    plain = fit_runs(BASE, cases, predictor, per_layer=False, **kw)
+    assert fast.result.fitted == plain.result.fitted
+    assert any(n.startswith("layer_overhead_s@") for n in fast.result.fitted)
+    for n in fast.result.fitted:
+        assert fast.result.values[n] == pytest.approx(plain.result.values[n], rel=1e-7, abs=1e-12)
+    for a, b in zip(fast.cv[0].folds, plain.cv[0].folds, strict=True):
+        np.testing.assert_allclose(a.error_after, b.error_after, rtol=1e-7, atol=1e-12)
+    assert fast.evaluations < plain.evaluations
+
+
+def test_a_slope_that_moves_with_the_other_factors_is_caught_and_the_fit_runs_again():
+    """A step whose per-layer slope grows with the GEMM time is on a line at the starting
+    values but not at the fitted ones: the check after the fit falls back to the model."""
+
+    def scaled(profile, cs):
+        out = []
+        for c in cs:
+            p, prof = c.payload, profile.for_framework(c.framework)
+            t = float(np.sum(predict_time_s(prof, c.chip, p["kernels"]))) * p["count"]
+            t0 = float(np.sum(predict_time_s(BASE, c.chip, p["kernels"]))) * p["count"]
+            lp = prof.layer_overhead_s * 2 * p["layers"]
+            out.append(p["tokens"] / (t + prof.step_overhead_s + lp * t / t0))
+        return np.array(out)
+
+    truth = scales.apply(BASE, LAYER_TRUTH)
+    cases = [
+        replace(c, measured_tokens_per_s_per_chip=float(m))
+        for c, m in zip(make_cases(), scaled(truth, make_cases()), strict=True)
+    ]
+    said = []
+    kw = {"kinds": LAYER_KINDS, "cv": False}
+    fast = fit_runs(BASE, cases, scaled, progress=said.append, **kw)
+    plain = fit_runs(BASE, cases, scaled, per_layer=False, **kw)
+    assert any("fitting again without it" in s for s in said)
+    assert fast.result.values == plain.result.values

@@ -119,6 +119,35 @@ def test_the_step_model_adds_a_per_step_overhead_last():
     assert np.all(ev(values, [0, 1]) < ev({p.name: 0.0 for p in params}, [0, 1]))
 
 
+def test_the_step_model_adds_a_per_layer_overhead_on_a_line():
+    """calibrate.evaluate's per-layer shortcut: step(L) = step(L0) + slope x (L - L0) for
+    the runs on a line (measured at the start); the pipelined Megatron runs (uneven stages)
+    and a MaxText run agree with the step model at another overhead."""
+    base = load_profile("datasheet")
+    cases, _ = cases_from_file("training", base)
+    pp = [c for c in cases if c.framework == "megatron" and c.payload.inputs.plan.degrees.pp > 1]
+    pick = [*pp, next(c for c in cases if c.framework == "maxtext")]
+    params = [scales.FitParam("layer_overhead_s", framework=fw) for fw in ("megatron", "maxtext")]
+    ev = Evaluator(
+        base,
+        pick,
+        masks_of(params, pick),
+        predict_cases,
+        scales.apply,
+        step_tokens=[c.tokens_per_step_per_chip for c in pick],
+        per_layer={p.name: 0.0 for p in params},
+    )
+    assert set(ev.additive) == {p.name for p in params}
+    on = [i for i in range(len(pick)) if ev.slopes[params[pick[i].framework == "maxtext"].name][i]]
+    assert len(on) >= len(pick) // 2 and len(pick) - 1 in on
+    values = {p.name: 2.5e-3 for p in params}
+    # off a line (the uneven-stage rule's smaller line changes) the model runs: exact too
+    assert ev.check_additive(values, range(len(pick))) < 1e-9
+    calls = ev.evaluated
+    assert np.all(ev(values, on) < ev({p.name: 0.0 for p in params}, on))
+    assert ev.evaluated == calls  # the overhead never re-ran the model on a line
+
+
 # ---- the serving fit (calibrate --from-runs serving) added to the same file ---------------------
 
 SERVING_CMD = (

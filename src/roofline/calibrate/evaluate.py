@@ -10,8 +10,14 @@ from the full fit re-uses every prediction the full fit made at that point.
 A fixed time per step is added to the step the model predicts with the overhead at its
 starting value (`additive`: the step model adds it after everything else,
 `training._step`), so a per-step overhead never re-runs the model: tokens/s per chip =
-tokens per step per chip / step time. `check_additive` re-runs the model at given values and
-reports the largest difference (the command checks it on the final fit; a test pins it).
+tokens per step per chip / step time. A fixed time per layer per microbatch pass
+(`per_layer`) enters the step linearly too, at a slope each run's pipeline sets (layers on the
+fullest stage x 2 passes x (microbatches + fill)) unless the uneven-stage rule changes
+sides: the slope is measured once per run, by the model at the starting values, one small
+step up and at the top of the overhead's bounds, and where the two slopes agree the overhead
+never re-runs the model either (a run whose slopes differ keeps running it). `check_additive` re-runs the model at given values and reports the
+largest difference (the command checks it on the final fit and, if a run's pipeline left the
+linear piece, fits again without the per-layer shortcut; a test pins it).
 
 Otherwise predictions are exact (the step model runs for every new key).
 """
@@ -26,12 +32,23 @@ from typing import Any
 
 import numpy as np
 
-from roofline.specs.efficiency import Efficiency
+from roofline.specs.efficiency import OVERHEADS, Efficiency
 
 # (profile, cases) -> predicted tokens/s per chip (NaN where a run cannot be predicted)
 Predictor = Callable[[Efficiency, Sequence[Any]], np.ndarray]
 # (base profile, values) -> the profile those values describe
 Apply = Callable[[Efficiency, Mapping[str, float]], Efficiency]
+
+# The step of a per-layer overhead (seconds) its slope is measured over, and how close that
+# slope and the one across the overhead's whole range must be for the shortcut.
+SLOPE_STEP = 1e-4
+LINEAR_RTOL = 1e-7
+
+
+def scales_top(name: str) -> float:
+    """The upper bound of a per-layer overhead parameter ('layer_overhead_s@megatron')."""
+    return float(OVERHEADS[name.split("@", 1)[0]].hi)
+
 
 # What forked workers read (set before the pool starts; fork copies it).
 _STATE: dict[str, Any] = {}
@@ -68,6 +85,7 @@ class Evaluator:
         jobs: int = 1,
         additive: Mapping[str, float] | None = None,
         step_tokens: Sequence[float] | None = None,
+        per_layer: Mapping[str, float] | None = None,
     ) -> None:
         self.base, self.cases, self.predictor, self.apply = base, list(cases), predictor, apply
         self.masks = {n: np.asarray(m, bool) for n, m in masks.items()}
@@ -77,16 +95,30 @@ class Evaluator:
         ok = step_tokens is not None and all(t and np.isfinite(t) for t in step_tokens)
         self.additive = dict(additive or {}) if ok else {}
         self.step_tokens = np.asarray(step_tokens if ok else [], float)
+        # seconds of step per unit of each additive parameter, per run (1 for a per-step
+        # overhead; a per-layer one's measured here: `_linear_slope`)
+        self.slopes = {n: np.ones(len(self.cases)) for n in self.additive}
         self.cache: dict[tuple, float] = {}
         self.evaluated = 0  # step-model calls made (cache misses)
         self._pool: Any = None
+        for n, start in (per_layer or {}).items() if ok else ():
+            slope = self._linear_slope(n, start)
+            if slope is not None:  # else the model runs at each of its values
+                self.additive[n], self.slopes[n] = start, slope
 
     def key(self, i: int, values: Mapping[str, float]) -> tuple:
         return (i, *((n, float(values[n])) for n, m in self.masks.items() if m[i] and n in values))
 
     def __call__(self, values: Mapping[str, float], idx: Sequence[int]) -> np.ndarray:
-        model_values = {**values, **{n: v for n, v in self.additive.items() if n in values}}
-        pred = self.model(model_values, idx)
+        ix = np.asarray(idx, int)
+        pred = np.zeros(len(ix))
+        # the model runs each run with its additive parameters at their starts (a per-layer
+        # overhead only where the run is on its line: `slopes` nonzero)
+        own = [tuple(n for n in self.additive if n in values and self.slopes[n][i]) for i in ix]
+        for names in dict.fromkeys(own):
+            at = np.array([o == names for o in own])
+            model_values = {**values, **{n: self.additive[n] for n in names}}
+            pred[at] = self.model(model_values, ix[at].tolist())
         extra = self._extra_s(values, idx)
         if extra is None:
             return pred
@@ -112,8 +144,34 @@ class Evaluator:
         extra = np.zeros(len(ix))
         for n, start in self.additive.items():
             if n in values and values[n] != start:
-                extra += np.where(self.masks[n][ix], float(values[n]) - start, 0.0)
+                moved = (float(values[n]) - start) * self.slopes[n][ix]
+                extra += np.where(self.masks[n][ix], moved, 0.0)
         return extra
+
+    def _linear_slope(self, name: str, start: float) -> np.ndarray | None:
+        """Step seconds per second of per-layer overhead `name`, per run (0 outside its
+        scope), with every parameter at its start: the model there, one `SLOPE_STEP` up and at
+        the top of the overhead's bounds. 0 where the two slopes differ (the run's pipeline
+        leaves a line: the uneven-stage rule takes the smaller of two lines), and the model runs
+        that run at each value of the overhead; None where no run is on a line (or none is in its
+        scope, or its start leaves no range above it)."""
+        idx = [int(i) for i in np.flatnonzero(self.masks[name])]
+        top = scales_top(name)
+        if not idx or top <= start + SLOPE_STEP:
+            return None
+        slope = np.zeros(len(self.cases))
+        t = self.step_tokens[idx]
+        base = {**self.additive, name: start}
+        t0 = t / np.asarray(self._predict(base, idx), float)
+        t1 = t / np.asarray(self._predict({**base, name: start + SLOPE_STEP}, idx), float)
+        t2 = t / np.asarray(self._predict({**base, name: top}, idx), float)
+        self.evaluated += 3 * len(idx)
+        near, far = (t1 - t0) / SLOPE_STEP, (t2 - t0) / (top - start)
+        on_line = np.isclose(near, far, rtol=LINEAR_RTOL, atol=0.0) & (near > 0)
+        if not np.any(on_line):
+            return None
+        slope[idx] = np.where(on_line, near, 0.0)
+        return slope
 
     def check_additive(self, values: Mapping[str, float], idx: Sequence[int]) -> float:
         """Largest |relative difference| between the additive shortcut and the step model run
