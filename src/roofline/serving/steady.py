@@ -209,8 +209,12 @@ def steady_state(
     *,
     batch_cap: Any = np.inf,
     step_overhead_s: float | None = None,
+    request_latency_s: float = 0.0,
 ) -> Steady:
     """Closed-loop steady state of one replica at `concurrency` requests (array) in flight.
+
+    `request_latency_s`: the profile's per-request latency for this engine (fitted by
+    `calibrate --from-runs serving`), added to the engine file's own.
 
     `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too,
     per scheduler: with attention DP each rank of vLLM and TensorRT-LLM has its own).
@@ -240,7 +244,7 @@ def steady_state(
     chunk = Pn / n_chunks
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
-    lat = engine.request_latency_s if engine else 0.0
+    lat = (engine.request_latency_s if engine else 0.0) + request_latency_s
     if _runs_in_waves(engine, work):
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 

@@ -157,6 +157,15 @@ OVERHEADS: dict[str, Param] = {
         "router -> prefill worker -> KV-ready notification -> the decode worker's first step "
         "(pure latency: it holds no prefill or decode capacity)",
     ),
+    # no published number either (candidate causes in specs/engines/sglang.toml): 0 on the
+    # profile, set per engine under [framework.ENGINE] only by `calibrate --from-runs serving`
+    "request_latency_s": Param(
+        0.0,
+        0.5,
+        "s",
+        "latency every aggregated request pays outside any pass (front end, hand-over to the "
+        "scheduler, first token back to the client), on top of the engine file's own value",
+    ),
 }
 
 
@@ -304,6 +313,7 @@ class Efficiency:
     step_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0
     disagg_handoff_s: float = 0.0  # seconds per disaggregated request (see OVERHEADS)
+    request_latency_s: float = 0.0  # seconds per aggregated request (see OVERHEADS)
     families: tuple[FamilyPhysics, ...] = ()
     frameworks: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: MappingProxyType({})
@@ -316,7 +326,9 @@ class Efficiency:
     def __hash__(self) -> int:
         plain = (self.name, self.matmul, self.hbm, self.link, self.source, self.calibrated)
         ovh = (self.step_overhead_s, self.layer_overhead_s, self.disagg_handoff_s, self.framework)
-        return hash((*plain, *ovh, self.families, tuple(sorted(self.frameworks))))
+        return hash(
+            (*plain, *ovh, self.request_latency_s, self.families, tuple(sorted(self.frameworks)))
+        )
 
     def __post_init__(self) -> None:
         for f in ("matmul", "hbm", "link"):
@@ -484,6 +496,7 @@ class Efficiency:
             "step_overhead_s": self.step_overhead_s,
             "layer_overhead_s": self.layer_overhead_s,
             "disagg_handoff_s": self.disagg_handoff_s,
+            "request_latency_s": self.request_latency_s,
             "families": {
                 f.family: {
                     "match": list(f.match),
