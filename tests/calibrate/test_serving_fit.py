@@ -445,3 +445,38 @@ def test_the_serving_fit_writes_the_latency_under_framework_sglang():
     assert cs.LATENCY_T.value(p) == 0.11 and p.request_latency_s == 0.0
     assert p.for_framework("sglang").request_latency_s == 0.11
     assert p.for_framework("vllm").request_latency_s == 0.0
+
+
+def test_calibrate_serving_writes_a_profile_that_predicts_with_the_fitted_latency(
+    tmp_path, monkeypatch
+):
+    """End to end on 4 disaggregated + 3 aggregated SGLang public runs: the written profile
+    carries the latency under [framework.sglang], and predicting with it gives the fit's
+    exact in-sample errors."""
+    entries = _public_entries()
+    pick = [e for e in entries if "cfg698" in e["id"]]
+    sg = [
+        e
+        for e in entries
+        if "prefill" not in e.get("parallelism", {})
+        and "sglang" in e["id"]
+        and map_serving_run(e, "serving").mapped
+    ]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(pick + sg[:3]))
+    monkeypatch.setattr(cs, "GRID_S", (0.0, 0.2, 0.5, 2.0))
+    monkeypatch.setattr(cs, "LATENCY_GRID_S", (0.0, 0.1, 0.2, 0.3, 0.5))
+    out = tmp_path / "p.toml"
+    res = cs.calibrate_serving(path, cv=False, out=str(out))
+    lat = res.latency
+    assert lat is not None and len(lat.cases) == 3 and 0.0 <= lat.handoff_s <= 0.5
+    prof = load_profile(str(out))
+    assert cs.LATENCY_T.value(prof) == lat.handoff_s
+    assert prof.provenance["serving"]["fitted"] == {
+        cs.HANDOFF: res.fit.handoff_s,
+        "request_latency_s@sglang": lat.handoff_s,
+    }
+    for c, err in zip(lat.cases, lat.error_after, strict=True):
+        got = predict_measured_run(c.run, efficiency=prof)["ttft_s"]
+        assert got / c.measured_ttft_s - 1 == pytest.approx(err, rel=1e-12)
+    assert "request_latency_s@sglang" in cs.runs_text(res)
