@@ -480,3 +480,19 @@ def test_calibrate_serving_writes_a_profile_that_predicts_with_the_fitted_latenc
         got = predict_measured_run(c.run, efficiency=prof)["ttft_s"]
         assert got / c.measured_ttft_s - 1 == pytest.approx(err, rel=1e-12)
     assert "request_latency_s@sglang" in cs.runs_text(res)
+
+
+def test_an_overlays_framework_table_keeps_the_bases_other_keys():
+    """The written profile sets [framework.sglang] request_latency_s over a base whose
+    [framework.sglang] holds SGLang's kernel overrides (datasheet: expert_fixed_s): the overlay
+    adds its key, key by key, and loses none of the base's (replacing the table wholesale moved
+    SGLang's TPOT by up to 50 points)."""
+    base = load_profile("datasheet")
+    over = profile_from_dict(
+        {"base": "datasheet", "framework": {"sglang": {"request_latency_s": 0.1}}}, "x.toml"
+    )
+    old, new = base.frameworks["sglang"], over.frameworks["sglang"]
+    assert old["families"] and new["families"] == old["families"]
+    assert new["request_latency_s"] == 0.1 and "request_latency_s" not in old
+    a, b = base.for_framework("sglang"), over.for_framework("sglang")
+    assert a.families == b.families and b.request_latency_s == 0.1

@@ -209,12 +209,9 @@ def steady_state(
     *,
     batch_cap: Any = np.inf,
     step_overhead_s: float | None = None,
-    request_latency_s: float = 0.0,
+    request_latency_s: float = 0.0,  # the profile's, for this engine: adds to the engine file's
 ) -> Steady:
     """Closed-loop steady state of one replica at `concurrency` requests (array) in flight.
-
-    `request_latency_s`: the profile's per-request latency for this engine (fitted by
-    `calibrate --from-runs serving`), added to the engine file's own.
 
     `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too,
     per scheduler: with attention DP each rank of vLLM and TensorRT-LLM has its own).
@@ -225,9 +222,8 @@ def steady_state(
     C = np.asarray(concurrency, float)
     G, P, Pn = work.gen, work.prompt, work.new_prompt
     ctx = work.decode_context
-    dp = step.degree(
-        "dp"
-    )  # the engine's caps hold per scheduler (per attention-DP rank or replica)
+    # the engine's caps hold per scheduler (per attention-DP rank or replica)
+    dp = step.degree("dp")
     budget = np.asarray(engine.token_budget(step.chip.hbm_bytes, dp), float) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
     cap = np.minimum(batch_cap, engine.seq_cap(dp) if engine else np.inf)
