@@ -323,9 +323,176 @@ def test_the_whole_file_with_the_handoff_held_out(small_serving):
     whole = cs.whole_file(
         runs, prof, prof, predict_measured_run, (cs.ServingCV("engine", (fold,)),)
     )
-    row = whole["all, hand-off held out by engine"]["ttft"]
+    row = whole[cs.held_out_key("engine")]["ttft"]
     agg = whole["aggregated"]["ttft"]["before"]
     assert row["after"]["n"] == agg["n"] + n_dis == len(runs)
     assert row["before"] == whole["all"]["ttft"]["before"]
     # the disaggregated errors in it are the fold's, not the in-sample ones
     assert row["after"]["median_abs_error"] != whole["all"]["ttft"]["after"]["median_abs_error"]
+
+
+# ---- SGLang's per-request latency (request_latency_s@sglang) -----------------------------------
+
+
+def test_the_request_latency_is_bounded():
+    """[0, 0.5] s: on the profile and under [framework.sglang]; the engine file keeps 0."""
+    from roofline.specs.engines import load_engine
+
+    with pytest.raises(SpecError, match="request_latency_s"):
+        replace(PEAK, request_latency_s=0.6)
+    bad = {"base": "datasheet", "framework": {"sglang": {"request_latency_s": -0.01}}}
+    with pytest.raises(SpecError, match="request_latency_s"):
+        profile_from_dict(bad, "x.toml")
+    assert load_engine("sglang").request_latency_s == 0.0
+
+
+def _latency_predictor():
+    """TTFT = base + the profile's latency for the engine (read as predict does: for_framework)."""
+
+    def predict(run, *, efficiency):
+        return {"ttft_s": run.base + efficiency.for_framework("sglang").request_latency_s}
+
+    return predict
+
+
+def _latency_cases(l_true: float, rng: np.random.Generator):
+    """18 aggregated SGLang runs on 3 chip families and 6 models: measured = (base + l_true),
+    5% noise; 3 queue-dominated outliers the robust loss must shrug off."""
+    cases = []
+    for i in range(21):
+        base = float(rng.uniform(0.05, 0.8))
+        meas = (base + l_true) * float(np.exp(rng.normal(0, 0.05))) if i < 18 else 20.0
+        run = SimpleNamespace(
+            id=f"s{i}",
+            engine="sglang",
+            chip_family=("H200", "B200", "GB200")[i % 3],
+            model_name=f"m{i % 6}",
+            base=base,
+        )
+        cases.append(cs.ServingCase(run, meas))
+    return cases
+
+
+@pytest.mark.parametrize("l_true", [0.0, 0.12, 0.3])
+def test_the_fit_recovers_a_planted_request_latency(l_true):
+    fit = cs.fit_cases(
+        _latency_cases(l_true, np.random.default_rng(3)), PEAK, _latency_predictor(), p=cs.LATENCY_T
+    )
+    assert fit.handoff_s == pytest.approx(l_true, abs=0.02)
+    assert fit.target.name == "request_latency_s@sglang"
+    assert fit.interpolation_gap_s < 1e-9  # linear in the latency
+    by = {cv.by: cv for cv in fit.cv}
+    # one engine: holding it out leaves nothing to fit on, and the output says so
+    (eng,) = by["engine"].folds
+    assert eng.handoff_s is None and "cannot identify an engine's own parameter" in eng.reason
+    for g in ("chip family", cs.PAIR):
+        assert len(by[g].folds) == (3 if g == "chip family" else 6)
+        assert all(f.handoff_s == pytest.approx(l_true, abs=0.04) for f in by[g].folds)
+        if l_true > 0.1:
+            assert np.median(np.abs(by[g].error_after)) < np.median(np.abs(by[g].error_before))
+
+
+def test_a_latency_beyond_the_bound_is_flagged_at_its_bound():
+    fit = cs.fit_cases(
+        _latency_cases(0.9, np.random.default_rng(3)),
+        PEAK,
+        _latency_predictor(),
+        p=cs.LATENCY_T,
+        cv=False,
+    )
+    assert fit.handoff_s == cs.LATENCY_T.bounds.hi == 0.5 and fit.at_bound
+    assert "AT ITS BOUND" in "\n".join(cs.fit_text(fit))
+
+
+def test_the_latency_cv_folds_are_printed():
+    fit = cs.fit_cases(
+        _latency_cases(0.12, np.random.default_rng(3)), PEAK, _latency_predictor(), p=cs.LATENCY_T
+    )
+    text = "\n".join(cs.fit_text(fit))
+    for by in ("engine", "chip family", cs.PAIR):
+        assert f"Leave-one-{by}-out (held-out aggregated SGLang runs" in text
+    assert "leave-one-engine-out cannot identify" in text
+    assert "request_latency_s@sglang over 3 folds" in text and "over 6 folds" in text
+
+
+def test_predictions_read_the_latency_of_their_own_engine_only(public_runs):
+    """Aggregated SGLang TTFT moves with [framework.sglang] request_latency_s (by at most the
+    latency: the closed loop's cycle lengthens too); vLLM/TRT-LLM and disaggregated runs do not."""
+    base = load_profile("fitted")
+    prof = cs.LATENCY_T.on(base, 0.2)
+    seen = set()
+    for r in public_runs.values():
+        kind = ("sglang" if cs.LATENCY_T.reads(r) else "other", r.disaggregated)
+        if kind in seen or not r.mapped or not r.measured.ttft_s:
+            continue
+        a = predict_measured_run(r, efficiency=base)["ttft_s"]
+        b = predict_measured_run(r, efficiency=prof)["ttft_s"]
+        if kind[0] == "sglang":
+            assert 0.0 < b - a <= 0.2 + 1e-9
+        else:
+            assert b == a
+        seen.add(kind)
+    assert ("sglang", False) in seen and ("other", False) in seen and ("other", True) in seen
+
+
+def test_the_serving_fit_writes_the_latency_under_framework_sglang():
+    training = cs.strip_serving(SHIPPED.read_text())
+    prov = {"command": "roofline calibrate --from-runs serving", "fitted": {cs.HANDOFF: 0.2}}
+    once = cs.add_serving(training, 0.2, prov, latency=0.11)
+    assert cs.add_serving(cs.add_serving(training, 0.3, prov, latency=0.4), 0.2, prov, 0.11) == once
+    assert cs.strip_serving(once) == training
+    p = profile_from_dict(tomllib.loads(once), str(SHIPPED))
+    assert cs.LATENCY_T.value(p) == 0.11 and p.request_latency_s == 0.0
+    assert p.for_framework("sglang").request_latency_s == 0.11
+    assert p.for_framework("vllm").request_latency_s == 0.0
+
+
+def test_calibrate_serving_writes_a_profile_that_predicts_with_the_fitted_latency(
+    tmp_path, monkeypatch
+):
+    """End to end on 4 disaggregated + 3 aggregated SGLang public runs: the written profile
+    carries the latency under [framework.sglang], and predicting with it gives the fit's
+    exact in-sample errors."""
+    entries = _public_entries()
+    pick = [e for e in entries if "cfg698" in e["id"]]
+    sg = [
+        e
+        for e in entries
+        if "prefill" not in e.get("parallelism", {})
+        and "sglang" in e["id"]
+        and map_serving_run(e, "serving").mapped
+    ]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(pick + sg[:3]))
+    monkeypatch.setattr(cs, "GRID_S", (0.0, 0.2, 0.5, 2.0))
+    monkeypatch.setattr(cs, "LATENCY_GRID_S", (0.0, 0.1, 0.2, 0.3, 0.5))
+    out = tmp_path / "p.toml"
+    res = cs.calibrate_serving(path, cv=False, out=str(out))
+    lat = res.latency
+    assert lat is not None and len(lat.cases) == 3 and 0.0 <= lat.handoff_s <= 0.5
+    prof = load_profile(str(out))
+    assert cs.LATENCY_T.value(prof) == lat.handoff_s
+    assert prof.provenance["serving"]["fitted"] == {
+        cs.HANDOFF: res.fit.handoff_s,
+        "request_latency_s@sglang": lat.handoff_s,
+    }
+    for c, err in zip(lat.cases, lat.error_after, strict=True):
+        got = predict_measured_run(c.run, efficiency=prof)["ttft_s"]
+        assert got / c.measured_ttft_s - 1 == pytest.approx(err, rel=1e-12)
+    assert "request_latency_s@sglang" in cs.runs_text(res)
+
+
+def test_an_overlays_framework_table_keeps_the_bases_other_keys():
+    """The written profile sets [framework.sglang] request_latency_s over a base whose
+    [framework.sglang] holds SGLang's kernel overrides (datasheet: expert_fixed_s): the overlay
+    adds its key, key by key, and loses none of the base's (replacing the table wholesale moved
+    SGLang's TPOT by up to 50 points)."""
+    base = load_profile("datasheet")
+    over = profile_from_dict(
+        {"base": "datasheet", "framework": {"sglang": {"request_latency_s": 0.1}}}, "x.toml"
+    )
+    old, new = base.frameworks["sglang"], over.frameworks["sglang"]
+    assert old["families"] and new["families"] == old["families"]
+    assert new["request_latency_s"] == 0.1 and "request_latency_s" not in old
+    a, b = base.for_framework("sglang"), over.for_framework("sglang")
+    assert a.families == b.families and b.request_latency_s == 0.1

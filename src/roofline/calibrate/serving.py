@@ -1,4 +1,5 @@
-"""`roofline calibrate --from-runs serving`: fit the disaggregated hand-off on measured TTFT.
+"""`roofline calibrate --from-runs serving`: fit the disaggregated hand-off and SGLang's
+per-request latency on measured TTFT.
 
 A disaggregated deployment hands every request from the router to a prefill worker, then (the KV
 cache written over the link) to a decode worker, whose first step emits the first token. The
@@ -32,6 +33,17 @@ efficiency profile, fitted here and only here:
   (no hand-off) and after;
 - the whole file's TTFT and TPOT before and after (aggregated runs do not read the hand-off).
 
+SGLang's aggregated TTFT carries a per-request latency the model's passes do not hold (the
+front end, the hand-over to the scheduler, the first token back to the client: at low
+concurrency the measured TTFT sits a near-constant ~0.1-0.2 s over the predicted one). No number
+is published, so it is the second bounded parameter, `request_latency_s` in [0, 0.5] s, stored
+per engine under `[framework.sglang]` of the profile (the engine file keeps 0) and fitted the
+same way on the mapped aggregated SGLang runs with a measured TTFT. The two touch disjoint runs
+(disaggregated TTFT does not read the latency, aggregated TTFT does not read the hand-off), so
+they are two 1-D fits. Leave-one-engine-out cannot identify an engine's own parameter (holding
+SGLang out leaves no run to fit it on): its fold is printed as refused, the chip-family and pair
+folds carry the held-out number.
+
 `--out` the base's own file (`--base fitted --out src/roofline/specs/profiles/fitted.toml`) adds
 `disagg_handoff_s` and a `[provenance.serving]` table to it, keeping what the training fit
 wrote; another `--out` writes a profile over the base. `--docs` writes the tables between the
@@ -44,6 +56,7 @@ import datetime as _dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -54,10 +67,11 @@ from roofline.calibrate.write import toml_key, toml_value
 from roofline.errors import RooflineError, SpecError
 from roofline.report.table import table
 from roofline.specs.catalog import is_file
-from roofline.specs.efficiency import OVERHEADS, Efficiency, load_profile
+from roofline.specs.efficiency import OVERHEADS, Efficiency, Param, load_profile
 
 HANDOFF = "disagg_handoff_s"
 BOUNDS = OVERHEADS[HANDOFF]
+LATENCY, LATENCY_ENGINE = "request_latency_s", "sglang"
 MIN_RUNS = 3
 LOSS, F_SCALE = "cauchy", 0.3
 # scipy.optimize.least_squares' loss functions rho(z), z = (residual / f_scale)^2
@@ -76,6 +90,8 @@ GRID_S: tuple[float, ...] = (
     1.5,
     2.0,
 )
+# per-request latencies (s) each aggregated SGLang run's TTFT is predicted at exactly
+LATENCY_GRID_S: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(11))
 PAIR = "model×system pair"
 CV_GROUPINGS = ("engine", "chip family", PAIR)
 BEGIN = "<!-- calibrate:serving-cv-table:begin -->"
@@ -83,6 +99,59 @@ END = "<!-- calibrate:serving-cv-table:end -->"
 TOML_MARK = "# serving fit:"
 
 Predict = Callable[..., Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One bounded profile parameter this calibration fits, and the runs that read it."""
+
+    key: str  # the profile field (an OVERHEADS entry)
+    engine: str = ""  # "": the profile's own value; else the value under [framework.ENGINE]
+    runs: str = "disaggregated"  # which runs read it, for messages
+    zero: str = "no hand-off"  # what `before` means, for the tables
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}@{self.engine}" if self.engine else self.key
+
+    @property
+    def bounds(self) -> Param:
+        return OVERHEADS[self.key]
+
+    @property
+    def grid(self) -> tuple[float, ...]:  # read at call time: tests narrow the module's grids
+        return LATENCY_GRID_S if self.engine else GRID_S
+
+    def on(self, prof: Efficiency, v: float) -> Efficiency:
+        """`prof` with this parameter at `v` (per engine: in its framework overrides)."""
+        if not self.engine:
+            return replace(prof, **{self.key: float(v)})
+        fws = dict(prof.frameworks)
+        fws[self.engine] = MappingProxyType({**fws.get(self.engine, {}), self.key: float(v)})
+        return replace(prof, frameworks=MappingProxyType(fws))
+
+    def value(self, prof: Efficiency) -> float:
+        if not self.engine:
+            return float(getattr(prof, self.key))
+        return float(prof.frameworks.get(self.engine, {}).get(self.key, 0.0))
+
+    def reads(self, run: Any) -> bool:
+        """Whether the serving model's prediction of `run` reads this parameter."""
+        if not self.engine:
+            return bool(run.disaggregated)
+        return not run.disaggregated and engine_name(run) == self.engine
+
+
+HANDOFF_T = Target(HANDOFF)
+LATENCY_T = Target(LATENCY, LATENCY_ENGINE, "aggregated SGLang", "no request latency")
+TARGETS = (HANDOFF_T, LATENCY_T)
+
+
+def engine_name(run: Any) -> str:
+    from roofline.serving.predict import engine_of
+
+    e = engine_of(run)
+    return e.name if e is not None else ""
 
 
 def _default_predict() -> Predict:
@@ -147,12 +216,27 @@ def disagg_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]
     return cases, skipped
 
 
-def refuse_if_few(n: int, where: str) -> None:
+def latency_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]]:
+    """The mapped aggregated SGLang runs with a measured TTFT; the others' reasons."""
+    cases, skipped = [], {}
+    for r in runs:
+        if not LATENCY_T.reads(r):
+            continue
+        if not r.mapped:
+            skipped[r.id] = r.skipped_reason
+        elif not r.measured.ttft_s:
+            skipped[r.id] = "no measured TTFT"
+        else:
+            cases.append(ServingCase(r, float(r.measured.ttft_s)))
+    return cases, skipped
+
+
+def refuse_if_few(n: int, where: str, t: Target = HANDOFF_T) -> None:
     if n < MIN_RUNS:
         raise SpecError(
-            f"{where}: {n} mapped disaggregated run(s) with a measured TTFT (< {MIN_RUNS}): "
-            f"too few to fit {HANDOFF}",
-            rule=f"{HANDOFF} is fitted only on at least {MIN_RUNS} disaggregated runs",
+            f"{where}: {n} mapped {t.runs} run(s) with a measured TTFT (< {MIN_RUNS}): "
+            f"too few to fit {t.name}",
+            rule=f"{t.name} is fitted only on at least {MIN_RUNS} {t.runs} runs",
             fix="give a serving-runs file with more disaggregated runs (e.g. --from-runs serving)",
         )
 
@@ -172,10 +256,13 @@ class TtftCurves:
         return np.array([np.interp(h, self.grid, row) for row in rows])
 
 
-def predict_ttft(predict: Predict, case: ServingCase, start: Efficiency, h: float) -> float:
-    """One exact prediction of a case's TTFT with the hand-off `h` (NaN if it cannot be costed)."""
+def predict_ttft(
+    predict: Predict, case: ServingCase, start: Efficiency, h: float, p: Target = HANDOFF_T
+) -> float:
+    """One exact prediction of a case's TTFT with the parameter at `h` (NaN if it cannot be
+    costed)."""
     try:
-        t = predict(case.run, efficiency=replace(start, disagg_handoff_s=float(h)))["ttft_s"]
+        t = predict(case.run, efficiency=p.on(start, h))["ttft_s"]
     except RooflineError:
         return float("nan")
     return float("nan") if t is None else float(t)
@@ -187,15 +274,16 @@ def ttft_curves(
     predict: Predict,
     grid: Sequence[float] | None = None,
     progress: Callable[[str], None] | None = None,
+    p: Target = HANDOFF_T,
 ) -> TtftCurves:
-    g = np.asarray(sorted({float(x) for x in (GRID_S if grid is None else grid)}), float)
+    g = np.asarray(sorted({float(x) for x in (p.grid if grid is None else grid)}), float)
     out = np.empty((len(cases), len(g)))
     from roofline.progress import track
 
     for i, c in enumerate(track(cases, "calibrate: TTFT curves", unit="run")):
-        out[i] = [predict_ttft(predict, c, start, h) for h in g]
+        out[i] = [predict_ttft(predict, c, start, h, p) for h in g]
         if progress and (i + 1) % 8 == 0:
-            progress(f"predicted {i + 1}/{len(cases)} runs at {len(g)} hand-offs")
+            progress(f"predicted {i + 1}/{len(cases)} runs at {len(g)} values of {p.name}")
     return TtftCurves(g, out)
 
 
@@ -211,22 +299,23 @@ def robust_cost(r: np.ndarray) -> float:
     return float(np.sum(_RHO[LOSS]((np.asarray(r) / F_SCALE) ** 2)))
 
 
-SCAN = np.linspace(BOUNDS.lo, BOUNDS.hi, 401)  # the start's scan over the bounds (5 ms steps)
-
-
-def fit_handoff(curves: TtftCurves, measured: np.ndarray, idx: Sequence[int]) -> float:
-    """The hand-off (s) minimising the robust cost of log(predicted / measured) over `idx`:
-    started at the best point of a dense scan (the cost is not convex), polished by
-    least_squares."""
+def fit_handoff(
+    curves: TtftCurves, measured: np.ndarray, idx: Sequence[int], p: Target = HANDOFF_T
+) -> float:
+    """The value (s) of `p` minimising the robust cost of log(predicted / measured) over `idx`:
+    started at the best point of a dense scan of its bounds (401 points; the cost is not
+    convex), polished by least_squares."""
     from scipy.optimize import least_squares
 
-    costs = [robust_cost(log_residuals(curves, measured, idx, h)) for h in SCAN]
-    x0 = float(SCAN[int(np.argmin(costs))])
-    x0 = min(max(x0, BOUNDS.lo + 1e-9), BOUNDS.hi - 1e-9)
+    b = p.bounds
+    scan = np.linspace(b.lo, b.hi, 401)
+    costs = [robust_cost(log_residuals(curves, measured, idx, h)) for h in scan]
+    x0 = float(scan[int(np.argmin(costs))])
+    x0 = min(max(x0, b.lo + 1e-9), b.hi - 1e-9)
     sol = least_squares(
         lambda x: log_residuals(curves, measured, idx, float(x[0])),
         [x0],
-        bounds=([BOUNDS.lo], [BOUNDS.hi]),
+        bounds=([b.lo], [b.hi]),
         loss=LOSS,
         f_scale=F_SCALE,
         x_scale=[0.1],
@@ -236,7 +325,7 @@ def fit_handoff(curves: TtftCurves, measured: np.ndarray, idx: Sequence[int]) ->
     # the polish must not lose to its start (a kink of the interpolation can stop it early)
     if robust_cost(log_residuals(curves, measured, idx, best)) > min(costs):
         best = x0
-    return float(np.clip(round(best, 4), BOUNDS.lo, BOUNDS.hi))
+    return float(np.clip(round(best, 4), b.lo, b.hi))
 
 
 # -- cross-validation -------------------------------------------------------------------------
@@ -257,6 +346,7 @@ class Fold:
 class ServingCV:
     by: str
     folds: tuple[Fold, ...]
+    target: Target = HANDOFF_T
 
     @property
     def error_before(self) -> np.ndarray:
@@ -279,6 +369,7 @@ def cross_validate(
     curves: TtftCurves,
     exact: Exact,
     by: str,
+    p: Target = HANDOFF_T,
 ) -> ServingCV:
     """Leave one group out: fit on the others, predict the held-out runs exactly."""
     measured = np.array([c.measured_ttft_s for c in cases])
@@ -288,14 +379,26 @@ def cross_validate(
         test = [i for i, x in enumerate(groups) if x == g]
         train = [i for i, x in enumerate(groups) if x != g]
         before = curves.at(0.0, test) / measured[test] - 1
-        if len(train) < MIN_RUNS:
-            why = f"{len(train)} training runs (< {MIN_RUNS}): the fold keeps no hand-off"
+        why = _unfittable(p, by, len(train))
+        if why:
             folds.append(Fold(g, len(train), len(test), None, before, before, why))
             continue
-        h = fit_handoff(curves, measured, train)
+        h = fit_handoff(curves, measured, train, p)
         after = exact(test, h) / measured[test] - 1
         folds.append(Fold(g, len(train), len(test), h, before, after))
-    return ServingCV(by, tuple(folds))
+    return ServingCV(by, tuple(folds), p)
+
+
+def _unfittable(p: Target, by: str, n_train: int) -> str:
+    """Why a fold keeps no value ("" when it is fitted)."""
+    if p.engine and by == "engine":
+        return (
+            f"leave-one-engine-out cannot identify an engine's own parameter: holding "
+            f"{p.engine} out leaves no run that reads {p.name} (the fold keeps none)"
+        )
+    if n_train < MIN_RUNS:
+        return f"{n_train} training runs (< {MIN_RUNS}): the fold keeps no {p.key}"
+    return ""
 
 
 # -- the whole calibration ---------------------------------------------------------------------
@@ -310,10 +413,12 @@ class HandoffFit:
     interpolation_gap_s: float  # max |interpolated - exact| TTFT at the fitted value
     cv: tuple[ServingCV, ...] = ()
     skipped: Mapping[str, str] = field(default_factory=dict)
+    target: Target = HANDOFF_T
 
     @property
     def at_bound(self) -> bool:
-        return self.handoff_s <= BOUNDS.lo or self.handoff_s >= BOUNDS.hi
+        b = self.target.bounds
+        return self.handoff_s <= b.lo or self.handoff_s >= b.hi
 
 
 def fit_cases(
@@ -324,11 +429,12 @@ def fit_cases(
     cv: bool = True,
     grid: Sequence[float] | None = None,
     progress: Callable[[str], None] | None = None,
+    p: Target = HANDOFF_T,
 ) -> HandoffFit:
-    """Fit the hand-off on `cases` (their predictor and the profile `start`, hand-off ignored)."""
-    start = replace(start, disagg_handoff_s=0.0)
-    refuse_if_few(len(cases), "calibrate --from-runs (serving)")
-    curves = ttft_curves(cases, start, predict, grid, progress)
+    """Fit `p` on `cases` (their predictor and the profile `start`, its value of `p` ignored)."""
+    start = p.on(start, 0.0)
+    refuse_if_few(len(cases), "calibrate --from-runs (serving)", p)
+    curves = ttft_curves(cases, start, predict, grid, progress, p)
     ok = np.all(np.isfinite(curves.ttft_s) & (curves.ttft_s > 0), axis=1)
     skipped = {
         c.id: "the serving model cannot cost this run"
@@ -337,17 +443,17 @@ def fit_cases(
     }
     cases = [c for c, k in zip(cases, ok, strict=True) if k]
     curves = TtftCurves(curves.grid, curves.ttft_s[ok])
-    refuse_if_few(len(cases), "calibrate --from-runs (serving), runs the model can cost")
+    refuse_if_few(len(cases), "calibrate --from-runs (serving), runs the model can cost", p)
     measured = np.array([c.measured_ttft_s for c in cases])
 
     def exact(idx: Sequence[int], h: float) -> np.ndarray:
-        return np.array([predict_ttft(predict, cases[i], start, h) for i in idx])
+        return np.array([predict_ttft(predict, cases[i], start, h, p) for i in idx])
 
     every = list(range(len(cases)))
-    h = fit_handoff(curves, measured, every)
+    h = fit_handoff(curves, measured, every, p)
     after = exact(every, h)
     gap = float(np.max(np.abs(after - curves.at(h))))
-    folds = tuple(cross_validate(cases, curves, exact, by) for by in CV_GROUPINGS) if cv else ()
+    folds = tuple(cross_validate(cases, curves, exact, by, p) for by in CV_GROUPINGS) if cv else ()
     return HandoffFit(
         tuple(cases),
         h,
@@ -356,6 +462,7 @@ def fit_cases(
         gap,
         folds,
         skipped,
+        p,
     )
 
 
@@ -368,19 +475,23 @@ def whole_file(
     fitted: Efficiency,
     predict: Predict,
     cv: Sequence[ServingCV] = (),
+    targets: Sequence[Target] = TARGETS,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """TTFT and TPOT summaries of every run (and the aggregated / disaggregated ones) with no
-    hand-off and with the fitted one; aggregated runs are predicted once (they do not read it).
-    With `cv`, also the whole file's TTFT with every disaggregated run predicted by its fold's
-    hand-off (fitted without its group): the honest whole-file number."""
+    """TTFT and TPOT summaries of every run (and the aggregated / disaggregated ones) with none
+    of `targets` (no hand-off, no request latency) and with the fitted ones; runs that read
+    none are predicted once. With `cv`, also the whole file's TTFT with every run a fitted
+    parameter reads given the error its fold (fitted without its group) gives it: the honest
+    whole-file number."""
     from roofline.validate.serving_runs import Metric
     from roofline.validate.serving_score import predict_serving_run
     from roofline.validate.stats import summarize
 
-    start = replace(start, disagg_handoff_s=0.0)
-    before = [predict_serving_run(r, predict, start) for r in runs]
+    zero = start
+    for t in targets:
+        zero = t.on(zero, 0.0)
+    before = [predict_serving_run(r, predict, zero) for r in runs]
     after = [
-        predict_serving_run(r, predict, fitted) if r.disaggregated else b
+        predict_serving_run(r, predict, fitted) if any(t.reads(r) for t in targets) else b
         for r, b in zip(runs, before, strict=True)
     ]
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -395,20 +506,32 @@ def whole_file(
                 errs = [x.errors[m.value] for x in have if m.value in x.errors]
                 s = summarize(errs, total=len(have))
                 out.setdefault(subset, {}).setdefault(m.value, {})[when] = s
-    agg = [
-        x.errors[Metric.TTFT.value]
-        for x in before
-        if not x.run.disaggregated and Metric.TTFT.value in x.errors
-    ]
-    for c in cv:
-        errs = [*agg, *c.error_after.tolist()]
-        out[f"all, hand-off held out by {c.by}"] = {
-            Metric.TTFT.value: {
-                "before": out["all"][Metric.TTFT.value]["before"],
-                "after": summarize(errs, total=len(errs)),
-            }
-        }
+    out.update(_held_out_rows(before, out["all"][Metric.TTFT.value]["before"], cv))
     return out
+
+
+def held_out_key(by: str) -> str:
+    return f"all, fits held out by {by}"
+
+
+def _held_out_rows(before: Sequence[Any], all_before: Any, cv: Sequence[ServingCV]) -> dict:
+    """Per grouping: the whole file's TTFT errors, each run a cross-validated parameter reads
+    taking its fold's error, the others as predicted."""
+    from roofline.validate.stats import summarize
+
+    ttft = "ttft"
+    fitted = {c.target for c in cv}
+    rest = [
+        x.errors[ttft]
+        for x in before
+        if ttft in x.errors and not any(t.reads(x.run) for t in fitted)
+    ]
+    rows = {}
+    for by in dict.fromkeys(c.by for c in cv):
+        errs = rest + [e for c in cv if c.by == by for e in c.error_after.tolist()]
+        after = summarize(errs, total=len(errs))
+        rows[held_out_key(by)] = {ttft: {"before": all_before, "after": after}}
+    return rows
 
 
 @dataclass(frozen=True)
@@ -418,36 +541,46 @@ class ServingCalibration:
     whole: Mapping[str, Any]
     skipped: Mapping[str, str]
     written: tuple[str, ...] = ()
+    latency: HandoffFit | None = None  # None: too few aggregated SGLang runs (latency_note)
+    latency_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        f = self.fit
+        lat = self.latency
         return {
-            "parameter": HANDOFF,
-            "bounds_s": [BOUNDS.lo, BOUNDS.hi],
-            "loss": LOSS,
-            "f_scale": F_SCALE,
-            "fitted_s": f.handoff_s,
-            "at_bound": f.at_bound,
-            "interpolation_gap_s": f.interpolation_gap_s,
-            "runs": [
-                {
-                    "id": c.id,
-                    "engine": c.group("engine"),
-                    "chip_family": c.group("chip family"),
-                    "measured_ttft_s": c.measured_ttft_s,
-                    "error_before": float(b),
-                    "error_after": float(a),
-                }
-                for c, b, a in zip(f.cases, f.error_before, f.error_after, strict=True)
-            ],
-            "in_sample_before": render.error_summary(f.error_before),
-            "in_sample_after": render.error_summary(f.error_after),
-            "cv": [_cv_dict(cv) for cv in f.cv],
+            **fit_dict(self.fit),
+            LATENCY: fit_dict(lat) if lat is not None else {"not_fitted": self.latency_note},
             "whole_file": self.whole,
             "skipped": dict(self.skipped),
             "profile": self.profile.to_dict(),
             "written": list(self.written),
         }
+
+
+def fit_dict(f: HandoffFit) -> dict[str, Any]:
+    b = f.target.bounds
+    return {
+        "parameter": f.target.name,
+        "bounds_s": [b.lo, b.hi],
+        "loss": LOSS,
+        "f_scale": F_SCALE,
+        "fitted_s": f.handoff_s,
+        "at_bound": f.at_bound,
+        "interpolation_gap_s": f.interpolation_gap_s,
+        "runs": [
+            {
+                "id": c.id,
+                "engine": c.group("engine"),
+                "chip_family": c.group("chip family"),
+                "measured_ttft_s": c.measured_ttft_s,
+                "error_before": float(eb),
+                "error_after": float(ea),
+            }
+            for c, eb, ea in zip(f.cases, f.error_before, f.error_after, strict=True)
+        ],
+        "in_sample_before": render.error_summary(f.error_before),
+        "in_sample_after": render.error_summary(f.error_after),
+        "cv": [_cv_dict(cv) for cv in f.cv],
+    }
 
 
 def _cv_dict(cv: ServingCV) -> dict[str, Any]:
@@ -458,7 +591,7 @@ def _cv_dict(cv: ServingCV) -> dict[str, Any]:
                 "held_out": f.held_out,
                 "train": f.n_train,
                 "test": f.n_test,
-                "handoff_s": f.handoff_s,
+                "value_s": f.handoff_s,
                 "before": render.error_summary(f.error_before),
                 "after": render.error_summary(f.error_after),
                 "reason": f.reason or None,
@@ -475,7 +608,12 @@ def _cv_dict(cv: ServingCV) -> dict[str, Any]:
 
 
 def provenance(
-    fit: HandoffFit, whole: Mapping[str, Any], path: str | Path, base: str, command: str
+    fit: HandoffFit,
+    whole: Mapping[str, Any],
+    path: str | Path,
+    base: str,
+    command: str,
+    latency: HandoffFit | None = None,
 ) -> dict[str, Any]:
     """What `[provenance.serving]` records and the shipped-profile tests check."""
     from roofline.calibrate.ship import runs_path, sha256_of
@@ -489,45 +627,58 @@ def provenance(
         "runs": len(fit.cases),
         "fitted": {HANDOFF: fit.handoff_s},
         "loss": f"{LOSS}, f_scale {F_SCALE:g}, on log(predicted / measured TTFT)",
-        "in_sample_before": render.error_summary(fit.error_before),
-        "in_sample_after": render.error_summary(fit.error_after),
     }
-    for cv in fit.cv:
-        key = "cv_" + cv_key(cv.by)
-        out[key + "_before"] = render.error_summary(cv.error_before)
-        out[key + "_after"] = render.error_summary(cv.error_after)
-        out[key + "_spread_s"] = {
-            k: (int(v) if k == "folds" else round(float(v), 4)) for k, v in cv.spread().items()
-        }
-    for subset in ("all", "disaggregated"):
+    out.update(_fit_provenance(fit, ""))
+    if latency is not None:
+        out["fitted"][latency.target.name] = latency.handoff_s
+        out["latency_runs"] = len(latency.cases)
+        out.update(_fit_provenance(latency, "latency_"))
+    for subset in ("all", "aggregated", "disaggregated"):
         for m in ("ttft", "tpot"):
             for when in ("before", "after"):
                 s = whole.get(subset, {}).get(m, {}).get(when, {})
                 if s.get("median_abs_error") is not None:
-                    out[f"{subset}_{m}_{when}"] = {
-                        "n": s["n"],
-                        "median_abs": round(s["median_abs_error"], 4),
-                        "bias": round(s["bias"], 4),
-                    }
-    for cv in fit.cv:
-        s = whole.get(f"all, hand-off held out by {cv.by}", {}).get("ttft", {}).get("after", {})
+                    out[f"{subset}_{m}_{when}"] = _short(s)
+    for by in CV_GROUPINGS:
+        s = whole.get(held_out_key(by), {}).get("ttft", {}).get("after", {})
         if s.get("median_abs_error") is not None:
-            out["all_ttft_held_out_by_" + cv_key(cv.by)] = {
-                "n": s["n"],
-                "median_abs": round(s["median_abs_error"], 4),
-                "bias": round(s["bias"], 4),
+            out["all_ttft_held_out_by_" + cv_key(by)] = _short(s)
+    return out
+
+
+def _short(s: Mapping[str, Any]) -> dict[str, Any]:
+    return {"n": s["n"], "median_abs": round(s["median_abs_error"], 4), "bias": round(s["bias"], 4)}
+
+
+def _fit_provenance(fit: HandoffFit, prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        prefix + "in_sample_before": render.error_summary(fit.error_before),
+        prefix + "in_sample_after": render.error_summary(fit.error_after),
+    }
+    for cv in fit.cv:
+        key = prefix + "cv_" + cv_key(cv.by)
+        out[key + "_before"] = render.error_summary(cv.error_before)
+        out[key + "_after"] = render.error_summary(cv.error_after)
+        spread = cv.spread()
+        if spread:
+            out[key + "_spread_s"] = {
+                k: (int(v) if k == "folds" else round(float(v), 4)) for k, v in spread.items()
             }
     return out
 
 
+LATENCY_TABLE = f"framework.{LATENCY_ENGINE}"
+
+
 def strip_serving(text: str) -> str:
-    """A profile file's text without a previous serving fit (its key, comment and table)."""
+    """A profile file's text without a previous serving fit (its key, comment and tables: the
+    serving fit owns [framework.sglang], where it writes the request latency)."""
     out, table_name = [], ""
     for line in text.splitlines():
         s = line.strip()
         if s.startswith("[") and not s.startswith("[["):
             table_name = s.strip("[]").strip()
-        if table_name == "provenance.serving" or s.startswith(TOML_MARK):
+        if table_name in ("provenance.serving", LATENCY_TABLE) or s.startswith(TOML_MARK):
             continue
         if not table_name and s.split("=", 1)[0].strip() == HANDOFF:
             continue
@@ -537,22 +688,33 @@ def strip_serving(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _serving_lines(h: float, prov: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+def _serving_lines(
+    h: float, prov: Mapping[str, Any], latency: float | None = None
+) -> tuple[list[str], list[str]]:
     key = [
         f"{TOML_MARK} fitted by `{prov.get('command', 'roofline calibrate --from-runs serving')}`",
         f"{TOML_MARK} per-request hand-off of disaggregated serving (docs/calibration.md)",
         f"{HANDOFF} = {toml_value(float(h))}",
     ]
-    table_lines = ["", "[provenance.serving]"]
+    table_lines = []
+    if latency is not None:
+        table_lines += [
+            "",
+            f"[{LATENCY_TABLE}]",
+            f"{TOML_MARK} {LATENCY_ENGINE}'s per-request latency on aggregated TTFT",
+            f"{LATENCY} = {toml_value(float(latency))}",
+        ]
+    table_lines += ["", "[provenance.serving]"]
     table_lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in prov.items()]
     return key, table_lines
 
 
-def add_serving(text: str, h: float, prov: Mapping[str, Any]) -> str:
+def add_serving(text: str, h: float, prov: Mapping[str, Any], latency: float | None = None) -> str:
     """`text` (a profile file) with this serving fit in place of any previous one: the key
-    before the first table, `[provenance.serving]` at the end."""
+    before the first table, [framework.sglang] (with `latency`) and `[provenance.serving]` at
+    the end."""
     lines = strip_serving(text).rstrip("\n").splitlines()
-    key, table_lines = _serving_lines(h, prov)
+    key, table_lines = _serving_lines(h, prov, latency)
     first = next((i for i, x in enumerate(lines) if x.strip().startswith("[")), len(lines))
     while first > 0 and not lines[first - 1].strip():
         first -= 1
@@ -560,17 +722,24 @@ def add_serving(text: str, h: float, prov: Mapping[str, Any]) -> str:
     return "\n".join(lines + table_lines) + "\n"
 
 
-def overlay_text(base: str, name: str, calibrated: bool, h: float, prov: Mapping[str, Any]) -> str:
-    """A new profile file: `base` with the fitted hand-off."""
+def overlay_text(
+    base: str,
+    name: str,
+    calibrated: bool,
+    h: float,
+    prov: Mapping[str, Any],
+    latency: float | None = None,
+) -> str:
+    """A new profile file: `base` with the fitted hand-off (and request latency)."""
     base_ref = str(Path(base).resolve()) if is_file(base) else base
     head = [
-        "# The base profile with the disaggregated hand-off fitted on measured serving runs.",
+        "# The base profile with the serving parameters fitted on measured serving runs.",
         f"# Regenerate: {prov.get('command', '')}",
         f"name = {toml_value(name)}",
         f"base = {toml_value(base_ref)}",
         f"calibrated = {toml_value(bool(calibrated))}",
     ]
-    return add_serving("\n".join(head) + "\n", h, prov)
+    return add_serving("\n".join(head) + "\n", h, prov, latency)
 
 
 def write_profile(out: str | Path, base: str, profile: Efficiency, prov: Mapping[str, Any]) -> str:
@@ -579,10 +748,12 @@ def write_profile(out: str | Path, base: str, profile: Efficiency, prov: Mapping
 
     p, bp = Path(out), base_path(base)
     h = profile.disagg_handoff_s
+    lat = LATENCY_T.value(profile)
+    latency = lat if (lat or LATENCY_T.name in prov.get("fitted", {})) else None
     if bp is not None and p.exists() and p.resolve() == bp.resolve():
-        text = add_serving(p.read_text(), h, prov)
+        text = add_serving(p.read_text(), h, prov, latency)
     else:
-        text = overlay_text(base, p.stem, profile.calibrated, h, prov)
+        text = overlay_text(base, p.stem, profile.calibrated, h, prov, latency)
     p.write_text(text)
     return str(p)
 
@@ -616,12 +787,13 @@ def cv_table(cv: ServingCV) -> str:
     rows.append(
         (*pooled, render.pct(render.median_bias(eb)), render.pct(render.median_bias(ea)), "")
     )
+    name = cv.target.name
     head = (f"held-out {cv.by}", "train", "test", "median |err| before", "after")
-    out = table(rows, (*head, "bias before", "after", HANDOFF))
+    out = table(rows, (*head, "bias before", "after", name))
     s = cv.spread()
     if s:
         out += (
-            f"\n{HANDOFF} over {s['folds']} folds: mean {s['mean']:.3f} s, "
+            f"\n{name} over {s['folds']} folds: mean {s['mean']:.3f} s, "
             f"min {s['min']:.3f}, max {s['max']:.3f}, std {s['std']:.3f}"
         )
     out += "".join(f"\n- {f.held_out}: {f.reason}" for f in cv.folds if f.reason)
@@ -648,43 +820,57 @@ def whole_table(whole: Mapping[str, Any]) -> str:
     return table(rows, head)
 
 
-def runs_text(res: ServingCalibration, docs: bool = False) -> str:
-    f = res.fit
+def fit_text(f: HandoffFit) -> list[str]:
+    """One fitted parameter: its runs, value, in-sample error and CV tables."""
+    t, b = f.target, f.target.bounds
     engines = sorted({c.group("engine") for c in f.cases})
     fams = sorted({c.group("chip family") for c in f.cases})
-    bound = " (at its bound)" if f.at_bound else ""
+    bound = " (AT ITS BOUND: the bound, not the runs, sets it)" if f.at_bound else ""
+    mb, ma = render.median_abs(f.error_before), render.median_abs(f.error_after)
     out = [
-        f"{len(f.cases)} disaggregated runs with a measured TTFT (engines: {', '.join(engines)}; "
+        f"{len(f.cases)} {t.runs} runs with a measured TTFT (engines: {', '.join(engines)}; "
         f"chip families: {', '.join(fams)}).",
-        f"Fitted {HANDOFF} = {f.handoff_s:.3f} s{bound}, bounds [{BOUNDS.lo:g}, {BOUNDS.hi:g}] s "
+        f"Fitted {t.name} = {f.handoff_s:.3f} s{bound}, bounds [{b.lo:g}, {b.hi:g}] s "
         f"({LOSS} loss, f_scale {F_SCALE:g}, on log(predicted / measured TTFT)).",
         "TTFT error = predicted / measured - 1 over these runs. In-sample: median |error| "
-        f"{render.apct(render.median_abs(f.error_before))} (no hand-off) -> {render.apct(render.median_abs(f.error_after))}; "
-        f"bias {render.pct(render.median_bias(f.error_before))} -> {render.pct(render.median_bias(f.error_after))}.",
+        f"{render.apct(mb)} ({t.zero}) -> {render.apct(ma)}; "
+        f"bias {render.pct(render.median_bias(f.error_before))} -> "
+        f"{render.pct(render.median_bias(f.error_after))}.",
     ]
     for cv in f.cv:
-        out += ["", _cv_title(cv.by), cv_table(cv)]
+        out += ["", _cv_title(cv.by, t), cv_table(cv)]
+    return out
+
+
+def runs_text(res: ServingCalibration, docs: bool = False) -> str:
+    f, lat = res.fit, res.latency
+    out = fit_text(f)
+    out += [""] + (fit_text(lat) if lat is not None else [res.latency_note])
     out += [
         "",
-        "The whole file, before (no hand-off) and after (the fitted one); aggregated runs do not read it:",
+        "The whole file, before (no hand-off, no request latency) and after (the fitted ones); "
+        "'held out by' rows give each run a fitted parameter reads its fold's error:",
         whole_table(res.whole),
     ]
     if not docs:
-        out.append(
-            f"(TTFT cached at {len(GRID_S)} hand-offs per run; at the fitted value the exact "
-            f"predictions differ from the cache by at most {f.interpolation_gap_s * 1e3:.2f} ms)"
-        )
+        for g in (f, lat):
+            if g is not None:
+                out.append(
+                    f"({g.target.name}: TTFT cached at {len(g.target.grid)} values per run; at "
+                    f"the fitted value the exact predictions differ from the cache by at most "
+                    f"{g.interpolation_gap_s * 1e3:.2f} ms)"
+                )
         if res.skipped:
-            out += ["", f"Disaggregated runs not used ({len(res.skipped)}):"]
+            out += ["", f"Runs not used ({len(res.skipped)}):"]
             out += [f"- {k}: {v}" for k, v in res.skipped.items()]
         out += ["", f"Profile: {res.profile.describe()}"]
         out += [f"Wrote {w}" for w in res.written]
     return "\n".join(out)
 
 
-def _cv_title(by: str) -> str:
+def _cv_title(by: str, t: Target = HANDOFF_T) -> str:
     return (
-        f"Leave-one-{by}-out (held-out disaggregated runs; before = no hand-off, "
+        f"Leave-one-{by}-out (held-out {t.runs} runs; before = {t.zero}, "
         "after = the fold's fit, predicted exactly):"
     )
 
@@ -698,6 +884,27 @@ def write_cv_docs(path: str | Path, res: ServingCalibration, command: str) -> No
 # -- the command ------------------------------------------------------------------------------
 
 
+def fit_latency(
+    runs: Sequence[Any],
+    prof: Efficiency,
+    predict: Predict,
+    cv: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[HandoffFit | None, str, dict[str, str]]:
+    """SGLang's per-request latency on its aggregated runs, or None and why (too few runs:
+    the base's value is kept)."""
+    cases, skipped = latency_cases(runs)
+    if len(cases) < MIN_RUNS:
+        note = (
+            f"{LATENCY_T.name} not fitted: {len(cases)} mapped {LATENCY_T.runs} run(s) with a "
+            f"measured TTFT (< {MIN_RUNS}); the base's value "
+            f"{LATENCY_T.value(prof):g} s is kept"
+        )
+        return None, note, skipped
+    fit = fit_cases(cases, prof, predict, cv=cv, progress=progress, p=LATENCY_T)
+    return fit, "", {**skipped, **fit.skipped}
+
+
 def calibrate_serving(
     path: str | Path,
     *,
@@ -708,23 +915,28 @@ def calibrate_serving(
     predict: Predict | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ServingCalibration:
-    """Read the serving runs, fit the hand-off, cross-validate, summarise, write."""
+    """Read the serving runs, fit the hand-off and SGLang's request latency, cross-validate,
+    summarise, write."""
     predict = predict or _default_predict()
     prof = load_profile(base)
     _, runs = load_serving_runs(path)
     cases, skipped = disagg_cases(runs)
     refuse_if_few(len(cases), f"runs file {str(path)!r}")
     fit = fit_cases(cases, prof, predict, cv=cv, progress=progress)
+    lat, note, lat_skipped = fit_latency(runs, prof, predict, cv, progress)
     fitted = replace(prof, disagg_handoff_s=fit.handoff_s)
+    if lat is not None:
+        fitted = LATENCY_T.on(fitted, lat.handoff_s)
     if progress:
-        progress(f"{HANDOFF} = {fit.handoff_s:.3f} s; predicting the whole file before and after")
-    whole = whole_file(runs, prof, fitted, predict, fit.cv)
+        progress("predicting the whole file before and after")
+    whole = whole_file(runs, prof, fitted, predict, (*fit.cv, *(lat.cv if lat else ())))
     cmd = f"roofline calibrate --from-runs {path} --base {base}"
     cmd += (f" --out {out}" if out else "") + (f" --docs {docs}" if docs else "")
     cmd += "" if cv else " --no-cv"
-    prov = provenance(fit, whole, path, base, cmd)
+    prov = provenance(fit, whole, path, base, cmd, lat)
     fitted = replace(fitted, provenance={**dict(prof.provenance), "serving": prov})
-    res = ServingCalibration(fitted, fit, whole, {**skipped, **fit.skipped})
+    every_skip = {**skipped, **fit.skipped, **lat_skipped}
+    res = ServingCalibration(fitted, fit, whole, every_skip, latency=lat, latency_note=note)
     written = []
     if out:
         written.append(write_profile(out, base, fitted, prov))
@@ -738,12 +950,16 @@ __all__ = [
     "BEGIN",
     "END",
     "HANDOFF",
+    "LATENCY",
+    "LATENCY_T",
     "ServingCalibration",
+    "Target",
     "add_serving",
     "calibrate_serving",
     "disagg_cases",
     "fit_cases",
     "fit_handoff",
+    "latency_cases",
     "runs_text",
     "strip_serving",
 ]

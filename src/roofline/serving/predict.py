@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from math import gcd
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -200,10 +201,14 @@ def replica_step(run: Any, par: Any, eff: Efficiency, quant: Quant) -> StepModel
     # the step or the steady state reads it), and the profile's disaggregated hand-off is read
     # by `_disagg`, never by a step (calibrate --from-runs serving predicts each run at many);
     # a Chip holds mappings (unhashable): keyed by identity, the entry keeps it alive
-    if getattr(eff, "disagg_handoff_s", 0.0):
-        eff_key = replace(eff, disagg_handoff_s=0.0)
+    # (nor the per-request latency, nor the per-engine overrides once applied: steady_state reads
+    # the latency from the profile, calibrate predicts each run at many)
+    if getattr(eff, "disagg_handoff_s", 0.0) or getattr(eff, "request_latency_s", 0.0):
+        eff_key = replace(eff, disagg_handoff_s=0.0, request_latency_s=0.0)
     else:
         eff_key = eff
+    if getattr(eff, "framework", "") and eff_key.frameworks:
+        eff_key = replace(eff_key, frameworks=MappingProxyType({}))
     key = (replace(run.model, source=""), id(run.chip), plan, quant, eff_key)
     hit = _STEPS.pop(key, None)
     if hit is None:
@@ -251,7 +256,7 @@ def _closed_loop(run, eff, engine, quant, concurrency: float | None = None) -> d
     C = float(concurrency or run.workload.concurrency or 1) / replicas
     work = Workload(P, G, first_wave_share=first_wave_share(run))
     cap = replica_capacity(step, engine, P + G)
-    s = steady_state(step, engine, work, C, batch_cap=max(cap, 1.0))
+    s = steady_state(step, engine, work, C, batch_cap=max(cap, 1.0), request_latency_s=_lat(eff))
     rps = _f(s.requests_per_s) * replicas
     return {
         "ttft_s": _f(s.ttft_s),
@@ -266,6 +271,11 @@ def _closed_loop(run, eff, engine, quant, concurrency: float | None = None) -> d
     }
 
 
+def _lat(eff: Any) -> float:
+    """The profile's per-request latency for the engine it was specialised to (for_framework)."""
+    return float(getattr(eff, "request_latency_s", 0.0))
+
+
 def _offline(run, eff, engine, quant) -> dict[str, Any]:
     P, G = _lengths(run)
     step, replicas = _aggregated_step(run, eff, quant)
@@ -273,7 +283,7 @@ def _offline(run, eff, engine, quant) -> dict[str, Any]:
     if engine:
         cap = min(cap, engine.seq_cap(step.degree("dp")))
     work = Workload(P, G)
-    s = steady_state(step, engine, work, cap, batch_cap=cap)
+    s = steady_state(step, engine, work, cap, batch_cap=cap, request_latency_s=_lat(eff))
     return {
         "ttft_s": None,
         "tpot_s": None,
@@ -292,7 +302,7 @@ def _rate(run, eff, engine, quant) -> dict[str, Any]:
     cap = replica_capacity(step, engine, P + G)
     work = Workload(P, G, rate=lam)
     grid = np.unique(np.geomspace(0.05, max(cap, 1.0), 64))
-    s = steady_state(step, engine, work, grid, batch_cap=max(cap, 1.0))
+    s = steady_state(step, engine, work, grid, batch_cap=max(cap, 1.0), request_latency_s=_lat(eff))
     X = np.asarray(s.requests_per_s) * replicas
     if lam > X.max():
         raise SpecError(

@@ -476,7 +476,9 @@ def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, c
         plans = [ServePlan(tp=int(r[1]), pp=int(r[2]), dp=int(r[3]), ep=int(r[4])) for r in uniq]
         systems = [c.system[int(r[0])] for r in uniq]
         step = ShardedStep(q.model, systems, plans, quant, q.efficiency, select=inv.reshape(-1))
-        st = steady_state(step, q.engine, q.workload, conc[part], batch_cap=cap[part])
+        st = steady_state(
+            step, q.engine, q.workload, conc[part], batch_cap=cap[part], request_latency_s=_lat(q)
+        )
         for f in fields:
             out[f][part] = np.broadcast_to(np.asarray(getattr(st, f), float), part.shape)
         d = step.pass_time(
@@ -484,6 +486,11 @@ def _steady(q: ServeQuery, c: Candidates, idx: np.ndarray, quant: Quant, conc, c
         )
         dec[part] = d.time_s
     return Steady(**out, gen_tokens=q.workload.gen), dec
+
+
+def _lat(q) -> float:
+    """The profile's per-request latency (for the engine `serve` specialised it to)."""
+    return float(getattr(q.efficiency, "request_latency_s", 0.0))
 
 
 def _steady_seqkv(q, c, idx, quant, conc, cap, out, dec) -> None:
@@ -502,7 +509,9 @@ def _steady_seqkv(q, c, idx, quant, conc, cap, out, dec) -> None:
         uniq, inv = np.unique(rows, axis=0, return_inverse=True)
         shapes = [(c.system[int(si)], int(tp)) for si, tp in uniq]
         step = _seqkv_step(q, shapes, k, quant, select=inv.reshape(-1))
-        st = steady_state(step, q.engine, q.workload, conc[part], batch_cap=cap[part])
+        st = steady_state(
+            step, q.engine, q.workload, conc[part], batch_cap=cap[part], request_latency_s=_lat(q)
+        )
         for f in Steady.__dataclass_fields__:
             if f != "gen_tokens":
                 out[f][part] = np.broadcast_to(np.asarray(getattr(st, f), float), part.shape)

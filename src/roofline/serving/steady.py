@@ -209,6 +209,7 @@ def steady_state(
     *,
     batch_cap: Any = np.inf,
     step_overhead_s: float | None = None,
+    request_latency_s: float = 0.0,  # the profile's, for this engine: adds to the engine file's
 ) -> Steady:
     """Closed-loop steady state of one replica at `concurrency` requests (array) in flight.
 
@@ -221,9 +222,8 @@ def steady_state(
     C = np.asarray(concurrency, float)
     G, P, Pn = work.gen, work.prompt, work.new_prompt
     ctx = work.decode_context
-    dp = step.degree(
-        "dp"
-    )  # the engine's caps hold per scheduler (per attention-DP rank or replica)
+    # the engine's caps hold per scheduler (per attention-DP rank or replica)
+    dp = step.degree("dp")
     budget = np.asarray(engine.token_budget(step.chip.hbm_bytes, dp), float) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
     cap = np.minimum(batch_cap, engine.seq_cap(dp) if engine else np.inf)
@@ -240,7 +240,7 @@ def steady_state(
     chunk = Pn / n_chunks
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
-    lat = engine.request_latency_s if engine else 0.0
+    lat = (engine.request_latency_s if engine else 0.0) + request_latency_s
     if _runs_in_waves(engine, work):
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 

@@ -157,6 +157,15 @@ OVERHEADS: dict[str, Param] = {
         "router -> prefill worker -> KV-ready notification -> the decode worker's first step "
         "(pure latency: it holds no prefill or decode capacity)",
     ),
+    # no published number either (candidate causes in specs/engines/sglang.toml): 0 on the
+    # profile, set per engine under [framework.ENGINE] only by `calibrate --from-runs serving`
+    "request_latency_s": Param(
+        0.0,
+        0.5,
+        "s",
+        "latency every aggregated request pays outside any pass (front end, hand-over to the "
+        "scheduler, first token back to the client), on top of the engine file's own value",
+    ),
 }
 
 
@@ -304,6 +313,7 @@ class Efficiency:
     step_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0
     disagg_handoff_s: float = 0.0  # seconds per disaggregated request (see OVERHEADS)
+    request_latency_s: float = 0.0  # seconds per aggregated request (see OVERHEADS)
     families: tuple[FamilyPhysics, ...] = ()
     frameworks: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: MappingProxyType({})
@@ -316,7 +326,9 @@ class Efficiency:
     def __hash__(self) -> int:
         plain = (self.name, self.matmul, self.hbm, self.link, self.source, self.calibrated)
         ovh = (self.step_overhead_s, self.layer_overhead_s, self.disagg_handoff_s, self.framework)
-        return hash((*plain, *ovh, self.families, tuple(sorted(self.frameworks))))
+        return hash(
+            (*plain, *ovh, self.request_latency_s, self.families, tuple(sorted(self.frameworks)))
+        )
 
     def __post_init__(self) -> None:
         for f in ("matmul", "hbm", "link"):
@@ -484,6 +496,7 @@ class Efficiency:
             "step_overhead_s": self.step_overhead_s,
             "layer_overhead_s": self.layer_overhead_s,
             "disagg_handoff_s": self.disagg_handoff_s,
+            "request_latency_s": self.request_latency_s,
             "families": {
                 f.family: {
                     "match": list(f.match),
@@ -713,7 +726,8 @@ def profile_from_dict(raw: Mapping[str, Any], origin: str, _depth: int = 0) -> E
 
     `base = "NAME|FILE"` starts from that profile: top-level keys, [family.X] tables (only the
     keys given; a family the base lacks needs match, tile and mm_fraction) and [framework.X]
-    tables then override it (how `calibrate` writes a fitted profile: only what it fitted).
+    tables (only the keys given) then override it (how `calibrate` writes a fitted profile:
+    only what it fitted).
     `[provenance]` records how a calibrated profile was made."""
     # keys (top level and [family.X]: the loader's own, tests/test_schemas.py) and types are the
     # schema's; the rules below are ranges, presence and the base chain
@@ -728,12 +742,9 @@ def profile_from_dict(raw: Mapping[str, Any], origin: str, _depth: int = 0) -> E
     base = None if base_ref is None else _base_profile(base_ref, origin, _depth)
     fams = _families(fams_raw, base, origin)
     frameworks = dict(base.frameworks) if base is not None else {}
-    frameworks.update(
-        {
-            fw: MappingProxyType(_framework_from_dict(fw, t, fams, origin))
-            for fw, t in fw_raw.items()
-        }
-    )
+    for fw, t in fw_raw.items():  # key by key over the base's, as [family.X] tables are
+        new = _framework_from_dict(fw, t, fams, origin)
+        frameworks[fw] = MappingProxyType(_merge_framework(frameworks.get(fw, {}), new))
     if base is not None:
         data = {k: getattr(base, k) for k in _TOP_KEYS if k != "name"} | data
     try:
@@ -875,6 +886,15 @@ def _framework_from_dict(
                 fix="remove or rename the key",
             )
     return out
+
+
+def _merge_framework(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A [framework.X] table over the base's: its keys win, per chip family too (an overlay
+    that sets SGLang's request latency keeps the base's SGLang kernel overrides)."""
+    fams = {k: dict(v) for k, v in old.get("families", {}).items()}
+    for fam, vals in new.get("families", {}).items():
+        fams[fam] = {**fams.get(fam, {}), **vals}
+    return {**old, **new, "families": fams}
 
 
 def load_efficiency(path: str | Path) -> Efficiency:
