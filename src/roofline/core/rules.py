@@ -49,6 +49,7 @@ LOGICAL_DIMS = (
     "head_dim",
     "vocab",
     "experts",
+    "routes",  # the router's output width (= experts), never sharded: the router is replicated
     "expert_mlp",
     "capacity",
     "layers",
