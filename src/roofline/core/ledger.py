@@ -907,13 +907,18 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str, xd: str | None = None)
         sz = dict(sizes)
         sz.update(experts=mo.n_experts, expert_mlp=mo.d_ff_expert, top_k=mo.top_k)
         sz_ = MappingProxyType(sz)
+        # the router's expert dim is `routes`, not `experts`: its weight is replicated over the
+        # expert-parallel ranks like a dense weight (Megatron-Core TopKRouter's weight is not
+        # expert-parallel: NVIDIA/Megatron-LM megatron/core/transformer/moe/router.py; the
+        # engines replicate it too), so no rule shards it over the expert axis
+        rz = MappingProxyType({**sz, "routes": mo.n_experts})
         ops.append(
             _mm(
                 "moe/router",
                 x,
-                _t("W_router", "embed experts", wd, True),
-                _t("logits", "batch seq experts", "fp32"),
-                sz_,
+                _t("W_router", "embed routes", wd, True),
+                _t("logits", "batch seq routes", "fp32"),
+                rz,
                 nl,
             )
         )

@@ -17,6 +17,10 @@ owns one mesh axis with a fixed name:
 | sp / cp  | seq       | seq (query) — context par. | replicated                          |
 | ep       | expert    | batch outside MoE, experts | experts                             |
 | pp       | stage     | layers                     | layers                              |
+
+The MoE router's output width is its own dim, `routes`, which no rule shards: the router weight
+[embed, routes] is replicated over the expert axis like a dense weight (Megatron-Core's
+TopKRouter weight is not expert-parallel; the inference engines replicate the gate too).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ LOGICAL_DIMS = (
     "head_dim",
     "vocab",
     "experts",
+    "routes",  # the router's output width (= experts), never sharded: the router is replicated
     "expert_mlp",
     "capacity",
     "layers",
