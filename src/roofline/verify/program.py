@@ -190,7 +190,7 @@ def param_dims(model: ModelSpec, *, fused_qkv: bool = False) -> dict[str, tuple[
         dims["wv"] = ("embed", "kv_heads", "head_dim")
     dims["wo"] = ("heads", "head_dim", "embed")
     if model.moe is not None:
-        dims["router"] = ("embed", "experts")
+        dims["router"] = ("embed", "routes")  # replicated over the expert axis (core.ledger)
         if model.mlp == MLPKind.GATED:
             dims["we_gate"] = ("experts", "embed", "mlp")
         dims["we_up"] = ("experts", "embed", "mlp")
