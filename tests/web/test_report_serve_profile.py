@@ -34,9 +34,9 @@ def test_serving_rows_state_the_profile_not_its_dict(capsys):
     assert rows["efficiency profile"] == (
         f"{eff.name} ({eff.kind}) on {fam.family}: {family_physics(fam.params())}"
     )
-    ttft = prof["provenance"]["serving"]["all_ttft_held_out_by_engine"]
+    ttft = prof["provenance"]["serving"]["all_ttft_held_out_by_model_system_pair"]
     assert rows["its error bar"].startswith(
-        f"TTFT, the hand-off held out by engine: median |error| {ttft['median_abs']:.1%}"
+        f"TTFT, the fits held out by model×system pair: median |error| {ttft['median_abs']:.1%}"
     )
     assert rows["disaggregated hand-off"].startswith(fmt_time(eff.disagg_handoff_s))
     for label, value in rows.items():
