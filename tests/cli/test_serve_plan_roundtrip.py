@@ -51,9 +51,12 @@ def test_every_printed_plan_reads_back_as_the_same_row(name, capsys):
     args = SEARCHES[name].split()
     doc = _serve([*args, "--top", "5"], capsys)
     rows = doc["top"] + doc["pareto"]
+    if name == "long":  # the case the issue names: the search's sequence-sharded KV rows
+        every = _serve([*args, "--top", "1000"], capsys)["top"]
+        seqkv = [r for r in every if "kvseq=" in r["plan"]["spec"]]
+        assert seqkv  # the search lists them (whether they rank in the top 5 is the profile's)
+        rows += seqkv[:2]
     specs = sorted({r["plan"]["spec"] for r in rows})
-    if name == "long":
-        assert any("kvseq=" in s for s in specs)  # the case the issue names is in the search
     for spec in specs:
         fixed = _serve([*args, "--plan", spec, "--top", "1000"], capsys)
         again = {_key(r): r for r in fixed["top"]}  # every feasible row of the plan
@@ -84,3 +87,11 @@ def test_a_kvseq_plan_the_search_cannot_cost_is_one_paragraph(extra, says, capsy
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Rule:" in err and "Traceback" not in err
+
+
+def test_a_lone_long_prompt_search_costs_its_sequence_sharded_rows(capsys):
+    """Regression: at concurrency 1 a pass's batch carried more rows than the replica
+    selection of a sequence-sharded step, and the search died in a traceback (zip length)."""
+    args = "--model llama-3-70b --system h100:16 --engine none --prompt 256k --gen 1024"
+    doc = _serve([*args.split(), "--concurrency", "1", "--top", "1000"], capsys)
+    assert any("kvseq=" in r["plan"]["spec"] for r in doc["top"])

@@ -256,9 +256,11 @@ class _SeqKVStep:
             np.asarray(batch, float), np.broadcast_shapes(np.shape(batch), sel.shape)
         )
         keys = np.ceil(np.maximum(B, 1.0)).astype(int)
+        rows = np.broadcast_to(sel, B.shape)  # a pass's batch may carry more axes than `sel`
         extra = np.array(
-            [self._extra_at(int(u), int(k)) for u, k in zip(sel, keys, strict=True)], float
-        )
+            [self._extra_at(int(u), int(k)) for u, k in zip(rows.flat, keys.flat, strict=True)],
+            float,
+        ).reshape(B.shape)
         return np.where(B > 0, extra, 0.0)
 
     def pass_time(self, shape: PassShape) -> Any:
