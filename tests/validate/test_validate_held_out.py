@@ -28,10 +28,13 @@ def test_training_held_out_is_the_shipped_provenance():
 def test_serving_held_out_is_the_shipped_provenance():
     prov = _provenance()["serving"]
     h = held_out(load_profile("fitted"), "serving")
+    # the pair-held-out number first (the honest one for a deployment not seen)
     assert list(h["folds"].values()) == [
-        prov["all_ttft_held_out_by_engine"],
+        prov["all_ttft_held_out_by_model_system_pair"],
         prov["all_ttft_held_out_by_chip_family"],
+        prov["all_ttft_held_out_by_engine"],
     ]
+    assert h["runs"] == prov["runs"] + prov["latency_runs"]
 
 
 def test_profiles_without_provenance_and_other_schemas_have_none():
