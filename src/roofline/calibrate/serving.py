@@ -203,24 +203,20 @@ def load_serving_runs(path: str | Path) -> tuple[str, list[Any]]:
 
 def disagg_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]]:
     """The mapped disaggregated runs with a measured TTFT; the others' reasons."""
-    cases, skipped = [], {}
-    for r in runs:
-        if not r.disaggregated:
-            continue
-        if not r.mapped:
-            skipped[r.id] = r.skipped_reason
-        elif not r.measured.ttft_s:
-            skipped[r.id] = "no measured TTFT"
-        else:
-            cases.append(ServingCase(r, float(r.measured.ttft_s)))
-    return cases, skipped
+    return _cases(runs, lambda r: r.disaggregated)
 
 
 def latency_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]]:
     """The mapped aggregated SGLang runs with a measured TTFT; the others' reasons."""
+    return _cases(runs, LATENCY_T.reads)
+
+
+def _cases(runs: Sequence[Any], reads: Any) -> tuple[list[ServingCase], dict[str, str]]:
+    """The mapped runs a parameter reads (`reads(run)`) with a measured TTFT; the others'
+    reasons."""
     cases, skipped = [], {}
     for r in runs:
-        if not LATENCY_T.reads(r):
+        if not reads(r):
             continue
         if not r.mapped:
             skipped[r.id] = r.skipped_reason
