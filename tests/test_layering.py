@@ -18,6 +18,7 @@ ORDER = (
     # plain helpers: no roofline imports beyond errors, usable at any stage
     "errors",
     "units",
+    "memo",
     "progress",
     "report.table",
     "report.jsonout",

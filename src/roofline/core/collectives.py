@@ -46,6 +46,7 @@ import numpy as np
 
 from roofline.core.mesh import Mesh, Segment
 from roofline.errors import SpecError
+from roofline.memo import IdentityMemo
 from roofline.specs.system import NODES_PER_SU, DimKind, PhysDim, System
 
 # gpus.md: SHARP in practice gives ~30% more AllReduce bandwidth (NCCL 2.27.5, 8xH100:
@@ -263,23 +264,18 @@ def switched_bw(system: System, d: PhysDim) -> tuple[float, float | None]:
     `min(w, S/P)`: P chips of one group share its switches' capacity S (module doc).
     Remembered per (system, dim): every collective over the tier asks again (keyed by
     identity, System and PhysDim kept to check it; bounded)."""
-    key = (id(system), id(d))
-    hit = _SWITCHED.get(key)
-    if hit is not None and hit[0] is system and hit[1] is d:
-        return hit[2]
+    return _SWITCHED((system, d), (), lambda: _switched_bw(system, d))
+
+
+def _switched_bw(system: System, d: PhysDim) -> tuple[float, float | None]:
     s = switch_capacity(system, d) if d.switched else None
     if s is None:
-        out: tuple[float, float | None] = (d.bw_bytes_per_s, None)
-    else:
-        share = s / _group_chips(system, d)
-        out = (share, share) if share < d.bw_bytes_per_s else (d.bw_bytes_per_s, None)
-    if len(_SWITCHED) >= 4096:
-        _SWITCHED.clear()
-    _SWITCHED[key] = (system, d, out)
-    return out
+        return (d.bw_bytes_per_s, None)
+    share = s / _group_chips(system, d)
+    return (share, share) if share < d.bw_bytes_per_s else (d.bw_bytes_per_s, None)
 
 
-_SWITCHED: dict[tuple[int, int], tuple[System, PhysDim, tuple[float, float | None]]] = {}
+_SWITCHED = IdentityMemo(4096)
 
 
 # DimKind value of a tier -> the link tier name of the efficiency profile contract

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from roofline.errors import PlanError
+from roofline.memo import IdentityMemo
 from roofline.specs.system import DimKind, PhysDim, System, parse_system
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -362,8 +363,8 @@ def place_mesh(
 # an axis takes the same factors whatever it is named, so the planner's hundreds of meshes on
 # one system (sharing their inner axes) place each step once. Keyed by the system's identity
 # (System holds read-only mappings, not hashable), the system kept to check it; bounded.
-_TAKES: dict[tuple, tuple[System, tuple[Segment, ...], tuple[int, ...]]] = {}
 _TAKES_MAX = 1 << 16
+_TAKES = IdentityMemo(lambda: _TAKES_MAX)
 
 
 def _auto_placed(sys_: System, items: list[tuple[str, int]]) -> dict[str, tuple[Segment, ...]]:
@@ -371,16 +372,16 @@ def _auto_placed(sys_: System, items: list[tuple[str, int]]) -> dict[str, tuple[
     free = tuple(d.size for d in sys_.dims)
     result: dict[str, tuple[Segment, ...]] = {}
     for a, size in reversed(items):
-        key = (id(sys_), free, size)
-        hit = _TAKES.get(key)
-        if hit is None or hit[0] is not sys_:
-            placer = _Placer(sys_, free)
-            segs = placer.take(a, size, list(reversed(sys_.dims)))  # PlanError: not cached
-            if len(_TAKES) >= _TAKES_MAX:
-                _TAKES.clear()
-            hit = _TAKES[key] = (sys_, segs, tuple(placer.remaining[d.name] for d in sys_.dims))
-        result[a], free = hit[1], hit[2]
+        make = functools.partial(_take, sys_, free, a, size)  # called at once, on a miss
+        result[a], free = _TAKES((sys_,), (free, size), make)
     return result
+
+
+def _take(sys_: System, free: tuple[int, ...], a: str, size: int) -> tuple:
+    """One axis placed on the dims still free: (its segments, the dims' sizes left)."""
+    placer = _Placer(sys_, free)
+    segs = placer.take(a, size, list(reversed(sys_.dims)))  # PlanError: not remembered
+    return segs, tuple(placer.remaining[d.name] for d in sys_.dims)
 
 
 def _check_mesh(sys_: System, items: list[tuple[str, int]], explicit: Mapping[str, tuple]) -> None:

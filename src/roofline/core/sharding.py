@@ -28,6 +28,7 @@ import numpy as np
 
 from roofline.core.collectives import CollectiveKind
 from roofline.errors import ShardingError
+from roofline.memo import IdentityMemo
 from roofline.units import dtype_bytes
 
 # (kind, bytes_per_chip, axes) -> seconds; bytes follow collectives.py's convention.
@@ -958,28 +959,25 @@ def _numeric_all(
     nbytes = [e * x.itemsize for e, x in zip(elems, sh.arrays, strict=True)]
     times = [comm_fn(k, nbytes[i], axes) for k, axes, i in sh.comms]
     split = [_local_size(dims, sizes, mesh) for dims in sh.split_dims]
-    key = _options_key(sh, elems, times, split, weights, weight_read_fraction)
-    if key is not None:
-        hit = _OPTIONS.get(key)
-        if hit is not None and hit[0] is sh:
-            return hit[1]
-    options = _options(sh, elems, nbytes, times, split, weights, weight_read_fraction)
-    if key is not None:
-        if len(_OPTIONS) >= _MAX_OPTIONS:
-            _OPTIONS.clear()
-        _OPTIONS[key] = (sh, options)  # the shape kept: its id stays its own
-    return options
+    key = _options_key(elems, times, split, weights, weight_read_fraction)
+    if key is None:
+        return _options(sh, elems, nbytes, times, split, weights, weight_read_fraction)
+    return _OPTIONS(
+        (sh,),
+        key,
+        lambda: _options(sh, elems, nbytes, times, split, weights, weight_read_fraction),
+    )
 
 
 # A single plan's sized options by (shape, per-chip elements of its arrays, its collectives'
 # times, its contracting splits, weights, read fraction): every number of every option is a
 # function of these, so a plan priced again (the same plan, or the same run under another
 # efficiency profile whose link fractions are the same: calibrate) builds none of them again.
-_OPTIONS: dict[tuple, tuple[_Shape, tuple[Option, ...]]] = {}
 _MAX_OPTIONS = 4096  # a few KB an entry; calibrate's 78 runs hold ~2,100
+_OPTIONS = IdentityMemo(lambda: _MAX_OPTIONS)
 
 
-def _options_key(sh, elems, times, split, weights, wrf) -> tuple | None:
+def _options_key(elems, times, split, weights, wrf) -> tuple | None:
     """The memo key of a single plan's options (Python floats only), else None."""
     if type(wrf) is not float:
         return None
@@ -987,7 +985,7 @@ def _options_key(sh, elems, times, split, weights, wrf) -> tuple | None:
         for x in xs:
             if type(x) is not float:
                 return None
-    return (id(sh), tuple(elems), tuple(times), tuple(split), weights, wrf)
+    return (tuple(elems), tuple(times), tuple(split), weights, wrf)
 
 
 def _options(sh, elems, nbytes, times, split, weights, weight_read_fraction) -> tuple[Option, ...]:

@@ -50,6 +50,7 @@ from roofline.core.sharding import (
     plan_training_einsum,
 )
 from roofline.core.stack import Stack, experts_replicated_over_tensor, stack_of
+from roofline.memo import IdentityMemo
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import Dispatch, LoadBalance, OverlapClass
 from roofline.specs.model import ModelSpec
@@ -259,15 +260,9 @@ class Totals:
     @staticmethod
     def of(walk: Walk) -> Totals:
         """The sums of `walk`; a remembered single-plan walk's (`walk_rows`) are summed once."""
-        hit = _ONE_TOTALS.get(id(walk))
-        if hit is not None and hit[0] is walk:
-            return hit[1]
-        t = Totals._of(walk)
-        if walk.n == 1:
-            if len(_ONE_TOTALS) >= _MAX_ONE_WALKS:
-                _ONE_TOTALS.clear()
-            _ONE_TOTALS[id(walk)] = (walk, t)  # the walk kept: its id stays its own
-        return t
+        if walk.n != 1:
+            return Totals._of(walk)
+        return _ONE_TOTALS((walk,), (), lambda: Totals._of(walk))
 
     @staticmethod
     def _of(walk: Walk) -> Totals:
@@ -1359,33 +1354,27 @@ def walk_rows(
     systems, ledger, profile, policy, stack) walks once.
     """
     if options.floats and len(rows) == 1:
-        key, refs = _one_walk_key(
-            model, systems, structure, rows, sequences, ledger, eff, phase, options
+        refs, key = _one_walk_key(structure, rows, sequences, phase, options)
+        return _ONE_WALKS(
+            (model, *systems, ledger, eff, *refs),
+            key,
+            lambda: _walk_rows(
+                model, systems, structure, rows, sequences, ledger, eff, phase, options
+            ),
         )
-        hit = _ONE_WALKS.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], refs, strict=True)):
-            return hit[1]
-        w = _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options)
-        if len(_ONE_WALKS) >= _MAX_ONE_WALKS:  # calibrate walks each run under many profiles
-            _ONE_WALKS.clear()
-        _ONE_WALKS[key] = (refs, w)
-        return w
     return _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options)
 
 
-_ONE_TOTALS: dict[int, tuple[Walk, Totals]] = {}
-# a single plan's walks: key (ids and values) -> (the objects the ids name, kept so no other
-# object takes their ids while the entry lives, and checked on a hit; the walk)
-_ONE_WALKS: dict[tuple, tuple[tuple, Walk]] = {}
-_MAX_ONE_WALKS = 128  # ~90 KB a walk (records, einsum plans)
+_MAX_ONE_WALKS = 128  # ~90 KB a walk (records, einsum plans); calibrate walks many profiles
+# a single plan's walks and their Totals, by the objects they were given and the plan's values
+_ONE_WALKS = IdentityMemo(lambda: _MAX_ONE_WALKS)
+_ONE_TOTALS = IdentityMemo(lambda: _MAX_ONE_WALKS)
 
 
-def _one_walk_key(model, systems, structure, rows, sequences, ledger, eff, phase, options):
-    """The memo key of a one-row float walk, and the objects its ids stand for."""
+def _one_walk_key(structure, rows, sequences, phase, options) -> tuple[tuple, tuple]:
+    """The objects of a one-row float walk's options (by identity) and the values of its key."""
     o = options
-    refs = (model, *systems, ledger, eff, o.policy, o.stack)
     key = (
-        tuple(id(x) for x in refs),
         structure,
         int(rows.system_idx[0]),
         tuple(int(rows.degrees[s][0]) for s in Strategy),
@@ -1394,7 +1383,7 @@ def _one_walk_key(model, systems, structure, rows, sequences, ledger, eff, phase
         phase,
         _options_key(o),
     )
-    return key, refs
+    return (o.policy, o.stack), key
 
 
 def _options_key(o: WalkOptions) -> tuple:

@@ -51,6 +51,7 @@ from roofline.core.walk import (
     walk_rows,
 )
 from roofline.errors import PlanError
+from roofline.memo import IdentityMemo
 from roofline.specs.efficiency import DEFAULT_PROFILE, Efficiency, load_profile
 from roofline.specs.framework import (
     CPMethod,
@@ -319,24 +320,22 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
     return out
 
 
-# (id(stack), conditions) -> (stack, {class: its mechanism on by default}); the stack kept
-_DEFAULT_ON: dict[tuple[int, frozenset[str]], tuple[Stack, dict[Overlap, bool]]] = {}
+# (stack, conditions) -> {class: its mechanism on by default}
+_DEFAULT_ON = IdentityMemo(4096)
 
 
 def _defaults_on(stack: Stack, conditions: frozenset[str]) -> dict[Overlap, bool]:
     """Per overlap class, whether the stack's mechanism is on by default under `conditions`
     (`specs.framework.Overlap.mode`), resolved once per (stack, conditions)."""
-    key = (id(stack), conditions)
-    hit = _DEFAULT_ON.get(key)
-    if hit is None or hit[0] is not stack:
-        if len(_DEFAULT_ON) >= 4096:
-            _DEFAULT_ON.clear()
-        on = {}
+
+    def on() -> dict[Overlap, bool]:
+        out = {}
         for cls in Overlap:
             ov = stack.overlap(FRAMEWORK_CLASS[cls])
-            on[cls] = ov.mode(None, conditions) is ov.on
-        hit = _DEFAULT_ON[key] = (stack, on)
-    return hit[1]
+            out[cls] = ov.mode(None, conditions) is ov.on
+        return out
+
+    return _DEFAULT_ON((stack,), conditions, on)
 
 
 # the mesh degree a decomposed collective of each class is chunked over (first_chunk)
@@ -684,8 +683,8 @@ class _Sums:
 
 
 # one plan's sums by (its walk's Totals, what of the context they read): a remembered walk's
-# Totals (`core.walk`) are summed by query once per remat choice; the Totals kept (their id)
-_SUMS: dict[tuple, tuple[Totals, _Sums]] = {}
+# Totals (`core.walk`) are summed by query once per remat choice
+_SUMS = IdentityMemo(128)
 
 
 def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
@@ -693,20 +692,8 @@ def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
     them the same values (the remat policies and choice, the gather reuse, the rows)."""
     if len(ctx.inv) != 1:
         return _Sums(tot, ctx)
-    key = (
-        id(tot),
-        ctx.remats,
-        int(ctx.remat_idx[0]),
-        bool(ctx.reuse[0]),
-        int(ctx.inv[0]),
-        ctx.n_rows,
-    )
-    hit = _SUMS.get(key)
-    if hit is None or hit[0] is not tot:
-        if len(_SUMS) >= 128:
-            _SUMS.clear()
-        hit = _SUMS[key] = (tot, _Sums(tot, ctx))
-    return hit[1]
+    key = (ctx.remats, int(ctx.remat_idx[0]), bool(ctx.reuse[0]), int(ctx.inv[0]), ctx.n_rows)
+    return _SUMS((tot,), key, lambda: _Sums(tot, ctx))
 
 
 def _exposed(group: ExposureGroup, comm: Any, compute: Any, ctx: _Context) -> Any:
@@ -1424,15 +1411,11 @@ def _collective_rows(w: Walk | None, row: int = 0) -> tuple[dict, ...]:
         return ()
     if w.n != 1:
         return _list_collectives(w, row)
-    hit = _COLL_ROWS.get(id(w))
-    if hit is None or hit[0] is not w:
-        if len(_COLL_ROWS) >= 128:
-            _COLL_ROWS.clear()
-        hit = _COLL_ROWS[id(w)] = (w, _list_collectives(w, row))  # the walk kept: its id
-    return tuple({**d, "axes": list(d["axes"])} for d in hit[1])
+    listed = _COLL_ROWS((w,), row, lambda: _list_collectives(w, row))
+    return tuple({**d, "axes": list(d["axes"])} for d in listed)
 
 
-_COLL_ROWS: dict[int, tuple[Walk, tuple[dict, ...]]] = {}
+_COLL_ROWS = IdentityMemo(128)
 
 
 def _list_collectives(w: Walk, row: int) -> tuple[dict, ...]:
