@@ -234,10 +234,7 @@ def steady_state(
     running = np.maximum(np.minimum(C, cap) - k0, 0.0) if mixed else np.zeros_like(C)
     avail = np.maximum(budget - running, 1.0)
     chunked = engine is None or engine.chunked_prefill
-    n_chunks = float(np.ceil(Pn / min(Pn, np.min(avail)))) if chunked else 1.0
-    # a prompt over the budget is split into n passes whose chunks sum to the prompt: a prompt
-    # as long as the budget with one decode beside it is two chunks of P/2, not two of P − 1
-    chunk = Pn / n_chunks
+    n_chunks, chunk = split_prompt(Pn, float(np.min(avail)), chunked)
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
     ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
     lat = (engine.request_latency_s if engine else 0.0) + request_latency_s
@@ -564,7 +561,15 @@ def prefill_chunks(
     if engine is None or not engine.chunked_prefill:
         return 1.0, Pn
     budget = float(np.max(engine.token_budget(pre.chip.hbm_bytes, pre.degree("dp"))))
-    n = float(np.ceil(Pn / min(Pn, max(budget / max(per, 1.0), 1.0))))
+    return split_prompt(Pn, max(budget / max(per, 1.0), 1.0), True)
+
+
+def split_prompt(Pn: float, room: float, chunked: bool) -> tuple[float, float]:
+    """(passes, tokens a pass runs) of a prompt of Pn new tokens with `room` tokens of a pass's
+    budget for it: an engine that chunks prefill splits a longer prompt into ceil(Pn / room)
+    passes whose chunks sum to the prompt (a prompt as long as the budget with one decode
+    beside it is two chunks of P/2, not P − 1 and 1); one that does not runs it whole."""
+    n = float(np.ceil(Pn / min(Pn, room))) if chunked else 1.0
     return n, Pn / n
 
 
