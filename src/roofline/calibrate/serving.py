@@ -203,7 +203,7 @@ def load_serving_runs(path: str | Path) -> tuple[str, list[Any]]:
 
 def disagg_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]]:
     """The mapped disaggregated runs with a measured TTFT; the others' reasons."""
-    return _cases(runs, lambda r: r.disaggregated)
+    return _cases(runs, HANDOFF_T.reads)
 
 
 def latency_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]]:
