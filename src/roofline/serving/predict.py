@@ -353,6 +353,7 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
         kv_tok,
         per_pass,
         handoff_s=float(getattr(eff, "disagg_handoff_s", 0.0)),
+        decode_slots=_decode_slots(dec_p),
     )
     cap = replica_capacity(dec, engine, P + G)
     C = float(run.workload.concurrency or 1)
@@ -365,9 +366,31 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
         "notes": (
             f"KV transfer {_f(r['kv_transfer_s']) * 1e3:.2f} ms per request",
             *_handoff_note(d),
+            f"decode slots {min(cap, d.decode_slots):g} per worker, decode batch "
+            f"{_f(r['decode_batch']):.1f}",
+            ttft_pieces(r, work.first_wave_share),
             _wave_note(run),
         ),
     }
+
+
+def _decode_slots(dec_p: Any) -> float:
+    """Sequences a decode worker admits as the deployment states it: its batch per attention-DP
+    rank × ranks (the configured max batch size); unlimited when not stated."""
+    return float(dec_p.batch * max(dec_p.dp, 1)) if dec_p.batch else float("inf")
+
+
+def ttft_pieces(r: dict[str, Any], share: float) -> str:
+    """A disaggregated prediction's TTFT as its pieces (steady state, then the first wave)."""
+    ms = lambda k: _f(r[k]) * 1e3  # noqa: E731
+    return (
+        f"TTFT = prefill {ms('prefill_s'):.0f} ms + prefill queue {ms('prefill_wait_s'):.0f} ms"
+        f" + KV transfer {ms('kv_transfer_s'):.1f} ms + link queue {ms('link_wait_s'):.1f} ms"
+        f" + hand-off {r['handoff_s'] * 1e3:.0f} ms + decode-slot wait"
+        f" {ms('decode_wait_s'):.0f} ms in steady state (X {_f(r['requests_per_s']):.2f}"
+        f" requests/s, prefill utilisation {_f(r['prefill_utilisation']):.2f}); first wave"
+        f" {ms('first_wave_s'):.0f} ms at share {share:g}"
+    )
 
 
 def _handoff_note(d: Disagg) -> tuple[str, ...]:
