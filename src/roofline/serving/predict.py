@@ -383,10 +383,11 @@ def _decode_slots(dec_p: Any) -> float:
 def ttft_pieces(r: dict[str, Any], share: float) -> str:
     """A disaggregated prediction's TTFT as its pieces (steady state, then the first wave)."""
     ms = lambda k: _f(r[k]) * 1e3  # noqa: E731
+    handoff = f" + hand-off {r['handoff_s'] * 1e3:.0f} ms" if r["handoff_s"] else ""
     return (
         f"TTFT = prefill {ms('prefill_s'):.0f} ms + prefill queue {ms('prefill_wait_s'):.0f} ms"
         f" + KV transfer {ms('kv_transfer_s'):.1f} ms + link queue {ms('link_wait_s'):.1f} ms"
-        f" + hand-off {r['handoff_s'] * 1e3:.0f} ms + decode-slot wait"
+        f"{handoff} + decode-slot wait"
         f" {ms('decode_wait_s'):.0f} ms in steady state (X {_f(r['requests_per_s']):.2f}"
         f" requests/s, prefill utilisation {_f(r['prefill_utilisation']):.2f}); first wave"
         f" {ms('first_wave_s'):.0f} ms at share {share:g}"
