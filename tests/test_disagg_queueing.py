@@ -8,13 +8,14 @@ one (Little's law on the closed loop).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from roofline.serving.inference import Quant, ServePlan
-from roofline.serving.predict import _decode_slots, ttft_pieces
+from roofline.serving.predict import _decode_slots, predict_measured_run, ttft_pieces
 from roofline.serving.steady import (
     RHO_MAX,
     Disagg,
@@ -116,3 +117,33 @@ def test_a_deployment_states_its_decode_slots_per_worker():
     assert _decode_slots(SimpleNamespace(batch=48, dp=1)) == 48.0
     assert _decode_slots(SimpleNamespace(batch=16, dp=8)) == 128.0
     assert _decode_slots(SimpleNamespace(batch=None, dp=8)) == float("inf")
+
+
+def test_the_qwen3_32b_sglang_c528_point_is_bound_by_its_decode_kv_not_a_queue():
+    """The +3661% point (Qwen3-32B FP8, SGLang, H100, 5 prefill + 11 decode single-GPU workers,
+    stated batch 48 per decode worker, C = 528 inferred as 11 × 48): with the KV cache in the
+    engine's default bf16 a decode worker holds 25 sequences of ISL + OSL, not the stated 48, so
+    the model decodes 11 × 25 and queues the rest in TTFT (Little's law), while the measured TTFT
+    and TPOT put ~515 sequences in decode at once. In fp8 the stated batch fits. A mapping
+    question (KV dtype unstated, concurrency inferred), not a queueing-model error."""
+    from roofline.calibrate.serving import load_serving_runs
+    from roofline.serving.predict import engine_of, quant_of, replica_capacity, replica_step
+    from roofline.specs.efficiency import load_profile
+    from roofline.validate.serving_bounds import decoding_at_once
+
+    _, runs = load_serving_runs("serving")
+    run = next(r for r in runs if r.id.startswith("aic-qwen3_32b_qwen3_32b_h100_sxm_sglang_disagg"))
+    assert run.workload.concurrency == 528 and run.decode.batch == 48
+    eng, eff = engine_of(run), load_profile("fitted")
+    q = quant_of(run, eng)
+    assert q.kv == "bf16"
+    ctx = run.workload.isl + run.workload.osl
+    bf16 = replica_capacity(replica_step(run, run.decode, eff, q), eng, ctx)
+    fp8 = replica_capacity(replica_step(run, run.decode, eff, replace(q, kv="fp8")), eng, ctx)
+    assert bf16 < run.decode.batch <= fp8
+    assert decoding_at_once(run) / run.decode.workers > bf16  # the measurement decoded more
+    out = predict_measured_run(run, efficiency=eff)
+    assert f"decode slots {bf16:g} per worker" in " ".join(out["notes"])
+    pieces = next(n for n in out["notes"] if n.startswith("TTFT = "))
+    wait_ms = float(pieces.split("decode-slot wait ")[1].split(" ms")[0])
+    assert wait_ms > 0.9 * out["ttft_s"] * 1e3  # the slot wait is nearly all of the TTFT
