@@ -9,13 +9,12 @@ one (Little's law on the closed loop).
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from roofline.serving.inference import Quant, ServePlan
-from roofline.serving.predict import _decode_slots, predict_measured_run, ttft_pieces
+from roofline.serving.predict import predict_measured_run, ttft_pieces
 from roofline.serving.steady import (
     RHO_MAX,
     Disagg,
@@ -93,13 +92,14 @@ def test_the_link_queue_is_md1_per_prefill_replica():
 
 
 def test_a_full_decode_pool_queues_arrivals_in_ttft():
-    """C above the decode slots: the pool decodes `slots` sequences per replica, so X = W·slots /
-    ((G − 1)·τ(slots)) and every request waits TTFT = C/X − (G − 1)·τ (Little's law): the TTFT
-    grows by 1/X per added request while TPOT stays put."""
+    """C above the decode slots (here the KV capacity `decode_cap`): the pool decodes `slots`
+    sequences per replica, so X = W·slots / ((G − 1)·τ(slots)) and every request waits
+    TTFT = C/X − (G − 1)·τ (Little's law): the TTFT grows by 1/X per added request while TPOT
+    stays put."""
     G, W, slots = 256, 2, 8.0
-    d = Disagg(4, W, 400e9, 0.0, KV, decode_slots=slots)
+    d = Disagg(4, W, 400e9, 0.0, KV)
     C = np.array([48.0, 64.0])
-    r = disaggregated(ideal(), ideal(), d, Workload(1024, G), C)
+    r = disaggregated(ideal(), ideal(), d, Workload(1024, G), C, decode_cap=slots)
     tau = _f(_decode(ideal(), np.array([slots]), 1024 + G / 2, 0.0))
     X = W * slots / ((G - 1) * tau)
     assert np.allclose(r["decode_batch"], slots)
@@ -107,22 +107,15 @@ def test_a_full_decode_pool_queues_arrivals_in_ttft():
     assert np.allclose(r["ttft_s"], C / X - (G - 1) * tau, rtol=1e-3)
     assert np.diff(r["ttft_s"])[0] == pytest.approx(16 / X, rel=1e-3)
     assert np.all(r["decode_wait_s"] > 0)
-    roomy = disaggregated(ideal(), ideal(), Disagg(4, W, 400e9, 0.0, KV), Workload(1024, G), C)
+    roomy = disaggregated(ideal(), ideal(), d, Workload(1024, G), C)
     assert np.all(roomy["decode_wait_s"] < 1e-9) and np.all(roomy["ttft_s"] < r["ttft_s"])
-
-
-def test_a_deployment_states_its_decode_slots_per_worker():
-    """The decode worker's batch is per attention-DP rank: slots = batch × dp; none stated: no
-    cap beyond the engine's and the KV capacity."""
-    assert _decode_slots(SimpleNamespace(batch=48, dp=1)) == 48.0
-    assert _decode_slots(SimpleNamespace(batch=16, dp=8)) == 128.0
-    assert _decode_slots(SimpleNamespace(batch=None, dp=8)) == float("inf")
 
 
 def test_the_qwen3_32b_sglang_c528_point_is_bound_by_its_decode_kv_not_a_queue():
     """The +3661% point (Qwen3-32B FP8, SGLang, H100, 5 prefill + 11 decode single-GPU workers,
-    stated batch 48 per decode worker, C = 528 inferred as 11 × 48): with the KV cache in the
-    engine's default bf16 a decode worker holds 25 sequences of ISL + OSL, not the stated 48, so
+    batch 48 per decode worker, C = 528 inferred as 11 × 48 — the row records no concurrency):
+    with the KV cache in the engine's default bf16 a decode worker holds 25 sequences of
+    ISL + OSL, not 48, so
     the model decodes 11 × 25 and queues the rest in TTFT (Little's law), while the measured TTFT
     and TPOT put ~515 sequences in decode at once. In fp8 the stated batch fits. A mapping
     question (KV dtype unstated, concurrency inferred), not a queueing-model error."""

@@ -43,6 +43,7 @@ from roofline.serving.steady import (
     Workload,
     disaggregated,
     kv_link_bytes_per_s,
+    seq_cap_of,
     steady_state,
 )
 from roofline.serving.step import IdealStep, ShardedStep
@@ -353,7 +354,6 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
         kv_tok,
         per_pass,
         handoff_s=float(getattr(eff, "disagg_handoff_s", 0.0)),
-        decode_slots=_decode_slots(dec_p),
     )
     cap = replica_capacity(dec, engine, P + G)
     C = float(run.workload.concurrency or 1)
@@ -366,18 +366,12 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
         "notes": (
             f"KV transfer {_f(r['kv_transfer_s']) * 1e3:.2f} ms per request",
             *_handoff_note(d),
-            f"decode slots {min(cap, d.decode_slots):g} per worker, decode batch "
-            f"{_f(r['decode_batch']):.1f}",
+            f"decode slots {min(cap, _f(seq_cap_of(dec, engine))):g} per worker (KV at ISL + OSL,"
+            f" the engine's cap), decode batch {_f(r['decode_batch']):.1f}",
             ttft_pieces(r, work.first_wave_share),
             _wave_note(run),
         ),
     }
-
-
-def _decode_slots(dec_p: Any) -> float:
-    """Sequences a decode worker admits as the deployment states it: its batch per attention-DP
-    rank × ranks (the configured max batch size); unlimited when not stated."""
-    return float(dec_p.batch * max(dec_p.dp, 1)) if dec_p.batch else float("inf")
 
 
 def ttft_pieces(r: dict[str, Any], share: float) -> str:

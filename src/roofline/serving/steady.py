@@ -550,10 +550,7 @@ class Disagg:
     `handoff_s` is the per-request hand-off between the pools (router -> prefill worker ->
     KV-ready notification -> the decode worker's first step): pure latency on every request's way
     to its first token, holding no prefill or decode capacity (the profile's `disagg_handoff_s`,
-    fitted by `roofline calibrate --from-runs serving`; 0 in the datasheet profile).
-    `decode_slots`: sequences one decode replica admits as configured (the engine's max batch
-    size × its attention-DP ranks; unlimited when the deployment does not state it) — a request
-    whose KV has arrived waits for a slot when every one is taken."""
+    fitted by `roofline calibrate --from-runs serving`; 0 in the datasheet profile)."""
 
     prefill_replicas: int
     decode_replicas: int
@@ -562,7 +559,6 @@ class Disagg:
     kv_bytes_per_token: float = 0.0
     prefill_batch: int = 1  # prompts a prefill replica runs per pass
     handoff_s: float = 0.0
-    decode_slots: float = np.inf
 
 
 def prefill_chunks(
@@ -609,8 +605,8 @@ def disaggregated(
     link (each prompt's cache holds it P·kv/bw seconds); the hand-off; and, when every decode slot
     is taken, the wait for one (Little's law on the closed loop: TTFT = C/X − (G − 1)·TPOT once
     the decode pool bounds X). Decode replicas run pure decode passes at
-    B_d = (C − X·TTFT) / decode_replicas sequences each, at most `decode_slots` (and the KV
-    capacity `decode_cap`, the engine's running-sequence cap).
+    B_d = (C − X·TTFT) / decode_replicas sequences each, at most `decode_cap` (the sequences a
+    decode replica's KV memory holds) and the engine's running-sequence cap: its slots.
     """
     C = np.asarray(concurrency, float)
     G, P, ctx = work.gen, work.prompt, work.decode_context
@@ -623,7 +619,7 @@ def disaggregated(
     # (pure latency: in a closed loop it lengthens each request's cycle, so it enters the fixed
     # point; where a pool saturates it replaces queueing rather than adding to it)
     lat = d.link_latency_s + busy + d.handoff_s
-    cap = np.minimum(np.minimum(decode_cap, d.decode_slots), _seq_cap(dec, engine))
+    cap = np.minimum(decode_cap, seq_cap_of(dec, engine))
     X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
     for _ in range(ITERATIONS):
         ttft_min = t_pf + _waits(X, t_pf, cap_pf, busy, d) + lat
@@ -673,7 +669,7 @@ def _prefill_time(
     return n_pf * (pass_s + ovh)
 
 
-def _seq_cap(dec: StepModel, engine: EngineProfile | None) -> Any:
+def seq_cap_of(dec: StepModel, engine: EngineProfile | None) -> Any:
     """The engine's running-sequence cap of one decode replica (per attention-DP rank × ranks)."""
     return engine.seq_cap(dec.degree("dp")) if engine else np.inf
 
