@@ -43,6 +43,7 @@ from roofline.serving.steady import (
     Workload,
     disaggregated,
     kv_link_bytes_per_s,
+    seq_cap_of,
     steady_state,
 )
 from roofline.serving.step import IdealStep, ShardedStep
@@ -365,9 +366,26 @@ def _disagg(run, eff, engine, quant) -> dict[str, Any]:
         "notes": (
             f"KV transfer {_f(r['kv_transfer_s']) * 1e3:.2f} ms per request",
             *_handoff_note(d),
+            f"decode slots {min(cap, _f(seq_cap_of(dec, engine))):g} per worker (KV at ISL + OSL,"
+            f" the engine's cap), decode batch {_f(r['decode_batch']):.1f}",
+            ttft_pieces(r, work.first_wave_share),
             _wave_note(run),
         ),
     }
+
+
+def ttft_pieces(r: dict[str, Any], share: float) -> str:
+    """A disaggregated prediction's TTFT as its pieces (steady state, then the first wave)."""
+    ms = lambda k: _f(r[k]) * 1e3  # noqa: E731
+    handoff = f" + hand-off {r['handoff_s'] * 1e3:.0f} ms" if r["handoff_s"] else ""
+    return (
+        f"TTFT = prefill {ms('prefill_s'):.0f} ms + prefill queue {ms('prefill_wait_s'):.0f} ms"
+        f" + KV transfer {ms('kv_transfer_s'):.1f} ms + link queue {ms('link_wait_s'):.1f} ms"
+        f"{handoff} + decode-slot wait"
+        f" {ms('decode_wait_s'):.0f} ms in steady state (X {_f(r['requests_per_s']):.2f}"
+        f" requests/s, prefill utilisation {_f(r['prefill_utilisation']):.2f}); first wave"
+        f" {ms('first_wave_s'):.0f} ms at share {share:g}"
+    )
 
 
 def _handoff_note(d: Disagg) -> tuple[str, ...]:

@@ -531,14 +531,26 @@ def kv_link_bytes_per_s(chip: Any) -> float:
     return (chip.node_egress_bytes_per_s or 4e11) / (chip.nvlink_domain or 8)
 
 
+RHO_MAX = 0.95  # a queue formula's load bound: a saturated pool is priced by Little's law instead
+
+
+def md1_wait(service: Any, rho: Any) -> Any:
+    """Mean wait of an M/D/1 queue (Pollaczek–Khinchine, deterministic service):
+    service·ρ / (2·(1 − ρ)), ρ capped at RHO_MAX (past it the closed loop's Little's law, not the
+    open queue, prices the wait). Vectorised."""
+    r = np.minimum(np.asarray(rho, float), RHO_MAX)
+    return np.asarray(service, float) * r / (2 * (1 - r))
+
+
 @dataclass(frozen=True)
 class Disagg:
     """Two pools: `prefill_replicas` of the prefill step model, `decode_replicas` of the decode one;
-    the KV cache of each prompt crosses `link_bw_bytes_per_s` (+ `link_latency_s`). `handoff_s` is
-    the per-request hand-off between the pools (router -> prefill worker -> KV-ready notification
-    -> the decode worker's first step): pure latency on every request's way to its first token,
-    holding no prefill or decode capacity (the profile's `disagg_handoff_s`, fitted by
-    `roofline calibrate --from-runs serving`; 0 in the datasheet profile)."""
+    the KV cache of each prompt crosses `link_bw_bytes_per_s` (+ `link_latency_s`) — one link per
+    prefill replica (its chips' own NICs or NVLink ports, the bandwidth given summed over them).
+    `handoff_s` is the per-request hand-off between the pools (router -> prefill worker ->
+    KV-ready notification -> the decode worker's first step): pure latency on every request's way
+    to its first token, holding no prefill or decode capacity (the profile's `disagg_handoff_s`,
+    fitted by `roofline calibrate --from-runs serving`; 0 in the datasheet profile)."""
 
     prefill_replicas: int
     decode_replicas: int
@@ -585,26 +597,32 @@ def disaggregated(
 ) -> dict[str, Any]:
     """Closed-loop steady state of a disaggregated deployment at `concurrency` (all pools).
 
-    Prefill replicas run one prompt at a time (TTFT = queue + prefill + KV transfer + hand-off);
-    decode replicas run pure decode passes at B_d = (C − X·TTFT) / decode_replicas sequences each.
+    A request's way to its first token: its prefill pass(es) t_pf on a prefill replica, after an
+    M/D/1 wait for that replica (the router sends each request to one replica and each replica
+    keeps its own queue: Dynamo routes to a worker, an attention-DP worker to a rank, so the pool
+    is `prefill_replicas × prefill_batch` single servers each loaded X·t_pf / (replicas·per),
+    not one shared queue); the KV transfer over the replica's link after an M/D/1 wait for the
+    link (each prompt's cache holds it P·kv/bw seconds); the hand-off; and, when every decode slot
+    is taken, the wait for one (Little's law on the closed loop: TTFT = C/X − (G − 1)·TPOT once
+    the decode pool bounds X). Decode replicas run pure decode passes at
+    B_d = (C − X·TTFT) / decode_replicas sequences each, at most `decode_cap` (the sequences a
+    decode replica's KV memory holds) and the engine's running-sequence cap: its slots.
     """
     C = np.asarray(concurrency, float)
-    G, P, Pn, ctx = work.gen, work.prompt, work.new_prompt, work.decode_context
+    G, P, ctx = work.gen, work.prompt, work.decode_context
     ovh = engine.step_overhead_s if engine else 0.0
     per = float(d.prefill_batch)  # prompts one prefill pass runs (one per attention-DP rank)
-    n_pf, chunk = prefill_chunks(pre, engine, per, Pn)
-    t_pf = n_pf * (_cohort_pass(pre, 0.0, ctx, per, chunk, P, Pn) + ovh)  # a prompt's prefill
+    t_pf = _prefill_time(pre, engine, per, work, ovh)
     cap_pf = d.prefill_replicas * per / t_pf  # prompts/s the prefill pool can do
-    xfer = d.link_latency_s + P * d.kv_bytes_per_token / d.link_bw_bytes_per_s
+    busy = P * d.kv_bytes_per_token / d.link_bw_bytes_per_s  # a prompt's hold on its link
     # every request's way from prefill to its first token: the KV transfer and the hand-off
     # (pure latency: in a closed loop it lengthens each request's cycle, so it enters the fixed
     # point; where a pool saturates it replaces queueing rather than adding to it)
-    lat = xfer + d.handoff_s
-    cap = np.minimum(decode_cap, engine.seq_cap(dec.degree("dp")) if engine else np.inf)
+    lat = d.link_latency_s + busy + d.handoff_s
+    cap = np.minimum(decode_cap, seq_cap_of(dec, engine))
     X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
     for _ in range(ITERATIONS):
-        rho = np.minimum(X / cap_pf, 0.95)
-        ttft_min = t_pf * (1 + rho / (2 * (1 - rho))) + lat
+        ttft_min = t_pf + _waits(X, t_pf, cap_pf, busy, d) + lat
         Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
         tau = _decode(dec, Bd, ctx, ovh)
         X_new = np.minimum(
@@ -630,11 +648,37 @@ def disaggregated(
         "requests_per_s": X,
         "decode_batch": Bd,
         "prefill_s": t_pf,
-        "kv_transfer_s": xfer,
+        "prefill_wait_s": md1_wait(t_pf, X / cap_pf),
+        "kv_transfer_s": d.link_latency_s + busy,
+        "link_wait_s": md1_wait(busy, X * busy / d.prefill_replicas),
         "handoff_s": d.handoff_s,
+        "decode_wait_s": ttft_ss - ttft_min,  # waiting for a decode slot (or a saturated pool)
+        "first_wave_s": first,
         "prefill_utilisation": n_pre / d.prefill_replicas,
         "prefill_decode_ratio": n_pre / np.maximum(n_dec, 1e-12),
     }
+
+
+def _prefill_time(
+    pre: StepModel, engine: EngineProfile | None, per: float, work: Workload, ovh: float
+) -> Any:
+    """A prompt's prefill on a prefill replica: its chunks' passes (`prefill_chunks`) end to end,
+    each pass running `per` prompts' chunks, plus the engine's per-step overhead."""
+    n_pf, chunk = prefill_chunks(pre, engine, per, work.new_prompt)
+    pass_s = _cohort_pass(pre, 0.0, work.decode_context, per, chunk, work.prompt, work.new_prompt)
+    return n_pf * (pass_s + ovh)
+
+
+def seq_cap_of(dec: StepModel, engine: EngineProfile | None) -> Any:
+    """The engine's running-sequence cap of one decode replica (per attention-DP rank × ranks)."""
+    return engine.seq_cap(dec.degree("dp")) if engine else np.inf
+
+
+def _waits(X: Any, t_pf: Any, cap_pf: Any, busy: float, d: Disagg) -> Any:
+    """The queueing on a request's way to the decode pool at X requests/s: its prefill replica's
+    M/D/1 wait (load X / cap_pf) and its link's (each of `prefill_replicas` links carries X /
+    replicas prompts/s, each holding it `busy` seconds)."""
+    return md1_wait(t_pf, X / cap_pf) + md1_wait(busy, X * busy / d.prefill_replicas)
 
 
 # --------------------------------------------------------------------------------------
