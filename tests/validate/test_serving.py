@@ -183,6 +183,43 @@ def test_checkpoint_notes_set_the_dense_weights(serving_entries):
     assert gemm_format("mxfp4", "nvfp4", load_chip("h200")) == "bf16"  # W4A16 on Hopper
 
 
+def test_four_bit_weights_run_weight_only_where_the_chip_has_no_four_bit_units():
+    """A 4-bit GEMM on Hopper dequantises into 16-bit math whatever activation dtype the
+    deployment is labelled with (TensorRT-LLM's gpt-oss MoE matrix: bf16 activations on Hopper,
+    mxfp8 only on Blackwell): the H100 entries labelled fp8 with MXFP4 experts run W4A16."""
+    from roofline.serving.step import gemm_format
+    from roofline.specs.chip import load_chip
+
+    h100, b200 = load_chip("h100"), load_chip("b200")
+    assert gemm_format("mxfp4", "fp8", h100) == "bf16"
+    assert gemm_format("int4", "fp8", h100) == "bf16"
+    assert gemm_format("fp8", "fp8", h100) == "fp8"  # 8-bit weights keep the fp8 units
+    assert gemm_format("mxfp4", "fp8", b200) == "fp8"  # Blackwell has the units: as labelled
+    assert gemm_format("mxfp4", "nvfp4", b200) == "fp4"
+
+
+def test_a_tp_field_multiplied_by_ep_is_read_from_the_id_label(serving_entries):
+    """`..._tp2_ep2_...` exported with tp 4 = 2·2, moe_tp 2, ep 2 on 4 GPUs: the artefact the
+    file header names for gpus_per_worker_gt_node, below the node size. The launch the label
+    names is tp 2 with the experts over ep 2 of the same 2 GPUs; the TPOT the sweep measured
+    is its tp2 twins' (5.90 / 6.84 / 8.70 / 11.08 / 14.12 ms vs 5.85 / 6.83 / 8.90 / 11.37 /
+    14.07 ms at C 4 ... 64), not a 4-GPU deployment's. A label the fields agree with (Kimi's
+    tp4_ep4 = tp 4, ep 4) and an entry without one are kept as stated."""
+    oss = "aic-2026_04_06_gpt_oss_120b_h200_sxm_trtllm_fp4_agg_1024x1024_c64_tp2_ep2_993"
+    e = serving_entries[oss]
+    assert (e["parallelism"]["tp"], e["hardware"]["chips"]) == (4, 4)
+    r = map_serving_run(e, "serving")
+    assert r.mapped and r.chips == 2
+    assert (r.parallel.tp, r.parallel.ep, r.parallel.moe_tp) == (2, 2, 1)
+    assert any("dump artefact" in n for n in r.defaults)
+    kimi = next(e for i, e in serving_entries.items() if "kimi" in i and "_tp4_ep4_" in i)
+    k = map_serving_run(kimi, "serving")
+    assert (k.parallel.tp, k.parallel.ep, k.chips) == (4, 4, kimi["hardware"]["chips"])
+    odd = copy.deepcopy(e)
+    odd["id"] = "aic-no-layout-label"
+    assert map_serving_run(odd, "serving").parallel.tp == 4
+
+
 def test_a_run_its_stated_layout_cannot_hold_is_flagged_not_scored(serving_entries):
     """Little's law on the measured TTFT/TPOT gives the sequences decoding at once; on a pure
     tensor-parallel MLA replica every chip keeps every sequence's latent, so 1,906 sequences of
