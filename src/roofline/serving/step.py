@@ -77,17 +77,8 @@ def gemm_format(weights: str, compute: str, chip: Any) -> str:
     """A GEMM's math format: the compute dtype (where the chip has units for it) for weights
     stored that narrow; 16-bit weights are not requantised on the fly, so the unquantised layers
     of a quantised checkpoint (gpt-oss's BF16 attention beside MXFP4 experts, Kimi-K2's BF16
-    attention beside INT4 experts) run in bf16.
-
-    4-bit weights on a chip without 4-bit units run weight-only (W4A16) whatever activation
-    dtype the deployment is labelled with: the kernels dequantise them into 16-bit math, not
-    into fp8. TensorRT-LLM's gpt-oss MoE support matrix (NVIDIA/TensorRT-LLM
-    examples/models/core/gpt_oss/README.md @ 0ee4114c): on Hopper the MXFP4 experts run with
-    bf16 activations (TRITON or CUTLASS backend), mxfp8 activations only on Blackwell; vLLM's
-    Hopper MXFP4 / NVFP4 paths are Marlin W4A16 and Triton matmul_ogs with bf16 activations."""
+    attention beside INT4 experts) run in bf16."""
     if dtype_bytes(weights) >= 2:
-        return "bf16"
-    if dtype_bytes(weights) < 1 and compute_on(weights, chip) == "bf16":
         return "bf16"
     return compute_on(compute, chip)
 
