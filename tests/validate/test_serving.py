@@ -240,6 +240,39 @@ def test_a_run_its_stated_layout_cannot_hold_is_flagged_not_scored(serving_entri
     assert not [o.id for o in others if o.mapped and kv_capacity_violation(o)]
 
 
+def test_the_sweep_of_an_impossible_run_is_not_scored(serving_file):
+    """The c2150 run above breaks the bound, so its sweep's layout labels are not the layouts
+    that ran; its sibling c538 ("tp 64", attention TP over 64 GB200s) is not scored either: as
+    labelled each chip would read every sequence's whole latent every step, 474 decoding
+    (Little's law) × 8,704 tokens × 61 layers × 576 B = 145 GB of FP8 KV cache (the engine's
+    KV dtype for an NVFP4 checkpoint) at 8 TB/s = 18 ms, where the measured TPOT is 10.07 ms.
+    Runs of other sweeps, and a sweep without an impossible run, are scored as stated."""
+    from roofline.validate import mapped_runs
+    from roofline.validate.serving_bounds import (
+        SWEEP_REASON,
+        mislabelled_sweeps,
+        sibling_violation,
+        sweep_key,
+    )
+
+    runs = {r.id: r for r in mapped_runs(serving_file)}
+    bad = "aic-2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c2150_tp32_ep1_121"
+    sib = "aic-2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c538_tp64_ep1_113"
+    assert sweep_key(runs[bad]) == sweep_key(runs[sib])
+    assert runs[bad].mapped  # the impossible run itself is flagged when scored (test above)
+    assert runs[sib].skipped_reason.startswith(SWEEP_REASON) and bad in runs[sib].skipped_reason
+    assert [r for r in runs.values() if r.skipped_reason.startswith(SWEEP_REASON)] == [runs[sib]]
+    fresh = {e["id"]: map_serving_run(e, "serving") for e in serving_file.entries}
+    sweeps = mislabelled_sweeps(fresh.values())
+    assert sweeps == {sweep_key(runs[bad]): bad}
+    assert sibling_violation(fresh[bad], sweeps) is None
+    assert sibling_violation(fresh[sib], sweeps)
+    m = runs[sib].measured
+    B = 538 * 1023 * m.tpot_s / (m.ttft_s + 1023 * m.tpot_s)
+    kv_read_s = B * (8192 + 512) * 61 * 576 / 8e12
+    assert round(B) == 474 and kv_read_s > 1.7 * m.tpot_s
+
+
 def test_a_layout_the_bound_cannot_size_is_left_to_the_predictor(serving_entries, monkeypatch):
     """Where the serving model refuses to size a run's layout (a RooflineError from the memory
     model), the bound does not judge it: the predictor's own error then names the run."""
