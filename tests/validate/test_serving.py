@@ -181,6 +181,32 @@ def test_checkpoint_notes_set_the_dense_weights(serving_entries):
     assert gemm_format("bf16", "nvfp4", b200) == "bf16"  # 16-bit weights: not requantised
     assert gemm_format("nvfp4", "nvfp4", b200) == "fp4"
     assert gemm_format("mxfp4", "nvfp4", load_chip("h200")) == "bf16"  # W4A16 on Hopper
+    # a Hopper run labelled fp8 keeps fp8 math for its MXFP4 experts: TensorRT-LLM's TRITON MoE
+    # backend on H200 runs MXFP8 activations x MXFP4 weights (NVIDIA/TensorRT-LLM pull request
+    # #10283, deployment-guide-for-gpt-oss-on-trtllm.md), where its older gpt_oss README said bf16
+    assert gemm_format("mxfp4", "fp8", load_chip("h100")) == "fp8"
+
+
+def test_a_tp_field_multiplied_by_ep_is_read_from_the_id_label(serving_entries):
+    """`..._tp2_ep2_...` exported with tp 4 = 2·2, moe_tp 2, ep 2 on 4 GPUs: the artefact the
+    file header names for gpus_per_worker_gt_node, below the node size. The launch the label
+    names is tp 2 with the experts over ep 2 of the same 2 GPUs; the TPOT the sweep measured
+    is its tp2 twins' (5.90 / 6.84 / 8.70 / 11.08 / 14.12 ms vs 5.85 / 6.83 / 8.90 / 11.37 /
+    14.07 ms at C 4 ... 64), not a 4-GPU deployment's. A label the fields agree with (Kimi's
+    tp4_ep4 = tp 4, ep 4) and an entry without one are kept as stated."""
+    oss = "aic-2026_04_06_gpt_oss_120b_h200_sxm_trtllm_fp4_agg_1024x1024_c64_tp2_ep2_993"
+    e = serving_entries[oss]
+    assert (e["parallelism"]["tp"], e["hardware"]["chips"]) == (4, 4)
+    r = map_serving_run(e, "serving")
+    assert r.mapped and r.chips == 2
+    assert (r.parallel.tp, r.parallel.ep, r.parallel.moe_tp) == (2, 2, 1)
+    assert any("dump artefact" in n for n in r.defaults)
+    kimi = next(e for i, e in serving_entries.items() if "kimi" in i and "_tp4_ep4_" in i)
+    k = map_serving_run(kimi, "serving")
+    assert (k.parallel.tp, k.parallel.ep, k.chips) == (4, 4, kimi["hardware"]["chips"])
+    odd = copy.deepcopy(e)
+    odd["id"] = "aic-no-layout-label"
+    assert map_serving_run(odd, "serving").parallel.tp == 4
 
 
 def test_a_run_its_stated_layout_cannot_hold_is_flagged_not_scored(serving_entries):
@@ -212,6 +238,39 @@ def test_a_run_its_stated_layout_cannot_hold_is_flagged_not_scored(serving_entri
     assert kv_capacity_violation(adp) is None
     others = [map_serving_run(e, "serving") for i, e in serving_entries.items() if i != rid]
     assert not [o.id for o in others if o.mapped and kv_capacity_violation(o)]
+
+
+def test_the_sweep_of_an_impossible_run_is_not_scored(serving_file):
+    """The c2150 run above breaks the bound, so its sweep's layout labels are not the layouts
+    that ran; its sibling c538 ("tp 64", attention TP over 64 GB200s) is not scored either: as
+    labelled each chip would read every sequence's whole latent every step, 474 decoding
+    (Little's law) × 8,704 tokens × 61 layers × 576 B = 145 GB of FP8 KV cache (the engine's
+    KV dtype for an NVFP4 checkpoint) at 8 TB/s = 18 ms, where the measured TPOT is 10.07 ms.
+    Runs of other sweeps, and a sweep without an impossible run, are scored as stated."""
+    from roofline.validate import mapped_runs
+    from roofline.validate.serving_bounds import (
+        SWEEP_REASON,
+        mislabelled_sweeps,
+        sibling_violation,
+        sweep_key,
+    )
+
+    runs = {r.id: r for r in mapped_runs(serving_file)}
+    bad = "aic-2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c2150_tp32_ep1_121"
+    sib = "aic-2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_8192x1024_c538_tp64_ep1_113"
+    assert sweep_key(runs[bad]) == sweep_key(runs[sib])
+    assert runs[bad].mapped  # the impossible run itself is flagged when scored (test above)
+    assert runs[sib].skipped_reason.startswith(SWEEP_REASON) and bad in runs[sib].skipped_reason
+    assert [r for r in runs.values() if r.skipped_reason.startswith(SWEEP_REASON)] == [runs[sib]]
+    fresh = {e["id"]: map_serving_run(e, "serving") for e in serving_file.entries}
+    sweeps = mislabelled_sweeps(fresh.values())
+    assert sweeps == {sweep_key(runs[bad]): bad}
+    assert sibling_violation(fresh[bad], sweeps) is None
+    assert sibling_violation(fresh[sib], sweeps)
+    m = runs[sib].measured
+    B = 538 * 1023 * m.tpot_s / (m.ttft_s + 1023 * m.tpot_s)
+    kv_read_s = B * (8192 + 512) * 61 * 576 / 8e12
+    assert round(B) == 474 and kv_read_s > 1.7 * m.tpot_s
 
 
 def test_a_layout_the_bound_cannot_size_is_left_to_the_predictor(serving_entries, monkeypatch):

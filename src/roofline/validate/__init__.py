@@ -125,7 +125,23 @@ def mapped_runs(rf: RunFile) -> list:
         runs = [map_training_run(e) for e in rf.entries]
     else:
         runs = [map_serving_run(e, rf.schema.value) for e in rf.entries]
-    return _dedupe([_schema_checked(r, e, rf.path) for r, e in zip(runs, rf.entries, strict=True)])
+    runs = _dedupe([_schema_checked(r, e, rf.path) for r, e in zip(runs, rf.entries, strict=True)])
+    return runs if rf.schema == Schema.TRAINING else _sweeps_checked(runs)
+
+
+def _sweeps_checked(runs: list) -> list:
+    """Serving runs whose sweep holds a run its stated layout cannot hold are not scored
+    (validate.serving_bounds, "Its sweep")."""
+    from roofline.validate.serving_bounds import mislabelled_sweeps, sibling_violation
+
+    sweeps = mislabelled_sweeps(runs)
+    if not sweeps:
+        return runs
+    out = []
+    for r in runs:
+        why = sibling_violation(r, sweeps)
+        out.append(replace(r, skipped_reason=why) if why else r)
+    return out
 
 
 def _schema_checked(run: Any, entry: Any, origin: str) -> Any:

@@ -14,6 +14,15 @@ whole latent on every chip: TensorRT-LLM docs features/parallel-strategy.md, vLL
 alike). The bound prices that cache at 4 bits per element — below any KV dtype the engines
 ship — and gives it all the HBM the weights leave (no workspace, no engine memory fraction). A
 run whose B sequences still do not fit could not have run as stated (`KV_CAPACITY_FLAG`).
+
+Its sweep. A run that breaks the bound shows that the layout labels of its sweep -- the runs
+of one engine (and version), model, chip, mode, prompt/output lengths and published precision,
+measured at several concurrencies and labelled layouts -- are not the layouts that ran: the
+export wrote something else into them (DeepSeek-R1 on GB200 with TensorRT-LLM: `tp` 28 ... 72
+over one sweep, GPU counts of disaggregated deployments, most of which no attention-head count
+divides). Its siblings are not scored either (`mislabelled_sweeps`, `sibling_violation`), as
+unmapped with the reason and the impossible run named; a sweep with no impossible run is
+scored as stated.
 """
 
 from __future__ import annotations
@@ -97,4 +106,55 @@ def _violation(run: Any) -> str | None:
     )
 
 
-__all__ = ["KV_CAPACITY_FLAG", "decoding_at_once", "kv_capacity_violation"]
+SWEEP_REASON = "sweep labelled impossibly"  # a sibling's skip reason key in validate's listing
+
+
+def sweep_key(run: Any) -> tuple:
+    """What the runs of one measured sweep share (everything but concurrency and layout)."""
+    w = run.workload
+    return (
+        run.schema,
+        run.engine,
+        run.engine_version,
+        run.model_name,
+        run.chip_family,
+        run.disaggregated,
+        w.mode,
+        w.isl,
+        w.osl,
+        run.precision.as_published,
+    )
+
+
+def mislabelled_sweeps(runs: Any) -> dict[tuple, str]:
+    """The sweeps (`sweep_key`) holding a mapped run its stated layout cannot hold, each with the
+    id of the first such run."""
+    out: dict[tuple, str] = {}
+    for r in runs:
+        if r.mapped and sweep_key(r) not in out and kv_capacity_violation(r):
+            out[sweep_key(r)] = r.id
+    return out
+
+
+def sibling_violation(run: Any, sweeps: dict[tuple, str]) -> str | None:
+    """Why a mapped run is not scored because another run of its sweep breaks the bound (module
+    doc), or None (the run is that one itself: it is flagged and listed when it is scored)."""
+    bad = sweeps.get(sweep_key(run)) if run.mapped else None
+    if bad is None or bad == run.id:
+        return None
+    return (
+        f"{SWEEP_REASON}: run {bad} of the same sweep (engine, model, chip, lengths and "
+        f"precision) is {REASON} ({KV_CAPACITY_FLAG}), so the sweep's layout labels are not the "
+        "layouts that ran; fix the export's parallel fields to score it"
+    )
+
+
+__all__ = [
+    "KV_CAPACITY_FLAG",
+    "SWEEP_REASON",
+    "decoding_at_once",
+    "kv_capacity_violation",
+    "mislabelled_sweeps",
+    "sibling_violation",
+    "sweep_key",
+]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from roofline.specs.chip import Chip
@@ -194,6 +194,33 @@ def _parallel(p: Any) -> Parallel:
         batch=_int(p.get("batch")) or _int(p.get("batch_per_replica")),
         gpus_per_worker=_int(p.get("gpus_per_worker")),
     )
+
+
+_ID_LAYOUT = re.compile(r"_tp(\d+)_ep(\d+)_")
+
+
+def _label_layout(
+    rid: str, par: Parallel, chips: int | None, notes: list[str]
+) -> tuple[Parallel, int | None]:
+    """An aggregated entry whose tp field is its own id's tp label multiplied by the label's ep
+    (`..._tp2_ep2_...` with tp 4 = 2·2, moe_tp 2, ep 2): the dump artefact the runs file's header
+    names for its `gpus_per_worker_gt_node` flag ("tp or dp multiplied by ep"), here below the
+    node size so unflagged. The launch the label names (TensorRT-LLM --tp_size 2 --ep_size 2)
+    runs the experts over ep of the same tp GPUs, so the worker is tp·pp·dp chips of the label's
+    tp. Entries whose fields agree with their label (or carry none) are left as stated."""
+    hit = _ID_LAYOUT.search(rid)
+    if hit is None:
+        return par, chips
+    tp, ep = int(hit.group(1)), int(hit.group(2))
+    if ep < 2 or tp == par.tp or tp * ep != par.tp or tp % ep:
+        return par, chips
+    fixed = replace(par, tp=tp, ep=ep, moe_tp=tp // ep, gpus_per_worker=tp * par.pp * par.dp)
+    gpus = tp * par.pp * par.dp * max(par.workers, 1)
+    notes.append(
+        f"tp {par.tp} = the id's tp{tp} × ep{ep} (dump artefact): tp={tp}, ep={ep} on "
+        f"{gpus} GPUs, not {chips}"
+    )
+    return fixed, gpus
 
 
 def _mode(text: str, disagg: bool) -> str:
@@ -412,6 +439,9 @@ def map_serving_run(e: Any, schema: str) -> ServingRun:
     disagg = "prefill" in p and "decode" in p
     work = _workload(e.get("workload"), disagg, schema)
     chips = _int(hw.get("chips"))
+    par = None
+    if not disagg:
+        par, chips = _label_layout(rid, _parallel(p), chips, notes)
     reason = _skip_reason(e, built.reason or feature_reason, chip, chip_why, chips, work, attention)
     if (
         disagg
@@ -431,7 +461,7 @@ def map_serving_run(e: Any, schema: str) -> ServingRun:
         chip=chip,
         chips=chips,
         disaggregated=disagg,
-        parallel=None if disagg else _parallel(p),
+        parallel=par,
         prefill=_parallel(p.get("prefill")) if disagg else None,
         decode=_parallel(p.get("decode")) if disagg else None,
         precision=_precision(e.get("precision"), spec, notes),
