@@ -172,3 +172,49 @@ def test_the_planner_searches_what_it_searched_before():
     ):
         space = SearchSpace().for_stack(stack_of(name), moe)
         assert (space.collective_matmul, space.overlap_ep) == (cm, oe), name
+
+
+def _round_trip(stack: str, spec: str):
+    from roofline.launch import LaunchConfig, LaunchKind, LaunchWorkload, read_launch, write_launch
+
+    w = LaunchWorkload(seq_len=4096, global_batch_sequences=1024, train_steps=100)
+    c = LaunchConfig(
+        stack=stack,
+        kind=LaunchKind.TRAINING,
+        model="llama-3.1-70b",
+        plan=parse_plan(spec),
+        workload=w,
+    )
+    text = write_launch(c, stack)
+    return c.plan, read_launch(text, source=f"<{stack} export>").plan, text
+
+
+@pytest.mark.parametrize(
+    "stack,base,key",
+    [
+        ("nemo", "dp=32,tp=8,megatron_sp=1,microbatch=4,remat=full,zero=1,optimizer=adam-fp32-master", "ub_tp_comm_overlap"),
+        ("torchtitan", "fsdp=64,tp=8,megatron_sp=1,microbatch=4,remat=full,optimizer=adam-fp32", "enable_async_tensor_parallel"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("value", ["", ",collective_matmul=0", ",collective_matmul=1"])
+def test_a_launch_file_keeps_unset_apart_from_zero(stack, base, key, value):
+    """Formats that can state the switch off (NeMo's YAML, torchtitan's TOML) write 0 as off and
+    leave an unset switch out, so export then import gives each of the three back."""
+    plan, back, text = _round_trip(stack, base + value)
+    assert back == plan
+    assert (key in text) == (plan.collective_matmul is not None)
+
+
+def test_megatron_writes_the_switch_only_when_on():
+    """Megatron-LM's --tp-comm-overlap is a store_true switch: a launch line says 1; unset and 0
+    both write nothing, which imports as unset (the file states no value)."""
+    for value, back_value in (
+        ("", None),
+        (",collective_matmul=1", True),
+        (",collective_matmul=0", None),
+    ):
+        plan, back, text = _round_trip(
+            "megatron", "dp=4,tp=8,megatron_sp=1,zero=1,optimizer=adam-fp32-master" + value
+        )
+        assert ("--tp-comm-overlap" in text) == (plan.collective_matmul is True)
+        assert back.collective_matmul is back_value
