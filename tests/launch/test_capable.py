@@ -27,7 +27,7 @@ from roofline.launch.base import stack_module
 from roofline.launch.capable import RULES, PlanArrays, capabilities, stacks
 from roofline.launch.lines import SERVING_STACKS
 from roofline.specs.model_catalog import load_model
-from roofline.specs.plan import SCHEDULE_OF_CODE, Degrees, Plan, Workload, parse_plan
+from roofline.specs.plan import SCHEDULE_OF_CODE, Degrees, Plan, Workload, flag_of_code, parse_plan
 from roofline.specs.system import parse_system
 from roofline.training.planner import SearchSpace, plan_training
 from roofline.training.planner.launchable import launch_space, launchable, skipped
@@ -116,8 +116,8 @@ def _plan_of(cand, structure, space, i: int, stack: str) -> Plan:
         schedule=SCHEDULE_OF_CODE[int(cand.schedule[i])],
         virtual_stages=int(cand.virtual[i]),
         sequence_parallel=structure.sequence_parallel,
-        collective_matmul=bool(cand.collective_matmul[i]),
-        overlap_ep=bool(cand.overlap_ep[i]),
+        collective_matmul=flag_of_code(cand.collective_matmul[i]),
+        overlap_ep=flag_of_code(cand.overlap_ep[i]),
         optimizer=stack_optimizer_of(stack),
     )
 

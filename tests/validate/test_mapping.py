@@ -94,9 +94,12 @@ def test_pre_flash_megatron_documents_run_the_unfused_kernel(training_entries):
         assert any("FlashAttention" in d for d in r.defaults), rid
     new = map_training_run(training_entries["megatron-h100-weak-16b"])
     assert new.inputs.stack is None
-    # 2022 Megatron-LM had no TP comm overlap: the document's stack has it off by default
+    # 2022 Megatron-LM had no TP comm overlap: the plan switches the stack's default off
+    # (collective_matmul=0, a tri-state flag), the stack keeps its default
     k = map_training_run(training_entries["megatron-a100-korthikanti2022-1t"])
-    assert k.inputs.stack.overlap(OverlapClass.TENSOR).default == "off"
+    assert k.inputs.plan.collective_matmul is False and "collective_matmul=0" in k.inputs.plan_text
+    tensor = k.inputs.stack.overlap(OverlapClass.TENSOR)
+    assert tensor.default == stack_of("megatron").overlap(OverlapClass.TENSOR).default != "off"
 
 
 def test_megatron_local_ddp_reduces_gradients_after_the_backward(training_entries):
@@ -438,7 +441,9 @@ def test_benchmark_recipes_set_their_ep_overlap(training_entries, rid, overlap):
     (A2A_1F1B), the 26.04 perf recipes on B200 (DeepSeek-V3, Qwen3-30B-A3B), and the H100
     Qwen3-30B-A3B recipe leaves it off (moe_a2a_overlap = False)."""
     x = map_training_run(training_entries[rid]).inputs
-    assert x.plan.overlap_ep is overlap
+    # on: the plan says overlap_ep=1; off: left unset, Megatron's default, which is off
+    assert x.plan.overlap_ep is (True if overlap else None)
+    assert stack_of(x.framework).overlap(OverlapClass.EXPERT).default == "off"
 
 
 def test_full_iteration_graph_recipes_pay_no_host_sync(training_entries):
@@ -510,3 +515,23 @@ def test_llama3_paper_runs_are_read_as_table_4_and_its_interleaved_schedule(
     assert c.fits
     # idle share of the step: (PP-1)/(V·M) of the busy time, i.e. (PP-1)/(V·M + PP-1) of the step
     assert c.bubble_fraction == pytest.approx(15 / (8 * microbatches + 15), rel=1e-9)
+
+
+def test_a_document_without_tp_overlap_switches_it_off_in_the_plan(training_entries):
+    """Korthikanti 2022's Megatron-LM had no TP comm overlap: the plan's collective_matmul=0
+    (tri-state) costs exactly what the former workaround, the stack with the overlap off by
+    default (`Stack.without_overlap`) and the flag unset, did; unset it would be on."""
+    from dataclasses import replace
+
+    from roofline.training.step import evaluate_plan
+
+    x = map_training_run(training_entries["megatron-a100-korthikanti2022-1t"]).inputs
+    unset = replace(x.plan, collective_matmul=None)
+    old = x.stack.without_overlap(OverlapClass.TENSOR, "test: the former workaround")
+    t_flag, t_old, t_unset = (
+        evaluate_plan(x.model, x.system, x.workload, p, framework=s)
+        for p, s in ((x.plan, x.stack), (unset, old), (unset, x.stack))
+    )
+    assert t_flag.step_time_s == t_old.step_time_s
+    assert dict(t_flag.exposed_time_s) == dict(t_old.exposed_time_s)
+    assert t_unset.exposed_time_s["tp"] < t_flag.exposed_time_s["tp"]

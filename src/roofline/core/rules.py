@@ -79,13 +79,14 @@ class Structure:
     """What is the same for a family of candidate plans: which strategies exist (a strategy of
     degree 1 is a mesh axis of size 1, priced at zero) and how the layers are sharded.
 
-    `remat` and `collective_matmul` are the family's defaults where candidates carry none.
+    `remat` and `collective_matmul` are the family's defaults where candidates carry none
+    (`collective_matmul` tri-state as the plan's: None the stack's default, True on, False off).
     """
 
     active: frozenset[Strategy]
     remat: Remat = Remat(RematKind.FULL)
     sequence_parallel: bool = False
-    collective_matmul: bool = False
+    collective_matmul: bool | None = None
     # tp does not divide the KV heads: K/V projections replicated across the tensor axis
     kv_replicated: bool = False
     # routed experts split over the tensor axis (Megatron's expert tensor parallel size ETP =

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from roofline.launch.base import LaunchError
-from roofline.specs.plan import SCHEDULE_OF_CODE, Plan, Remat, Strategy
+from roofline.specs.plan import FLAG_ON, SCHEDULE_OF_CODE, Plan, Remat, Strategy
 
 TABLE = Path(__file__).parent / "defaults" / "capabilities.toml"
 SWITCHES = ("megatron_sp", "collective_matmul", "overlap_ep", "offload_activations")
@@ -67,8 +67,8 @@ class PlanArrays:
             microbatches=col(lambda p: p.microbatches),
             switch={
                 "megatron_sp": col(lambda p: p.sequence_parallel),
-                "collective_matmul": col(lambda p: p.collective_matmul),
-                "overlap_ep": col(lambda p: p.overlap_ep),
+                "collective_matmul": col(lambda p: p.collective_matmul is True),
+                "overlap_ep": col(lambda p: p.overlap_ep is True),
                 "offload_activations": col(lambda p: p.offload_activations),
             },
         )
@@ -80,8 +80,8 @@ class PlanArrays:
         n = len(cand)
         ri = cand.remat_idx if cand.remat_idx is not None else np.zeros(n, dtype=int)
 
-        def flag(x) -> np.ndarray:
-            return np.zeros(n, dtype=bool) if x is None else np.asarray(x, dtype=bool)
+        def flag(x) -> np.ndarray:  # a switch asked on (a tri-state flag's code FLAG_ON)
+            return np.zeros(n, dtype=bool) if x is None else np.asarray(x) == FLAG_ON
 
         return cls(
             deg={s.value: np.asarray(cand.deg[s]) for s in Strategy},

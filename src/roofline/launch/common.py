@@ -111,6 +111,12 @@ class Notes:
     def given(self, key: str, *aliases: str) -> bool:
         return any(k in self.settings for k in (key, *aliases))
 
+    def stated_flag(self, key: str) -> bool | None:
+        """A switch as the file states it; None where it does not (its default is noted), so a
+        plan's tri-state flag (specs.plan.TRISTATE_FLAGS) keeps the stack profile's default."""
+        value = self.flag(key, self.get(key))
+        return value if self.given(key) else None
+
     def unsupported_(self, key: str, value: Any, reason: str) -> None:
         self.unsupported.append(Unsupported(key, value, reason))
 

@@ -147,8 +147,8 @@ class MegatronSettings:
     iters: int | None
     virtual: int  # model chunks per pipeline rank (1 = not interleaved)
     sequence_parallel: bool
-    tp_overlap: bool
-    ep_overlap: bool
+    tp_overlap: bool | None  # None: unstated (the plan leaves it to the stack's default)
+    ep_overlap: bool | None
     distributed_optimizer: bool
     fsdp: bool
     recompute: Any  # the plan Remat
@@ -272,10 +272,8 @@ def _settings(notes: Notes) -> MegatronSettings:
         iters=_int(notes, "train-iters"),
         virtual=_virtual(notes, pp),
         sequence_parallel=notes.flag("sequence-parallel", notes.get("sequence-parallel")),
-        tp_overlap=notes.flag("tp-comm-overlap", notes.get("tp-comm-overlap")),
-        ep_overlap=notes.flag(
-            "overlap-moe-expert-parallel-comm", notes.get("overlap-moe-expert-parallel-comm")
-        ),
+        tp_overlap=notes.stated_flag("tp-comm-overlap"),
+        ep_overlap=notes.stated_flag("overlap-moe-expert-parallel-comm"),
         distributed_optimizer=notes.flag(
             "use-distributed-optimizer", notes.get("use-distributed-optimizer")
         ),
@@ -549,8 +547,9 @@ def megatron_config(
         schedule=Schedule.INTERLEAVED if s.virtual > 1 else Schedule.ONE_F_ONE_B,
         virtual_stages=s.virtual,
         sequence_parallel=s.sequence_parallel and s.tp > 1,
-        collective_matmul=s.tp_overlap and s.tp > 1,
-        overlap_ep=s.ep_overlap and ep > 1,
+        # tri-state: as the file states it, else (None) the stack profile's default
+        collective_matmul=s.tp_overlap if s.tp > 1 else None,
+        overlap_ep=s.ep_overlap if ep > 1 else None,
         offload_activations=_cpu_offloading(notes),
         expert_tp=s.expert_tp or s.tp == 1,
         optimizer=parse_optimizer(s.optimizer),

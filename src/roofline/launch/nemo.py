@@ -107,8 +107,8 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         sequence_parallel=notes.flag(
             "model.sequence_parallel", notes.get("model.sequence_parallel")
         ),
-        tp_overlap=notes.flag("model.ub_tp_comm_overlap", notes.get("model.ub_tp_comm_overlap")),
-        ep_overlap=False,
+        tp_overlap=notes.stated_flag("model.ub_tp_comm_overlap"),
+        ep_overlap=None,
         distributed_optimizer=str(notes.get("model.optim.name")) == "distributed_fused_adam",
         fsdp=notes.flag("model.fsdp", notes.get("model.fsdp")),
         recompute=_recompute(notes),
@@ -228,7 +228,7 @@ def write(config: LaunchConfig) -> str:
         "context_parallel_size": d.sp,
         "expert_model_parallel_size": d.ep,
         "sequence_parallel": plan.sequence_parallel and d.tp > 1,
-        "ub_tp_comm_overlap": plan.collective_matmul,
+        "ub_tp_comm_overlap": plan.collective_matmul,  # unset: left out (below)
         "fsdp": d.fsdp > 1,
         "megatron_amp_O2": True,
         "activations_checkpoint_granularity": _granularity(plan),
@@ -239,6 +239,8 @@ def write(config: LaunchConfig) -> str:
         == "fp8-delayed",
         "optim": _optim(plan),
     }
+    if plan.collective_matmul is None:  # the stack's default: not written
+        del model["ub_tp_comm_overlap"]
     if config.model:
         model["hf_model_name_or_path"] = config.model
     trainer: dict[str, Any] = {

@@ -299,9 +299,11 @@ def _precision(notes: Notes) -> tuple[str, Any]:
     return precision_of(notes, PROFILE, "model.converters", "bf16")
 
 
-def _async_tp(notes: Notes, tp: int) -> bool:
+def _async_tp(notes: Notes, tp: int) -> bool | None:
+    """Async TP as the file states it with tp > 1, else None (the stack's default)."""
     key = "parallelism.enable_async_tensor_parallel"
-    on = notes.flag(key, notes.get(key)) and tp > 1
+    stated = notes.stated_flag(key)
+    on = stated if tp > 1 else None
     if on and not notes.flag("compile.enable", notes.get("compile.enable")):
         notes.problem(key, "async tensor parallelism takes effect only with compile.enable = true")
     return on
@@ -384,7 +386,7 @@ def write(config: LaunchConfig) -> str:
             "data_parallel_replicate_degree": d.dp,
             "data_parallel_shard_degree": d.fsdp * d.ep,
             "tensor_parallel_degree": d.tp,
-            "enable_async_tensor_parallel": plan.collective_matmul,
+            "enable_async_tensor_parallel": plan.collective_matmul,  # unset: left out (below)
             "pipeline_parallel_degree": d.pp,
             "pipeline_parallel_schedule": _schedule_name(plan),
             "pipeline_parallel_microbatch_size": mbs,
@@ -393,8 +395,10 @@ def write(config: LaunchConfig) -> str:
             "expert_tensor_parallel_degree": d.tp if d.ep > 1 else 1,
         },
         "activation_checkpoint": _remat_section(plan),
-        "compile": {"enable": plan.compiled or plan.collective_matmul},
+        "compile": {"enable": plan.compiled or plan.collective_matmul is True},
     }
+    if plan.collective_matmul is None:  # the stack's default: not written
+        del sections["parallelism"]["enable_async_tensor_parallel"]
     if w.train_steps:
         sections["training"]["steps"] = w.train_steps
     recipe = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), STACK)

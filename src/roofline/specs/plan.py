@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from roofline.errors import PlanError, SpecError
 
 # -- bounds where a size stops being physical ---------------------------------------------
@@ -517,8 +519,10 @@ class Plan:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1  # interleaved schedule: model chunks per pipeline stage
     sequence_parallel: bool = False  # Megatron SP: TP AllReduce -> ReduceScatter + AllGather
-    collective_matmul: bool = False  # overlap TP collectives with their matmuls
-    overlap_ep: bool = False  # hide the expert all-to-alls behind compute (DeepSeek's DualPipe)
+    # The overlap switches a stack can default (TRISTATE_FLAGS): None is the stack's default
+    # (its profile's `default`, given the plan's conditions), True on, False off.
+    collective_matmul: bool | None = None  # overlap TP collectives with their matmuls
+    overlap_ep: bool | None = None  # hide the expert all-to-alls behind compute (DualPipe)
     # routed experts split over the tensor axis (Megatron's expert tensor parallel size = tp, its
     # default); False: expert_tensor_parallel_size = 1 (core.rules.moe_rules)
     expert_tp: bool = True
@@ -575,10 +579,10 @@ class Plan:
                 rule="virtual stages (model chunks per pipeline stage) exist only in the interleaved schedule",
                 fix=f"add schedule=interleaved, or drop virtual={self.virtual_stages}",
             )
+        for f in TRISTATE_FLAGS:
+            object.__setattr__(self, f, _tristate_value(f, getattr(self, f)))
         for f in (
             "sequence_parallel",
-            "collective_matmul",
-            "overlap_ep",
             "compiled",
             "offload_activations",
             "expert_tp",
@@ -615,8 +619,8 @@ class Plan:
             ("offload_activations", self.offload_activations),
             ("cuda_graph", self.cuda_graph),
         ):
-            if on:
-                parts.append(f"{flag}=1")
+            if on or (on is False and flag in TRISTATE_FLAGS):  # a tri-state flag's 0 is said
+                parts.append(f"{flag}={int(on)}")
         if not self.compiled:
             parts.append("compile=0")
         if not self.expert_tp and d.tp > 1:
@@ -660,6 +664,42 @@ PLAN_KEYS = (
 _FLAG_TRUE = ("1", "true", "yes", "on")
 _FLAG_FALSE = ("0", "false", "no", "off")
 
+# Plan flags whose mechanism a stack may switch on by default (the profile's overlap `plan_key`s):
+# unset (None) leaves the stack's default, 1 forces the mechanism on, 0 off.
+TRISTATE_FLAGS = ("collective_matmul", "overlap_ep")
+# per-candidate code of a tri-state flag in the search arrays (`flag_codes`): unset, off, on
+FLAG_UNSET, FLAG_OFF, FLAG_ON = -1, 0, 1
+
+
+def _tristate_value(name: str, v: Any) -> bool | None:
+    """A tri-state flag's value as None/True/False (numpy bools and 0/1 accepted)."""
+    if v is None:
+        return None
+    if isinstance(v, (numbers.Integral, np.bool_)) and int(v) in (0, 1):  # bools, 0/1
+        return bool(v)
+    raise PlanError(
+        f"plan {name} = {v!r}",
+        rule=f"{name} is tri-state: left out (None) keeps the stack's default, 1 (True) "
+        "switches the mechanism on, 0 (False) switches it off",
+        fix=f"write {name}=1 or {name}=0, or leave {name} out for the stack's default",
+    )
+
+
+def flag_code(v: bool | None) -> int:
+    """A tri-state flag as its search-array code (FLAG_UNSET, FLAG_OFF, FLAG_ON)."""
+    return FLAG_UNSET if v is None else FLAG_ON if v else FLAG_OFF
+
+
+def flag_codes(values: Any) -> np.ndarray:
+    """Tri-state flags (None/True/False each) as an int8 array of their codes."""
+    return np.array([flag_code(v) for v in values], dtype=np.int8)
+
+
+def flag_of_code(code: Any) -> bool | None:
+    """The tri-state flag a search-array code stands for (inverse of `flag_code`)."""
+    c = int(code)
+    return None if c == FLAG_UNSET else c == FLAG_ON
+
 
 def _flag(k: str, v: str) -> bool:
     s = v.lower()
@@ -669,6 +709,22 @@ def _flag(k: str, v: str) -> bool:
         return False
     raise PlanError(
         f"plan flag {k}={v!r}", rule="flags are 1/0 (or true/false, on/off)", fix=f"write {k}=1"
+    )
+
+
+def _tristate(k: str, v: str) -> bool:
+    """A tri-state flag written in a plan: 1 or 0 (leaving the key out is the stack's default)."""
+    s = v.lower()
+    if s in _FLAG_TRUE:
+        return True
+    if s in _FLAG_FALSE:
+        return False
+    raise PlanError(
+        f"plan flag {k}={v!r}",
+        rule="flags are 1/0 (or true/false, on/off); "
+        f"{k} is tri-state: 1 switches the mechanism on, 0 off, and leaving it out keeps the "
+        "stack's own default (its profile's overlap default under the plan's conditions)",
+        fix=f"write {k}=1 or {k}=0, or drop {k} to keep the stack's default",
     )
 
 
@@ -703,8 +759,8 @@ for _keys, _field, _reader in (
     (("schedule",), "schedule", _schedule),
     (("virtual", "virtual_stages", "v"), "virtual_stages", _int),
     (("megatron_sp", "sequence_parallel", "seqpar"), "sequence_parallel", _flag),
-    (("collective_matmul", "cm"), "collective_matmul", _flag),
-    (("overlap_ep", "dualpipe"), "overlap_ep", _flag),
+    (("collective_matmul", "cm"), "collective_matmul", _tristate),
+    (("overlap_ep", "dualpipe"), "overlap_ep", _tristate),
     (("compile", "compiled"), "compiled", _flag),
     (("offload_activations", "offload_acts"), "offload_activations", _flag),
     (("expert_tp",), "expert_tp", _flag),

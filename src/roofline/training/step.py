@@ -64,6 +64,8 @@ from roofline.specs.framework import (
 )
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
+    FLAG_ON,
+    FLAG_UNSET,
     Causal,
     ComputeDtypes,
     OpClass,
@@ -75,6 +77,7 @@ from roofline.specs.plan import (
     Schedule,
     Strategy,
     Workload,
+    flag_code,
     parse_optimizer,
     parse_plan,
 )
@@ -160,8 +163,10 @@ class Candidates:
     # which of several systems (sub-slices) each candidate runs on
     system_idx: np.ndarray | None = None
     remat_idx: np.ndarray | None = None  # index into the remat list given to evaluate_plans
-    collective_matmul: np.ndarray | None = None  # bool per candidate
-    overlap_ep: np.ndarray | None = None  # bool per candidate (default: exposed)
+    # tri-state plan flags per candidate (specs.plan.flag_code: FLAG_UNSET keeps the stack's
+    # default, FLAG_OFF / FLAG_ON force it); None: the structure's (collective_matmul) / unset
+    collective_matmul: np.ndarray | None = None
+    overlap_ep: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.microbatches)
@@ -297,8 +302,9 @@ def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
 
 
 def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeArrays]:
-    """The overlap mode in force per class and candidate: the plan's flag, else the stack's
-    default given the conditions that hold (specs.framework.Overlap.mode)."""
+    """The overlap mode in force per class and candidate: the plan's flag where it is set (on
+    or off) and the stack has that switch, else the stack's default given the conditions that
+    hold (specs.framework.Overlap.mode)."""
     names = tuple(cond)
     packed = np.zeros(len(ctx.inv), dtype=np.int64)
     for j, k in enumerate(names):
@@ -315,7 +321,9 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
         ov = ctx.stack.overlap(FRAMEWORK_CLASS[cls])
         default_on = np.array([on[cls] for on in on_by_set])[where.reshape(-1)]
         flag = ctx.flags.get(flag_of.get(cls, ""), None)
-        on = default_on | (flag if flag is not None and ov.plan_key else False)
+        on = default_on
+        if flag is not None and ov.plan_key:
+            on = np.where(flag == FLAG_UNSET, default_on, flag == FLAG_ON)
         out[cls] = ModeArrays(np.broadcast_to(on, default_on.shape), ov.on, ov.off)
     return out
 
@@ -517,7 +525,7 @@ class _Context:
     remats: tuple[Remat, ...]  # the remat policies `remat_idx` indexes
     remat_idx: np.ndarray
     reuse: np.ndarray  # the backward pass reuses the forward's FSDP weight gathers
-    flags: Mapping[str, np.ndarray]  # collective_matmul, overlap_ep
+    flags: Mapping[str, np.ndarray]  # collective_matmul, overlap_ep: flag codes per candidate
     stack: Stack
     sequence_parallel: bool = False  # Megatron SP (the structure's)
     expert_tp: bool = True  # routed experts split over the tensor axis (the structure's)
@@ -552,8 +560,10 @@ class _Context:
             r_idx,
             _reuses_gathers(stack, deg[Strategy.PP] > 1, no_remat),
             {
-                "collective_matmul": cm if cm is not None else np.full(n, st.collective_matmul),
-                "overlap_ep": oe if oe is not None else np.zeros(n, dtype=bool),
+                "collective_matmul": cm
+                if cm is not None
+                else np.full(n, flag_code(st.collective_matmul), dtype=np.int8),
+                "overlap_ep": oe if oe is not None else np.full(n, FLAG_UNSET, dtype=np.int8),
             },
             stack,
             bool(st.sequence_parallel),
@@ -1128,7 +1138,7 @@ def candidates_of(plan: Plan) -> Candidates:
         np.array([plan.zero]),
         np.array([plan.schedule.code]),
         np.array([plan.virtual_stages]),
-        overlap_ep=np.array([plan.overlap_ep]),
+        overlap_ep=np.array([flag_code(plan.overlap_ep)], dtype=np.int8),
     )
 
 

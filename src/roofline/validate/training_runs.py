@@ -351,16 +351,23 @@ def _flags(p: dict, hw: dict, tp: int, st: StackDefaults, doc: str, notes: list[
             sp = over.sequence_parallel
         elif sp:
             notes.append(st.sp_why)
-        cm = st.collective_matmul
-        text = _text_of(p, hw)
-        if p.get("async_tp") is True or "--tp-comm-overlap" in text:
-            cm = True
-        elif over and over.collective_matmul is not None:
-            cm = over.collective_matmul
-        elif cm:
-            notes.append(st.cm_why)
-        out += [f"megatron_sp={int(sp)}", f"collective_matmul={int(cm)}"]
+        out.append(f"megatron_sp={int(sp)}")
+        out += _collective_matmul(p, hw, st, over, notes)
     return out
+
+
+def _collective_matmul(p: dict, hw: dict, st: StackDefaults, over: Any, notes: list[str]) -> list:
+    """The plan's tri-state `collective_matmul` for a TP run: 1 where the run (async TP,
+    --tp-comm-overlap) or the stack's recipes switch it on, 0 where the document's version had
+    none, and unset (the framework profile's default) otherwise."""
+    if p.get("async_tp") is True or "--tp-comm-overlap" in _text_of(p, hw):
+        return ["collective_matmul=1"]
+    if over and over.collective_matmul is not None:
+        return [f"collective_matmul={int(over.collective_matmul)}"]
+    if st.collective_matmul:
+        notes.append(st.cm_why)
+        return ["collective_matmul=1"]
+    return []
 
 
 def _measure(
@@ -622,6 +629,15 @@ def _document_optimizer(imported: _Imported, document: str, text: str, notes: li
     return replace(plan, optimizer=parse_optimizer(over.optimizer))
 
 
+def _document_tp_overlap(plan: Plan, document: str) -> Plan:
+    """An imported plan whose snippet leaves the TP overlap to the stack (unset) with the
+    document's own setting where its version differs (2021/2022 Megatron-LM: none)."""
+    over = DOCUMENTS.get(document)
+    if plan.collective_matmul is not None or over is None or over.collective_matmul is None:
+        return plan
+    return replace(plan, collective_matmul=over.collective_matmul if plan.degrees.tp > 1 else None)
+
+
 # Megatron settings that decide the gradient dtype (the importer fills the first by default)
 _GRAD_DTYPE_KEYS = ("grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32")
 
@@ -640,17 +656,18 @@ def _document_stack(framework: str, document: str, p: dict, notes: list[str]) ->
     if over.attention_kernel is not None:
         notes.append(over.kernel_why)
         stack = stack.with_attention_kernel(AttentionKernel(over.attention_kernel), over.kernel_why)
-    if over.collective_matmul is False and stack.overlap(OverlapClass.TENSOR).default != "off":
-        # the plan's collective_matmul=0 means "the stack's default"; this version had none
-        serial = bool(over.tp_serial_why)
+    if over.collective_matmul is False:
+        # the plan says collective_matmul=0 (_flags): the TP overlap off; a version whose TP
+        # collectives also ran outside any GEMM when off (no async path) has a stack of its own
         why = over.tp_serial_why or over.why
-        stack = stack.without_overlap(OverlapClass.TENSOR, why, serial=serial)
+        if over.tp_serial_why:
+            stack = stack.without_overlap(OverlapClass.TENSOR, why, serial=True)
         if why not in notes:
             notes.append(why)
     if over.ddp is not None and str(p.get("ddp_impl") or over.ddp).lower() in over.ddp_serial:
         notes.append(over.ddp_why)
         stack = stack.without_overlap(OverlapClass.GRAD_REDUCE, over.ddp_why)
-    changed = over.attention_kernel is not None or over.collective_matmul is False
+    changed = over.attention_kernel is not None or bool(over.tp_serial_why)
     return stack if changed or over.ddp is not None else None
 
 
@@ -815,6 +832,7 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
     framework = st.framework
     if (imported := _imported(entry, chips, plan_text, notes)) is not None:
         plan = _document_optimizer(imported, src.document, _text_of(entry.get("config")), notes)
+        plan = _document_tp_overlap(plan, src.document)
         plan_text, framework = plan.describe(), imported.framework
         gbs = imported.config.workload.global_batch_sequences or gbs
         seq = imported.config.workload.seq_len or seq

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import PlanError
-from roofline.specs.plan import ComputeDtypes, Plan, Strategy
+from roofline.specs.plan import ComputeDtypes, Plan, Strategy, flag_codes
 from roofline.specs.system import System
 from roofline.training.step import Candidates, StepArrays, Structure, run_cost_usd
 
@@ -167,8 +167,8 @@ def candidates_of_plans(plans: list[Plan], system_idx: list[int], remats) -> Can
         np.array([p.virtual_stages for p in plans]),
         system_idx=np.array(system_idx),
         remat_idx=np.array([list(remats).index(p.remat) for p in plans]),
-        collective_matmul=np.array([p.collective_matmul for p in plans]),
-        overlap_ep=np.array([p.overlap_ep for p in plans]),
+        collective_matmul=flag_codes(p.collective_matmul for p in plans),
+        overlap_ep=flag_codes(p.overlap_ep for p in plans),
     )
 
 
@@ -237,7 +237,7 @@ def pareto(ranked: Ranked, describe: Callable[[int], str]) -> tuple[dict[str, An
 
 def plan_at(families: list[Family], ranked: Ranked, row: int, space, opt) -> Plan:
     """The Plan of a ranked row, rebuilt from the search arrays by keyword."""
-    from roofline.specs.plan import SCHEDULE_OF_CODE, Degrees
+    from roofline.specs.plan import SCHEDULE_OF_CODE, Degrees, flag_of_code
 
     f, i, deg = degrees_at(families, ranked, row)
     c = f.cand
@@ -249,8 +249,8 @@ def plan_at(families: list[Family], ranked: Ranked, row: int, space, opt) -> Pla
         schedule=SCHEDULE_OF_CODE[int(c.schedule[i])],
         virtual_stages=int(c.virtual[i]),
         sequence_parallel=f.structure.sequence_parallel,
-        collective_matmul=bool(c.collective_matmul[i]),
-        overlap_ep=bool(c.overlap_ep[i]) if c.overlap_ep is not None else False,
+        collective_matmul=flag_of_code(c.collective_matmul[i]),
+        overlap_ep=flag_of_code(c.overlap_ep[i]) if c.overlap_ep is not None else None,
         optimizer=opt,
         **({} if f.dtypes is None else {"dtypes": f.dtypes}),
     )

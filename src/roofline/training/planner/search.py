@@ -321,7 +321,7 @@ def _cost_rows(families, ranked: Ranked, rows: list[int], ctx: _Costing) -> dict
     for r in rows:
         f = families[int(ranked.family[r])]
         plan = plan_at(families, ranked, r, ctx.space, ctx.opt)
-        st = replace(structure_of(plan, ctx.model), remat=Structure.remat, collective_matmul=False)
+        st = replace(structure_of(plan, ctx.model), remat=Structure.remat, collective_matmul=None)
         sys_i = int(f.cand.system_idx[int(ranked.index[r])])
         key = (st, plan.dtypes, plan.compiled, plan.cuda_graph)
         groups.setdefault(key, []).append((r, plan, sys_i))

@@ -33,7 +33,7 @@ from roofline.core.rules import Structure, kv_heads_replicated
 from roofline.core.stack import Stack
 from roofline.specs.framework import Move, OverlapClass
 from roofline.specs.model import ModelSpec
-from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload
+from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload, flag_code
 from roofline.specs.system import System
 from roofline.training.feasibility import (
     Arrays,
@@ -130,8 +130,10 @@ class SearchSpace:
     max_pp: int = 64
     max_stage_imbalance: float = 1.10  # uneven pipeline stages: fullest / average layers per stage
     megatron_sp: tuple[bool, ...] = (False, True)
-    collective_matmul: tuple[bool, ...] = (False, True)
-    overlap_ep: tuple[bool, ...] = (False,)  # expert all-to-alls behind compute (MoE stacks)
+    # tri-state overlap flags searched (specs.plan.TRISTATE_FLAGS): None, the stack's default,
+    # and True, the mechanism on where the stack has the switch
+    collective_matmul: tuple[bool | None, ...] = (None, True)
+    overlap_ep: tuple[bool | None, ...] = (None,)  # expert all-to-alls behind compute (MoE)
     # the stack lays out uneven pipeline stages (layers need not divide pp·virtual)
     uneven_stages: bool = False
     # optimizer state in host memory (ZeRO-Offload) for plans that fit HBM only so
@@ -162,8 +164,8 @@ class SearchSpace:
             schedules=tuple(s for s in self.schedules if stack.supports_schedule(s))
             or (Schedule.ONE_F_ONE_B,),
             megatron_sp=(True,) if sp_with_tp else (False,),
-            collective_matmul=(False, True) if tensor.plan_key else (False,),
-            overlap_ep=(False, True) if expert.plan_key and model.moe is not None else (False,),
+            collective_matmul=(None, True) if tensor.plan_key else (None,),
+            overlap_ep=(None, True) if expert.plan_key and model.moe is not None else (None,),
             uneven_stages=stack.uneven_stages,
             # searched where the stack's record says it offloads (and its launch writer writes it)
             offload_optimizer=self.offload_optimizer
@@ -333,13 +335,13 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
                     m_ok &= ep1 | (oe_v == space.overlap_ep[0])
                     idx = np.nonzero(m_ok)[0]
                     for ri_v in range(len(space.remats)):
-                        parts.append((idx, msp_v, cm_v, z_v, ri_v, oe_v))
+                        parts.append((idx, msp_v, flag_code(cm_v), z_v, ri_v, flag_code(oe_v)))
     sel = np.concatenate([p[0] for p in parts])
 
     def col(k: int, dtype=None):
         return np.concatenate([np.full(len(p[0]), p[k]) for p in parts]).astype(dtype or int)
 
-    msp, cmv, zv, ri, oev = col(1, bool), col(2, bool), col(3), col(4), col(5, bool)
+    msp, cmv, zv, ri, oev = col(1, bool), col(2, np.int8), col(3), col(4), col(5, np.int8)
     rows, mb, sc, virtual = rows[sel], mb[sel], sc[sel], virtual[sel]
     tp = rows[:, j[Strategy.TP]]
     kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, tp)
@@ -363,7 +365,7 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
             collective_matmul=cmv[g],
             overlap_ep=oev[g],
         )
-        st = Structure(active, space.remats[0], bool(key >> 1 & 1), False, bool(key & 1))
+        st = Structure(active, space.remats[0], bool(key >> 1 & 1), None, bool(key & 1))
         groups.append((st, cand))
     return groups
 
