@@ -394,23 +394,3 @@ def test_an_overlong_profile_name_is_a_clear_error():
         load_profile("x" * 300)
     with pytest.raises(SpecError):
         load_profile(".")  # a directory is not a profile file
-
-
-def test_tpu_attention_fills_the_mxu_by_head_dim():
-    """A systolic MXU computes whole tiles of the head dim (book tpus.md: 128x128, 256x256 on
-    v6e): head dim 128 fills half of v6e's passes and all of v5p's; GPUs are not affected."""
-    v6e = load_chip("tpu-v6e")
-    e = physics(
-        match=["tpu-v6e", "tpu-v5p", "h100"],
-        tile=[8, 256, 256],
-        attn_fwd=0.8,
-        attn_bwd=0.6,
-        attn_softmax_flops=128.0,
-        attn_causal=0.9,
-    )
-    full = 0.8 * 512 / 640
-    got = e.attention_fraction(v6e, "bf16", False, [128, 256, 192], False)
-    np.testing.assert_allclose(got, [full / 2, 0.8 * 1024 / 1152, 0.8 * 768 / 896 * 0.75])
-    assert float(e.attention_fraction(H100, "bf16", False, 128, False)) == pytest.approx(full)
-    e128 = physics(match=["tpu-v5p"], tile=[8, 128, 128], attn_fwd=0.8, attn_softmax_flops=128.0)
-    assert float(e128.attention_fraction(V5P, "bf16", False, 128, False)) == pytest.approx(full)

@@ -404,8 +404,6 @@ class Efficiency:
         # what is not hidden under the matmuls costs attn_softmax_flops per score element.
         eta = np.where(bwd, fam.attn_bwd, fam.attn_fwd) * mm / (mm + fam.attn_softmax_flops)
         eta = np.where(cz, eta * fam.attn_causal, eta)
-        if getattr(chip, "is_tpu", False):
-            eta = eta * _systolic_head_fill(fam, hd)
         return eta * _dtype_ratio(fam, dtype)
 
     def hbm_fraction(self, chip: Any) -> float:
@@ -653,18 +651,6 @@ def _reference_peak(chip: Any) -> float:
         return chip.peak("bf16")
     except SpecError:
         return chip.peak("fp16")
-
-
-def _systolic_head_fill(fam: FamilyPhysics, head_dim: np.ndarray) -> np.ndarray:
-    """The MXU cells flash attention fills on a TPU: every attention matmul has the head dim as
-    its contraction (QK^T, dO V^T) or its output width (PV, dQ, dK, dV), and a systolic array
-    computes whole tiles of it (book tpus.md: the MXU is 128x128, 256x256 on v6e, "tensors need
-    2x larger dims"; weights padded to >= 256 there). Head dim 128 on v6e fills half of each
-    256-wide pass. Half the matmul FLOPs see the k step, half the n tile: harmonic mean."""
-    _, tn, tk = fam.tile
-    fill_k = head_dim / (np.ceil(head_dim / tk) * tk)
-    fill_n = head_dim / (np.ceil(head_dim / tn) * tn)
-    return 2.0 / (1.0 / fill_k + 1.0 / fill_n)
 
 
 def _dtype_ratio(fam: FamilyPhysics, dtype: str) -> float:
