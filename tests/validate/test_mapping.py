@@ -9,7 +9,7 @@ import pytest
 from roofline.core.stack import stack_of
 from roofline.specs.chip import load_chip
 from roofline.specs.framework import OverlapClass
-from roofline.validate.systems import tpu_shape
+from roofline.validate.systems import power_limited, tpu_shape
 from roofline.validate.training_runs import (
     compute_dtype,
     map_training_run,
@@ -192,6 +192,36 @@ def test_a_long_context_stage_is_costed_at_its_own_sequence(training_entries):
 def test_torchtitan_h100_variant_is_named(training_entries):
     r = map_training_run(training_entries["tt-h100-llama3.1-8b-fsdp-eager-8gpu"])
     assert any("96GB" in d and "catalog" in d for d in r.defaults)
+
+
+def test_power_limit_lowers_every_compute_peak_not_memory():
+    """NVIDIA's H100 datasheet: NVL (same 132-SM die) 835.5 dense bf16 TFLOP/s at 400 W, SXM
+    989.5 at 700 W; linear between them at 500 W: 835.5 + 154 x 100/300 = 886.83 (the catalog
+    stores the SXM peak as 9.89e14)."""
+    h100 = load_chip("h100")
+    chip, f = power_limited(h100, 500.0)
+    assert f == pytest.approx((835.5 + (989.5 - 835.5) / 3) / 989.5)
+    assert chip.peak("bf16") == pytest.approx(9.89e14 * 886.833 / 989.5, rel=1e-5)
+    assert chip.peak("fp8") == pytest.approx(h100.peak("fp8") * f)
+    assert chip.vector_ops_per_s["fp32"] == pytest.approx(h100.vector_ops_per_s["fp32"] * f)
+    assert chip.smem_bw_bytes_per_s == pytest.approx(h100.smem_bw_bytes_per_s * f)
+    assert (chip.hbm_bw_bytes_per_s, chip.nvlink_bw_bytes_per_s) == (
+        h100.hbm_bw_bytes_per_s,
+        h100.nvlink_bw_bytes_per_s,
+    )
+    assert power_limited(h100, 700.0) == (h100, 1.0)  # the board power: the catalog part
+    assert power_limited(h100, 300.0)[1] == pytest.approx(835.5 / 989.5)  # held at the end
+    assert power_limited(load_chip("h200"), 500.0) == (load_chip("h200"), 1.0)  # no curve
+
+
+def test_torchtitan_500w_h100_runs_at_the_limited_peak(training_entries):
+    r = map_training_run(training_entries["tt-h100-llama3.1-8b-fsdp-compile-8gpu"])
+    chip = r.inputs.system.chip
+    assert chip.peak("bf16") == pytest.approx(9.89e14 * 886.833 / 989.5, rel=1e-5)
+    assert chip.hbm_bw_bytes_per_s == 2.4e12
+    assert any("500 W power limit runs the SMs at 0.896" in d for d in r.defaults)
+    meta = map_training_run(training_entries["llama3-405b-h100-8192gpu-cp1"])  # 700 W, no limit
+    assert meta.inputs.system.chip.peak("bf16") == load_chip("h100").peak("bf16")
 
 
 def test_maxtext_multislice_topology(training_entries):

@@ -6,13 +6,16 @@
 - TPUs: `slices` slices of the most cubic (3D torus) or most square (2D) shape with that
   many chips that fits the pod (ties: axes that are multiples of 4, which wrap around). Cloud TPU slice shapes (4x4x4, 4x4x8, 4x8x8, 16x16, ...) are
   of this form; the assumed topology is reported per run.
+- A published power limit below the part's board power (torchtitan's Grand Teton H100s run at
+  500 W): the SM clock, so every compute peak, falls with it (`power_limited`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from roofline.errors import RooflineError
 from roofline.specs.chip import Chip, load_chip
@@ -31,6 +34,61 @@ def chip_for_family(family: str) -> tuple[Chip | None, str]:
         return load_chip(family), ""
     except RooflineError as e:
         return None, f"chip not in catalog: {family} ({e.what})"
+
+
+@dataclass(frozen=True)
+class PowerCurve:
+    """Clock fraction of a die against its board power: datasheet points of parts that share
+    the die and differ only in power limit and clock, (watts, dense peak / the catalog part's
+    dense peak), interpolated linearly between them and held at the ends."""
+
+    points: tuple[tuple[float, float], ...]
+    source: str
+
+    def fraction(self, watts: float) -> float:
+        (w0, f0), (w1, f1) = self.points[0], self.points[-1]
+        if watts <= w0 or watts >= w1:
+            return f0 if watts <= w0 else f1
+        (w0, f0), (w1, f1) = next(
+            (a, b) for a, b in zip(self.points, self.points[1:], strict=False) if watts <= b[0]
+        )
+        return f0 + (f1 - f0) * (watts - w0) / (w1 - w0)
+
+
+# H100: the NVL part is the same 132-SM GH100 die at 350-400 W, bf16 1,671 TFLOP/s with
+# sparsity (835.5 dense) against the SXM part's 1,979 (989.5 dense) at 700 W; fp8 halves alike,
+# so one fraction scales every peak. torchtitan's 500 W part: 835.5 + (989.5 - 835.5) x
+# 100/300 = 886.8 TFLOP/s (0.896 of SXM), inside the bound the benchmark itself states
+# ("the actual peak TFLOPs number is between SXM and NVL", pytorch/torchtitan
+# benchmarks/llama3_h100_202412_torchtitan.md footnote 2, @9dec370a). Dynamic power ~ f^3
+# under DVFS gives (500/700)^(1/3) = 0.894, the same to 0.3%.
+POWER_CURVES: dict[str, PowerCurve] = {
+    "h100": PowerCurve(
+        ((400.0, 835.5 / 989.5), (700.0, 1.0)),
+        "NVIDIA H100 datasheet (SXM 700 W: bf16 1,979 TFLOP/s with sparsity; NVL 350-400 W: 1,671)",
+    ),
+}
+
+# What the SM clock sets: the Tensor Core and vector peaks and the on-chip bandwidths. HBM and
+# link bandwidths have their own clocks.
+_CLOCKED = ("smem_bw_bytes_per_s", "l2_bw_bytes_per_s", "clock_hz", "boost_clock_hz")
+
+
+def power_limited(chip: Chip, watts: float) -> tuple[Chip, float]:
+    """The chip run under a `watts` power limit and the clock fraction applied (1.0 and the
+    chip unchanged where the catalog has no power curve for it or the limit is its board
+    power)."""
+    curve = POWER_CURVES.get(chip.name)
+    f = curve.fraction(watts) if curve else 1.0
+    if f >= 1.0:
+        return chip, 1.0
+    scaled = {k: getattr(chip, k) * f for k in _CLOCKED if getattr(chip, k) is not None}
+    return replace(
+        chip,
+        peak_flops_per_s=MappingProxyType({k: v * f for k, v in chip.peak_flops_per_s.items()}),
+        vector_ops_per_s=MappingProxyType({k: v * f for k, v in chip.vector_ops_per_s.items()}),
+        **scaled,
+    ), f
 
 
 def tpu_shape(chip: Chip, n: int) -> tuple[int, ...] | None:

@@ -41,7 +41,7 @@ from roofline.validate.sources import (
     identify,
     recipe_for,
 )
-from roofline.validate.systems import chip_for_family, system_for
+from roofline.validate.systems import chip_for_family, power_limited, system_for
 
 
 @dataclass(frozen=True)
@@ -553,8 +553,10 @@ def _chip_variant(hw: dict, chip: Any, notes: list[str]) -> Any:
     """The catalog chip with the memory the run's source publishes for it, when that differs by
     more than 5% (torchtitan's Grand Teton H100s: "96GB HBM2e ... 2.4 TB/s" against the SXM
     part's 80 GB and 3.35 TB/s): capacity decides what fits, bandwidth prices every memory-bound
-    kernel. What the text does not state (clocks under a power limit) stays the catalog's."""
+    kernel. A stated power limit ("500 W power limit") lowers the SM clock, so every compute
+    peak (systems.power_limited); what the text does not state stays the catalog's."""
     text = str(hw.get("chip") or "")
+    chip = _power_variant(text, chip, notes)
     got: dict[str, float] = {}
     if (mt := re.search(r"(\d+(?:\.\d+)?)\s*GB\b", text)) and abs(
         float(mt.group(1)) * 1e9 / chip.hbm_bytes - 1
@@ -571,11 +573,24 @@ def _chip_variant(hw: dict, chip: Any, notes: list[str]) -> Any:
     )
     notes.append(
         f"published chip {text!r}: {chip.name} with the source's memory ({said}); "
-        "the rest (peaks, links, power) is the catalog's"
+        "the rest (links; peaks unless a power limit is stated) is the catalog's"
     )
     if "hbm_bytes" in got:  # the catalog part's allocatable HBM is not this part's
         got["usable_hbm_bytes"] = None
     return replace(chip, **got)
+
+
+def _power_variant(text: str, chip: Any, notes: list[str]) -> Any:
+    """The catalog chip under the power limit the published chip text states, if any."""
+    if not (mw := re.search(r"(\d+(?:\.\d+)?)\s*W power limit", text, re.IGNORECASE)):
+        return chip
+    limited, f = power_limited(chip, float(mw.group(1)))
+    if f < 1.0:
+        notes.append(
+            f"published chip {text!r}: a {mw.group(1)} W power limit runs the SMs at "
+            f"{f:.3f} of {chip.name}'s clock, so every compute peak (validate/systems.py POWER_CURVES)"
+        )
+    return limited
 
 
 def _zero(p: dict, deg: dict[str, int], st: StackDefaults, over: Any, notes: list[str]) -> int:
