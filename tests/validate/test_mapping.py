@@ -510,3 +510,37 @@ def test_llama3_paper_runs_are_read_as_table_4_and_its_interleaved_schedule(
     assert c.fits
     # idle share of the step: (PP-1)/(V·M) of the busy time, i.e. (PP-1)/(V·M + PP-1) of the step
     assert c.bubble_fraction == pytest.approx(15 / (8 * microbatches + 15), rel=1e-9)
+
+
+def test_gpt_oss_windowed_layers_are_the_public_configs(training_entries):
+    """gpt-oss-120b attends over a 128-token window on every other layer, from layer 0 (the
+    public config's layer_types; Megatron-Bridge's provider sets window_attn_skip_freq = 2 and
+    Megatron-LM windows layer_number % 2 != 0, 1-based). The entry maps to that, not to 36
+    full-attention layers, and the ledger prices the windowed layers' score work as a band."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from roofline.core.ledger import build_ledger
+
+    hf = json.loads((Path(__file__).parents[1] / "data/hf/gpt-oss-120b.json").read_text())
+    m = map_training_run(training_entries["mbridge-26.04.01-dgx-b200-bf16-gpt-oss-120b-64gpu"])
+    model = m.inputs.model
+    assert model.sliding_window == hf["sliding_window"] == 128
+    kinds = hf["layer_types"]
+    assert len(kinds) == model.n_layers == 36
+    assert [model.is_local_layer(i) for i in range(36)] == [k == "sliding_attention" for k in kinds]
+    assert model.n_local_layers == 18
+    full = replace(model, sliding_window=None)
+    s = 4096.0
+
+    def score_flops(spec):
+        led = build_ledger(spec, batch=1, seq=s)
+        return sum(op.flops for op in led if op.name.startswith("attn/scores"))
+
+    # causal full attention sums s(s+1)/2 keys per sequence; a 128-token window sums
+    # 128·s − 128·127/2: the ratio of the two ledgers' score work over 36 layers
+    w = 128.0
+    band, tri = w * s - w * (w - 1) / 2, s * (s + 1) / 2
+    want = (18 * band + 18 * tri) / (36 * tri)
+    assert score_flops(model) / score_flops(full) == pytest.approx(want, rel=0.02)
