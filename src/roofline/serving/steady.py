@@ -215,9 +215,10 @@ def steady_state(
 
     `batch_cap`: most sequences that fit (KV capacity; the engine's max_num_seqs is applied too,
     per scheduler: with attention DP each rank of vLLM and TensorRT-LLM has its own).
-    Prompts are prefilled in cohorts of k = ⌊budget / P_new⌋ (at most C): a closed loop with fixed
-    lengths stays in step, so the requests that finish together come back together and share a
-    prefill pass; a prompt longer than the budget takes ⌈P_new / budget⌉ chunked passes alone.
+    A mixed engine keeping a closed loop in step (`_in_cohorts`) prefills cohorts of
+    k = ⌊budget / P_new⌋ (at most C) that came back together; where arrivals drift apart a pass
+    prefills the prompts that arrived since the last one (`arrival_batch`). A prompt longer
+    than the budget takes ⌈P_new / budget⌉ chunked passes alone.
     """
     C = np.asarray(concurrency, float)
     G, P, Pn = work.gen, work.prompt, work.new_prompt
@@ -242,6 +243,7 @@ def steady_state(
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
 
     seqs = k if Pn <= chunk else np.ones_like(k)  # the chunks a cohort's prefill pass runs
+    cohorts = _in_cohorts(engine, work)
 
     # a cohort's prefill pass with nothing decoding beside it
     pf_alone = _cohort_alone(step, ctx, seqs, chunk, P, Pn, paired=mixed) + ovh
@@ -250,9 +252,10 @@ def steady_state(
     tau = _decode(step, np.maximum(Bd, 1.0), ctx, ovh)
     for _ in range(ITERATIONS):
         Bd1 = np.maximum(Bd, 1.0)
-        if mixed:  # a decode pass and the cohort's prefill pass beside the same decodes
-            tau_d, t_pf = (t + ovh for t in _decode_and_cohort(step, Bd1, ctx, seqs, chunk, P, Pn))
-            m = k
+        if mixed:  # a decode pass and the cohort's (or the arrivals') prefill pass beside it
+            m = k if cohorts else arrival_batch(X * tau, k)
+            sm = seqs if cohorts else np.where(Pn <= chunk, m, 1.0)
+            tau_d, t_pf = (t + ovh for t in _decode_and_cohort(step, Bd1, ctx, sm, chunk, P, Pn))
         else:  # a prefill batch holds whoever arrived since the last one (zero-truncated Poisson)
             m = arrival_batch(X * tau, k)
             tau_d = _decode(step, Bd1, ctx, ovh)
@@ -322,13 +325,23 @@ def _first_wave(step, C, k, seqs, chunk, n_chunks, lengths, pf_alone, ovh, cap, 
 
 
 def arrival_batch(lam: Any, k: Any) -> Any:
-    """Mean prompts in a prefill-first engine's prefill batch in the staggered steady state:
-    its scheduler admits whoever is waiting when it looks (SGLang PrefillAdder, see the engine
-    record's [drift]), and it runs a prefill batch only when at least one waits, so with λ =
-    X·τ arrivals per pass interval the batch is a zero-truncated Poisson count, mean
-    λ / (1 − e^(−λ)) (1 as λ → 0, λ when λ is large), at most the budget's cohort k."""
+    """Mean prompts in a prefill pass in the staggered (drifted) steady state: the scheduler
+    admits whoever is waiting when it looks (SGLang PrefillAdder, see the engine record's
+    [drift]; vLLM's and TensorRT-LLM's decode-first budgets give the waiting prompts what the
+    running decodes leave), and a pass prefills only when at least one waits, so with λ = X·τ
+    arrivals per pass interval the batch is a zero-truncated Poisson count, mean
+    λ / (1 − e^(−λ)) (1 as λ → 0: one prompt's pass; λ when λ is large), at most the budget's
+    cohort k."""
     lam = np.maximum(np.asarray(lam, float), 1e-12)
     return np.clip(lam / -np.expm1(-lam), 1.0, np.maximum(k, 1.0))
+
+
+def _in_cohorts(engine: EngineProfile | None, work: Workload) -> bool:
+    """Whether a mixed engine's closed loop stays in step (its record's `closed_loop_lockstep`):
+    the requests prefilled in one pass decode together, finish on the same pass and come back
+    together, so they share their next prefill pass (the budget's cohort). Never for a Poisson
+    rate or a length distribution (nothing comes back together), nor with no engine record."""
+    return engine is not None and work.synchronized and engine.closed_loop_lockstep
 
 
 def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:

@@ -47,9 +47,10 @@ class EngineProfile:
     # settings are the replica's, divided over its ranks (SGLang --enable-dp-attention)
     scheduler_per_dp_rank: bool
     overlap_scheduling: bool  # host scheduling of step n+1 hidden behind step n
-    # a closed loop of fixed lengths stays in lockstep waves on a prefill-first engine (every
-    # wave prefilled before anyone decodes); false: its cohorts drift apart and it serves the
-    # staggered steady state (prefill batches spacing out decode passes)
+    # a closed loop of fixed lengths stays in step: on a prefill-first engine in lockstep waves
+    # (every wave prefilled before anyone decodes), on a mixed engine in cohorts (the prompts
+    # that finish together share their next prefill pass); false: its cohorts drift apart and
+    # each prefill pass holds the prompts that arrived since the last (serving/steady.py)
     closed_loop_lockstep: bool
     step_overhead_s: float  # exposed host time per step
     cuda_graphs: bool
