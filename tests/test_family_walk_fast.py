@@ -1,0 +1,63 @@
+"""The family walk's fast paths give exactly what the plain numpy definitions give (issue 21:
+the planner's rate; benchmarks/README.md): `choose_rows` is `np.choose` over the broadcast
+options, value for value and dtype for dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roofline.core.sharding import choose_rows
+
+
+def _options(rng, n: int, k: int) -> list:
+    """k options: arrays of n rows, numpy and Python scalars, NaN and inf among them."""
+    out: list = []
+    for i in range(k):
+        kind = i % 4
+        if kind == 0:
+            a = rng.random(n)
+            a[rng.random(n) < 0.1] = np.nan
+            out.append(a)
+        elif kind == 1:
+            out.append(np.float64(rng.random()))
+        elif kind == 2:
+            out.append(float(i) if i % 8 else np.inf)
+        else:
+            out.append(rng.integers(0, 100, n).astype(float))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 64, 2799])
+@pytest.mark.parametrize("k", [1, 2, 7, 30])
+@pytest.mark.parametrize("used", [1, 3, 30])
+def test_choose_rows_is_numpys_choose(n, k, used):
+    rng = np.random.default_rng(n * 1000 + k * 10 + used)
+    values = _options(rng, n, k)
+    choice = rng.integers(0, min(k, used), n)
+    want = np.choose(choice, np.broadcast_arrays(*values))
+    got = choose_rows(choice, values)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)  # NaN where numpy has NaN, the same bits else
+
+
+def test_choose_rows_keeps_integer_dtypes_and_falls_back_on_odd_shapes():
+    choice = np.array([1, 0, 1])
+    ints = [np.array([1, 2, 3]), 7]
+    want = np.choose(choice, np.broadcast_arrays(*ints))
+    got = choose_rows(choice, ints)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    two_d = [np.ones((2, 3)), np.zeros((2, 3))]  # not one value per row: numpy's own choose
+    np.testing.assert_array_equal(
+        choose_rows(choice, two_d), np.choose(choice, np.broadcast_arrays(*two_d))
+    )
+
+
+def test_choose_rows_raises_as_numpy_does_for_an_index_out_of_range():
+    with pytest.raises(ValueError):
+        np.choose(np.array([0, 2]), np.broadcast_arrays(np.zeros(2), np.ones(2)))
+    with pytest.raises(ValueError):
+        choose_rows(np.array([0, 2]), [np.zeros(2), np.ones(2)])
+    with pytest.raises(ValueError):
+        choose_rows(np.array([0, -1]), [np.zeros(2), np.ones(2)])
