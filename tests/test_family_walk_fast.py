@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roofline.core.sharding import choose_rows
+from roofline.core.sharding import argmin_allowed, choose_rows
 
 
 def _options(rng, n: int, k: int) -> list:
@@ -61,3 +61,33 @@ def test_choose_rows_raises_as_numpy_does_for_an_index_out_of_range():
         choose_rows(np.array([0, 2]), [np.zeros(2), np.ones(2)])
     with pytest.raises(ValueError):
         choose_rows(np.array([0, -1]), [np.zeros(2), np.ones(2)])
+
+
+def _argmin_definition(costs, ok=None):
+    """The plain definition: stack the broadcast costs, mask what `ok` forbids, argmin."""
+    stacked = np.stack(np.broadcast_arrays(*costs))
+    if ok is not None and any(ok):
+        keep = np.array(ok).reshape((-1,) + (1,) * (stacked.ndim - 1))
+        stacked = np.where(keep, stacked, np.inf)
+    return np.argmin(stacked, axis=0)
+
+
+@pytest.mark.parametrize("n", [1, 3, 64, 2799])
+@pytest.mark.parametrize("k", [2, 7, 30])
+@pytest.mark.parametrize("mask", [None, "none", "some"])
+def test_argmin_allowed_is_the_stacked_argmin(n, k, mask):
+    rng = np.random.default_rng(7 * n + k)
+    costs = tuple(_options(rng, n, k))
+    costs = costs[:1] + (costs[0],) + costs[2:]  # an exact tie: the first wins
+    ok = None if mask is None else [bool(mask == "some" and i % 3 == 1) for i in range(k)]
+    got = argmin_allowed(costs, ok)
+    want = _argmin_definition(costs, ok)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_argmin_allowed_of_other_shapes_is_the_definition():
+    costs = (np.ones((2, 3)), np.zeros((2, 3)), 0.5)  # two-dimensional: the stacked path
+    np.testing.assert_array_equal(argmin_allowed(costs), _argmin_definition(costs))
+    ints = (np.array([3, 1, 2]), np.array([2, 2, 2]))  # integer costs: the stacked path
+    np.testing.assert_array_equal(argmin_allowed(ints), _argmin_definition(ints))

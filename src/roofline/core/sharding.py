@@ -398,7 +398,11 @@ class EinsumPlan:
         (batch dims shared by both operands, e.g. experts). Arrays when the choice varies."""
         if np.ndim(self.choice) == 0:  # one option chosen: only its shape
             return gemm_shape(self.options[int(self.choice)], sizes, mesh)
-        shapes = [gemm_shape(o, sizes, mesh) for o in self.options]
+        # only the options some row chose are read: the others take the first one's shape
+        used = np.flatnonzero(np.bincount(np.ravel(self.choice), minlength=len(self.options)))
+        chosen = {i: gemm_shape(self.options[i], sizes, mesh) for i in used.tolist()}
+        fill = next(iter(chosen.values()))
+        shapes = [chosen.get(i, fill) for i in range(len(self.options))]
 
         def pick(f: str) -> Any:
             return choose_rows(self.choice, [getattr(g, f) for g in shapes])
@@ -1187,12 +1191,33 @@ def argmin_allowed(costs: tuple[Any, ...], ok: list[bool] | None = None) -> Any:
             if v < vals[at]:
                 at = i
         return np.intp(at)
+    keep = None if ok is None else np.array(ok, dtype=bool)
+    if keep is not None and not keep.any():
+        keep = None
+    by_row = _options_by_row(costs)
+    if by_row is not None:  # rows x options: numpy's argmin along the last axis is ~6x faster
+        if keep is not None:
+            by_row = np.where(keep, by_row, np.inf)
+        return np.argmin(by_row, axis=1)
     stacked = np.stack(np.broadcast_arrays(*costs))
-    if ok is not None:
-        keep = np.array(ok, dtype=bool)
-        if keep.any():
-            stacked = np.where(keep.reshape((-1,) + (1,) * (stacked.ndim - 1)), stacked, np.inf)
+    if keep is not None:
+        stacked = np.where(keep.reshape((-1,) + (1,) * (stacked.ndim - 1)), stacked, np.inf)
     return np.argmin(stacked, axis=0)
+
+
+def _options_by_row(costs: tuple[Any, ...]) -> np.ndarray | None:
+    """The options' costs as one (rows, options) float array when each is a scalar or one
+    value per row (a family walk's einsum), else None."""
+    arrs = [np.asarray(c) for c in costs]
+    n = max((a.shape[0] for a in arrs if a.ndim == 1), default=None)
+    if n is None or any(a.ndim > 1 or (a.ndim == 1 and a.shape[0] != n) for a in arrs):
+        return None
+    if any(a.dtype != np.float64 for a in arrs):
+        return None
+    out = np.empty((n, len(arrs)))
+    for i, a in enumerate(arrs):
+        out[:, i] = a
+    return out
 
 
 def _scalar(x: Any) -> Any:
