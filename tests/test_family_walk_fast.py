@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from roofline.core.sharding import argmin_allowed, choose_rows
+from roofline.core.walk import _chosen_options
 
 
 def _options(rng, n: int, k: int) -> list:
@@ -91,3 +92,13 @@ def test_argmin_allowed_of_other_shapes_is_the_definition():
     np.testing.assert_array_equal(argmin_allowed(costs), _argmin_definition(costs))
     ints = (np.array([3, 1, 2]), np.array([2, 2, 2]))  # integer costs: the stacked path
     np.testing.assert_array_equal(argmin_allowed(ints), _argmin_definition(ints))
+
+
+@pytest.mark.parametrize("n_rows", [1, 5, 2799])
+@pytest.mark.parametrize("n_opts", [1, 4, 30])
+def test_chosen_options_are_those_some_row_names_in_order(n_rows, n_opts):
+    rng = np.random.default_rng(n_rows + n_opts)
+    choice = rng.integers(0, n_opts, n_rows)
+    want = [oi for oi in range(n_opts) if np.any(choice == oi)]  # the walk's loop before
+    assert _chosen_options(choice, n_opts) == want
+    assert _chosen_options(np.intp(n_opts - 1), n_opts) == [n_opts - 1]

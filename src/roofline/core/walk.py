@@ -821,15 +821,11 @@ class _Walker:
         """Records for the collectives of every option chosen on some row."""
         choice = ep.choice
         one = type(choice) is int  # a single plan: only its option has records
-        for oi, o in enumerate(ep.options):
-            if one:
-                if oi != choice:
-                    continue
-                sel = np.True_
-            else:
-                sel = np.asarray(choice) == oi
-                if not np.any(sel):
-                    continue
+        # the options some row chose, in order (a family's rows choose a few of ~10-30)
+        used = [choice] if one else _chosen_options(choice, len(ep.options))
+        for oi in used:
+            o = ep.options[oi]
+            sel = np.True_ if one else np.asarray(choice) == oi
             for c in o.comms:
                 counted, reusable = self.shared.count(c, block, sel, self.opts.merge_reductions)
                 cls = overlap_class(c)
@@ -1189,6 +1185,14 @@ _SCALED_FORMAT = {"fp4": "nvfp4"}  # NVFP4: fp4 values with one fp8 scale per 16
 # GEMM inputs quantised inside the fused norm before them (TE LayerNormLinear), and the router
 _NORM_FUSED_INPUTS = ("attn/q", "attn/k", "attn/v", "attn/q_a", "attn/kv_a", "mlp/up", "mlp/gate")
 _NO_QUANT_OPS = ("moe/router",)
+
+
+def _chosen_options(choice: Any, n: int) -> list[int]:
+    """The indices of the options some row of `choice` (an index per row) names, ascending."""
+    c = np.asarray(choice)
+    if c.dtype.kind in "iu" and c.size and c.min() >= 0:
+        return np.flatnonzero(np.bincount(c.ravel(), minlength=n)[:n]).tolist()
+    return [oi for oi in range(n) if np.any(c == oi)]
 
 
 def _prod_axes(s: Spec, mesh: Mapping[str, Any]) -> Any:
