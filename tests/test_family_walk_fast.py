@@ -102,3 +102,43 @@ def test_chosen_options_are_those_some_row_names_in_order(n_rows, n_opts):
     want = [oi for oi in range(n_opts) if np.any(choice == oi)]  # the walk's loop before
     assert _chosen_options(choice, n_opts) == want
     assert _chosen_options(np.intp(n_opts - 1), n_opts) == [n_opts - 1]
+
+
+def _family_steps(model: str, system: str, monkeypatch, memo: bool):
+    """The step arrays of every family of a default-stack search space, walked with the
+    einsums' sized quantities shared (`SizedMemo`) or each einsum sizing its own."""
+    from roofline.core import walk
+    from roofline.core.stack import resolve_framework, stack_of
+    from roofline.specs.model_catalog import load_model
+    from roofline.specs.plan import Workload
+    from roofline.specs.system import parse_system
+    from roofline.training.planner.space import SearchSpace, enumerate_plans
+    from roofline.training.step import evaluate_plans
+
+    monkeypatch.setattr(walk, "SIZED_MEMO_ROWS", 64 if memo else 10**9)
+    m, s = load_model(model), parse_system(system)
+    stack = stack_of(resolve_framework("auto", s.chip))
+    w = Workload(4 * 2**20, 4096)
+    space = SearchSpace().for_stack(stack, m)
+    found = enumerate_plans(m, w, [s], space)
+    return [
+        evaluate_plans(m, [s], w, st, cand, remats=list(space.remats), framework=stack)
+        for st, cand in found.groups
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model", "system"), [("gpt-3-175b", "a100:1024"), ("mixtral-8x7b", "h100:256")]
+)
+def test_a_family_walk_sizing_once_gives_the_same_steps(model, system, monkeypatch):
+    shared = _family_steps(model, system, monkeypatch, memo=True)
+    own = _family_steps(model, system, monkeypatch, memo=False)
+    assert len(shared) == len(own) > 0
+    for a, b in zip(shared, own, strict=True):
+        assert len(a.step_time_s) > 64  # a family: the memo applies
+        for f in ("step_time_s", "compute_time_s", "exposed_comm_time_s", "memory_total", "mfu"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+        for f in ("comm", "exposed", "memory"):
+            assert getattr(a, f).keys() == getattr(b, f).keys()
+            for k in getattr(a, f):
+                np.testing.assert_array_equal(getattr(a, f)[k], getattr(b, f)[k])
