@@ -45,6 +45,7 @@ from roofline.core.sharding import (
     EinsumPlan,
     GemmShape,
     OptionPolicy,
+    SizedMemo,
     Spec,
     plan_einsum,
     plan_training_einsum,
@@ -521,6 +522,10 @@ class WalkOptions:
     floats: bool = False
 
 
+# the fewest rows a walk shares its sized quantities between einsums at (`SizedMemo`)
+SIZED_MEMO_ROWS = 64
+
+
 class _Walker:
     """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
 
@@ -540,6 +545,10 @@ class _Walker:
         # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
         self.step_share = 1.0 / np.asarray(mb, float)
         self.shared = SharedCollectives()
+        # a family walk's sized arrays, collectives and splits, shared by its einsums (a walk
+        # of a few rows computes them faster than it would look them up)
+        many = not opts.floats and np.size(sequences) >= SIZED_MEMO_ROWS
+        self.sized = SizedMemo() if many else None
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
         self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
         self.ops: list[OpRecord] = []
@@ -711,6 +720,7 @@ class _Walker:
                 weights=_weight_names(op),
                 weight_read_fraction=self.weight_read_fraction(op),
                 comm_share=self.comm_share,
+                sized=self.sized,
             )
             if self.phase == Phase.TRAIN:
                 self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
@@ -786,6 +796,7 @@ class _Walker:
             weights=_weight_names(op),
             weight_read_fraction=self.weight_read_fraction(op),
             comm_share=self.comm_share,
+            sized=self.sized,
         )
 
     def touched_experts(self, op: Op) -> Any:
