@@ -49,6 +49,10 @@ def test_choose_rows_keeps_integer_dtypes_and_falls_back_on_odd_shapes():
     got = choose_rows(choice, ints)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+    unsigned = np.array([1, 0, 1], dtype=np.uint8)  # not a signed index: numpy's own choose
+    np.testing.assert_array_equal(
+        choose_rows(unsigned, ints), np.choose(unsigned, np.broadcast_arrays(*ints))
+    )
     two_d = [np.ones((2, 3)), np.zeros((2, 3))]  # not one value per row: numpy's own choose
     np.testing.assert_array_equal(
         choose_rows(choice, two_d), np.choose(choice, np.broadcast_arrays(*two_d))

@@ -1187,7 +1187,7 @@ def choose_rows(choice: np.ndarray, values: Sequence[Any]) -> np.ndarray:
     every broadcast option per row, ~3x slower at the planner's ~3,000 rows)."""
     arrs = [np.asarray(v) for v in values]
     c = np.asarray(choice)
-    if c.ndim != 1 or c.dtype.kind not in "iu" or any(a.ndim > 1 for a in arrs):
+    if c.ndim != 1 or c.dtype.kind != "i" or any(a.ndim > 1 for a in arrs):
         return np.choose(c, np.broadcast_arrays(*arrs))
     if any(a.ndim == 1 and a.shape != c.shape for a in arrs) or (c.size and c.min() < 0):
         return np.choose(c, np.broadcast_arrays(*arrs))  # numpy's errors, as before

@@ -1201,7 +1201,7 @@ _NO_QUANT_OPS = ("moe/router",)
 def _chosen_options(choice: Any, n: int) -> list[int]:
     """The indices of the options some row of `choice` (an index per row) names, ascending."""
     c = np.asarray(choice)
-    if c.dtype.kind in "iu" and c.size and c.min() >= 0:
+    if c.dtype.kind == "i" and c.size and c.min() >= 0:
         return np.flatnonzero(np.bincount(c.ravel(), minlength=n)[:n]).tolist()
     return [oi for oi in range(n) if np.any(c == oi)]
 
