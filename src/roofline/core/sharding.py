@@ -983,47 +983,43 @@ class SizedMemo:
     projections (and their backward einsums) read the same activations sharded alike, so a
     family walk sizes each distinct array once, not once per einsum (GPT-3 175B's 2,799 rows:
     72 distinct of 360). Each value is what the plain expression gives (the same arithmetic
-    on the same objects); keys name array-valued sizes, the mesh and the pricing function by
-    identity and hold them, so an id is never reused while the memo lives (one walk)."""
+    on the same objects); array-valued sizes, the mesh and the pricing function go by
+    identity (`IdentityMemo`), plain sizes by value."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple, tuple[Any, tuple]] = {}
-
-    def _get(self, key: tuple, held: tuple, f: Callable[[], Any]) -> Any:
-        hit = self._memo.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[1], held, strict=True)):
-            return hit[0]
-        v = f()
-        self._memo[key] = (v, held)
-        return v
+        self._memo = IdentityMemo(lambda: _MAX_SIZED)
 
     @staticmethod
     def _sizes_key(dims: Sequence[str], sizes: Mapping[str, Any]) -> tuple[tuple, tuple]:
+        """(the plain sizes by value, None where a size is an array; the arrays)."""
         vals = tuple(sizes[d] for d in dims)
-        held = tuple(v for v in vals if type(v) is not float and type(v) is not int)
-        return tuple(v if type(v) is float or type(v) is int else id(v) for v in vals), held
+        plain = tuple(v if type(v) is float or type(v) is int else None for v in vals)
+        return plain, tuple(v for v, p in zip(vals, plain, strict=True) if p is None)
 
     def arrays(self, specs: Sequence[Spec], sizes, mesh) -> tuple[list[Any], list[Any]]:
         """(per-chip elements, bytes) of each spec: `local_elements` and that × itemsize."""
         elems, nbytes = [], []
         for x in specs:
-            k, held = self._sizes_key(x.dims, sizes)
-            key = ("array", x.dims, x.used_axes, x.itemsize, k, id(mesh))
-            e, b = self._get(key, (*held, mesh), lambda x=x: _sized_array(x, sizes, mesh))
+            plain, held = self._sizes_key(x.dims, sizes)
+            key = ("array", x.dims, x.used_axes, x.itemsize, plain)
+            e, b = self._memo((*held, mesh), key, lambda x=x: _sized_array(x, sizes, mesh))
             elems.append(e)
             nbytes.append(b)
         return elems, nbytes
 
     def comm(self, comm_fn: CommFn, kind: CollectiveKind, nbytes: Any, axes) -> Any:
         """`comm_fn(kind, nbytes, axes)`."""
-        key = ("comm", id(comm_fn), kind, tuple(axes), id(nbytes))
-        return self._get(key, (comm_fn, nbytes), lambda: comm_fn(kind, nbytes, axes))
+        key = ("comm", kind, tuple(axes))
+        return self._memo((comm_fn, nbytes), key, lambda: comm_fn(kind, nbytes, axes))
 
     def split(self, dims: tuple[tuple[str, tuple[str, ...]], ...], sizes, mesh) -> Any:
         """`_local_size(dims, sizes, mesh)`."""
-        k, held = self._sizes_key([d for d, _ in dims], sizes)
-        key = ("split", dims, k, id(mesh))
-        return self._get(key, (*held, mesh), lambda: _local_size(dims, sizes, mesh))
+        plain, held = self._sizes_key([d for d, _ in dims], sizes)
+        key = ("split", dims, plain)
+        return self._memo((*held, mesh), key, lambda: _local_size(dims, sizes, mesh))
+
+
+_MAX_SIZED = 1 << 12  # a family walk holds a few hundred (GPT-3 175B's: ~250)
 
 
 def _sized_array(x: Spec, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> tuple[Any, Any]:
