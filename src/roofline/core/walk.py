@@ -45,6 +45,7 @@ from roofline.core.sharding import (
     EinsumPlan,
     GemmShape,
     OptionPolicy,
+    SizedMemo,
     Spec,
     plan_einsum,
     plan_training_einsum,
@@ -521,6 +522,10 @@ class WalkOptions:
     floats: bool = False
 
 
+# the fewest rows a walk shares its sized quantities between einsums at (`SizedMemo`)
+SIZED_MEMO_ROWS = 64
+
+
 class _Walker:
     """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
 
@@ -540,6 +545,10 @@ class _Walker:
         # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
         self.step_share = 1.0 / np.asarray(mb, float)
         self.shared = SharedCollectives()
+        # a family walk's sized arrays, collectives and splits, shared by its einsums (a walk
+        # of a few rows computes them faster than it would look them up)
+        many = not opts.floats and np.size(sequences) >= SIZED_MEMO_ROWS
+        self.sized = SizedMemo() if many else None
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
         self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
         self.ops: list[OpRecord] = []
@@ -711,6 +720,7 @@ class _Walker:
                 weights=_weight_names(op),
                 weight_read_fraction=self.weight_read_fraction(op),
                 comm_share=self.comm_share,
+                sized=self.sized,
             )
             if self.phase == Phase.TRAIN:
                 self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
@@ -786,6 +796,7 @@ class _Walker:
             weights=_weight_names(op),
             weight_read_fraction=self.weight_read_fraction(op),
             comm_share=self.comm_share,
+            sized=self.sized,
         )
 
     def touched_experts(self, op: Op) -> Any:
@@ -821,15 +832,11 @@ class _Walker:
         """Records for the collectives of every option chosen on some row."""
         choice = ep.choice
         one = type(choice) is int  # a single plan: only its option has records
-        for oi, o in enumerate(ep.options):
-            if one:
-                if oi != choice:
-                    continue
-                sel = np.True_
-            else:
-                sel = np.asarray(choice) == oi
-                if not np.any(sel):
-                    continue
+        # the options some row chose, in order (a family's rows choose a few of ~10-30)
+        used = [choice] if one else _chosen_options(choice, len(ep.options))
+        for oi in used:
+            o = ep.options[oi]
+            sel = np.True_ if one else np.asarray(choice) == oi
             for c in o.comms:
                 counted, reusable = self.shared.count(c, block, sel, self.opts.merge_reductions)
                 cls = overlap_class(c)
@@ -1189,6 +1196,14 @@ _SCALED_FORMAT = {"fp4": "nvfp4"}  # NVFP4: fp4 values with one fp8 scale per 16
 # GEMM inputs quantised inside the fused norm before them (TE LayerNormLinear), and the router
 _NORM_FUSED_INPUTS = ("attn/q", "attn/k", "attn/v", "attn/q_a", "attn/kv_a", "mlp/up", "mlp/gate")
 _NO_QUANT_OPS = ("moe/router",)
+
+
+def _chosen_options(choice: Any, n: int) -> list[int]:
+    """The indices of the options some row of `choice` (an index per row) names, ascending."""
+    c = np.asarray(choice)
+    if c.dtype.kind == "i" and c.size and c.min() >= 0:
+        return np.flatnonzero(np.bincount(c.ravel(), minlength=n)[:n]).tolist()
+    return [oi for oi in range(n) if np.any(c == oi)]
 
 
 def _prod_axes(s: Spec, mesh: Mapping[str, Any]) -> Any:

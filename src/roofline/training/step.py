@@ -629,7 +629,8 @@ class _Sums:
                 m: Any = self.rr(rerun)
             else:
                 m = (1.0 + self.rr(rerun)) if (fwd and forward_mult and rerun) else 1.0
-            out = out + self.per_candidate(v) * m
+            x = self.per_candidate(v)
+            out = out + (x if type(m) is float and m == 1.0 else x * m)  # x * 1.0 is x exactly
         return out
 
     def per_candidate(self, v: Any) -> np.ndarray:
@@ -637,7 +638,7 @@ class _Sums:
         already; anything else is broadcast to it first)."""
         if type(v) is not np.ndarray or v.shape != self.ctx.n_rows or v.dtype != np.float64:
             v = np.broadcast_to(np.asarray(v, float), self.ctx.n_rows)
-        return v[self.ctx.inv]
+        return v.take(self.ctx.inv)  # v[inv]: the same values, numpy's take ~1.5x faster
 
     def compute(
         self,
