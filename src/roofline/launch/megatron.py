@@ -35,12 +35,14 @@ from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_known,
+    costed_switches,
     microbatch_count,
     needs,
     precision_of,
     recipe_for,
     remat_of,
     stack_defaults,
+    to_state,
     workload,
 )
 from roofline.launch.shell import script
@@ -639,10 +641,17 @@ _SELECTIVE = (RematKind.MATMULS, RematKind.MODULES)
 def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     plan = config.plan
     out: list[tuple[str, Any]] = []
+    # the overlap the step costs (an unset flag: the profile's default, e.g. TP overlap on with
+    # SP as NVIDIA's recipes run it, where Megatron-LM's own default is off); its store_true
+    # switches have no off form, so an overlap costed off is written as nothing
+    costed = costed_switches(plan, PROFILE)
     for on, name in (
         (plan.sequence_parallel and plan.degrees.tp > 1, "sequence-parallel"),
-        (plan.collective_matmul, "tp-comm-overlap"),
-        (plan.overlap_ep, "overlap-moe-expert-parallel-comm"),
+        (_stated(plan, costed, "collective_matmul", "tp-comm-overlap"), "tp-comm-overlap"),
+        (
+            _stated(plan, costed, "overlap_ep", "overlap-moe-expert-parallel-comm"),
+            "overlap-moe-expert-parallel-comm",
+        ),
         (plan.zero == 1 and plan.degrees.dp > 1, "use-distributed-optimizer"),
         (plan.degrees.fsdp > 1, "use-megatron-fsdp"),
     ):
@@ -673,6 +682,12 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     elif recipe == "nvfp4":
         out.append(("fp4-format", "e2m1"))
     return out
+
+
+def _stated(plan: Plan, costed: dict[str, bool], flag: str, key: str) -> bool:
+    """A store_true overlap switch written: on where the plan sets it on, or leaves it to the
+    profile's default that the step costs on (launch.common.to_state)."""
+    return to_state(getattr(plan, flag), costed[flag], STACK, key) is True
 
 
 def _offload_flags(config: LaunchConfig) -> list[tuple[str, Any]]:
