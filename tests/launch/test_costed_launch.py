@@ -148,3 +148,25 @@ def test_torchtitan_unset_compile_costs_eager():
     assert stack_of("megatron").compiled(None) is True
     assert step("dp=8", "megatron") == step("dp=8,compile=1", "megatron")
     assert parse_plan("fsdp=8").to_dict()["compiled"] is None  # JSON null for unset
+
+
+@pytest.mark.parametrize(
+    "spec,flags",
+    [
+        # ZeRO-1 replicas: the gradient reduction and the parameter gather both overlapped
+        ("dp=8,tp=8,megatron_sp=1,zero=1", {"--overlap-grad-reduce", "--overlap-param-gather"}),
+        # no distributed optimizer: no parameter gather to overlap
+        ("dp=8,tp=8,megatron_sp=1,zero=0", {"--overlap-grad-reduce"}),
+        ("tp=8,megatron_sp=1", set()),  # no data parallelism
+    ],
+)
+def test_megatron_states_the_data_parallel_overlaps_it_costs(spec, flags):
+    """The megatron profile costs the gradient reduction (and the distributed optimizer's
+    parameter gather) overlapped with data parallelism; Megatron-LM's store_true switches
+    default off, so the launch line says them. The reader takes them as the profile's default."""
+    plan, text, back = _export("megatron", spec + ",optimizer=adam-fp32-master")
+    written = {f for f in ("--overlap-grad-reduce", "--overlap-param-gather") if f in text}
+    assert written == flags
+    assert back == replace(plan, collective_matmul=True)  # tp=8 with SP: costed on, stated
+    for key in ("overlap-grad-reduce", "overlap-param-gather"):
+        assert stack_defaults("megatron").value(key) is False

@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from roofline.core.stack import recipe_dtypes, stack_of
+from roofline.core.stack import plan_conditions, recipe_dtypes, stack_of
 from roofline.errors import RooflineError
 from roofline.launch.base import (
     Default,
@@ -30,7 +30,7 @@ from roofline.launch.base import (
     Unsupported,
     closest_hint,
 )
-from roofline.specs.framework import load_framework
+from roofline.specs.framework import OverlapClass, load_framework
 from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import ComputeDtypes, Plan, RematKind, parse_remat
 
@@ -364,6 +364,14 @@ def to_state(plan_value: bool | None, costed: bool, stack: str, key: str) -> boo
     if plan_value is not None:
         return plan_value
     return costed if costed != bool(stack_defaults(stack).value(key)) else None
+
+
+def costed_overlap(plan: Plan, profile: str, cls: OverlapClass, held: frozenset[str] = GPU) -> bool:
+    """Whether the step costs overlap class `cls` on for `plan` where no plan key switches it
+    (the data-parallel gradient reduction, the parameter gather): the profile's default under
+    the plan's conditions (core.stack.plan_conditions, Stack.default_on)."""
+    stack = stack_of(profile)
+    return stack.default_on(cls, plan_conditions(stack, plan, held))
 
 
 def costed_compiled(plan: Plan, profile: str) -> bool:

@@ -35,6 +35,7 @@ from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_known,
+    costed_overlap,
     costed_switches,
     microbatch_count,
     needs,
@@ -46,6 +47,7 @@ from roofline.launch.common import (
     workload,
 )
 from roofline.launch.shell import script
+from roofline.specs.framework import OverlapClass
 from roofline.specs.plan import (
     OPTIMIZERS,
     Degrees,
@@ -83,6 +85,8 @@ _READ = (
     "sequence-parallel",
     "tp-comm-overlap",
     "overlap-moe-expert-parallel-comm",
+    "overlap-grad-reduce",
+    "overlap-param-gather",
     "use-distributed-optimizer",
     "use-megatron-fsdp",
     "use-torch-fsdp2",
@@ -654,6 +658,7 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
         ),
         (plan.zero == 1 and plan.degrees.dp > 1, "use-distributed-optimizer"),
         (plan.degrees.fsdp > 1, "use-megatron-fsdp"),
+        *_data_parallel_overlaps(plan),
     ):
         if on:
             out.append((name, True))
@@ -682,6 +687,19 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     elif recipe == "nvfp4":
         out.append(("fp4-format", "e2m1"))
     return out
+
+
+def _data_parallel_overlaps(plan: Plan) -> list[tuple[bool, str]]:
+    """--overlap-grad-reduce / --overlap-param-gather where the step costs the gradient
+    reduction / the distributed optimizer's parameter gather overlapped (the megatron profile's
+    default with data parallelism; Megatron-LM's own is off)."""
+    return [
+        (to_state(None, costed_overlap(plan, PROFILE, cls), STACK, key) is True, key)
+        for cls, key in (
+            (OverlapClass.GRAD_REDUCE, "overlap-grad-reduce"),
+            (OverlapClass.WEIGHT_GATHER, "overlap-param-gather"),
+        )
+    ]
 
 
 def _stated(plan: Plan, costed: dict[str, bool], flag: str, key: str) -> bool:
