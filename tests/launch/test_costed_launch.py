@@ -170,3 +170,15 @@ def test_megatron_states_the_data_parallel_overlaps_it_costs(spec, flags):
     assert back == replace(plan, collective_matmul=True)  # tp=8 with SP: costed on, stated
     for key in ("overlap-grad-reduce", "overlap-param-gather"):
         assert stack_defaults("megatron").value(key) is False
+
+
+def test_maxtext_refuses_to_write_collective_matmul_off():
+    """XLA's collective matmul is on by default on TPU and MaxText's command line has no switch
+    for it: a plan costed with it off cannot be written (it would launch with it on); unset is
+    written as is (the default, as costed)."""
+    from roofline.launch.base import LaunchError
+
+    with pytest.raises(LaunchError, match="collective matmul off"):
+        _export("maxtext", "fsdp=16,tp=4,remat=full,collective_matmul=0,optimizer=adam-fp32")
+    plan, text, back = _export("maxtext", "fsdp=16,tp=4,remat=full,optimizer=adam-fp32")
+    assert back == plan and back.collective_matmul is None
