@@ -199,22 +199,30 @@ def _round_trip(stack: str, spec: str):
 @pytest.mark.parametrize("value", ["", ",collective_matmul=0", ",collective_matmul=1"])
 def test_a_launch_file_keeps_unset_apart_from_zero(stack, base, key, value):
     """Formats that can state the switch off (NeMo's YAML, torchtitan's TOML) write 0 as off and
-    leave an unset switch out, so export then import gives each of the three back."""
+    1 as on. An unset switch is left out where the tool's own default is what the step costs
+    (torchtitan: async TP off), so it reads back unset; where they differ it is written as
+    costed (NeMo with SP: the megatron profile's TP overlap on, NeMo's own default off)."""
     plan, back, text = _round_trip(stack, base + value)
-    assert back == plan
-    assert (key in text) == (plan.collective_matmul is not None)
+    written_unset = stack == "nemo"  # costed on, NeMo's ub_tp_comm_overlap defaults to false
+    if plan.collective_matmul is None and written_unset:
+        assert f"{key}: true" in text and back == replace(plan, collective_matmul=True)
+    else:  # torchtitan's async TP also writes compile on (it takes effect only compiled)
+        compiled = True if stack == "torchtitan" and plan.collective_matmul else plan.compiled
+        assert back == replace(plan, compiled=compiled)
+        assert (key in text) == (plan.collective_matmul is not None)
 
 
 def test_megatron_writes_the_switch_only_when_on():
-    """Megatron-LM's --tp-comm-overlap is a store_true switch: a launch line says 1; unset and 0
-    both write nothing, which imports as unset (the file states no value)."""
+    """Megatron-LM's --tp-comm-overlap is a store_true switch: a launch line says it where the
+    step costs the overlap on — 1, or unset with SP (the profile's default; Megatron-LM's own
+    is off) — and 0 writes nothing, which imports as unset (the file states no value)."""
     for value, back_value in (
-        ("", None),
+        ("", True),
         (",collective_matmul=1", True),
         (",collective_matmul=0", None),
     ):
         plan, back, text = _round_trip(
             "megatron", "dp=4,tp=8,megatron_sp=1,zero=1,optimizer=adam-fp32-master" + value
         )
-        assert ("--tp-comm-overlap" in text) == (plan.collective_matmul is True)
+        assert ("--tp-comm-overlap" in text) == (back_value is True)
         assert back.collective_matmul is back_value

@@ -39,7 +39,12 @@ def test_compile_is_a_plan_flag_that_prints_and_parses_back():
     p = parse_plan("fsdp=8,compile=0")
     assert not p.compiled and "compile=0" in p.describe()
     assert parse_plan(p.describe()) == p
-    assert parse_plan("fsdp=8").compiled and "compile" not in parse_plan("fsdp=8").describe()
+    on = parse_plan("fsdp=8,compile=1")
+    assert on.compiled and "compile=1" in on.describe() and parse_plan(on.describe()) == on
+    # tri-state: left out is the stack's default (None; JSON null), not "compiled"
+    unset = parse_plan("fsdp=8")
+    assert unset.compiled is None and "compile" not in unset.describe()
+    assert unset.to_dict()["compiled"] is None
 
 
 def test_eager_rows_move_the_bytes_of_torchtitans_eager_kernels():
@@ -47,7 +52,7 @@ def test_eager_rows_move_the_bytes_of_torchtitans_eager_kernels():
     the fused kernel's 4: 9x; its eager SwiGLU (model.py:253) 10 against 6. Matmuls, attention
     and the other rows are unchanged, forward and backward alike."""
     eager = _bytes(_walk("fsdp=8,remat=none,compile=0", "torchtitan"))
-    fused = _bytes(_walk("fsdp=8,remat=none", "torchtitan"))
+    fused = _bytes(_walk("fsdp=8,remat=none,compile=1", "torchtitan"))
     assert eager.keys() == fused.keys()
     want = {"norms": 9.0, "mlp/act": 10 / 6}
     for (op, pass_), b in fused.items():
@@ -67,14 +72,15 @@ def test_a_stack_without_an_eager_table_is_fused_either_way():
 def test_eager_is_slower_and_the_gap_is_the_extra_elementwise_traffic():
     s, w = parse_system("h100:8"), Workload(2**16, 4096)
     eager = evaluate_plan(MODEL, s, w, parse_plan("fsdp=8,compile=0"), framework="torchtitan")
-    fused = evaluate_plan(MODEL, s, w, parse_plan("fsdp=8"), framework="torchtitan")
+    fused = evaluate_plan(MODEL, s, w, parse_plan("fsdp=8,compile=1"), framework="torchtitan")
     assert eager.step_time_s > fused.step_time_s
     assert eager.memory_per_chip_bytes == fused.memory_per_chip_bytes
 
 
 def test_torchtitan_reader_takes_compile_enable_and_its_default():
     """[compile] enable defaults to false (torchtitan config/configs.py CompileConfig): a job
-    config without it runs eager; the writer writes the plan's flag back."""
+    config without it runs eager (the plan's compile unset, the profile's compiled_by_default
+    false); the writer writes the plan's flag back."""
     base = """
 [parallelism]
 data_parallel_shard_degree = 8
@@ -83,7 +89,8 @@ local_batch_size = 1
 seq_len = 4096
 """
     eager = read_launch(base, source="tt.toml", stack="torchtitan", chips=8)
-    assert not eager.plan.compiled
+    # unstated: the plan leaves compile unset, which the torchtitan profile costs eager
+    assert eager.plan.compiled is None and stack_of("torchtitan").compiled(None) is False
     assert any(d.key == "compile.enable" for d in eager.defaults)
     compiled = read_launch(
         base + "[compile]\nenable = true\n", source="tt.toml", stack="torchtitan", chips=8

@@ -29,6 +29,8 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from roofline.core.collectives import CollectiveKind
 from roofline.core.ledger import Op
 from roofline.core.memory import LAST_PROJECTIONS, NON_LAYER_ROWS
@@ -66,7 +68,7 @@ from roofline.specs.framework import (
     load_framework,
 )
 from roofline.specs.framework import Schedule as FwSchedule
-from roofline.specs.plan import ComputeDtypes, Remat, RematKind, Schedule
+from roofline.specs.plan import ComputeDtypes, Plan, Remat, RematKind, Schedule, Strategy
 from roofline.units import compute_format
 
 IDEAL = "ideal"
@@ -274,6 +276,15 @@ class Stack:
         e = self.framework.eager
         return 1.0 if e is None else e.factor(op_name)
 
+    def compiled(self, flag: bool | None) -> bool:
+        """Whether a plan's elementwise rows run compiled: its `compile` flag where set, else
+        the stack's default (the [eager] table's compiled_by_default; compiled, i.e. fused,
+        where the profile has no [eager] table)."""
+        if flag is not None:
+            return bool(flag)
+        e = self.framework.eager
+        return True if e is None else e.compiled_by_default
+
     # -- data parallelism and FSDP --------------------------------------------------------
     def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
         return self.framework.data_parallel.grad_reduce_per(zero, pipelined)
@@ -297,6 +308,26 @@ class Stack:
     def overlap(self, cls: OverlapClass) -> Overlap:
         """The class's mechanism; a class the profile does not list (`other`) is exposed."""
         return self.framework.overlap.get(cls) or _EXPOSED[cls]
+
+    def default_on(self, cls: OverlapClass, conditions: frozenset[str]) -> bool:
+        """Whether the class's mechanism is on by default under `conditions` (the profile's
+        `default` and `requires`, `specs.framework.Overlap.mode`)."""
+        ov = self.overlap(cls)
+        return ov.mode(None, conditions) is ov.on
+
+    def plan_overlap(self, plan: Plan, held: frozenset[str] = frozenset()) -> dict[str, bool]:
+        """The overlap switches in force for one plan, by plan key (collective_matmul,
+        overlap_ep): the plan's tri-state flag where set and the profile has that key, else
+        the stack's default under the plan's conditions (`overlap_conditions`; `held`: the
+        chip-level requirements, `chip_requirements`). What the step model costs, for writers
+        whose tool's own default differs."""
+        cond = plan_conditions(self, plan, held)
+        out = {}
+        for cls, ov in self.framework.overlap.items():
+            if ov.plan_key:
+                flag = getattr(plan, ov.plan_key)
+                out[ov.plan_key] = self.default_on(cls, cond) if flag is None else flag
+        return out
 
     # -- precision ----------------------------------------------------------------------------
     def recipe(self, name: str | None = None) -> Recipe:
@@ -431,6 +462,55 @@ def _exposed_overlap(cls: OverlapClass) -> Overlap:
 
 
 _EXPOSED = {c: _exposed_overlap(c) for c in OverlapClass}
+
+
+def overlap_conditions(
+    stack: Stack,
+    deg: Mapping[Strategy, Any],
+    *,
+    sequence_parallel: bool,
+    interleaved: Any,
+    full_remat: Any,
+    zero: Any,
+    held: frozenset[str],
+) -> dict[str, np.ndarray]:
+    """Which of the profiles' requirements (`specs.framework.Requirement`) hold, per candidate:
+    `deg` the degrees per strategy (arrays of one length), `interleaved` the interleaved
+    schedule with virtual stages > 1, `full_remat` a full (or checkpoint) recompute, `zero` the
+    ZeRO stage, `held` the chip's requirements (`chip_requirements`)."""
+    n = len(np.atleast_1d(deg[Strategy.TP]))
+    yes, no = np.ones(n, dtype=bool), np.zeros(n, dtype=bool)
+    return {
+        "sequence_parallel": yes if sequence_parallel else no,
+        "tensor_parallel": deg[Strategy.TP] > 1,
+        "data_parallel": (deg[Strategy.DP] > 1) | (deg[Strategy.FSDP] > 1),
+        "pipeline_parallel": deg[Strategy.PP] > 1,
+        "virtual_stages": np.asarray(interleaved, dtype=bool),
+        "expert_parallel": deg[Strategy.EP] > 1,
+        # the walk's dispatch is an all-to-all (the MoE recipes' alltoall / flex dispatchers)
+        "all_to_all_dispatch": deg[Strategy.EP] > 1,
+        "ring_attention": yes if stack.cp_method == CPMethod.RING else no,
+        "no_full_remat": ~np.asarray(full_remat, dtype=bool),
+        "distributed_optimizer": (zero >= 1) | (deg[Strategy.FSDP] > 1),
+        "zero3": deg[Strategy.FSDP] > 1,
+        "compile": no,
+        **{k: yes if k in held else no for k in ("tpu", "gpu", "fp8_hardware", "blackwell")},
+    }
+
+
+def plan_conditions(stack: Stack, plan: Plan, held: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The requirements that hold for one plan (`overlap_conditions` of a single candidate)."""
+    d = plan.degrees
+    cond = overlap_conditions(
+        stack,
+        {s: np.array([d.of(s)]) for s in Strategy},
+        sequence_parallel=plan.sequence_parallel,
+        interleaved=[plan.schedule == Schedule.INTERLEAVED and plan.virtual_stages > 1],
+        full_remat=[plan.remat.kind in (RematKind.FULL, RematKind.CHECKPOINTS)],
+        zero=np.array([plan.zero]),
+        held=held,
+    )
+    return frozenset(k for k, v in cond.items() if v[0])
 
 
 def chip_requirements(chip: Any) -> frozenset[str]:

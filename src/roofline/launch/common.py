@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from roofline.core.stack import recipe_dtypes, stack_of
+from roofline.core.stack import plan_conditions, recipe_dtypes, stack_of
 from roofline.errors import RooflineError
 from roofline.launch.base import (
     Default,
@@ -30,9 +30,9 @@ from roofline.launch.base import (
     Unsupported,
     closest_hint,
 )
-from roofline.specs.framework import load_framework
+from roofline.specs.framework import OverlapClass, load_framework
 from roofline.specs.model_catalog import load_model
-from roofline.specs.plan import ComputeDtypes, RematKind, parse_remat
+from roofline.specs.plan import ComputeDtypes, Plan, RematKind, parse_remat
 
 DEFAULTS_DIR = Path(__file__).parent / "defaults"
 
@@ -341,6 +341,43 @@ def recipe_for(profile: str, dtypes: ComputeDtypes, preferred: str | None, stack
 
 
 # ------------------------------------------------------------------------------ workload
+
+
+# the chip-level requirement every GPU stack's launch file holds (core.stack.chip_requirements)
+GPU = frozenset({"gpu"})
+
+
+def costed_switches(plan: Plan, profile: str, held: frozenset[str] = GPU) -> dict[str, bool]:
+    """The overlap switches the step model costs `plan` with on stack profile `profile`, by
+    plan key (collective_matmul, overlap_ep): the plan's tri-state flag where set, else the
+    profile's default under the plan's conditions (core.stack.Stack.plan_overlap, the rule
+    the step uses). A writer states these where the tool's own default differs, so the file
+    launches the overlap that was costed."""
+    return stack_of(profile).plan_overlap(plan, held)
+
+
+def to_state(plan_value: bool | None, costed: bool, stack: str, key: str) -> bool | None:
+    """What a writer states for a switch `key` of `stack`: the plan's value where the plan sets
+    one; for an unset one the value the step costs (`costed`) where the tool's own default
+    (launch/defaults/<stack>.toml) differs from it; None where the tool's default is what was
+    costed, so the file leaves the switch out and reads back unset."""
+    if plan_value is not None:
+        return plan_value
+    return costed if costed != bool(stack_defaults(stack).value(key)) else None
+
+
+def costed_overlap(plan: Plan, profile: str, cls: OverlapClass, held: frozenset[str] = GPU) -> bool:
+    """Whether the step costs overlap class `cls` on for `plan` where no plan key switches it
+    (the data-parallel gradient reduction, the parameter gather): the profile's default under
+    the plan's conditions (core.stack.plan_conditions, Stack.default_on)."""
+    stack = stack_of(profile)
+    return stack.default_on(cls, plan_conditions(stack, plan, held))
+
+
+def costed_compiled(plan: Plan, profile: str) -> bool:
+    """Whether the step model costs `plan` compiled on stack profile `profile`: its compile
+    flag where set, else the profile's [eager] compiled_by_default (core.stack.Stack.compiled)."""
+    return stack_of(profile).compiled(plan.compiled)
 
 
 def workload(

@@ -394,6 +394,17 @@ def _model(notes: Notes) -> str | None:
 
 def _expressible(plan: Plan) -> None:
     capabilities(STACK).refuse(plan)
+    if plan.collective_matmul is False and plan.degrees.tp > 1:
+        raise LaunchError(
+            "MaxText's config cannot switch XLA's collective matmul off (collective_matmul=0)",
+            rule="the collective matmul is a libtpu flag, on by default on TPU (the maxtext "
+            "profile's default); MaxText turns it off only through LIBTPU_INIT_ARGS "
+            "(DISABLE_COLLECTIVE_MATMUL = --xla_jf_spmd_threshold_for_windowed_einsum_mib="
+            "1000000, benchmarks/xla_flags_library.py), which its command line does not carry, "
+            "so the file would launch with the overlap the plan was costed without",
+            fix="drop collective_matmul=0 (the default), or add that flag to LIBTPU_INIT_ARGS "
+            "yourself when you launch",
+        )
 
 
 def write(config: LaunchConfig) -> str:

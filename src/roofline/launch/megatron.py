@@ -35,15 +35,19 @@ from roofline.launch.capable import capabilities
 from roofline.launch.common import (
     Notes,
     check_known,
+    costed_overlap,
+    costed_switches,
     microbatch_count,
     needs,
     precision_of,
     recipe_for,
     remat_of,
     stack_defaults,
+    to_state,
     workload,
 )
 from roofline.launch.shell import script
+from roofline.specs.framework import OverlapClass
 from roofline.specs.plan import (
     OPTIMIZERS,
     Degrees,
@@ -81,6 +85,8 @@ _READ = (
     "sequence-parallel",
     "tp-comm-overlap",
     "overlap-moe-expert-parallel-comm",
+    "overlap-grad-reduce",
+    "overlap-param-gather",
     "use-distributed-optimizer",
     "use-megatron-fsdp",
     "use-torch-fsdp2",
@@ -639,12 +645,20 @@ _SELECTIVE = (RematKind.MATMULS, RematKind.MODULES)
 def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     plan = config.plan
     out: list[tuple[str, Any]] = []
+    # the overlap the step costs (an unset flag: the profile's default, e.g. TP overlap on with
+    # SP as NVIDIA's recipes run it, where Megatron-LM's own default is off); its store_true
+    # switches have no off form, so an overlap costed off is written as nothing
+    costed = costed_switches(plan, PROFILE)
     for on, name in (
         (plan.sequence_parallel and plan.degrees.tp > 1, "sequence-parallel"),
-        (plan.collective_matmul, "tp-comm-overlap"),
-        (plan.overlap_ep, "overlap-moe-expert-parallel-comm"),
+        (_stated(plan, costed, "collective_matmul", "tp-comm-overlap"), "tp-comm-overlap"),
+        (
+            _stated(plan, costed, "overlap_ep", "overlap-moe-expert-parallel-comm"),
+            "overlap-moe-expert-parallel-comm",
+        ),
         (plan.zero == 1 and plan.degrees.dp > 1, "use-distributed-optimizer"),
         (plan.degrees.fsdp > 1, "use-megatron-fsdp"),
+        *_data_parallel_overlaps(plan),
     ):
         if on:
             out.append((name, True))
@@ -673,6 +687,25 @@ def _flags(config: LaunchConfig) -> list[tuple[str, Any]]:
     elif recipe == "nvfp4":
         out.append(("fp4-format", "e2m1"))
     return out
+
+
+def _data_parallel_overlaps(plan: Plan) -> list[tuple[bool, str]]:
+    """--overlap-grad-reduce / --overlap-param-gather where the step costs the gradient
+    reduction / the distributed optimizer's parameter gather overlapped (the megatron profile's
+    default with data parallelism; Megatron-LM's own is off)."""
+    return [
+        (to_state(None, costed_overlap(plan, PROFILE, cls), STACK, key) is True, key)
+        for cls, key in (
+            (OverlapClass.GRAD_REDUCE, "overlap-grad-reduce"),
+            (OverlapClass.WEIGHT_GATHER, "overlap-param-gather"),
+        )
+    ]
+
+
+def _stated(plan: Plan, costed: dict[str, bool], flag: str, key: str) -> bool:
+    """A store_true overlap switch written: on where the plan sets it on, or leaves it to the
+    profile's default that the step costs on (launch.common.to_state)."""
+    return to_state(getattr(plan, flag), costed[flag], STACK, key) is True
 
 
 def _offload_flags(config: LaunchConfig) -> list[tuple[str, Any]]:

@@ -21,7 +21,16 @@ import yaml
 
 from roofline.launch.base import LaunchConfig, LaunchError, LaunchKind
 from roofline.launch.capable import capabilities
-from roofline.launch.common import Notes, flatten, needs, recipe_for, remat_of, yaml_mapping
+from roofline.launch.common import (
+    Notes,
+    costed_switches,
+    flatten,
+    needs,
+    recipe_for,
+    remat_of,
+    to_state,
+    yaml_mapping,
+)
 from roofline.launch.megatron import BF16_GRADS, MegatronSettings, megatron_config
 from roofline.specs.plan import OPTIMIZERS, Plan, RematKind, parse_modules
 
@@ -228,7 +237,14 @@ def write(config: LaunchConfig) -> str:
         "context_parallel_size": d.sp,
         "expert_model_parallel_size": d.ep,
         "sequence_parallel": plan.sequence_parallel and d.tp > 1,
-        "ub_tp_comm_overlap": plan.collective_matmul,  # unset: left out (below)
+        # the plan's TP overlap; unset, the profile's default the step costs where NeMo's own
+        # (false) differs: on with SP and tp > 1, as NVIDIA's recipes run it (None: left out)
+        "ub_tp_comm_overlap": to_state(
+            plan.collective_matmul,
+            costed_switches(plan, PROFILE)["collective_matmul"],
+            STACK,
+            "model.ub_tp_comm_overlap",
+        ),
         "fsdp": d.fsdp > 1,
         "megatron_amp_O2": True,
         "activations_checkpoint_granularity": _granularity(plan),
@@ -239,7 +255,7 @@ def write(config: LaunchConfig) -> str:
         == "fp8-delayed",
         "optim": _optim(plan),
     }
-    if plan.collective_matmul is None:  # the stack's default: not written
+    if model["ub_tp_comm_overlap"] is None:  # NeMo's default is what was costed
         del model["ub_tp_comm_overlap"]
     if config.model:
         model["hf_model_name_or_path"] = config.model

@@ -31,6 +31,8 @@ from roofline.launch.common import (
     Notes,
     check_devices,
     check_known,
+    costed_compiled,
+    costed_switches,
     flatten,
     microbatch_count,
     needs,
@@ -39,6 +41,7 @@ from roofline.launch.common import (
     remat_of,
     resolve_rest,
     stack_defaults,
+    to_state,
     workload,
 )
 from roofline.specs.plan import (
@@ -133,7 +136,7 @@ def read(text: str, *, source: str = "<text>", chips: int | None = None) -> Laun
         virtual_stages=virtual,
         sequence_parallel=deg.tp > 1,
         collective_matmul=_async_tp(notes, deg.tp),
-        compiled=notes.flag("compile.enable", notes.get("compile.enable")),
+        compiled=notes.stated_flag("compile.enable"),  # unset: the profile's default, eager
         optimizer=_optimizer(notes),
         dtypes=dtypes,
     )
@@ -369,6 +372,12 @@ def write(config: LaunchConfig) -> str:
     _expressible(plan)
     local, global_seqs, mbs = _batch_split(plan, w.global_batch_sequences)
     d = plan.degrees
+    async_tp = to_state(
+        plan.collective_matmul,
+        costed_switches(plan, PROFILE)["collective_matmul"],
+        STACK,
+        "parallelism.enable_async_tensor_parallel",
+    )
     sections: dict[str, dict[str, Any]] = {
         "model": _model_section(config),
         "training": {
@@ -386,7 +395,7 @@ def write(config: LaunchConfig) -> str:
             "data_parallel_replicate_degree": d.dp,
             "data_parallel_shard_degree": d.fsdp * d.ep,
             "tensor_parallel_degree": d.tp,
-            "enable_async_tensor_parallel": plan.collective_matmul,  # unset: left out (below)
+            "enable_async_tensor_parallel": async_tp,  # None: left out (below)
             "pipeline_parallel_degree": d.pp,
             "pipeline_parallel_schedule": _schedule_name(plan),
             "pipeline_parallel_microbatch_size": mbs,
@@ -395,10 +404,13 @@ def write(config: LaunchConfig) -> str:
             "expert_tensor_parallel_degree": d.tp if d.ep > 1 else 1,
         },
         "activation_checkpoint": _remat_section(plan),
-        "compile": {"enable": plan.compiled or plan.collective_matmul is True},
+        "compile": {"enable": _compile(plan, async_tp)},
     }
-    if plan.collective_matmul is None:  # the stack's default: not written
-        del sections["parallelism"]["enable_async_tensor_parallel"]
+    for section, key in (("parallelism", "enable_async_tensor_parallel"), ("compile", "enable")):
+        if sections[section][key] is None:  # torchtitan's own default is what was costed
+            del sections[section][key]
+    if not sections["compile"]:
+        del sections["compile"]
     if w.train_steps:
         sections["training"]["steps"] = w.train_steps
     recipe = recipe_for(PROFILE, plan.dtypes, config.options.get("precision"), STACK)
@@ -408,6 +420,14 @@ def write(config: LaunchConfig) -> str:
     elif recipe == "mxfp8":
         sections["model"]["converters"] = ["quantize.linear.mx"]
     return _toml(sections, header=f"# torchtitan job config written by roofline: {plan.describe()}")
+
+
+def _compile(plan: Plan, async_tp: bool | None) -> bool | None:
+    """[compile] enable as written: the plan's compile, or unset the profile's default that the
+    step costs where torchtitan's own differs (launch.common.to_state; None: left out); on
+    wherever async TP is, which takes effect only compiled."""
+    stated = to_state(plan.compiled, costed_compiled(plan, PROFILE), STACK, "compile.enable")
+    return True if async_tp else stated
 
 
 def _model_section(config: LaunchConfig) -> dict[str, Any]:

@@ -527,8 +527,10 @@ class Plan:
     # default); False: expert_tensor_parallel_size = 1 (core.rules.moe_rules)
     expert_tp: bool = True
     # elementwise ops run as the compiler's fused kernels (torch.compile, XLA, Megatron's fused
-    # kernels); False: as eager PyTorch kernels (the stack profile's [eager] traffic)
-    compiled: bool = True
+    # kernels); False: as eager PyTorch kernels (the stack profile's [eager] traffic); None
+    # (`compile` left out): the stack's default (the [eager] table's compiled_by_default,
+    # core.stack.Stack.compiled; torchtitan runs eager unless [compile] enable is set)
+    compiled: bool | None = None
     # the saved activations kept in host memory between forward and backward
     # (`training.offload.offload_activations`; Megatron's --cpu-offloading, MaxText's offload
     # remat policies)
@@ -579,11 +581,10 @@ class Plan:
                 rule="virtual stages (model chunks per pipeline stage) exist only in the interleaved schedule",
                 fix=f"add schedule=interleaved, or drop virtual={self.virtual_stages}",
             )
-        for f in TRISTATE_FLAGS:
+        for f in (*TRISTATE_FLAGS, "compiled"):
             object.__setattr__(self, f, _tristate_value(f, getattr(self, f)))
         for f in (
             "sequence_parallel",
-            "compiled",
             "offload_activations",
             "expert_tp",
             "cuda_graph",
@@ -621,8 +622,8 @@ class Plan:
         ):
             if on or (on is False and flag in TRISTATE_FLAGS):  # a tri-state flag's 0 is said
                 parts.append(f"{flag}={int(on)}")
-        if not self.compiled:
-            parts.append("compile=0")
+        if self.compiled is not None:  # tri-state: left out is the stack's default
+            parts.append(f"compile={int(self.compiled)}")
         if not self.expert_tp and d.tp > 1:
             parts.append("expert_tp=0")
         parts += self.dtypes.describe()
@@ -723,7 +724,8 @@ def _tristate(k: str, v: str) -> bool:
         f"plan flag {k}={v!r}",
         rule="flags are 1/0 (or true/false, on/off); "
         f"{k} is tri-state: 1 switches the mechanism on, 0 off, and leaving it out keeps the "
-        "stack's own default (its profile's overlap default under the plan's conditions)",
+        "stack's own default (its profile's: an overlap's default under the plan's conditions, "
+        "compile's [eager] compiled_by_default)",
         fix=f"write {k}=1 or {k}=0, or drop {k} to keep the stack's default",
     )
 
@@ -761,7 +763,7 @@ for _keys, _field, _reader in (
     (("megatron_sp", "sequence_parallel", "seqpar"), "sequence_parallel", _flag),
     (("collective_matmul", "cm"), "collective_matmul", _tristate),
     (("overlap_ep", "dualpipe"), "overlap_ep", _tristate),
-    (("compile", "compiled"), "compiled", _flag),
+    (("compile", "compiled"), "compiled", _tristate),
     (("offload_activations", "offload_acts"), "offload_activations", _flag),
     (("expert_tp",), "expert_tp", _flag),
     (("cuda_graph", "full_graph"), "cuda_graph", _flag),

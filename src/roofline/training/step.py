@@ -39,7 +39,7 @@ from roofline.core.memory import (
 )
 from roofline.core.rules import Structure, kv_heads_replicated
 from roofline.core.sharding import CHEAPEST, OptionPolicy
-from roofline.core.stack import Stack, chip_requirements, stack_of
+from roofline.core.stack import Stack, chip_requirements, overlap_conditions, stack_of
 from roofline.core.walk import (
     FRAMEWORK_CLASS,
     MeshRows,
@@ -54,7 +54,6 @@ from roofline.errors import PlanError
 from roofline.memo import IdentityMemo
 from roofline.specs.efficiency import DEFAULT_PROFILE, Efficiency, load_profile
 from roofline.specs.framework import (
-    CPMethod,
     Exposed,
     Framework,
     OverlapMode,
@@ -277,28 +276,18 @@ class ModeArrays:
 
 
 def _conditions(ctx: _Context, chip: Any) -> dict[str, np.ndarray]:
-    """Which of the profiles' requirements hold for each candidate (specs.framework.Requirement)."""
-    d, n = ctx.deg, len(ctx.inv)
-    stack = ctx.stack
+    """Which of the profiles' requirements hold for each candidate (specs.framework.Requirement;
+    the rule is core.stack.overlap_conditions, which launch writers use for one plan)."""
     full = np.array([r.kind in (RematKind.FULL, RematKind.CHECKPOINTS) for r in ctx.remats])
-    yes, no = np.ones(n, dtype=bool), np.zeros(n, dtype=bool)
-    held = chip_requirements(chip)
-    return {
-        "sequence_parallel": yes if ctx.sequence_parallel else no,
-        "tensor_parallel": d[Strategy.TP] > 1,
-        "data_parallel": (d[Strategy.DP] > 1) | (d[Strategy.FSDP] > 1),
-        "pipeline_parallel": d[Strategy.PP] > 1,
-        "virtual_stages": (ctx.schedule == Schedule.INTERLEAVED.code) & (ctx.virtual > 1),
-        "expert_parallel": d[Strategy.EP] > 1,
-        # the walk's dispatch is an all-to-all (the MoE recipes' alltoall / flex dispatchers)
-        "all_to_all_dispatch": d[Strategy.EP] > 1,
-        "ring_attention": yes if stack.cp_method == CPMethod.RING else no,
-        "no_full_remat": ~full[ctx.remat_idx],
-        "distributed_optimizer": (ctx.zero >= 1) | (d[Strategy.FSDP] > 1),
-        "zero3": d[Strategy.FSDP] > 1,
-        "compile": no,
-        **{k: yes if k in held else no for k in ("tpu", "gpu", "fp8_hardware", "blackwell")},
-    }
+    return overlap_conditions(
+        ctx.stack,
+        ctx.deg,
+        sequence_parallel=ctx.sequence_parallel,
+        interleaved=(ctx.schedule == Schedule.INTERLEAVED.code) & (ctx.virtual > 1),
+        full_remat=full[ctx.remat_idx],
+        zero=ctx.zero,
+        held=chip_requirements(chip),
+    )
 
 
 def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeArrays]:
@@ -337,11 +326,7 @@ def _defaults_on(stack: Stack, conditions: frozenset[str]) -> dict[Overlap, bool
     (`specs.framework.Overlap.mode`), resolved once per (stack, conditions)."""
 
     def on() -> dict[Overlap, bool]:
-        out = {}
-        for cls in Overlap:
-            ov = stack.overlap(FRAMEWORK_CLASS[cls])
-            out[cls] = ov.mode(None, conditions) is ov.on
-        return out
+        return {cls: stack.default_on(FRAMEWORK_CLASS[cls], conditions) for cls in Overlap}
 
     return _DEFAULT_ON((stack,), conditions, on)
 
@@ -464,7 +449,8 @@ def evaluate_plans(
         remats=tuple(remat_list),
         stack=stack,
         floats=len(rows) == 1,  # the timeline broadcasts a single row's floats
-        eager=plan is not None and not plan.compiled,
+        # compile unset (or no single plan: the planner's candidates) is the stack's default
+        eager=not stack.compiled(None if plan is None else plan.compiled),
         host_syncs=plan is None or not plan.cuda_graph,
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)

@@ -70,7 +70,10 @@ class StackDefaults:
     remat_why: str
     sequence_parallel_with_tp: bool
     sp_why: str
-    collective_matmul: bool  # TP collectives overlapped with their matmuls
+    # TP collectives overlapped with their matmuls when a TP run does not say: True writes
+    # collective_matmul=1 (the stack's recipes switch it on where its profile would not);
+    # False leaves the plan's switch unset, i.e. the framework profile's default applies
+    collective_matmul: bool
     cm_why: str
     zero: int  # ZeRO stage over the data-parallel axis
     zero_why: str
@@ -124,8 +127,15 @@ STACKS: dict[str, StackDefaults] = {
             "under Megatron sequence parallelism (XLA reduce-scatters and all-gathers around the "
             "TP matmuls)"
         ),
-        collective_matmul=False,
-        cm_why="XLA collective matmul is opt-in (a LIBTPU/XLA flag), not a MaxText default",
+        collective_matmul=False,  # unset: the maxtext profile's default, on on TPU, off on GPU
+        cm_why=(
+            "collective matmul unstated: the maxtext profile's default (XLA's windowed-einsum "
+            "collective matmul is on on TPU: MaxText ships DISABLE_COLLECTIVE_MATMUL, "
+            "--xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000, to switch it off, "
+            "AI-Hypercomputer/maxtext benchmarks/xla_flags_library.py @48445cf0, and its "
+            "'*-no-collective-matmul' Trillium recipes add it, benchmarks/"
+            "maxtext_trillium_model_configs.py @bfd388fd)"
+        ),
         zero=0,
         zero_why="the DCN data axis replicates parameters and optimizer state (MaxText logical-axis rules)",
         optimizer="adam-fp32",

@@ -323,21 +323,22 @@ def _remat(p: dict, st: StackDefaults, notes: list[str]) -> str:
 
 
 def _compiled(p: dict, st: StackDefaults, notes: list[str]) -> list[str]:
-    """`compile=0` where the run ran eager PyTorch kernels: the row says so (`compile: false`,
-    or 'eager' in its precision), or says nothing on a stack that is eager by default
-    (StackDefaults.compiled; the profile's [eager] table holds its flag and traffic)."""
+    """The plan's `compile` on a stack with an [eager] table, always stated (the plan's unset
+    is the profile's compiled_by_default): 0 where the run ran eager PyTorch kernels — the row
+    says so (`compile: false`, or 'eager' in its precision), or says nothing on a stack that
+    is eager by default (StackDefaults.compiled) — else 1."""
     from roofline.core.stack import stack_of
 
     eager = stack_of(st.framework).framework.eager if st.framework else None
     if eager is None:
         return []
     if "compile" in p:
-        return [] if p["compile"] is True else ["compile=0"]
+        return ["compile=1"] if p["compile"] is True else ["compile=0"]
     if "eager" in str(p.get("precision") or "").lower():
         notes.append("the row's precision says eager: no torch.compile")
         return ["compile=0"]
     if st.compiled:  # a stack other than torchtitan's own configs (e.g. Meta's): as compiled
-        return []
+        return ["compile=1"]
     notes.append(f"compile unstated: eager, the stack's default ({eager.flag})")
     return ["compile=0"]
 
