@@ -108,3 +108,35 @@ def test_torchtitan_eager_runs_are_mapped_eager(training_entries):
         ("llama3-405b-h100-8192gpu-cp1", True),  # Meta's own stack: not torchtitan's default
     ):
         assert map_training_run(training_entries[rid]).inputs.plan.compiled is compiled, rid
+
+
+def test_a_stated_compile_becomes_the_stacks_default_for_the_planner():
+    """validate's planner mode searches with the run's compile (the planner leaves compile at
+    the stack's default): torchtitan made compiling by default costs an unset plan exactly as
+    compile=1, eager torchtitan exactly as compile=0; a stack without an [eager] table, or one
+    already defaulting so, is returned as it is."""
+    from roofline.training.planner import plan_training
+
+    tt = stack_of("torchtitan")
+    on = tt.compiling_by_default(True)
+    assert (tt.compiled(None), on.compiled(None), on.compiled(False)) == (False, True, False)
+    assert tt.compiling_by_default(False) is tt
+    mg = stack_of("megatron")
+    assert mg.compiling_by_default(True) is mg
+    s, w = parse_system("h100:8"), Workload(2**15, 4096)
+    unset = parse_plan("fsdp=8")
+    t = {
+        name: evaluate_plan(MODEL, s, w, p, framework=fw).step_time_s
+        for name, p, fw in (
+            ("unset-on", unset, on),
+            ("compiled", parse_plan("fsdp=8,compile=1"), tt),
+            ("unset-eager", unset, tt),
+            ("eager", parse_plan("fsdp=8,compile=0"), tt),
+        )
+    }
+    assert t["unset-on"] == t["compiled"] < t["unset-eager"] == t["eager"]
+    best = {
+        k: plan_training(MODEL, s, w, top_k=1, framework=fw).best.step_time_s
+        for k, fw in (("on", on), ("eager", tt))
+    }
+    assert best["on"] < best["eager"]

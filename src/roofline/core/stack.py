@@ -285,6 +285,15 @@ class Stack:
         e = self.framework.eager
         return True if e is None else e.compiled_by_default
 
+    def compiling_by_default(self, compiled: bool) -> Stack:
+        """This stack with plans whose `compile` is unset costed `compiled` (a run whose
+        published configuration states it, as `without_overlap` does for an overlap); the
+        stack itself where it has no [eager] table or already defaults so."""
+        e = self.framework.eager
+        if e is None or e.compiled_by_default == compiled:
+            return self
+        return _build(replace(self.framework, eager=replace(e, compiled_by_default=compiled)))
+
     # -- data parallelism and FSDP --------------------------------------------------------
     def grad_reduce_per(self, zero: int, pipelined: bool = False) -> Per:
         return self.framework.data_parallel.grad_reduce_per(zero, pipelined)

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from roofline.core.stack import stack_of
 from roofline.errors import RooflineError
 from roofline.specs.efficiency import Efficiency
 from roofline.training.planner import plan_training
@@ -97,10 +98,11 @@ _PLANNER_CACHE: dict[tuple, tuple[float, str, int]] = {}
 
 
 def _planner_best(
-    model, system, workload, eff, optimizer, framework, dtypes
+    model, system, workload, eff, optimizer, framework, dtypes, compiled=None
 ) -> tuple[float, str, int]:
-    """The planner's fastest plan on exactly this system in the run's compute dtypes (cached
-    per process: CI and repeated validate calls reuse searches)."""
+    """The planner's fastest plan on exactly this system in the run's compute dtypes, and
+    with the run's compile where it states one (the planner leaves compile at the stack's
+    default; cached per process: CI and repeated validate calls reuse searches)."""
     key = (
         repr(model),
         system.name,
@@ -110,12 +112,15 @@ def _planner_best(
         optimizer,
         framework,
         dtypes,
+        compiled,
     )
     if key in _PLANNER_CACHE:
         return _PLANNER_CACHE[key]
     kw: dict[str, Any] = {}
     if framework and PLANNER_TAKES_FRAMEWORK:
         kw["framework"] = framework
+        if compiled is not None:  # the run's stated compile is its stack's default here
+            kw["framework"] = stack_of(framework).compiling_by_default(compiled)
     res = plan_training(
         model,
         system,
@@ -158,6 +163,7 @@ def planner_check(
             x.plan.optimizer.name,
             _framework_for(run, framework),
             effective_dtypes(x.plan, x.system.chip),
+            x.plan.compiled,
         )
     except RooflineError as e:
         info = {"skipped_reason": f"planner found no plan: {e}"}
