@@ -735,7 +735,10 @@ def _serving_lines(
         table_lines += [
             "",
             f"[framework.{engine}]",
-            f"{TOML_MARK} {engine}'s per-request latency on aggregated TTFT",
+            f"{TOML_MARK} {engine}'s per-request latency on aggregated TTFT: API server, "
+            "tokenisation, scheduler admission, detokenisation, the way back to the client",
+            f"{TOML_MARK} (no published number: sources and candidates in "
+            f"specs/engines/{engine}.toml; docs/calibration.md has its CV)",
             f"{LATENCY} = {toml_value(float(latency[engine]))}",
         ]
     table_lines += ["", "[provenance.serving]"]
