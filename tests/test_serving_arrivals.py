@@ -102,14 +102,21 @@ def test_poisson_rates_and_length_mixes_never_run_in_cohorts(work):
     np.testing.assert_array_equal(d.tpot_s, lk.tpot_s)
 
 
-def test_the_shipped_mixed_engines_keep_their_cohorts():
-    """vLLM and TensorRT-LLM records keep `closed_loop_lockstep = true` (the drifted model needs
-    their per-request latency fitted beside it: see the records' comments); a closed loop of
-    fixed lengths on them is the lockstep cohort model."""
-    for name in ("vllm", "trtllm"):
-        e = load_engine(name)
-        assert e.mixed_prefill_decode and e.closed_loop_lockstep
+def test_the_shipped_records_vllm_drifts_and_tensorrt_llm_keeps_its_cohorts():
+    """vLLM's record sets `closed_loop_lockstep = false` (its busy loop steps whatever arrived,
+    record [drift]; its per-request latency is fitted beside it, request_latency_s@vllm), so a
+    closed loop of fixed lengths on it is the drifted model; TensorRT-LLM's keeps `true` (record
+    [step], measured) and is the lockstep cohort model."""
+    vllm, trt = load_engine("vllm"), load_engine("trtllm")
+    assert vllm.mixed_prefill_decode and not vllm.closed_loop_lockstep
+    assert trt.mixed_prefill_decode and trt.closed_loop_lockstep
     w, C = Workload(1024, 1024), np.array([8.0])
-    a = steady_state(STEP, VLLM, w, C)
-    b = steady_state(STEP, LOCK, w, C)
-    np.testing.assert_array_equal(a.ttft_s, b.ttft_s)
+    np.testing.assert_array_equal(
+        steady_state(STEP, VLLM, w, C).ttft_s, steady_state(STEP, DRIFT, w, C).ttft_s
+    )
+    assert not np.array_equal(
+        steady_state(STEP, VLLM, w, C).ttft_s, steady_state(STEP, LOCK, w, C).ttft_s
+    )
+    t = steady_state(STEP, trt, w, C).ttft_s
+    trt_drift = dataclasses.replace(trt, closed_loop_lockstep=False)
+    assert not np.array_equal(t, steady_state(STEP, trt_drift, w, C).ttft_s)

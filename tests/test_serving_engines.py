@@ -77,10 +77,10 @@ def write(tmp: Path, body: str) -> str:
             "memory_fraction_of",
         ),
         (
-            lambda s: s.replace("closed_loop_lockstep = true", 'closed_loop_lockstep = "yes"'),
+            lambda s: re.sub(r"closed_loop_lockstep = \w+", 'closed_loop_lockstep = "yes"', s),
             "closed_loop_lockstep",
         ),
-        (lambda s: s.replace("closed_loop_lockstep = true", ""), "closed_loop_lockstep"),
+        (lambda s: re.sub(r"closed_loop_lockstep = \w+", "", s), "closed_loop_lockstep"),
     ],
 )
 def test_bad_files_are_refused_with_the_key_named(tmp_path, edit, needle):

@@ -331,43 +331,52 @@ def test_the_whole_file_with_the_handoff_held_out(small_serving):
     assert row["after"]["median_abs_error"] != whole["all"]["ttft"]["after"]["median_abs_error"]
 
 
-# ---- SGLang's per-request latency (request_latency_s@sglang) -----------------------------------
+# ---- each engine's per-request latency (request_latency_s@ENGINE) and the prior ---------------
+
+SG = cs.latency_target("sglang")
 
 
 def test_the_request_latency_is_bounded():
-    """[0, 0.5] s: on the profile and under [framework.sglang]; the engine file keeps 0."""
+    """[0, 0.5] s: on the profile and under [framework.ENGINE]; the engine files keep 0."""
     from roofline.specs.engines import load_engine
 
     with pytest.raises(SpecError, match="request_latency_s"):
         replace(PEAK, request_latency_s=0.6)
-    bad = {"base": "datasheet", "framework": {"sglang": {"request_latency_s": -0.01}}}
-    with pytest.raises(SpecError, match="request_latency_s"):
-        profile_from_dict(bad, "x.toml")
-    assert load_engine("sglang").request_latency_s == 0.0
+    for engine, _ in cs.LATENCY_ENGINES:
+        bad = {"base": "datasheet", "framework": {engine: {"request_latency_s": -0.01}}}
+        with pytest.raises(SpecError, match="request_latency_s"):
+            profile_from_dict(bad, "x.toml")
+        assert load_engine(engine).request_latency_s == 0.0
+        assert cs.latency_target(engine).bounds == cs.PRIOR_T.bounds == cs.OVERHEADS[cs.LATENCY]
 
 
 def _latency_predictor():
-    """TTFT = base + the profile's latency for the engine (read as predict does: for_framework)."""
+    """TTFT = base + the profile's latency for the run's engine (read as predict does:
+    for_framework, which falls back to the profile's own value, the prior)."""
 
     def predict(run, *, efficiency):
-        return {"ttft_s": run.base + efficiency.for_framework("sglang").request_latency_s}
+        return {"ttft_s": run.base + efficiency.for_framework(run.engine).request_latency_s}
 
     return predict
 
 
-def _latency_cases(l_true: float, rng: np.random.Generator):
-    """18 aggregated SGLang runs on 3 chip families and 6 models: measured = (base + l_true),
-    5% noise; 3 queue-dominated outliers the robust loss must shrug off."""
+def _latency_cases(l_true: float, rng: np.random.Generator, engine: str = "sglang"):
+    """18 aggregated runs of `engine` on 3 chip families and 6 models: measured = (base +
+    l_true), 5% noise; 3 queue-dominated outliers the robust loss must shrug off."""
     cases = []
     for i in range(21):
         base = float(rng.uniform(0.05, 0.8))
         meas = (base + l_true) * float(np.exp(rng.normal(0, 0.05))) if i < 18 else 20.0
         run = SimpleNamespace(
-            id=f"s{i}",
-            engine="sglang",
+            id=f"{engine}{i}",
+            engine=engine,
             chip_family=("H200", "B200", "GB200")[i % 3],
             model_name=f"m{i % 6}",
             base=base,
+            disaggregated=False,
+            mapped=True,
+            skipped_reason="",
+            measured=SimpleNamespace(ttft_s=meas),
         )
         cases.append(cs.ServingCase(run, meas))
     return cases
@@ -376,15 +385,14 @@ def _latency_cases(l_true: float, rng: np.random.Generator):
 @pytest.mark.parametrize("l_true", [0.0, 0.12, 0.3])
 def test_the_fit_recovers_a_planted_request_latency(l_true):
     fit = cs.fit_cases(
-        _latency_cases(l_true, np.random.default_rng(3)), PEAK, _latency_predictor(), p=cs.LATENCY_T
+        _latency_cases(l_true, np.random.default_rng(3)), PEAK, _latency_predictor(), p=SG
     )
     assert fit.handoff_s == pytest.approx(l_true, abs=0.02)
     assert fit.target.name == "request_latency_s@sglang"
     assert fit.interpolation_gap_s < 1e-9  # linear in the latency
     by = {cv.by: cv for cv in fit.cv}
-    # one engine: holding it out leaves nothing to fit on, and the output says so
-    (eng,) = by["engine"].folds
-    assert eng.handoff_s is None and "cannot identify an engine's own parameter" in eng.reason
+    # an engine's own fit cannot hold its engine out: fit_latencies adds that fold (the prior)
+    assert set(by) == {"chip family", cs.PAIR}
     for g in ("chip family", cs.PAIR):
         assert len(by[g].folds) == (3 if g == "chip family" else 6)
         assert all(f.handoff_s == pytest.approx(l_true, abs=0.04) for f in by[g].folds)
@@ -394,92 +402,179 @@ def test_the_fit_recovers_a_planted_request_latency(l_true):
 
 def test_a_latency_beyond_the_bound_is_flagged_at_its_bound():
     fit = cs.fit_cases(
-        _latency_cases(0.9, np.random.default_rng(3)),
-        PEAK,
-        _latency_predictor(),
-        p=cs.LATENCY_T,
-        cv=False,
+        _latency_cases(0.9, np.random.default_rng(3)), PEAK, _latency_predictor(), p=SG, cv=False
     )
-    assert fit.handoff_s == cs.LATENCY_T.bounds.hi == 0.5 and fit.at_bound
+    assert fit.handoff_s == SG.bounds.hi == 0.5 and fit.at_bound
     assert "AT ITS BOUND" in "\n".join(cs.fit_text(fit))
 
 
-def test_the_latency_cv_folds_are_printed():
-    fit = cs.fit_cases(
-        _latency_cases(0.12, np.random.default_rng(3)), PEAK, _latency_predictor(), p=cs.LATENCY_T
-    )
-    text = "\n".join(cs.fit_text(fit))
-    for by in ("engine", "chip family", cs.PAIR):
-        assert f"Leave-one-{by}-out (held-out aggregated SGLang runs" in text
-    assert "leave-one-engine-out cannot identify" in text
-    assert "request_latency_s@sglang over 3 folds" in text and "over 6 folds" in text
+PLANTED = {"sglang": 0.24, "vllm": 0.08, "trtllm": 0.03}
+
+
+@pytest.fixture(scope="module")
+def three_engines():
+    """18 + 3 aggregated runs per engine, each with its own planted latency, fitted jointly."""
+    rng = np.random.default_rng(5)
+    runs = [c.run for e, v in PLANTED.items() for c in _latency_cases(v, rng, e)]
+    return runs, cs.fit_latencies(runs, PEAK, _latency_predictor())
+
+
+def test_each_engine_recovers_its_own_latency_and_the_prior_pools_them(three_engines):
+    runs, (lat, skipped) = three_engines
+    assert not skipped and not lat.notes
+    got = {f.target.engine: f.handoff_s for f in lat.fits}
+    assert got == pytest.approx(PLANTED, abs=0.02)
+    assert min(PLANTED.values()) < lat.prior_s < max(PLANTED.values())
+    # the prior is the pooled fit: the robust cost over every run is lowest there
+    measured = np.array([r.measured.ttft_s for r in runs])
+    base = np.array([r.base for r in runs])
+
+    def cost(v):
+        return cs.robust_cost(np.log((base + v) / measured))
+
+    assert cost(lat.prior_s) <= min(cost(lat.prior_s + d) for d in (-0.01, 0.01))
+
+
+def test_leave_one_engine_out_falls_back_to_the_prior_of_the_other_engines(three_engines):
+    """The held-out engine's runs are predicted with one latency fitted on the other engines'
+    runs together (what the model gives an engine without its own value)."""
+    _, (lat, _) = three_engines
+    for i, f in enumerate(lat.fits):
+        eng = next(cv for cv in f.cv if cv.by == "engine")
+        (fold,) = eng.folds
+        others = [g for j, g in enumerate(lat.fits) if j != i]
+        assert fold.held_out == f.target.engine
+        assert fold.n_train == sum(len(g.cases) for g in others) and fold.n_test == len(f.cases)
+        assert fold.handoff_s == cs.pooled_latency(others)
+        lo, hi = sorted(PLANTED[g.target.engine] for g in others)
+        assert lo - 0.02 < fold.handoff_s < hi + 0.02
+        want = [c.run.base + fold.handoff_s for c in f.cases]
+        measured = np.array([c.measured_ttft_s for c in f.cases])
+        np.testing.assert_allclose(fold.error_after, np.array(want) / measured - 1, rtol=1e-12)
+        assert "falls back to the prior" in fold.reason
+    # SGLang's latency is the largest: the others' prior under-predicts it
+    sg = next(f for f in lat.fits if f.target.engine == "sglang")
+    assert np.median(next(cv for cv in sg.cv if cv.by == "engine").error_after) < -0.05
+
+
+def test_the_latency_cv_folds_are_printed(three_engines):
+    _, (lat, _) = three_engines
+    text = "\n".join(t for f in lat.fits for t in cs.fit_text(f)) + "\n".join(lat.notes_text())
+    for _, display in cs.LATENCY_ENGINES:
+        for by in ("engine", "chip family", cs.PAIR):
+            assert f"Leave-one-{by}-out (held-out aggregated {display} runs" in text
+    assert "after = the prior request_latency_s fitted on the other engines' runs" in text
+    assert "falls back to the prior" in text
+    assert "request_latency_s@vllm over 3 folds" in text and "over 6 folds" in text
+    assert "Prior request_latency_s (an engine without its own value" in text
+
+
+def test_an_engine_with_too_few_runs_falls_back_to_the_prior(three_engines):
+    runs, _ = three_engines
+    keep = [r for r in runs if r.engine != "trtllm"] + [r for r in runs if r.engine == "trtllm"][:2]
+    lat, _ = cs.fit_latencies(keep, PEAK, _latency_predictor(), cv=False)
+    assert [f.target.engine for f in lat.fits] == ["sglang", "vllm"]
+    (note,) = lat.notes
+    assert "request_latency_s@trtllm not fitted: 2 mapped" in note and "the prior" in note
+    prof = cs.with_latencies(cs.latency_target("trtllm").on(PEAK, 0.4), lat)
+    assert prof.request_latency_s == lat.prior_s
+    assert prof.for_framework("trtllm").request_latency_s == lat.prior_s  # the base's 0.4 gone
+    assert prof.for_framework("vllm").request_latency_s == lat.fits[1].handoff_s
 
 
 def test_predictions_read_the_latency_of_their_own_engine_only(public_runs):
-    """Aggregated SGLang TTFT moves with [framework.sglang] request_latency_s (by at most the
-    latency: the closed loop's cycle lengthens too); vLLM/TRT-LLM and disaggregated runs do not."""
-    base = cs.LATENCY_T.on(load_profile("fitted"), 0.0)  # the shipped one carries a fit
-    prof = cs.LATENCY_T.on(base, 0.2)
-    seen = set()
-    for r in public_runs.values():
-        kind = ("sglang" if cs.LATENCY_T.reads(r) else "other", r.disaggregated)
-        if kind in seen or not r.mapped or not r.measured.ttft_s:
-            continue
-        a = predict_measured_run(r, efficiency=base)["ttft_s"]
-        b = predict_measured_run(r, efficiency=prof)["ttft_s"]
-        if kind[0] == "sglang":
-            assert 0.0 < b - a <= 0.2 + 1e-9
-        else:
-            assert b == a
-        seen.add(kind)
-    assert ("sglang", False) in seen and ("other", False) in seen and ("other", True) in seen
+    """Aggregated TTFT of an engine moves with its [framework.ENGINE] request_latency_s (by at
+    most the latency: the closed loop's cycle lengthens too); other engines' and disaggregated
+    runs do not."""
+    base = load_profile("fitted")
+    for t in cs.LATENCY_TS:  # the shipped one may carry fits
+        base = t.on(base, 0.0)
+    for t in cs.LATENCY_TS:
+        prof = t.on(base, 0.2)
+        seen = set()
+        for r in public_runs.values():
+            kind = ("own" if t.reads(r) else "other", r.disaggregated)
+            if kind in seen or not r.mapped or not r.measured.ttft_s:
+                continue
+            a = predict_measured_run(r, efficiency=base)["ttft_s"]
+            b = predict_measured_run(r, efficiency=prof)["ttft_s"]
+            if kind[0] == "own":
+                assert 0.0 < b - a <= 0.2 + 1e-9, (t.name, r.id)
+            else:
+                assert b == a, (t.name, r.id)
+            seen.add(kind)
+        assert seen == {("own", False), ("other", False), ("other", True)}, t.name
 
 
-def test_the_serving_fit_writes_the_latency_under_framework_sglang():
+def test_the_serving_fit_writes_each_latency_under_its_framework_and_the_prior_on_top():
     training = cs.strip_serving(SHIPPED.read_text())
     prov = {"command": "roofline calibrate --from-runs serving", "fitted": {cs.HANDOFF: 0.2}}
-    once = cs.add_serving(training, 0.2, prov, latency=0.11)
-    assert cs.add_serving(cs.add_serving(training, 0.3, prov, latency=0.4), 0.2, prov, 0.11) == once
+    lat = {"": 0.09, "sglang": 0.11, "vllm": 0.07, "trtllm": 0.02}
+    once = cs.add_serving(training, 0.2, prov, latency=lat)
+    other = {"": 0.3, "sglang": 0.4, "vllm": 0.1}
+    assert cs.add_serving(cs.add_serving(training, 0.3, prov, other), 0.2, prov, lat) == once
     assert cs.strip_serving(once) == training
     p = profile_from_dict(tomllib.loads(once), str(SHIPPED))
-    assert cs.LATENCY_T.value(p) == 0.11 and p.request_latency_s == 0.0
-    assert p.for_framework("sglang").request_latency_s == 0.11
-    assert p.for_framework("vllm").request_latency_s == 0.0
+    assert p.request_latency_s == 0.09 and p.disagg_handoff_s == 0.2
+    for t in cs.LATENCY_TS:
+        assert t.value(p) == lat[t.engine] == p.for_framework(t.engine).request_latency_s
+    assert p.for_framework("dynamo").request_latency_s == 0.09  # no value of its own: the prior
+    # an SGLang-only fit (the format shipped before the other engines were fitted) loads too
+    only = profile_from_dict(
+        tomllib.loads(cs.add_serving(training, 0.2, prov, {"sglang": 0.11})), str(SHIPPED)
+    )
+    assert only.request_latency_s == 0.0 and only.for_framework("sglang").request_latency_s == 0.11
+    assert only.for_framework("vllm").request_latency_s == 0.0
+    shipped = load_profile("fitted")  # whichever of the two formats is shipped
+    fitted = shipped.provenance["serving"]["fitted"]
+    for t in (cs.PRIOR_T, *cs.LATENCY_TS):
+        assert t.value(shipped) == fitted.get(t.name, 0.0), t.name
 
 
-def test_calibrate_serving_writes_a_profile_that_predicts_with_the_fitted_latency(
+def test_calibrate_serving_writes_a_profile_that_predicts_with_the_fitted_latencies(
     tmp_path, monkeypatch
 ):
-    """End to end on 4 disaggregated + 3 aggregated SGLang public runs: the written profile
-    carries the latency under [framework.sglang], and predicting with it gives the fit's
-    exact in-sample errors."""
+    """End to end on 4 disaggregated + 3 aggregated SGLang and 3 vLLM public runs: the written
+    profile carries each latency under [framework.ENGINE] and the prior on top, and predicting
+    with it gives the fits' exact in-sample errors; TensorRT-LLM (no runs) reads the prior."""
     entries = _public_entries()
     pick = [e for e in entries if "cfg698" in e["id"]]
-    sg = [
-        e
-        for e in entries
-        if "prefill" not in e.get("parallelism", {})
-        and "sglang" in e["id"]
-        and map_serving_run(e, "serving").mapped
-    ]
+    for engine in ("sglang", "vllm"):
+        pick += [
+            e
+            for e in entries
+            if "prefill" not in e.get("parallelism", {})
+            and e.get("engine", {}).get("name", "").lower().startswith(engine)
+            and map_serving_run(e, "serving").mapped
+        ][:3]
+    assert len(pick) == 10
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(pick + sg[:3]))
+    path.write_text(yaml.safe_dump(pick))
     monkeypatch.setattr(cs, "GRID_S", (0.0, 0.2, 0.5, 2.0))
     monkeypatch.setattr(cs, "LATENCY_GRID_S", (0.0, 0.1, 0.2, 0.3, 0.5))
     out = tmp_path / "p.toml"
     res = cs.calibrate_serving(path, cv=False, out=str(out))
     lat = res.latency
-    assert lat is not None and len(lat.cases) == 3 and 0.0 <= lat.handoff_s <= 0.5
+    assert [(f.target.engine, len(f.cases)) for f in lat.fits] == [("sglang", 3), ("vllm", 3)]
+    assert "request_latency_s@trtllm not fitted: 0 mapped" in lat.notes[0]
     prof = load_profile(str(out))
-    assert cs.LATENCY_T.value(prof) == lat.handoff_s
-    assert prof.provenance["serving"]["fitted"] == {
+    serving = prof.provenance["serving"]
+    assert serving["fitted"] == {
         cs.HANDOFF: res.fit.handoff_s,
-        "request_latency_s@sglang": lat.handoff_s,
+        cs.LATENCY: lat.prior_s,
+        **{f.target.name: f.handoff_s for f in lat.fits},
     }
-    for c, err in zip(lat.cases, lat.error_after, strict=True):
-        got = predict_measured_run(c.run, efficiency=prof)["ttft_s"]
-        assert got / c.measured_ttft_s - 1 == pytest.approx(err, rel=1e-12)
-    assert "request_latency_s@sglang" in cs.runs_text(res)
+    assert serving["latency_runs"] == 6 and serving["latency_vllm_runs"] == 3
+    assert prof.request_latency_s == lat.prior_s
+    assert prof.for_framework("trtllm").request_latency_s == lat.prior_s
+    for f in lat.fits:
+        assert f.target.value(prof) == f.handoff_s
+        for c, err in zip(f.cases, f.error_after, strict=True):
+            got = predict_measured_run(c.run, efficiency=prof)["ttft_s"]
+            assert got / c.measured_ttft_s - 1 == pytest.approx(err, rel=1e-12)
+    text = cs.runs_text(res)
+    assert "request_latency_s@sglang" in text and "request_latency_s@vllm" in text
+    assert res.to_dict()[cs.LATENCY]["engines"]["vllm"]["fitted_s"] == lat.fits[1].handoff_s
 
 
 def test_an_overlays_framework_table_keeps_the_bases_other_keys():

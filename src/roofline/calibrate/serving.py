@@ -33,20 +33,28 @@ efficiency profile, fitted here and only here:
   (no hand-off) and after;
 - the whole file's TTFT and TPOT before and after (aggregated runs do not read the hand-off).
 
-SGLang's aggregated TTFT carries a per-request latency the model's passes do not hold (the
-front end, the hand-over to the scheduler, the first token back to the client: at low
-concurrency the measured TTFT sits a near-constant ~0.1-0.2 s over the predicted one). No number
-is published, so it is the second bounded parameter, `request_latency_s` in [0, 0.5] s, stored
-per engine under `[framework.sglang]` of the profile (the engine file keeps 0) and fitted the
-same way on the mapped aggregated SGLang runs with a measured TTFT. The two touch disjoint runs
-(disaggregated TTFT does not read the latency, aggregated TTFT does not read the hand-off), so
-they are two 1-D fits. Leave-one-engine-out cannot identify an engine's own parameter (holding
-SGLang out leaves no run to fit it on): its fold is printed as refused, the chip-family and pair
-folds carry the held-out number.
+Aggregated TTFT carries a per-request latency the model's passes do not hold: the engine's API
+server (HTTP, tokenisation), the hand-over to the scheduler and its admission step, the first
+token's detokenisation and the way back to the client (at low concurrency the measured TTFT sits
+a near-constant 0.03-0.25 s over the predicted one). No engine publishes the number (sources per
+engine in specs/engines/*.toml: SGLang [front], vLLM [v1]/[drift], TensorRT-LLM [step]), so it is
+one bounded parameter per engine, `request_latency_s` in [0, 0.5] s, stored under
+`[framework.ENGINE]` of the profile (the engine file keeps 0) for each engine of
+`LATENCY_ENGINES` and fitted the same way on that engine's mapped aggregated runs with a measured
+TTFT. The profile's own `request_latency_s` is the prior an engine with no fitted value falls
+back to: one value fitted on every fitted engine's aggregated runs together (`PRIOR_T`). All the
+parameters touch disjoint runs (disaggregated TTFT does not read a latency, an engine's
+aggregated TTFT reads only its own), so the joint robust cost is a sum of one-parameter costs
+and the joint fit is the 1-D fits side by side. Leave-one-engine-out cannot identify an engine's
+own latency: its fold gives the held-out engine the prior fitted on the other engines' runs
+(what an unseen engine is predicted with); the chip-family and pair folds refit every engine's
+own value without the held-out group.
 
 `--out` the base's own file (`--base fitted --out src/roofline/specs/profiles/fitted.toml`) adds
 `disagg_handoff_s` and a `[provenance.serving]` table to it, keeping what the training fit
-wrote; another `--out` writes a profile over the base. `--docs` writes the tables between the
+wrote; another `--out` writes a profile over the base. The serving fit owns the top-level
+`disagg_handoff_s` and `request_latency_s`, the `[framework.ENGINE]` table of each engine of
+`LATENCY_ENGINES` and `[provenance.serving]`. `--docs` writes the tables between the
 serving markers of docs/calibration.md.
 """
 
@@ -71,7 +79,13 @@ from roofline.specs.efficiency import OVERHEADS, Efficiency, Param, load_profile
 
 HANDOFF = "disagg_handoff_s"
 BOUNDS = OVERHEADS[HANDOFF]
-LATENCY, LATENCY_ENGINE = "request_latency_s", "sglang"
+LATENCY = "request_latency_s"
+# the engines whose per-request latency is fitted (specs/engines/NAME.toml), with display names
+LATENCY_ENGINES: tuple[tuple[str, str], ...] = (
+    ("sglang", "SGLang"),
+    ("vllm", "vLLM"),
+    ("trtllm", "TensorRT-LLM"),
+)
 MIN_RUNS = 3
 LOSS, F_SCALE = "cauchy", 0.3
 # scipy.optimize.least_squares' loss functions rho(z), z = (residual / f_scale)^2
@@ -90,7 +104,7 @@ GRID_S: tuple[float, ...] = (
     1.5,
     2.0,
 )
-# per-request latencies (s) each aggregated SGLang run's TTFT is predicted at exactly
+# per-request latencies (s) each aggregated run's TTFT is predicted at exactly
 LATENCY_GRID_S: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(11))
 PAIR = "model×system pair"
 CV_GROUPINGS = ("engine", "chip family", PAIR)
@@ -136,15 +150,24 @@ class Target:
         return float(prof.frameworks.get(self.engine, {}).get(self.key, 0.0))
 
     def reads(self, run: Any) -> bool:
-        """Whether the serving model's prediction of `run` reads this parameter."""
+        """Whether the serving model's prediction of `run` reads this parameter (the prior:
+        every aggregated run, as the fallback of an engine without its own value)."""
         if not self.engine:
-            return bool(run.disaggregated)
+            return bool(run.disaggregated) == (self.key == HANDOFF)
         return not run.disaggregated and engine_name(run) == self.engine
 
 
 HANDOFF_T = Target(HANDOFF)
-LATENCY_T = Target(LATENCY, LATENCY_ENGINE, "aggregated SGLang", "no request latency")
-TARGETS = (HANDOFF_T, LATENCY_T)
+LATENCY_TS: tuple[Target, ...] = tuple(
+    Target(LATENCY, e, f"aggregated {d}", "no request latency") for e, d in LATENCY_ENGINES
+)
+PRIOR_T = Target(LATENCY, "", "aggregated runs of the fitted engines", "no request latency")
+TARGETS = (HANDOFF_T, PRIOR_T, *LATENCY_TS)
+
+
+def latency_target(engine: str) -> Target:
+    """The per-request latency target of `engine` (one of LATENCY_ENGINES)."""
+    return next(t for t in LATENCY_TS if t.engine == engine)
 
 
 def engine_name(run: Any) -> str:
@@ -206,9 +229,11 @@ def disagg_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]
     return _cases(runs, HANDOFF_T.reads)
 
 
-def latency_cases(runs: Sequence[Any]) -> tuple[list[ServingCase], dict[str, str]]:
-    """The mapped aggregated SGLang runs with a measured TTFT; the others' reasons."""
-    return _cases(runs, LATENCY_T.reads)
+def latency_cases(
+    runs: Sequence[Any], engine: str = "sglang"
+) -> tuple[list[ServingCase], dict[str, str]]:
+    """The mapped aggregated runs of `engine` with a measured TTFT; the others' reasons."""
+    return _cases(runs, latency_target(engine).reads)
 
 
 def _cases(runs: Sequence[Any], reads: Any) -> tuple[list[ServingCase], dict[str, str]]:
@@ -375,7 +400,7 @@ def cross_validate(
         test = [i for i, x in enumerate(groups) if x == g]
         train = [i for i, x in enumerate(groups) if x != g]
         before = curves.at(0.0, test) / measured[test] - 1
-        why = _unfittable(p, by, len(train))
+        why = _unfittable(p, len(train))
         if why:
             folds.append(Fold(g, len(train), len(test), None, before, before, why))
             continue
@@ -385,13 +410,8 @@ def cross_validate(
     return ServingCV(by, tuple(folds), p)
 
 
-def _unfittable(p: Target, by: str, n_train: int) -> str:
+def _unfittable(p: Target, n_train: int) -> str:
     """Why a fold keeps no value ("" when it is fitted)."""
-    if p.engine and by == "engine":
-        return (
-            f"leave-one-engine-out cannot identify an engine's own parameter: holding "
-            f"{p.engine} out leaves no run that reads {p.name} (the fold keeps none)"
-        )
     if n_train < MIN_RUNS:
         return f"{n_train} training runs (< {MIN_RUNS}): the fold keeps no {p.key}"
     return ""
@@ -410,6 +430,7 @@ class HandoffFit:
     cv: tuple[ServingCV, ...] = ()
     skipped: Mapping[str, str] = field(default_factory=dict)
     target: Target = HANDOFF_T
+    curves: TtftCurves | None = field(default=None, repr=False, compare=False)  # cases' cache
 
     @property
     def at_bound(self) -> bool:
@@ -427,7 +448,9 @@ def fit_cases(
     progress: Callable[[str], None] | None = None,
     p: Target = HANDOFF_T,
 ) -> HandoffFit:
-    """Fit `p` on `cases` (their predictor and the profile `start`, its value of `p` ignored)."""
+    """Fit `p` on `cases` (their predictor and the profile `start`, its value of `p` ignored).
+    An engine's own latency is cross-validated by chip family and pair here; its engine fold
+    needs the other engines' fits (`fit_latencies`)."""
     start = p.on(start, 0.0)
     refuse_if_few(len(cases), "calibrate --from-runs (serving)", p)
     curves = ttft_curves(cases, start, predict, grid, progress, p)
@@ -449,17 +472,10 @@ def fit_cases(
     h = fit_handoff(curves, measured, every, p)
     after = exact(every, h)
     gap = float(np.max(np.abs(after - curves.at(h))))
-    folds = tuple(cross_validate(cases, curves, exact, by, p) for by in CV_GROUPINGS) if cv else ()
-    return HandoffFit(
-        tuple(cases),
-        h,
-        curves.at(0.0) / measured - 1,
-        after / measured - 1,
-        gap,
-        folds,
-        skipped,
-        p,
-    )
+    groupings = [by for by in CV_GROUPINGS if not (p.engine and by == "engine")] if cv else []
+    folds = tuple(cross_validate(cases, curves, exact, by, p) for by in groupings)
+    before = curves.at(0.0) / measured - 1
+    return HandoffFit(tuple(cases), h, before, after / measured - 1, gap, folds, skipped, p, curves)
 
 
 # -- the whole file before and after -----------------------------------------------------------
@@ -537,14 +553,13 @@ class ServingCalibration:
     whole: Mapping[str, Any]
     skipped: Mapping[str, str]
     written: tuple[str, ...] = ()
-    latency: HandoffFit | None = None  # None: too few aggregated SGLang runs (latency_note)
-    latency_note: str = ""
+    latency: LatencyFits | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        lat = self.latency
+        lat = self.latency or LatencyFits()
         return {
             **fit_dict(self.fit),
-            LATENCY: fit_dict(lat) if lat is not None else {"not_fitted": self.latency_note},
+            LATENCY: lat.to_dict(),
             "whole_file": self.whole,
             "skipped": dict(self.skipped),
             "profile": self.profile.to_dict(),
@@ -609,7 +624,7 @@ def provenance(
     path: str | Path,
     base: str,
     command: str,
-    latency: HandoffFit | None = None,
+    latency: LatencyFits | None = None,
 ) -> dict[str, Any]:
     """What `[provenance.serving]` records and the shipped-profile tests check."""
     from roofline.calibrate.ship import runs_path, sha256_of
@@ -626,9 +641,7 @@ def provenance(
     }
     out.update(_fit_provenance(fit, ""))
     if latency is not None:
-        out["fitted"][latency.target.name] = latency.handoff_s
-        out["latency_runs"] = len(latency.cases)
-        out.update(_fit_provenance(latency, "latency_"))
+        out.update(_latency_provenance(latency, out["fitted"]))
     for subset in ("all", "aggregated", "disaggregated"):
         for m in ("ttft", "tpot"):
             for when in ("before", "after"):
@@ -639,6 +652,20 @@ def provenance(
         s = whole.get(held_out_key(by), {}).get("ttft", {}).get("after", {})
         if s.get("median_abs_error") is not None:
             out["all_ttft_held_out_by_" + cv_key(by)] = _short(s)
+    return out
+
+
+def _latency_provenance(lat: LatencyFits, fitted: dict[str, Any]) -> dict[str, Any]:
+    """Each engine's latency (in `fitted`, and its runs and CV as latency_ENGINE_*), the
+    prior (`fitted`'s request_latency_s)."""
+    out: dict[str, Any] = {"latency_runs": sum(len(f.cases) for f in lat.fits)}  # all engines'
+    if lat.prior_s is not None:
+        fitted[PRIOR_T.name] = lat.prior_s
+    for f in lat.fits:
+        fitted[f.target.name] = f.handoff_s
+        prefix = f"latency_{f.target.engine}_"
+        out[prefix + "runs"] = len(f.cases)
+        out.update(_fit_provenance(f, prefix))
     return out
 
 
@@ -663,20 +690,21 @@ def _fit_provenance(fit: HandoffFit, prefix: str) -> dict[str, Any]:
     return out
 
 
-LATENCY_TABLE = f"framework.{LATENCY_ENGINE}"
+LATENCY_TABLES = tuple(f"framework.{e}" for e, _ in LATENCY_ENGINES)
 
 
 def strip_serving(text: str) -> str:
-    """A profile file's text without a previous serving fit (its key, comment and tables: the
-    serving fit owns [framework.sglang], where it writes the request latency)."""
+    """A profile file's text without a previous serving fit (its keys, comments and tables: the
+    serving fit owns [framework.ENGINE] of each LATENCY_ENGINES engine, where it writes the
+    engine's request latency)."""
     out, table_name = [], ""
     for line in text.splitlines():
         s = line.strip()
         if s.startswith("[") and not s.startswith("[["):
             table_name = s.strip("[]").strip()
-        if table_name in ("provenance.serving", LATENCY_TABLE) or s.startswith(TOML_MARK):
+        if table_name in ("provenance.serving", *LATENCY_TABLES) or s.startswith(TOML_MARK):
             continue
-        if not table_name and s.split("=", 1)[0].strip() == HANDOFF:
+        if not table_name and s.split("=", 1)[0].strip() in (HANDOFF, LATENCY):
             continue
         out.append(line)
     while out and not out[-1].strip():
@@ -684,31 +712,46 @@ def strip_serving(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+Latencies = Mapping[str, float]  # engine -> request_latency_s; "" -> the profile's prior
+
+
 def _serving_lines(
-    h: float, prov: Mapping[str, Any], latency: float | None = None
+    h: float, prov: Mapping[str, Any], latency: Latencies | None = None
 ) -> tuple[list[str], list[str]]:
+    latency = dict(latency or {})
     key = [
         f"{TOML_MARK} fitted by `{prov.get('command', 'roofline calibrate --from-runs serving')}`",
         f"{TOML_MARK} per-request hand-off of disaggregated serving (docs/calibration.md)",
         f"{HANDOFF} = {toml_value(float(h))}",
     ]
+    if "" in latency:
+        key += [
+            f"{TOML_MARK} per-request latency of an engine without its own [framework.ENGINE] "
+            "value: one fitted on every fitted engine's aggregated runs",
+            f"{LATENCY} = {toml_value(float(latency.pop('')))}",
+        ]
     table_lines = []
-    if latency is not None:
+    for engine in [e for e, _ in LATENCY_ENGINES if e in latency]:
         table_lines += [
             "",
-            f"[{LATENCY_TABLE}]",
-            f"{TOML_MARK} {LATENCY_ENGINE}'s per-request latency on aggregated TTFT",
-            f"{LATENCY} = {toml_value(float(latency))}",
+            f"[framework.{engine}]",
+            f"{TOML_MARK} {engine}'s per-request latency on aggregated TTFT: API server, "
+            "tokenisation, scheduler admission, detokenisation, the way back to the client",
+            f"{TOML_MARK} (no published number: sources and candidates in "
+            f"specs/engines/{engine}.toml; docs/calibration.md has its CV)",
+            f"{LATENCY} = {toml_value(float(latency[engine]))}",
         ]
     table_lines += ["", "[provenance.serving]"]
     table_lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in prov.items()]
     return key, table_lines
 
 
-def add_serving(text: str, h: float, prov: Mapping[str, Any], latency: float | None = None) -> str:
-    """`text` (a profile file) with this serving fit in place of any previous one: the key
-    before the first table, [framework.sglang] (with `latency`) and `[provenance.serving]` at
-    the end."""
+def add_serving(
+    text: str, h: float, prov: Mapping[str, Any], latency: Latencies | None = None
+) -> str:
+    """`text` (a profile file) with this serving fit in place of any previous one: the keys
+    (the hand-off, `latency['']` the prior) before the first table, [framework.ENGINE] (each
+    engine's `latency`) and `[provenance.serving]` at the end."""
     lines = strip_serving(text).rstrip("\n").splitlines()
     key, table_lines = _serving_lines(h, prov, latency)
     first = next((i for i, x in enumerate(lines) if x.strip().startswith("[")), len(lines))
@@ -724,9 +767,9 @@ def overlay_text(
     calibrated: bool,
     h: float,
     prov: Mapping[str, Any],
-    latency: float | None = None,
+    latency: Latencies | None = None,
 ) -> str:
-    """A new profile file: `base` with the fitted hand-off (and request latency)."""
+    """A new profile file: `base` with the fitted hand-off (and request latencies)."""
     base_ref = str(Path(base).resolve()) if is_file(base) else base
     head = [
         "# The base profile with the serving parameters fitted on measured serving runs.",
@@ -744,8 +787,8 @@ def write_profile(out: str | Path, base: str, profile: Efficiency, prov: Mapping
 
     p, bp = Path(out), base_path(base)
     h = profile.disagg_handoff_s
-    lat = LATENCY_T.value(profile)
-    latency = lat if (lat or LATENCY_T.name in prov.get("fitted", {})) else None
+    fitted = prov.get("fitted", {})
+    latency = {t.engine: t.value(profile) for t in (PRIOR_T, *LATENCY_TS) if t.name in fitted}
     if bp is not None and p.exists() and p.resolve() == bp.resolve():
         text = add_serving(p.read_text(), h, prov, latency)
     else:
@@ -839,9 +882,11 @@ def fit_text(f: HandoffFit) -> list[str]:
 
 
 def runs_text(res: ServingCalibration, docs: bool = False) -> str:
-    f, lat = res.fit, res.latency
+    f, lat = res.fit, res.latency or LatencyFits()
     out = fit_text(f)
-    out += [""] + (fit_text(lat) if lat is not None else [res.latency_note])
+    for g in lat.fits:
+        out += [""] + fit_text(g)
+    out += [""] + lat.notes_text()
     out += [
         "",
         "The whole file, before (no hand-off, no request latency) and after (the fitted ones); "
@@ -849,7 +894,7 @@ def runs_text(res: ServingCalibration, docs: bool = False) -> str:
         whole_table(res.whole),
     ]
     if not docs:
-        for g in (f, lat):
+        for g in (f, *lat.fits):
             if g is not None:
                 out.append(
                     f"({g.target.name}: TTFT cached at {len(g.target.grid)} values per run; at "
@@ -865,9 +910,12 @@ def runs_text(res: ServingCalibration, docs: bool = False) -> str:
 
 
 def _cv_title(by: str, t: Target = HANDOFF_T) -> str:
+    after = "the fold's fit"
+    if t.engine and by == "engine":
+        after = f"the prior {PRIOR_T.name} fitted on the other engines' runs"
     return (
         f"Leave-one-{by}-out (held-out {t.runs} runs; before = {t.zero}, "
-        "after = the fold's fit, predicted exactly):"
+        f"after = {after}, predicted exactly):"
     )
 
 
@@ -886,19 +934,124 @@ def fit_latency(
     predict: Predict,
     cv: bool = True,
     progress: Callable[[str], None] | None = None,
+    p: Target = LATENCY_TS[0],
 ) -> tuple[HandoffFit | None, str, dict[str, str]]:
-    """SGLang's per-request latency on its aggregated runs, or None and why (too few runs:
-    the base's value is kept)."""
-    cases, skipped = latency_cases(runs)
+    """One engine's per-request latency on its aggregated runs, or None and why (too few
+    runs: the engine falls back to the prior)."""
+    cases, skipped = _cases(runs, p.reads)
     if len(cases) < MIN_RUNS:
         note = (
-            f"{LATENCY_T.name} not fitted: {len(cases)} mapped {LATENCY_T.runs} run(s) with a "
-            f"measured TTFT (< {MIN_RUNS}); the base's value "
-            f"{LATENCY_T.value(prof):g} s is kept"
+            f"{p.name} not fitted: {len(cases)} mapped {p.runs} run(s) with a measured TTFT "
+            f"(< {MIN_RUNS}); {p.engine} falls back to the prior {PRIOR_T.name}"
         )
         return None, note, skipped
-    fit = fit_cases(cases, prof, predict, cv=cv, progress=progress, p=LATENCY_T)
+    fit = fit_cases(cases, prof, predict, cv=cv, progress=progress, p=p)
     return fit, "", {**skipped, **fit.skipped}
+
+
+@dataclass(frozen=True)
+class LatencyFits:
+    """Each engine's fitted latency (with its CV) and the prior of the engines without one."""
+
+    fits: tuple[HandoffFit, ...] = ()
+    prior_s: float | None = None  # None: no engine fitted
+    notes: tuple[str, ...] = ()  # the engines not fitted, and why
+
+    def notes_text(self) -> list[str]:
+        head = (
+            f"Prior {PRIOR_T.name} (an engine without its own value; leave-one-engine-out's "
+            f"held-out engine): {self.prior_s:.3f} s, fitted on the "
+            f"{sum(len(f.cases) for f in self.fits)} {PRIOR_T.runs} together."
+            if self.prior_s is not None
+            else f"Prior {PRIOR_T.name}: not fitted (no engine's latency is)."
+        )
+        return [head, *self.notes]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prior_s": self.prior_s,
+            "engines": {f.target.engine: fit_dict(f) for f in self.fits},
+            "not_fitted": list(self.notes),
+        }
+
+
+def pooled_latency(fits: Sequence[HandoffFit]) -> float | None:
+    """One latency fitted on every case of `fits` together (each case's TTFT at its own
+    engine's value: the engines' curves share LATENCY_GRID_S), or None with too few runs."""
+    have = [f for f in fits if f.curves is not None]
+    if sum(len(f.cases) for f in have) < MIN_RUNS:
+        return None
+    curves = TtftCurves(have[0].curves.grid, np.vstack([f.curves.ttft_s for f in have]))
+    measured = np.array([c.measured_ttft_s for f in have for c in f.cases])
+    return fit_handoff(curves, measured, range(len(measured)), PRIOR_T)
+
+
+def engine_prior_cv(
+    fits: Sequence[HandoffFit], i: int, prof: Efficiency, predict: Predict
+) -> ServingCV:
+    """Leave-one-engine-out for engine `fits[i]`: its runs predicted exactly with the prior
+    fitted on the other engines' runs (what an engine with no value of its own is given)."""
+    f, others = fits[i], [g for j, g in enumerate(fits) if j != i]
+    measured = np.array([c.measured_ttft_s for c in f.cases])
+    before = f.error_before
+    n_train = sum(len(g.cases) for g in others)
+    h = pooled_latency(others)
+    if h is None:
+        why = f"{n_train} runs of other engines (< {MIN_RUNS}): no prior to fall back to"
+        return ServingCV(
+            "engine",
+            (Fold(f.target.engine, n_train, len(f.cases), None, before, before, why),),
+            f.target,
+        )
+    start = f.target.on(prof, 0.0)
+    pred = np.array([predict_ttft(predict, c, start, h, f.target) for c in f.cases])
+    names = ", ".join(g.target.engine for g in others)
+    why = f"falls back to the prior, one latency fitted on the aggregated runs of {names}"
+    fold = Fold(f.target.engine, n_train, len(f.cases), h, before, pred / measured - 1, why)
+    return ServingCV("engine", (fold,), f.target)
+
+
+def fit_latencies(
+    runs: Sequence[Any],
+    prof: Efficiency,
+    predict: Predict,
+    cv: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[LatencyFits, dict[str, str]]:
+    """Every LATENCY_ENGINES engine's latency on its aggregated runs, the prior on all of them
+    and (with `cv`) each engine's leave-one-engine-out fold."""
+    fits, notes, skipped = [], [], {}
+    for t in LATENCY_TS:
+        fit, note, sk = fit_latency(runs, prof, predict, cv, progress, t)
+        skipped.update(sk)
+        if fit is None:
+            notes.append(note)
+        else:
+            fits.append(fit)
+    if cv:
+        fits = [
+            replace(f, cv=(engine_prior_cv(fits, i, prof, predict), *f.cv))
+            for i, f in enumerate(fits)
+        ]
+    return LatencyFits(tuple(fits), pooled_latency(fits), tuple(notes)), skipped
+
+
+def with_latencies(prof: Efficiency, lat: LatencyFits) -> Efficiency:
+    """`prof` with each fitted engine's latency and the prior (an unfitted engine's own value
+    set to 0, so that it falls back to the prior)."""
+    fitted = {f.target.engine: f.handoff_s for f in lat.fits}
+    out = PRIOR_T.on(prof, lat.prior_s or 0.0)
+    for t in LATENCY_TS:
+        out = t.on(out, fitted.get(t.engine, 0.0)) if t.engine in fitted else _drop(out, t)
+    return out
+
+
+def _drop(prof: Efficiency, t: Target) -> Efficiency:
+    """`prof` without `t`'s per-engine value (the engine reads the profile's prior)."""
+    fws = dict(prof.frameworks)
+    rest = {k: v for k, v in fws.get(t.engine, {}).items() if k != t.key}
+    fws[t.engine] = MappingProxyType(rest)
+    return replace(prof, frameworks=MappingProxyType(fws))
 
 
 def calibrate_serving(
@@ -919,20 +1072,18 @@ def calibrate_serving(
     cases, skipped = disagg_cases(runs)
     refuse_if_few(len(cases), f"runs file {str(path)!r}")
     fit = fit_cases(cases, prof, predict, cv=cv, progress=progress)
-    lat, note, lat_skipped = fit_latency(runs, prof, predict, cv, progress)
-    fitted = replace(prof, disagg_handoff_s=fit.handoff_s)
-    if lat is not None:
-        fitted = LATENCY_T.on(fitted, lat.handoff_s)
+    lat, lat_skipped = fit_latencies(runs, prof, predict, cv, progress)
+    fitted = with_latencies(replace(prof, disagg_handoff_s=fit.handoff_s), lat)
     if progress:
         progress("predicting the whole file before and after")
-    whole = whole_file(runs, prof, fitted, predict, (*fit.cv, *(lat.cv if lat else ())))
+    whole = whole_file(runs, prof, fitted, predict, (*fit.cv, *(c for f in lat.fits for c in f.cv)))
     cmd = f"roofline calibrate --from-runs {path} --base {base}"
     cmd += (f" --out {out}" if out else "") + (f" --docs {docs}" if docs else "")
     cmd += "" if cv else " --no-cv"
     prov = provenance(fit, whole, path, base, cmd, lat)
     fitted = replace(fitted, provenance={**dict(prof.provenance), "serving": prov})
     every_skip = {**skipped, **fit.skipped, **lat_skipped}
-    res = ServingCalibration(fitted, fit, whole, every_skip, latency=lat, latency_note=note)
+    res = ServingCalibration(fitted, fit, whole, every_skip, latency=lat)
     written = []
     if out:
         written.append(write_profile(out, base, fitted, prov))
@@ -947,7 +1098,9 @@ __all__ = [
     "END",
     "HANDOFF",
     "LATENCY",
-    "LATENCY_T",
+    "LATENCY_ENGINES",
+    "LATENCY_TS",
+    "PRIOR_T",
     "ServingCalibration",
     "Target",
     "add_serving",
@@ -955,7 +1108,9 @@ __all__ = [
     "disagg_cases",
     "fit_cases",
     "fit_handoff",
+    "fit_latencies",
     "latency_cases",
+    "latency_target",
     "runs_text",
     "strip_serving",
 ]

@@ -157,14 +157,16 @@ OVERHEADS: dict[str, Param] = {
         "router -> prefill worker -> KV-ready notification -> the decode worker's first step "
         "(pure latency: it holds no prefill or decode capacity)",
     ),
-    # no published number either (candidate causes in specs/engines/sglang.toml): 0 on the
-    # profile, set per engine under [framework.ENGINE] only by `calibrate --from-runs serving`
+    # no published number either (candidate causes in specs/engines/{sglang,vllm,trtllm}.toml):
+    # set per engine under [framework.ENGINE] by `calibrate --from-runs serving`, and on the
+    # profile itself as the prior an engine without its own value falls back to
     "request_latency_s": Param(
         0.0,
         0.5,
         "s",
-        "latency every aggregated request pays outside any pass (front end, hand-over to the "
-        "scheduler, first token back to the client), on top of the engine file's own value",
+        "latency every aggregated request pays outside any pass (API server, tokenisation, "
+        "the scheduler's admission, detokenisation, first token back to the client), on top "
+        "of the engine file's own value",
     ),
 }
 
