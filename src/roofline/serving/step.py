@@ -296,12 +296,14 @@ class ShardedStep:
         key = (tuple(np.round(seqs, 6)), tuple(sel), round(chunk, 6), round(context, 6))
         hit = self._cache.get(key)
         if hit is None:
-            led = build_ledger(
-                self.walked,
-                batch=1,
-                seq=chunk,
-                kv_seq=max(context, chunk),
-                dtypes=self.quant.policy,
+            led = self._read_rows(
+                build_ledger(
+                    self.walked,
+                    batch=1,
+                    seq=chunk,
+                    kv_seq=max(context, chunk),
+                    dtypes=self.quant.policy,
+                )
             )
             pairs, inv = np.unique(np.column_stack([sel, seqs]), axis=0, return_inverse=True)
             idx = pairs[:, 0].astype(int)
@@ -309,6 +311,23 @@ class ShardedStep:
             t = self._table(self._walk(led, Phase.PREFILL, per, idx), per, led, idx)
             hit = self._cache[key] = t.taken(inv.reshape(-1))
         return hit
+
+    def _read_rows(self, ledger):
+        """The prefill ledger's rows a pass reads (those that are not token rows) and, before a
+        matmul among them, the rows of its block before it: a block's einsums share their
+        gathers (walk.SharedCollectives, by block), so each read row's records are those of
+        the whole ledger's walk, to the bit, at a fraction of its cost (an attention row's
+        records depend on its own op alone). The token rows come from the decode table."""
+        tok, ops = self.token_rows, ledger.ops
+        keep: set[int] = set()
+        for i, op in enumerate(ops):
+            if op.name in tok:
+                continue
+            keep.add(i)
+            if op.kind == OpKind.MATMUL:
+                block = op.name.rsplit("/", 1)[0]
+                keep.update(j for j in range(i) if ops[j].name.rsplit("/", 1)[0] == block)
+        return replace(ledger, ops=tuple(ops[i] for i in sorted(keep)))
 
     # -- the StepModel interface --------------------------------------------------------------
     def pass_time(self, shape: PassShape) -> PassTimes:
