@@ -305,20 +305,25 @@ class ShardedStep:
         key = (tuple(np.round(seqs, 6)), tuple(sel), round(chunk, 6), round(context, 6))
         hit = self._cache.get(key)
         if hit is None:
-            led = self._read_rows(
-                build_ledger(
-                    self.walked,
-                    batch=1,
-                    seq=chunk,
-                    kv_seq=max(context, chunk),
-                    dtypes=self.quant.policy,
-                )
-            )
+            led = self._prefill_ledger(chunk, max(context, chunk))
             pairs, inv = np.unique(np.column_stack([sel, seqs]), axis=0, return_inverse=True)
             idx = pairs[:, 0].astype(int)
             per = np.maximum(pairs[:, 1], 1e-9) / self.pp_plan[idx]
             t = self._table(self._walk(led, Phase.PREFILL, per, idx), per, led, idx)
             hit = self._cache[key] = t.taken(inv.reshape(-1))
+        return hit
+
+    def _prefill_ledger(self, chunk: float, kv_seq: float):
+        """The prefill ledger's read rows (`_read_rows`) at a chunk and its keys, built once
+        per (chunk, keys): a prefill-first engine's fixed point walks a table per sweep (its
+        batch follows the arrivals) at one chunk."""
+        key = ("ledger", chunk, kv_seq)
+        hit = self._cache.get(key)
+        if hit is None:
+            led = build_ledger(
+                self.walked, batch=1, seq=chunk, kv_seq=kv_seq, dtypes=self.quant.policy
+            )
+            hit = self._cache[key] = self._read_rows(led)
         return hit
 
     def _read_rows(self, ledger):
