@@ -331,11 +331,17 @@ class ShardedStep:
         matmul among them, the rows of its block before it: a block's einsums share their
         gathers (walk.SharedCollectives, by block), so each read row's records are those of
         the whole ledger's walk, to the bit, at a fraction of its cost (an attention row's
-        records depend on its own op alone). The token rows come from the decode table."""
+        records depend on its own op alone). The token rows come from the decode table; a
+        walk whose stack pays the MoE host sync keeps moe/up, which records it (not a token
+        row: the ideal stack the step walks pays none)."""
+        from roofline.core.stack import stack_of
+
+        o = self.options
+        sync = o.host_syncs and stack_of(o.stack).moe_host_sync_s > 0
         tok, ops = self.token_rows, ledger.ops
         keep: set[int] = set()
         for i, op in enumerate(ops):
-            if op.name in tok:
+            if op.name in tok and not (sync and op.name == "moe/up"):
                 continue
             keep.add(i)
             if op.kind == OpKind.MATMUL:
@@ -349,14 +355,13 @@ class ShardedStep:
         takes any 1-d array of shapes (each element a candidate of that plan)."""
         dec = np.asarray(shape.decode, float)
         pseq = np.asarray(shape.prefill_seqs, float)
-        shp = (
-            np.broadcast(dec, pseq, np.empty(self.m)).shape
-            if self.m > 1
-            else np.broadcast(dec, pseq).shape
-        )
+        if self.m > 1:
+            shp = np.broadcast(dec, pseq, np.empty(self.m)).shape
+        else:
+            shp = dec.shape if dec.shape == pseq.shape else np.broadcast(dec, pseq).shape
         shp = shp or (1,)
         dec, pseq = _to(dec, shp), _to(pseq, shp)
-        sel = self.sel if self.m > 1 else np.zeros(shp, int)
+        sel = self.sel if self.m > 1 else self._zeros(shp)
         chunk = _largest(shape.prefill_chunk)
         pre_on = pseq > 0
         ctx = _mean(shape.context) if (dec > 0).any() else _largest(shape.prefill_context)
@@ -369,6 +374,14 @@ class ShardedStep:
             pre = np.where(pre_on, pre.reshape((len(_FIELDS), -1, *shp)), 0.0)
             names, every = (*names, pre_names), np.concatenate((every, pre), axis=1)
         return self._combine(names, every, shp)
+
+    def _zeros(self, shp: tuple) -> np.ndarray:
+        """The one plan's index per element of a one-plan pass (read only)."""
+        hit = self._cache.get(("zeros", shp))
+        if hit is None:
+            hit = self._cache["zeros", shp] = np.zeros(shp, int)
+            hit.flags.writeable = False
+        return hit
 
     def _decode_rows(self, tab: _Tab, sizes: tuple, sel: np.ndarray) -> tuple[tuple, np.ndarray]:
         """The decode table's token rows at all the pass's tokens, its output head at the pass's
@@ -470,20 +483,19 @@ class ShardedStep:
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
         over = np.full(shp, 0.0 + self.overhead_s + layer)
         pp = self.pp
-        tot = pp * sums
-        comm = sums[_COMM]
+        compute, memory, flops, nbytes, kv, weights, comm, launch = pp * sums  # _FIELDS order
         return PassTimes(
-            time_s=pp * (rows_s + comm) + over,
-            compute_s=tot[_COMPUTE],
-            memory_s=tot[_MEMORY],
+            time_s=pp * (rows_s + sums[_COMM]) + over,
+            compute_s=compute,
+            memory_s=memory,
             rows_s=pp * rows_s,
-            comm_s=tot[_COMM],
+            comm_s=comm,
             overhead_s=over,
-            flops_per_chip=tot[_FLOPS],
-            hbm_bytes_per_chip=tot[_NBYTES],
-            weight_bytes_per_chip=tot[_WEIGHT_BYTES],
-            kv_bytes_per_chip=tot[_KV_BYTES],
-            launch_s=tot[_LAUNCH],
+            flops_per_chip=flops,
+            hbm_bytes_per_chip=nbytes,
+            weight_bytes_per_chip=weights,
+            kv_bytes_per_chip=kv,
+            launch_s=launch,
             breakdown=dict(zip(order, pp * per, strict=True)),
         )
 
@@ -577,7 +589,9 @@ def _mean(x: Any) -> float:
 
 
 _FIELDS = ("compute", "memory", "flops", "nbytes", "kv_bytes", "weight_bytes", "comm", "launch")
-_COMPUTE, _MEMORY, _FLOPS, _NBYTES, _KV_BYTES, _WEIGHT_BYTES, _COMM, _LAUNCH = range(8)
+_COMPUTE, _MEMORY, _COMM, _LAUNCH = (
+    _FIELDS.index(f) for f in ("compute", "memory", "comm", "launch")
+)
 _IS_LAUNCH = np.array([f == "launch" for f in _FIELDS])
 _GRID_STEP = GRID[1:] - GRID[:-1]  # GRID[j + 1] - GRID[j], elementwise as `_decode_rows` needs
 _SAMPLED = ("unembed",)  # the output head runs on the sampled rows only: one per sequence
