@@ -148,7 +148,7 @@ class _Tab:
     @functools.cached_property
     def stacked(self) -> np.ndarray:
         """The fields as one array (field × ops × ...), in `_FIELDS` order: one gather serves
-        them all (`_at`)."""
+        them all (`_prefill_rows`, `_Tab.slopes`)."""
         return np.stack([getattr(self, f) for f in _FIELDS])
 
     @functools.cached_property
