@@ -148,8 +148,17 @@ class _Tab:
     @functools.cached_property
     def stacked(self) -> np.ndarray:
         """The fields as one array (field × ops × ...), in `_FIELDS` order: one gather serves
-        them all (`_at`)."""
+        them all (`_prefill_rows`, `_Tab.slopes`)."""
         return np.stack([getattr(self, f) for f in _FIELDS])
+
+    @functools.cached_property
+    def slopes(self) -> np.ndarray:
+        """A decode table's (ops × grid × candidates) values at each grid point but the last
+        and the slopes to the next (value[j + 1] − value[j]), each flattened over (op, point,
+        candidate): (2 × field × ...), one gather for `_decode_rows`' interpolation."""
+        a = self.stacked
+        lo = a[:, :, :-1]
+        return np.stack([lo, a[:, :, 1:] - lo]).reshape(2, len(_FIELDS), -1)
 
 
 @dataclass
@@ -296,13 +305,7 @@ class ShardedStep:
         key = (tuple(np.round(seqs, 6)), tuple(sel), round(chunk, 6), round(context, 6))
         hit = self._cache.get(key)
         if hit is None:
-            led = build_ledger(
-                self.walked,
-                batch=1,
-                seq=chunk,
-                kv_seq=max(context, chunk),
-                dtypes=self.quant.policy,
-            )
+            led = self._prefill_ledger(chunk, max(context, chunk))
             pairs, inv = np.unique(np.column_stack([sel, seqs]), axis=0, return_inverse=True)
             idx = pairs[:, 0].astype(int)
             per = np.maximum(pairs[:, 1], 1e-9) / self.pp_plan[idx]
@@ -310,55 +313,130 @@ class ShardedStep:
             hit = self._cache[key] = t.taken(inv.reshape(-1))
         return hit
 
+    def _prefill_ledger(self, chunk: float, kv_seq: float):
+        """The prefill ledger's read rows (`_read_rows`) at a chunk and its keys, built once
+        per (chunk, keys): a prefill-first engine's fixed point walks a table per sweep (its
+        batch follows the arrivals) at one chunk."""
+        key = ("ledger", chunk, kv_seq)
+        hit = self._cache.get(key)
+        if hit is None:
+            led = build_ledger(
+                self.walked, batch=1, seq=chunk, kv_seq=kv_seq, dtypes=self.quant.policy
+            )
+            hit = self._cache[key] = self._read_rows(led)
+        return hit
+
+    def _read_rows(self, ledger):
+        """The prefill ledger's rows a pass reads (those that are not token rows) and, before a
+        matmul among them, the rows of its block before it: a block's einsums share their
+        gathers (walk.SharedCollectives, by block), so each read row's records are those of
+        the whole ledger's walk, to the bit, at a fraction of its cost (an attention row's
+        records depend on its own op alone). The token rows come from the decode table; a
+        walk whose stack pays the MoE host sync keeps moe/up, which records it (not a token
+        row: the ideal stack the step walks pays none)."""
+        from roofline.core.stack import stack_of
+
+        o = self.options
+        sync = o.host_syncs and stack_of(o.stack).moe_host_sync_s > 0
+        tok, ops = self.token_rows, ledger.ops
+        keep: set[int] = set()
+        for i, op in enumerate(ops):
+            if op.name in tok and not (sync and op.name == "moe/up"):
+                continue
+            keep.add(i)
+            if op.kind == OpKind.MATMUL:
+                block = op.name.rsplit("/", 1)[0]
+                keep.update(j for j in range(i) if ops[j].name.rsplit("/", 1)[0] == block)
+        return replace(ledger, ops=tuple(ops[i] for i in sorted(keep)))
+
     # -- the StepModel interface --------------------------------------------------------------
     def pass_time(self, shape: PassShape) -> PassTimes:
         """One pass per candidate (arrays of length `len(select)`); a single-plan step also
         takes any 1-d array of shapes (each element a candidate of that plan)."""
         dec = np.asarray(shape.decode, float)
         pseq = np.asarray(shape.prefill_seqs, float)
-        shp = (
-            np.broadcast(dec, pseq, np.empty(self.m)).shape
-            if self.m > 1
-            else np.broadcast(dec, pseq).shape
-        )
+        if self.m > 1:
+            shp = np.broadcast(dec, pseq, np.empty(self.m)).shape
+        else:
+            shp = dec.shape if dec.shape == pseq.shape else np.broadcast(dec, pseq).shape
         shp = shp or (1,)
-        dec, pseq = np.broadcast_to(dec, shp), np.broadcast_to(pseq, shp)
-        sel = self.sel if self.m > 1 else np.zeros(shp, int)
-        chunk = float(np.max(shape.prefill_chunk))
+        dec, pseq = _to(dec, shp), _to(pseq, shp)
+        sel = self.sel if self.m > 1 else self._zeros(shp)
+        chunk = _largest(shape.prefill_chunk)
         pre_on = pseq > 0
-        ctx = (
-            float(np.mean(shape.context))
-            if np.any(dec > 0)
-            else float(np.max(shape.prefill_context))
-        )
+        ctx = _mean(shape.context) if (dec > 0).any() else _largest(shape.prefill_context)
         tab = self._decode_tab(ctx)
         tokens = dec + np.where(pre_on, pseq * chunk, 0.0)
-        parts = self._decode_parts(tab, (tokens, dec + pseq, dec), sel)
-        if np.any(pre_on):
-            ctx_p = float(np.max(shape.prefill_context))
-            t = self._prefill_tab(pseq.reshape(-1), chunk, ctx_p, sel.reshape(-1))
-            names, keep = self._groups(t.names)[2]  # its attention rows (not token rows)
-            v = np.where(pre_on, t.stacked[:, keep].reshape((len(_FIELDS), -1, *shp)), 0.0)
-            parts.append({"names": names, "stacked": v})
-        return self._combine(parts, shp)
+        names, every = self._decode_rows(tab, (tokens, dec + pseq, dec), sel)
+        if pre_on.any():
+            ctx_p = _largest(shape.prefill_context)
+            pre_names, pre = self._prefill_rows(pseq.reshape(-1), chunk, ctx_p, sel.reshape(-1))
+            pre = np.where(pre_on, pre.reshape((len(_FIELDS), -1, *shp)), 0.0)
+            names, every = (*names, pre_names), np.concatenate((every, pre), axis=1)
+        return self._combine(names, every, shp)
 
-    def _decode_parts(self, tab: _Tab, sizes: tuple, sel: np.ndarray) -> list[dict]:
-        """The decode table's token rows at all the pass's tokens, its output head at the
-        pass's sequences, the rest (decode attention) at its decodes (`sizes`, in that order).
-        A few candidates: one read of every row at the three sizes (numpy's per-call cost is
-        most of it); many: each part reads only its own rows (the same values)."""
-        groups = self._groups(tab.names)
-        if sizes[0].size <= _ONE_READ:
-            v = _at(tab, np.stack(sizes), sel)
-            return [{"names": n, "stacked": v[:, k, i]} for i, (n, k) in enumerate(groups)]
-        return [
-            {"names": n, "stacked": _at(tab, B, sel, k)}
-            for B, (n, k) in zip(sizes, groups, strict=True)
-        ]
+    def _zeros(self, shp: tuple) -> np.ndarray:
+        """The one plan's index per element of a one-plan pass (read only)."""
+        hit = self._cache.get(("zeros", shp))
+        if hit is None:
+            hit = self._cache["zeros", shp] = np.zeros(shp, int)
+            hit.flags.writeable = False
+        return hit
+
+    def _decode_rows(self, tab: _Tab, sizes: tuple, sel: np.ndarray) -> tuple[tuple, np.ndarray]:
+        """The decode table's token rows at all the pass's tokens, its output head at the pass's
+        sequences, the rest (decode attention) at its decodes (`sizes`, in that order): (the
+        three parts' row names, every field of their rows, part after part: field × rows × the
+        sizes' shape). Each row is read at its own part's size only: linear in B between grid
+        points (the costs are affine in B between the roofline's kinks), affine beyond the
+        grid's end, 0 where B is 0, from one gather of the table's values and slopes."""
+        names, part, base = self._row_layout(tab.names)
+        shp = sizes[0].shape
+        B = np.concatenate(sizes).reshape((len(sizes), *shp))[part]  # each row's size
+        x = np.maximum(B, GRID[0])
+        j = np.minimum(np.maximum(np.searchsorted(GRID, x) - 1, 0), len(GRID) - 2)
+        f = (x - GRID[j]) / _GRID_STEP[j]
+        at = base.reshape((-1,) + (1,) * len(shp)) + j  # (row, *shape)
+        if self.n > 1:
+            at = at * self.n + np.broadcast_to(sel, shp)
+        lo, slope = tab.slopes[:, :, at]
+        return names, np.where(B > 0, lo + f * slope, 0.0)
+
+    def _row_layout(self, names: tuple[str, ...]) -> tuple[tuple, np.ndarray, np.ndarray]:
+        """Where a decode table's rows are read (`_decode_rows`), found once per table layout:
+        the three parts' names, each read row's part (the size it is read at) and its offset in
+        the flattened slopes (`_Tab.slopes`)."""
+        key = ("rows", names)
+        hit = self._cache.get(key)
+        if hit is None:
+            groups = self._groups(names)
+            part = np.concatenate([np.full(len(k), i) for i, (_, k) in enumerate(groups)])
+            rows = np.concatenate([k for _, k in groups]).astype(int)
+            hit = (tuple(n for n, _ in groups), part.astype(int), rows * (len(GRID) - 1))
+            self._cache[key] = hit
+        return hit
+
+    def _prefill_rows(self, seqs, chunk: float, context: float, sel) -> tuple[tuple, np.ndarray]:
+        """The prefill table's rows a pass reads (its attention, not token rows): their names
+        and fields (field × rows × candidates), remembered per table."""
+        key = (
+            "read",
+            np.round(seqs, 6).tobytes(),
+            sel.tobytes(),
+            round(chunk, 6),
+            round(context, 6),
+        )
+        hit = self._cache.get(key)
+        if hit is None:
+            t = self._prefill_tab(seqs, chunk, context, sel)
+            names, keep = self._groups(t.names)[2]
+            hit = self._cache[key] = (names, t.stacked[:, keep])
+        return hit
 
     def _groups(self, names: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
-        """A decode table's rows as `_at` reads them: (the token rows but the output head, the
-        output head, the rest), each as (names, indices); found once per table layout."""
+        """A decode table's rows as `_decode_rows` reads them: (the token rows but the output
+        head, the output head, the rest), each as (names, indices); found once per table
+        layout."""
         key = ("groups", names)
         hit = self._cache.get(key)
         if hit is None:
@@ -385,33 +463,39 @@ class ShardedStep:
             hit = self._cache[key] = (order, np.array([at[n] for n in every], dtype=int))
         return hit
 
-    def _combine(self, parts: list[dict], shp: tuple) -> PassTimes:
-        z = np.zeros(shp)
+    def _combine(self, names: tuple, every: np.ndarray, shp: tuple) -> PassTimes:
+        """The pass from its parts' rows (`every`: field × rows × shp, part after part): each
+        row on its own roofline, max(compute, memory) / N plus its launches; the rows summed."""
         N = self.even_split
-        order, idx = self._merged(tuple(p["names"] for p in parts))
-        every = _stacked(parts, shp)  # (field, every part's rows, *shp)
-        r = np.maximum(every[_COMPUTE], every[_MEMORY]) / N + every[_LAUNCH]
+        order, idx = self._merged(names)
+        if N != 1.0:  # every field but the launch time / N: max(c, m) / N = max(c / N, m / N)
+            every = every / np.where(_IS_LAUNCH, 1.0, N).reshape((-1,) + (1,) * (every.ndim - 1))
+        r = np.maximum(every[_COMPUTE], every[_MEMORY]) + every[_LAUNCH]
         # each row's parts added to 0 in order (add.at is unbuffered: index after index)
         per = np.zeros((len(order), *shp))
         np.add.at(per, idx, r)
-        tot = _field_sums(every, shp, N)
-        # the rows summed one after another from 0 (an accumulate: the loop's sum to the bit)
-        rows_s = z + np.add.accumulate(per, axis=0)[-1] if len(order) else z
+        # the rows summed one after another from 0 (accumulates: the loop's sums to the bit)
+        if every.shape[1]:
+            sums = np.add.accumulate(every, axis=1)[:, -1]
+        else:
+            sums = np.zeros((len(_FIELDS), *shp))
+        rows_s = np.add.accumulate(per, axis=0)[-1] + 0.0 if len(order) else np.zeros(shp)
         layer = getattr(self.efficiency, "layer_overhead_s", 0.0) * self.model.n_layers
-        over = z + self.overhead_s + layer
+        over = np.full(shp, 0.0 + self.overhead_s + layer)
         pp = self.pp
+        compute, memory, flops, nbytes, kv, weights, comm, launch = pp * sums  # _FIELDS order
         return PassTimes(
-            time_s=pp * (rows_s + tot["comm"]) + over,
-            compute_s=pp * tot["compute"],
-            memory_s=pp * tot["memory"],
+            time_s=pp * (rows_s + sums[_COMM]) + over,
+            compute_s=compute,
+            memory_s=memory,
             rows_s=pp * rows_s,
-            comm_s=pp * tot["comm"],
+            comm_s=comm,
             overhead_s=over,
-            flops_per_chip=pp * tot["flops"],
-            hbm_bytes_per_chip=pp * tot["nbytes"],
-            weight_bytes_per_chip=pp * tot["weight_bytes"],
-            kv_bytes_per_chip=pp * tot["kv_bytes"],
-            launch_s=pp * tot["launch"],
+            flops_per_chip=flops,
+            hbm_bytes_per_chip=nbytes,
+            weight_bytes_per_chip=weights,
+            kv_bytes_per_chip=kv,
+            launch_s=launch,
             breakdown=dict(zip(order, pp * per, strict=True)),
         )
 
@@ -490,41 +574,26 @@ def _rows(names: tuple[str, ...], which) -> tuple[tuple[str, ...], np.ndarray]:
     return tuple(names[i] for i in keep), np.array(keep, dtype=int)
 
 
-def _at(t: _Tab, B: np.ndarray, sel: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
-    """The table's rows `keep` (default: every row) at B sequences (tokens) per candidate, every
-    field at once (field × row × B's shape; `sel` broadcast against B's last axes): linear in B
-    between grid points (the costs are affine in B between the roofline's kinks), affine beyond
-    the grid's end, 0 where B is 0."""
-    x = np.maximum(B, GRID[0])
-    j = np.minimum(np.maximum(np.searchsorted(GRID, x) - 1, 0), len(GRID) - 2)
-    f = (x - GRID[j]) / (GRID[j + 1] - GRID[j])
-    cand = np.broadcast_to(sel, B.shape)
-    a = t.stacked  # (field, op, grid, candidate)
-    rows = slice(None) if keep is None else keep.reshape((-1,) + (1,) * B.ndim)
-    lo, hi = a[:, rows, j, cand], a[:, rows, j + 1, cand]
-    return np.where(B > 0, lo + f * (hi - lo), 0.0)
+def _to(a: np.ndarray, shp: tuple) -> np.ndarray:
+    return a if a.shape == shp else np.broadcast_to(a, shp)
 
 
-def _stacked(parts: list[dict], shp: tuple) -> np.ndarray:
-    """Every part's rows, part after part, as one array (field × rows × shp)."""
-    return np.concatenate([p["stacked"].reshape((len(_FIELDS), -1, *shp)) for p in parts], axis=1)
+def _largest(x: Any) -> float:
+    """float(np.max(x)), without numpy for a plain number (the same value)."""
+    return float(x) if type(x) in (float, int) else float(np.max(x))
 
 
-def _field_sums(every: np.ndarray, shp: tuple, N: float) -> dict[str, Any]:
-    """Each field summed over `every` row (`_stacked`), row after row in order (an accumulate, so
-    the sum is the row-by-row loop's to the last bit), the launch time whole, the rest / N."""
-    if every.shape[1] == 0:
-        return {f: np.zeros(shp) for f in _FIELDS}
-    div = np.array([1.0 if f == "launch" else N for f in _FIELDS]).reshape(
-        (-1,) + (1,) * (1 + len(shp))
-    )
-    sums = np.add.accumulate(every / div, axis=1)[:, -1]
-    return dict(zip(_FIELDS, sums, strict=True))
+def _mean(x: Any) -> float:
+    """float(np.mean(x)), without numpy for a plain number (the same value)."""
+    return float(x) if type(x) in (float, int) else float(np.mean(x))
 
 
 _FIELDS = ("compute", "memory", "flops", "nbytes", "kv_bytes", "weight_bytes", "comm", "launch")
-_ONE_READ = 16  # candidates up to which a pass reads its decode table once (`_decode_parts`)
-_COMPUTE, _MEMORY, _LAUNCH = (_FIELDS.index(f) for f in ("compute", "memory", "launch"))
+_COMPUTE, _MEMORY, _COMM, _LAUNCH = (
+    _FIELDS.index(f) for f in ("compute", "memory", "comm", "launch")
+)
+_IS_LAUNCH = np.array([f == "launch" for f in _FIELDS])
+_GRID_STEP = GRID[1:] - GRID[:-1]  # GRID[j + 1] - GRID[j], elementwise as `_decode_rows` needs
 _SAMPLED = ("unembed",)  # the output head runs on the sampled rows only: one per sequence
 _AXES = {
     Strategy.DP: "data",
