@@ -21,7 +21,11 @@ The rules themselves stay in their one home (`Stack.rerun_by`, `ComputeModel.flo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any
+
+import numpy as np
 
 from roofline.core.collectives import CollectiveKind
 from roofline.core.cost import ComputeModel
@@ -108,6 +112,23 @@ class PricingContext:
             hit = self._rates[key] = self.compute.flops_per_s(op_class, dtype, shape)
         return hit
 
+    def prime_gemm_rates(self, keys: Iterable[tuple[OpClass, str, GemmShape]]) -> None:
+        """Remember `gemm_flops_per_s` of many single-plan shapes at once: one call of the
+        efficiency curve on arrays per (op class, dtype) instead of one per shape (the curve is
+        elementwise, so each rate is the one a call of its own returns; a test pins it)."""
+        assert self.compute is not None
+        groups: dict[tuple[OpClass, str], dict[tuple, None]] = {}
+        for op_class, dtype, shape in keys:
+            dims = (shape.m, shape.n, shape.k, shape.count)
+            if (op_class, dtype, *dims) not in self._rates:
+                groups.setdefault((op_class, dtype), {})[dims] = None
+        for (op_class, dtype), shapes in groups.items():
+            m, n, k, count = (np.array(c, float) for c in zip(*shapes, strict=True))
+            rates = self.compute.flops_per_s(op_class, dtype, GemmShape(m, n, k, count))
+            rates = np.broadcast_to(rates, m.shape)
+            for dims, rate in zip(shapes, rates, strict=True):
+                self._rates[(op_class, dtype, *dims)] = rate
+
     def matmul_peak(self, dtype: str) -> float:
         """A large GEMM's FLOP/s in `dtype` (what the algebra ranks options with)."""
         return self._rate(("matmul", dtype), lambda c: c.matmul_flops_per_s(dtype))
@@ -163,4 +184,31 @@ def pricing_context(stack: Stack, eff: Efficiency, chip: Any) -> PricingContext:
     return ctx
 
 
-__all__ = ["PricingContext", "pricing_context"]
+# The profile's numbers a single-plan walk can be repriced under (`core.walk`): the GEMM
+# fractions (the option choice's matmul rate, each GEMM's rate, the vector units' share of the
+# matmul peak) and flash attention's; `sources` is prose.
+REPRICED = frozenset({"mm_fraction", "attn_fwd", "attn_bwd", "attn_softmax_flops", "attn_causal"})
+
+
+def rate_free_key(eff: Efficiency, chip: Any) -> tuple:
+    """Every number of `eff` a walk on `chip` reads other than those in `REPRICED` (every
+    field of the chip's family but those, generically, so a field added later is in it), and
+    the constants of a chip no family covers: two profiles with the same key walk the same
+    plan to the same records but for the compute seconds the repriced numbers set."""
+    plain = (eff.matmul, eff.hbm, eff.link)
+    fam = eff.family_for(chip)
+    if fam is None:
+        return plain
+    rest = tuple(
+        (f.name, _hashable(getattr(fam, f.name)))
+        for f in fields(fam)
+        if f.name not in REPRICED and f.name not in ("sources", "_keys")
+    )
+    return (*plain, rest)
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(sorted(v.items())) if hasattr(v, "items") else v
+
+
+__all__ = ["REPRICED", "PricingContext", "pricing_context", "rate_free_key"]
