@@ -36,7 +36,7 @@ from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
 from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger, moe_token_rows
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
-from roofline.core.pricing import PricingContext, pricing_context
+from roofline.core.pricing import PricingContext, pricing_context, rate_free_key
 from roofline.core.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
 from roofline.core.sharding import (
     CHEAPEST,
@@ -44,8 +44,11 @@ from roofline.core.sharding import (
     CommFn,
     EinsumPlan,
     GemmShape,
+    OptionContext,
     OptionPolicy,
     Spec,
+    choice_inputs,
+    choose_floats,
     plan_einsum,
     plan_training_einsum,
 )
@@ -545,6 +548,7 @@ class _Walker:
         self.ops: list[OpRecord] = []
         self.colls: list[CollectiveRecord] = []
         self.einsums: list[tuple] = []
+        self.tape: _Tape | None = None  # set to record what the records owe the rates
         self.passes = (Pass.FORWARD,) if phase != Phase.TRAIN else tuple(Pass)
 
     # -- per op -------------------------------------------------------------------------
@@ -595,19 +599,25 @@ class _Walker:
         op_class = OpClass.EXPERT_GEMM if "experts" in op.inputs[1].dims else OpClass.DENSE_GEMM
         dtype = self.opts.dtypes.for_op(op.name, op_class).value
         plans = list(self.plan(op, sizes, dtype))
+        chosen = list(plans)  # as the policy chose them (a pinned choice keeps their times)
         for i, label in enumerate(self.passes):
             idx = self.opts.choices.get((op.name, label.value))
             if idx is not None:
                 plans[i] = plans[i].with_choice(idx)
         block = op.name.rsplit("/", 1)[0]
         if self.phase == Phase.TRAIN and self.opts.merge_reductions:
-            plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype, op)
+            merged = self.merged_dlhs(plans[1], block, sizes, dtype, op)
+            if merged is not plans[1]:
+                plans[1] = chosen[1] = merged
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
         reruns = self.rerun_by(op)
-        for label, ep in zip(self.passes, plans, strict=True):
+        for label, ep, base in zip(self.passes, plans, chosen, strict=True):
             rr = reruns if label == Pass.FORWARD else NO_RERUN
-            self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
+            rec = self.op_record(op, label, op_class, dtype, copies, ep, rr)
+            self.ops.append(rec)
+            if self.tape is not None:
+                self.tape.gemm(rec, base, ep, self.pricing.compute)
             self.einsum_collectives(op, label, ep, block, copies, rr)
         if self.phase == Phase.TRAIN and dtype in _QUANTISED and not self.stack.book:
             self.quantise(op, sizes, dtype, copies, reruns)
@@ -650,7 +660,10 @@ class _Walker:
         p = self.pricing
         comp = fl / p.vector_flops_per_s
         mem = by / (p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s)
-        return OpRecord(name, label, cls, dtype, copies, fl, by, comp, mem, rr, launch_s=p.launch_s)
+        rec = OpRecord(name, label, cls, dtype, copies, fl, by, comp, mem, rr, launch_s=p.launch_s)
+        if self.tape is not None:
+            self.tape.recipes[id(rec)] = (_VECTOR, fl)
+        return rec
 
     def combine_axes(self) -> tuple[str, ...]:
         """The tensor axes the MoE layer's down projections leave partial sums over (the routed
@@ -713,9 +726,15 @@ class _Walker:
                 comm_share=self.comm_share,
             )
             if self.phase == Phase.TRAIN:
-                self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
+                eps = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
+                phases = ("forward", "backward", "backward")
             else:
-                self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
+                eps = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
+                phases = ("forward",)
+            if self.tape is not None:
+                for ep, ph in zip(eps, phases, strict=True):
+                    self.tape.choice(ep, ph, dtype, kw["policy"], kw["weights"], self)
+            self.same[key] = eps
         return self.same[key]
 
     def policy(self, op: Op) -> Any:
@@ -770,7 +789,8 @@ class _Walker:
             return t if m is None else np.where(m, 0.0, t)
 
         p = self.pricing
-        return plan_einsum(
+        policy, weights = self.ctx.policy(self.opts.policy, op.name), _weight_names(op)
+        ep = plan_einsum(
             bl.lhs,
             bl.rhs,
             bl.out,
@@ -782,11 +802,14 @@ class _Walker:
             phase="backward",
             check_divisible=False,
             trusted=self.opts.trusted,
-            policy=self.ctx.policy(self.opts.policy, op.name),
-            weights=_weight_names(op),
+            policy=policy,
+            weights=weights,
             weight_read_fraction=self.weight_read_fraction(op),
             comm_share=self.comm_share,
         )
+        if self.tape is not None:
+            self.tape.choice(ep, "backward", dtype, policy, weights, self)
+        return ep
 
     def touched_experts(self, op: Op) -> Any:
         """Expected distinct routed experts one chip's slice of a routed row touches per pass:
@@ -795,11 +818,11 @@ class _Walker:
         return self.weight_read_fraction(op) * local
 
     def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
-        compute_s, memory_s = ep.compute_time_s, ep.memory_time_s
+        memory_s = ep.memory_time_s
         cm = self.pricing.compute
-        if cm is not None and cm.shape_dependent:
-            shape = ep.gemm_shape(ep.sizes, ep.mesh)
-            compute_s = ep.flops_per_chip / self.ctx.gemm_flops_per_s(op_class, dtype, shape)
+        shape = gemm_shape_of(ep, cm)
+        compute_s = gemm_compute_s(ep, op_class, dtype, shape, self.ctx)
+        if shape is not None:
             if op.routed and cm.expert_overhead_s and dtype_bytes(op.weight.dtype) >= 1:
                 memory_s = memory_s + self.touched_experts(op) * cm.expert_overhead_s
         return OpRecord(
@@ -874,30 +897,19 @@ class _Walker:
         p = self.pricing
         head_dim = op.sizes.get("head_dim", 0.0)
         mem = by / p.hbm_bw_bytes_per_s
+        flash, imbalance = self.stack.flash_attention, self.cp_imbalance(op)
         for label in self.passes:  # the backward pass: two contractions of the same size
             fwd = label == Pass.FORWARD
-            if not self.stack.flash_attention:  # batched GEMMs QK^T and PV
-                comp = fl / p.matmul_peak(dtype)
-            else:
-                speed = self.ctx.attention_speed(not fwd)
-                comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
-            comp = comp * self.cp_imbalance(op)
+            recipe = (_ATTENTION, fl, dtype, not fwd, head_dim, flash, imbalance)
+            comp = attention_compute_s(p, self.ctx, *recipe[1:])
             rr = self.rerun_by(op) if fwd else NO_RERUN
-            self.ops.append(
-                OpRecord(
-                    op.name,
-                    label,
-                    OpClass.ATTENTION,
-                    dtype,
-                    copies,
-                    fl,
-                    by,
-                    comp,
-                    mem,
-                    rr,
-                    launch_s=p.launch_s,
-                )
-            )
+            rec = OpRecord(
+                op.name, label, OpClass.ATTENTION, dtype, copies, fl, by, comp, mem, rr,
+                launch_s=p.launch_s,
+            )  # fmt: skip
+            self.ops.append(rec)
+            if self.tape is not None:
+                self.tape.recipes[id(rec)] = recipe
         if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
             self.context_parallel(op, sizes, copies)
 
@@ -930,6 +942,8 @@ class _Walker:
         if self.phase == Phase.TRAIN:  # one backward pass: the gradient of the input (the table)
             back = Pass.D_RHS if cls == OpClass.EMBEDDING else Pass.D_LHS
             self.ops.append(replace(rec, pass_=back, rerun_by=NO_RERUN))
+            if self.tape is not None:
+                self.tape.recipes[id(self.ops[-1])] = self.tape.recipes[id(rec)]
 
     def context_parallel(self, op: Op, sizes: dict, copies: Any) -> None:
         """K and V gathered along the sequence before attention (forward, rerun with attention
@@ -1221,6 +1235,85 @@ def _with_seq(s: Spec) -> tuple[tuple[str, ...], ...]:
     return tuple((("seq",) if d == "kv_seq" else ax) for d, ax in zip(s.dims, s.axes, strict=True))
 
 
+# --------------------------------------------------------------------------------------
+# Compute seconds from the profile's rates (one home: the walk and its repricing)
+# --------------------------------------------------------------------------------------
+
+
+def gemm_shape_of(ep: EinsumPlan, compute: ComputeModel | None) -> GemmShape | None:
+    """The per-chip GEMM of a matmul's chosen option where the profile prices GEMMs by shape
+    (None where it prices them at the large-GEMM rate the option choice used)."""
+    if compute is None or not compute.shape_dependent:
+        return None
+    return ep.gemm_shape(ep.sizes, ep.mesh)
+
+
+def gemm_compute_s(
+    ep: EinsumPlan, op_class: OpClass, dtype: str, shape: GemmShape | None, ctx: PricingContext
+) -> Any:
+    """A matmul pass's compute seconds: its FLOPs at the profile's rate for its GEMM shape."""
+    if shape is None:
+        return ep.compute_time_s
+    return ep.flops_per_chip / ctx.gemm_flops_per_s(op_class, dtype, shape)
+
+
+def attention_compute_s(
+    p: AlgebraPricing,
+    ctx: PricingContext,
+    fl: Any,
+    dtype: str,
+    backward: bool,
+    head_dim: Any,
+    flash: bool,
+    imbalance: Any,
+) -> Any:
+    """An attention pass's compute seconds: the stack's flash kernel at the profile's attention
+    rate, or without one batched GEMMs (QK^T and PV) at the matmul rate; × the context-parallel
+    load imbalance (`_Walker.cp_imbalance`)."""
+    if not flash:
+        comp = fl / p.matmul_peak(dtype)
+    else:
+        comp = fl / (p.attention_peak(dtype, backward, head_dim) * ctx.attention_speed(backward))
+    return comp * imbalance
+
+
+_GEMM, _VECTOR, _ATTENTION = "gemm", "vector", "attention"  # kinds of _Tape recipes
+
+
+class _Tape:
+    """What a single-plan float walk's records owe the profile's repriced numbers
+    (`core.pricing.REPRICED`): per einsum plan the walk made, its option choice's inputs
+    other than the matmul rate (`choose_floats`); per op record, how its compute seconds were
+    priced. `ok` is False where the walk left that path (arrays, a keep-einsums walk)."""
+
+    __slots__ = ("plans", "recipes", "peaks", "ok")
+
+    def __init__(self) -> None:
+        self.plans: dict[int, tuple] = {}
+        self.peaks: dict[str, float] = {}  # the matmul rate the choices were made at, by dtype
+        self.recipes: dict[int, tuple] = {}
+        self.ok = True
+
+    def choice(self, ep: EinsumPlan, phase: str, dtype: str, policy, weights, w: _Walker) -> None:
+        if type(ep.choice) is not int or type(ep.compute_time_s) is not float:
+            self.ok = False
+            return
+        options = ep.options
+        memt, commt = choice_inputs(options, w.pricing.hbm_bw_bytes_per_s, w.comm_share)
+        ctx = OptionContext(ep.lhs, ep.rhs, ep.out, phase, options, (), weights)
+        args = (ctx, memt, commt, dtype, policy, w.opts.trusted)
+        self.plans[id(ep)] = (ep, args)
+        self.peaks[dtype] = w.pricing.matmul_peak(dtype)
+
+    def gemm(self, rec: OpRecord, chosen: EinsumPlan, ep: EinsumPlan, compute) -> None:
+        """A matmul pass's record: `ep` its plan, `chosen` the plan as the policy chose it."""
+        if id(chosen) not in self.plans:
+            self.ok = False
+            return
+        shape = gemm_shape_of(ep, compute)
+        self.recipes[id(rec)] = (_GEMM, id(chosen), ep, rec.op_class, rec.dtype, shape)
+
+
 def walk_ledger(
     model: ModelSpec,
     ledger: Ledger,
@@ -1234,6 +1327,7 @@ def walk_ledger(
     mesh_reason: np.ndarray | None = None,
     microbatches: Any = 1.0,
     scale_up: Any = None,
+    tape: _Tape | None = None,
 ) -> Walk:
     """Walk every row of `ledger` under `rules` on meshes of `mesh_sizes` (arrays per row),
     `sequences` per microbatch, `microbatches` per step, on systems whose NVLink domains hold
@@ -1252,6 +1346,7 @@ def walk_ledger(
         microbatches,
         scale_up,
     )
+    w.tape = tape
     for op in ledger:
         w.visit(op)
     seq = ledger.sizes["seq"]
@@ -1355,12 +1450,11 @@ def walk_rows(
     """
     if options.floats and len(rows) == 1:
         refs, key = _one_walk_key(structure, rows, sequences, phase, options)
+        args = (model, systems, structure, rows, sequences, ledger, eff, phase, options)
         return _ONE_WALKS(
             (model, *systems, ledger, eff, *refs),
             key,
-            lambda: _walk_rows(
-                model, systems, structure, rows, sequences, ledger, eff, phase, options
-            ),
+            lambda: _one_walk(args, (model, *systems, ledger, *refs), key),
         )
     return _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options)
 
@@ -1396,26 +1490,117 @@ def _options_key(o: WalkOptions) -> tuple:
     )
 
 
-def _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options) -> Walk:
-    deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
-    mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
-    rules = _rules_of(structure, model)
+def _one_walk(args: tuple, objs: tuple, key: tuple) -> Walk:
+    """A single plan's float walk under a profile not seen with it: repriced from the walk of
+    the same plan under a profile that differs only in the repriced numbers
+    (`core.pricing.REPRICED`: calibrate's GEMM, low-precision and attention factors) when every
+    option choice stays the same, else walked (and kept as the template to reprice from).
+
+    Repricing redoes what those numbers set — each einsum's option choice (`choose_floats` on
+    the kept options), the chosen plans' compute seconds, each GEMM's rate on its kept shape
+    (`PricingContext.prime_gemm_rates`: the efficiency curve once on arrays), the vector and
+    attention records' compute — with the walk's own formulas; collectives, memory and every
+    other record are the template's."""
+    model, systems, structure, rows, sequences, ledger, eff, phase, options = args
+    if options.keep_einsums:  # reports: the einsum plans kept as walked
+        return _walk_rows(*args)
+    tkey = (key, tuple(rate_free_key(eff, s.chip) for s in systems))
+    tpl = _TEMPLATES.get(objs, tkey)
+    if tpl is not None:
+        walk = _reprice(tpl, _rates(systems, eff, options))
+        if walk is not None:
+            return walk
+    tape = _Tape()
+    walk = _walk_rows(*args, tape=tape)
+    if tape.ok:
+        _TEMPLATES.put(objs, tkey, (walk, tape))
+    return walk
+
+
+# a single plan's walk and its tape, by the objects and values of its key and the numbers of
+# its profile that are not repriced (`_one_walk`)
+_TEMPLATES = IdentityMemo(lambda: _MAX_ONE_WALKS)
+
+
+def _reprice(tpl: tuple[Walk, _Tape], pricing: AlgebraPricing) -> Walk | None:
+    """`tpl`'s walk under `pricing` (see `_one_walk`); None where an option choice changes."""
+    walk, tape = tpl
+    ctx = pricing.context
+    assert ctx is not None
+    comp: dict[int, float] = {}  # the chosen option's compute seconds, per einsum plan
+    peaks = {d: pricing.matmul_peak(d) for d in tape.peaks}
+    for key, (ep, (octx, memt, commt, dtype, policy, trusted)) in tape.plans.items():
+        if peaks[dtype] == tape.peaks[dtype]:  # the same rate: the same choice and times
+            comp[key] = ep.compute_time_s
+            continue
+        choice, times = choose_floats(octx, memt, commt, peaks[dtype], policy, trusted)
+        if choice != ep.choice:
+            return None
+        comp[key] = times[choice]
+    recipes = [tape.recipes.get(id(r)) for r in walk.ops]
+    gemms = [(r[3], r[4], r[5]) for r in recipes if r is not None and r[0] == _GEMM]
+    ctx.prime_gemm_rates(g for g in gemms if g[2] is not None)
+    ops = [
+        r if rc is None else _repriced(r, rc, pricing, ctx, comp)
+        for r, rc in zip(walk.ops, recipes, strict=True)
+    ]
+    return replace(walk, ops=tuple(ops))
+
+
+def _repriced(
+    r: OpRecord, recipe: tuple, p: AlgebraPricing, ctx: PricingContext, comp: dict
+) -> OpRecord:
+    """Record `r` with its compute seconds (and a matmul's plan) priced under `p`."""
+    kind = recipe[0]
+    if kind == _VECTOR:
+        return _with(r, compute_s=recipe[1] / p.vector_flops_per_s)
+    if kind == _ATTENTION:
+        return _with(r, compute_s=attention_compute_s(p, ctx, *recipe[1:]))
+    _, chosen, ep, op_class, dtype, shape = recipe
+    ep = _with(ep, compute_time_s=comp[chosen])
+    return _with(r, compute_s=gemm_compute_s(ep, op_class, dtype, shape, ctx), einsum=ep)
+
+
+def _with(rec: Any, **changes: Any) -> Any:
+    """A copy of the frozen record `rec` (no `__post_init__`) with `changes`: its `__dict__`
+    copied at once (`dataclasses.replace` calls the generated `__init__`, several times slower)."""
+    o = object.__new__(type(rec))
+    o.__dict__.update(rec.__dict__)
+    o.__dict__.update(changes)
+    return o
+
+
+def _pricing(systems, rows, eff, options) -> tuple[AlgebraPricing, np.ndarray]:
+    """How a walk of `rows` on `systems` prices under `eff`, and each row's mesh reason."""
     meshes, minv, reason = _meshes(systems, rows)
-    chip = systems[0].chip
-    context = pricing_context(stack_of(options.stack), eff, chip)
+    comm = CommModel(minv, meshes, eff, floats=options.floats)
+    return _rates(systems, eff, options, comm), reason
+
+
+def _rates(systems, eff, options, comm: Any = None) -> AlgebraPricing:
+    """The compute rates of a walk on `systems` under `eff`; `comm` prices its collectives
+    (None: a repriced walk, whose collectives are its template's)."""
+    context = pricing_context(stack_of(options.stack), eff, systems[0].chip)
     compute = context.compute
     assert compute is not None
-    comm = CommModel(minv, meshes, eff, floats=options.floats)
-    matmul_dtype = options.dtypes.matmul.value
-    pricing = AlgebraPricing(
+    return AlgebraPricing(
         comm,
         compute,
-        compute.matmul_flops_per_s(matmul_dtype),
+        compute.matmul_flops_per_s(options.dtypes.matmul.value),
         compute.hbm_bytes_per_s,
         compute.vector_flops_per_s(options.dtypes.attention.value),
         compute.vector_hbm_bytes_per_s,
         context,
     )
+
+
+def _walk_rows(
+    model, systems, structure, rows, sequences, ledger, eff, phase, options, tape=None
+) -> Walk:
+    deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
+    mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
+    rules = _rules_of(structure, model)
+    pricing, reason = _pricing(systems, rows, eff, options)
     seqs = sequences / rows.microbatches.astype(float)
     mb = rows.microbatches.astype(float)
     scale_up = np.array([_scale_up(s) for s in systems], float)[np.asarray(rows.system_idx, int)]
@@ -1434,6 +1619,7 @@ def _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, o
         mesh_reason=reason,
         microbatches=mb,
         scale_up=scale_up,
+        tape=tape,
     )
 
 
