@@ -76,8 +76,8 @@ class _Spy:
         self.repriced = self.refused = 0
         real = walk_mod._reprice
 
-        def spy(tpl, pricing):
-            out = real(tpl, pricing)
+        def spy(*args):
+            out = real(*args)
             if out is None:
                 self.refused += 1
             else:
@@ -169,6 +169,37 @@ def test_a_choice_the_matmul_rate_flips_walks_again(monkeypatch):
     assert spy.refused == 2 and spy.repriced == 1
     _forget()
     _same_walk(_walk_of(case, near, monkeypatch), repriced)
+
+
+def test_attention_moves_reuse_the_gemm_side(monkeypatch):
+    """Calibrate's attention column at fixed GEMM fractions: the GEMM and vector records are
+    read back (`_Tape.at_gemm`), the attention records priced again; a fresh walk agrees."""
+    case = CASES[1]
+    base = load_profile("fitted").for_framework(case[3])
+    g = scales.apply(base, {"gemm_scale": 0.9})
+    moves = [scales.apply(base, {"gemm_scale": 0.9, "attn_scale": a}) for a in (0.7, 1.2)]
+    _forget()
+    _cost(case, base)
+    _cost(case, g)
+    ((_, (_, tape)),) = walk_mod._TEMPLATES._entries.values()
+    assert len(tape.at_gemm) == 1
+    got = [_walk_of(case, e, monkeypatch) for e in moves]
+    assert len(tape.at_gemm) == 1  # the same GEMM fractions: the same records read back
+    for e, walk in zip(moves, got, strict=True):
+        _forget()
+        _same_walk(_walk_of(case, e, monkeypatch), walk)
+
+
+def test_a_profile_with_the_same_numbers_walks_once():
+    """The walk memo reads a profile's numbers, not its identity: calibrate's per-layer and
+    per-step overhead columns (numbers the walk does not read) walk nothing."""
+    case = CASES[1]
+    base = load_profile("fitted").for_framework(case[3])
+    _forget()
+    a = _cost(case, base)
+    b = _cost(case, replace(base, layer_overhead_s=base.layer_overhead_s + 1e-4))
+    assert len(walk_mod._ONE_WALKS) == 1 and len(walk_mod._TEMPLATES) == 1
+    assert a.step_time_s != b.step_time_s  # the step still reads the overhead
 
 
 def test_a_new_link_fraction_walks_again(monkeypatch):

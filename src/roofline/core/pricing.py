@@ -32,6 +32,7 @@ from roofline.core.cost import ComputeModel
 from roofline.core.ledger import Op
 from roofline.core.sharding import GemmShape, OptionPolicy
 from roofline.core.stack import Stack, policy_for_op
+from roofline.memo import IdentityMemo
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import OverlapClass
 from roofline.specs.plan import OpClass, RematKind
@@ -187,28 +188,40 @@ def pricing_context(stack: Stack, eff: Efficiency, chip: Any) -> PricingContext:
 # The profile's numbers a single-plan walk can be repriced under (`core.walk`): the GEMM
 # fractions (the option choice's matmul rate, each GEMM's rate, the vector units' share of the
 # matmul peak) and flash attention's; `sources` is prose.
-REPRICED = frozenset({"mm_fraction", "attn_fwd", "attn_bwd", "attn_softmax_flops", "attn_causal"})
+GEMM_SIDE = frozenset({"mm_fraction"})
+ATTENTION_SIDE = frozenset({"attn_fwd", "attn_bwd", "attn_softmax_flops", "attn_causal"})
+REPRICED = GEMM_SIDE | ATTENTION_SIDE
 
 
-def rate_free_key(eff: Efficiency, chip: Any) -> tuple:
-    """Every number of `eff` a walk on `chip` reads other than those in `REPRICED` (every
-    field of the chip's family but those, generically, so a field added later is in it), and
-    the constants of a chip no family covers: two profiles with the same key walk the same
-    plan to the same records but for the compute seconds the repriced numbers set."""
+def profile_key(eff: Efficiency, chip: Any) -> tuple[tuple, tuple, tuple]:
+    """Every number of `eff` a walk on `chip` reads, by value, in three parts: (1) those not in
+    `REPRICED` (every field of the chip's family but those — generically, so a field added
+    later is in it — and the constants a chip no family covers takes); (2) the GEMM fractions;
+    (3) flash attention's. Two profiles with the same key walk a plan to the same records;
+    with the same first part, to records that differ only in the compute seconds the other
+    two set. Remembered per (profile, chip) object."""
+    return _PROFILE_KEYS((eff, chip), (), lambda: _profile_key(eff, chip))
+
+
+def _profile_key(eff: Efficiency, chip: Any) -> tuple[tuple, tuple, tuple]:
     plain = (eff.matmul, eff.hbm, eff.link)
     fam = eff.family_for(chip)
     if fam is None:
-        return plain
-    rest = tuple(
-        (f.name, _hashable(getattr(fam, f.name)))
-        for f in fields(fam)
-        if f.name not in REPRICED and f.name not in ("sources", "_keys")
-    )
-    return (*plain, rest)
+        return plain, (), ()
+    parts: tuple[list, list, list] = ([], [], [])
+    for f in fields(fam):
+        if f.name in ("sources", "_keys"):
+            continue
+        at = 1 if f.name in GEMM_SIDE else 2 if f.name in ATTENTION_SIDE else 0
+        parts[at].append((f.name, _hashable(getattr(fam, f.name))))
+    return (*plain, *parts[0]), tuple(parts[1]), tuple(parts[2])
 
 
 def _hashable(v: Any) -> Any:
     return tuple(sorted(v.items())) if hasattr(v, "items") else v
 
 
-__all__ = ["REPRICED", "PricingContext", "pricing_context", "rate_free_key"]
+_PROFILE_KEYS = IdentityMemo(256)
+
+
+__all__ = ["REPRICED", "PricingContext", "pricing_context", "profile_key"]

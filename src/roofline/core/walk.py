@@ -36,7 +36,7 @@ from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
 from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger, moe_token_rows
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
-from roofline.core.pricing import PricingContext, pricing_context, rate_free_key
+from roofline.core.pricing import PricingContext, pricing_context, profile_key
 from roofline.core.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
 from roofline.core.sharding import (
     CHEAPEST,
@@ -273,8 +273,6 @@ class Totals:
         by_class: dict = {}
         edge: Any = 0.0
         flops: dict = {}
-        comm: dict = {}
-        reusable: dict = {}
         for r in walk.ops:
             k = (r.pass_ == Pass.FORWARD, r.rerun_by)
             t = r.copies * r.time_s
@@ -284,25 +282,37 @@ class Totals:
             if r.op in NON_LAYER_ROWS:
                 edge = edge + t
             flops[k] = flops.get(k, 0.0) + r.copies * r.flops_per_chip
-        for c in walk.collectives:
-            t = c.copies * c.time_s
-            k2 = (c.overlap, not c.backward, c.rerun_by)
-            comm[k2] = comm.get(k2, 0.0) + t
-            if np.any(c.reusable):
-                reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
         shape = (walk.n,)  # arrays per row, also where a single plan's walk ran on floats
-
-        def rows(d: dict) -> dict:
-            return {k: np.broadcast_to(np.asarray(v, float), shape) for k, v in d.items()}
-
+        if walk.n != 1:
+            comm, reusable = _comm_sums(walk.collectives, shape)
+        else:  # a repriced walk shares its template's collectives: summed once
+            colls = walk.collectives
+            comm, reusable = _COMM_SUMS((colls,), (), lambda: _comm_sums(colls, shape))
         return Totals(
-            rows(compute),
-            rows(flops),
-            rows(comm),
-            rows(reusable),
-            rows(by_class),
+            _rows(compute, shape),
+            _rows(flops, shape),
+            comm,
+            reusable,
+            _rows(by_class, shape),
             np.broadcast_to(np.asarray(edge, float), shape),
         )
+
+
+def _comm_sums(colls: tuple[CollectiveRecord, ...], shape: tuple[int]) -> tuple[dict, dict]:
+    """`Totals.comm_s` and `Totals.reusable_s` of a walk's collectives."""
+    comm: dict = {}
+    reusable: dict = {}
+    for c in colls:
+        t = c.copies * c.time_s
+        k2 = (c.overlap, not c.backward, c.rerun_by)
+        comm[k2] = comm.get(k2, 0.0) + t
+        if np.any(c.reusable):
+            reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
+    return _rows(comm, shape), _rows(reusable, shape)
+
+
+def _rows(d: dict, shape: tuple[int]) -> dict:
+    return {k: np.broadcast_to(np.asarray(v, float), shape) for k, v in d.items()}
 
 
 # --------------------------------------------------------------------------------------
@@ -1286,13 +1296,16 @@ class _Tape:
     other than the matmul rate (`choose_floats`); per op record, how its compute seconds were
     priced. `ok` is False where the walk left that path (arrays, a keep-einsums walk)."""
 
-    __slots__ = ("plans", "recipes", "peaks", "ok")
+    __slots__ = ("plans", "recipes", "peaks", "ok", "at_gemm", "listed")
 
     def __init__(self) -> None:
         self.plans: dict[int, tuple] = {}
         self.peaks: dict[str, float] = {}  # the matmul rate the choices were made at, by dtype
         self.recipes: dict[int, tuple] = {}
         self.ok = True
+        # the records the GEMM fractions price (attention's left None), by those fractions
+        self.at_gemm: dict[tuple, list] = {}
+        self.listed: list | None = None
 
     def choice(self, ep: EinsumPlan, phase: str, dtype: str, policy, weights, w: _Walker) -> None:
         if type(ep.choice) is not int or type(ep.compute_time_s) is not float:
@@ -1304,6 +1317,12 @@ class _Tape:
         args = (ctx, memt, commt, dtype, policy, w.opts.trusted)
         self.plans[id(ep)] = (ep, args)
         self.peaks[dtype] = w.pricing.matmul_peak(dtype)
+
+    def order(self, walk: Walk) -> list:
+        """The recipe of each of `walk`'s records, in order (None: no repriced number)."""
+        if self.listed is None:
+            self.listed = [self.recipes.get(id(r)) for r in walk.ops]
+        return self.listed
 
     def gemm(self, rec: OpRecord, chosen: EinsumPlan, ep: EinsumPlan, compute) -> None:
         """A matmul pass's record: `ep` its plan, `chosen` the plan as the policy chose it."""
@@ -1446,16 +1465,16 @@ def walk_rows(
 
     A single plan's float walk (`options.floats`, one row) is remembered (`_ONE_WALKS`): the
     walk is a pure function of its arguments, so the same plan on the same objects (model,
-    systems, ledger, profile, policy, stack) walks once.
+    systems, ledger, policy, stack) under profiles with the same numbers
+    (`core.pricing.profile_key`) walks once; under new GEMM or attention fractions it is
+    repriced (`_one_walk`).
     """
     if options.floats and len(rows) == 1:
         refs, key = _one_walk_key(structure, rows, sequences, phase, options)
         args = (model, systems, structure, rows, sequences, ledger, eff, phase, options)
-        return _ONE_WALKS(
-            (model, *systems, ledger, eff, *refs),
-            key,
-            lambda: _one_walk(args, (model, *systems, ledger, *refs), key),
-        )
+        objs = (model, *systems, ledger, *refs)
+        prof = tuple(zip(*(profile_key(eff, s.chip) for s in systems), strict=True))
+        return _ONE_WALKS(objs, (key, prof), lambda: _one_walk(args, objs, key, prof))
     return _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options)
 
 
@@ -1463,6 +1482,7 @@ _MAX_ONE_WALKS = 128  # ~90 KB a walk (records, einsum plans); calibrate walks m
 # a single plan's walks and their Totals, by the objects they were given and the plan's values
 _ONE_WALKS = IdentityMemo(lambda: _MAX_ONE_WALKS)
 _ONE_TOTALS = IdentityMemo(lambda: _MAX_ONE_WALKS)
+_COMM_SUMS = IdentityMemo(lambda: _MAX_ONE_WALKS)  # by a single-plan walk's collectives
 
 
 def _one_walk_key(structure, rows, sequences, phase, options) -> tuple[tuple, tuple]:
@@ -1490,7 +1510,7 @@ def _options_key(o: WalkOptions) -> tuple:
     )
 
 
-def _one_walk(args: tuple, objs: tuple, key: tuple) -> Walk:
+def _one_walk(args: tuple, objs: tuple, key: tuple, prof: tuple) -> Walk:
     """A single plan's float walk under a profile not seen with it: repriced from the walk of
     the same plan under a profile that differs only in the repriced numbers
     (`core.pricing.REPRICED`: calibrate's GEMM, low-precision and attention factors) when every
@@ -1504,10 +1524,10 @@ def _one_walk(args: tuple, objs: tuple, key: tuple) -> Walk:
     model, systems, structure, rows, sequences, ledger, eff, phase, options = args
     if options.keep_einsums:  # reports: the einsum plans kept as walked
         return _walk_rows(*args)
-    tkey = (key, tuple(rate_free_key(eff, s.chip) for s in systems))
+    tkey = (key, prof[0])  # the plan and the numbers that are not repriced
     tpl = _TEMPLATES.get(objs, tkey)
     if tpl is not None:
-        walk = _reprice(tpl, _rates(systems, eff, options))
+        walk = _reprice(tpl, _rates(systems, eff, options), prof[1])
         if walk is not None:
             return walk
     tape = _Tape()
@@ -1522,9 +1542,36 @@ def _one_walk(args: tuple, objs: tuple, key: tuple) -> Walk:
 _TEMPLATES = IdentityMemo(lambda: _MAX_ONE_WALKS)
 
 
-def _reprice(tpl: tuple[Walk, _Tape], pricing: AlgebraPricing) -> Walk | None:
-    """`tpl`'s walk under `pricing` (see `_one_walk`); None where an option choice changes."""
+def _reprice(tpl: tuple[Walk, _Tape], pricing: AlgebraPricing, gemm_key: tuple) -> Walk | None:
+    """`tpl`'s walk under `pricing` (see `_one_walk`), its GEMM fractions `gemm_key`; None
+    where an option choice changes. The records those fractions price alone are kept per
+    `gemm_key` (calibrate moves the attention factor at fixed GEMM fractions, and back)."""
     walk, tape = tpl
+    ctx = pricing.context
+    assert ctx is not None
+    ops = tape.at_gemm.get(gemm_key)
+    if ops is None:
+        ops = _gemm_side(walk, tape, pricing)
+        if ops is None:
+            return None
+        if len(tape.at_gemm) >= _MAX_GEMM_SIDES:
+            tape.at_gemm.clear()
+        tape.at_gemm[gemm_key] = ops
+    recipes = tape.order(walk)
+    out = [
+        r if r is not None else _with(o, compute_s=attention_compute_s(pricing, ctx, *rc[1:]))
+        for r, o, rc in zip(ops, walk.ops, recipes, strict=True)
+    ]
+    return _with(walk, ops=tuple(out))
+
+
+_MAX_GEMM_SIDES = 16
+
+
+def _gemm_side(walk: Walk, tape: _Tape, pricing: AlgebraPricing) -> list | None:
+    """The walk's records under `pricing`'s GEMM rates (attention records None): each option
+    choice made again at the new matmul rate (None if one changes), the chosen plans' compute
+    seconds, each GEMM record at its shape's rate, each vector record at the vector rate."""
     ctx = pricing.context
     assert ctx is not None
     comp: dict[int, float] = {}  # the chosen option's compute seconds, per einsum plan
@@ -1537,25 +1584,21 @@ def _reprice(tpl: tuple[Walk, _Tape], pricing: AlgebraPricing) -> Walk | None:
         if choice != ep.choice:
             return None
         comp[key] = times[choice]
-    recipes = [tape.recipes.get(id(r)) for r in walk.ops]
-    gemms = [(r[3], r[4], r[5]) for r in recipes if r is not None and r[0] == _GEMM]
-    ctx.prime_gemm_rates(g for g in gemms if g[2] is not None)
-    ops = [
-        r if rc is None else _repriced(r, rc, pricing, ctx, comp)
+    recipes = tape.order(walk)
+    ctx.prime_gemm_rates((r[3], r[4], r[5]) for r in recipes if r and r[0] == _GEMM and r[5])
+    return [
+        r if rc is None else None if rc[0] == _ATTENTION else _repriced(r, rc, pricing, ctx, comp)
         for r, rc in zip(walk.ops, recipes, strict=True)
     ]
-    return replace(walk, ops=tuple(ops))
 
 
 def _repriced(
     r: OpRecord, recipe: tuple, p: AlgebraPricing, ctx: PricingContext, comp: dict
 ) -> OpRecord:
-    """Record `r` with its compute seconds (and a matmul's plan) priced under `p`."""
-    kind = recipe[0]
-    if kind == _VECTOR:
+    """Record `r` (a GEMM's or a vector kernel's) with its compute seconds (and a matmul's
+    plan) priced under `p`."""
+    if recipe[0] == _VECTOR:
         return _with(r, compute_s=recipe[1] / p.vector_flops_per_s)
-    if kind == _ATTENTION:
-        return _with(r, compute_s=attention_compute_s(p, ctx, *recipe[1:]))
     _, chosen, ep, op_class, dtype, shape = recipe
     ep = _with(ep, compute_time_s=comp[chosen])
     return _with(r, compute_s=gemm_compute_s(ep, op_class, dtype, shape, ctx), einsum=ep)
