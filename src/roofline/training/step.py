@@ -1405,13 +1405,14 @@ def _at(a: Any, i: int) -> Any:
 def _collective_rows(w: Walk | None, row: int = 0) -> tuple[dict, ...]:
     """The chosen collectives of one row of a walk (a single plan's), one row per record.
 
-    A single plan's walk is remembered (`core.walk.walk_rows`), so its rows are listed once
+    A single plan's walk is remembered (`core.walk.walk_rows`), and one repriced under a new
+    profile shares its collectives, so its rows are listed once per collectives
     (`_COLL_ROWS`) and each StepCost gets its own copies of them."""
     if w is None:
         return ()
     if w.n != 1:
         return _list_collectives(w, row)
-    listed = _COLL_ROWS((w,), row, lambda: _list_collectives(w, row))
+    listed = _COLL_ROWS((w.collectives,), row, lambda: _list_collectives(w, row))
     return tuple({**d, "axes": list(d["axes"])} for d in listed)
 
 
