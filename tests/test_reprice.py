@@ -142,7 +142,7 @@ def _fraction(eff: Efficiency, chip, value: float) -> Efficiency:
 def _choices() -> list:
     """The option each einsum plan of the kept template chose (before any re-plan)."""
     ((_, (_, tape)),) = walk_mod._TEMPLATES._entries.values()
-    return [ep.choice for ep, _ in tape.plans.values()]
+    return [ep.choice for ep, _, _ in tape.plans.values()]
 
 
 def test_a_choice_the_matmul_rate_flips_walks_again(monkeypatch):

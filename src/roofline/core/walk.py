@@ -534,6 +534,24 @@ class WalkOptions:
     floats: bool = False
 
 
+class _CommShare:
+    """The share of a collective's time one microbatch's option choice carries: a per-step
+    gradient sum is paid once for the M microbatches of a step (`step_share` = 1/M)."""
+
+    __slots__ = ("step_share", "_per_step")
+
+    def __init__(self, step_share: Any) -> None:
+        self.step_share = step_share
+        self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
+
+    def __call__(self, c: Comm) -> Any:
+        key = (c.tensor, c.axes)
+        per_step = self._per_step.get(key)
+        if per_step is None:
+            per_step = self._per_step[key] = per_step_gradient(c)
+        return self.step_share if per_step else 1.0
+
+
 class _Walker:
     """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
 
@@ -551,10 +569,9 @@ class _Walker:
         self.ctx = ctx  # what the walk asks per op, resolved once per (stack, profile, chip)
         self.scale_up = scale_up  # GPUs per NVLink domain per row (0: a TPU torus; None: unknown)
         # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
-        self.step_share = 1.0 / np.asarray(mb, float)
+        self.comm_share = _CommShare(1.0 / np.asarray(mb, float))
         self.shared = SharedCollectives()
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
-        self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
         self.ops: list[OpRecord] = []
         self.colls: list[CollectiveRecord] = []
         self.einsums: list[tuple] = []
@@ -624,10 +641,11 @@ class _Walker:
         reruns = self.rerun_by(op)
         for label, ep, base in zip(self.passes, plans, chosen, strict=True):
             rr = reruns if label == Pass.FORWARD else NO_RERUN
-            rec = self.op_record(op, label, op_class, dtype, copies, ep, rr)
+            shape = gemm_shape_of(ep, self.pricing.compute)
+            rec = self.op_record(op, label, op_class, dtype, copies, ep, rr, shape)
             self.ops.append(rec)
             if self.tape is not None:
-                self.tape.gemm(rec, base, ep, self.pricing.compute)
+                self.tape.gemm(rec, base, ep, shape)
             self.einsum_collectives(op, label, ep, block, copies, rr)
         if self.phase == Phase.TRAIN and dtype in _QUANTISED and not self.stack.book:
             self.quantise(op, sizes, dtype, copies, reruns)
@@ -755,15 +773,6 @@ class _Walker:
             return experts_replicated_over_tensor(policy)
         return policy
 
-    def comm_share(self, c: Comm) -> Any:
-        """The share of a collective's time one microbatch's option choice carries: a per-step
-        gradient sum is paid once for the M microbatches of a step."""
-        key = (c.tensor, c.axes)
-        per_step = self._per_step.get(key)
-        if per_step is None:
-            per_step = self._per_step[key] = per_step_gradient(c)
-        return self.step_share if per_step else 1.0
-
     def rerun_collective(self, reruns: frozenset[RematKind], cls: Overlap, c_kind) -> Any:
         """The remat kinds that rerun a collective of class `cls` inside an op they rerun."""
         return self.ctx.rerun_collective(reruns, FRAMEWORK_CLASS[cls], c_kind)
@@ -827,11 +836,16 @@ class _Walker:
         local = op.sizes["experts"] / shard_factor(("experts",), self.rules, True, self.mesh)
         return self.weight_read_fraction(op) * local
 
-    def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
+    def op_record(self, op, label, op_class, dtype, copies, ep, reruns, shape) -> OpRecord:
+        """A matmul pass's record; `shape` its GEMM where the profile prices by shape. A taped
+        walk leaves such a record's compute seconds to `_Tape.fill` (one call of the
+        efficiency curve for all its shapes)."""
         memory_s = ep.memory_time_s
         cm = self.pricing.compute
-        shape = gemm_shape_of(ep, cm)
-        compute_s = gemm_compute_s(ep, op_class, dtype, shape, self.ctx)
+        if shape is not None and self.tape is not None:
+            compute_s = None
+        else:
+            compute_s = gemm_compute_s(ep, op_class, dtype, shape, self.ctx)
         if shape is not None:
             if op.routed and cm.expert_overhead_s and dtype_bytes(op.weight.dtype) >= 1:
                 memory_s = memory_s + self.touched_experts(op) * cm.expert_overhead_s
@@ -1296,7 +1310,7 @@ class _Tape:
     other than the matmul rate (`choose_floats`); per op record, how its compute seconds were
     priced. `ok` is False where the walk left that path (arrays, a keep-einsums walk)."""
 
-    __slots__ = ("plans", "recipes", "peaks", "ok", "at_gemm", "listed")
+    __slots__ = ("plans", "recipes", "peaks", "ok", "at_gemm", "listed", "listed_inputs")
 
     def __init__(self) -> None:
         self.plans: dict[int, tuple] = {}
@@ -1306,17 +1320,28 @@ class _Tape:
         # the records the GEMM fractions price (attention's left None), by those fractions
         self.at_gemm: dict[tuple, list] = {}
         self.listed: list | None = None
+        self.listed_inputs: dict[int, tuple] = {}
 
     def choice(self, ep: EinsumPlan, phase: str, dtype: str, policy, weights, w: _Walker) -> None:
+        """An einsum plan the walk made: what its choice weighed, besides the matmul rate, is
+        listed when a repricing first needs it (`inputs`)."""
         if type(ep.choice) is not int or type(ep.compute_time_s) is not float:
             self.ok = False
             return
-        options = ep.options
-        memt, commt = choice_inputs(options, w.pricing.hbm_bw_bytes_per_s, w.comm_share)
-        ctx = OptionContext(ep.lhs, ep.rhs, ep.out, phase, options, (), weights)
-        args = (ctx, memt, commt, dtype, policy, w.opts.trusted)
-        self.plans[id(ep)] = (ep, args)
+        why = (phase, policy, weights, w.opts.trusted, w.pricing.hbm_bw_bytes_per_s, w.comm_share)
+        self.plans[id(ep)] = (ep, dtype, why)
         self.peaks[dtype] = w.pricing.matmul_peak(dtype)
+
+    def inputs(self, key: int) -> tuple:
+        """`choose_floats`' inputs but the rate, for einsum plan `key`: the options' memory
+        and choice communication seconds listed once, when a repricing first needs them."""
+        hit = self.listed_inputs.get(key)
+        if hit is None:
+            ep, _, (phase, policy, weights, trusted, bw, share) = self.plans[key]
+            memt, commt = choice_inputs(ep.options, bw, share)
+            ctx = OptionContext(ep.lhs, ep.rhs, ep.out, phase, ep.options, (), weights)
+            hit = self.listed_inputs[key] = (ctx, memt, commt, policy, trusted)
+        return hit
 
     def order(self, walk: Walk) -> list:
         """The recipe of each of `walk`'s records, in order (None: no repriced number)."""
@@ -1324,13 +1349,23 @@ class _Tape:
             self.listed = [self.recipes.get(id(r)) for r in walk.ops]
         return self.listed
 
-    def gemm(self, rec: OpRecord, chosen: EinsumPlan, ep: EinsumPlan, compute) -> None:
-        """A matmul pass's record: `ep` its plan, `chosen` the plan as the policy chose it."""
+    def gemm(self, rec: OpRecord, chosen: EinsumPlan, ep: EinsumPlan, shape) -> None:
+        """A matmul pass's record: `ep` its plan, `chosen` the plan as the policy chose it,
+        `shape` its GEMM (None: priced at the option choice's rate)."""
         if id(chosen) not in self.plans:
             self.ok = False
-            return
-        shape = gemm_shape_of(ep, compute)
         self.recipes[id(rec)] = (_GEMM, id(chosen), ep, rec.op_class, rec.dtype, shape)
+
+    def fill(self, walk: Walk, ctx: PricingContext) -> None:
+        """Set the compute seconds `_Walker.op_record` left to the tape: each GEMM at its
+        shape's rate, the rates of all the walk's shapes from one call of the efficiency curve
+        per dtype (`PricingContext.prime_gemm_rates`). The records are the walk's own, not yet
+        handed out: set in place."""
+        gemms = [(r, rc) for r, rc in zip(walk.ops, self.order(walk), strict=True)]
+        gemms = [(r, rc) for r, rc in gemms if rc is not None and rc[0] == _GEMM and rc[5]]
+        ctx.prime_gemm_rates(rc[3:] for _, rc in gemms)
+        for r, (_, _, ep, op_class, dtype, shape) in gemms:
+            r.__dict__["compute_s"] = gemm_compute_s(ep, op_class, dtype, shape, ctx)
 
 
 def walk_ledger(
@@ -1532,6 +1567,8 @@ def _one_walk(args: tuple, objs: tuple, key: tuple, prof: tuple) -> Walk:
             return walk
     tape = _Tape()
     walk = _walk_rows(*args, tape=tape)
+    ctx = pricing_context(stack_of(options.stack), eff, systems[0].chip)
+    tape.fill(walk, ctx)
     if tape.ok:
         _TEMPLATES.put(objs, tkey, (walk, tape))
     return walk
@@ -1576,10 +1613,11 @@ def _gemm_side(walk: Walk, tape: _Tape, pricing: AlgebraPricing) -> list | None:
     assert ctx is not None
     comp: dict[int, float] = {}  # the chosen option's compute seconds, per einsum plan
     peaks = {d: pricing.matmul_peak(d) for d in tape.peaks}
-    for key, (ep, (octx, memt, commt, dtype, policy, trusted)) in tape.plans.items():
+    for key, (ep, dtype, _) in tape.plans.items():
         if peaks[dtype] == tape.peaks[dtype]:  # the same rate: the same choice and times
             comp[key] = ep.compute_time_s
             continue
+        octx, memt, commt, policy, trusted = tape.inputs(key)
         choice, times = choose_floats(octx, memt, commt, peaks[dtype], policy, trusted)
         if choice != ep.choice:
             return None
