@@ -217,23 +217,21 @@ def test_a_new_link_fraction_walks_again(monkeypatch):
 
 
 def test_gemm_rates_on_arrays_are_the_rates_one_by_one():
-    """`prime_gemm_rates` evaluates the efficiency curve once on arrays; each rate is the one a
-    call for its shape alone returns, to the last bit (dense and grouped, every family)."""
+    """`PricingContext.gemm_rates` evaluates the efficiency curve once on arrays; each rate is
+    the one a call for its shape alone returns, to the last bit (dense and grouped, several
+    families, small and large shapes)."""
     prof = load_profile("fitted")
     rng = np.random.default_rng(7)
-    shapes = [
-        GemmShape(float(m), float(n), float(k), 1.0)
-        for m, n, k in rng.integers(1, 70_000, size=(40, 3))
-    ] + [GemmShape(8.0, 4096.0, 1024.0, 8.0), GemmShape(1.0, 1.0, 1.0, 1.0)]
+    dims = [tuple(float(x) for x in row) for row in rng.integers(1, 70_000, size=(40, 3))]
+    dims += [(8.0, 4096.0, 1024.0), (1.0, 1.0, 1.0), (3.0, 14336.0, 4096.0)]
+    shapes = [GemmShape(m, n, k, 1.0) for m, n, k in dims]
+    arrays = GemmShape(*(np.array(c, float) for c in zip(*dims, strict=True)), np.ones(len(dims)))
     for system in ("h100:8", "tpu-v5p:2x2x1", "a100:8", "b200:8"):
         chip = _system(system).chip
+        ctx = PricingContext(_stack("ideal"), ComputeModel(chip, prof))
         for op_class in (OpClass.DENSE_GEMM, OpClass.EXPERT_GEMM):
             for dtype in ("bf16", "fp8") if "fp8" in chip.peak_flops_per_s else ("bf16",):
-                compute = ComputeModel(chip, prof)
-                one = PricingContext(_stack("ideal"), compute)
-                want = [one.gemm_flops_per_s(op_class, dtype, s) for s in shapes]
-                many = PricingContext(_stack("ideal"), compute)
-                many.prime_gemm_rates((op_class, dtype, s) for s in shapes)
-                got = [many.gemm_flops_per_s(op_class, dtype, s) for s in shapes]
+                want = [ctx.gemm_flops_per_s(op_class, dtype, s) for s in shapes]
+                got = list(ctx.gemm_rates(op_class, dtype, arrays))
                 assert [float(x) for x in got] == [float(x) for x in want]
                 assert all(type(a) is type(b) for a, b in zip(got, want, strict=True))

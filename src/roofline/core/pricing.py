@@ -21,7 +21,6 @@ The rules themselves stay in their one home (`Stack.rerun_by`, `ComputeModel.flo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
 
@@ -113,22 +112,13 @@ class PricingContext:
             hit = self._rates[key] = self.compute.flops_per_s(op_class, dtype, shape)
         return hit
 
-    def prime_gemm_rates(self, keys: Iterable[tuple[OpClass, str, GemmShape]]) -> None:
-        """Remember `gemm_flops_per_s` of many single-plan shapes at once: one call of the
-        efficiency curve on arrays per (op class, dtype) instead of one per shape (the curve is
-        elementwise, so each rate is the one a call of its own returns; a test pins it)."""
+    def gemm_rates(self, op_class: OpClass, dtype: str, shapes: GemmShape) -> np.ndarray:
+        """`gemm_flops_per_s` of many single-plan shapes (`shapes` holds arrays) from one call
+        of the efficiency curve: it is elementwise, so entry i is the rate a call for shape i
+        alone returns, to the last bit (a test pins it)."""
         assert self.compute is not None
-        groups: dict[tuple[OpClass, str], dict[tuple, None]] = {}
-        for op_class, dtype, shape in keys:
-            dims = (shape.m, shape.n, shape.k, shape.count)
-            if (op_class, dtype, *dims) not in self._rates:
-                groups.setdefault((op_class, dtype), {})[dims] = None
-        for (op_class, dtype), shapes in groups.items():
-            m, n, k, count = (np.array(c, float) for c in zip(*shapes, strict=True))
-            rates = self.compute.flops_per_s(op_class, dtype, GemmShape(m, n, k, count))
-            rates = np.broadcast_to(rates, m.shape)
-            for dims, rate in zip(shapes, rates, strict=True):
-                self._rates[(op_class, dtype, *dims)] = rate
+        rates = self.compute.flops_per_s(op_class, dtype, shapes)
+        return np.broadcast_to(rates, np.shape(shapes.m))
 
     def matmul_peak(self, dtype: str) -> float:
         """A large GEMM's FLOP/s in `dtype` (what the algebra ranks options with)."""

@@ -845,7 +845,8 @@ class _Walker:
         if shape is not None and self.tape is not None:
             compute_s = None
         else:
-            compute_s = gemm_compute_s(ep, op_class, dtype, shape, self.ctx)
+            rate = None if shape is None else self.ctx.gemm_flops_per_s(op_class, dtype, shape)
+            compute_s = gemm_compute_s(ep, rate)
         if shape is not None:
             if op.routed and cm.expert_overhead_s and dtype_bytes(op.weight.dtype) >= 1:
                 memory_s = memory_s + self.touched_experts(op) * cm.expert_overhead_s
@@ -1272,13 +1273,12 @@ def gemm_shape_of(ep: EinsumPlan, compute: ComputeModel | None) -> GemmShape | N
     return ep.gemm_shape(ep.sizes, ep.mesh)
 
 
-def gemm_compute_s(
-    ep: EinsumPlan, op_class: OpClass, dtype: str, shape: GemmShape | None, ctx: PricingContext
-) -> Any:
-    """A matmul pass's compute seconds: its FLOPs at the profile's rate for its GEMM shape."""
-    if shape is None:
+def gemm_compute_s(ep: EinsumPlan, rate: Any) -> Any:
+    """A matmul pass's compute seconds: its FLOPs at the profile's `rate` for its GEMM shape
+    (None: the large-GEMM rate its option choice used)."""
+    if rate is None:
         return ep.compute_time_s
-    return ep.flops_per_chip / ctx.gemm_flops_per_s(op_class, dtype, shape)
+    return ep.flops_per_chip / rate
 
 
 def attention_compute_s(
@@ -1310,7 +1310,7 @@ class _Tape:
     other than the matmul rate (`choose_floats`); per op record, how its compute seconds were
     priced. `ok` is False where the walk left that path (arrays, a keep-einsums walk)."""
 
-    __slots__ = ("plans", "recipes", "peaks", "ok", "at_gemm", "listed", "listed_inputs")
+    __slots__ = ("plans", "recipes", "peaks", "ok", "at_gemm", "listed", "listed_inputs", "groups")
 
     def __init__(self) -> None:
         self.plans: dict[int, tuple] = {}
@@ -1321,6 +1321,7 @@ class _Tape:
         self.at_gemm: dict[tuple, list] = {}
         self.listed: list | None = None
         self.listed_inputs: dict[int, tuple] = {}
+        self.groups: dict[tuple, tuple[GemmShape, list[int]]] | None = None
 
     def choice(self, ep: EinsumPlan, phase: str, dtype: str, policy, weights, w: _Walker) -> None:
         """An einsum plan the walk made: what its choice weighed, besides the matmul rate, is
@@ -1358,14 +1359,36 @@ class _Tape:
 
     def fill(self, walk: Walk, ctx: PricingContext) -> None:
         """Set the compute seconds `_Walker.op_record` left to the tape: each GEMM at its
-        shape's rate, the rates of all the walk's shapes from one call of the efficiency curve
-        per dtype (`PricingContext.prime_gemm_rates`). The records are the walk's own, not yet
-        handed out: set in place."""
-        gemms = [(r, rc) for r, rc in zip(walk.ops, self.order(walk), strict=True)]
-        gemms = [(r, rc) for r, rc in gemms if rc is not None and rc[0] == _GEMM and rc[5]]
-        ctx.prime_gemm_rates(rc[3:] for _, rc in gemms)
-        for r, (_, _, ep, op_class, dtype, shape) in gemms:
-            r.__dict__["compute_s"] = gemm_compute_s(ep, op_class, dtype, shape, ctx)
+        shape's rate (`gemm_rates`). The records are the walk's own, not yet handed out: set
+        in place."""
+        recipes = self.order(walk)
+        for i, rate in self.gemm_rates(walk, ctx):
+            walk.ops[i].__dict__["compute_s"] = gemm_compute_s(recipes[i][2], rate)
+
+    def gemm_rates(self, walk: Walk, ctx: PricingContext) -> list[tuple[int, Any]]:
+        """(index, rate) of each of `walk`'s GEMM records priced by shape: the rates of all
+        its shapes from one call of the efficiency curve per (op class, dtype)."""
+        out = []
+        for (op_class, dtype), (shapes, at) in self.shape_groups(walk).items():
+            out += zip(at, ctx.gemm_rates(op_class, dtype, shapes), strict=True)
+        return out
+
+    def shape_groups(self, walk: Walk) -> dict[tuple, tuple[GemmShape, list[int]]]:
+        """The GEMM shapes of `walk`'s records priced by shape, as arrays per (op class,
+        dtype), with the records' indices; listed once."""
+        if self.groups is None:
+            lists: dict[tuple, tuple[list, list[int]]] = {}
+            for i, rc in enumerate(self.order(walk)):
+                if rc is not None and rc[0] == _GEMM and rc[5] is not None:
+                    dims, at = lists.setdefault((rc[3], rc[4]), ([], []))
+                    sh = rc[5]
+                    dims.append((sh.m, sh.n, sh.k, sh.count))
+                    at.append(i)
+            self.groups = {
+                k: (GemmShape(*(np.array(c, float) for c in zip(*dims, strict=True))), at)
+                for k, (dims, at) in lists.items()
+            }
+        return self.groups
 
 
 def walk_ledger(
@@ -1553,7 +1576,7 @@ def _one_walk(args: tuple, objs: tuple, key: tuple, prof: tuple) -> Walk:
 
     Repricing redoes what those numbers set — each einsum's option choice (`choose_floats` on
     the kept options), the chosen plans' compute seconds, each GEMM's rate on its kept shape
-    (`PricingContext.prime_gemm_rates`: the efficiency curve once on arrays), the vector and
+    (`PricingContext.gemm_rates`: the efficiency curve once on arrays), the vector and
     attention records' compute — with the walk's own formulas; collectives, memory and every
     other record are the template's."""
     model, systems, structure, rows, sequences, ledger, eff, phase, options = args
@@ -1622,24 +1645,21 @@ def _gemm_side(walk: Walk, tape: _Tape, pricing: AlgebraPricing) -> list | None:
         if choice != ep.choice:
             return None
         comp[key] = times[choice]
-    recipes = tape.order(walk)
-    ctx.prime_gemm_rates((r[3], r[4], r[5]) for r in recipes if r and r[0] == _GEMM and r[5])
-    return [
-        r if rc is None else None if rc[0] == _ATTENTION else _repriced(r, rc, pricing, ctx, comp)
-        for r, rc in zip(walk.ops, recipes, strict=True)
-    ]
-
-
-def _repriced(
-    r: OpRecord, recipe: tuple, p: AlgebraPricing, ctx: PricingContext, comp: dict
-) -> OpRecord:
-    """Record `r` (a GEMM's or a vector kernel's) with its compute seconds (and a matmul's
-    plan) priced under `p`."""
-    if recipe[0] == _VECTOR:
-        return _with(r, compute_s=recipe[1] / p.vector_flops_per_s)
-    _, chosen, ep, op_class, dtype, shape = recipe
-    ep = _with(ep, compute_time_s=comp[chosen])
-    return _with(r, compute_s=gemm_compute_s(ep, op_class, dtype, shape, ctx), einsum=ep)
+    rates = dict(tape.gemm_rates(walk, ctx))
+    eps: dict[int, EinsumPlan] = {}  # each plan repriced once (gate and up share theirs)
+    out: list[OpRecord | None] = []
+    for i, (r, rc) in enumerate(zip(walk.ops, tape.order(walk), strict=True)):
+        if rc is None or rc[0] == _VECTOR:
+            out.append(r if rc is None else _with(r, compute_s=rc[1] / pricing.vector_flops_per_s))
+            continue
+        if rc[0] == _ATTENTION:
+            out.append(None)
+            continue
+        ep = eps.get(id(rc[2]))
+        if ep is None:
+            ep = eps[id(rc[2])] = _with(rc[2], compute_time_s=comp[rc[1]])
+        out.append(_with(r, compute_s=gemm_compute_s(ep, rates.get(i)), einsum=ep))
+    return out
 
 
 def _with(rec: Any, **changes: Any) -> Any:
