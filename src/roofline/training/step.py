@@ -590,15 +590,18 @@ def _reuses_gathers(stack: Stack, pipelined: np.ndarray, no_remat: np.ndarray) -
 class _Sums:
     """Per-candidate views of a walk's Totals (multiplicities applied per candidate)."""
 
-    def __init__(self, tot: Totals, ctx: _Context) -> None:
+    def __init__(self, tot: Totals, ctx: _Context, comm_memo: dict | None = None) -> None:
         self.tot, self.ctx = tot, ctx
         self._rr: dict[frozenset, np.ndarray] = {}
         self._memo: dict[tuple, Any] = {}  # each sum asked once (the timeline asks some twice)
+        # the collectives' sums: shared by Totals with the same collective sums (`_sums_of`)
+        self._comm_memo = {} if comm_memo is None else comm_memo
 
-    def _remembered(self, key: tuple, f: Callable[[], Any]) -> Any:
-        hit = self._memo.get(key)
+    def _remembered(self, key: tuple, f: Callable[[], Any], memo: dict | None = None) -> Any:
+        memo = self._memo if memo is None else memo
+        hit = memo.get(key)
         if hit is None:
-            hit = self._memo[key] = f()
+            hit = memo[key] = f()
         return hit
 
     def rr(self, s: frozenset) -> np.ndarray:
@@ -666,6 +669,7 @@ class _Sums:
         return self._remembered(
             ("comm", tuple(classes), forward, rerun_only),
             lambda: self._comm(classes, forward, rerun_only),
+            self._comm_memo,
         )
 
     def _comm(self, classes, forward, rerun_only) -> Any:
@@ -683,8 +687,10 @@ class _Sums:
 
 
 # one plan's sums by (its walk's Totals, what of the context they read): a remembered walk's
-# Totals (`core.walk`) are summed by query once per remat choice
+# Totals (`core.walk`) are summed by query once per remat choice; the collectives' sums by
+# (the Totals' collective sums, the same), which a walk repriced under a new profile shares
 _SUMS = IdentityMemo(128)
+_COMM_SUMS = IdentityMemo(128)
 
 
 def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
@@ -693,7 +699,8 @@ def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
     if len(ctx.inv) != 1:
         return _Sums(tot, ctx)
     key = (ctx.remats, int(ctx.remat_idx[0]), bool(ctx.reuse[0]), int(ctx.inv[0]), ctx.n_rows)
-    return _SUMS((tot,), key, lambda: _Sums(tot, ctx))
+    comm = _COMM_SUMS((tot.comm_s, tot.reusable_s), key, dict)
+    return _SUMS((tot,), key, lambda: _Sums(tot, ctx, comm))
 
 
 def _exposed(group: ExposureGroup, comm: Any, compute: Any, ctx: _Context) -> Any:
