@@ -1640,6 +1640,9 @@ def _gemm_side(walk: Walk, tape: _Tape, pricing: AlgebraPricing) -> list | None:
         if peaks[dtype] == tape.peaks[dtype]:  # the same rate: the same choice and times
             comp[key] = ep.compute_time_s
             continue
+        if len(ep.options) == 1:  # one legal option: any policy's choice (the same times)
+            comp[key] = ep.options[0].flops_per_chip / peaks[dtype]
+            continue
         octx, memt, commt, policy, trusted = tape.inputs(key)
         choice, times = choose_floats(octx, memt, commt, peaks[dtype], policy, trusted)
         if choice != ep.choice:

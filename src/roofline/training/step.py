@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -322,6 +322,27 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
 
 # (stack, conditions) -> {class: its mechanism on by default}
 _DEFAULT_ON = IdentityMemo(4096)
+
+
+def _modes_of(ctx: _Context, chip: Any) -> dict[Overlap, ModeArrays]:
+    """`_modes` under `_conditions`: one plan's kept by (stack, chip) and every value of its
+    context (calibrate costs each run's plan again under many profiles)."""
+    if len(ctx.inv) != 1:
+        return _modes(ctx, _conditions(ctx, chip))
+    key = tuple(_plain(getattr(ctx, f.name)) for f in fields(ctx) if f.name != "stack")
+    return _MODES((ctx.stack, chip), key, lambda: _modes(ctx, _conditions(ctx, chip)))
+
+
+def _plain(v: Any) -> Any:
+    """A context field as a hashable value (arrays as tuples, mappings as sorted items)."""
+    if isinstance(v, np.ndarray):
+        return (v.dtype.str, v.shape, tuple(v.ravel().tolist()))
+    if isinstance(v, Mapping):
+        return tuple(sorted((str(k), _plain(x)) for k, x in v.items()))
+    return v
+
+
+_MODES = IdentityMemo(256)
 
 
 def _defaults_on(stack: Stack, conditions: frozenset[str]) -> dict[Overlap, bool]:
@@ -919,7 +940,7 @@ def _step(
     M = ctx.M
     pp = ctx.deg[Strategy.PP]
     layers = np.ceil(model.n_layers / pp)
-    modes = _modes(ctx, _conditions(ctx, chip))
+    modes = _modes_of(ctx, chip)
     compute = s.compute() - _host_idle_hidden(s, modes)
     comm, exposed = _microbatch_exposure(s, ctx, modes, layers)
     # fixed costs: per layer per microbatch pass (forward and backward), per step
