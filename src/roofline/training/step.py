@@ -324,13 +324,19 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
 _DEFAULT_ON = IdentityMemo(4096)
 
 
-def _modes_of(ctx: _Context, chip: Any) -> dict[Overlap, ModeArrays]:
-    """`_modes` under `_conditions`: one plan's kept by (stack, chip) and every value of its
-    context (calibrate costs each run's plan again under many profiles)."""
-    if len(ctx.inv) != 1:
+def _modes_of(ctx: _Context, chip: Any, key: tuple | None) -> dict[Overlap, ModeArrays]:
+    """`_modes` under `_conditions`: one plan's kept by (stack, chip) and `key`, the values of
+    its context (`_context_key`; calibrate costs each run's plan under many profiles)."""
+    if key is None:
         return _modes(ctx, _conditions(ctx, chip))
-    key = tuple(_plain(getattr(ctx, f.name)) for f in fields(ctx) if f.name != "stack")
     return _MODES((ctx.stack, chip), key, lambda: _modes(ctx, _conditions(ctx, chip)))
+
+
+def _context_key(ctx: _Context) -> tuple | None:
+    """Every value of one plan's context but its stack (None for a family of plans)."""
+    if len(ctx.inv) != 1:
+        return None
+    return tuple(_plain(getattr(ctx, f.name)) for f in fields(ctx) if f.name != "stack")
 
 
 def _plain(v: Any) -> Any:
@@ -343,6 +349,7 @@ def _plain(v: Any) -> Any:
 
 
 _MODES = IdentityMemo(256)
+_MEMORY = IdentityMemo(256)  # one plan's memory by (its walk's pieces, model, stack), values
 
 
 def _defaults_on(stack: Stack, conditions: frozenset[str]) -> dict[Overlap, bool]:
@@ -830,6 +837,15 @@ def _memory(
     return TrainingMemory(p, g, o, acts, temps)
 
 
+def _memory_of(model: ModelSpec, w: Walk, ctx: _Context, opt, key: tuple | None):
+    """`_memory`: one plan's kept by (its walk's memory pieces, which a repriced walk shares,
+    the model, the stack) and the values of its context and optimizer."""
+    if key is None or w.n != 1:
+        return _memory(model, w, ctx, opt, _remats(w))
+    objs = (w.memory, model, ctx.stack)
+    return _MEMORY(objs, (key, opt), lambda: _memory(model, w, ctx, opt, _remats(w)))
+
+
 def _pass_windows(s: _Sums, forward: bool) -> dict[str, Any]:
     """Compute seconds per microbatch in one pass, whole and by op class (overlap windows).
     The backward pass holds remat's recompute."""
@@ -940,7 +956,8 @@ def _step(
     M = ctx.M
     pp = ctx.deg[Strategy.PP]
     layers = np.ceil(model.n_layers / pp)
-    modes = _modes_of(ctx, chip)
+    key = _context_key(ctx)
+    modes = _modes_of(ctx, chip, key)
     compute = s.compute() - _host_idle_hidden(s, modes)
     comm, exposed = _microbatch_exposure(s, ctx, modes, layers)
     # fixed costs: per layer per microbatch pass (forward and backward), per step
@@ -954,7 +971,7 @@ def _step(
     hop = s.comm((Overlap.PIPELINE,), forward=True)
     p2p = 2 * hop * np.maximum(pp - 1, 0)
     grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
-    mem = _memory(model, w, ctx, opt, _remats(w))
+    mem = _memory_of(model, w, ctx, opt, key)
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
     opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
     step = t_pipe + p2p + sync_exposed + opt_t + step_s
