@@ -22,6 +22,7 @@ from roofline.specs.efficiency import Efficiency, load_profile
 from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import OpClass, Workload, parse_plan
 from roofline.specs.system import parse_system
+from roofline.training import step as step_mod
 from roofline.training.step import evaluate_plan
 
 CASES = [
@@ -43,9 +44,19 @@ MOVES = [
 
 
 def _forget() -> None:
-    walk_mod._ONE_WALKS.clear()
-    walk_mod._ONE_TOTALS.clear()
-    walk_mod._TEMPLATES.clear()
+    """Every memo a single plan's costing keeps (the walk's and the timeline's)."""
+    for memo in (
+        walk_mod._ONE_WALKS,
+        walk_mod._ONE_TOTALS,
+        walk_mod._TEMPLATES,
+        walk_mod._COMM_SUMS,
+        step_mod._SUMS,
+        step_mod._COMM_SUMS,
+        step_mod._COLL_ROWS,
+        step_mod._MODES,
+        step_mod._MEMORY,
+    ):
+        memo.clear()
 
 
 @functools.cache
