@@ -55,11 +55,16 @@ class ComputeModel:
         # fixed time per kernel launch, added once per op per pass (0 for constant profiles)
         self.kernel_overhead_s = float(eff.kernel_overhead_s(chip))
         self._large: dict[str, float] = {}  # a large GEMM's fraction by dtype, resolved once
+        self._peaks: dict[str, float] = {}  # the chip's peak by dtype, resolved once
 
     def peak(self, dtype: str) -> float:
         """The chip's dense peak in `dtype`; bf16 on a chip without bf16 units (V100) runs in
         its 16-bit dtype."""
-        return self.chip.peak(dtype, fallback=self.chip.default_dtype if dtype == "bf16" else None)
+        hit = self._peaks.get(dtype)
+        if hit is None:
+            fallback = self.chip.default_dtype if dtype == "bf16" else None
+            hit = self._peaks[dtype] = self.chip.peak(dtype, fallback=fallback)
+        return hit
 
     def large_gemm_fraction(self, dtype: str) -> float:
         """The fraction a large, well-shaped GEMM reaches (the algebra ranks options with it)."""

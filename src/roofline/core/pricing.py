@@ -21,13 +21,17 @@ The rules themselves stay in their one home (`Stack.rerun_by`, `ComputeModel.flo
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
+
+import numpy as np
 
 from roofline.core.collectives import CollectiveKind
 from roofline.core.cost import ComputeModel
 from roofline.core.ledger import Op
 from roofline.core.sharding import GemmShape, OptionPolicy
 from roofline.core.stack import Stack, policy_for_op
+from roofline.memo import IdentityMemo
 from roofline.specs.efficiency import Efficiency
 from roofline.specs.framework import OverlapClass
 from roofline.specs.plan import OpClass, RematKind
@@ -108,6 +112,14 @@ class PricingContext:
             hit = self._rates[key] = self.compute.flops_per_s(op_class, dtype, shape)
         return hit
 
+    def gemm_rates(self, op_class: OpClass, dtype: str, shapes: GemmShape) -> np.ndarray:
+        """`gemm_flops_per_s` of many single-plan shapes (`shapes` holds arrays) from one call
+        of the efficiency curve: it is elementwise, so entry i is the rate a call for shape i
+        alone returns, to the last bit (a test pins it)."""
+        assert self.compute is not None
+        rates = self.compute.flops_per_s(op_class, dtype, shapes)
+        return np.broadcast_to(rates, np.shape(shapes.m))
+
     def matmul_peak(self, dtype: str) -> float:
         """A large GEMM's FLOP/s in `dtype` (what the algebra ranks options with)."""
         return self._rate(("matmul", dtype), lambda c: c.matmul_flops_per_s(dtype))
@@ -163,4 +175,43 @@ def pricing_context(stack: Stack, eff: Efficiency, chip: Any) -> PricingContext:
     return ctx
 
 
-__all__ = ["PricingContext", "pricing_context"]
+# The profile's numbers a single-plan walk can be repriced under (`core.walk`): the GEMM
+# fractions (the option choice's matmul rate, each GEMM's rate, the vector units' share of the
+# matmul peak) and flash attention's; `sources` is prose.
+GEMM_SIDE = frozenset({"mm_fraction"})
+ATTENTION_SIDE = frozenset({"attn_fwd", "attn_bwd", "attn_softmax_flops", "attn_causal"})
+REPRICED = GEMM_SIDE | ATTENTION_SIDE
+
+
+def profile_key(eff: Efficiency, chip: Any) -> tuple[tuple, tuple, tuple]:
+    """Every number of `eff` a walk on `chip` reads, by value, in three parts: (1) those not in
+    `REPRICED` (every field of the chip's family but those — generically, so a field added
+    later is in it — and the constants a chip no family covers takes); (2) the GEMM fractions;
+    (3) flash attention's. Two profiles with the same key walk a plan to the same records;
+    with the same first part, to records that differ only in the compute seconds the other
+    two set. Remembered per (profile, chip) object."""
+    return _PROFILE_KEYS((eff, chip), (), lambda: _profile_key(eff, chip))
+
+
+def _profile_key(eff: Efficiency, chip: Any) -> tuple[tuple, tuple, tuple]:
+    plain = (eff.matmul, eff.hbm, eff.link)
+    fam = eff.family_for(chip)
+    if fam is None:
+        return plain, (), ()
+    parts: tuple[list, list, list] = ([], [], [])
+    for f in fields(fam):
+        if f.name in ("sources", "_keys"):
+            continue
+        at = 1 if f.name in GEMM_SIDE else 2 if f.name in ATTENTION_SIDE else 0
+        parts[at].append((f.name, _hashable(getattr(fam, f.name))))
+    return (*plain, *parts[0]), tuple(parts[1]), tuple(parts[2])
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(sorted(v.items())) if hasattr(v, "items") else v
+
+
+_PROFILE_KEYS = IdentityMemo(256)
+
+
+__all__ = ["REPRICED", "PricingContext", "pricing_context", "profile_key"]

@@ -1142,21 +1142,27 @@ def plan_einsum(
         )
     floats = _all_floats(options, peak_flops_per_s, hbm_bw_bytes_per_s)
     if floats:  # one plan: Python floats, the same arithmetic without numpy's per-call cost
-        comp = [o.flops_per_chip / peak_flops_per_s for o in options]
-        memt = [o.hbm_bytes_per_chip / hbm_bw_bytes_per_s for o in options]
+        memt, commt = choice_inputs(options, hbm_bw_bytes_per_s, comm_share)
+        choice, comp = choose_floats(
+            OptionContext(lhs, rhs, out, phase, tuple(options), (), weights),
+            memt,
+            commt,
+            peak_flops_per_s,
+            policy,
+            trusted,
+        )
     else:
         comp = [np.asarray(o.flops_per_chip, float) / peak_flops_per_s for o in options]
         memt = [np.asarray(o.hbm_bytes_per_chip, float) / hbm_bw_bytes_per_s for o in options]
-    if trusted and len(options) == 1 and policy is CHEAPEST:  # nothing to choose
-        choice: Any = 0
-    else:
-        cost = _float_option_cost if floats else option_cost
-        costs = tuple(
-            cost(c, m, _choice_comm(o, comm_share, floats))
-            for c, m, o in zip(comp, memt, options, strict=True)
-        )
-        ctx = OptionContext(lhs, rhs, out, phase, tuple(options), costs, weights)
-        choice = policy.choose(ctx)
+        if trusted and len(options) == 1 and policy is CHEAPEST:  # nothing to choose
+            choice = 0
+        else:
+            costs = tuple(
+                option_cost(c, m, _choice_comm(o, comm_share))
+                for c, m, o in zip(comp, memt, options, strict=True)
+            )
+            ctx = OptionContext(lhs, rhs, out, phase, tuple(options), costs, weights)
+            choice = policy.choose(ctx)
     if type(choice) is int or np.ndim(choice) == 0:
         choice = int(choice)
         compute_t, mem_t = _scalar(comp[choice]), _scalar(memt[choice])
@@ -1199,6 +1205,41 @@ def choose_rows(choice: np.ndarray, values: Sequence[Any]) -> np.ndarray:
             rows = c == i
             out[rows] = a[rows] if a.ndim else a
     return out
+
+
+def choice_inputs(
+    options: Sequence[Option], hbm_bw_bytes_per_s: float, comm_share: Callable[[Comm], Any] | None
+) -> tuple[list[float], list[float]]:
+    """A single plan's per-option memory seconds and the communication seconds its choice
+    weighs (`_choice_comm`): what `choose_floats` takes besides the matmul rate."""
+    memt = [o.hbm_bytes_per_chip / hbm_bw_bytes_per_s for o in options]
+    return memt, [_choice_comm(o, comm_share, True) for o in options]
+
+
+def choose_floats(
+    ctx: OptionContext,
+    memory_s: list[float],
+    comm_s: list[float],
+    peak_flops_per_s: float,
+    policy: OptionPolicy,
+    trusted: bool,
+) -> tuple[Any, list[float]]:
+    """A single plan's option choice on floats, and each option's compute seconds at
+    `peak_flops_per_s`: `ctx` without costs (they are made here), each option's memory seconds
+    and the communication seconds the choice weighs (`_choice_comm`). Everything but the peak
+    is independent of the efficiency profile's matmul rate, so a walk repriced under a new
+    rate chooses again with this (`core.walk`) exactly as `plan_einsum` chose."""
+    options = ctx.options
+    comp = [o.flops_per_chip / peak_flops_per_s for o in options]
+    if trusted and len(options) == 1 and policy is CHEAPEST:  # nothing to choose
+        return 0, comp
+    costs = tuple(
+        _float_option_cost(c, m, x) for c, m, x in zip(comp, memory_s, comm_s, strict=True)
+    )
+    c = ctx
+    return policy.choose(
+        OptionContext(c.lhs, c.rhs, c.out, c.phase, options, costs, c.weights)
+    ), comp
 
 
 def _choice_comm(o: Option, share: Callable[[Comm], Any] | None, floats: bool = False) -> Any:

@@ -36,7 +36,7 @@ from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
 from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger, moe_token_rows
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
-from roofline.core.pricing import PricingContext, pricing_context
+from roofline.core.pricing import PricingContext, pricing_context, profile_key
 from roofline.core.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
 from roofline.core.sharding import (
     CHEAPEST,
@@ -44,9 +44,12 @@ from roofline.core.sharding import (
     CommFn,
     EinsumPlan,
     GemmShape,
+    OptionContext,
     OptionPolicy,
     SizedMemo,
     Spec,
+    choice_inputs,
+    choose_floats,
     plan_einsum,
     plan_training_einsum,
 )
@@ -271,8 +274,6 @@ class Totals:
         by_class: dict = {}
         edge: Any = 0.0
         flops: dict = {}
-        comm: dict = {}
-        reusable: dict = {}
         for r in walk.ops:
             k = (r.pass_ == Pass.FORWARD, r.rerun_by)
             t = r.copies * r.time_s
@@ -282,25 +283,37 @@ class Totals:
             if r.op in NON_LAYER_ROWS:
                 edge = edge + t
             flops[k] = flops.get(k, 0.0) + r.copies * r.flops_per_chip
-        for c in walk.collectives:
-            t = c.copies * c.time_s
-            k2 = (c.overlap, not c.backward, c.rerun_by)
-            comm[k2] = comm.get(k2, 0.0) + t
-            if np.any(c.reusable):
-                reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
         shape = (walk.n,)  # arrays per row, also where a single plan's walk ran on floats
-
-        def rows(d: dict) -> dict:
-            return {k: np.broadcast_to(np.asarray(v, float), shape) for k, v in d.items()}
-
+        if walk.n != 1:
+            comm, reusable = _comm_sums(walk.collectives, shape)
+        else:  # a repriced walk shares its template's collectives: summed once
+            colls = walk.collectives
+            comm, reusable = _COMM_SUMS((colls,), (), lambda: _comm_sums(colls, shape))
         return Totals(
-            rows(compute),
-            rows(flops),
-            rows(comm),
-            rows(reusable),
-            rows(by_class),
+            _rows(compute, shape),
+            _rows(flops, shape),
+            comm,
+            reusable,
+            _rows(by_class, shape),
             np.broadcast_to(np.asarray(edge, float), shape),
         )
+
+
+def _comm_sums(colls: tuple[CollectiveRecord, ...], shape: tuple[int]) -> tuple[dict, dict]:
+    """`Totals.comm_s` and `Totals.reusable_s` of a walk's collectives."""
+    comm: dict = {}
+    reusable: dict = {}
+    for c in colls:
+        t = c.copies * c.time_s
+        k2 = (c.overlap, not c.backward, c.rerun_by)
+        comm[k2] = comm.get(k2, 0.0) + t
+        if np.any(c.reusable):
+            reusable[c.overlap] = reusable.get(c.overlap, 0.0) + np.where(c.reusable, t, 0.0)
+    return _rows(comm, shape), _rows(reusable, shape)
+
+
+def _rows(d: dict, shape: tuple[int]) -> dict:
+    return {k: np.broadcast_to(np.asarray(v, float), shape) for k, v in d.items()}
 
 
 # --------------------------------------------------------------------------------------
@@ -526,6 +539,24 @@ class WalkOptions:
 SIZED_MEMO_ROWS = 64
 
 
+class _CommShare:
+    """The share of a collective's time one microbatch's option choice carries: a per-step
+    gradient sum is paid once for the M microbatches of a step (`step_share` = 1/M)."""
+
+    __slots__ = ("step_share", "_per_step")
+
+    def __init__(self, step_share: Any) -> None:
+        self.step_share = step_share
+        self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
+
+    def __call__(self, c: Comm) -> Any:
+        key = (c.tensor, c.axes)
+        per_step = self._per_step.get(key)
+        if per_step is None:
+            per_step = self._per_step[key] = per_step_gradient(c)
+        return self.step_share if per_step else 1.0
+
+
 class _Walker:
     """State of one walk: the rows' meshes, pricing, rules, and the records so far."""
 
@@ -543,17 +574,17 @@ class _Walker:
         self.ctx = ctx  # what the walk asks per op, resolved once per (stack, profile, chip)
         self.scale_up = scale_up  # GPUs per NVLink domain per row (0: a TPU torus; None: unknown)
         # the option choice prices a per-step gradient sum once per step: 1/M per microbatch
-        self.step_share = 1.0 / np.asarray(mb, float)
+        self.comm_share = _CommShare(1.0 / np.asarray(mb, float))
         self.shared = SharedCollectives()
         # a family walk's sized arrays, collectives and splits, shared by its einsums (a walk
         # of a few rows computes them faster than it would look them up)
         many = not opts.floats and np.size(sequences) >= SIZED_MEMO_ROWS
         self.sized = SizedMemo() if many else None
         self.same: dict[tuple, tuple[EinsumPlan, ...]] = {}
-        self._per_step: dict[tuple[str, tuple[str, ...]], bool] = {}  # per_step_gradient
         self.ops: list[OpRecord] = []
         self.colls: list[CollectiveRecord] = []
         self.einsums: list[tuple] = []
+        self.tape: _Tape | None = None  # set to record what the records owe the rates
         self.passes = (Pass.FORWARD,) if phase != Phase.TRAIN else tuple(Pass)
 
     # -- per op -------------------------------------------------------------------------
@@ -604,19 +635,26 @@ class _Walker:
         op_class = OpClass.EXPERT_GEMM if "experts" in op.inputs[1].dims else OpClass.DENSE_GEMM
         dtype = self.opts.dtypes.for_op(op.name, op_class).value
         plans = list(self.plan(op, sizes, dtype))
+        chosen = list(plans)  # as the policy chose them (a pinned choice keeps their times)
         for i, label in enumerate(self.passes):
             idx = self.opts.choices.get((op.name, label.value))
             if idx is not None:
                 plans[i] = plans[i].with_choice(idx)
         block = op.name.rsplit("/", 1)[0]
         if self.phase == Phase.TRAIN and self.opts.merge_reductions:
-            plans[1] = self.merged_dlhs(plans[1], block, sizes, dtype, op)
+            merged = self.merged_dlhs(plans[1], block, sizes, dtype, op)
+            if merged is not plans[1]:
+                plans[1] = chosen[1] = merged
         if self.opts.keep_einsums:
             self.einsums.append((op.name, *plans))
         reruns = self.rerun_by(op)
-        for label, ep in zip(self.passes, plans, strict=True):
+        for label, ep, base in zip(self.passes, plans, chosen, strict=True):
             rr = reruns if label == Pass.FORWARD else NO_RERUN
-            self.ops.append(self.op_record(op, label, op_class, dtype, copies, ep, rr))
+            shape = gemm_shape_of(ep, self.pricing.compute)
+            rec = self.op_record(op, label, op_class, dtype, copies, ep, rr, shape)
+            self.ops.append(rec)
+            if self.tape is not None:
+                self.tape.gemm(rec, base, ep, shape)
             self.einsum_collectives(op, label, ep, block, copies, rr)
         if self.phase == Phase.TRAIN and dtype in _QUANTISED and not self.stack.book:
             self.quantise(op, sizes, dtype, copies, reruns)
@@ -659,7 +697,10 @@ class _Walker:
         p = self.pricing
         comp = fl / p.vector_flops_per_s
         mem = by / (p.vector_hbm_bytes_per_s or p.hbm_bw_bytes_per_s)
-        return OpRecord(name, label, cls, dtype, copies, fl, by, comp, mem, rr, launch_s=p.launch_s)
+        rec = OpRecord(name, label, cls, dtype, copies, fl, by, comp, mem, rr, launch_s=p.launch_s)
+        if self.tape is not None:
+            self.tape.recipes[id(rec)] = (_VECTOR, fl)
+        return rec
 
     def combine_axes(self) -> tuple[str, ...]:
         """The tensor axes the MoE layer's down projections leave partial sums over (the routed
@@ -723,9 +764,15 @@ class _Walker:
                 sized=self.sized,
             )
             if self.phase == Phase.TRAIN:
-                self.same[key] = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
+                eps = plan_training_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw)
+                phases = ("forward", "backward", "backward")
             else:
-                self.same[key] = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
+                eps = (plan_einsum(lhs, rhs, out, sizes, self.mesh, p.comm, **kw),)
+                phases = ("forward",)
+            if self.tape is not None:
+                for ep, ph in zip(eps, phases, strict=True):
+                    self.tape.choice(ep, ph, dtype, kw["policy"], kw["weights"], self)
+            self.same[key] = eps
         return self.same[key]
 
     def policy(self, op: Op) -> Any:
@@ -735,15 +782,6 @@ class _Walker:
         if op.routed and "tensor" in self.rules.activations.get("capacity", ()):
             return experts_replicated_over_tensor(policy)
         return policy
-
-    def comm_share(self, c: Comm) -> Any:
-        """The share of a collective's time one microbatch's option choice carries: a per-step
-        gradient sum is paid once for the M microbatches of a step."""
-        key = (c.tensor, c.axes)
-        per_step = self._per_step.get(key)
-        if per_step is None:
-            per_step = self._per_step[key] = per_step_gradient(c)
-        return self.step_share if per_step else 1.0
 
     def rerun_collective(self, reruns: frozenset[RematKind], cls: Overlap, c_kind) -> Any:
         """The remat kinds that rerun a collective of class `cls` inside an op they rerun."""
@@ -780,7 +818,8 @@ class _Walker:
             return t if m is None else np.where(m, 0.0, t)
 
         p = self.pricing
-        return plan_einsum(
+        policy, weights = self.ctx.policy(self.opts.policy, op.name), _weight_names(op)
+        ep = plan_einsum(
             bl.lhs,
             bl.rhs,
             bl.out,
@@ -792,12 +831,15 @@ class _Walker:
             phase="backward",
             check_divisible=False,
             trusted=self.opts.trusted,
-            policy=self.ctx.policy(self.opts.policy, op.name),
-            weights=_weight_names(op),
+            policy=policy,
+            weights=weights,
             weight_read_fraction=self.weight_read_fraction(op),
             comm_share=self.comm_share,
             sized=self.sized,
         )
+        if self.tape is not None:
+            self.tape.choice(ep, "backward", dtype, policy, weights, self)
+        return ep
 
     def touched_experts(self, op: Op) -> Any:
         """Expected distinct routed experts one chip's slice of a routed row touches per pass:
@@ -805,12 +847,18 @@ class _Walker:
         local = op.sizes["experts"] / shard_factor(("experts",), self.rules, True, self.mesh)
         return self.weight_read_fraction(op) * local
 
-    def op_record(self, op, label, op_class, dtype, copies, ep, reruns) -> OpRecord:
-        compute_s, memory_s = ep.compute_time_s, ep.memory_time_s
+    def op_record(self, op, label, op_class, dtype, copies, ep, reruns, shape) -> OpRecord:
+        """A matmul pass's record; `shape` its GEMM where the profile prices by shape. A taped
+        walk leaves such a record's compute seconds to `_Tape.fill` (one call of the
+        efficiency curve for all its shapes)."""
+        memory_s = ep.memory_time_s
         cm = self.pricing.compute
-        if cm is not None and cm.shape_dependent:
-            shape = ep.gemm_shape(ep.sizes, ep.mesh)
-            compute_s = ep.flops_per_chip / self.ctx.gemm_flops_per_s(op_class, dtype, shape)
+        if shape is not None and self.tape is not None:
+            compute_s = None
+        else:
+            rate = None if shape is None else self.ctx.gemm_flops_per_s(op_class, dtype, shape)
+            compute_s = gemm_compute_s(ep, rate)
+        if shape is not None:
             if op.routed and cm.expert_overhead_s and dtype_bytes(op.weight.dtype) >= 1:
                 memory_s = memory_s + self.touched_experts(op) * cm.expert_overhead_s
         return OpRecord(
@@ -881,30 +929,19 @@ class _Walker:
         p = self.pricing
         head_dim = op.sizes.get("head_dim", 0.0)
         mem = by / p.hbm_bw_bytes_per_s
+        flash, imbalance = self.stack.flash_attention, self.cp_imbalance(op)
         for label in self.passes:  # the backward pass: two contractions of the same size
             fwd = label == Pass.FORWARD
-            if not self.stack.flash_attention:  # batched GEMMs QK^T and PV
-                comp = fl / p.matmul_peak(dtype)
-            else:
-                speed = self.ctx.attention_speed(not fwd)
-                comp = fl / (p.attention_peak(dtype, not fwd, head_dim) * speed)
-            comp = comp * self.cp_imbalance(op)
+            recipe = (_ATTENTION, fl, dtype, not fwd, head_dim, flash, imbalance)
+            comp = attention_compute_s(p, self.ctx, *recipe[1:])
             rr = self.rerun_by(op) if fwd else NO_RERUN
-            self.ops.append(
-                OpRecord(
-                    op.name,
-                    label,
-                    OpClass.ATTENTION,
-                    dtype,
-                    copies,
-                    fl,
-                    by,
-                    comp,
-                    mem,
-                    rr,
-                    launch_s=p.launch_s,
-                )
-            )
+            rec = OpRecord(
+                op.name, label, OpClass.ATTENTION, dtype, copies, fl, by, comp, mem, rr,
+                launch_s=p.launch_s,
+            )  # fmt: skip
+            self.ops.append(rec)
+            if self.tape is not None:
+                self.tape.recipes[id(rec)] = recipe
         if op.name.startswith("attn/scores") and "seq" in rules.activations.get("seq", ()):
             self.context_parallel(op, sizes, copies)
 
@@ -937,6 +974,8 @@ class _Walker:
         if self.phase == Phase.TRAIN:  # one backward pass: the gradient of the input (the table)
             back = Pass.D_RHS if cls == OpClass.EMBEDDING else Pass.D_LHS
             self.ops.append(replace(rec, pass_=back, rerun_by=NO_RERUN))
+            if self.tape is not None:
+                self.tape.recipes[id(self.ops[-1])] = self.tape.recipes[id(rec)]
 
     def context_parallel(self, op: Op, sizes: dict, copies: Any) -> None:
         """K and V gathered along the sequence before attention (forward, rerun with attention
@@ -1236,6 +1275,137 @@ def _with_seq(s: Spec) -> tuple[tuple[str, ...], ...]:
     return tuple((("seq",) if d == "kv_seq" else ax) for d, ax in zip(s.dims, s.axes, strict=True))
 
 
+# --------------------------------------------------------------------------------------
+# Compute seconds from the profile's rates (one home: the walk and its repricing)
+# --------------------------------------------------------------------------------------
+
+
+def gemm_shape_of(ep: EinsumPlan, compute: ComputeModel | None) -> GemmShape | None:
+    """The per-chip GEMM of a matmul's chosen option where the profile prices GEMMs by shape
+    (None where it prices them at the large-GEMM rate the option choice used)."""
+    if compute is None or not compute.shape_dependent:
+        return None
+    return ep.gemm_shape(ep.sizes, ep.mesh)
+
+
+def gemm_compute_s(ep: EinsumPlan, rate: Any) -> Any:
+    """A matmul pass's compute seconds: its FLOPs at the profile's `rate` for its GEMM shape
+    (None: the large-GEMM rate its option choice used)."""
+    if rate is None:
+        return ep.compute_time_s
+    return ep.flops_per_chip / rate
+
+
+def attention_compute_s(
+    p: AlgebraPricing,
+    ctx: PricingContext,
+    fl: Any,
+    dtype: str,
+    backward: bool,
+    head_dim: Any,
+    flash: bool,
+    imbalance: Any,
+) -> Any:
+    """An attention pass's compute seconds: the stack's flash kernel at the profile's attention
+    rate, or without one batched GEMMs (QK^T and PV) at the matmul rate; × the context-parallel
+    load imbalance (`_Walker.cp_imbalance`)."""
+    if not flash:
+        comp = fl / p.matmul_peak(dtype)
+    else:
+        comp = fl / (p.attention_peak(dtype, backward, head_dim) * ctx.attention_speed(backward))
+    return comp * imbalance
+
+
+_GEMM, _VECTOR, _ATTENTION = "gemm", "vector", "attention"  # kinds of _Tape recipes
+
+
+class _Tape:
+    """What a single-plan float walk's records owe the profile's repriced numbers
+    (`core.pricing.REPRICED`): per einsum plan the walk made, its option choice's inputs
+    other than the matmul rate (`choose_floats`); per op record, how its compute seconds were
+    priced. `ok` is False where the walk left that path (arrays, a keep-einsums walk)."""
+
+    __slots__ = ("plans", "recipes", "peaks", "ok", "at_gemm", "listed", "listed_inputs", "groups")
+
+    def __init__(self) -> None:
+        self.plans: dict[int, tuple] = {}
+        self.peaks: dict[str, float] = {}  # the matmul rate the choices were made at, by dtype
+        self.recipes: dict[int, tuple] = {}
+        self.ok = True
+        # the records the GEMM fractions price (attention's left None), by those fractions
+        self.at_gemm: dict[tuple, list] = {}
+        self.listed: list | None = None
+        self.listed_inputs: dict[int, tuple] = {}
+        self.groups: dict[tuple, tuple[GemmShape, list[int]]] | None = None
+
+    def choice(self, ep: EinsumPlan, phase: str, dtype: str, policy, weights, w: _Walker) -> None:
+        """An einsum plan the walk made: what its choice weighed, besides the matmul rate, is
+        listed when a repricing first needs it (`inputs`)."""
+        if type(ep.choice) is not int or type(ep.compute_time_s) is not float:
+            self.ok = False
+            return
+        why = (phase, policy, weights, w.opts.trusted, w.pricing.hbm_bw_bytes_per_s, w.comm_share)
+        self.plans[id(ep)] = (ep, dtype, why)
+        self.peaks[dtype] = w.pricing.matmul_peak(dtype)
+
+    def inputs(self, key: int) -> tuple:
+        """`choose_floats`' inputs but the rate, for einsum plan `key`: the options' memory
+        and choice communication seconds listed once, when a repricing first needs them."""
+        hit = self.listed_inputs.get(key)
+        if hit is None:
+            ep, _, (phase, policy, weights, trusted, bw, share) = self.plans[key]
+            memt, commt = choice_inputs(ep.options, bw, share)
+            ctx = OptionContext(ep.lhs, ep.rhs, ep.out, phase, ep.options, (), weights)
+            hit = self.listed_inputs[key] = (ctx, memt, commt, policy, trusted)
+        return hit
+
+    def order(self, walk: Walk) -> list:
+        """The recipe of each of `walk`'s records, in order (None: no repriced number)."""
+        if self.listed is None:
+            self.listed = [self.recipes.get(id(r)) for r in walk.ops]
+        return self.listed
+
+    def gemm(self, rec: OpRecord, chosen: EinsumPlan, ep: EinsumPlan, shape) -> None:
+        """A matmul pass's record: `ep` its plan, `chosen` the plan as the policy chose it,
+        `shape` its GEMM (None: priced at the option choice's rate)."""
+        if id(chosen) not in self.plans:
+            self.ok = False
+        self.recipes[id(rec)] = (_GEMM, id(chosen), ep, rec.op_class, rec.dtype, shape)
+
+    def fill(self, walk: Walk, ctx: PricingContext) -> None:
+        """Set the compute seconds `_Walker.op_record` left to the tape: each GEMM at its
+        shape's rate (`gemm_rates`). The records are the walk's own, not yet handed out: set
+        in place."""
+        recipes = self.order(walk)
+        for i, rate in self.gemm_rates(walk, ctx):
+            walk.ops[i].__dict__["compute_s"] = gemm_compute_s(recipes[i][2], rate)
+
+    def gemm_rates(self, walk: Walk, ctx: PricingContext) -> list[tuple[int, Any]]:
+        """(index, rate) of each of `walk`'s GEMM records priced by shape: the rates of all
+        its shapes from one call of the efficiency curve per (op class, dtype)."""
+        out = []
+        for (op_class, dtype), (shapes, at) in self.shape_groups(walk).items():
+            out += zip(at, ctx.gemm_rates(op_class, dtype, shapes), strict=True)
+        return out
+
+    def shape_groups(self, walk: Walk) -> dict[tuple, tuple[GemmShape, list[int]]]:
+        """The GEMM shapes of `walk`'s records priced by shape, as arrays per (op class,
+        dtype), with the records' indices; listed once."""
+        if self.groups is None:
+            lists: dict[tuple, tuple[list, list[int]]] = {}
+            for i, rc in enumerate(self.order(walk)):
+                if rc is not None and rc[0] == _GEMM and rc[5] is not None:
+                    dims, at = lists.setdefault((rc[3], rc[4]), ([], []))
+                    sh = rc[5]
+                    dims.append((sh.m, sh.n, sh.k, sh.count))
+                    at.append(i)
+            self.groups = {
+                k: (GemmShape(*(np.array(c, float) for c in zip(*dims, strict=True))), at)
+                for k, (dims, at) in lists.items()
+            }
+        return self.groups
+
+
 def walk_ledger(
     model: ModelSpec,
     ledger: Ledger,
@@ -1249,6 +1419,7 @@ def walk_ledger(
     mesh_reason: np.ndarray | None = None,
     microbatches: Any = 1.0,
     scale_up: Any = None,
+    tape: _Tape | None = None,
 ) -> Walk:
     """Walk every row of `ledger` under `rules` on meshes of `mesh_sizes` (arrays per row),
     `sequences` per microbatch, `microbatches` per step, on systems whose NVLink domains hold
@@ -1267,6 +1438,7 @@ def walk_ledger(
         microbatches,
         scale_up,
     )
+    w.tape = tape
     for op in ledger:
         w.visit(op)
     seq = ledger.sizes["seq"]
@@ -1366,17 +1538,16 @@ def walk_rows(
 
     A single plan's float walk (`options.floats`, one row) is remembered (`_ONE_WALKS`): the
     walk is a pure function of its arguments, so the same plan on the same objects (model,
-    systems, ledger, profile, policy, stack) walks once.
+    systems, ledger, policy, stack) under profiles with the same numbers
+    (`core.pricing.profile_key`) walks once; under new GEMM or attention fractions it is
+    repriced (`_one_walk`).
     """
     if options.floats and len(rows) == 1:
         refs, key = _one_walk_key(structure, rows, sequences, phase, options)
-        return _ONE_WALKS(
-            (model, *systems, ledger, eff, *refs),
-            key,
-            lambda: _walk_rows(
-                model, systems, structure, rows, sequences, ledger, eff, phase, options
-            ),
-        )
+        args = (model, systems, structure, rows, sequences, ledger, eff, phase, options)
+        objs = (model, *systems, ledger, *refs)
+        prof = tuple(zip(*(profile_key(eff, s.chip) for s in systems), strict=True))
+        return _ONE_WALKS(objs, (key, prof), lambda: _one_walk(args, objs, key, prof))
     return _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options)
 
 
@@ -1384,6 +1555,7 @@ _MAX_ONE_WALKS = 128  # ~90 KB a walk (records, einsum plans); calibrate walks m
 # a single plan's walks and their Totals, by the objects they were given and the plan's values
 _ONE_WALKS = IdentityMemo(lambda: _MAX_ONE_WALKS)
 _ONE_TOTALS = IdentityMemo(lambda: _MAX_ONE_WALKS)
+_COMM_SUMS = IdentityMemo(lambda: _MAX_ONE_WALKS)  # by a single-plan walk's collectives
 
 
 def _one_walk_key(structure, rows, sequences, phase, options) -> tuple[tuple, tuple]:
@@ -1411,26 +1583,143 @@ def _options_key(o: WalkOptions) -> tuple:
     )
 
 
-def _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, options) -> Walk:
-    deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
-    mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
-    rules = _rules_of(structure, model)
+def _one_walk(args: tuple, objs: tuple, key: tuple, prof: tuple) -> Walk:
+    """A single plan's float walk under a profile not seen with it: repriced from the walk of
+    the same plan under a profile that differs only in the repriced numbers
+    (`core.pricing.REPRICED`: calibrate's GEMM, low-precision and attention factors) when every
+    option choice stays the same, else walked (and kept as the template to reprice from).
+
+    Repricing redoes what those numbers set — each einsum's option choice (`choose_floats` on
+    the kept options), the chosen plans' compute seconds, each GEMM's rate on its kept shape
+    (`PricingContext.gemm_rates`: the efficiency curve once on arrays), the vector and
+    attention records' compute — with the walk's own formulas; collectives, memory and every
+    other record are the template's."""
+    model, systems, structure, rows, sequences, ledger, eff, phase, options = args
+    if options.keep_einsums:  # reports: the einsum plans kept as walked
+        return _walk_rows(*args)
+    tkey = (key, prof[0])  # the plan and the numbers that are not repriced
+    tpl = _TEMPLATES.get(objs, tkey)
+    if tpl is not None:
+        walk = _reprice(tpl, _rates(systems, eff, options), prof[1])
+        if walk is not None:
+            return walk
+    tape = _Tape()
+    walk = _walk_rows(*args, tape=tape)
+    ctx = pricing_context(stack_of(options.stack), eff, systems[0].chip)
+    tape.fill(walk, ctx)
+    if tape.ok:
+        _TEMPLATES.put(objs, tkey, (walk, tape))
+    return walk
+
+
+# a single plan's walk and its tape, by the objects and values of its key and the numbers of
+# its profile that are not repriced (`_one_walk`)
+_TEMPLATES = IdentityMemo(lambda: _MAX_ONE_WALKS)
+
+
+def _reprice(tpl: tuple[Walk, _Tape], pricing: AlgebraPricing, gemm_key: tuple) -> Walk | None:
+    """`tpl`'s walk under `pricing` (see `_one_walk`), its GEMM fractions `gemm_key`; None
+    where an option choice changes. The records those fractions price alone are kept per
+    `gemm_key` (calibrate moves the attention factor at fixed GEMM fractions, and back)."""
+    walk, tape = tpl
+    ctx = pricing.context
+    assert ctx is not None
+    ops = tape.at_gemm.get(gemm_key)
+    if ops is None:
+        ops = _gemm_side(walk, tape, pricing)
+        if ops is None:
+            return None
+        if len(tape.at_gemm) >= _MAX_GEMM_SIDES:
+            tape.at_gemm.clear()
+        tape.at_gemm[gemm_key] = ops
+    recipes = tape.order(walk)
+    out = [
+        r if r is not None else _with(o, compute_s=attention_compute_s(pricing, ctx, *rc[1:]))
+        for r, o, rc in zip(ops, walk.ops, recipes, strict=True)
+    ]
+    return _with(walk, ops=tuple(out))
+
+
+_MAX_GEMM_SIDES = 16
+
+
+def _gemm_side(walk: Walk, tape: _Tape, pricing: AlgebraPricing) -> list | None:
+    """The walk's records under `pricing`'s GEMM rates (attention records None): each option
+    choice made again at the new matmul rate (None if one changes), the chosen plans' compute
+    seconds, each GEMM record at its shape's rate, each vector record at the vector rate."""
+    ctx = pricing.context
+    assert ctx is not None
+    comp: dict[int, float] = {}  # the chosen option's compute seconds, per einsum plan
+    peaks = {d: pricing.matmul_peak(d) for d in tape.peaks}
+    for key, (ep, dtype, _) in tape.plans.items():
+        if peaks[dtype] == tape.peaks[dtype]:  # the same rate: the same choice and times
+            comp[key] = ep.compute_time_s
+            continue
+        if len(ep.options) == 1:  # one legal option: any policy's choice (the same times)
+            comp[key] = ep.options[0].flops_per_chip / peaks[dtype]
+            continue
+        octx, memt, commt, policy, trusted = tape.inputs(key)
+        choice, times = choose_floats(octx, memt, commt, peaks[dtype], policy, trusted)
+        if choice != ep.choice:
+            return None
+        comp[key] = times[choice]
+    rates = dict(tape.gemm_rates(walk, ctx))
+    eps: dict[int, EinsumPlan] = {}  # each plan repriced once (gate and up share theirs)
+    out: list[OpRecord | None] = []
+    for i, (r, rc) in enumerate(zip(walk.ops, tape.order(walk), strict=True)):
+        if rc is None or rc[0] == _VECTOR:
+            out.append(r if rc is None else _with(r, compute_s=rc[1] / pricing.vector_flops_per_s))
+            continue
+        if rc[0] == _ATTENTION:
+            out.append(None)
+            continue
+        ep = eps.get(id(rc[2]))
+        if ep is None:
+            ep = eps[id(rc[2])] = _with(rc[2], compute_time_s=comp[rc[1]])
+        out.append(_with(r, compute_s=gemm_compute_s(ep, rates.get(i)), einsum=ep))
+    return out
+
+
+def _with(rec: Any, **changes: Any) -> Any:
+    """A copy of the frozen record `rec` (no `__post_init__`) with `changes`: its `__dict__`
+    copied at once (`dataclasses.replace` calls the generated `__init__`, several times slower)."""
+    o = object.__new__(type(rec))
+    o.__dict__.update(rec.__dict__)
+    o.__dict__.update(changes)
+    return o
+
+
+def _pricing(systems, rows, eff, options) -> tuple[AlgebraPricing, np.ndarray]:
+    """How a walk of `rows` on `systems` prices under `eff`, and each row's mesh reason."""
     meshes, minv, reason = _meshes(systems, rows)
-    chip = systems[0].chip
-    context = pricing_context(stack_of(options.stack), eff, chip)
+    comm = CommModel(minv, meshes, eff, floats=options.floats)
+    return _rates(systems, eff, options, comm), reason
+
+
+def _rates(systems, eff, options, comm: Any = None) -> AlgebraPricing:
+    """The compute rates of a walk on `systems` under `eff`; `comm` prices its collectives
+    (None: a repriced walk, whose collectives are its template's)."""
+    context = pricing_context(stack_of(options.stack), eff, systems[0].chip)
     compute = context.compute
     assert compute is not None
-    comm = CommModel(minv, meshes, eff, floats=options.floats)
-    matmul_dtype = options.dtypes.matmul.value
-    pricing = AlgebraPricing(
+    return AlgebraPricing(
         comm,
         compute,
-        compute.matmul_flops_per_s(matmul_dtype),
+        compute.matmul_flops_per_s(options.dtypes.matmul.value),
         compute.hbm_bytes_per_s,
         compute.vector_flops_per_s(options.dtypes.attention.value),
         compute.vector_hbm_bytes_per_s,
         context,
     )
+
+
+def _walk_rows(
+    model, systems, structure, rows, sequences, ledger, eff, phase, options, tape=None
+) -> Walk:
+    deg = {s: np.asarray(rows.degrees[s], float) for s in Strategy}
+    mesh_sizes = {AXIS_OF[s]: deg[s] for s in Strategy}
+    rules = _rules_of(structure, model)
+    pricing, reason = _pricing(systems, rows, eff, options)
     seqs = sequences / rows.microbatches.astype(float)
     mb = rows.microbatches.astype(float)
     scale_up = np.array([_scale_up(s) for s in systems], float)[np.asarray(rows.system_idx, int)]
@@ -1449,6 +1738,7 @@ def _walk_rows(model, systems, structure, rows, sequences, ledger, eff, phase, o
         mesh_reason=reason,
         microbatches=mb,
         scale_up=scale_up,
+        tape=tape,
     )
 
 

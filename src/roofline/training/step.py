@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -321,6 +321,34 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
 _DEFAULT_ON = IdentityMemo(4096)
 
 
+def _modes_of(ctx: _Context, chip: Any, key: tuple | None) -> dict[Overlap, ModeArrays]:
+    """`_modes` under `_conditions`: one plan's kept by (stack, chip) and `key`, the values of
+    its context (`_context_key`; calibrate costs each run's plan under many profiles)."""
+    if key is None:
+        return _modes(ctx, _conditions(ctx, chip))
+    return _MODES((ctx.stack, chip), key, lambda: _modes(ctx, _conditions(ctx, chip)))
+
+
+def _context_key(ctx: _Context) -> tuple | None:
+    """Every value of one plan's context but its stack (None for a family of plans)."""
+    if len(ctx.inv) != 1:
+        return None
+    return tuple(_plain(getattr(ctx, f.name)) for f in fields(ctx) if f.name != "stack")
+
+
+def _plain(v: Any) -> Any:
+    """A context field as a hashable value (arrays as tuples, mappings as sorted items)."""
+    if isinstance(v, np.ndarray):
+        return (v.dtype.str, v.shape, tuple(v.ravel().tolist()))
+    if isinstance(v, Mapping):
+        return tuple(sorted((str(k), _plain(x)) for k, x in v.items()))
+    return v
+
+
+_MODES = IdentityMemo(256)
+_MEMORY = IdentityMemo(256)  # one plan's memory by (its walk's pieces, model, stack), values
+
+
 def _defaults_on(stack: Stack, conditions: frozenset[str]) -> dict[Overlap, bool]:
     """Per overlap class, whether the stack's mechanism is on by default under `conditions`
     (`specs.framework.Overlap.mode`), resolved once per (stack, conditions)."""
@@ -586,15 +614,18 @@ def _reuses_gathers(stack: Stack, pipelined: np.ndarray, no_remat: np.ndarray) -
 class _Sums:
     """Per-candidate views of a walk's Totals (multiplicities applied per candidate)."""
 
-    def __init__(self, tot: Totals, ctx: _Context) -> None:
+    def __init__(self, tot: Totals, ctx: _Context, comm_memo: dict | None = None) -> None:
         self.tot, self.ctx = tot, ctx
         self._rr: dict[frozenset, np.ndarray] = {}
         self._memo: dict[tuple, Any] = {}  # each sum asked once (the timeline asks some twice)
+        # the collectives' sums: shared by Totals with the same collective sums (`_sums_of`)
+        self._comm_memo = {} if comm_memo is None else comm_memo
 
-    def _remembered(self, key: tuple, f: Callable[[], Any]) -> Any:
-        hit = self._memo.get(key)
+    def _remembered(self, key: tuple, f: Callable[[], Any], memo: dict | None = None) -> Any:
+        memo = self._memo if memo is None else memo
+        hit = memo.get(key)
         if hit is None:
-            hit = self._memo[key] = f()
+            hit = memo[key] = f()
         return hit
 
     def rr(self, s: frozenset) -> np.ndarray:
@@ -663,6 +694,7 @@ class _Sums:
         return self._remembered(
             ("comm", tuple(classes), forward, rerun_only),
             lambda: self._comm(classes, forward, rerun_only),
+            self._comm_memo,
         )
 
     def _comm(self, classes, forward, rerun_only) -> Any:
@@ -680,8 +712,10 @@ class _Sums:
 
 
 # one plan's sums by (its walk's Totals, what of the context they read): a remembered walk's
-# Totals (`core.walk`) are summed by query once per remat choice
+# Totals (`core.walk`) are summed by query once per remat choice; the collectives' sums by
+# (the Totals' collective sums, the same), which a walk repriced under a new profile shares
 _SUMS = IdentityMemo(128)
+_COMM_SUMS = IdentityMemo(128)
 
 
 def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
@@ -690,7 +724,8 @@ def _sums_of(tot: Totals, ctx: _Context) -> _Sums:
     if len(ctx.inv) != 1:
         return _Sums(tot, ctx)
     key = (ctx.remats, int(ctx.remat_idx[0]), bool(ctx.reuse[0]), int(ctx.inv[0]), ctx.n_rows)
-    return _SUMS((tot,), key, lambda: _Sums(tot, ctx))
+    comm = _COMM_SUMS((tot.comm_s, tot.reusable_s), key, dict)
+    return _SUMS((tot,), key, lambda: _Sums(tot, ctx, comm))
 
 
 def _exposed(group: ExposureGroup, comm: Any, compute: Any, ctx: _Context) -> Any:
@@ -797,6 +832,15 @@ def _memory(
         + np.broadcast_to(np.asarray(mp.logits_bytes, float), (w.n,))[inv]
     )
     return TrainingMemory(p, g, o, acts, temps)
+
+
+def _memory_of(model: ModelSpec, w: Walk, ctx: _Context, opt, key: tuple | None):
+    """`_memory`: one plan's kept by (its walk's memory pieces, which a repriced walk shares,
+    the model, the stack) and the values of its context and optimizer."""
+    if key is None or w.n != 1:
+        return _memory(model, w, ctx, opt, _remats(w))
+    objs = (w.memory, model, ctx.stack)
+    return _MEMORY(objs, (key, opt), lambda: _memory(model, w, ctx, opt, _remats(w)))
 
 
 def _pass_windows(s: _Sums, forward: bool) -> dict[str, Any]:
@@ -909,7 +953,8 @@ def _step(
     M = ctx.M
     pp = ctx.deg[Strategy.PP]
     layers = np.ceil(model.n_layers / pp)
-    modes = _modes(ctx, _conditions(ctx, chip))
+    key = _context_key(ctx)
+    modes = _modes_of(ctx, chip, key)
     compute = s.compute() - _host_idle_hidden(s, modes)
     comm, exposed = _microbatch_exposure(s, ctx, modes, layers)
     # fixed costs: per layer per microbatch pass (forward and backward), per step
@@ -923,7 +968,7 @@ def _step(
     hop = s.comm((Overlap.PIPELINE,), forward=True)
     p2p = 2 * hop * np.maximum(pp - 1, 0)
     grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
-    mem = _memory(model, w, ctx, opt, _remats(w))
+    mem = _memory_of(model, w, ctx, opt, key)
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
     opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
     step = t_pipe + p2p + sync_exposed + opt_t + step_s
@@ -1402,13 +1447,14 @@ def _at(a: Any, i: int) -> Any:
 def _collective_rows(w: Walk | None, row: int = 0) -> tuple[dict, ...]:
     """The chosen collectives of one row of a walk (a single plan's), one row per record.
 
-    A single plan's walk is remembered (`core.walk.walk_rows`), so its rows are listed once
+    A single plan's walk is remembered (`core.walk.walk_rows`), and one repriced under a new
+    profile shares its collectives, so its rows are listed once per collectives
     (`_COLL_ROWS`) and each StepCost gets its own copies of them."""
     if w is None:
         return ()
     if w.n != 1:
         return _list_collectives(w, row)
-    listed = _COLL_ROWS((w,), row, lambda: _list_collectives(w, row))
+    listed = _COLL_ROWS((w.collectives,), row, lambda: _list_collectives(w, row))
     return tuple({**d, "axes": list(d["axes"])} for d in listed)
 
 
