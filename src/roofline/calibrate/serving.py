@@ -716,9 +716,12 @@ Latencies = Mapping[str, float]  # engine -> request_latency_s; "" -> the profil
 
 
 def _serving_lines(
-    h: float, prov: Mapping[str, Any], latency: Latencies | None = None
+    h: float, prov: Mapping[str, Any], latency: Latencies | None = None, mask_base: bool = False
 ) -> tuple[list[str], list[str]]:
     latency = dict(latency or {})
+    # an overlay inherits its base's [framework.ENGINE] keys: an engine this fit did not fit
+    # gets the prior written out (`mask_base`), else an older fit's value would apply
+    masked = latency.get("") if mask_base else None
     key = [
         f"{TOML_MARK} fitted by `{prov.get('command', 'roofline calibrate --from-runs serving')}`",
         f"{TOML_MARK} per-request hand-off of disaggregated serving (docs/calibration.md)",
@@ -741,19 +744,31 @@ def _serving_lines(
             f"specs/engines/{engine}.toml; docs/calibration.md has its CV)",
             f"{LATENCY} = {toml_value(float(latency[engine]))}",
         ]
+    for engine in [e for e, _ in LATENCY_ENGINES if e not in latency] if masked else ():
+        table_lines += [
+            "",
+            f"[framework.{engine}]",
+            f"{TOML_MARK} {engine}: not fitted here (too few runs); the prior above, stated so "
+            "that the base profile's own value for it does not apply",
+            f"{LATENCY} = {toml_value(float(masked))}",
+        ]
     table_lines += ["", "[provenance.serving]"]
     table_lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in prov.items()]
     return key, table_lines
 
 
 def add_serving(
-    text: str, h: float, prov: Mapping[str, Any], latency: Latencies | None = None
+    text: str,
+    h: float,
+    prov: Mapping[str, Any],
+    latency: Latencies | None = None,
+    mask_base: bool = False,
 ) -> str:
     """`text` (a profile file) with this serving fit in place of any previous one: the keys
     (the hand-off, `latency['']` the prior) before the first table, [framework.ENGINE] (each
     engine's `latency`) and `[provenance.serving]` at the end."""
     lines = strip_serving(text).rstrip("\n").splitlines()
-    key, table_lines = _serving_lines(h, prov, latency)
+    key, table_lines = _serving_lines(h, prov, latency, mask_base)
     first = next((i for i, x in enumerate(lines) if x.strip().startswith("[")), len(lines))
     while first > 0 and not lines[first - 1].strip():
         first -= 1
@@ -778,7 +793,7 @@ def overlay_text(
         f"base = {toml_value(base_ref)}",
         f"calibrated = {toml_value(bool(calibrated))}",
     ]
-    return add_serving("\n".join(head) + "\n", h, prov, latency)
+    return add_serving("\n".join(head) + "\n", h, prov, latency, mask_base=True)
 
 
 def write_profile(out: str | Path, base: str, profile: Efficiency, prov: Mapping[str, Any]) -> str:
