@@ -702,32 +702,26 @@ def flag_of_code(code: Any) -> bool | None:
     return None if c == FLAG_UNSET else c == FLAG_ON
 
 
-def _flag(k: str, v: str) -> bool:
+def _flag(k: str, v: str, tristate: bool = False) -> bool:
     s = v.lower()
     if s in _FLAG_TRUE:
         return True
     if s in _FLAG_FALSE:
         return False
-    raise PlanError(
-        f"plan flag {k}={v!r}", rule="flags are 1/0 (or true/false, on/off)", fix=f"write {k}=1"
-    )
+    rule, fix = "flags are 1/0 (or true/false, on/off)", f"write {k}=1"
+    if tristate:
+        rule += (
+            f"; {k} is tri-state: 1 switches the mechanism on, 0 off, and leaving it out keeps "
+            "the stack's own default (its profile's: an overlap's default under the plan's "
+            "conditions, compile's [eager] compiled_by_default)"
+        )
+        fix = f"write {k}=1 or {k}=0, or drop {k} to keep the stack's default"
+    raise PlanError(f"plan flag {k}={v!r}", rule=rule, fix=fix)
 
 
 def _tristate(k: str, v: str) -> bool:
     """A tri-state flag written in a plan: 1 or 0 (leaving the key out is the stack's default)."""
-    s = v.lower()
-    if s in _FLAG_TRUE:
-        return True
-    if s in _FLAG_FALSE:
-        return False
-    raise PlanError(
-        f"plan flag {k}={v!r}",
-        rule="flags are 1/0 (or true/false, on/off); "
-        f"{k} is tri-state: 1 switches the mechanism on, 0 off, and leaving it out keeps the "
-        "stack's own default (its profile's: an overlap's default under the plan's conditions, "
-        "compile's [eager] compiled_by_default)",
-        fix=f"write {k}=1 or {k}=0, or drop {k} to keep the stack's default",
-    )
+    return _flag(k, v, tristate=True)
 
 
 def _int(k: str, v: str) -> int:
