@@ -251,7 +251,7 @@ def steady_state(
     Bd = np.minimum(C, cap) * 0.9
     tau = _decode(step, np.maximum(Bd, 1.0), ctx, ovh)
     for _ in range(ITERATIONS):
-        Bd1 = np.maximum(Bd, 1.0)
+        Bd1, tau_in = np.maximum(Bd, 1.0), tau  # a sweep reads X, Bd and the last pass time
         if mixed:  # a decode pass and the cohort's (or the arrivals') prefill pass beside it
             m = k if cohorts else arrival_batch(X * tau, k)
             sm = seqs if cohorts else np.where(Pn <= chunk, m, 1.0)
@@ -277,7 +277,9 @@ def steady_state(
         )
         X_next = 0.5 * X + 0.5 * X_new
         Bd_next = 0.5 * Bd + 0.5 * Bd_new
-        if _settled((X, Bd), (X_next, Bd_next)):
+        # the arrivals per pass (`arrival_batch(X·τ)`) read the last sweep's τ: settled only
+        # when it repeats too, or a one-candidate call would stop where a search's sweeps go on
+        if _settled((X, Bd, tau_in), (X_next, Bd_next, tau)):
             break  # every later sweep would repeat this one to the last bit
         X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)

@@ -302,7 +302,11 @@ class ShardedStep:
         """The prefill part per candidate: `seqs[i]` chunks of `chunk` tokens ending at `context`.
         Walked once per distinct (plan, seqs) pair; only its attention rows are read (the token
         rows of a pass come from the token table, over all the pass's tokens)."""
-        key = (tuple(np.round(seqs, 6)), tuple(sel), round(chunk, 6), round(context, 6))
+        # walked at the key's values (prompts to 6 places): a table is then a function of its
+        # key, not of which nearby batch a sweep asked for first, so one plan's fixed point and
+        # a search's (other sweeps, other cache hits) agree to the bit
+        seqs, chunk, context = np.round(seqs, 6), round(chunk, 6), round(context, 6)
+        key = (tuple(seqs), tuple(sel), chunk, context)
         hit = self._cache.get(key)
         if hit is None:
             led = self._prefill_ledger(chunk, max(context, chunk))
