@@ -111,10 +111,10 @@ def test_torchtitan_eager_runs_are_mapped_eager(training_entries):
 
 
 def test_a_stated_compile_becomes_the_stacks_default_for_the_planner():
-    """validate's planner mode searches with the run's compile (the planner leaves compile at
-    the stack's default): torchtitan made compiling by default costs an unset plan exactly as
-    compile=1, eager torchtitan exactly as compile=0; a stack without an [eager] table, or one
-    already defaulting so, is returned as it is."""
+    """validate's planner mode searches with the run's compile pinned (the planner otherwise
+    searches it where the stack runs eager by default): torchtitan made compiling by default
+    costs an unset plan exactly as compile=1, eager torchtitan exactly as compile=0; a stack
+    without an [eager] table, or one already defaulting so, is returned as it is."""
     from roofline.training.planner import plan_training
 
     tt = stack_of("torchtitan")
@@ -135,8 +135,13 @@ def test_a_stated_compile_becomes_the_stacks_default_for_the_planner():
         )
     }
     assert t["unset-on"] == t["compiled"] < t["unset-eager"] == t["eager"]
+    # pinned as validate pins it (plan_training(compiled=)): plans left unset, costed so;
+    # unpinned the planner searches compile on torchtitan and lists compile=1 where it wins
     best = {
-        k: plan_training(MODEL, s, w, top_k=1, framework=fw).best.step_time_s
-        for k, fw in (("on", on), ("eager", tt))
+        k: plan_training(MODEL, s, w, top_k=1, framework=tt, compiled=c).best
+        for k, c in (("on", True), ("eager", False), ("searched", None))
     }
-    assert best["on"] < best["eager"]
+    assert best["on"].step_time_s < best["eager"].step_time_s
+    assert best["on"].plan.compiled is None and best["eager"].plan.compiled is None
+    assert best["searched"].plan.compiled is True
+    assert best["searched"].step_time_s == best["on"].step_time_s

@@ -77,6 +77,7 @@ from roofline.specs.plan import (
     Strategy,
     Workload,
     flag_code,
+    flag_of_code,
     parse_optimizer,
     parse_plan,
 )
@@ -166,9 +167,26 @@ class Candidates:
     # default, FLAG_OFF / FLAG_ON force it); None: the structure's (collective_matmul) / unset
     collective_matmul: np.ndarray | None = None
     overlap_ep: np.ndarray | None = None
+    # the plan's compile per candidate (flag codes as above; None: unset, the stack's default).
+    # One walk costs one compile setting, so a family's candidates share it (planner/space.py)
+    compiled: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.microbatches)
+
+    def compile_flag(self) -> bool | None:
+        """The candidates' one compile flag (None: unset, the stack's default)."""
+        if self.compiled is None or not len(self.compiled):
+            return None
+        c = np.asarray(self.compiled)
+        if (c != c[0]).any():
+            raise PlanError(
+                f"candidates with compile codes {np.unique(c).tolist()} in one evaluation",
+                rule="one walk costs one compile setting: the eager kernels' elementwise "
+                "bytes are the walk's, not the timeline's",
+                fix="split the candidates by compile and evaluate each part",
+            )
+        return flag_of_code(c[0])
 
 
 class Reasons:
@@ -477,8 +495,8 @@ def evaluate_plans(
         remats=tuple(remat_list),
         stack=stack,
         floats=len(rows) == 1,  # the timeline broadcasts a single row's floats
-        # compile unset (or no single plan: the planner's candidates) is the stack's default
-        eager=not stack.compiled(None if plan is None else plan.compiled),
+        # the single plan's compile, else the candidates' (unset: the stack's default)
+        eager=not stack.compiled(cand.compile_flag() if plan is None else plan.compiled),
         host_syncs=plan is None or not plan.cuda_graph,
     )
     w = walk_rows(model, systems, structure, rows, workload.sequences, led, eff, options=options)

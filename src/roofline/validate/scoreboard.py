@@ -17,7 +17,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from roofline.core.stack import stack_of
 from roofline.errors import RooflineError
 from roofline.specs.efficiency import Efficiency
 from roofline.training.planner import plan_training
@@ -101,8 +100,8 @@ def _planner_best(
     model, system, workload, eff, optimizer, framework, dtypes, compiled=None
 ) -> tuple[float, str, int]:
     """The planner's fastest plan on exactly this system in the run's compute dtypes, and
-    with the run's compile where it states one (the planner leaves compile at the stack's
-    default; cached per process: CI and repeated validate calls reuse searches)."""
+    with the run's compile pinned where it states one (else the planner searches it where the
+    stack runs eager by default; cached per process: CI and repeated validate calls reuse searches)."""
     key = (
         repr(model),
         system.name,
@@ -119,8 +118,7 @@ def _planner_best(
     kw: dict[str, Any] = {}
     if framework and PLANNER_TAKES_FRAMEWORK:
         kw["framework"] = framework
-        if compiled is not None:  # the run's stated compile is its stack's default here
-            kw["framework"] = stack_of(framework).compiling_by_default(compiled)
+        kw["compiled"] = compiled  # the run's stated compile, pinned (None: searched)
     res = plan_training(
         model,
         system,

@@ -38,6 +38,7 @@ def _take(cand: Candidates, keep: np.ndarray) -> Candidates:
         remat_idx=cut(cand.remat_idx),
         collective_matmul=cut(cand.collective_matmul),
         overlap_ep=cut(cand.overlap_ep),
+        compiled=cut(cand.compiled),
     )
 
 

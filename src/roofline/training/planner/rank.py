@@ -169,6 +169,7 @@ def candidates_of_plans(plans: list[Plan], system_idx: list[int], remats) -> Can
         remat_idx=np.array([list(remats).index(p.remat) for p in plans]),
         collective_matmul=flag_codes(p.collective_matmul for p in plans),
         overlap_ep=flag_codes(p.overlap_ep for p in plans),
+        compiled=flag_codes(p.compiled for p in plans),
     )
 
 
@@ -251,6 +252,7 @@ def plan_at(families: list[Family], ranked: Ranked, row: int, space, opt) -> Pla
         sequence_parallel=f.structure.sequence_parallel,
         collective_matmul=flag_of_code(c.collective_matmul[i]),
         overlap_ep=flag_of_code(c.overlap_ep[i]) if c.overlap_ep is not None else None,
+        compiled=flag_of_code(c.compiled[i]) if c.compiled is not None else None,
         optimizer=opt,
         **({} if f.dtypes is None else {"dtypes": f.dtypes}),
     )

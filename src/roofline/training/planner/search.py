@@ -223,6 +223,7 @@ def plan_training(
     dtypes: ComputeDtypes | None = None,
     efficient_size: bool = True,
     launch_stack: str | None = None,
+    compiled: bool | None = None,
 ) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
 
@@ -234,10 +235,12 @@ def plan_training(
     best plan on the whole system spends most of its step not computing, halvings of the system
     are costed too and the cheapest per token is named (`smaller_efficient`). `launch_stack`:
     the stack named to launch the plans (None: any), whose configuration must say them
-    (`planner.launchable`)."""
+    (`planner.launchable`). `compiled` pins compile as `dtypes` pins the precision: plans
+    left unset and costed so (`Stack.compiling_by_default`; validate's planner mode states the
+    run's); None searches it where the stack runs eager by default (`space.searches_compile`)."""
     t0 = time.perf_counter()
-    stack = stack_of(framework)
-    space = (space or SearchSpace()).for_stack(stack, model)
+    stack, space = _pinned(stack_of(framework), space or SearchSpace(), compiled)
+    space = space.for_stack(stack, model)
     eff = training_profile(efficiency)
     opt = parse_optimizer(optimizer)
     _check_objective(objective)
@@ -295,6 +298,13 @@ def plan_training(
         if efficient_size and allow_sub_slices and not chips
         else None,
     )
+
+
+def _pinned(stack: Stack, space: SearchSpace, compiled: bool | None) -> tuple[Stack, SearchSpace]:
+    """The stack and space of a search with compile pinned (`compiled`; None: as given)."""
+    if compiled is None:
+        return stack, space
+    return stack.compiling_by_default(compiled), replace(space, compile=(None,))
 
 
 def _runner_up_row(families, ranked: Ranked, systems, rows: list[int]) -> int | None:

@@ -3,7 +3,7 @@ enumeration of candidate plans into families the walk costs in one pass each.
 
 Search space (every legal combination): system or sub-slices × mesh factorisation
 dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule ×
-Megatron sequence parallelism × collective matmul × optimizer offload. Degrees come from the divisors of the
+Megatron sequence parallelism × collective matmul × compile × optimizer offload. Degrees come from the divisors of the
 bounds `feasibility` checks (a degree outside them is never tried); combinations are then
 rejected by the named rules of `feasibility.RULES` and the space's own bounds, each counted.
 
@@ -22,6 +22,7 @@ activations (all but the last layer's) is costed with them in host memory
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -93,6 +94,13 @@ def _stack_runs(stack: Stack, s: Strategy) -> bool:
     return True
 
 
+def searches_compile(stack: Stack) -> bool:
+    """Whether compiling is a choice the planner makes on `stack`: it runs eager by default
+    (its profile's [eager] table, `Stack.compiled`), so compile=1 costs differently from the
+    default (a stack compiled by default, or without an [eager] table, has nothing to search)."""
+    return stack.framework.eager is not None and not stack.compiled(None)
+
+
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -134,6 +142,10 @@ class SearchSpace:
     # and True, the mechanism on where the stack has the switch
     collective_matmul: tuple[bool | None, ...] = (None, True)
     overlap_ep: tuple[bool | None, ...] = (None,)  # expert all-to-alls behind compute (MoE)
+    # compile (torch.compile) searched like the overlap flags: None, the stack's default, and
+    # True, where the stack runs eager by default (its profile's [eager] table; torchtitan,
+    # whose launch writer says [compile] enable); pinned to (None,) elsewhere (`for_stack`)
+    compile: tuple[bool | None, ...] = (None, True)
     # the stack lays out uneven pipeline stages (layers need not divide pp·virtual)
     uneven_stages: bool = False
     # optimizer state in host memory (ZeRO-Offload) for plans that fit HBM only so
@@ -148,7 +160,7 @@ class SearchSpace:
         """This space restricted to what `stack` can run: its strategies, schedules, remat
         policies, ZeRO stages and overlap switches (the idealised machine keeps everything)."""
         if stack.book:
-            return self
+            return replace(self, compile=(None,))
         fw = stack.framework
         strategies = [s for s in self.strategies if _stack_runs(stack, s)]
         remats = tuple(r for r in self.remats if stack.remat_policy(r.kind) is not None)
@@ -167,6 +179,7 @@ class SearchSpace:
             collective_matmul=(None, True) if tensor.plan_key else (None,),
             overlap_ep=(None, True) if expert.plan_key and model.moe is not None else (None,),
             uneven_stages=stack.uneven_stages,
+            compile=self.compile if searches_compile(stack) else (None,),
             # searched where the stack's record says it offloads (and its launch writer writes it)
             offload_optimizer=self.offload_optimizer
             if fw.data_parallel.optimizer_offload is not None
@@ -280,6 +293,7 @@ def enumerate_plans(
         * np.where(dp1, len(space.zero_stages), 1)
         * np.where(ep1, len(space.overlap_ep), 1)
         * len(space.remats)
+        * len(space.compile)
     )
     virtual = np.where(sc == Schedule.INTERLEAVED.code, space.interleaved_virtual_stages, 1)
     arrays = Arrays(deg, mb, sc, virtual)
@@ -319,7 +333,8 @@ def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
 
 def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Structure, Candidates]]:
     """Stage 2: each surviving row × the choices that apply to it (Megatron-SP and collective
-    matmul only with tp, ZeRO stages only with dp, every remat), grouped into Structures."""
+    matmul only with tp, ZeRO stages only with dp, every remat and compile), grouped into
+    Structures."""
     j = {s: 1 + i for i, s in enumerate(Strategy)}
     tp1, dp1 = rows[:, j[Strategy.TP]] > 1, rows[:, j[Strategy.DP]] > 1
     ep1 = rows[:, j[Strategy.EP]] > 1
@@ -334,14 +349,16 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
                     m_ok &= dp1 | (z_v == space.zero_stages[0])
                     m_ok &= ep1 | (oe_v == space.overlap_ep[0])
                     idx = np.nonzero(m_ok)[0]
-                    for ri_v in range(len(space.remats)):
-                        parts.append((idx, msp_v, flag_code(cm_v), z_v, ri_v, flag_code(oe_v)))
+                    cm_c, oe_c = flag_code(cm_v), flag_code(oe_v)
+                    for ri_v, co_v in itertools.product(range(len(space.remats)), space.compile):
+                        parts.append((idx, msp_v, cm_c, z_v, ri_v, oe_c, flag_code(co_v)))
     sel = np.concatenate([p[0] for p in parts])
 
     def col(k: int, dtype=None):
         return np.concatenate([np.full(len(p[0]), p[k]) for p in parts]).astype(dtype or int)
 
     msp, cmv, zv, ri, oev = col(1, bool), col(2, np.int8), col(3), col(4), col(5, np.int8)
+    cov = col(6, np.int8)
     rows, mb, sc, virtual = rows[sel], mb[sel], sc[sel], virtual[sel]
     tp = rows[:, j[Strategy.TP]]
     kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, tp)
@@ -350,7 +367,9 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
     # the Megatron-SP flag and the KV-head replication are costed in one vectorised pass.
     # (tests/test_training.py checks this against the minimal structure of each plan.)
     active = frozenset(s for s in Strategy if (rows[:, j[s]] > 1).any())
-    gkey = msp.astype(np.int64) * 2 + np.asarray(kv_rep, dtype=np.int64)
+    # a family shares the Megatron-SP flag, the KV-head replication and compile (one walk
+    # costs one compile setting: Candidates.compile_flag)
+    gkey = ((cov.astype(np.int64) + 1) * 2 + msp) * 2 + np.asarray(kv_rep, dtype=np.int64)
     groups = []
     for key in np.unique(gkey):
         g = np.nonzero(gkey == key)[0]
@@ -364,6 +383,7 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
             remat_idx=ri[g],
             collective_matmul=cmv[g],
             overlap_ep=oev[g],
+            compiled=cov[g] if len(space.compile) > 1 else None,
         )
         st = Structure(active, space.remats[0], bool(key >> 1 & 1), None, bool(key & 1))
         groups.append((st, cand))
