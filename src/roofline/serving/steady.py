@@ -277,9 +277,7 @@ def steady_state(
         )
         X_next = 0.5 * X + 0.5 * X_new
         Bd_next = 0.5 * Bd + 0.5 * Bd_new
-        # the arrivals per pass (`arrival_batch(X·τ)`) read the last sweep's τ: settled only
-        # when it repeats too, or a one-candidate call would stop where a search's sweeps go on
-        if _settled((X, Bd, tau_in), (X_next, Bd_next, tau)):
+        if _settled((X, Bd, tau_in), (X_next, Bd_next, tau)):  # the arrivals read τ too
             break  # every later sweep would repeat this one to the last bit
         X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)

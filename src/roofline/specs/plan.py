@@ -25,9 +25,10 @@ import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where a search array is built (trivial commands skip it)
+    import numpy as np
 
 from roofline.errors import PlanError, SpecError
 
@@ -676,7 +677,7 @@ def _tristate_value(name: str, v: Any) -> bool | None:
     """A tri-state flag's value as None/True/False (numpy bools and 0/1 accepted)."""
     if v is None:
         return None
-    if isinstance(v, (numbers.Integral, np.bool_)) and int(v) in (0, 1):  # bools, 0/1
+    if _bool_like(v) and int(v) in (0, 1):  # bools (numpy's too), 0/1
         return bool(v)
     raise PlanError(
         f"plan {name} = {v!r}",
@@ -686,6 +687,16 @@ def _tristate_value(name: str, v: Any) -> bool | None:
     )
 
 
+def _bool_like(v: Any) -> bool:
+    if isinstance(v, numbers.Integral):
+        return True
+    if type(v).__module__ != "numpy":
+        return False
+    import numpy as np
+
+    return isinstance(v, np.bool_)
+
+
 def flag_code(v: bool | None) -> int:
     """A tri-state flag as its search-array code (FLAG_UNSET, FLAG_OFF, FLAG_ON)."""
     return FLAG_UNSET if v is None else FLAG_ON if v else FLAG_OFF
@@ -693,6 +704,8 @@ def flag_code(v: bool | None) -> int:
 
 def flag_codes(values: Any) -> np.ndarray:
     """Tri-state flags (None/True/False each) as an int8 array of their codes."""
+    import numpy as np
+
     return np.array([flag_code(v) for v in values], dtype=np.int8)
 
 
