@@ -668,6 +668,7 @@ def disaggregated(
     lat = d.link_latency_s + busy + d.handoff_s
     cap = np.minimum(decode_cap, seq_cap_of(dec, engine))
     X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
+    damp = Damping(X)
     for _ in range(ITERATIONS):
         ttft_min = t_pf + _waits(X, t_pf, cap_pf, busy, d) + lat
         Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
@@ -675,8 +676,8 @@ def disaggregated(
         X_new = np.minimum(
             C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
         )
-        X_next = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
-        if _settled((X,), (X_next,)):
+        (X_next,) = damp.step((X,), (np.minimum(X_new, 0.999 * cap_pf),))
+        if damp.kept and _settled((X,), (X_next,)):
             break  # every later sweep would repeat this one to the last bit
         X = X_next
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
