@@ -45,7 +45,10 @@ from roofline.specs.engines import EngineProfile
 from roofline.units import HOUR
 
 MAX_TOKENS = 2**30  # bound on one request's prompt or output (no arithmetic runs on more)
-ITERATIONS = 60  # fixed-point sweeps; converges to < 0.1% in ~20 for every case tested
+ITERATIONS = (
+    60  # fixed-point sweeps (damped: Damping); within 1e-5 of 1000 sweeps in every case tested
+)
+GROW = 1.25  # a damped sweep's step regrows by this after a step that keeps its sign
 
 
 # --------------------------------------------------------------------------------------
@@ -250,6 +253,7 @@ def steady_state(
     X = C / (n_chunks * pf_alone + G * _decode(step, np.minimum(C, cap), ctx, ovh))
     Bd = np.minimum(C, cap) * 0.9
     tau = _decode(step, np.maximum(Bd, 1.0), ctx, ovh)
+    damp = Damping(X)
     for _ in range(ITERATIONS):
         Bd1, tau_in = np.maximum(Bd, 1.0), tau  # a sweep reads X, Bd and the last pass time
         if mixed:  # a decode pass and the cohort's (or the arrivals') prefill pass beside it
@@ -275,9 +279,8 @@ def steady_state(
             Bd_new / np.maximum((G - 1) * tau, 1e-12) if G > 1 else C / ttft_min,
             C / (ttft_min + (G - 1) * tau),
         )
-        X_next = 0.5 * X + 0.5 * X_new
-        Bd_next = 0.5 * Bd + 0.5 * Bd_new
-        if _settled((X, Bd, tau_in), (X_next, Bd_next, tau)):  # the arrivals read τ too
+        X_next, Bd_next = damp.step((X, Bd), (X_new, Bd_new))
+        if damp.kept and _settled((X, Bd, tau_in), (X_next, Bd_next, tau)):  # arrivals read τ
             break  # every later sweep would repeat this one to the last bit
         X, Bd = X_next, Bd_next
     ttft_ss = np.maximum(C / X - (G - 1) * tau, ttft_min)
@@ -353,6 +356,37 @@ def _runs_in_waves(engine: EngineProfile | None, work: Workload) -> bool:
     if engine is None or engine.mixed_prefill_decode or not work.synchronized:
         return False
     return engine.closed_loop_lockstep
+
+
+class Damping:
+    """Per-candidate step of a damped fixed-point sweep, x <- x + a·(x_new − x): a = 1/2, halved
+    for a candidate each time its step changes sign and regrown by GROW (at most to 1/2) each time
+    it keeps it. The map X -> X_new is decreasing (more requests/s, more prefill per second,
+    longer passes, fewer requests/s); where its slope is below −3 (prefill near the capacity:
+    τ = τ_d/(1 − ρ)) a half step overshoots by more than it corrects, |1 − (1 + L)/2| > 1, and the
+    sweeps orbit a two-cycle about the fixed point instead of reaching it (Qwen3-32B fp8 on 2 H100,
+    TensorRT-LLM, ISL 4096, OSL 128, C 64: X alternating 4.4 and 7.7 requests/s after 60 sweeps,
+    where the fixed point is 5.5). Halving on each overshoot makes the sweep contract wherever
+    the map is monotone, regrowing keeps it from crawling once past the steep stretch (6 workloads
+    × 23 concurrencies × 3 engines × 3 plans: 60 sweeps land within 1e-5 of 1000 sweeps' answer,
+    against 0.5% with no regrowth and up to 8× apart with plain half steps); a candidate that never
+    overshoots keeps the plain half step. The sweep has settled only when its step size has too
+    (`kept`: the last step left every `a` as it was)."""
+
+    def __init__(self, x: Any) -> None:
+        self.a = np.full(np.shape(x), 0.5)
+        self.last = np.zeros(np.shape(x))
+        self.kept = True
+
+    def step(self, state: tuple, new: tuple) -> tuple:
+        """The next state; the sign test is on the first variable's step (X's)."""
+        dx = np.broadcast_to(np.asarray(new[0] - state[0], float), self.a.shape)
+        turn, a = dx * self.last, self.a
+        self.a = np.where(
+            turn < 0, self.a * 0.5, np.where(turn > 0, np.minimum(self.a * GROW, 0.5), self.a)
+        )
+        self.last, self.kept = dx, np.array_equal(a, self.a)
+        return tuple(x + self.a * (n - x) for x, n in zip(state, new, strict=True))
 
 
 def _settled(state: tuple, new: tuple) -> bool:
@@ -634,6 +668,7 @@ def disaggregated(
     lat = d.link_latency_s + busy + d.handoff_s
     cap = np.minimum(decode_cap, seq_cap_of(dec, engine))
     X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
+    damp = Damping(X)
     for _ in range(ITERATIONS):
         ttft_min = t_pf + _waits(X, t_pf, cap_pf, busy, d) + lat
         Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
@@ -641,8 +676,8 @@ def disaggregated(
         X_new = np.minimum(
             C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
         )
-        X_next = 0.5 * X + 0.5 * np.minimum(X_new, 0.999 * cap_pf)
-        if _settled((X,), (X_next,)):
+        (X_next,) = damp.step((X,), (np.minimum(X_new, 0.999 * cap_pf),))
+        if damp.kept and _settled((X,), (X_next,)):
             break  # every later sweep would repeat this one to the last bit
         X = X_next
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
