@@ -17,15 +17,13 @@ from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import (
     FLAG_ON,
     FLAG_UNSET,
-    SCHEDULE_OF_CODE,
-    Degrees,
     Plan,
     Workload,
-    flag_of_code,
     parse_optimizer,
 )
 from roofline.specs.system import parse_system
 from roofline.training.planner import plan_training
+from roofline.training.planner.rank import candidate_plan
 from roofline.training.planner.space import SearchSpace, enumerate_plans, searches_compile
 from roofline.training.step import evaluate_plan, evaluate_plans
 
@@ -37,19 +35,7 @@ OPT = "adam-fp32"
 
 def _plan(cand, structure, space, i: int) -> Plan:
     """Candidate i of a family as a Plan (as the planner's `plan_at` rebuilds it)."""
-    return Plan(
-        degrees=Degrees(**{s.value: int(v[i]) for s, v in cand.deg.items()}),
-        microbatches=int(cand.microbatches[i]),
-        remat=space.remats[int(cand.remat_idx[i])],
-        zero=int(cand.zero[i]),
-        schedule=SCHEDULE_OF_CODE[int(cand.schedule[i])],
-        virtual_stages=int(cand.virtual[i]),
-        sequence_parallel=structure.sequence_parallel,
-        collective_matmul=flag_of_code(cand.collective_matmul[i]),
-        overlap_ep=flag_of_code(cand.overlap_ep[i]),
-        compiled=flag_of_code(cand.compiled[i]),
-        optimizer=parse_optimizer(OPT),
-    )
+    return candidate_plan(cand, structure, i, space, parse_optimizer(OPT))
 
 
 def _families(stack):

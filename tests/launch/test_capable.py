@@ -27,10 +27,11 @@ from roofline.launch.base import stack_module
 from roofline.launch.capable import RULES, PlanArrays, capabilities, stacks
 from roofline.launch.lines import SERVING_STACKS
 from roofline.specs.model_catalog import load_model
-from roofline.specs.plan import SCHEDULE_OF_CODE, Degrees, Plan, Workload, flag_of_code, parse_plan
+from roofline.specs.plan import Plan, Workload, parse_plan
 from roofline.specs.system import parse_system
 from roofline.training.planner import SearchSpace, plan_training
 from roofline.training.planner.launchable import launch_space, launchable, skipped
+from roofline.training.planner.rank import candidate_plan
 from roofline.training.planner.space import enumerate_plans
 
 from .test_real_configs import CASES as EXAMPLES
@@ -109,18 +110,7 @@ def test_many_plans_are_judged_as_each_alone():
 def _plan_of(cand, structure, space, i: int, stack: str) -> Plan:
     """Candidate i of a family as a Plan (as the planner's `plan_at` rebuilds it), with the
     stack's own optimizer (the search's input)."""
-    return Plan(
-        degrees=Degrees(**{s.value: int(v[i]) for s, v in cand.deg.items()}),
-        microbatches=int(cand.microbatches[i]),
-        remat=space.remats[int(cand.remat_idx[i])],
-        zero=int(cand.zero[i]),
-        schedule=SCHEDULE_OF_CODE[int(cand.schedule[i])],
-        virtual_stages=int(cand.virtual[i]),
-        sequence_parallel=structure.sequence_parallel,
-        collective_matmul=flag_of_code(cand.collective_matmul[i]),
-        overlap_ep=flag_of_code(cand.overlap_ep[i]),
-        optimizer=stack_optimizer_of(stack),
-    )
+    return candidate_plan(cand, structure, i, space, stack_optimizer_of(stack))
 
 
 @pytest.mark.parametrize("stack", ["torchtitan", "megatron", "maxtext", "deepspeed"])

@@ -238,10 +238,17 @@ def pareto(ranked: Ranked, describe: Callable[[int], str]) -> tuple[dict[str, An
 
 def plan_at(families: list[Family], ranked: Ranked, row: int, space, opt) -> Plan:
     """The Plan of a ranked row, rebuilt from the search arrays by keyword."""
+    f, i, deg = degrees_at(families, ranked, row)
+    return candidate_plan(f.cand, f.structure, i, space, opt, deg, f.dtypes)
+
+
+def candidate_plan(c, structure, i: int, space, opt, deg=None, dtypes=None) -> Plan:
+    """Candidate `i` of a family's arrays (`c`, its Structure) as a Plan, by keyword; `deg` its
+    degrees where the caller has them already (else read off the arrays)."""
     from roofline.specs.plan import SCHEDULE_OF_CODE, Degrees, flag_of_code
 
-    f, i, deg = degrees_at(families, ranked, row)
-    c = f.cand
+    if deg is None:
+        deg = {s: int(v[i]) for s, v in c.deg.items()}
     return Plan(
         degrees=Degrees(**{s.value: v for s, v in deg.items()}),
         microbatches=int(c.microbatches[i]),
@@ -249,10 +256,10 @@ def plan_at(families: list[Family], ranked: Ranked, row: int, space, opt) -> Pla
         zero=int(c.zero[i]),
         schedule=SCHEDULE_OF_CODE[int(c.schedule[i])],
         virtual_stages=int(c.virtual[i]),
-        sequence_parallel=f.structure.sequence_parallel,
+        sequence_parallel=structure.sequence_parallel,
         collective_matmul=flag_of_code(c.collective_matmul[i]),
         overlap_ep=flag_of_code(c.overlap_ep[i]) if c.overlap_ep is not None else None,
         compiled=flag_of_code(c.compiled[i]) if c.compiled is not None else None,
         optimizer=opt,
-        **({} if f.dtypes is None else {"dtypes": f.dtypes}),
+        **({} if dtypes is None else {"dtypes": dtypes}),
     )
