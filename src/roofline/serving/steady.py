@@ -266,11 +266,11 @@ def steady_state(
             t_pf = _cohort_pass(step, 0.0, ctx, np.where(Pn <= chunk, m, 1.0), chunk, P, Pn) + ovh
         extra = t_pf - (tau_d if mixed else 0.0)  # what prefill adds over a decode pass
         per_req = np.maximum(extra, 0.0) * n_chunks / np.where(Pn <= chunk, m, 1.0)
-        rho = np.minimum(X * per_req, 0.95)  # share of the time spent on prefill work
+        rho = np.minimum(X * per_req, RHO_MAX)  # share of the time spent on prefill work
         tau = tau_d / (1.0 - rho)
         # cohorts queue behind each other (M/D/1); in a closed loop a cohort has only the other
         # C/k − 1 cohorts to queue behind
-        wait = rho / (2 * (1 - rho)) * t_pf * np.maximum(1.0 - k / np.maximum(C, 1.0), 0.0)
+        wait = md1_wait(t_pf, rho) * np.maximum(1.0 - k / np.maximum(C, 1.0), 0.0)
         ttft_min = tau_d / 2 + n_chunks * t_pf + wait + lat
         Bd_new = np.minimum(C * (G - 1) * tau / ((G - 1) * tau + ttft_min), cap)
         Bd_new = np.maximum(Bd_new, np.minimum(C, 1.0))
