@@ -84,14 +84,20 @@ def test_memory_is_seqkvs():
 
 def test_search_finds_it_where_tp_beyond_k_would_copy_the_kv():
     """llama-3-70b has K = 8 KV heads: on 16 v5p chips tp=16 copies each KV head twice, while
-    tp=8 × kvseq=2 splits the 128k-token context; it has the lowest TPOT."""
+    tp=8 × kvseq=2 splits the 128k-token context, so at the same chips and batch it holds less
+    KV per chip and about twice the batch the memory can take (the book's reason to shard the
+    sequence). It does not have the lowest TPOT of the closed loop: with 128k-token prompts
+    prefill takes ~80% of a kvseq replica's time (its prefill runs on its tensor group), and the
+    converged steady state ranks it below tp=16 (an earlier answer that had it first was a
+    point of the fixed point's two-cycle, tests/test_steady_fixed_point.py)."""
     res = search(_query(objective=Objective.LATENCY))
-    best = res.row(res.best)
-    assert best["plan"]["spec"] == "tp=8,kvseq=2" and best["plan"]["kvseq"] == 2
-    assert best["chips_per_replica"] == 16 and best["plan"]["chips"] == 16
-    c = res.evaluated.cand
-    plain = [i for i in res.order if c.kvseq[i] == 1]
-    assert best["tpot_s"] < res.row(plain[0])["tpot_s"]
+    rows = [res.row(i) for i in res.order]
+    at = {r["plan"]["spec"]: r for r in rows if r["batch"] == 4 and r["chips_per_replica"] == 16}
+    sk, copied = at["tp=8,kvseq=2"], at["tp=16"]
+    assert sk["plan"]["kvseq"] == 2 and sk["plan"]["chips"] == 16
+    assert sk["memory_per_chip_bytes"] < copied["memory_per_chip_bytes"]
+    assert sk["weights_per_chip_bytes"] == pytest.approx(2 * copied["weights_per_chip_bytes"])
+    assert sk["max_batch"] >= 1.9 * copied["max_batch"]
 
 
 def test_not_with_an_engine():
