@@ -99,21 +99,27 @@ def test_the_default_profile_is_the_shipped_one():
     assert DEFAULT_PROFILE == "fitted"
 
 
+def _evaluator(base, pick, params, **shortcut) -> Evaluator:
+    """The fit's evaluator over the shipped step model for `pick`, with a shortcut
+    (`additive` or `per_layer` overheads) under test."""
+    return Evaluator(
+        base,
+        pick,
+        masks_of(params, pick),
+        predict_cases,
+        scales.apply,
+        step_tokens=[c.tokens_per_step_per_chip for c in pick],
+        **shortcut,
+    )
+
+
 def test_the_step_model_adds_a_per_step_overhead_last():
     """calibrate.evaluate's shortcut: tokens/s at step overhead s = tokens / (step(0) + s)."""
     base = load_profile("datasheet")
     cases, _ = cases_from_file("training", base)
     pick = [next(c for c in cases if c.framework == fw) for fw in ("megatron", "maxtext")]
     params = [scales.FitParam("step_overhead_s", framework=c.framework) for c in pick]
-    ev = Evaluator(
-        base,
-        pick,
-        masks_of(params, pick),
-        predict_cases,
-        scales.apply,
-        additive={p.name: 0.0 for p in params},
-        step_tokens=[c.tokens_per_step_per_chip for c in pick],
-    )
+    ev = _evaluator(base, pick, params, additive={p.name: 0.0 for p in params})
     values = {p.name: 0.25 for p in params}
     assert ev.check_additive(values, range(len(pick))) < 1e-9
     assert np.all(ev(values, [0, 1]) < ev({p.name: 0.0 for p in params}, [0, 1]))
@@ -128,15 +134,7 @@ def test_the_step_model_adds_a_per_layer_overhead_on_a_line():
     pp = [c for c in cases if c.framework == "megatron" and c.payload.inputs.plan.degrees.pp > 1]
     pick = [*pp, next(c for c in cases if c.framework == "maxtext")]
     params = [scales.FitParam("layer_overhead_s", framework=fw) for fw in ("megatron", "maxtext")]
-    ev = Evaluator(
-        base,
-        pick,
-        masks_of(params, pick),
-        predict_cases,
-        scales.apply,
-        step_tokens=[c.tokens_per_step_per_chip for c in pick],
-        per_layer={p.name: 0.0 for p in params},
-    )
+    ev = _evaluator(base, pick, params, per_layer={p.name: 0.0 for p in params})
     assert set(ev.additive) == {p.name for p in params}
     on = [i for i in range(len(pick)) if ev.slopes[params[pick[i].framework == "maxtext"].name][i]]
     assert len(on) >= len(pick) // 2 and len(pick) - 1 in on
