@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+import numpy as np
+
 from roofline.errors import RooflineError
 from roofline.specs.chip import Chip, load_chip
 from roofline.specs.system import System, gpu_cluster, tpu_slice
@@ -46,13 +48,8 @@ class PowerCurve:
     source: str
 
     def fraction(self, watts: float) -> float:
-        (w0, f0), (w1, f1) = self.points[0], self.points[-1]
-        if watts <= w0 or watts >= w1:
-            return f0 if watts <= w0 else f1
-        (w0, f0), (w1, f1) = next(
-            (a, b) for a, b in zip(self.points, self.points[1:], strict=False) if watts <= b[0]
-        )
-        return f0 + (f1 - f0) * (watts - w0) / (w1 - w0)
+        watts_at, fractions = zip(*self.points, strict=True)
+        return float(np.interp(watts, watts_at, fractions))
 
 
 # H100: the NVL part is the same 132-SM GH100 die at 350-400 W, bf16 1,671 TFLOP/s with
