@@ -289,3 +289,37 @@ def test_a_layout_the_bound_cannot_size_is_left_to_the_predictor(serving_entries
     monkeypatch.setattr(sb, "memory_per_chip", refuse)
     assert sb.kv_capacity_violation(r) is None
     sb._per_chip.cache_clear()
+
+
+def test_a_run_faster_than_its_prefill_chips_peak_is_not_scored(serving_entries):
+    """The prefill-compute bound (validate.serving_bounds): Qwen3-32B FP8 disaggregated on
+    H100 (5 prefill GPUs, 528 users, 4000-token prompts) finishes X = 528 / (TTFT + 999·TPOT)
+    requests/s by Little's law, each needing 2 × 32.76 B × 4000 FLOPs of matmuls: 61% of the
+    five H100s' dense FP8 peak (1,979 TFLOP/s each), so the run is scored. The same run measured
+    twice as fast (TTFT and TPOT halved) needs 122%: it could not have run as stated, and is
+    listed with the arithmetic instead of scored. No run of the public file breaks the bound."""
+    from dataclasses import replace
+
+    from roofline.validate import load_runs, mapped_runs
+    from roofline.validate.serving_bounds import (
+        PREFILL_COMPUTE_FLAG,
+        physical_violation,
+        prefill_compute_violation,
+    )
+    from roofline.validate.serving_score import find_predictor, predict_serving_run
+
+    rid = "aic-qwen3_32b_qwen3_32b_h100_sxm_sglang_disagg_4000x1000_c_tpnone_epnone_1"
+    r = map_serving_run(serving_entries[rid], "serving")
+    m = r.measured
+    X = 528 / (m.ttft_s + 999 * m.tpot_s)
+    share = X * 2 * 32.762106880e9 * 4000 / (5 * 1979e12)
+    assert share == pytest.approx(0.612, abs=1e-3)
+    assert prefill_compute_violation(r) is None
+    fast = replace(r, measured=replace(m, ttft_s=m.ttft_s / 2, tpot_s=m.tpot_s / 2))
+    why = prefill_compute_violation(fast)
+    assert why and PREFILL_COMPUTE_FLAG in why and "its 5 prefilling h100 chips" in why
+    assert physical_violation(fast) == (why, PREFILL_COMPUTE_FLAG)
+    res = predict_serving_run(fast, find_predictor(), None)
+    assert res.skipped_reason == why and not res.errors and PREFILL_COMPUTE_FLAG in res.run.flags
+    runs = mapped_runs(load_runs("serving"))
+    assert not [o.id for o in runs if o.mapped and prefill_compute_violation(o)]

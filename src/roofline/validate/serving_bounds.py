@@ -15,7 +15,17 @@ alike). The bound prices that cache at 4 bits per element — below any KV dtype
 ship — and gives it all the HBM the weights leave (no workspace, no engine memory fraction). A
 run whose B sequences still do not fit could not have run as stated (`KV_CAPACITY_FLAG`).
 
-Its sweep. A run that breaks the bound shows that the layout labels of its sweep -- the runs
+Prefill compute. The same law gives the requests finished per second, X. Each brought a prompt of
+P tokens that some chip prefilled: at least 2·N·P FLOPs, N the parameters one token is multiplied
+through (the active ones of an MoE; attention, the output head and every overhead left out). The
+chips that prefill — a disaggregated deployment's prefill workers, every chip of an aggregated
+one — can do at most their dense peak in the fastest format the run computes in (its weight,
+expert or activation format), all of the time, with no decode work. A run whose X·2·N·P exceeds
+that could not have served the stated workload (`PREFILL_COMPUTE_FLAG`): its concurrency or its
+prompts were not what the file says (e.g. prompts repeated, which an engine's prefix cache then
+serves without computing them). The bound judges that run alone: it names no layout label wrong.
+
+Its sweep. A run that breaks the KV bound shows that the layout labels of its sweep -- the runs
 of one engine (and version), model, chip, mode, prompt/output lengths and published precision,
 measured at several concurrencies and labelled layouts -- are not the layouts that ran: the
 export wrote something else into them (DeepSeek-R1 on GB200 with TensorRT-LLM: `tp` 28 ... 72
@@ -33,11 +43,12 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import RooflineError
-from roofline.serving.inference import Quant, ServePlan, memory_per_chip
+from roofline.serving.inference import Quant, ServePlan, memory_per_chip, params_active
 from roofline.serving.predict import plan_of, quant_of
 from roofline.specs.model import ModelSpec
 
 KV_CAPACITY_FLAG = "beyond_kv_capacity"
+PREFILL_COMPUTE_FLAG = "beyond_prefill_compute"
 FLOOR_KV_DTYPE = "fp4"  # the smallest KV element any engine stores (NVFP4 KV on Blackwell)
 REASON = "physically impossible as stated"  # the skip reason's key in validate's listing
 
@@ -106,6 +117,74 @@ def _violation(run: Any) -> str | None:
     )
 
 
+def _fastest_peak(chip: Any, quant: Quant) -> float:
+    """The chip's dense peak FLOP/s in the fastest format the run's matmuls may compute in."""
+    peaks = []
+    for d in {quant.compute, quant.weights, quant.experts or quant.weights}:
+        try:
+            peaks.append(chip.peak(d))
+        except RooflineError:  # a storage format the chip cannot compute in (weight-only int4)
+            continue
+    return max(peaks, default=chip.peak(chip.default_dtype))
+
+
+def _prefill_chips(run: Any) -> int | None:
+    """The chips that prefill as the run states them (module doc), or None when unstated."""
+    if run.disaggregated:
+        par = run.prefill
+        return plan_of(par).chips * max(par.workers, 1) if par is not None else None
+    layout = _decode_layout(run)
+    if layout is None:
+        return None
+    par, replicas = layout
+    return plan_of(par).chips * replicas
+
+
+def prefill_compute_violation(run: Any) -> str | None:
+    """The reason a run's measured throughput needs more prefill FLOP/s than its stated chips'
+    peak (module doc, "Prefill compute"), or None when it does not (or the run lacks the
+    numbers to tell)."""
+    try:
+        return _compute_violation(run)
+    except RooflineError:
+        return None
+
+
+def _compute_violation(run: Any) -> str | None:
+    w, m = run.workload, run.measured
+    if not (w.concurrency and w.isl and w.osl and m.ttft_s and m.tpot_s and m.ttft_s > 0):
+        return None
+    if run.model is None or run.chip is None:
+        return None
+    chips = _prefill_chips(run)
+    if not chips:
+        return None
+    X = w.concurrency / (m.ttft_s + (w.osl - 1) * m.tpot_s)  # requests finished per second
+    need = X * 2.0 * params_active(run.model) * float(w.isl)
+    peak = _fastest_peak(run.chip, quant_of(run))
+    room = chips * peak
+    if need <= room:
+        return None
+    return (
+        f"{REASON}: Little's law on the measured TTFT and TPOT finishes {X:.1f} requests/s at "
+        f"concurrency {w.concurrency:g}; their {w.isl:g}-token prompts need at least "
+        f"{need / 1e15:.2f} PFLOP/s of matmuls (2 × {params_active(run.model) / 1e9:.1f} B active "
+        f"parameters × {w.isl:g} tokens each), where its {chips} prefilling {run.chip.name} chips "
+        f"peak at {room / 1e15:.2f} PFLOP/s ({peak / 1e12:.0f} TFLOP/s each): the concurrency or "
+        f"the prompts were not as stated ({PREFILL_COMPUTE_FLAG})"
+    )
+
+
+def physical_violation(run: Any) -> tuple[str, str] | None:
+    """(reason, flag) of the first physical bound a run breaks (KV capacity, then prefill
+    compute), or None."""
+    why = kv_capacity_violation(run)
+    if why:
+        return why, KV_CAPACITY_FLAG
+    why = prefill_compute_violation(run)
+    return (why, PREFILL_COMPUTE_FLAG) if why else None
+
+
 SWEEP_REASON = "sweep labelled impossibly"  # a sibling's skip reason key in validate's listing
 
 
@@ -151,10 +230,13 @@ def sibling_violation(run: Any, sweeps: dict[tuple, str]) -> str | None:
 
 __all__ = [
     "KV_CAPACITY_FLAG",
+    "PREFILL_COMPUTE_FLAG",
     "SWEEP_REASON",
     "decoding_at_once",
     "kv_capacity_violation",
     "mislabelled_sweeps",
+    "physical_violation",
+    "prefill_compute_violation",
     "sibling_violation",
     "sweep_key",
 ]

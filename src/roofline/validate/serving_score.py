@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from roofline.errors import RooflineError
 from roofline.specs.efficiency import Efficiency
-from roofline.validate.serving_bounds import KV_CAPACITY_FLAG, kv_capacity_violation
+from roofline.validate.serving_bounds import physical_violation
 from roofline.validate.serving_runs import Metric, ServingRun
 from roofline.validate.stats import breakdown, relative_error, summarize
 
@@ -85,10 +85,10 @@ def predict_serving_run(
         return ServingResult(run, skipped_reason=run.skipped_reason)
     if predictor is None:
         return ServingResult(run, skipped_reason=NO_MODEL)
-    impossible = kv_capacity_violation(run)  # a bound every run is checked against
+    impossible = physical_violation(run)  # the bounds every run is checked against
     if impossible:
-        flagged = replace(run, flags=(*run.flags, KV_CAPACITY_FLAG))
-        return ServingResult(flagged, skipped_reason=impossible)
+        why, flag = impossible
+        return ServingResult(replace(run, flags=(*run.flags, flag)), skipped_reason=why)
     try:
         pred = _as_prediction(predictor(run, efficiency=efficiency))
     except RooflineError as e:
