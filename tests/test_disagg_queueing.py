@@ -198,6 +198,10 @@ def test_disaggregated_ttft_reduces_to_no_wait_for_one_user_and_to_littles_law_a
     assert _f(one["ttft_s"]) == pytest.approx(_f(one["prefill_s"]) + lat, rel=1e-12)
     for k in ("prefill_wait_s", "link_wait_s", "decode_wait_s"):
         assert _f(one[k]) == pytest.approx(0.0, abs=1e-12)
+    mid = disaggregated(ideal(), ideal(), d, w, np.array([8.0]))  # loaded, below the knee
+    cycle = _f(mid["ttft_s"]) + (G - 1) * _f(mid["tpot_s"])
+    assert _f(mid["requests_per_s"]) * cycle == pytest.approx(8.0, rel=1e-9)  # the loop closes
+    assert _f(mid["prefill_wait_s"]) > 0.01 * _f(mid["prefill_s"])
     many = disaggregated(ideal(), ideal(), d, w, np.array([2000.0]))
     X, tau, t_pf = (_f(many[k]) for k in ("requests_per_s", "tpot_s", "prefill_s"))
     assert X == pytest.approx(1 / t_pf, rel=2e-3)

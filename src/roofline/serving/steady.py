@@ -49,6 +49,7 @@ ITERATIONS = (
     60  # fixed-point sweeps (damped: Damping); within 1e-5 of 1000 sweeps in every case tested
 )
 GROW = 1.25  # a damped sweep's step regrows by this after a step that keeps its sign
+BISECTIONS = 200  # halvings of a closed loop's throughput interval (stops at 1e-13 relative)
 
 
 # --------------------------------------------------------------------------------------
@@ -680,20 +681,30 @@ def disaggregated(
     # point; where a pool saturates it replaces queueing rather than adding to it)
     lat = d.link_latency_s + busy + d.handoff_s
     cap = np.minimum(decode_cap, seq_cap_of(dec, engine))
-    X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
-    damp = Damping(X)
-    for _ in range(ITERATIONS):
+
+    def sweep(X: Any) -> tuple[Any, ...]:
+        """The loop's throughput F(X) given X (the waits and the decode batch it makes)."""
         w_pf, w_link = _waits(X, t_pf, cap_pf, busy, d, C)
         ttft_min = t_pf + w_pf + w_link + lat
         Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
         tau = _decode(dec, Bd, ctx, ovh)
-        X_new = np.minimum(
-            C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
-        )
-        (X_next,) = damp.step((X,), (np.minimum(X_new, x_max),))
-        if damp.kept and _settled((X,), (X_next,)):
-            break  # every later sweep would repeat this one to the last bit
-        X = X_next
+        F = np.minimum(C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau)
+        return np.minimum(F, x_max), w_pf, w_link, ttft_min, Bd, tau
+
+    # X = F(X) by bisection: F(0) > 0 and F never exceeds `hi` (no TTFT is under t_pf + lat, no
+    # pass under one sequence's), so a root lies in [0, hi]; near a pool's knee the closed wait
+    # is too steep for damped sweeps to settle in ITERATIONS
+    tau1 = _decode(dec, np.ones_like(C), ctx, ovh)
+    hi = np.minimum(x_max, C / (t_pf + lat + (G - 1) * tau1)) * np.ones_like(C)
+    lo = np.zeros_like(hi)
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        up = sweep(mid)[0] > mid
+        lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
+        if np.all(hi - lo <= 1e-13 * hi):
+            break
+    X = (lo + hi) / 2
+    _, w_pf, w_link, ttft_min, Bd, tau = sweep(X)
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
     # that remainder is the wait for a decode slot where the slots bound X, else the saturated
     # prefill pool's (or link's) queue beyond what the closed-queue wait priced at X
