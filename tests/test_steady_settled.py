@@ -3,7 +3,8 @@
 
 Each case runs twice: as shipped, and with the stop disabled (every sweep runs). Cases cover a
 mixed-batching engine (vLLM), a prefill-first engine under a Poisson rate (SGLang, no waves), no
-engine, a KV-capped batch, arrays of concurrencies and a disaggregated deployment.
+engine, a KV-capped batch and arrays of concurrencies (a disaggregated deployment solves its
+closed loop by bisection, tests/test_steady_fixed_point.py, with no settled-sweep stop).
 
 Mixed-batching engines cost each sweep's decode pass and the cohort's prefill pass beside it in
 one `pass_time` call on a one-plan ShardedStep (`serving.steady._decode_and_cohort`): each
@@ -18,7 +19,7 @@ import pytest
 
 import roofline.serving.steady as steady_mod
 from roofline.serving.inference import PassShape, Quant, ServePlan
-from roofline.serving.steady import Disagg, Workload, disaggregated, steady_state
+from roofline.serving.steady import Workload, steady_state
 from roofline.serving.step import IdealStep
 from roofline.specs.chip import load_chip
 from roofline.specs.efficiency import PEAK
@@ -67,13 +68,6 @@ CASES = {
     ),
     "no engine, KV-capped": lambda: steady_state(
         _step(), None, Workload(1024, 1024), np.array([16.0, 256.0]), batch_cap=64.0
-    ),
-    "disaggregated": lambda: disaggregated(
-        _step(),
-        _step(),
-        Disagg(1, 2, 400e9, 0.0, 131072.0),
-        Workload(2048, 256),
-        np.array([4.0, 32.0]),
     ),
 }
 

@@ -94,7 +94,7 @@ def test_the_identity_on_public_runs(public_runs):
         return predict_measured_run(run, efficiency=replace(fitted, disagg_handoff_s=h))["ttft_s"]
 
     assert ttft(light, 0.3) - ttft(light, 0.0) == pytest.approx(0.3, abs=1e-3)
-    assert ttft(heavy, 0.3) - ttft(heavy, 0.0) < 0.15
+    assert ttft(heavy, 0.3) - ttft(heavy, 0.0) < 0.2  # near its prefill pool's knee: about half
 
 
 def test_validate_notes_the_handoff(public_runs):

@@ -788,7 +788,7 @@ def disaggregated_view(res: ServeResult, i: int) -> dict[str, Any]:
     # one decode replica at the plan's load; its prefill pool is as many replicas as the
     # balancing ratio asks (a 1:1 layout whose prefill pool saturates would report a queue, not
     # what disaggregation delivers)
-    ratio = _scalar(run(1)["prefill_decode_ratio"])
+    ratio = _scalar(run(MAX_PREFILL_REPLICAS)["prefill_decode_ratio"])
     n_prefill = max(1, min(int(np.ceil(ratio - 1e-9)), MAX_PREFILL_REPLICAS))
     r = run(n_prefill)
     return {

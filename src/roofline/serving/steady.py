@@ -49,6 +49,7 @@ ITERATIONS = (
     60  # fixed-point sweeps (damped: Damping); within 1e-5 of 1000 sweeps in every case tested
 )
 GROW = 1.25  # a damped sweep's step regrows by this after a step that keeps its sign
+BISECTIONS = 200  # halvings of a closed loop's throughput interval (stops at 1e-13 relative)
 
 
 # --------------------------------------------------------------------------------------
@@ -644,16 +645,27 @@ def disaggregated(
 ) -> dict[str, Any]:
     """Closed-loop steady state of a disaggregated deployment at `concurrency` (all pools).
 
-    A request's way to its first token: its prefill pass(es) t_pf on a prefill replica, after an
-    M/D/1 wait for that replica (the router sends each request to one replica and each replica
-    keeps its own queue: Dynamo routes to a worker, an attention-DP worker to a rank, so the pool
-    is `prefill_replicas × prefill_batch` single servers each loaded X·t_pf / (replicas·per),
-    not one shared queue); the KV transfer over the replica's link after an M/D/1 wait for the
-    link (each prompt's cache holds it P·kv/bw seconds); the hand-off; and, when every decode slot
-    is taken, the wait for one (Little's law on the closed loop: TTFT = C/X − (G − 1)·TPOT once
-    the decode pool bounds X). Decode replicas run pure decode passes at
-    B_d = (C − X·TTFT) / decode_replicas sequences each, at most `decode_cap` (the sequences a
-    decode replica's KV memory holds) and the engine's running-sequence cap: its slots.
+    The benchmark client is a closed loop: `concurrency` = N users, each sending its next request
+    when the last one finishes (AIPerf `--concurrency` alone: "send requests as fast as possible
+    within concurrency", docs.nvidia.com/aiperf load-generator options reference; AIConfigurator's
+    generated benchmark runs `aiperf profile --concurrency c --num-requests 50c
+    --warmup-request-count 2c`, ai-dynamo/aiconfigurator generator/config/backend_templates/
+    benchmark/bench_run.sh.j2; GenAI-Perf's concurrency mode is Perf Analyzer's, which keeps "N
+    requests always outstanding", Triton perf_analyzer docs/inference_load_modes.md). So the
+    deployment is a closed queueing network of N requests, solved by approximate Mean Value
+    Analysis (`closed_wait`): the prefill servers (`prefill_replicas × prefill_batch` single
+    servers of a fixed pass time t_pf: the router sends each request to one replica and each
+    replica keeps its own queue — Dynamo routes to a worker, an attention-DP worker to a rank),
+    the KV links (one per prefill replica, each prompt's cache holds it P·kv/bw seconds), the
+    hand-off (pure latency), and the decode phase as the delay ("think") station of
+    (G − 1)·TPOT. Throughput and TTFT satisfy X = N / (TTFT + (G − 1)·TPOT) (Little's law on the
+    loop). At low load the waits are the open M/D/1 ones (times (N − 1)/N, the arrival theorem);
+    as a pool saturates X tends to its capacity and TTFT to N/X − (G − 1)·TPOT, with no load cap.
+    When every decode slot is taken the decode pool bounds X instead: X = slots / ((G − 1)·TPOT)
+    and the TTFT is the same Little's-law remainder (the wait for a slot; none while N ≤ slots).
+    Decode replicas run pure decode passes at B_d = (N − X·TTFT) / decode_replicas sequences each
+    (= X·(G − 1)·TPOT per replica), at most `decode_cap` (the sequences a decode replica's KV
+    memory holds) and the engine's running-sequence cap: its slots.
     """
     C = np.asarray(concurrency, float)
     G, P, ctx = work.gen, work.prompt, work.decode_context
@@ -662,25 +674,42 @@ def disaggregated(
     t_pf = _prefill_time(pre, engine, per, work, ovh)
     cap_pf = d.prefill_replicas * per / t_pf  # prompts/s the prefill pool can do
     busy = P * d.kv_bytes_per_token / d.link_bw_bytes_per_s  # a prompt's hold on its link
+    # the loop's throughput stays under both pools' capacities (the links' too)
+    x_max = 0.999 * np.minimum(cap_pf, d.prefill_replicas / busy if busy > 0 else np.inf)
     # every request's way from prefill to its first token: the KV transfer and the hand-off
     # (pure latency: in a closed loop it lengthens each request's cycle, so it enters the fixed
     # point; where a pool saturates it replaces queueing rather than adding to it)
     lat = d.link_latency_s + busy + d.handoff_s
     cap = np.minimum(decode_cap, seq_cap_of(dec, engine))
-    X = C / (t_pf + lat + G * _decode(dec, np.minimum(C / d.decode_replicas, cap), ctx, ovh))
-    damp = Damping(X)
-    for _ in range(ITERATIONS):
-        ttft_min = t_pf + _waits(X, t_pf, cap_pf, busy, d) + lat
+
+    def sweep(X: Any) -> tuple[Any, ...]:
+        """The loop's throughput F(X) given X (the waits and the decode batch it makes)."""
+        w_pf, w_link = _waits(X, t_pf, cap_pf, busy, d, C)
+        ttft_min = t_pf + w_pf + w_link + lat
         Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
         tau = _decode(dec, Bd, ctx, ovh)
-        X_new = np.minimum(
-            C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau
-        )
-        (X_next,) = damp.step((X,), (np.minimum(X_new, 0.999 * cap_pf),))
-        if damp.kept and _settled((X,), (X_next,)):
-            break  # every later sweep would repeat this one to the last bit
-        X = X_next
+        F = np.minimum(C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau)
+        return np.minimum(F, x_max), w_pf, w_link, ttft_min, Bd, tau
+
+    # X = F(X) by bisection: F(0) > 0 and F never exceeds `hi` (no TTFT is under t_pf + lat, no
+    # pass under one sequence's), so a root lies in [0, hi]; near a pool's knee the closed wait
+    # is too steep for damped sweeps to settle in ITERATIONS
+    tau1 = _decode(dec, np.ones_like(C), ctx, ovh)
+    hi = np.minimum(x_max, C / (t_pf + lat + (G - 1) * tau1)) * np.ones_like(C)
+    lo = np.zeros_like(hi)
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        up = sweep(mid)[0] > mid
+        lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
+        if np.all(hi - lo <= 1e-13 * hi):
+            break
+    X = (lo + hi) / 2
+    _, w_pf, w_link, ttft_min, Bd, tau = sweep(X)
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
+    # that remainder is the wait for a decode slot where the slots bound X, else the saturated
+    # prefill pool's (or link's) queue beyond what the closed-queue wait priced at X
+    slots_bound = Bd >= cap - 1e-9
+    gap = ttft_ss - ttft_min
     # the first wave: all C arrive together and queue for the prefill pool's passes
     first = np.maximum((C / (d.prefill_replicas * per) + 1) / 2 * t_pf + lat, ttft_min)
     w = work.first_wave_share
@@ -696,11 +725,11 @@ def disaggregated(
         "requests_per_s": X,
         "decode_batch": Bd,
         "prefill_s": t_pf,
-        "prefill_wait_s": md1_wait(t_pf, X / cap_pf),
+        "prefill_wait_s": w_pf + np.where(slots_bound, 0.0, gap),
         "kv_transfer_s": d.link_latency_s + busy,
-        "link_wait_s": md1_wait(busy, X * busy / d.prefill_replicas),
+        "link_wait_s": w_link,
         "handoff_s": d.handoff_s,
-        "decode_wait_s": ttft_ss - ttft_min,  # waiting for a decode slot (or a saturated pool)
+        "decode_wait_s": np.where(slots_bound, gap, 0.0),  # waiting for a decode slot
         "first_wave_s": first,
         "prefill_utilisation": n_pre / d.prefill_replicas,
         "prefill_decode_ratio": n_pre / np.maximum(n_dec, 1e-12),
@@ -722,11 +751,34 @@ def seq_cap_of(dec: StepModel, engine: EngineProfile | None) -> Any:
     return engine.seq_cap(dec.degree("dp")) if engine else np.inf
 
 
-def _waits(X: Any, t_pf: Any, cap_pf: Any, busy: float, d: Disagg) -> Any:
-    """The queueing on a request's way to the decode pool at X requests/s: its prefill replica's
-    M/D/1 wait (load X / cap_pf) and its link's (each of `prefill_replicas` links carries X /
-    replicas prompts/s, each holding it `busy` seconds)."""
-    return md1_wait(t_pf, X / cap_pf) + md1_wait(busy, X * busy / d.prefill_replicas)
+def closed_wait(service: Any, rho: Any, users: Any, residual: float = 0.5) -> Any:
+    """Mean wait at one FCFS server of a CLOSED network of `users` requests (approximate Mean
+    Value Analysis): by the arrival theorem (Reiser & Lavenberg 1980) a request arriving at the
+    server finds the queue the other N − 1 make, which Schweitzer's approximation (Schweitzer
+    1979, Bard 1979) takes as (N − 1)/N of the whole population's; a request in service has
+    `residual`·service left (½ for a fixed service time, 1 for an exponential one: the residual
+    life (1 + c²)/2 of a non-exponential FCFS server, Reiser 1979). With the server's load
+    ρ = X·service this solves to
+
+        W = residual · service · ρ' / (1 − ρ'),  ρ' = ρ·(N − 1)/N,
+
+    so N = 1 never waits, N → ∞ is the open queue's Pollaczek–Khinchine wait (`md1_wait` at
+    residual ½), and a saturated server (ρ → 1) keeps ρ' ≤ (N − 1)/N: the wait is finite and the
+    closed loop's throughput, not a load cap, settles it (X·(TTFT + think) = N). Vectorised."""
+    n = np.maximum(np.asarray(users, float), 1.0)
+    r = np.clip(np.asarray(rho, float), 0.0, 1.0) * (n - 1.0) / n
+    return residual * np.asarray(service, float) * r / (1.0 - r)
+
+
+def _waits(X: Any, t_pf: Any, cap_pf: Any, busy: float, d: Disagg, C: Any) -> tuple[Any, Any]:
+    """The queueing on a request's way to the decode pool at X requests/s with C requests in the
+    closed loop: its prefill replica's wait (each of the prefill servers, load X / cap_pf, runs
+    one fixed-length pass after another) and its link's (each of `prefill_replicas` links carries
+    X / replicas prompts/s, each holding it `busy` seconds), both `closed_wait`s."""
+    return (
+        closed_wait(t_pf, X / cap_pf, C),
+        closed_wait(busy, X * busy / d.prefill_replicas, C),
+    )
 
 
 # --------------------------------------------------------------------------------------
