@@ -415,6 +415,16 @@ class Stack:
     def node_limited_routing(self) -> bool:
         return self.framework.expert_parallel.node_limited_routing
 
+    def dispatch_sm_share(self, chip: Any) -> float:
+        """The share of `chip`'s SMs the expert dispatcher's kernels hold while they run (a
+        DeepEP-style dispatcher keeps its kernels resident on `[expert_parallel] dispatch_sms`
+        SMs); 0 for another dispatcher or a chip without an SM count."""
+        ep = self.framework.expert_parallel
+        sms = getattr(chip, "sm_count", None)
+        if self.dispatch != Dispatch.DEEPEP or not ep.dispatch_sms or not sms:
+            return 0.0
+        return min(1.0, ep.dispatch_sms / sms)
+
     @property
     def moe_host_sync_s(self) -> float:
         """GPU idle per routed-expert layer forward while the host reads the token counts."""

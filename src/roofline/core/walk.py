@@ -242,6 +242,13 @@ class Walk:
 # --------------------------------------------------------------------------------------
 
 
+# The routed experts' own rows: what Megatron's fine-grained MoE schedule runs as its `mlp`
+# node between the dispatch and the combine (NVIDIA/Megatron-LM@d98e8a64
+# megatron/core/models/gpt/fine_grained_callables.py submodule_moe_forward: the grouped expert
+# MLP; attention, router and shared experts are its `pre_dispatch_computation`, :67-148).
+ROUTED_EXPERT_ROWS = frozenset({"moe/gate", "moe/up", "moe/act", "moe/down"})
+
+
 @dataclass(frozen=True)
 class Totals:
     """A walk's records summed per microbatch (× copies), by the fields the readers need.
@@ -260,6 +267,8 @@ class Totals:
     )
     # compute seconds of the rows outside the layer stack (embedding, LM head), all passes
     edge_s: Any = 0.0
+    # compute seconds of the routed experts' rows (ROUTED_EXPERT_ROWS) by (forward?, rerun_by)
+    expert_s: Mapping[tuple[bool, frozenset[RematKind]], Any] = field(default_factory=dict)
 
     @staticmethod
     def of(walk: Walk) -> Totals:
@@ -272,12 +281,15 @@ class Totals:
     def _of(walk: Walk) -> Totals:
         compute: dict = {}
         by_class: dict = {}
+        experts: dict = {}
         edge: Any = 0.0
         flops: dict = {}
         for r in walk.ops:
             k = (r.pass_ == Pass.FORWARD, r.rerun_by)
             t = r.copies * r.time_s
             compute[k] = compute.get(k, 0.0) + t
+            if r.op in ROUTED_EXPERT_ROWS:
+                experts[k] = experts.get(k, 0.0) + t
             kc = (*k, r.op_class)
             by_class[kc] = by_class.get(kc, 0.0) + t
             if r.op in NON_LAYER_ROWS:
@@ -296,6 +308,7 @@ class Totals:
             reusable,
             _rows(by_class, shape),
             np.broadcast_to(np.asarray(edge, float), shape),
+            _rows(experts, shape),
         )
 
 

@@ -78,6 +78,10 @@ class Window(enum.StrEnum):
     LAYER = "layer"  # other compute of the same or the neighbouring layer (prefetch, bulk)
     PASS = "pass"  # the rest of this microbatch's forward or backward pass
     OTHER_MICROBATCH = "other_microbatch"  # another microbatch's compute (1F1B steady state)
+    # Megatron's combined 1F1B (EP overlap): each of a layer's all-to-alls runs beside one
+    # phase of the other microbatch's layer, and a phase takes the longer of the two
+    # (training.step._combined_1f1b); warm-up and flush passes run unpaired
+    COMBINED_1F1B = "combined_1f1b"
 
 
 class Exposed(enum.StrEnum):
@@ -548,6 +552,10 @@ class ExpertParallel:
     # tokens each expert received (the dropless dispatchers' device-to-host sync)
     host_sync_s: float = 0.0
     host_sync_source: str = ""
+    # SMs the DeepEP-style dispatcher's kernels hold while they move tokens: compute running
+    # beside them (the EP-overlap schedule) has the chip's other SMs only
+    dispatch_sms: int = 0
+    dispatch_sms_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -1021,6 +1029,7 @@ def _parse_cp(t: _Table) -> ContextParallel:
 
 
 MAX_HOST_SYNC_S = 0.01  # seconds: ten milliseconds of idle per MoE layer is no real stack
+MAX_DISPATCH_SMS = 256  # more SMs than any GPU has
 
 
 def _parse_ep(t: _Table) -> ExpertParallel:
@@ -1034,7 +1043,23 @@ def _parse_ep(t: _Table) -> ExpertParallel:
         note=t.text("note", ""),
         host_sync_s=t.number("host_sync_s", 0.0),
         host_sync_source=t.text("host_sync_source", ""),
+        dispatch_sms=int(t.number("dispatch_sms", 0)),
+        dispatch_sms_source=t.text("dispatch_sms_source", ""),
     )
+    if e.dispatch_sms and not e.dispatch_sms_source:
+        raise t.error(
+            "dispatch_sms",
+            e.dispatch_sms,
+            "the dispatcher's SM count is the stack's setting: dispatch_sms_source names it",
+            'add dispatch_sms_source = "<file:line of the setting>"',
+        )
+    if not 0 <= e.dispatch_sms <= MAX_DISPATCH_SMS:
+        raise t.error(
+            "dispatch_sms",
+            e.dispatch_sms,
+            f"a dispatcher holds 0 to {MAX_DISPATCH_SMS} SMs",
+            "write the number of SMs the dispatch kernels use (DeepEP: 20)",
+        )
     if e.host_sync_s and not e.host_sync_source:
         raise t.error(
             "host_sync_s",

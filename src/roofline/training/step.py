@@ -697,6 +697,19 @@ class _Sums:
         items = [(k, v) for k, v in src if forward is None or k[0] == forward]
         return self._sum(items, forward is None, rerun_only)
 
+    def experts(self, *, forward: bool) -> Any:
+        """Compute seconds per microbatch of the routed experts' rows (walk.ROUTED_EXPERT_ROWS)
+        in one pass; the backward with remat's rerun of them."""
+
+        def of() -> Any:
+            items = list(self.tot.expert_s.items())
+            if forward:
+                return self._sum([(k, v) for k, v in items if k[0]], False)
+            back = self._sum([(k, v) for k, v in items if not k[0]], False)
+            return back + self._sum(items, False, rerun_only=True)
+
+        return self._remembered(("experts", forward), of)
+
     def flops(self, *, forward: bool | None = None, rerun_only: bool = False) -> Any:
         return self._remembered(
             ("flops", forward, rerun_only), lambda: self._flops(forward, rerun_only)
@@ -877,7 +890,7 @@ def _pass_windows(s: _Sums, forward: bool) -> dict[str, Any]:
 
 
 def _microbatch_exposure(
-    s: _Sums, ctx: _Context, modes, layers: Any
+    s: _Sums, ctx: _Context, modes, layers: Any, chip: Any = None
 ) -> tuple[dict[Overlap, Any], dict[str, Any]]:
     """(raw seconds per class, exposed seconds per group) of one microbatch's collectives.
 
@@ -898,8 +911,58 @@ def _microbatch_exposure(
                 hidden, cap = hidden + h, np.maximum(cap, w_c)
                 total = total + comm
             exposed[g.name] = exposed.get(g.name, 0.0) + total - np.minimum(hidden, cap)
+    ep = ctx.stack.overlap(FRAMEWORK_CLASS[Overlap.EXPERT]).on
+    if ep.window == Window.COMBINED_1F1B and modes[Overlap.EXPERT].on.any():
+        fwd = s.comm((Overlap.EXPERT,), forward=True)
+        share = ctx.stack.dispatch_sm_share(chip)
+        paired = _combined_1f1b(s, ctx, fwd, comm_all[Overlap.EXPERT] - fwd, share)
+        exposed["ep"] = np.where(modes[Overlap.EXPERT].on, paired, exposed["ep"])
     raw = {c: v * _fsdp_share(c, ctx) for c, v in comm_all.items()}
     return raw, exposed
+
+
+def _combined_1f1b(s: _Sums, ctx: _Context, fwd: Any, back: Any, sm_share: float = 0.0) -> Any:
+    """Exposed expert all-to-all seconds per microbatch under Megatron's combined 1F1B
+    schedule (--overlap-moe-expert-parallel-comm), which runs one microbatch's forward layer
+    beside another's backward layer in three phases (NVIDIA/Megatron-LM@d98e8a64
+    megatron/core/models/common/model_chunk_schedule_plan.py:243-245, run):
+
+        comm stream:    combine_bwd      | dispatch_fwd -> dispatch_bwd    | combine_fwd
+        compute stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | pre_dispatch_bwd
+
+    A phase lasts as long as the longer of its two streams; while the all-to-all runs, the
+    compute has only the SMs the dispatcher's kernels leave it (a share `sm_share` held,
+    Stack.dispatch_sm_share), so a phase of X seconds of communication and C of compute takes
+    max(X, C + sm_share·X) and shows max(X − C, sm_share·X) beyond its compute. Its compute
+    is the routed experts (`mlp`, walk.ROUTED_EXPERT_ROWS) on
+    one side, the rest of the layer (`pre_dispatch`: attention, router, shared experts) on the
+    other. The dispatch and the combine move the same bytes (half of a pass's all-to-all time
+    each). Passes outside the 1F1B steady state run unpaired, all their all-to-alls exposed:
+    the warm-up's forwards and the flush's backwards, W of the M·v (virtual) microbatch passes,
+    W = 2(pp − 1) + (v − 1)·pp + 1 on the first stage (megatron/core/pipeline_parallel/
+    schedules.py:964-970, one extra warm-up forward with the EP overlap; microbatch group
+    pp), W = 1 without a pipeline (combined_1f1b.py combined_1f1b_schedule_for_no_pipelining:
+    the first forward and the last backward run alone)."""
+    host = (OpClass.HOST_SYNC,)
+    e_f, e_b = s.experts(forward=True), s.experts(forward=False)
+    a_f = s.compute(forward=True) - s.compute(forward=True, classes=host) - e_f
+    a_b = (
+        s.compute(forward=False)
+        + s.compute(rerun_only=True)
+        - s.compute(forward=False, classes=host)
+        - s.compute(rerun_only=True, classes=host)
+        - e_b
+    )
+
+    def shows(x: Any, c: Any) -> Any:
+        return np.maximum(x - c, sm_share * x)
+
+    paired = shows(back / 2, a_f) + shows((fwd + back) / 2, e_f + e_b) + shows(fwd / 2, a_b)
+    pp = ctx.deg[Strategy.PP]
+    v = np.where(ctx.schedule == Schedule.INTERLEAVED.code, np.maximum(ctx.virtual, 1), 1)
+    warm = np.where(pp > 1, 2 * (pp - 1) + (v - 1) * pp + 1, 1)
+    alone = np.minimum(1.0, warm / np.maximum(ctx.M * v, 1))
+    return alone * (fwd + back) + (1.0 - alone) * paired
 
 
 _PER_STEP = (Overlap.GRAD_REDUCE_STEP, Overlap.PIPELINE)
@@ -974,7 +1037,7 @@ def _step(
     key = _context_key(ctx)
     modes = _modes_of(ctx, chip, key)
     compute = s.compute() - _host_idle_hidden(s, modes)
-    comm, exposed = _microbatch_exposure(s, ctx, modes, layers)
+    comm, exposed = _microbatch_exposure(s, ctx, modes, layers, chip)
     # fixed costs: per layer per microbatch pass (forward and backward), per step
     layer_s = eff.layer_overhead_s + ctx.stack.layer_overhead_s
     step_s = eff.step_overhead_s + ctx.stack.step_overhead_s
