@@ -1396,8 +1396,12 @@ def family_step_cost(
     axes and array texts, and a collective over size-1 axes only (zero seconds, absent from
     the plan's walk) dropped (`without_unit_axes`)."""
     c = _step_cost(r, i, row, plan, system, workload, eff, stack)
-    unit = frozenset(AXIS_OF[s] for s in Strategy if plan.degrees.of(s) == 1)
-    return replace(c, collectives=without_unit_axes(c.collectives, unit))
+    return replace(c, collectives=without_unit_axes(c.collectives, unit_axes(plan)))
+
+
+def unit_axes(plan: Plan) -> frozenset[str]:
+    """The mesh axes of a plan's strategies of degree 1 (size-1 axes of a family's walk)."""
+    return frozenset(AXIS_OF[s] for s in Strategy if plan.degrees.of(s) == 1)
 
 
 def without_unit_axes(rows: tuple[dict, ...], unit: frozenset[str]) -> tuple[dict, ...]:

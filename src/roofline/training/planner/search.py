@@ -64,6 +64,8 @@ from roofline.training.step import (
     family_step_cost,
     structure_of,
     training_profile,
+    unit_axes,
+    without_unit_axes,
 )
 from roofline.units import DAY
 
@@ -295,7 +297,9 @@ def plan_training(
         chips_given=bool(chips),
         tie_tolerance=tie_tolerance,
         feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
-        algebra_alternative=_algebra_alternative(top[0], ctx),
+        algebra_alternative=_algebra_alternative(
+            top[0], ctx, _walked_as(families, ranked, rows[0], kept)
+        ),
         precisions=tuple(stack.precision_name(d, system.chip) for d in searched),
         precision_alternative=None if dtypes is not None else _precision_alternative(top[0], ctx),
         efficient=smaller_efficient(top[0], ctx, dtypes)
@@ -404,20 +408,39 @@ class _Costing:
 ALGEBRA = Cheapest("algebra")
 
 
-def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
+def _walked_as(families, ranked: Ranked, row: int, kept: dict) -> Structure | None:
+    """The structure of the family of a ranked row whose arrays `_cost` kept (else None)."""
+    fi = int(ranked.family[row])
+    return families[fi].structure if fi in kept else None
+
+
+def _algebra_alternative(
+    best: StepCost, ctx: _Costing, family: Structure | None = None
+) -> StepCost | None:
     """The best plan costed with the algebra's cheapest options instead of the stack's (None
-    for the idealised machine, or when that is not cheaper): what report.text words as advice."""
+    for the idealised machine, or when that is not cheaper): what report.text words as advice.
+    `family`: the structure of the best plan's family where its listed plans were read off
+    its arrays (`_keeps`): the plan is walked on it, whose einsums the family walk has
+    derived already, and its collectives listed as its own walk lists them
+    (`family_step_cost`); else on its own structure (`evaluate_plan`)."""
     if ctx.stack.book:
         return None
-    alt = evaluate_plan(
-        ctx.model,
-        best.system,
-        ctx.workload,
-        replace(best.plan, offload_activations=False),  # as `best` is, by _offloaded_like
-        efficiency=ctx.eff,
-        policy=ALGEBRA,
-        framework=ctx.stack,
-    )
+    plan = replace(best.plan, offload_activations=False)  # as `best` is, by _offloaded_like
+    if family is None:
+        alt = evaluate_plan(
+            ctx.model, best.system, ctx.workload, plan, efficiency=ctx.eff, policy=ALGEBRA,
+            framework=ctx.stack,
+        )  # fmt: skip
+    else:
+        cand = candidates_of_plans([plan], [0], ctx.space.remats)
+        st = replace(family, remat=Structure.remat, collective_matmul=None)
+        (alt,) = evaluate_plan_rows(
+            ctx.model, [best.system], ctx.workload, st, cand, [plan],
+            remats=list(ctx.space.remats), efficiency=ctx.eff, policy=ALGEBRA,
+            framework=ctx.stack,
+        )  # fmt: skip
+        unit = unit_axes(plan)
+        alt = replace(alt, collectives=without_unit_axes(alt.collectives, unit))
     alt = _offloaded_like(best, alt, ctx.model)
     return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
 
