@@ -891,6 +891,7 @@ def _microbatch_exposure(
     the compute of its window; a group's classes share their links, so together they hide
     at most one window's worth."""
     comm_all = {c: s.comm((c,)) for c in Overlap if c not in _PER_STEP}
+    share = {c: _fsdp_share(c, ctx) for c in comm_all}  # the float 1.0 is not multiplied by
     exposed = {}
     for forward in (True, False):
         win = _pass_windows(s, forward)
@@ -899,12 +900,16 @@ def _microbatch_exposure(
             for c in g.classes:
                 comm = s.comm((c,), forward=True)
                 comm = comm if forward else comm_all[c] - comm
-                comm = comm * _fsdp_share(c, ctx)
+                if not (type(share[c]) is float and share[c] == 1.0):
+                    comm = comm * share[c]
                 h, w_c = _hidden(modes[c], c, comm, forward, win, ctx, layers)
                 hidden, cap = hidden + h, np.maximum(cap, w_c)
                 total = total + comm
             exposed[g.name] = exposed.get(g.name, 0.0) + total - np.minimum(hidden, cap)
-    raw = {c: v * _fsdp_share(c, ctx) for c, v in comm_all.items()}
+    raw = {
+        c: v if type(share[c]) is float and share[c] == 1.0 else v * share[c]
+        for c, v in comm_all.items()
+    }
     return raw, exposed
 
 
