@@ -24,6 +24,9 @@ Measurements (name: what, target):
   workload, the default stack (the old core: its idealised machine, the only one it had), the
   first search of the process after a warm-up on another model. Target >= 1M/s and >= 2x the
   old core's rate.
+- planner_ideal (only with --only): the same search on the idealised machine (no stack: the
+  old core's only machine, the same 117,771 plans it costs), so the old core's rate is
+  compared on the same plans.
 - serve: `serving.search` of LLaMA-3 70B on h100:64 (vLLM, three quantisations; bench_serve's
   case). Target < 0.5 s.
 - validate_serving: `roofline validate --runs serving` (the 400 serving points). Target < 10 s.
@@ -90,7 +93,7 @@ print(json.dumps({"cold_ms": 1e3 * sum(cold) / len(cold), "repeat_ms": 1e3 * min
 """
 
 PLANNER = """
-import json, time
+import json, os, time
 try:
     from roofline.training.planner import plan_training
     from roofline.training.step import Workload
@@ -106,7 +109,8 @@ except ImportError:  # trees before the import-cycle fix (494a97b, the old core)
     from roofline.specs.model import load_model
 from roofline.specs.system import parse_system
 s = parse_system("a100:1024")
-kw = {"framework": resolve_framework("auto", s.chip)} if new else {}
+ideal = os.environ.get("ROOFLINE_BENCH_IDEAL") == "1"  # planner_ideal: the idealised machine
+kw = {"framework": resolve_framework("auto", s.chip)} if new and not ideal else {}
 plan_training(load_model("llama-3-8b"), parse_system("a100:64"), Workload(2**20, 4096, 1e12), **kw)
 m = load_model("gpt-3-175b")
 w = Workload(4 * 2**20, 4096, 15e12)
@@ -167,6 +171,8 @@ def measure(name: str, tree: Path, tmp: Path) -> dict:
         return run(tree, ["-c", ONE_PLAN])
     if name == "planner":
         return run(tree, ["-c", PLANNER])
+    if name == "planner_ideal":
+        return run(tree, ["-c", PLANNER], {"ROOFLINE_BENCH_IDEAL": "1"})
     if name == "serve":
         return run(tree, ["-c", SERVE])
     if name == "validate_serving":
@@ -195,6 +201,7 @@ FIGURES = {
         ("moved_ms", "ms/plan new fractions", True),
     ),
     "planner": (("plans_per_s", "costed plans/s", False), ("costed", "plans costed", None)),
+    "planner_ideal": (("plans_per_s", "costed plans/s", False), ("costed", "plans costed", None)),
     "serve": (("seconds", "s search", True),),
 }
 DEFAULT = ("one_plan", "planner", "serve", "validate_serving", "report", "help", "chips")
@@ -247,7 +254,7 @@ def main() -> None:
         tmp = Path(d)
         for name in args.only:
             use = dict(trees)
-            if name == "planner" and args.old is not None:
+            if name in ("planner", "planner_ideal") and args.old is not None:
                 use["old"] = args.old.resolve()
             rounds = 1 if name == "calibrate" else args.rounds
             got: dict[str, list[dict]] = {t: [] for t in use}

@@ -175,20 +175,27 @@ class CommModel:
         self.pid: dict[str, np.ndarray] = {}
         self.sig_of: list[tuple] = []
         intern: dict[tuple, int] = {}
+        # the placements' segment tuples are shared between meshes (`core.mesh._auto_placed`
+        # remembers each step), so a tuple seen before (alive in its mesh) is not read again
+        seen: dict[tuple[int, int], int] = {}
         axes = sorted({a for m in meshes if m is not None for a in m.placement})
         for a in axes:
             ids = np.full(len(meshes), -1, dtype=np.int64)
             for i, m in enumerate(meshes):
                 if m is None or a not in m.placement:
                     continue
-                sig = (
-                    id(m.system),
-                    tuple((g.dim.name, g.size, g.full, g.stride) for g in m.placement[a]),
-                )
-                j = intern.get(sig)
+                segs = m.placement[a]
+                j = seen.get((id(m.system), id(segs)))
                 if j is None:
-                    j = intern[sig] = len(self.sig_of)
-                    self.sig_of.append(sig)
+                    sig = (
+                        id(m.system),
+                        tuple((g.dim.name, g.size, g.full, g.stride) for g in segs),
+                    )
+                    j = intern.get(sig)
+                    if j is None:
+                        j = intern[sig] = len(self.sig_of)
+                        self.sig_of.append(sig)
+                    seen[(id(m.system), id(segs))] = j
                 ids[i] = j
             self.pid[a] = ids
 

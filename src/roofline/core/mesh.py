@@ -359,7 +359,7 @@ def place_mesh(
     )
 
 
-# One auto-placed axis's segments and what it leaves free, by (system, what was free, size):
+# One auto-placed axis's segments and what it leaves free, by system, then (what was free, size):
 # an axis takes the same factors whatever it is named, so the planner's hundreds of meshes on
 # one system (sharing their inner axes) place each step once. Keyed by the system's identity
 # (System holds read-only mappings, not hashable), the system kept to check it; bounded.
@@ -368,12 +368,19 @@ _TAKES = IdentityMemo(lambda: _TAKES_MAX)
 
 
 def _auto_placed(sys_: System, items: list[tuple[str, int]]) -> dict[str, tuple[Segment, ...]]:
-    """Every axis placed innermost first on the dims still free (`_Placer`), steps remembered."""
+    """Every axis placed innermost first on the dims still free (`_Placer`), steps remembered
+    in the system's own table (one identity lookup a mesh, a plain dict lookup an axis)."""
+    steps = _TAKES((sys_,), (), dict)
     free = tuple(d.size for d in sys_.dims)
     result: dict[str, tuple[Segment, ...]] = {}
     for a, size in reversed(items):
-        make = functools.partial(_take, sys_, free, a, size)  # called at once, on a miss
-        result[a], free = _TAKES((sys_,), (free, size), make)
+        hit = steps.get((free, size))
+        if hit is None:
+            hit = _take(sys_, free, a, size)  # PlanError: not remembered
+            if len(steps) >= _TAKES_MAX:
+                steps.clear()
+            steps[(free, size)] = hit
+        result[a], free = hit
     return result
 
 

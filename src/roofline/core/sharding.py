@@ -114,6 +114,21 @@ def _axes_join(axes: Sequence[str]) -> str:
     return "".join(axes) if all(len(a) == 1 for a in axes) else "{" + ",".join(axes) + "}"
 
 
+_AXES_IN_TEXT = re.compile(r"_\{([^{}]*)\}")
+
+
+def without_axes_text(text: str, drop: frozenset[str]) -> str:
+    """A Spec's text (`Spec.__str__`) as the same Spec without the mesh axes in `drop` would
+    print: each `_{a,b}` group less those axes (gone where none is left), an unreduced set
+    left empty gone. Mesh axis names are words, so every group is braced (`_axes_join`)."""
+
+    def kept(m: re.Match) -> str:
+        axes = [a for a in m.group(1).split(",") if a not in drop]
+        return "_{" + ",".join(axes) + "}" if axes else ""
+
+    return _AXES_IN_TEXT.sub(kept, text).replace("{U}", "")
+
+
 def _prod(xs: Any) -> Any:
     out: Any = 1
     for x in xs:

@@ -38,7 +38,7 @@ from roofline.core.memory import (
     persistent_bytes,
 )
 from roofline.core.rules import Structure, kv_heads_replicated
-from roofline.core.sharding import CHEAPEST, OptionPolicy
+from roofline.core.sharding import CHEAPEST, OptionPolicy, without_axes_text
 from roofline.core.stack import Stack, chip_requirements, overlap_conditions, stack_of
 from roofline.core.walk import (
     FRAMEWORK_CLASS,
@@ -63,6 +63,7 @@ from roofline.specs.framework import (
 )
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import (
+    AXIS_OF,
     FLAG_ON,
     FLAG_UNSET,
     Causal,
@@ -520,6 +521,11 @@ def default_dtypes(chip: Any) -> ComputeDtypes:
     return ComputeDtypes.uniform(chip.default_dtype)
 
 
+def distinct_rows_of(cand: Candidates) -> np.ndarray:
+    """Each candidate's row in the walk `evaluate_plans` runs for `cand`."""
+    return _distinct_rows(cand)[1]
+
+
 def _distinct_rows(cand: Candidates) -> tuple[MeshRows, np.ndarray]:
     """The distinct (system, degrees, microbatches) rows and each candidate's row."""
     n = len(cand)
@@ -898,6 +904,7 @@ def _microbatch_exposure(
     the compute of its window; a group's classes share their links, so together they hide
     at most one window's worth."""
     comm_all = {c: s.comm((c,)) for c in Overlap if c not in _PER_STEP}
+    share = {c: _fsdp_share(c, ctx) for c in comm_all}  # the float 1.0 is not multiplied by
     exposed = {}
     for forward in (True, False):
         win = _pass_windows(s, forward)
@@ -906,7 +913,8 @@ def _microbatch_exposure(
             for c in g.classes:
                 comm = s.comm((c,), forward=True)
                 comm = comm if forward else comm_all[c] - comm
-                comm = comm * _fsdp_share(c, ctx)
+                if not (type(share[c]) is float and share[c] == 1.0):
+                    comm = comm * share[c]
                 h, w_c = _hidden(modes[c], c, comm, forward, win, ctx, layers)
                 hidden, cap = hidden + h, np.maximum(cap, w_c)
                 total = total + comm
@@ -914,10 +922,13 @@ def _microbatch_exposure(
     ep = ctx.stack.overlap(FRAMEWORK_CLASS[Overlap.EXPERT]).on
     if ep.window == Window.COMBINED_1F1B and modes[Overlap.EXPERT].on.any():
         fwd = s.comm((Overlap.EXPERT,), forward=True)
-        share = ctx.stack.dispatch_sm_share(chip)
-        paired = _combined_1f1b(s, ctx, fwd, comm_all[Overlap.EXPERT] - fwd, share)
+        sm = ctx.stack.dispatch_sm_share(chip)
+        paired = _combined_1f1b(s, ctx, fwd, comm_all[Overlap.EXPERT] - fwd, sm)
         exposed["ep"] = np.where(modes[Overlap.EXPERT].on, paired, exposed["ep"])
-    raw = {c: v * _fsdp_share(c, ctx) for c, v in comm_all.items()}
+    raw = {
+        c: v if type(share[c]) is float and share[c] == 1.0 else v * share[c]
+        for c, v in comm_all.items()
+    }
     return raw, exposed
 
 
@@ -1433,6 +1444,46 @@ def evaluate_plan_rows(
     return [
         _step_cost(r, i, int(row[i]), p, on[i], workload, eff, stack) for i, p in enumerate(plans)
     ]
+
+
+def family_step_cost(
+    r: StepArrays,
+    i: int,
+    row: int,
+    plan: Plan,
+    system: System,
+    workload: Workload,
+    eff: Efficiency,
+    stack: Stack,
+) -> StepCost:
+    """The StepCost of candidate `i` (row `row` of the walk) of a family's StepArrays walked
+    with `keep_walk`: what `evaluate_plan_rows` gives for `plan` on its own structure, read off
+    the family's arrays. The family's walk has every strategy of the search as a mesh axis, a
+    strategy of degree 1 an axis of size 1 that the algebra prices at zero; its collectives
+    are listed as the plan's own walk lists them: size-1 axes left out of each collective's
+    axes and array texts, and a collective over size-1 axes only (zero seconds, absent from
+    the plan's walk) dropped (`without_unit_axes`)."""
+    c = _step_cost(r, i, row, plan, system, workload, eff, stack)
+    return replace(c, collectives=without_unit_axes(c.collectives, unit_axes(plan)))
+
+
+def unit_axes(plan: Plan) -> frozenset[str]:
+    """The mesh axes of a plan's strategies of degree 1 (size-1 axes of a family's walk)."""
+    return frozenset(AXIS_OF[s] for s in Strategy if plan.degrees.of(s) == 1)
+
+
+def without_unit_axes(rows: tuple[dict, ...], unit: frozenset[str]) -> tuple[dict, ...]:
+    """Collective rows (`_list_collectives`) with the mesh axes in `unit` (size 1) left out:
+    of each row's axes and of its before/after array texts; a row over those axes only moves
+    nothing (`time_s` 0) and is dropped."""
+    out = []
+    for d in rows:
+        axes = [a for a in d["axes"] if a not in unit]
+        if not axes:
+            continue
+        before, after = (without_axes_text(d[k], unit) for k in ("before", "after"))
+        out.append({**d, "axes": axes, "before": before, "after": after})
+    return tuple(out)
 
 
 def _step_cost(

@@ -55,12 +55,17 @@ from roofline.training.planner.space import (
 )
 from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import (
+    StepArrays,
     StepCost,
+    distinct_rows_of,
     evaluate_plan,
     evaluate_plan_rows,
     evaluate_plans,
+    family_step_cost,
     structure_of,
     training_profile,
+    unit_axes,
+    without_unit_axes,
 )
 from roofline.units import DAY
 
@@ -258,7 +263,8 @@ def plan_training(
         )
     searched = (dtypes,) if dtypes is not None else stack.searchable_dtypes(system.chip)
     ctx = _Costing(model, systems, workload, eff, opt, space, policy, stack, searched, launch_stack)
-    families = _cost(found.groups, ctx, progress)
+    kept: dict[int, StepArrays] = {}
+    families = _cost(found.groups, ctx, progress, kept)
     rejected = found.rejected
     for f in families:
         rejected.update(f.rejected)
@@ -273,7 +279,7 @@ def plan_training(
     rows = distinct_rows(families, ranked, systems, top_k)
     runner_row = _runner_up_row(families, ranked, systems, rows)
     listed = _cost_rows(
-        families, ranked, [*rows, *([] if runner_row is None else [runner_row])], ctx
+        families, ranked, [*rows, *([] if runner_row is None else [runner_row])], ctx, kept
     )
     top = [listed[r] for r in rows]
     return PlanResult(
@@ -291,7 +297,9 @@ def plan_training(
         chips_given=bool(chips),
         tie_tolerance=tie_tolerance,
         feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
-        algebra_alternative=_algebra_alternative(top[0], ctx),
+        algebra_alternative=_algebra_alternative(
+            top[0], ctx, _walked_as(families, ranked, rows[0], kept)
+        ),
         precisions=tuple(stack.precision_name(d, system.chip) for d in searched),
         precision_alternative=None if dtypes is not None else _precision_alternative(top[0], ctx),
         efficient=smaller_efficient(top[0], ctx, dtypes)
@@ -322,20 +330,37 @@ def _runner_up_row(families, ranked: Ranked, systems, rows: list[int]) -> int | 
     return runner_up_row(families, ranked, systems, int(ranked.order[0]), len(rows))
 
 
-def _cost_rows(families, ranked: Ranked, rows: list[int], ctx: _Costing) -> dict[int, StepCost]:
-    """The StepCost of each ranked row the report lists: the plans that a single plan's walk
-    would walk alike (the same strategies, sharding, dtypes and compilation; remat and the
-    flags may differ) costed together in one multi-row walk (`evaluate_plan_rows`: the numbers
-    `evaluate_plan` gives), with the optimizer offloaded where that made a plan fit."""
+def _cost_rows(
+    families, ranked: Ranked, rows: list[int], ctx: _Costing, kept: dict[int, StepArrays]
+) -> dict[int, StepCost]:
+    """The StepCost of each ranked row the report lists: read off its family's arrays where
+    `_cost` kept them (`family_step_cost`: the numbers and collectives the plan's own walk
+    gives), else the plans that a single plan's walk would walk alike (the same strategies,
+    sharding, dtypes and compilation; remat and the flags may differ) costed together in one
+    multi-row walk (`evaluate_plan_rows`: the numbers `evaluate_plan` gives), with the
+    optimizer offloaded where that made a plan fit."""
     groups: dict[tuple, list[tuple[int, Plan, int]]] = {}
-    for r in rows:
-        f = families[int(ranked.family[r])]
+    out: dict[int, StepCost] = {}
+    inv: dict[int, Any] = {}
+    eff = training_profile(ctx.eff).for_framework(ctx.stack.name)
+    for r in dict.fromkeys(rows):
+        fi = int(ranked.family[r])
+        f = families[fi]
         plan = plan_at(families, ranked, r, ctx.space, ctx.opt)
+        if fi in kept:
+            i = int(ranked.index[r])
+            if fi not in inv:
+                inv[fi] = distinct_rows_of(f.cand)
+            sysm = ctx.systems[int(f.cand.system_idx[i])]
+            c = family_step_cost(
+                kept[fi], i, int(inv[fi][i]), plan, sysm, ctx.workload, eff, ctx.stack
+            )
+            out[r] = c
+            continue
         st = replace(structure_of(plan, ctx.model), remat=Structure.remat, collective_matmul=None)
         sys_i = int(f.cand.system_idx[int(ranked.index[r])])
         key = (st, plan.dtypes, plan.compiled, plan.cuda_graph)
         groups.setdefault(key, []).append((r, plan, sys_i))
-    out: dict[int, StepCost] = {}
     for (st, *_), members in groups.items():
         plans = [p for _, p, _ in members]
         cand = candidates_of_plans(plans, [i for _, _, i in members], ctx.space.remats)
@@ -383,20 +408,39 @@ class _Costing:
 ALGEBRA = Cheapest("algebra")
 
 
-def _algebra_alternative(best: StepCost, ctx: _Costing) -> StepCost | None:
+def _walked_as(families, ranked: Ranked, row: int, kept: dict) -> Structure | None:
+    """The structure of the family of a ranked row whose arrays `_cost` kept (else None)."""
+    fi = int(ranked.family[row])
+    return families[fi].structure if fi in kept else None
+
+
+def _algebra_alternative(
+    best: StepCost, ctx: _Costing, family: Structure | None = None
+) -> StepCost | None:
     """The best plan costed with the algebra's cheapest options instead of the stack's (None
-    for the idealised machine, or when that is not cheaper): what report.text words as advice."""
+    for the idealised machine, or when that is not cheaper): what report.text words as advice.
+    `family`: the structure of the best plan's family where its listed plans were read off
+    its arrays (`_keeps`): the plan is walked on it, whose einsums the family walk has
+    derived already, and its collectives listed as its own walk lists them
+    (`family_step_cost`); else on its own structure (`evaluate_plan`)."""
     if ctx.stack.book:
         return None
-    alt = evaluate_plan(
-        ctx.model,
-        best.system,
-        ctx.workload,
-        replace(best.plan, offload_activations=False),  # as `best` is, by _offloaded_like
-        efficiency=ctx.eff,
-        policy=ALGEBRA,
-        framework=ctx.stack,
-    )
+    plan = replace(best.plan, offload_activations=False)  # as `best` is, by _offloaded_like
+    if family is None:
+        alt = evaluate_plan(
+            ctx.model, best.system, ctx.workload, plan, efficiency=ctx.eff, policy=ALGEBRA,
+            framework=ctx.stack,
+        )  # fmt: skip
+    else:
+        cand = candidates_of_plans([plan], [0], ctx.space.remats)
+        st = replace(family, remat=Structure.remat, collective_matmul=None)
+        (alt,) = evaluate_plan_rows(
+            ctx.model, [best.system], ctx.workload, st, cand, [plan],
+            remats=list(ctx.space.remats), efficiency=ctx.eff, policy=ALGEBRA,
+            framework=ctx.stack,
+        )  # fmt: skip
+        unit = unit_axes(plan)
+        alt = replace(alt, collectives=without_unit_axes(alt.collectives, unit))
     alt = _offloaded_like(best, alt, ctx.model)
     return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
 
@@ -431,8 +475,30 @@ def _precision_alternative(best: StepCost, ctx: _Costing) -> tuple[str, StepCost
 ALGEBRA_ADVICE_MARGIN = 0.03
 
 
-def _cost(groups, ctx: _Costing, progress) -> list[Family]:
-    """Evaluate every family: one vectorised walk each.
+# The most candidates whose family StepArrays (and walk) a search keeps for its listed plans
+# (`_cost_rows`): ~60 arrays of 8 bytes a candidate, ~100 MB at this bound.
+MAX_KEPT_CANDIDATES = 1 << 18
+
+
+def _keeps(ctx: _Costing) -> bool:
+    """Whether the listed plans are read off their families' arrays (`family_step_cost`):
+    not for mixture-of-experts models, whose family walk (every strategy an axis) chooses
+    other options for the router and expert einsums than a plan's own walk does (measured on
+    DeepSeek-V3 and Mixtral 8x7B: step times differ by ~0.1-0.4%), and not where offload may
+    rescue a plan (the listed plan is offloaded by `offloaded_cost`, not the arrays' rescue)."""
+    return (
+        ctx.model.moe is None
+        and True not in ctx.space.offload_optimizer
+        and True not in ctx.space.offload_activations
+    )
+
+
+def _cost(
+    groups, ctx: _Costing, progress, kept: dict[int, StepArrays] | None = None
+) -> list[Family]:
+    """Evaluate every family: one vectorised walk each. `kept` (if given) receives, by family
+    index, the StepArrays with their walk of the families whose listed plans `_cost_rows`
+    reads off them (`_keeps`; at most `MAX_KEPT_CANDIDATES` candidates in all).
 
     (Splitting the families over processes was measured slower on the 2-core target, because
     each process rebuilds the shared caches; see benchmarks/.)
@@ -440,8 +506,10 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
     total = sum(len(c) for _, c in groups) * len(ctx.dtypes)
     out = []
     done = 0
+    room = MAX_KEPT_CANDIDATES if kept is not None and _keeps(ctx) else 0
     for dt in ctx.dtypes:
         for st, cand in groups:
+            keep = len(cand) <= room
             r = evaluate_plans(
                 ctx.model,
                 ctx.systems,
@@ -454,7 +522,12 @@ def _cost(groups, ctx: _Costing, progress) -> list[Family]:
                 policy=ctx.policy,
                 framework=ctx.stack,
                 dtypes=dt,
+                keep_walk=keep,
             )
+            if keep:
+                assert kept is not None
+                kept[len(out)] = r
+                room -= len(cand)
             if True in ctx.space.offload_optimizer:  # plans that fit only with it (space.py)
                 r = offload_rescue(ctx.systems, cand, r, ctx.opt, ctx.stack)
             if True in ctx.space.offload_activations:  # then with the activations on the host
