@@ -633,6 +633,19 @@ def split_prompt(Pn: float, room: float, chunked: bool) -> tuple[float, float]:
     return n, Pn / n
 
 
+def _bisect(sweep: Any, hi: Any) -> Any:
+    """The fixed point X = sweep(X)[0] in [0, hi] by bisection (per element): near a pool's knee
+    the closed wait is too steep for damped sweeps to settle in ITERATIONS."""
+    lo = np.zeros_like(hi)
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        up = sweep(mid)[0] > mid
+        lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
+        if np.all(hi - lo <= 1e-13 * hi):
+            break
+    return (lo + hi) / 2
+
+
 def disaggregated(
     pre: StepModel,
     dec: StepModel,
@@ -691,19 +704,10 @@ def disaggregated(
         F = np.minimum(C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau)
         return np.minimum(F, x_max), w_pf, w_link, ttft_min, Bd, tau
 
-    # X = F(X) by bisection: F(0) > 0 and F never exceeds `hi` (no TTFT is under t_pf + lat, no
-    # pass under one sequence's), so a root lies in [0, hi]; near a pool's knee the closed wait
-    # is too steep for damped sweeps to settle in ITERATIONS
+    # F(0) > 0 and F never exceeds `hi` (no TTFT is under t_pf + lat, no pass under one
+    # sequence's), so a root of X = F(X) lies in [0, hi]
     tau1 = _decode(dec, np.ones_like(C), ctx, ovh)
-    hi = np.minimum(x_max, C / (t_pf + lat + (G - 1) * tau1)) * np.ones_like(C)
-    lo = np.zeros_like(hi)
-    for _ in range(BISECTIONS):
-        mid = (lo + hi) / 2
-        up = sweep(mid)[0] > mid
-        lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
-        if np.all(hi - lo <= 1e-13 * hi):
-            break
-    X = (lo + hi) / 2
+    X = _bisect(sweep, np.minimum(x_max, C / (t_pf + lat + (G - 1) * tau1)) * np.ones_like(C))
     _, w_pf, w_link, ttft_min, Bd, tau = sweep(X)
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates
     # that remainder is the wait for a decode slot where the slots bound X, else the saturated
