@@ -256,3 +256,65 @@ def test_low_precision_gemms_pay_their_activation_casts():
         got, f_, d_ = down_bytes_per_flop(model)
         assert got == pytest.approx(4 * (f_ + d_) / (6 * f_ * d_), rel=1e-12)
     assert down_bytes_per_flop(m.with_(d_ff=768))[0] > 4 * down_bytes_per_flop(m)[0]
+
+
+def test_mxfp8_casts_follow_the_norm_write_their_scales_and_launch_per_expert():
+    """Transformer Engine's MXFP8 casts (core.walk.quantise): the norm does not fuse the cast
+    (normalization.cpp runs MXFP8 UNFUSED), so the input of q/k/v (one fused linear_qkv) and of
+    the dense MLP's fc1 (gate and up) is cast once each; every cast writes one 1-byte E8M0
+    scale per 32 elements per layout, 2 + 2·(1 + 1/32) bytes per element; a grouped expert
+    GEMM's operand is cast expert by expert (cast.cpp: only delayed scaling has a fused
+    multi-tensor cast), one launch per local expert. Delayed scaling (the default, and what
+    `scaling=delayed` reads as) keeps the fused casts and one launch."""
+    from roofline.core.stack import stack_of
+    from roofline.specs.plan import ComputeDtypes
+    from roofline.training.step import _evaluate_one, training_profile
+
+    eff = training_profile(None).for_framework("megatron")
+
+    def walk_of(model, system, plan, tokens):
+        p = parse_plan(plan)
+        w = Workload(float(tokens), 4096)
+        return _evaluate_one(model, parse_system(system), w, p, eff, keep=True,
+                             fw=stack_of("megatron")).walk  # fmt: skip
+
+    m = load_model("llama-3-8b")
+    T, D = 4096, m.d_model
+    mx = walk_of(m, "b200:1", "dp=1,remat=none,matmul_dtype=fp8,expert_dtype=fp8,scaling=mx", T)
+    dl = walk_of(m, "b200:1", "dp=1,remat=none,matmul_dtype=fp8,expert_dtype=fp8", T)
+    fwd = {
+        r.op: _f(r.hbm_bytes)
+        for r in mx.ops
+        if r.op.endswith("/quantise") and r.pass_ == Pass.FORWARD
+    }
+    per_elem = 2 + 2 * (1 + 1 / 32)
+    assert fwd["attn/q/quantise"] == pytest.approx(per_elem * T * D, rel=1e-12)
+    assert fwd["mlp/up/quantise"] == pytest.approx(per_elem * T * D, rel=1e-12)
+    assert "attn/k/quantise" not in fwd and "mlp/gate/quantise" not in fwd
+    fwd_dl = {r.op for r in dl.ops if r.op.endswith("/quantise") and r.pass_ == Pass.FORWARD}
+    assert fwd_dl == {"attn/out/quantise", "mlp/down/quantise"}  # the norm fused the others
+    dy = {
+        r.op: _f(r.hbm_bytes)
+        for r in mx.ops
+        if r.op == "mlp/down/quantise" and r.pass_ == Pass.D_LHS
+    }
+    assert dy["mlp/down/quantise"] == pytest.approx(per_elem * T * D, rel=1e-12)
+    assert parse_plan("dp=1,matmul_dtype=fp8,scaling=delayed").dtypes == ComputeDtypes(matmul="fp8")
+    assert (
+        parse_plan(parse_plan("dp=1,matmul_dtype=fp8,scaling=mx").describe()).dtypes.scaling == "mx"
+    )
+
+    q = load_model("tests/data/hf/qwen3-30b-a3b.json")
+    launch = eff.kernel_overhead_s(parse_system("b200:8").chip)
+    assert launch > 0
+    plan = "ep=8,microbatch=1,remat=none,matmul_dtype=fp8,expert_dtype=fp8"
+    for scaling, n in (("", 1.0), (",scaling=mx", q.moe.n_experts / 8)):
+        wk = walk_of(q, "b200:8", plan + scaling, 8 * 4096)
+        got = {
+            (r.op, r.pass_): _f(r.launch_s)
+            for r in wk.ops
+            if r.op.startswith("moe/") and r.op.endswith("/quantise")
+        }
+        assert got and list(got.values()) == pytest.approx([n * launch] * len(got), rel=1e-12)
+        dense = [_f(r.launch_s) for r in wk.ops if r.op == "attn/out/quantise"]
+        assert dense == [pytest.approx(launch, rel=1e-12)] * 2  # one launch: not grouped

@@ -351,11 +351,14 @@ class Stack:
         chip's 16-bit default (None) and, once each, the dtypes of every faster recipe
         (`faster_recipes`) that the stack documents for production pre-training
         (`Recipe.pretraining`: Transformer Engine fp8 and NVFP4 under Megatron, torchao float8
-        under torchtitan; not MaxText's int8 AQT, which is offered as advice)."""
+        under torchtitan; not MaxText's int8 AQT, which is offered as advice); recipes whose
+        dtypes differ only in their casts' scaling once, the first in the profile's order."""
         out: list[ComputeDtypes | None] = [None]
+        formats: set[ComputeDtypes] = set()  # recipes differing only in scaling: the first
         for r in self.faster_recipes(chip):
             d = recipe_dtypes(r)
-            if r.pretraining and d not in out:
+            if r.pretraining and replace(d, scaling="") not in formats:
+                formats.add(replace(d, scaling=""))
                 out.append(d)
         return tuple(out)
 
@@ -375,8 +378,12 @@ class Stack:
     def advised_recipe(self, chip: Any) -> Recipe | None:
         """The fastest recipe the chip runs faster than 16-bit whose dtypes the default search
         does not cover (the stack does not document it for pre-training), or None."""
-        searched = self.searchable_dtypes(chip)
-        rest = [r for r in self.faster_recipes(chip) if recipe_dtypes(r) not in searched]
+        searched = {replace(d, scaling="") for d in self.searchable_dtypes(chip) if d is not None}
+        rest = [
+            r
+            for r in self.faster_recipes(chip)
+            if replace(recipe_dtypes(r), scaling="") not in searched
+        ]
         return max(rest, key=lambda r: _matmul_peak(r, chip), default=None)
 
     def precision_name(self, dtypes: ComputeDtypes | None, chip: Any) -> str:
@@ -550,6 +557,7 @@ def recipe_dtypes(r: Recipe) -> ComputeDtypes:
         attention=_compute(r.dtype(Family.ATTENTION)),
         experts=_compute(r.dtype(Family.EXPERT)),
         vocab=_compute(r.dtype(Family.VOCAB)),
+        scaling=r.scaling,
     )
 
 

@@ -445,6 +445,24 @@ def _compute_dtype(value: Any, what: str) -> ComputeDtype:
         ) from None
 
 
+# the casts' scalings a plan names (specs/frameworks/*.toml recipe `scaling`); "delayed" (and a
+# 16-bit recipe's "none") is the default, held as ""
+SCALINGS = ("delayed", "current", "mx", "blockwise", "rowwise", "nvfp4")
+
+
+def _scaling(value: Any, what: str) -> str:
+    v = str(value or "").strip().lower()
+    if v in ("", "none", "delayed"):
+        return ""
+    if v not in SCALINGS:
+        raise PlanError(
+            f"{what} = {value!r}",
+            rule="scalings are " + ", ".join(SCALINGS),
+            fix=f"write e.g. {what}=current",
+        )
+    return v
+
+
 # ledger rows a low-precision recipe keeps in 16 bits: the LM head and the MoE router
 _HIGH_PRECISION_OPS = ("unembed", "moe/router")
 
@@ -463,10 +481,14 @@ class ComputeDtypes:
     experts: ComputeDtype = ComputeDtype.BF16
     # the LM head (unembedding): fp8 recipes keep it in bf16 (Transformer Engine, torchao)
     vocab: ComputeDtype = ComputeDtype.BF16
+    # how the low-precision recipe scales its casts (the stack profile's recipe `scaling`): ""
+    # is delayed scaling (or none); "mx" and the others as core.walk.quantise prices them
+    scaling: str = ""
 
     def __post_init__(self) -> None:
         for f in _DTYPE_FIELDS:
             object.__setattr__(self, f, _compute_dtype(getattr(self, f), f"{f}_dtype"))
+        object.__setattr__(self, "scaling", _scaling(self.scaling, "scaling"))
 
     def of(self, op_class: OpClass) -> ComputeDtype:
         if op_class == OpClass.EXPERT_GEMM:
@@ -495,11 +517,12 @@ class ComputeDtypes:
         """The dtypes that differ from the defaults as plan items, each under its canonical plan
         key (`expert_dtype`, not the `experts_dtype` alias parse_plan also reads)."""
         d = ComputeDtypes()
-        return [
+        out = [
             f"{_CANONICAL_KEY[f'dtype:{f}']}={getattr(self, f).value}"
             for f in _DTYPE_FIELDS
             if getattr(self, f) != getattr(d, f)
         ]
+        return out + ([f"{_CANONICAL_KEY['dtype:scaling']}={self.scaling}"] if self.scaling else [])
 
 
 _DTYPE_FIELDS = ("matmul", "attention", "experts", "vocab")
@@ -661,7 +684,7 @@ class Plan:
 PLAN_KEYS = (
     "dp, fsdp, tp, sp, ep, pp, microbatch, remat, zero, schedule, virtual, megatron_sp, "
     "collective_matmul, overlap_ep, expert_tp, compile, offload_activations, cuda_graph, optimizer, matmul_dtype, attention_dtype, expert_dtype, "
-    "vocab_dtype"
+    "vocab_dtype, scaling"
 )
 _FLAG_TRUE = ("1", "true", "yes", "on")
 _FLAG_FALSE = ("0", "false", "no", "off")
@@ -779,6 +802,7 @@ for _keys, _field, _reader in (
     (("attention_dtype", "attn_dtype"), "dtype:attention", lambda k, v: _compute_dtype(v, k)),
     (("expert_dtype", "experts_dtype"), "dtype:experts", lambda k, v: _compute_dtype(v, k)),
     (("vocab_dtype", "head_dtype"), "dtype:vocab", lambda k, v: _compute_dtype(v, k)),
+    (("scaling", "fp8_scaling"), "dtype:scaling", lambda k, v: _scaling(v, k)),
 ):
     _CANONICAL_KEY[_field] = _keys[0]
     for _k in _keys:
@@ -798,7 +822,7 @@ def parse_plan(text: str | Mapping[str, Any]) -> Plan:
         )
     deg, rest = parse_degrees(text)
     kw: dict[str, Any] = {}
-    dtypes: dict[str, ComputeDtype] = {}
+    dtypes: dict[str, Any] = {}
     for k, v in rest.items():
         if k not in _PLAN_KEY_READERS:
             raise PlanError(

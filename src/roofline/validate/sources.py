@@ -272,6 +272,10 @@ class DocumentOverride:
     optimizer_why: str = ""
     virtual: int | None = None  # model chunks per pipeline rank (interleaved) where unpublished
     virtual_why: str = ""
+    # (published precision, chip family: regexes matched whole, case-insensitive; the stack's
+    # recipe the document's runs ran under that label) where a label names no one recipe
+    precisions: tuple[tuple[str, str, str], ...] = ()
+    precision_why: str = ""
 
 
 # The gradient dtype of Megatron-Bridge's performance benchmarks: every version read reduces (and
@@ -307,9 +311,31 @@ _MEGATRON_FP16_GRADS = (
     "bf16 only); PyTorch DDP (--DDP-impl torch) reduces .grad in the parameters' dtype"
 )
 
+MB_PERF = "NVIDIA-NeMo/Megatron-Bridge@067f987d src/megatron/bridge/perf_recipes"
+# The scripts that ran the 26.04.01 performance summary: Megatron-Bridge r0.4 (the summary was
+# committed at 17a381f95, 2026-05-16, between v0.4.1 and v0.4.2, whose configs agree). The flat
+# perf_recipes above came later (July-August 2026) and changed some MoE benchmarks after the
+# numbers were published (EP overlap on Qwen3-30B-A3B B200: #5356, 2026-08-06; DeepSeek-V3
+# GB200's full-iteration graph), so a 26.04.01 row reads these.
+MB_V04 = "NVIDIA-NeMo/Megatron-Bridge@c8101293 (v0.4.2) scripts/performance"
+
+
 DOCUMENTS: dict[str, DocumentOverride] = {
     "megatron-bridge": DocumentOverride(
-        optimizer="adam-fp32-master-bf16-grads", optimizer_why=_MB_BF16_GRADS
+        optimizer="adam-fp32-master-bf16-grads",
+        optimizer_why=_MB_BF16_GRADS,
+        precisions=((r"fp8", r"h100", "fp8-current"),),
+        precision_why=(
+            "a bare 'FP8' on H100 in the Megatron-Bridge summary is per-tensor current scaling "
+            "with no bf16 edge layers: the scripts that ran it offer no delayed scaling "
+            f"({MB_V04}/argument_parser.py:592-600 (--compute_dtype bf16 | fp8_cs | fp8_mx | "
+            "fp8_sc | nvfp4)), the H100 FP8 configurations are all FP8_CS "
+            "(configs/qwen/qwen3_workload_base_configs.py:424-431 "
+            "QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1; configs/llama/"
+            "llama31_workload_base_configs.py:203, 297 LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS_V1/V2), "
+            "and utils/precision.py get_precision_config('fp8_cs') is "
+            "bf16_with_fp8_current_scaling_mixed with first_last_layers_bf16 = False"
+        ),
     ),
     "dgx-cloud": DocumentOverride(
         optimizer="adam-fp32-master-bf16-grads", optimizer_why=_DGXC_BF16_GRADS
@@ -383,13 +409,6 @@ DOCUMENTS: dict[str, DocumentOverride] = {
 }
 
 
-MB_PERF = "NVIDIA-NeMo/Megatron-Bridge@067f987d src/megatron/bridge/perf_recipes"
-# The scripts that ran the 26.04.01 performance summary: Megatron-Bridge r0.4 (the summary was
-# committed at 17a381f95, 2026-05-16, between v0.4.1 and v0.4.2, whose configs agree). The flat
-# perf_recipes above came later (July-August 2026) and changed some MoE benchmarks after the
-# numbers were published (EP overlap on Qwen3-30B-A3B B200: #5356, 2026-08-06; DeepSeek-V3
-# GB200's full-iteration graph), so a 26.04.01 row reads these.
-MB_V04 = "NVIDIA-NeMo/Megatron-Bridge@c8101293 (v0.4.2) scripts/performance"
 
 
 @dataclass(frozen=True)

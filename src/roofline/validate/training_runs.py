@@ -719,6 +719,18 @@ def read_recipe(stack: Any, precision: str) -> Any:
     return max(cands, key=shared, default=None)  # max keeps the first of equals
 
 
+def _document_precision(document: str, precision: str, hw: dict, notes: list[str]) -> str:
+    """The stack recipe a document's precision label stands for on the run's chip family
+    (`DocumentOverride.precisions`), else the label itself."""
+    over = DOCUMENTS.get(document)
+    family = str(hw.get("chip_family") or "")
+    for label, chips, recipe in over.precisions if over else ():
+        if re.fullmatch(label, precision.strip(), re.I) and re.fullmatch(chips, family, re.I):
+            notes.append(over.precision_why)
+            return recipe
+    return precision
+
+
 def _dtypes_text(precision: str, framework: str, notes: list[str]) -> str:
     """The compute dtypes of the run's precision recipe in its stack's profile (e.g. NeMo FP8:
     dense and expert matmuls fp8, attention and the LM head bf16), as plan keys."""
@@ -839,7 +851,8 @@ def _map(entry, src, hw, p, m, chips, dtype, notes):
                 f"parallel layout not published, and the stack default ({st.layout_why}) fails: {e}"
             ) from None
         raise
-    plan_text += _dtypes_text(str(p.get("precision") or ""), st.framework, notes)
+    precision = _document_precision(src.document, str(p.get("precision") or ""), hw, notes)
+    plan_text += _dtypes_text(precision, st.framework, notes)
     plan_text += _recipe_text(src, m, hw, p, notes)
     try:
         plan = parse_plan(plan_text)
