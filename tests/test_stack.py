@@ -166,6 +166,31 @@ def test_quantised_gemm_inputs_are_saved_narrow_where_the_stack_saves_them_so(fw
     assert saving == pytest.approx(want, rel=1e-9)
 
 
+@pytest.mark.parametrize("fw,narrow", [("torchtitan", True), ("megatron", False)])
+def test_fp8_tensor_parallel_all_gathers_move_fp8_where_the_stack_casts_first(fw, narrow):
+    """torchao's Float8 TP styles (torchtitan apply_tp with float8 linears) cast the block
+    input to float8 before its sequence-parallel all-gather, and the output gradient before
+    the backward one: a fp8 plan's tensor all-gathers move half a bf16 plan's bytes, its
+    reduce-scatters the same (the LM head, a plain ColwiseParallel, gathers bf16). Megatron's
+    profile does not say so: its gathers stay 16-bit."""
+    plan = "fsdp=4,tp=8,megatron_sp=1,remat=none,microbatch=1,optimizer=adam-fp32-master"
+    fp8 = ",matmul_dtype=fp8,expert_dtype=fp8"
+
+    def tp_bytes(dt):
+        c = _cost(L70, "h100:32", 4 * 8192, 8192, plan + dt, fw)
+        out = {"all-gather": 0.0, "reduce-scatter": 0.0}
+        for r in c.collectives:
+            # the LM head keeps torch's ColwiseParallel (bf16 all-gather) under every recipe
+            if r["overlap"] == "tp" and r["counted"] and r["kind"] in out and r["op"] != "unembed":
+                out[r["kind"]] += r["bytes_per_chip"] * r["copies"]
+        return out
+
+    bf, f8 = tp_bytes(""), tp_bytes(fp8)
+    assert bf["all-gather"] > 0 and bf["reduce-scatter"] > 0
+    assert f8["reduce-scatter"] == pytest.approx(bf["reduce-scatter"], rel=1e-9)
+    assert f8["all-gather"] == pytest.approx(bf["all-gather"] * (0.5 if narrow else 1.0), rel=1e-9)
+
+
 def test_interleaved_schedule_holds_more_activations_than_1f1b():
     """Megatron's interleaved 1F1B warms up (pp - 1) more chunks on the first rank: its
     activations are 1 + (pp - 1)/(pp·v) times 1F1B's (theoretical_memory_usage.py's

@@ -668,7 +668,7 @@ class _Walker:
             self.ops.append(rec)
             if self.tape is not None:
                 self.tape.gemm(rec, base, ep, shape)
-            self.einsum_collectives(op, label, ep, block, copies, rr)
+            self.einsum_collectives(op, label, ep, block, copies, rr, dtype)
         if self.phase == Phase.TRAIN and dtype in _QUANTISED and not self.stack.book:
             self.quantise(op, sizes, dtype, copies, reruns)
 
@@ -905,8 +905,26 @@ class _Walker:
             self.pricing.launch_s,
         )
 
-    def einsum_collectives(self, op, label, ep, block, copies, reruns) -> None:
-        """Records for the collectives of every option chosen on some row."""
+    def narrow_gather(self, c: Comm, cls: Overlap, dtype: str, array_dtype: str) -> float:
+        """Bytes of a tensor-parallel all-gather of a quantised GEMM against its array's dtype:
+        the narrow format's share where the stack casts before gathering
+        (`Precision.tp_gathers_quantised`: torchao's Float8 TP styles gather the block input,
+        and in backward the output gradient, in float8); 1 otherwise (reduce-scatters, other
+        axes, 16-bit GEMMs, stacks that gather 16-bit). The collective's whole time scales
+        with it (the large activation gathers of TP are bandwidth-bound)."""
+        if (
+            cls != Overlap.TENSOR
+            or c.kind != CollectiveKind.ALL_GATHER
+            or dtype not in _QUANTISED
+            or self.stack.book
+            or not self.stack.framework.precision.tp_gathers_quantised
+        ):
+            return 1.0
+        return min(1.0, dtype_bytes(_SCALED_FORMAT.get(dtype, dtype)) / dtype_bytes(array_dtype))
+
+    def einsum_collectives(self, op, label, ep, block, copies, reruns, dtype: str = "") -> None:
+        """Records for the collectives of every option chosen on some row (`dtype`: the GEMM's
+        compute dtype, for the stacks that gather its inputs narrow, `narrow_gather`)."""
         choice = ep.choice
         one = type(choice) is int  # a single plan: only its option has records
         # the options some row chose, in order (a family's rows choose a few of ~10-30)
@@ -920,6 +938,8 @@ class _Walker:
                 # remat reruns a forward collective with its op as the stack says; weights are
                 # gathered once for the recompute and the backward pass (a backward re-gather)
                 rr = self.rerun_collective(reruns, cls, c.kind)
+                array_dtype = _dtype_of(c, ep)
+                narrow = self.narrow_gather(c, cls, dtype, array_dtype)
                 self.colls.append(
                     CollectiveRecord(
                         op.name,
@@ -928,10 +948,10 @@ class _Walker:
                         c.kind,
                         tuple(c.axes),
                         c.tensor,
-                        _dtype_of(c, ep),
+                        _SCALED_FORMAT.get(dtype, dtype) if narrow < 1.0 else array_dtype,
                         cls,
-                        c.bytes_per_chip,
-                        np.where(counted, c.time_s, 0.0),
+                        c.bytes_per_chip * narrow,
+                        np.where(counted, c.time_s * narrow, 0.0),
                         copies,
                         rr,
                         sel,

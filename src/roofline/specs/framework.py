@@ -587,6 +587,11 @@ class Precision:
     # a quantised GEMM saves its activation input for the weight gradient in the narrow
     # format (Transformer Engine), not in 16-bit (torchao's Float8Linear saves 16-bit)
     saves_quantised_inputs: bool = False
+    # with tensor (sequence) parallelism the block inputs are cast to the narrow format before
+    # their all-gather, and so are the output gradients in the backward pass (torchao's
+    # Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput): the tensor
+    # all-gathers of a quantised GEMM move narrow bytes; its reduce-scatters stay 16-bit
+    tp_gathers_quantised: bool = False
 
     def recipe(self, name: str | None = None) -> Recipe:
         """A recipe by name or alias (case and punctuation ignored); None gives the default."""
@@ -1115,6 +1120,7 @@ def _parse_precision(t: _Table) -> Precision:
         t.source(),
         t.text("note", ""),
         t.flag("saves_quantised_inputs", False),
+        t.flag("tp_gathers_quantised", False),
     )
     try:
         p.recipe()
