@@ -129,3 +129,40 @@ def test_an_attention_dp_replica_admits_a_cap_per_rank():
     assert float(np.ravel(a.decode_batch)[0]) > 8 and not bool(np.ravel(a.capped)[0])
     assert float(np.ravel(b.decode_batch)[0]) == pytest.approx(4, rel=1e-6)
     assert float(np.ravel(b.ttft_s)[0]) > 5 * float(np.ravel(a.ttft_s)[0])
+
+
+def test_vllm_releases_before_0_14_schedule_synchronously():
+    """vllm.toml describes the current release (async scheduling on, PR #27614); its
+    [before."0.14"] table restores the synchronous scheduler for older releases, and a version
+    without X.Y ('not stated', a nightly build) gets the current defaults."""
+    v = load_engine("vllm")
+    assert v.overlap_scheduling
+    for old in ("0.12.0", "v0.11.2", "0.13.1"):
+        assert not v.at_version(old).overlap_scheduling
+    for new in ("0.14.0", "0.19.0", "1.0", "not stated", "nightly-5b8c30d62b754b57", ""):
+        assert v.at_version(new) is v
+    assert v.at_version("0.12.0").step_overhead_s == v.step_overhead_s
+    # an engine without [before] tables is every release's
+    assert load_engine("trtllm").at_version("0.1.0") is load_engine("trtllm")
+
+
+def test_an_older_table_overrides_a_newer_one(tmp_path):
+    body = lambda s: s + '\n[before."0.10"]\nmax_num_seqs = 256        # test\n'  # noqa: E731
+    e = load_engine(write(tmp_path, body))
+    assert e.at_version("0.9.2").max_num_seqs == 256
+    assert not e.at_version("0.9.2").overlap_scheduling  # the 0.14 table applies too
+    assert e.at_version("0.12.0").max_num_seqs == e.max_num_seqs
+
+
+@pytest.mark.parametrize(
+    "table,needle",
+    [
+        ('[before."0.14"]\nno_such_field = 1   # x\n', "no_such_field"),
+        ('[before."recent"]\nmax_num_seqs = 1   # x\n', "recent"),
+        ('[before."0.15"]\nmax_num_seqs = 0   # x\n', "max_num_seqs"),
+    ],
+)
+def test_bad_before_tables_are_refused(tmp_path, table, needle):
+    path = write(tmp_path, lambda s: s.split('[before."0.14"]')[0] + table)
+    with pytest.raises(SpecError, match=needle):
+        load_engine(path)

@@ -109,8 +109,11 @@ def quant_of(run: Any, engine: EngineProfile | None = None) -> Quant:
 
 
 def engine_of(run: Any) -> EngineProfile | None:
+    """The run's engine as its stated release ships it (`EngineProfile.at_version`)."""
     key = _ENGINE_OF.get(run.engine, run.engine)
-    return load_engine(key) if key in engine_names() else None
+    if key not in engine_names():
+        return None
+    return load_engine(key).at_version(getattr(run, "engine_version", "") or "")
 
 
 def plan_of(par: Any) -> ServePlan:

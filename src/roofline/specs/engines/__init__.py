@@ -12,7 +12,8 @@ The physics of the kernels themselves lives in the efficiency profile, not here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,23 @@ class EngineProfile:
     # latency every request pays between the client and the scheduler outside any pass (front
     # end, hand-over to the scheduler, first token back to the client); 0 where none is recorded
     request_latency_s: float = 0.0
+    # the defaults of older releases where they differ from the file's (the current release's):
+    # ((major, minor), ((field, value), ...)) for releases before that version, newest first
+    # (the file's `[before."X.Y"]` tables; `at_version` applies them)
+    before: tuple = field(default=(), repr=False)
+
+    def at_version(self, version: str) -> EngineProfile:
+        """The profile as release `version` ships it: every `[before."X.Y"]` table whose X.Y is
+        above `version` overrides the file's values, the oldest table last. A version that does
+        not read as X.Y ('not stated', a nightly build) gets the file's (current) defaults."""
+        v = version_key(version)
+        if v is None or not self.before:
+            return self
+        changes: dict[str, Any] = {}
+        for key, items in self.before:  # newest first: an older table overrides a newer one
+            if v < key:
+                changes.update(dict(items))
+        return replace(self, **changes) if changes else self
 
     def kv_dtype_for(self, weights: str) -> str:
         """The KV dtype for a checkpoint with `weights` when the run does not say (bf16 unless
@@ -126,6 +144,39 @@ class EngineProfile:
 
 
 _SECTIONS = ("scheduler", "graphs", "memory", "features", "kv")
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
+
+
+def version_key(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a release string ('0.18.0', 'v0.11.2'); None where it has none ('not
+    stated', 'nightly-5b8c30d6')."""
+    m = _VERSION.match(str(version).strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _before(raw: dict, flat: dict, origin: str) -> tuple:
+    """The file's `[before."X.Y"]` tables as EngineProfile.before, each checked: its key a
+    release, its entries fields of the profile whose values pass the same rules."""
+    out = []
+    names = {f.name for f in fields(EngineProfile)} - {"before", "name", "aliases"}
+    for ver, table in raw.get("before", {}).items():
+        key = version_key(ver)
+        if key is None or not isinstance(table, dict):
+            raise SpecError(
+                f"engine file {origin}: [before.{ver!r}] is not a release's table",
+                rule='a [before."X.Y"] table names a release X.Y and holds profile fields',
+                fix='write the release as "0.14"',
+            )
+        unknown = sorted(set(table) - names)
+        if unknown:
+            raise SpecError(
+                f"engine file {origin}: [before.{ver!r}] sets {unknown[0]!r}",
+                rule="a [before] table overrides fields of the engine profile only",
+                fix=f"remove {unknown[0]!r} or name a field of the profile",
+            )
+        _check({**flat, **table}, f"{origin} [before.{ver!r}]")
+        out.append((key, tuple(sorted(table.items()))))
+    return tuple(sorted(out, reverse=True))
 
 
 def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
@@ -133,17 +184,14 @@ def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
     # keys (each section holds exactly its EngineProfile fields), types and tables are the
     # schema's; the rules below are presence, ranges and the fraction's basis
     check_schema("engine", raw, origin)
-    flat: dict[str, Any] = {k: v for k, v in raw.items() if k not in _SECTIONS}
+    flat: dict[str, Any] = {k: v for k, v in raw.items() if k not in (*_SECTIONS, "before")}
     for sec in _SECTIONS:
         flat.update(raw.get(sec, {}))
     missing = [
         f.name for f in fields(EngineProfile) if f.default is not None and f.name not in flat
     ]
-    missing = [
-        m
-        for m in missing
-        if m not in ("aliases", "quantized_kv_dtype", "quantized_kv_weights", "request_latency_s")
-    ]
+    optional = ("aliases", "quantized_kv_dtype", "quantized_kv_weights", "request_latency_s")
+    missing = [m for m in missing if m not in (*optional, "before")]
     if missing:
         raise SpecError(
             f"engine file {origin} lacks {missing[0]!r}",
@@ -153,6 +201,7 @@ def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
     for k in ("vendors", "aliases", "quantized_kv_weights"):
         flat[k] = tuple(flat.get(k, ()))
     _check(flat, origin)
+    flat["before"] = _before(raw, flat, origin)
     return EngineProfile(**flat)
 
 
@@ -207,4 +256,4 @@ def load_engine(name_or_path: str | Path | EngineProfile) -> EngineProfile:
     return _load_named(resolve(s, {k: v[1] for k, v in _catalog().items()}, "engine"))
 
 
-__all__ = ["EngineProfile", "engine_from_dict", "engine_names", "load_engine"]
+__all__ = ["EngineProfile", "engine_from_dict", "engine_names", "load_engine", "version_key"]
