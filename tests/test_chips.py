@@ -336,7 +336,9 @@ def test_plans_fit_the_allocatable_hbm_the_book_keeps_the_marketed(tmp_path: Pat
     h100, v5p, b200 = load_chip("h100"), load_chip("tpu-v5p"), load_chip("b200")
     assert (h100.hbm_bytes, v5p.hbm_bytes) == (80e9, 96e9)  # the book's "80GB", "96GB"
     assert h100.fit_hbm_bytes == 81559 * 2**20 and v5p.fit_hbm_bytes == 95 * 2**30
-    assert b200.usable_hbm_bytes is None and b200.fit_hbm_bytes == b200.hbm_bytes
+    assert (b200.hbm_bytes, b200.fit_hbm_bytes) == (192e9, 183359 * 2**20)  # [smi], as H100's
+    v100 = load_chip("v100")  # no allocatable figure in its file: the marketed capacity
+    assert v100.usable_hbm_bytes is None and v100.fit_hbm_bytes == v100.hbm_bytes
     variant = _write(tmp_path, 'base = "h100"\nname = "h100-96"\nhbm_bytes = 96e9\n')
     assert load_chip(str(variant)).fit_hbm_bytes == 96e9
     msg = _error(

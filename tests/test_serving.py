@@ -571,10 +571,10 @@ def test_a_disaggregated_first_wave_queues_for_the_prefill_pool():
 
 def test_a_run_that_ran_fits():
     """Issue 18 item 6: DeepSeek-V3 FP8 on a 4-GB200 DP-attention worker (weights ~182 GB of
-    186 GB per chip) ran under SGLang, whose default 0.88 fraction of the HBM leaves nothing
-    for the KV cache: the run's flags gave it a larger fraction, so its pool is what the HBM
-    leaves after the weights and the workspace. A replica whose weights exceed the HBM is still
-    refused."""
+    the 198.7 GB = 189471 MiB CUDA sees per chip) ran under SGLang, whose default 0.88 fraction
+    of the HBM leaves nothing for the KV cache: the run's flags gave it a larger fraction, so its
+    pool is what the HBM leaves after the weights and the workspace. A replica whose weights
+    exceed the HBM is still refused."""
     from roofline.serving.inference import memory_per_chip
     from roofline.serving.predict import replica_capacity
     from roofline.serving.step import ShardedStep
@@ -585,13 +585,49 @@ def test_a_run_that_ran_fits():
     plan = ServePlan(tp=1, dp=4, ep=4)
     step = ShardedStep(ds, [gb200], [plan], q, PEAK)
     m = memory_per_chip(ds, plan, q, 1, 2048, workspace_tokens=8192)
-    assert sg.kv_memory_bytes(gb200.chip.hbm_bytes, m.weights_bytes, m.activation_bytes) < 0
-    left = gb200.chip.hbm_bytes - float(m.weights_bytes) - float(m.activation_bytes)
+    hbm = gb200.chip.fit_hbm_bytes
+    assert sg.kv_memory_bytes(hbm, m.weights_bytes, m.activation_bytes) < 0
+    left = hbm - float(m.weights_bytes) - float(m.activation_bytes)
     want = math.floor(left / float(np.ravel(m.kv_bytes)[0])) * 4
     assert replica_capacity(step, sg, 2048) == want > 0
     h200 = ShardedStep(ds, [parse_system("h200:4")], [plan], q, PEAK)
     with pytest.raises(SpecError, match="weights and workspace need"):
         replica_capacity(h200, sg, 2048)
+
+
+def test_the_kv_pool_is_the_engines_fraction_of_what_cuda_reports():
+    """Issue 18 item 6: vLLM sizes its KV pool as gpu_memory_utilization x the total
+    torch.cuda.mem_get_info reports (SGLang and TensorRT-LLM likewise from the device's
+    total), so an H200 holds 0.9 x 143771 MiB less the weights and the workspace, not 0.9 x the
+    marketed 141 GB: the capacity in closed form, larger than the marketed one's."""
+    from roofline.serving.inference import memory_per_chip
+    from roofline.serving.predict import replica_capacity
+    from roofline.serving.search import memory_arrays
+    from roofline.serving.step import ShardedStep
+
+    m70, h200 = load_model("llama-3-70b"), parse_system("h200:2")
+    assert (h200.chip.hbm_bytes, h200.chip.fit_hbm_bytes) == (141e9, 143771 * 2**20)
+    q, plan, ctx = Quant("bf16", "bf16", "bf16"), ServePlan(tp=2), 9216
+    vllm = load_engine("vllm")
+    assert vllm.memory_fraction_of == "total"
+    m = memory_per_chip(m70, plan, q, 1, ctx, workspace_tokens=8192)
+    held, per_seq = float(m.weights_bytes) + float(m.activation_bytes), float(m.kv_bytes)
+
+    def seqs(total):
+        return math.floor((vllm.memory_fraction * total - held) / per_seq)
+
+    step = ShardedStep(m70, [h200], [plan], q, PEAK)
+    assert replica_capacity(step, vllm, ctx) == seqs(143771 * 2**20) > seqs(141e9) > 0
+    # the search's memory columns read the same bytes (no workspace there: weights only)
+    work = Workload(prompt_tokens=8192, gen_tokens=1024, concurrency=128)
+    query = ServeQuery(m70, h200, work, quants=(q,), batches=(128,), engine=vllm)
+    from roofline.serving.search import candidates
+
+    c = candidates(query)
+    sel = np.flatnonzero((c.tp == 2) & (c.chips == 2) & (c.pp == 1))[:1]
+    mem = memory_arrays(query, c, 0, sel)
+    want = vllm.memory_fraction * 143771 * 2**20 - float(mem["weights"][0])
+    assert float(mem["usable"][0]) == pytest.approx(want, rel=1e-12)
 
 
 def test_the_one_step_mode_pays_the_engines_host_time(capsys):

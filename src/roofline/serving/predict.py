@@ -142,7 +142,7 @@ def replica_capacity(step: StepModel, engine: EngineProfile | None, context: flo
     the flags — so its KV pool is what the HBM leaves after the weights and the workspace. Only
     a replica whose weights and workspace exceed the HBM itself is refused."""
     m = memory_per_chip(step.model, step.plan, step.quant, 1, context, workspace_tokens=8192)
-    hbm = step.chip.hbm_bytes
+    hbm = step.chip.fit_hbm_bytes
     held = _f(m.weights_bytes) + _f(m.activation_bytes)
     per_seq = _f(m.kv_bytes)
     usable = _f(engine.kv_memory_bytes(hbm, m.weights_bytes, m.activation_bytes)) if engine else 0

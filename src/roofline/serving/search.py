@@ -348,7 +348,7 @@ def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dic
     ctx = q.workload.max_context
     rep = np.array([kv_replication(q.model, ServePlan(tp=int(t))) for t in c.tp[sel]])
     kv_seq = kv_cache_bytes_per_token(q.model, quant.kv, ctx, rep) * ctx / (tp * pp * kvs)
-    hbm = q.system.chip.hbm_bytes
+    hbm = q.system.chip.fit_hbm_bytes
     e = q.engine
     usable = e.kv_memory_bytes(hbm, w, 0.0) if e else hbm - w
     cap = np.floor(np.maximum(usable, 0.0) / kv_seq) * dp
@@ -432,7 +432,7 @@ def _evaluate_quant(q, c, sel, quant, mem, out, reason) -> None:
     for k, v in vals.items():
         out[k][idx] = np.broadcast_to(np.asarray(v, float), idx.shape)
     r = np.full(len(idx), "", dtype=object)
-    hbm = q.system.chip.hbm_bytes
+    hbm = q.system.chip.fit_hbm_bytes
     r[(B > cap) & (cap >= 1)] = REJECT_KV
     r[mem["usable"] <= 0] = REJECT_HBM
     r[(cap < 1) & (mem["usable"] > 0)] = REJECT_HBM
@@ -705,7 +705,7 @@ def _step_memory(model, system, plan, quant, batch, context, engine) -> tuple[di
 
     ideal = _is_ideal(plan)
     mem = memory_per_chip(model, plan, quant, batch, context, ideal=ideal)
-    hbm = system.chip.hbm_bytes
+    hbm = system.chip.fit_hbm_bytes
     usable = (
         engine.kv_memory_bytes(hbm, mem.weights_bytes, mem.activation_bytes)
         if engine

@@ -174,7 +174,7 @@ def sequence_sharded_decode(
         weights_bytes=float(mem.weights_bytes),
         kv_bytes=kv,
         kv_bytes_tp_only=kv_tp,
-        hbm_bytes=system.chip.hbm_bytes,
+        hbm_bytes=system.chip.fit_hbm_bytes,
         kv_read_s=kv / w_hbm,
         kv_read_tp_only_s=kv_tp / w_hbm,
         einsums=tuple(_einsum_row(p) for p in (scores, output)),

@@ -229,7 +229,7 @@ def steady_state(
     ctx = work.decode_context
     # the engine's caps hold per scheduler (per attention-DP rank or replica)
     dp = step.degree("dp")
-    budget = np.asarray(engine.token_budget(step.chip.hbm_bytes, dp), float) if engine else np.inf
+    budget = np.asarray(engine.token_budget(step.chip.fit_hbm_bytes, dp), float) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
     cap = np.minimum(batch_cap, engine.seq_cap(dp) if engine else np.inf)
     # decode-first budgets (vLLM, TensorRT-LLM): the running decodes take one token each of the
@@ -620,7 +620,7 @@ def prefill_chunks(
     8192-token prompt as four 2048-token chunks. An engine that does not chunk runs it whole."""
     if engine is None or not engine.chunked_prefill:
         return 1.0, Pn
-    budget = float(np.max(engine.token_budget(pre.chip.hbm_bytes, pre.degree("dp"))))
+    budget = float(np.max(engine.token_budget(pre.chip.fit_hbm_bytes, pre.degree("dp"))))
     return split_prompt(Pn, max(budget / max(per, 1.0), 1.0), True)
 
 

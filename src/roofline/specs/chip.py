@@ -72,7 +72,7 @@ class Chip:
     hbm_bytes: float
     hbm_bw_bytes_per_s: float
     # the HBM a process can allocate (what CUDA or the TPU runtime reports), where it differs
-    # from the marketed `hbm_bytes` (80 GB on an 80 GiB part); the training fit check uses it
+    # from the marketed `hbm_bytes` (80 GB on an 80 GiB part); see `fit_hbm_bytes`
     usable_hbm_bytes: float | None = None
     aliases: tuple[str, ...] = ()
     description: str = ""
@@ -140,7 +140,14 @@ class Chip:
     @property
     def fit_hbm_bytes(self) -> float:
         """The capacity a plan must fit in: the allocatable HBM where the chip file gives it,
-        else the marketed `hbm_bytes` (the book's worked answers use the marketed value)."""
+        else the marketed `hbm_bytes` (the book's worked answers use the marketed value).
+
+        The one home for "the bytes a chip holds" as a capacity: training's fit check and
+        serving's KV capacity both read it. The serving engines size their KV pools from what
+        the device reports as total (vLLM `gpu_memory_utilization` x `torch.cuda.mem_get_info`'s
+        total, SGLang `mem_fraction_static` x total, TensorRT-LLM `free_gpu_memory_fraction` x
+        what the weights leave), i.e. this figure, not the marketed one (H200: 143771 MiB =
+        150.75e9 B, not 141e9)."""
         return self.usable_hbm_bytes if self.usable_hbm_bytes is not None else self.hbm_bytes
 
     @property

@@ -105,14 +105,14 @@ def _violation(run: Any) -> str | None:
     P = float(run.workload.isl)
     weights, per_seq = _per_chip(run.model, plan, quant_of(run), P)
     seqs_per_chip = B / workers / plan.dp  # attention DP splits a worker's sequences
-    need, room = seqs_per_chip * per_seq, run.chip.hbm_bytes - weights
+    need, room = seqs_per_chip * per_seq, run.chip.fit_hbm_bytes - weights
     if need <= room:
         return None
     return (
         f"{REASON}: Little's law on the measured TTFT and TPOT puts {B:.0f} sequences in decode "
         f"at once, {B / workers:.0f} per worker of {plan.describe()}; at ≥{P:g} tokens each their "
         f"KV cache needs {need / 1e9:.0f} GB per chip even at 4 bits, where {run.chip.name}'s "
-        f"{run.chip.hbm_bytes / 1e9:.0f} GB leave {max(room, 0) / 1e9:.0f} GB after the weights "
+        f"{run.chip.fit_hbm_bytes / 1e9:.0f} GB leave {max(room, 0) / 1e9:.0f} GB after the weights "
         f"({KV_CAPACITY_FLAG})"
     )
 
