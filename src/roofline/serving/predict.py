@@ -145,7 +145,11 @@ def replica_capacity(step: StepModel, engine: EngineProfile | None, context: flo
     hbm = step.chip.fit_hbm_bytes
     held = _f(m.weights_bytes) + _f(m.activation_bytes)
     per_seq = _f(m.kv_bytes)
-    usable = _f(engine.kv_memory_bytes(hbm, m.weights_bytes, m.activation_bytes)) if engine else 0
+    usable = (
+        _f(engine.kv_memory_bytes(hbm, m.weights_bytes, m.activation_bytes, step.plan.chips))
+        if engine
+        else 0
+    )
     if usable < per_seq:
         usable = hbm - held
     if usable < per_seq:

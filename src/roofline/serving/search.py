@@ -350,7 +350,7 @@ def memory_arrays(q: ServeQuery, c: Candidates, qi: int, sel: np.ndarray) -> dic
     kv_seq = kv_cache_bytes_per_token(q.model, quant.kv, ctx, rep) * ctx / (tp * pp * kvs)
     hbm = q.system.chip.fit_hbm_bytes
     e = q.engine
-    usable = e.kv_memory_bytes(hbm, w, 0.0) if e else hbm - w
+    usable = e.kv_memory_bytes(hbm, w, 0.0, n) if e else hbm - w
     cap = np.floor(np.maximum(usable, 0.0) / kv_seq) * dp
     return {"weights": w, "kv_seq": kv_seq, "cap": cap, "usable": usable}
 
@@ -707,7 +707,7 @@ def _step_memory(model, system, plan, quant, batch, context, engine) -> tuple[di
     mem = memory_per_chip(model, plan, quant, batch, context, ideal=ideal)
     hbm = system.chip.fit_hbm_bytes
     usable = (
-        engine.kv_memory_bytes(hbm, mem.weights_bytes, mem.activation_bytes)
+        engine.kv_memory_bytes(hbm, mem.weights_bytes, mem.activation_bytes, plan.chips)
         if engine
         else (hbm - mem.weights_bytes - mem.activation_bytes)
     )

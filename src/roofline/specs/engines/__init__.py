@@ -81,6 +81,13 @@ class EngineProfile:
     # latency every request pays between the client and the scheduler outside any pass (front
     # end, hand-over to the scheduler, first token back to the client); 0 where none is recorded
     request_latency_s: float = 0.0
+    # memory the engine's KV sizing finds taken that is neither weights, KV nor the activation
+    # workspace (CUDA context and the driver's reservation, library workspaces, runtime buffers),
+    # per chip; and what the collectives' buffers (NCCL, custom all-reduce) add on a replica of
+    # more than one chip.
+    # Both come off the chip's HBM before the memory fraction applies (`kv_memory_bytes`)
+    runtime_memory_bytes: float = 0.0
+    collective_memory_bytes: float = 0.0
     # the defaults of older releases where they differ from the file's (the current release's):
     # ((major, minor), ((field, value), ...)) for releases before that version, newest first
     # (the file's `[before."X.Y"]` tables; `at_version` applies them)
@@ -132,12 +139,26 @@ class EngineProfile:
             return self.max_graph_batch
         return np.where(np.asarray(tp) < 4, small, self.max_graph_batch)
 
-    def kv_memory_bytes(self, hbm_bytes: Any, weight_bytes: Any, reserve_bytes: Any) -> Any:
-        """Bytes the engine gives the KV cache on one chip: its memory fraction of the HBM (or of
-        what the weights leave), less the weights and the activation workspace."""
+    def kv_memory_bytes(
+        self, hbm_bytes: Any, weight_bytes: Any, reserve_bytes: Any, ranks: Any = 1
+    ) -> Any:
+        """Bytes the engine gives the KV cache on one chip of a replica of `ranks` chips
+        (vectorised): its
+        memory fraction of the HBM (or of what the weights leave), less the weights and the
+        activation workspace. The one home of the KV pool's size.
+
+        `hbm_bytes` is the chip's total as nvidia-smi/rocm-smi report it (`Chip.fit_hbm_bytes`);
+        what the engine measures as free or total is less by the runtime's own memory
+        (`runtime_memory_bytes`, plus `collective_memory_bytes` when the replica spans more than
+        one chip), taken before the
+        fraction applies, as the engines measure it (the engine files give each term's source)."""
+        runtime = self.runtime_memory_bytes + np.where(
+            np.asarray(ranks) > 1, self.collective_memory_bytes, 0.0
+        )
+        hbm = hbm_bytes - runtime
         if self.memory_fraction_of == "total":
-            return hbm_bytes * self.memory_fraction - weight_bytes - reserve_bytes
-        return (hbm_bytes - weight_bytes - reserve_bytes) * self.memory_fraction
+            return hbm * self.memory_fraction - weight_bytes - reserve_bytes
+        return (hbm - weight_bytes - reserve_bytes) * self.memory_fraction
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -190,7 +211,14 @@ def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
     missing = [
         f.name for f in fields(EngineProfile) if f.default is not None and f.name not in flat
     ]
-    optional = ("aliases", "quantized_kv_dtype", "quantized_kv_weights", "request_latency_s")
+    optional = (
+        "aliases",
+        "quantized_kv_dtype",
+        "quantized_kv_weights",
+        "request_latency_s",
+        "runtime_memory_bytes",
+        "collective_memory_bytes",
+    )
     missing = [m for m in missing if m not in (*optional, "before")]
     if missing:
         raise SpecError(
@@ -220,6 +248,10 @@ def _check(d: dict, origin: str) -> None:
         v = d[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
             raise bad(k, f"{k} is a finite time in seconds, >= 0")
+    for k in ("runtime_memory_bytes", "collective_memory_bytes"):
+        v = d.get(k, 0.0)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise bad(k, f"{k} is a finite byte count, >= 0")
     v = d["memory_fraction"]
     if not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise bad("memory_fraction", "memory_fraction is in (0, 1]")
