@@ -598,8 +598,9 @@ def test_a_run_that_ran_fits():
 def test_the_kv_pool_is_the_engines_fraction_of_what_cuda_reports():
     """Issue 18 item 6: vLLM sizes its KV pool as gpu_memory_utilization x the total
     torch.cuda.mem_get_info reports (SGLang and TensorRT-LLM likewise from the device's
-    total), so an H200 holds 0.9 x 143771 MiB less the weights and the workspace, not 0.9 x the
-    marketed 141 GB: the capacity in closed form, larger than the marketed one's."""
+    total), so an H200 holds 0.9 x (143771 MiB less the runtime's own memory: the driver's
+    reservation, and NCCL's at tp 2) less the weights and the workspace, not 0.9 x the marketed
+    141 GB: the capacity in closed form, larger than the marketed one's."""
     from roofline.serving.inference import memory_per_chip
     from roofline.serving.predict import replica_capacity
     from roofline.serving.search import memory_arrays
@@ -613,8 +614,11 @@ def test_the_kv_pool_is_the_engines_fraction_of_what_cuda_reports():
     m = memory_per_chip(m70, plan, q, 1, ctx, workspace_tokens=8192)
     held, per_seq = float(m.weights_bytes) + float(m.activation_bytes), float(m.kv_bytes)
 
+    runtime = vllm.runtime_memory_bytes + vllm.collective_memory_bytes  # tp 2: NCCL's too
+    assert 0 < runtime < 2e9
+
     def seqs(total):
-        return math.floor((vllm.memory_fraction * total - held) / per_seq)
+        return math.floor((vllm.memory_fraction * (total - runtime) - held) / per_seq)
 
     step = ShardedStep(m70, [h200], [plan], q, PEAK)
     assert replica_capacity(step, vllm, ctx) == seqs(143771 * 2**20) > seqs(141e9) > 0
@@ -626,7 +630,7 @@ def test_the_kv_pool_is_the_engines_fraction_of_what_cuda_reports():
     c = candidates(query)
     sel = np.flatnonzero((c.tp == 2) & (c.chips == 2) & (c.pp == 1))[:1]
     mem = memory_arrays(query, c, 0, sel)
-    want = vllm.memory_fraction * 143771 * 2**20 - float(mem["weights"][0])
+    want = vllm.memory_fraction * (143771 * 2**20 - runtime) - float(mem["weights"][0])
     assert float(mem["usable"][0]) == pytest.approx(want, rel=1e-12)
 
 

@@ -42,8 +42,22 @@ def test_budget_and_graph_caps_follow_the_hardware():
 
 def test_kv_memory_under_both_fraction_rules():
     v, t = load_engine("vllm"), load_engine("trtllm")
-    assert v.kv_memory_bytes(80e9, 16e9, 2e9) == pytest.approx(80e9 * 0.9 - 18e9)
-    assert t.kv_memory_bytes(80e9, 16e9, 2e9) == pytest.approx((80e9 - 18e9) * 0.9)
+    # the runtime's own memory comes off the chip's total before either fraction applies
+    rv, rt = v.runtime_memory_bytes, t.runtime_memory_bytes
+    assert v.kv_memory_bytes(80e9, 16e9, 2e9) == pytest.approx((80e9 - rv) * 0.9 - 18e9)
+    assert t.kv_memory_bytes(80e9, 16e9, 2e9) == pytest.approx((80e9 - rt - 18e9) * 0.9)
+    # the collectives' buffers only where the replica spans chips (vectorised over ranks)
+    both = t.kv_memory_bytes(80e9, 16e9, 2e9, np.array([1, 8]))
+    assert both[0] - both[1] == pytest.approx(t.collective_memory_bytes * 0.9)
+    assert t.collective_memory_bytes > 0 and rt > rv > 0  # TRT-LLM sizes from what is free
+
+
+def test_runtime_memory_is_a_byte_count(tmp_path):
+    path = write(
+        tmp_path, lambda s: s.replace("runtime_memory_bytes = 0.58e9", "runtime_memory_bytes = -1")
+    )
+    with pytest.raises(SpecError, match="runtime_memory_bytes"):
+        load_engine(path)
 
 
 def write(tmp: Path, body: str) -> str:
