@@ -50,6 +50,11 @@ def test_kv_memory_under_both_fraction_rules():
     both = t.kv_memory_bytes(80e9, 16e9, 2e9, np.array([1, 8]))
     assert both[0] - both[1] == pytest.approx(t.collective_memory_bytes * 0.9)
     assert t.collective_memory_bytes > 0 and rt > rv > 0  # TRT-LLM sizes from what is free
+    # SGLang's mem_fraction_static holds the weights and the KV pool: the workspace is outside it
+    g = load_engine("sglang")
+    assert g.memory_fraction_of == "static"
+    want = (80e9 - g.runtime_memory_bytes) * g.memory_fraction - 16e9
+    assert g.kv_memory_bytes(80e9, 16e9, 2e9) == pytest.approx(want)
 
 
 def test_runtime_memory_is_a_byte_count(tmp_path):

@@ -27,7 +27,7 @@ from roofline.specs.filecache import read_toml as stamped_toml
 from roofline.specs.schema import check as check_schema
 
 ENGINE_DIR = Path(__file__).parent
-_FRACTION_OF = ("total", "free_after_weights")
+_FRACTION_OF = ("total", "static", "free_after_weights")
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,10 @@ class EngineProfile:
     cuda_graphs: bool
     max_graph_batch: int  # largest decode batch replayed from a captured graph
     eager_launch_s_per_layer: float  # host launch time per layer beyond max_graph_batch
-    memory_fraction: (
-        float  # of the HBM ("total") or of what the weights leave ("free_after_weights")
-    )
+    # of the HBM for weights + workspace + KV ("total"), of the HBM for weights + KV only, the
+    # workspace living in the rest ("static"), or of what weights and workspace leave
+    # ("free_after_weights")
+    memory_fraction: float
     memory_fraction_of: str
     kv_block_tokens: int  # KV cache page size: a sequence's cache rounds up to whole blocks
     prefix_caching: bool
@@ -156,8 +157,10 @@ class EngineProfile:
             np.asarray(ranks) > 1, self.collective_memory_bytes, 0.0
         )
         hbm = hbm_bytes - runtime
-        if self.memory_fraction_of == "total":
+        if self.memory_fraction_of == "total":  # weights, workspace and KV inside the fraction
             return hbm * self.memory_fraction - weight_bytes - reserve_bytes
+        if self.memory_fraction_of == "static":  # weights and KV only: the rest holds the workspace
+            return hbm * self.memory_fraction - weight_bytes
         return (hbm - weight_bytes - reserve_bytes) * self.memory_fraction
 
     def to_dict(self) -> dict[str, Any]:
