@@ -144,10 +144,12 @@ class Chip:
 
         The one home for "the bytes a chip holds" as a capacity: training's fit check and
         serving's KV capacity both read it. The serving engines size their KV pools from what
-        the device reports as total (vLLM `gpu_memory_utilization` x `torch.cuda.mem_get_info`'s
-        total, SGLang `mem_fraction_static` x total, TensorRT-LLM `free_gpu_memory_fraction` x
-        what the weights leave), i.e. this figure, not the marketed one (H200: 143771 MiB =
-        150.75e9 B, not 141e9)."""
+        the device reports (vLLM `gpu_memory_utilization` x `torch.cuda.mem_get_info`'s total,
+        SGLang `mem_fraction_static` x the free memory at start-up, TensorRT-LLM
+        `free_gpu_memory_fraction` x what is free after the model), i.e. from this figure, not the
+        marketed one (H200: 143771 MiB = 150.75e9 B, not 141e9), less the runtime's own memory
+        that each engine file gives (`EngineProfile.kv_memory_bytes`): CUDA's total is itself
+        below nvidia-smi's by the driver's reservation (H100: 79.11 GiB vs 81559 MiB)."""
         return self.usable_hbm_bytes if self.usable_hbm_bytes is not None else self.hbm_bytes
 
     @property
