@@ -994,6 +994,23 @@ def _parse_remat(t: _Table) -> Remat:
     return r
 
 
+def _sourced_in_range(
+    t: Any,
+    key: str,
+    value: float,
+    source: str,
+    hi: float,
+    unsourced: tuple[str, str],
+    outside: tuple[str, str],
+) -> None:
+    """A measured or configured number must name its source and lie in [0, hi]: each breach a
+    one-paragraph error (rule, fix) on `key`."""
+    if value and not source:
+        raise t.error(key, value, *unsourced)
+    if not 0 <= value <= hi:
+        raise t.error(key, value, *outside)
+
+
 def _check_default(t: _Table, default: Any, options: tuple, what: str) -> None:
     """A default is one of the listed options; both are absent where the stack has none."""
     if (default is None) != (not options) or (default is not None and default not in options):
@@ -1051,34 +1068,20 @@ def _parse_ep(t: _Table) -> ExpertParallel:
         dispatch_sms=int(t.number("dispatch_sms", 0)),
         dispatch_sms_source=t.text("dispatch_sms_source", ""),
     )
-    if e.dispatch_sms and not e.dispatch_sms_source:
-        raise t.error(
-            "dispatch_sms",
-            e.dispatch_sms,
-            "the dispatcher's SM count is the stack's setting: dispatch_sms_source names it",
-            'add dispatch_sms_source = "<file:line of the setting>"',
-        )
-    if not 0 <= e.dispatch_sms <= MAX_DISPATCH_SMS:
-        raise t.error(
-            "dispatch_sms",
-            e.dispatch_sms,
-            f"a dispatcher holds 0 to {MAX_DISPATCH_SMS} SMs",
-            "write the number of SMs the dispatch kernels use (DeepEP: 20)",
-        )
-    if e.host_sync_s and not e.host_sync_source:
-        raise t.error(
-            "host_sync_s",
-            e.host_sync_s,
-            "a host sync time is a measurement: host_sync_source names it",
-            'add host_sync_source = "<the measurement and its source>"',
-        )
-    if not 0.0 <= e.host_sync_s <= MAX_HOST_SYNC_S:
-        raise t.error(
-            "host_sync_s",
-            e.host_sync_s,
-            f"a host sync per MoE layer is 0 to {MAX_HOST_SYNC_S} s",
-            "write the measured GPU idle per MoE layer forward in seconds",
-        )
+    _sourced_in_range(
+        t, "dispatch_sms", e.dispatch_sms, e.dispatch_sms_source, MAX_DISPATCH_SMS,
+        ("the dispatcher's SM count is the stack's setting: dispatch_sms_source names it",
+         'add dispatch_sms_source = "<file:line of the setting>"'),
+        (f"a dispatcher holds 0 to {MAX_DISPATCH_SMS} SMs",
+         "write the number of SMs the dispatch kernels use (DeepEP: 20)"),
+    )  # fmt: skip
+    _sourced_in_range(
+        t, "host_sync_s", e.host_sync_s, e.host_sync_source, MAX_HOST_SYNC_S,
+        ("a host sync time is a measurement: host_sync_source names it",
+         'add host_sync_source = "<the measurement and its source>"'),
+        (f"a host sync per MoE layer is 0 to {MAX_HOST_SYNC_S} s",
+         "write the measured GPU idle per MoE layer forward in seconds"),
+    )  # fmt: skip
     _check_default(t, e.default, e.dispatch, "dispatch")
     return e
 
