@@ -880,19 +880,27 @@ def _memory_of(model: ModelSpec, w: Walk, ctx: _Context, opt, key: tuple | None)
     return _MEMORY(objs, (key, opt), lambda: _memory(model, w, ctx, opt, _remats(w)))
 
 
+def _pass_compute(s: _Sums, forward: bool, classes: tuple[OpClass, ...] | None = None) -> Any:
+    """Compute seconds per microbatch of one pass (of the op classes given, else all); the
+    backward pass holds remat's recompute."""
+    if forward:
+        return s.compute(forward=True, classes=classes)
+    return s.compute(forward=False, classes=classes) + s.compute(rerun_only=True, classes=classes)
+
+
 def _pass_windows(s: _Sums, forward: bool) -> dict[str, Any]:
-    """Compute seconds per microbatch in one pass, whole and by op class (overlap windows).
-    The backward pass holds remat's recompute."""
+    """Compute seconds per microbatch in one pass, whole and by op class (overlap windows)."""
     gemm = (OpClass.DENSE_GEMM, OpClass.EXPERT_GEMM)
+    return {
+        "pass": _pass_compute(s, forward),
+        "gemm": _pass_compute(s, forward, gemm),
+        "attention": _pass_compute(s, forward, (OpClass.ATTENTION,)),
+    }
 
-    def of(classes: tuple[OpClass, ...] | None) -> Any:
-        if forward:
-            return s.compute(forward=True, classes=classes)
-        return s.compute(forward=False, classes=classes) + s.compute(
-            rerun_only=True, classes=classes
-        )
 
-    return {"pass": of(None), "gemm": of(gemm), "attention": of((OpClass.ATTENTION,))}
+def _shared(v: Any, share: Any) -> Any:
+    """`v` times a class's FSDP share (`_fsdp_share`); the float 1.0 is not multiplied by."""
+    return v if type(share) is float and share == 1.0 else v * share
 
 
 def _microbatch_exposure(
@@ -913,8 +921,7 @@ def _microbatch_exposure(
             for c in g.classes:
                 comm = s.comm((c,), forward=True)
                 comm = comm if forward else comm_all[c] - comm
-                if not (type(share[c]) is float and share[c] == 1.0):
-                    comm = comm * share[c]
+                comm = _shared(comm, share[c])
                 h, w_c = _hidden(modes[c], c, comm, forward, win, ctx, layers)
                 hidden, cap = hidden + h, np.maximum(cap, w_c)
                 total = total + comm
@@ -925,10 +932,7 @@ def _microbatch_exposure(
         sm = ctx.stack.dispatch_sm_share(chip)
         paired = _combined_1f1b(s, ctx, fwd, comm_all[Overlap.EXPERT] - fwd, sm)
         exposed["ep"] = np.where(modes[Overlap.EXPERT].on, paired, exposed["ep"])
-    raw = {
-        c: v if type(share[c]) is float and share[c] == 1.0 else v * share[c]
-        for c, v in comm_all.items()
-    }
+    raw = {c: _shared(v, share[c]) for c, v in comm_all.items()}
     return raw, exposed
 
 
@@ -956,14 +960,8 @@ def _combined_1f1b(s: _Sums, ctx: _Context, fwd: Any, back: Any, sm_share: float
     the first forward and the last backward run alone)."""
     host = (OpClass.HOST_SYNC,)
     e_f, e_b = s.experts(forward=True), s.experts(forward=False)
-    a_f = s.compute(forward=True) - s.compute(forward=True, classes=host) - e_f
-    a_b = (
-        s.compute(forward=False)
-        + s.compute(rerun_only=True)
-        - s.compute(forward=False, classes=host)
-        - s.compute(rerun_only=True, classes=host)
-        - e_b
-    )
+    a_f = _pass_compute(s, True) - _pass_compute(s, True, host) - e_f
+    a_b = _pass_compute(s, False) - _pass_compute(s, False, host) - e_b
 
     def shows(x: Any, c: Any) -> Any:
         return np.maximum(x - c, sm_share * x)
@@ -1463,8 +1461,13 @@ def family_step_cost(
     are listed as the plan's own walk lists them: size-1 axes left out of each collective's
     axes and array texts, and a collective over size-1 axes only (zero seconds, absent from
     the plan's walk) dropped (`without_unit_axes`)."""
-    c = _step_cost(r, i, row, plan, system, workload, eff, stack)
-    return replace(c, collectives=without_unit_axes(c.collectives, unit_axes(plan)))
+    return with_own_collectives(_step_cost(r, i, row, plan, system, workload, eff, stack))
+
+
+def with_own_collectives(c: StepCost) -> StepCost:
+    """A StepCost walked on a family's structure with its collectives as its plan's own walk
+    lists them (`without_unit_axes` of its plan's size-1 axes)."""
+    return replace(c, collectives=without_unit_axes(c.collectives, unit_axes(c.plan)))
 
 
 def unit_axes(plan: Plan) -> frozenset[str]:

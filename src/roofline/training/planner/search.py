@@ -64,8 +64,7 @@ from roofline.training.step import (
     family_step_cost,
     structure_of,
     training_profile,
-    unit_axes,
-    without_unit_axes,
+    with_own_collectives,
 )
 from roofline.units import DAY
 
@@ -439,8 +438,7 @@ def _algebra_alternative(
             remats=list(ctx.space.remats), efficiency=ctx.eff, policy=ALGEBRA,
             framework=ctx.stack,
         )  # fmt: skip
-        unit = unit_axes(plan)
-        alt = replace(alt, collectives=without_unit_axes(alt.collectives, unit))
+        alt = with_own_collectives(alt)
     alt = _offloaded_like(best, alt, ctx.model)
     return alt if alt.step_time_s < best.step_time_s * (1 - ALGEBRA_ADVICE_MARGIN) else None
 
