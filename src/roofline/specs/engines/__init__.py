@@ -245,16 +245,16 @@ def _check(d: dict, origin: str) -> None:
     for k in ("max_num_batched_tokens", "max_num_seqs", "max_graph_batch", "kv_block_tokens"):
         if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1:
             raise bad(k, f"{k} is a positive whole number")
-    for k in ("step_overhead_s", "eager_launch_s_per_layer", "request_latency_s"):
-        if k not in d:
-            continue
-        v = d[k]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-            raise bad(k, f"{k} is a finite time in seconds, >= 0")
-    for k in ("runtime_memory_bytes", "collective_memory_bytes"):
+    for k, what in (
+        ("step_overhead_s", "time in seconds"),
+        ("eager_launch_s_per_layer", "time in seconds"),
+        ("request_latency_s", "time in seconds"),
+        ("runtime_memory_bytes", "byte count"),
+        ("collective_memory_bytes", "byte count"),
+    ):
         v = d.get(k, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-            raise bad(k, f"{k} is a finite byte count, >= 0")
+            raise bad(k, f"{k} is a finite {what}, >= 0")
     v = d["memory_fraction"]
     if not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise bad("memory_fraction", "memory_fraction is in (0, 1]")
