@@ -63,14 +63,20 @@ def _per_chip(
     return float(np.ravel(m.weights_bytes)[0]), float(np.ravel(m.kv_bytes)[0])
 
 
-def decoding_at_once(run: Any) -> float | None:
-    """Sequences in decode at any moment by Little's law on the measured TTFT and TPOT (whole
-    deployment), or None when the run lacks what the law needs."""
+def finished_per_s(run: Any) -> float | None:
+    """Requests the closed loop finishes per second by Little's law on the measured TTFT and
+    TPOT, X = C / (TTFT + (G − 1)·TPOT), or None when the run lacks what the law needs."""
     w, m = run.workload, run.measured
     if not (w.concurrency and w.osl and w.osl > 1 and m.ttft_s and m.tpot_s):
         return None
-    decode_s = (w.osl - 1) * m.tpot_s
-    return w.concurrency * decode_s / (m.ttft_s + decode_s)
+    return w.concurrency / (m.ttft_s + (w.osl - 1) * m.tpot_s)
+
+
+def decoding_at_once(run: Any) -> float | None:
+    """Sequences in decode at any moment by Little's law (whole deployment): X·(G − 1)·TPOT,
+    or None when the run lacks what the law needs."""
+    X = finished_per_s(run)
+    return None if X is None else X * (run.workload.osl - 1) * run.measured.tpot_s
 
 
 def _decode_layout(run: Any) -> tuple[Any, int] | None:
@@ -151,16 +157,15 @@ def prefill_compute_violation(run: Any) -> str | None:
 
 
 def _compute_violation(run: Any) -> str | None:
-    w, m = run.workload, run.measured
-    if not (w.concurrency and w.isl and w.osl and m.ttft_s and m.tpot_s and m.ttft_s > 0):
-        return None
-    if run.model is None or run.chip is None:
+    w = run.workload
+    X = finished_per_s(run)
+    if X is None or not w.isl or run.model is None or run.chip is None:
         return None
     chips = _prefill_chips(run)
     if not chips:
         return None
-    X = w.concurrency / (m.ttft_s + (w.osl - 1) * m.tpot_s)  # requests finished per second
-    need = X * 2.0 * params_active(run.model) * float(w.isl)
+    n_active = params_active(run.model)
+    need = X * 2.0 * n_active * float(w.isl)
     peak = _fastest_peak(run.chip, quant_of(run))
     room = chips * peak
     if need <= room:
@@ -168,7 +173,7 @@ def _compute_violation(run: Any) -> str | None:
     return (
         f"{REASON}: Little's law on the measured TTFT and TPOT finishes {X:.1f} requests/s at "
         f"concurrency {w.concurrency:g}; their {w.isl:g}-token prompts need at least "
-        f"{need / 1e15:.2f} PFLOP/s of matmuls (2 × {params_active(run.model) / 1e9:.1f} B active "
+        f"{need / 1e15:.2f} PFLOP/s of matmuls (2 × {n_active / 1e9:.1f} B active "
         f"parameters × {w.isl:g} tokens each), where its {chips} prefilling {run.chip.name} chips "
         f"peak at {room / 1e15:.2f} PFLOP/s ({peak / 1e12:.0f} TFLOP/s each): the concurrency or "
         f"the prompts were not as stated ({PREFILL_COMPUTE_FLAG})"
