@@ -228,8 +228,8 @@ def steady_state(
     G, P, Pn = work.gen, work.prompt, work.new_prompt
     ctx = work.decode_context
     # the engine's caps hold per scheduler (per attention-DP rank or replica)
-    dp = step.degree("dp")
-    budget = np.asarray(engine.token_budget(step.chip.fit_hbm_bytes, dp), float) if engine else np.inf
+    dp, hbm = step.degree("dp"), step.chip.fit_hbm_bytes
+    budget = np.asarray(engine.token_budget(hbm, dp), float) if engine else np.inf
     mixed = engine.mixed_prefill_decode if engine else True
     cap = np.minimum(batch_cap, engine.seq_cap(dp) if engine else np.inf)
     # decode-first budgets (vLLM, TensorRT-LLM): the running decodes take one token each of the
@@ -586,8 +586,7 @@ def md1_wait(service: Any, rho: Any) -> Any:
     """Mean wait of an M/D/1 queue (Pollaczek–Khinchine, deterministic service):
     service·ρ / (2·(1 − ρ)), ρ capped at RHO_MAX (past it the closed loop's Little's law, not the
     open queue, prices the wait). Vectorised."""
-    r = np.minimum(np.asarray(rho, float), RHO_MAX)
-    return np.asarray(service, float) * r / (2 * (1 - r))
+    return closed_wait(service, np.minimum(np.asarray(rho, float), RHO_MAX), np.inf)
 
 
 @dataclass(frozen=True)
@@ -770,7 +769,7 @@ def closed_wait(service: Any, rho: Any, users: Any, residual: float = 0.5) -> An
     residual ½), and a saturated server (ρ → 1) keeps ρ' ≤ (N − 1)/N: the wait is finite and the
     closed loop's throughput, not a load cap, settles it (X·(TTFT + think) = N). Vectorised."""
     n = np.maximum(np.asarray(users, float), 1.0)
-    r = np.clip(np.asarray(rho, float), 0.0, 1.0) * (n - 1.0) / n
+    r = np.clip(np.asarray(rho, float), 0.0, 1.0) * (1.0 - 1.0 / n)  # n = inf: the open queue
     return residual * np.asarray(service, float) * r / (1.0 - r)
 
 

@@ -409,8 +409,6 @@ DOCUMENTS: dict[str, DocumentOverride] = {
 }
 
 
-
-
 @dataclass(frozen=True)
 class RecipeOverride:
     """A published benchmark's own recipe where it sets what the stack's default leaves off.
