@@ -158,6 +158,12 @@ def test_cross_validation_leaves_each_group_out():
     assert np.max(np.abs(cv.error_after)) < 1e-3
     d = cv.to_dict()
     assert d["median_abs_error_after"] < d["median_abs_error_before"]
+    # each held-out observation's error, by id: every id once, the fold's median from them
+    per_run = {i: e for f in d["folds"] for i, e in f["errors_after"].items()}
+    assert sorted(per_run) == sorted(k.label for k in ks)
+    for f in d["folds"]:
+        med = np.median(np.abs(list(f["errors_after"].values())))
+        assert f["median_abs_error_after"] == pytest.approx(med)
 
 
 def test_held_out_error_is_honest_when_groups_differ():

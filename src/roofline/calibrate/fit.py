@@ -394,6 +394,7 @@ class Fold:
     held_out: str
     n_train: int
     n_test: int
+    test_ids: tuple[str, ...]  # the held-out observations, in the order of the errors
     error_before: np.ndarray  # held-out observations at the prior
     error_after: np.ndarray  # held-out observations at this fold's fit
     values: dict[str, float]
@@ -436,6 +437,9 @@ class CrossValidation:
                     "n_test": f.n_test,
                     "median_abs_error_before": _med(f.error_before),
                     "median_abs_error_after": _med(f.error_after),
+                    "errors_after": {
+                        i: float(e) for i, e in zip(f.test_ids, f.error_after, strict=True)
+                    },
                     "fitted": {n: f.values[n] for n in f.fitted},
                     "refused": list(f.refused),
                 }
@@ -487,6 +491,7 @@ def cross_validate(
                 str(g),
                 len(train),
                 len(test),
+                tuple(problem.ids[i] for i in test),
                 problem.errors(problem.prior, test),
                 problem.errors(values, test),
                 values,
