@@ -160,6 +160,7 @@ def test_cross_validation_leaves_each_group_out():
     assert d["median_abs_error_after"] < d["median_abs_error_before"]
     # each held-out observation's error, by id: every id once, the fold's median from them
     per_run = {i: e for f in d["folds"] for i, e in f["errors_after"].items()}
+    assert d["mean_abs_error_after"] == pytest.approx(np.mean(np.abs(list(per_run.values()))))
     assert sorted(per_run) == sorted(k.label for k in ks)
     for f in d["folds"]:
         med = np.median(np.abs(list(f["errors_after"].values())))

@@ -430,6 +430,7 @@ class CrossValidation:
             "by": self.by,
             "median_abs_error_before": _med(self.error_before),
             "median_abs_error_after": _med(self.error_after),
+            "mean_abs_error_after": _mean(self.error_after),
             "folds": [
                 {
                     "held_out": f.held_out,
@@ -500,6 +501,10 @@ def cross_validate(
             )
         )
     return CrossValidation(by, tuple(folds), tuple(names))
+
+
+def _mean(e: np.ndarray) -> float | None:
+    return float(np.mean(np.abs(e))) if len(e) else None
 
 
 def _med(e: np.ndarray) -> float | None:

@@ -149,6 +149,12 @@ def cv_table(cv: CrossValidation) -> str:
         "fitted / refused",
     )
     out = table(rows, head)
+    if len(ea):
+        # the mean as well as the median: a few far-off held-out runs hide under a median
+        out += (
+            f"\nmean |error| of all held-out runs: {apct(float(np.mean(np.abs(eb))))} before,"
+            f" {apct(float(np.mean(np.abs(ea))))} after"
+        )
     spread = cv.spread()
     if spread:
         srows = [
