@@ -213,6 +213,29 @@ def test_attention_closed_form():
     )
 
 
+def test_attention_head_dim_fills_the_systolic_array():
+    # book tpus.md: operands are padded to the MXU side (128; 256 on v6e) in every dimension, so
+    # a contraction over head_dim 128 fills half of v6e's 256x256 MXU and all of v5p's 128x128
+    # one: QK^T (half the forward's matmul FLOPs) runs at half speed, PV at full speed
+    V6E = load_chip("tpu-v6e")
+    p = load_profile("datasheet")
+    fam6, fam5 = p.family_for(V6E), p.family_for(V5P)
+    assert (fam6.head_dim_tile, fam5.head_dim_tile) == (256, 128)
+    for chip in (V6E, V5P):
+        at = {hd: float(p.attention_fraction(chip, "bf16", False, hd, False)) for hd in (128, 256)}
+        mm = {hd: 4 * hd / (4 * hd + 128) for hd in (128, 256)}  # the softmax term alone
+        speed = 1 / (0.5 + 0.5 / 0.5) if chip is V6E else 1.0  # = 2/3 on v6e
+        assert at[128] / at[256] == pytest.approx(speed * mm[128] / mm[256])
+    bwd = {hd: float(p.attention_fraction(V6E, "bf16", True, hd, False)) for hd in (128, 256)}
+    mm_b = {hd: 10 * hd / (10 * hd + 128) for hd in (128, 256)}
+    assert bwd[128] / bwd[256] == pytest.approx(mm_b[128] / mm_b[256] / (0.6 + 0.4 / 0.5))
+    # no head_dim_tile (GPUs): nothing lost to padding
+    e = physics(attn_fwd=0.9, attn_softmax_flops=0.0)
+    assert float(e.attention_fraction(H100, "bf16", False, 96, False)) == pytest.approx(0.9)
+    with pytest.raises(SpecError, match="head_dim_tile"):
+        physics(head_dim_tile=0)
+
+
 def test_memory_and_link_fractions():
     e = physics()
     assert e.hbm_fraction(H100) == 0.85 and e.vector_fraction(H100) == 0.6

@@ -46,6 +46,8 @@ def _family(fam: FamilyPhysics) -> list[str]:
         lines.append(f"wave_units = {int(fam.wave_units)}")
     if fam.tile_m_min:
         lines.append(f"tile_m_min = {int(fam.tile_m_min)}")
+    if fam.head_dim_tile:
+        lines.append(f"head_dim_tile = {int(fam.head_dim_tile)}")
     if fam.sources:
         lines.append(f"[family.{_key(fam.family)}.sources]")
         lines += [f"{_key(k)} = {_v(v)}" for k, v in fam.sources.items()]

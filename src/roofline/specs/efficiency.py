@@ -75,6 +75,9 @@ _DTYPE_FALLBACK = {
 # Matmul FLOPs per attention score element (book transformers.md; FlashAttention-2 §3.1):
 # forward QK^T and PV = 2 * 2 * head_dim; backward recomputes QK^T and forms dV, dP, dQ, dK = 5 * 2 * head_dim.
 _ATTN_MM_FLOPS_PER_SCORE = {False: 4.0, True: 10.0}
+# The share of those FLOPs whose contraction runs over head_dim: QK^T (forward); the recomputed
+# QK^T and dP = dO·V^T (backward). The others contract over a sequence block.
+_ATTN_HD_CONTRACTION = {False: 2.0 / 4.0, True: 4.0 / 10.0}
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,10 @@ class FamilyPhysics:
     wave_units: int | None = None  # None: the chip's sm_count (GPU) or cores_per_chip (TPU)
     # the smallest token tile a GEMM library picks for small m (None: tile[0]); see _shape_factor
     tile_m_min: int | None = None
+    # the side a flash-attention kernel's head_dim is padded to: a TPU's systolic MXU (book
+    # tpus.md: operands padded to 128, 256 on v6e, in every dimension); None on GPUs, whose
+    # tensor-core instructions tile head_dim in steps of 8-16 (see `_head_dim_fill`)
+    head_dim_tile: int | None = None
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     _keys: frozenset = field(init=False, repr=False, compare=False, default=frozenset())
 
@@ -262,6 +269,7 @@ class FamilyPhysics:
                 self.match,
                 self.tile,
                 self.tile_m_min,
+                self.head_dim_tile,
                 tuple(sorted(self.params().items())),
             )
         )
@@ -406,7 +414,7 @@ class Efficiency:
         # what is not hidden under the matmuls costs attn_softmax_flops per score element.
         eta = np.where(bwd, fam.attn_bwd, fam.attn_fwd) * mm / (mm + fam.attn_softmax_flops)
         eta = np.where(cz, eta * fam.attn_causal, eta)
-        return eta * _dtype_ratio(fam, dtype)
+        return eta * _dtype_ratio(fam, dtype) * _head_dim_fill(fam, hd, bwd)
 
     def hbm_fraction(self, chip: Any) -> float:
         fam = self.family_for(chip)
@@ -504,6 +512,7 @@ class Efficiency:
                     "match": list(f.match),
                     "tile": list(f.tile),
                     "tile_m_min": f.tile_m_min,
+                    "head_dim_tile": f.head_dim_tile,
                     **f.params(),
                 }
                 for f in self.families
@@ -645,6 +654,27 @@ def _routed_tile_factor(fam: FamilyPhysics, m: np.ndarray) -> np.ndarray:
     mean_fill = m / (np.ceil(np.maximum(m, 1.0) / tm) * tm)
     fill = m / (np.maximum(expected_tiles(m, tm), 1e-12) * tm)
     return np.minimum(fill / np.maximum(mean_fill, 1e-12), 1.0)
+
+
+def _head_dim_fill(fam: FamilyPhysics, hd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
+    """The speed of a flash-attention kernel's matmuls at head dim `hd` on a systolic MXU,
+    relative to a head dim that fills it.
+
+    A systolic array of side w holds a (k x w) tile of one operand and streams the other through
+    it (book tpus.md: "weight matrices need to be padded to at least size 128 (256 on TPU v6) in
+    all dimensions to fill up the MXU"; Appendix B, the weights stay in the array). Which operand
+    stays is the compiler's choice, so an output side as small as head_dim can be the streamed
+    one, but a contraction over head_dim fills only hd / (ceil(hd / w) w) of the array: QK^T in
+    the forward (2 of its 4·hd matmul FLOPs per score), the recomputed QK^T and dP = dO·V^T in
+    the backward (4 of 10·hd). Those FLOPs run at the fill, the rest at full rate. Families
+    without `head_dim_tile` (GPUs: the tensor-core instruction steps by 8-16) lose nothing."""
+    w = fam.head_dim_tile
+    if not w:
+        return np.ones(np.shape(hd))
+    h = np.maximum(hd, 1.0)
+    fill = h / (np.ceil(h / w) * w)
+    share = np.where(bwd, _ATTN_HD_CONTRACTION[True], _ATTN_HD_CONTRACTION[False])
+    return 1.0 / ((1.0 - share) + share / fill)
 
 
 def _reference_peak(chip: Any) -> float:
@@ -805,6 +835,9 @@ def _family_over(fam: FamilyPhysics, t: Mapping[str, Any], origin: str) -> Famil
         plain["match"] = tuple(str(x) for x in t["match"])
     if "tile" in t:
         plain["tile"] = _tile(t["tile"], where)
+    for side in _TILE_SIDES:
+        if side in t:
+            plain[side] = _tile_m_min(t[side], where, side)
     if "sources" in t:
         plain["sources"] = MappingProxyType({**fam.sources, **dict(t["sources"])})
     out = replace(fam, **plain) if plain else fam
@@ -841,6 +874,7 @@ def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhy
         mm_fraction=MappingProxyType({}),
         wave_units=t.get("wave_units"),
         tile_m_min=_tile_m_min(t.get("tile_m_min"), where),
+        head_dim_tile=_tile_m_min(t.get("head_dim_tile"), where, "head_dim_tile"),
         sources=MappingProxyType(dict(t.get("sources", {}))),
     )
     values = {f"mm_fraction.{d}": v for d, v in t["mm_fraction"].items()}
@@ -849,14 +883,21 @@ def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhy
     return base.with_params(values)
 
 
-def _tile_m_min(v: Any, where: str) -> int | None:
+_TILE_SIDES = {
+    "tile_m_min": "the smallest token tile of the family's GEMM kernels",
+    "head_dim_tile": "the matrix-unit side a flash-attention kernel pads head_dim to",
+}
+
+
+def _tile_m_min(v: Any, where: str, key: str = "tile_m_min") -> int | None:
+    """A family's tile side (`tile_m_min`, `head_dim_tile`): None or an integer 1..4096."""
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 4096:
         raise SpecError(
-            f"{where}: tile_m_min = {v!r}",
-            rule="tile_m_min is the smallest token tile of the family's GEMM kernels, 1..4096",
-            fix="e.g. tile_m_min = 8",
+            f"{where}: {key} = {v!r}",
+            rule=f"{key} is {_TILE_SIDES[key]}, an integer 1..4096",
+            fix=f"e.g. {key} = {128 if key == 'head_dim_tile' else 8}",
         )
     return v
 
