@@ -245,11 +245,7 @@ def steady_state(
     chunked = engine is None or engine.chunked_prefill
     n_chunks, chunk = split_prompt(Pn, float(np.min(avail)), chunked)
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
-    if step_overhead_s is None:  # per-sequence host work for the streamed sequences running
-        streamed = np.minimum(C, cap) if work.streaming else np.zeros_like(C)
-        ovh = engine_overhead_s(step, engine, C, running=streamed)
-    else:
-        ovh = step_overhead_s
+    ovh = _pass_overhead(step, engine, work, C, cap) if step_overhead_s is None else step_overhead_s
     lat = (engine.request_latency_s if engine else 0.0) + request_latency_s
     if _runs_in_waves(engine, work):
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
@@ -499,6 +495,15 @@ def _cohort_alone(
 
 def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
     return step.pass_time(PassShape(decode=B, context=ctx)).time_s + ovh
+
+
+def _pass_overhead(
+    step: StepModel, engine: EngineProfile | None, work: Workload, C: Any, cap: Any
+) -> Any:
+    """A steady state's exposed host time per pass (`engine_overhead_s` at concurrency C), its
+    per-sequence part for the streamed sequences that can run at once (none offline)."""
+    streamed = np.minimum(C, cap) if work.streaming else np.zeros_like(C)
+    return engine_overhead_s(step, engine, C, running=streamed)
 
 
 def engine_overhead_s(
