@@ -636,8 +636,9 @@ def test_the_kv_pool_is_the_engines_fraction_of_what_cuda_reports():
 
 def test_the_one_step_mode_pays_the_engines_host_time(capsys):
     """Issue 18 item 8: `serve --plan --batch --context --engine E` prices the step as E's steady
-    state does — its exposed host time per pass plus eager launches beyond its largest CUDA
-    graph (TensorRT-LLM: overlap scheduler, 512-batch graphs; 1024 sequences run eagerly)."""
+    state does — its exposed host time per pass (TensorRT-LLM: overlap scheduler, and its
+    per-sequence host time for each of the batch's sequences) plus eager launches beyond its
+    largest CUDA graph (512-batch graphs; 1024 sequences run eagerly)."""
 
     def step(engine: str, batch: int) -> dict:
         argv = ["serve", "--model", "llama-3-70b", "--system", "h200:8", "--plan", "tp=8"]
@@ -649,7 +650,7 @@ def test_the_one_step_mode_pays_the_engines_host_time(capsys):
     llama = load_model("llama-3-70b")
     for batch, eager in ((256, 0.0), (1024, trt.eager_launch_s_per_layer * llama.n_layers)):
         a, b = step("trtllm", batch), step("none", batch)
-        want = trt.step_overhead_s + eager
+        want = trt.step_overhead_s + trt.seq_overhead_s * batch + eager
         assert a["engine_overhead_s"] == pytest.approx(want, abs=1e-12)
         assert a["step_time_s"] - b["step_time_s"] == pytest.approx(want, rel=1e-9, abs=1e-12)
         assert a["engine"] == "trtllm" and b["engine_overhead_s"] == 0.0

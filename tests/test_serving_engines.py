@@ -92,6 +92,12 @@ def write(tmp: Path, body: str) -> str:
             "request_latency_s",
         ),
         (
+            lambda s: s.replace(
+                "step_overhead_s = 0.0006", "seq_overhead_s = -1e-5\nstep_overhead_s = 0.0006"
+            ),
+            "seq_overhead_s",
+        ),
+        (
             lambda s: s.replace('memory_fraction_of = "total"', 'memory_fraction_of = "x"'),
             "memory_fraction_of",
         ),

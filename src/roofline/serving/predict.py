@@ -290,7 +290,7 @@ def _offline(run, eff, engine, quant) -> dict[str, Any]:
     cap = replica_capacity(step, engine, P + G)
     if engine:
         cap = min(cap, engine.seq_cap(step.degree("dp")))
-    work = Workload(P, G)
+    work = Workload(P, G, streaming=False)  # offline throughput: whole outputs, no streaming
     s = steady_state(step, engine, work, cap, batch_cap=cap, request_latency_s=_lat(eff))
     return {
         "ttft_s": None,

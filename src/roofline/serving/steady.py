@@ -69,6 +69,10 @@ class Workload:
     rate: float | None = None
     prefix_hit: float = 0.0
     first_wave_share: float = 0.0  # weight of the all-at-once first wave in the reported TTFT
+    # the clients stream: every running request gets its new token each pass (the benchmark
+    # clients' --streaming); false for offline throughput runs that collect whole outputs. The
+    # engine's per-sequence host time (`host_per_seq_s`) is paid for streamed sequences only
+    streaming: bool = True
 
     def __post_init__(self) -> None:
         P = np.atleast_1d(np.asarray(self.prompt_tokens, float))
@@ -241,7 +245,7 @@ def steady_state(
     chunked = engine is None or engine.chunked_prefill
     n_chunks, chunk = split_prompt(Pn, float(np.min(avail)), chunked)
     k = np.clip(np.floor(avail / Pn), 1.0, np.maximum(C, 1.0)) if engine else np.ones_like(C)
-    ovh = engine_overhead_s(step, engine, C) if step_overhead_s is None else step_overhead_s
+    ovh = _pass_overhead(step, engine, work, C, cap) if step_overhead_s is None else step_overhead_s
     lat = (engine.request_latency_s if engine else 0.0) + request_latency_s
     if _runs_in_waves(engine, work):
         return _waves(step, work, C, np.minimum(C, cap), k, chunk, n_chunks, ovh)
@@ -493,17 +497,39 @@ def _decode(step: StepModel, B: Any, ctx: float, ovh: Any) -> Any:
     return step.pass_time(PassShape(decode=B, context=ctx)).time_s + ovh
 
 
-def engine_overhead_s(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
-    """Host time per pass the engine leaves exposed: its scheduler step (unless overlapped) plus
-    kernel launches for decode batches larger than the largest captured CUDA graph."""
+def _pass_overhead(
+    step: StepModel, engine: EngineProfile | None, work: Workload, C: Any, cap: Any
+) -> Any:
+    """A steady state's exposed host time per pass (`engine_overhead_s` at concurrency C), its
+    per-sequence part for the streamed sequences that can run at once (none offline)."""
+    streamed = np.minimum(C, cap) if work.streaming else np.zeros_like(C)
+    return engine_overhead_s(step, engine, C, running=streamed)
+
+
+def engine_overhead_s(
+    step: StepModel, engine: EngineProfile | None, B: Any, running: Any = None
+) -> Any:
+    """Host time per pass the engine leaves exposed: its scheduler step (unless overlapped), its
+    per-sequence work done serially with the GPU (`host_per_seq_s` of the `running` sequences,
+    B where not given), plus kernel launches for decode batches B larger than the largest
+    captured CUDA graph. Per attention-DP rank: each rank replays its own graph and runs its own
+    loop over its own sequences, in parallel with the others."""
     if engine is None:
         return 0.0
     graph = engine.graph_batch(step.degree("tp"))
-    per_rank = np.asarray(B) / np.maximum(
-        step.degree("dp"), 1
-    )  # each attention-DP rank replays its own graph
+    per_rank = np.asarray(B) / np.maximum(step.degree("dp"), 1)
     eager = np.where(per_rank > graph, engine.eager_launch_s_per_layer * step.model.n_layers, 0.0)
-    return engine.step_overhead_s + eager
+    seqs = B if running is None else running
+    return engine.step_overhead_s + host_per_seq_s(step, engine, seqs) + eager
+
+
+def host_per_seq_s(step: StepModel, engine: EngineProfile | None, B: Any) -> Any:
+    """The engine's exposed per-sequence host time in a pass of `B` running sequences: its
+    `seq_overhead_s` for each sequence of one attention-DP rank (the ranks' loops run side by
+    side, each over its own sequences). 0 without an engine or where it records none."""
+    if engine is None or not engine.seq_overhead_s:
+        return 0.0
+    return engine.seq_overhead_s * np.asarray(B, float) / np.maximum(step.degree("dp"), 1)
 
 
 # --------------------------------------------------------------------------------------
@@ -693,19 +719,20 @@ def disaggregated(
     # point; where a pool saturates it replaces queueing rather than adding to it)
     lat = d.link_latency_s + busy + d.handoff_s
     cap = np.minimum(decode_cap, seq_cap_of(dec, engine))
+    streamed = 1.0 if work.streaming else 0.0  # the decode passes' streamed share of sequences
 
     def sweep(X: Any) -> tuple[Any, ...]:
         """The loop's throughput F(X) given X (the waits and the decode batch it makes)."""
         w_pf, w_link = _waits(X, t_pf, cap_pf, busy, d, C)
         ttft_min = t_pf + w_pf + w_link + lat
         Bd = np.clip((C - X * ttft_min) / d.decode_replicas, 1.0, cap)
-        tau = _decode(dec, Bd, ctx, ovh)
+        tau = _decode(dec, Bd, ctx, ovh + host_per_seq_s(dec, engine, Bd * streamed))
         F = np.minimum(C / (ttft_min + (G - 1) * tau), Bd * d.decode_replicas / max(G - 1, 1) / tau)
         return np.minimum(F, x_max), w_pf, w_link, ttft_min, Bd, tau
 
     # F(0) > 0 and F never exceeds `hi` (no TTFT is under t_pf + lat, no pass under one
     # sequence's), so a root of X = F(X) lies in [0, hi]
-    tau1 = _decode(dec, np.ones_like(C), ctx, ovh)
+    tau1 = _decode(dec, np.ones_like(C), ctx, ovh + host_per_seq_s(dec, engine, streamed))
     X = _bisect(sweep, np.minimum(x_max, C / (t_pf + lat + (G - 1) * tau1)) * np.ones_like(C))
     _, w_pf, w_link, ttft_min, Bd, tau = sweep(X)
     ttft_ss = np.maximum(ttft_min, C / X - (G - 1) * tau)  # Little's law when a pool saturates

@@ -82,6 +82,11 @@ class EngineProfile:
     # latency every request pays between the client and the scheduler outside any pass (front
     # end, hand-over to the scheduler, first token back to the client); 0 where none is recorded
     request_latency_s: float = 0.0
+    # exposed host time per running sequence per step, on top of step_overhead_s: per-request
+    # work the engine's loop does serially with the GPU (TensorRT-LLM's TorchSampler request
+    # updates after the sampler's event, trtllm.toml [sampler]); per attention-DP rank, each
+    # rank's loop handling its own sequences; 0 where none is recorded
+    seq_overhead_s: float = 0.0
     # memory the engine's KV sizing finds taken that is neither weights, KV nor the activation
     # workspace (CUDA context and the driver's reservation, library workspaces, runtime buffers),
     # per chip; and what the collectives' buffers (NCCL, custom all-reduce) add on a replica of
@@ -219,6 +224,7 @@ def engine_from_dict(raw: dict, origin: str) -> EngineProfile:
         "quantized_kv_dtype",
         "quantized_kv_weights",
         "request_latency_s",
+        "seq_overhead_s",
         "runtime_memory_bytes",
         "collective_memory_bytes",
     )
@@ -249,6 +255,7 @@ def _check(d: dict, origin: str) -> None:
         ("step_overhead_s", "time in seconds"),
         ("eager_launch_s_per_layer", "time in seconds"),
         ("request_latency_s", "time in seconds"),
+        ("seq_overhead_s", "time in seconds"),
         ("runtime_memory_bytes", "byte count"),
         ("collective_memory_bytes", "byte count"),
     ):
