@@ -1020,6 +1020,38 @@ def moe_token_rows(up: Op, dtype: str) -> tuple[Op, Op]:
     )
 
 
+MOE_BIAS_ROWS = ("moe/bias/scale", "moe/bias/add", "moe/bias/cat", "moe/bias/cast")
+
+
+def moe_bias_rows(up: Op, dtype: str) -> tuple[Op, ...]:
+    """The routed experts' output bias as a stack adds it with eager torch ops after the grouped
+    down projection (rows beside `up`, the `moe/up` row with the capacity B·T·k/E). Megatron-Core
+    0.17 (NeMo 26.04) TEGroupedMLP keeps the fc2 GroupedLinear's bias out of the GEMM
+    (skip_bias_add=True) and `_apply_bias` runs, per expert, `t + b·p` on the rows of `t`, the
+    bf16 expert output, with `p` its router weight (fp32), then `torch.cat` and `.to(bf16)`
+    (NVIDIA/Megatron-LM@core_v0.17.0 megatron/core/transformer/moe/experts.py:250-267, :398):
+    four passes over [E, capacity, D] — `b·p` written in fp32, the sum read from bf16 and fp32
+    and written in fp32, the fp32 rows copied by the concatenation, and cast back to bf16:
+    28 bytes per element forward, where a bias in the GEMM epilogue moves none. The backward
+    pass (autograd's casts back and the bias and router-weight gradients, each a product and a
+    reduction over the same rows: ~36 bytes) is priced like the forward, the walk's rule for
+    elementwise rows."""
+    sz = MappingProxyType(dict(up.sizes))
+    n = up.count
+    b = _t("b_down", "experts embed", dtype, True)
+    p = _t("p", "experts capacity", "fp32")
+    ye = _t("ye", "experts capacity embed", dtype)
+    bp = _t("ye_bias", "experts capacity embed", "fp32")
+    s = _t("ye_sum", "experts capacity embed", "fp32")
+    c = _t("ye_cat", "experts capacity embed", "fp32")
+    return (
+        Op("moe/bias/scale", OpKind.ELEMENTWISE, (b, p), bp, sz, n, 1.0, 1.0),
+        Op("moe/bias/add", OpKind.ELEMENTWISE, (ye, bp), s, sz, n, 1.0, 1.0),
+        Op("moe/bias/cat", OpKind.ELEMENTWISE, (s,), c, sz, n, 1.0, 0.0),
+        Op("moe/bias/cast", OpKind.ELEMENTWISE, (c,), ye, sz, n, 1.0, 0.0),
+    )
+
+
 # --------------------------------------------------------------------------------------
 # Summaries
 # --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from roofline.core.ledger import Ledger, Op, OpKind, Tensor
+from roofline.core.ledger import MOE_BIAS_ROWS, Ledger, Op, OpKind, Tensor
 from roofline.specs.framework import MODULE_RERUNS, RERUN_GROUPS
 
 # the remat and optimizer vocabulary lives with the rest of the plan vocabulary (re-exported)
@@ -119,7 +119,7 @@ _OUTPUT_NOT_SAVED = ("moe/down",)
 NON_LAYER_ROWS = ("embed", "unembed", "loss")
 # Memory-bound kernels of a training step the inference ledger does not hold (walk.ledger_for):
 # their backward needs none of their inputs (an add), or the LM head's saved output (the loss).
-TRAINING_ROWS = ("residual", "loss", "moe/permute", "moe/unpermute")
+TRAINING_ROWS = ("residual", "loss", "moe/permute", "moe/unpermute", *MOE_BIAS_ROWS)
 _RERUN_BY_ANY_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS, RematKind.MATMULS})
 _RERUN_BY_LAYER_REMAT = frozenset({RematKind.FULL, RematKind.CHECKPOINTS})
 

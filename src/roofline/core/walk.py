@@ -33,7 +33,15 @@ import numpy as np
 
 from roofline.core.collectives import CollectiveKind
 from roofline.core.cost import CommModel, ComputeModel, mesh_for, unique_rows
-from roofline.core.ledger import Ledger, Op, OpKind, Tensor, build_ledger, moe_token_rows
+from roofline.core.ledger import (
+    Ledger,
+    Op,
+    OpKind,
+    Tensor,
+    build_ledger,
+    moe_bias_rows,
+    moe_token_rows,
+)
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
 from roofline.core.mesh import Mesh
 from roofline.core.pricing import PricingContext, pricing_context, profile_key
@@ -1541,22 +1549,28 @@ def ledger_for(
     *,
     training_rows: bool = False,
     flash: bool = True,
+    eager_expert_bias: bool = False,
 ) -> Ledger:
     """The ledger a phase walks (batch 1; the walk scales it): training and prefill over `seq`
     query tokens, decode over one new token reading a KV cache of `kv_seq` tokens.
 
     `training_rows` (a training step of a real stack) adds the memory-bound kernels every
     training step runs that the inference ledger does not hold (`training_ledger_rows`);
-    `flash=False` writes the attention scores to HBM (a stack without a flash kernel)."""
+    `flash=False` writes the attention scores to HBM (a stack without a flash kernel);
+    `eager_expert_bias` (a stack that adds the experts' output bias with eager ops) adds
+    `ledger.moe_bias_rows` for a model whose experts carry biases."""
     if phase == Phase.DECODE:
         return build_ledger(model, batch=1, seq=1, kv_seq=kv_seq or seq, causal=causal)
     led = build_ledger(model, batch=1, seq=seq, causal=causal, flash=flash)
     if training_rows and phase == Phase.TRAIN:
-        led = replace(led, ops=(*led.ops, *training_ledger_rows(model, led)))
+        rows = training_ledger_rows(model, led, eager_expert_bias=eager_expert_bias)
+        led = replace(led, ops=(*led.ops, *rows))
     return led
 
 
-def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
+def training_ledger_rows(
+    model: ModelSpec, led: Ledger, *, eager_expert_bias: bool = False
+) -> tuple[Op, ...]:
     """The residual adds (two per layer: after attention and after the MLP; each reads the
     stream and the block output and writes the sum), MoE token permutation (below) and the
     loss (softmax cross-entropy over
@@ -1581,6 +1595,8 @@ def training_ledger_rows(model: ModelSpec, led: Ledger) -> tuple[Op, ...]:
         # GEMMs and weighted back after them (Megatron-Core moe_utils permute/unpermute,
         # torchtitan's token reorder): memory-bound gathers and scatters of top_k·d per token
         rows += list(moe_token_rows(up, dt))
+        if eager_expert_bias and model.moe is not None and model.moe.expert_bias:
+            rows += list(moe_bias_rows(up, dt))
     return tuple(rows)
 
 

@@ -556,6 +556,10 @@ class ExpertParallel:
     # beside them (the EP-overlap schedule) has the chip's other SMs only
     dispatch_sms: int = 0
     dispatch_sms_source: str = ""
+    # the routed experts' output bias (models whose experts carry one, gpt-oss) added by eager
+    # torch ops after the grouped GEMM, not in its epilogue (ledger.moe_bias_rows)
+    eager_expert_bias: bool = False
+    eager_expert_bias_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -1067,7 +1071,16 @@ def _parse_ep(t: _Table) -> ExpertParallel:
         host_sync_source=t.text("host_sync_source", ""),
         dispatch_sms=int(t.number("dispatch_sms", 0)),
         dispatch_sms_source=t.text("dispatch_sms_source", ""),
+        eager_expert_bias=t.flag("eager_expert_bias", False),
+        eager_expert_bias_source=t.text("eager_expert_bias_source", ""),
     )
+    if e.eager_expert_bias and not e.eager_expert_bias_source:
+        raise t.error(
+            "eager_expert_bias",
+            True,
+            "how a stack adds the experts' bias is read from its code: eager_expert_bias_source names it",
+            'add eager_expert_bias_source = "<file:line of the bias add>"',
+        )
     _sourced_in_range(
         t, "dispatch_sms", e.dispatch_sms, e.dispatch_sms_source, MAX_DISPATCH_SMS,
         ("the dispatcher's SM count is the stack's setting: dispatch_sms_source names it",

@@ -315,6 +315,7 @@ def _moe(c: _Cfg, n_layers: int) -> MoESpec | None:
             top_k=k,
             d_ff_expert=c.int("intermediate_size", hi=MAX_FF),
             router_bias=True,
+            expert_bias=True,  # GptOssExperts: gate_up_proj_bias, down_proj_bias
         )
     if mt in ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
         return _qwen3_moe(c, n_layers)

@@ -113,6 +113,8 @@ class MoESpec:
     d_ff_shared: int | None = None  # F of one shared expert (default d_ff_expert)
     dense_layers: int = 0  # first layers that use a dense MLP of width ModelSpec.d_ff
     router_bias: bool = False
+    # the routed experts' linear layers carry biases (gpt-oss: gate_up_proj_bias, down_proj_bias)
+    expert_bias: bool = False
     # group-limited routing (DeepSeek-V2/V3 n_group / topk_group; Megatron-Core
     # moe_router_num_groups / moe_router_group_topk): the experts split into `n_groups`
     # contiguous groups and a token picks its top_k experts inside its `topk_groups` best
@@ -126,6 +128,7 @@ class MoESpec:
         if self.d_ff_shared is not None:
             check_int("[moe]", "d_ff_shared", self.d_ff_shared, 1, MAX_FF)
         check_bool("[moe]", "router_bias", self.router_bias)
+        check_bool("[moe]", "expert_bias", self.expert_bias)
         if self.n_experts % self.n_groups or self.topk_groups > self.n_groups:
             raise SpecError(
                 f"[moe]: n_groups={self.n_groups}, topk_groups={self.topk_groups} for "

@@ -482,6 +482,7 @@ def evaluate_plans(
         causal=workload.causal if stack.flash_attention else Causal.FULL,
         training_rows=not stack.book,
         flash=stack.flash_attention,
+        eager_expert_bias=stack.framework.expert_parallel.eager_expert_bias,
     )
     if ops is not None:  # a subset of rows, e.g. the book's simplified layer ("mlp/up", "mlp/down")
         led = replace(led, ops=tuple(o for o in led.ops if o.name in ops))

@@ -93,7 +93,24 @@ def _mlp_kind(m: dict[str, Any], name: str) -> tuple[MLPKind, str | None]:
     return MLPKind.PLAIN, "MLP kind unstated: plain GELU (GPT-style)"
 
 
-def _moe(moe: dict[str, Any]) -> MoESpec:
+# model families whose routed experts carry biases (gpt-oss: GptOssExperts gate_up_proj_bias and
+# down_proj_bias, huggingface/transformers models/gpt_oss/modeling_gpt_oss.py)
+_EXPERT_BIAS_FAMILIES = ("gpt-oss",)
+
+
+def _expert_bias(moe: dict[str, Any], name: str, defaults: list[str]) -> bool:
+    if "expert_bias" in moe:
+        return bool(moe["expert_bias"])
+    low = name.lower().replace(" ", "-")
+    fam = next((f for f in _EXPERT_BIAS_FAMILIES if f in low), None)
+    if fam:
+        defaults.append(
+            f"expert biases unstated: the routed experts carry biases, as every {fam} model"
+        )
+    return fam is not None
+
+
+def _moe(moe: dict[str, Any], expert_bias: bool = False) -> MoESpec:
     return MoESpec(
         n_experts=int(moe["experts"]),
         top_k=int(moe["top_k"]),
@@ -102,6 +119,7 @@ def _moe(moe: dict[str, Any]) -> MoESpec:
         dense_layers=int(moe.get("first_dense_layers") or 0),
         n_groups=int(moe.get("routing_groups") or 1),
         topk_groups=int(moe.get("topk_routing_groups") or 1),
+        expert_bias=expert_bias,
     )
 
 
@@ -232,7 +250,7 @@ def build_model(m: Any, run_id: str) -> BuiltModel:
     kw: dict[str, Any] = {}
     try:
         if moe_raw:
-            kw["moe"] = _moe(moe_raw)
+            kw["moe"] = _moe(moe_raw, _expert_bias(moe_raw, name, defaults))
             if isinstance(moe_raw.get("mla"), dict):
                 kw["mla"] = _mla(moe_raw["mla"])
         if isinstance(m.get("mla"), dict):
