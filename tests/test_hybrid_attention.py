@@ -311,6 +311,49 @@ def test_dsa_decode_flops_and_bytes_by_hand():
     assert full["attn/scores"].flops / led["attn/scores"].flops == pytest.approx(S / TOPK)
 
 
+INDEXER_KERNELS = (
+    "attn/index_k_norm",
+    "attn/index_rope",
+    "attn/index_rotate_q",
+    "attn/index_rotate_k",
+    "attn/index_quant_q",
+    "attn/index_quant_k",
+    "attn/index_store",
+    "attn/index_w_scale",
+)
+
+
+def test_dsa_indexer_elementwise_kernels_one_per_layer_and_small():
+    """The indexer's own elementwise kernels (k LayerNorm, RoPE, two Hadamards, two FP8
+    quantisations, the index-key store, the weights' scaling): one row each, a launch per DSA
+    layer, moving per token what the index query/key hold; none without DSA or elementwise."""
+    B, S = 2, 50
+    led = decode_ledger(DSA_MODEL, batch=B, context=S)
+    L = DSA_MODEL.n_layers
+    rows = _rows(led, "attn/index_")
+    assert set(INDEXER_KERNELS) <= set(rows)
+    for name in INDEXER_KERNELS:
+        assert rows[name].count == L
+        # at most the index query and key in bf16, read and written
+        assert rows[name].bytes <= L * B * (2 * HI * DI * 2 + 2 * DI * 2)
+    # by hand: the query's Hadamard reads and writes H_I·d_I bf16 values, log2(d_I) FLOPs each
+    assert rows["attn/index_rotate_q"].bytes == pytest.approx(L * B * HI * DI * 2 * 2)
+    assert rows["attn/index_rotate_q"].flops == pytest.approx(L * B * HI * DI * 3)
+    # the key's FP8 quantisation: d_I bf16 in, d_I fp8 out
+    assert rows["attn/index_quant_k"].bytes == pytest.approx(L * B * DI * (2 + 1))
+    # RoPE over the first qk_rope_head_dim dims of the query's heads and of the key
+    assert rows["attn/index_rope"].bytes == pytest.approx(L * B * ROPE * (2 * HI + 1) * 2)
+    # the indexer's kernels sit between its projections and its scores
+    names = [o.name for o in led]
+    assert names.index("attn/index_w") < names.index("attn/index_k_norm")
+    assert names.index("attn/index_w_scale") < names.index("attn/index_scores")
+    bare = build_ledger(DSA_MODEL, batch=B, seq=1, kv_seq=S, include_elementwise=False)
+    assert not set(INDEXER_KERNELS) & {o.name for o in bare}
+    assert "attn/index_topk" in {o.name for o in bare}  # the select is the indexer's output
+    plain = decode_ledger(DSA_MODEL.with_(dsa=None), batch=B, context=S)
+    assert not any(o.name.startswith("attn/index_") for o in plain)
+
+
 def test_dsa_prefill_counts_min_position_topk_keys_per_query():
     T = 10
     led = prefill_ledger(DSA_MODEL, prompt=T)

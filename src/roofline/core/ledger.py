@@ -400,7 +400,9 @@ def build_ledger(
     ops.append(Op("embed", OpKind.GATHER, (_t("W_emb", "vocab embed", ed, True),), x, S_, 1))
 
     # ---- attention ------------------------------------------------------------------
-    ops += _attention_ops(m, sizes, T, S, wd, ad, dt.kv, causal, flash, mla_absorb)
+    ops += _attention_ops(
+        m, sizes, T, S, wd, ad, dt.kv, causal, flash, mla_absorb, include_elementwise
+    )
     if not flash and include_elementwise:
         ops += _unfused_softmax_rows(ops)
 
@@ -472,6 +474,7 @@ def _attention_ops(
     causal: Causal,
     flash: bool = True,
     mla_absorb: bool | None = None,
+    elementwise: bool = True,
 ) -> list[Op]:
     def sc(name: str) -> Tensor:  # the score / probability matrix
         return Tensor(name, ("batch", "heads", "seq", "kv_seq"), ad, False, flash)
@@ -481,7 +484,9 @@ def _attention_ops(
     ops: list[Op] = _linear_ops(m, sizes, T, wd, ad) if m.linear is not None else []
     if m.mla is not None:
         mla = _mla_ops(m, sizes, T, S, wd, ad, kvd, causal, flash, mla_absorb)
-        return ops + (mla if m.dsa is None else _with_dsa(m, mla, sizes, T, S, ad, wd, causal))
+        if m.dsa is not None:
+            mla = _with_dsa(m, mla, sizes, T, S, ad, wd, causal, elementwise)
+        return ops + mla
     S_ = MappingProxyType(sizes)
     qkv_bias = 1  # bias vectors are counted under attn/bias below
     ops.append(
@@ -677,19 +682,35 @@ def _linear_ops(m: ModelSpec, sizes: dict, T: float, wd: str, ad: str) -> list[O
 
 
 def _dsa_indexer_ops(
-    m: ModelSpec, sizes: dict, T: float, S: float, ad: str, wd: str, causal: Causal
+    m: ModelSpec,
+    sizes: dict,
+    T: float,
+    S: float,
+    ad: str,
+    wd: str,
+    causal: Causal,
+    elementwise: bool = True,
 ) -> list[Op]:
     """DSA's lightning indexer (DeepSeek-V3.2-Exp report §2.1; the reference Indexer in
     deepseek-ai/DeepSeek-V3.2-Exp inference/model.py @ 6d8cb70d): per layer, index queries
     q_I[index heads, d_I] from the query latent (wq_b), one index key k_I[d_I] per token (cached, FP8)
     and a weight per index head; every query scores every cached key, 2·H_I·d_I FLOPs per
     (query, key) pair under the causal mask (O(L) per query), and the top-k select reads the
-    head-summed logits (fp32, written and read once). Attention then runs on `index_topk` keys."""
+    head-summed logits (fp32, written and read once). Attention then runs on `index_topk` keys.
+
+    `elementwise`: also the indexer's own elementwise kernels between its projections and its
+    scores (`_dsa_indexer_elementwise`), each a launch per layer that MLA does not pay."""
     a, d = m.mla, m.dsa
     assert a is not None and d is not None
     L = m.n_attention_layers
     sz = dict(sizes)
-    sz.update(idx_heads=d.index_n_heads, idx_dim=d.index_head_dim, head_dim=d.index_head_dim)
+    sz.update(
+        idx_heads=d.index_n_heads,
+        idx_dim=d.index_head_dim,
+        head_dim=d.index_head_dim,
+        # the indexer's RoPE dims: MLA's qk_rope_head_dim (reference Indexer.rope_head_dim)
+        idx_rope=a.qk_rope_head_dim,
+    )
     S_ = MappingProxyType(sz)
     x = _t("x", "batch seq embed", ad)
     src, w_dims = (_t("cq", "batch seq q_lora", ad), "q_lora") if a.q_lora_rank else (x, "embed")
@@ -697,6 +718,8 @@ def _dsa_indexer_ops(
     ki = _t("ki", "batch seq idx_dim", DSA_INDEX_DTYPE)
     f = _causal_factor(T, S, None, causal)
     logits = _t("ilog", "batch seq kv_seq", "fp32")
+    wi = _t("wi", "batch seq idx_heads", ad)
+    own = _dsa_indexer_elementwise(m, S_, qi, ki, wi, ad) if elementwise else []
     return [
         _mm("attn/index_q", src, _t("W_iq", f"{w_dims} idx_heads idx_dim", wd, True), qi, S_, L),
         _mm("attn/index_k", x, _t("W_ik", "embed idx_dim", wd, True), ki, S_, L),
@@ -704,10 +727,11 @@ def _dsa_indexer_ops(
             "attn/index_w",
             x,
             _t("W_iw", "embed idx_heads", wd, True),
-            _t("wi", "batch seq idx_heads", ad),
+            wi,
             S_,
             L,
         ),
+        *own,
         Op(
             "attn/index_scores",
             OpKind.ATTENTION,
@@ -721,14 +745,60 @@ def _dsa_indexer_ops(
     ]
 
 
+def _dsa_indexer_elementwise(
+    m: ModelSpec, S_: Mapping[str, float], qi: Tensor, ki: Tensor, wi: Tensor, ad: str
+) -> list[Op]:
+    """The indexer's elementwise kernels, one launch each per layer, as the reference Indexer
+    (deepseek-ai/DeepSeek-V3.2-Exp inference/model.py @ 6d8cb70d, Indexer.forward) and SGLang's
+    (sgl-project/sglang python/sglang/srt/layers/attention/nsa/nsa_indexer.py, Indexer
+    _get_q_k_bf16 and forward_cuda) run them between the projections and the scores: the index
+    key's LayerNorm (k_norm), RoPE on the index query's and key's first qk_rope_head_dim
+    dims (SGLang: one rotary call for both), the Hadamard transform of the query and of the key
+    (rotate_activation: two calls), their FP8 block quantisation (act_quant: two calls) and the
+    key's store into the FP8 index cache (with its scale), and the scaling of the index heads'
+    weights after their projection (weights · H_I^-1/2 · q_scale · d_I^-1/2: two multiplies in
+    the reference, one fused kernel in SGLang's torch.compile'd _get_logits_head_gate). The
+    engines' fused count is taken where the two differ (RoPE, the weights' scaling); the
+    reference's concatenations after RoPE (SGLang: slice assignments) are left out. MLA's own
+    rows carry no such kernels (its norms are `norms`): these are a DSA layer's extra launches,
+    whatever they move (a few hundred bytes a token). Hadamard: log2(d_I) adds per element."""
+    L = m.n_attention_layers
+    d_i = S_["idx_dim"]
+    qr = _t("qr", "batch seq idx_heads idx_rope", ad)
+    kr = _t("kr", "batch seq idx_rope", ad)
+    k16 = replace(ki, dtype=ad)
+    q8 = replace(qi, dtype=DSA_INDEX_DTYPE)
+    had = math.log2(d_i) if d_i > 1 else 1.0
+    ew = OpKind.ELEMENTWISE
+    return [
+        Op("attn/index_k_norm", ew, (k16,), k16, S_, L, 1.0, 4.0),
+        Op("attn/index_rope", ew, (qr, kr), qr, S_, L, 1.0, 3.0),
+        Op("attn/index_rotate_q", ew, (qi,), qi, S_, L, 1.0, had),
+        Op("attn/index_rotate_k", ew, (k16,), k16, S_, L, 1.0, had),
+        Op("attn/index_quant_q", ew, (qi,), q8, S_, L, 1.0, 2.0),
+        Op("attn/index_quant_k", ew, (k16,), ki, S_, L, 1.0, 2.0),
+        Op("attn/index_store", ew, (ki,), ki, S_, L, 1.0, 0.0),
+        Op("attn/index_w_scale", ew, (wi,), wi, S_, L, 1.0, 2.0),
+    ]
+
+
 def _with_dsa(
-    m: ModelSpec, mla: list[Op], sizes: dict, T: float, S: float, ad: str, wd: str, causal: Causal
+    m: ModelSpec,
+    mla: list[Op],
+    sizes: dict,
+    T: float,
+    S: float,
+    ad: str,
+    wd: str,
+    causal: Causal,
+    elementwise: bool = True,
 ) -> list[Op]:
     """MLA rows under DSA: the indexer after the KV projection, attention over the top-k."""
     assert m.dsa is not None
     at = next(i for i, o in enumerate(mla) if o.name == "attn/kv_a") + 1
     rows = [_sparse(o, m.dsa.index_topk, T, S, causal) for o in mla]
-    return rows[:at] + _dsa_indexer_ops(m, sizes, T, S, ad, wd, causal) + rows[at:]
+    idx = _dsa_indexer_ops(m, sizes, T, S, ad, wd, causal, elementwise)
+    return rows[:at] + idx + rows[at:]
 
 
 def _sparse(op: Op, topk: int, T: float, S: float, causal: Causal) -> Op:
