@@ -15,6 +15,7 @@ from typing import Any
 from roofline.core.rules import Structure
 from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
 from roofline.core.stack import Stack, recipe_dtypes, stack_of
+from roofline.core.walk import cheapest_at
 from roofline.errors import PlanError
 from roofline.report.text import (
     algebra_advice,
@@ -297,7 +298,10 @@ def plan_training(
         tie_tolerance=tie_tolerance,
         feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
         algebra_alternative=_algebra_alternative(
-            top[0], ctx, _walked_as(families, ranked, rows[0], kept)
+            top[0],
+            ctx,
+            _walked_as(families, ranked, rows[0], kept),
+            _walked_cheapest(families, ranked, rows[0], kept),
         ),
         precisions=tuple(stack.precision_name(d, system.chip) for d in searched),
         precision_alternative=None if dtypes is not None else _precision_alternative(top[0], ctx),
@@ -413,16 +417,30 @@ def _walked_as(families, ranked: Ranked, row: int, kept: dict) -> Structure | No
     return families[fi].structure if fi in kept else None
 
 
+def _walked_cheapest(families, ranked: Ranked, row: int, kept: dict) -> bool:
+    """Whether the family walk `_cost` kept for a ranked row chose, at the row's plan, the
+    algebra's cheapest option for every einsum (`core.walk.cheapest_at`; False where the walk
+    was not kept)."""
+    fi = int(ranked.family[row])
+    r = kept.get(fi)
+    if r is None or r.walk is None:
+        return False
+    i = int(ranked.index[row])
+    return cheapest_at(r.walk, int(distinct_rows_of(families[fi].cand)[i]))
+
+
 def _algebra_alternative(
-    best: StepCost, ctx: _Costing, family: Structure | None = None
+    best: StepCost, ctx: _Costing, family: Structure | None = None, cheapest: bool = False
 ) -> StepCost | None:
     """The best plan costed with the algebra's cheapest options instead of the stack's (None
     for the idealised machine, or when that is not cheaper): what report.text words as advice.
     `family`: the structure of the best plan's family where its listed plans were read off
     its arrays (`_keeps`): the plan is walked on it, whose einsums the family walk has
     derived already, and its collectives listed as its own walk lists them
-    (`family_step_cost`); else on its own structure (`evaluate_plan`)."""
-    if ctx.stack.book:
+    (`family_step_cost`); else on its own structure (`evaluate_plan`). `cheapest`: that family
+    walk chose the algebra's cheapest option at every einsum of the plan (`_walked_cheapest`),
+    so the algebra's walk of it is the same walk, no cheaper: None without walking it."""
+    if ctx.stack.book or (family is not None and cheapest):
         return None
     plan = replace(best.plan, offload_activations=False)  # as `best` is, by _offloaded_like
     if family is None:
