@@ -27,9 +27,12 @@ class IdentityMemo:
 
     def get(self, objs: tuple, key: Hashable = ()) -> Any | None:
         hit = self._entries.get((tuple(map(id, objs)), key))
-        if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
-            return hit[1]
-        return None
+        if hit is None:
+            return None
+        for a, b in zip(hit[0], objs, strict=True):
+            if a is not b:
+                return None
+        return hit[1]
 
     def put(self, objs: tuple, key: Hashable, value: Any) -> Any:
         bound = self._bound() if callable(self._bound) else self._bound

@@ -172,6 +172,7 @@ class CommModel:
         self.scalar: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[float, float]] = {}
         self._links: dict[tuple[str, str], float] = {}
         self.cache: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = {}
+        self._groups: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, list[tuple]]] = {}
         self.pid: dict[str, np.ndarray] = {}
         self.sig_of: list[tuple] = []
         intern: dict[tuple, int] = {}
@@ -219,27 +220,43 @@ class CommModel:
         if n == 1:  # one mesh (a single plan): no grouping of rows to do
             return self._coef_one(kind, axes)
         lat, spb = np.zeros(n), np.zeros(n)
-        # an axis of size 1 is absent from a mesh (pid -1): it adds nothing to the group
-        cols = np.stack([self.pid.get(a, np.full(n, -1, dtype=np.int64)) for a in axes], axis=1)
-        valid = np.any(cols >= 0, axis=1)
-        if valid.any():
-            combos, where = unique_rows(cols[valid] + 1)  # absent (-1) as 0
-            combos = combos - 1
-            vidx = np.nonzero(valid)[0]
-            first = np.zeros(len(combos), dtype=int)
-            first[where[::-1]] = vidx[::-1]
-            vals = np.zeros((len(combos), 2))
-            for c, combo in enumerate(combos.tolist()):  # Python ints
-                present = tuple(a for a, j in zip(axes, combo, strict=True) if j >= 0)
-                ukey = (kind, tuple(self.sig_of[j] for j in combo if j >= 0))
-                m = self.meshes[first[c]]
-                assert m is not None
-                u = _unit(kind, present, ukey, m)
+        groups = self._groups.get(axes)
+        if groups is None:
+            groups = self._groups[axes] = self._placements(axes)
+        vidx, where, placed = groups
+        if placed:
+            vals = np.zeros((len(placed), 2))
+            for c, (present, sigs, m) in enumerate(placed):
+                u = _unit(kind, present, (kind, sigs), m)
                 link = self.link(m.system.chip, u.tier)
                 vals[c] = (u.latency_s, u.seconds_per_byte / link)
             lat[vidx] = vals[where, 0]
             spb[vidx] = vals[where, 1]
         return lat[self.inv], spb[self.inv]
+
+    def _placements(self, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+        """The meshes' distinct placements of a group over `axes` (the same for every kind of
+        collective over them, so found once per axes): the meshes where the group spans any
+        axis, each one's placement index, and per placement (its axes present, their segment
+        signatures, the first mesh that has it)."""
+        n = len(self.meshes)
+        # an axis of size 1 is absent from a mesh (pid -1): it adds nothing to the group
+        cols = np.stack([self.pid.get(a, np.full(n, -1, dtype=np.int64)) for a in axes], axis=1)
+        valid = np.any(cols >= 0, axis=1)
+        if not valid.any():
+            return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), []
+        combos, where = unique_rows(cols[valid] + 1)  # absent (-1) as 0
+        combos = combos - 1
+        vidx = np.nonzero(valid)[0]
+        first = np.zeros(len(combos), dtype=int)
+        first[where[::-1]] = vidx[::-1]
+        placed = []
+        for c, combo in enumerate(combos.tolist()):  # Python ints
+            present = tuple(a for a, j in zip(axes, combo, strict=True) if j >= 0)
+            m = self.meshes[first[c]]
+            assert m is not None
+            placed.append((present, tuple(self.sig_of[j] for j in combo if j >= 0), m))
+        return vidx, where, placed
 
     def _coef_one(
         self, kind: CollectiveKind, axes: tuple[str, ...]

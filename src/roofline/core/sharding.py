@@ -358,6 +358,9 @@ class EinsumPlan:
     replication: Any = 1.0
     sizes: Mapping[str, Any] = field(default_factory=dict)
     mesh: Mapping[str, Any] = field(default_factory=dict)
+    # the options' `option_cost`s the policy chose on where they are arrays (a multi-row walk:
+    # `chooses_cheapest` reads them); () where nothing was weighed or the choice was on floats
+    costs: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def best(self) -> Option:
@@ -406,7 +409,7 @@ class EinsumPlan:
                 rule=f"the algebra costed {len(self.options)} options",
                 fix="pick an index from EinsumPlan.options",
             )
-        return replace(self, choice=index)
+        return replace(self, choice=index, costs=())
 
     def gemm_shape(self, sizes: Mapping[str, Any], mesh: Mapping[str, Any]) -> GemmShape:
         """The per-chip GEMM of the chosen option: C[m, n] = A[m, k] · B[k, n], `count` of them
@@ -1155,6 +1158,7 @@ def plan_einsum(
             rule="see book sharding.md cases 1-4",
             fix="shard the output like the inputs' free dims",
         )
+    weighed: tuple = ()  # the costs an array choice was made on (EinsumPlan.costs)
     floats = _all_floats(options, peak_flops_per_s, hbm_bw_bytes_per_s)
     if floats:  # one plan: Python floats, the same arithmetic without numpy's per-call cost
         memt, commt = choice_inputs(options, hbm_bw_bytes_per_s, comm_share)
@@ -1178,6 +1182,7 @@ def plan_einsum(
             )
             ctx = OptionContext(lhs, rhs, out, phase, tuple(options), costs, weights)
             choice = policy.choose(ctx)
+            weighed = costs
     if type(choice) is int or np.ndim(choice) == 0:
         choice = int(choice)
         compute_t, mem_t = _scalar(comp[choice]), _scalar(memt[choice])
@@ -1186,15 +1191,31 @@ def plan_einsum(
         mem_t = choose_rows(choice, memt)
     if trusted:  # the walk: no report fields (they cost array arithmetic per einsum)
         return EinsumPlan(
-            "", lhs, rhs, out, "", tuple(options), choice, compute_t, mem_t, 1.0, sizes, mesh
-        )
+            "", lhs, rhs, out, "", tuple(options), choice, compute_t, mem_t, 1.0, sizes, mesh,
+            weighed,
+        )  # fmt: skip
     assert e is not None
     expr = f"{lhs} * {rhs} -> {out}"
     case = _case_name(lhs, rhs, e.contracting, e.conflict)
     rep = _prod(mesh[a] for a in mesh) / _prod(mesh[a] for a in out.used_axes + out.unreduced)
     return EinsumPlan(
-        expr, lhs, rhs, out, case, tuple(options), choice, compute_t, mem_t, rep, sizes, mesh
-    )
+        expr, lhs, rhs, out, case, tuple(options), choice, compute_t, mem_t, rep, sizes, mesh,
+        weighed,
+    )  # fmt: skip
+
+
+def chooses_cheapest(ep: EinsumPlan, row: int) -> bool:
+    """Whether the option `ep` chose at `row` of its walk is the one `Cheapest` picks from the
+    same costs (`argmin_allowed` with no option barred: the first lowest, the first NaN), so
+    the algebra's own choice would be the same. True where there was one option to take;
+    False where the costs the choice was made on are not kept (`EinsumPlan.costs`)."""
+    if len(ep.options) == 1:
+        return True
+    if not ep.costs:
+        return False
+    at = [float(c[row]) if np.ndim(c) else float(c) for c in ep.costs]
+    chosen = int(ep.choice) if np.ndim(ep.choice) == 0 else int(ep.choice[row])
+    return int(argmin_allowed(tuple(at))) == chosen
 
 
 def choose_rows(choice: np.ndarray, values: Sequence[Any]) -> np.ndarray:
@@ -1265,7 +1286,17 @@ def _choice_comm(o: Option, share: Callable[[Comm], Any] | None, floats: bool = 
         return sum((c.time_s * share(c) for c in o.comms), start=0.0)
     if share is None:
         return np.asarray(o.comm_time_s, float)
-    return sum((np.asarray(c.time_s, float) * share(c) for c in o.comms), start=np.zeros(()))
+    return sum(
+        (_shared(np.asarray(c.time_s, float), share(c)) for c in o.comms), start=np.zeros(())
+    )
+
+
+def _shared(t: np.ndarray, share: Any) -> Any:
+    """`t * share`; a rows' array under a share of the float 1.0 is itself (x · 1.0 is x
+    exactly), without the copy (a family walk weighs ~360 collectives, most at share 1)."""
+    if type(share) is float and share == 1.0 and t.ndim:
+        return t
+    return t * share
 
 
 def _is_float(x: Any) -> bool:

@@ -58,6 +58,7 @@ from roofline.core.sharding import (
     Spec,
     choice_inputs,
     choose_floats,
+    chooses_cheapest,
     plan_einsum,
     plan_training_einsum,
 )
@@ -243,6 +244,16 @@ class Walk:
     @property
     def mesh_bad(self) -> np.ndarray:
         return self.mesh_reason != ""
+
+
+def cheapest_at(walk: Walk, row: int) -> bool:
+    """Whether every einsum of `walk` chose, at `row`, the option the algebra's own rule
+    (`Cheapest`) picks from the same costs (`sharding.chooses_cheapest`). Every einsum the
+    walk plans is a matmul pass's (its record's `einsum`, the merged backward's where the
+    block's reductions were merged), and a later einsum's costs depend only on the choices
+    before it (the reductions paid), so where this holds the walk of the same row under
+    `Cheapest` makes every choice alike: the same walk."""
+    return all(chooses_cheapest(r.einsum, row) for r in walk.ops if r.einsum is not None)
 
 
 # --------------------------------------------------------------------------------------

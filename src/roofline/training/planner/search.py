@@ -4,9 +4,11 @@ rank them, and cost the few plans the report lists one by one.
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import functools
 import gc
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,6 +17,7 @@ from typing import Any
 from roofline.core.rules import Structure
 from roofline.core.sharding import CHEAPEST, Cheapest, OptionPolicy
 from roofline.core.stack import Stack, recipe_dtypes, stack_of
+from roofline.core.walk import cheapest_at
 from roofline.errors import PlanError
 from roofline.report.text import (
     algebra_advice,
@@ -198,13 +201,74 @@ def _gc_paused(fn: Callable[..., PlanResult]) -> Callable[..., PlanResult]:
     def run(*args: Any, **kwargs: Any) -> PlanResult:
         was = gc.isenabled()
         gc.disable()
+        outer = _HEAP.depth == 0
+        if outer:
+            _HEAP.keep()
+        _HEAP.depth += 1
         try:
             return fn(*args, **kwargs)
         finally:
+            _HEAP.depth -= 1
+            if outer:
+                _HEAP.restore()
             if was:
                 gc.enable()
 
     return run
+
+
+class _Heap:
+    """The C heap's thresholds during a search (glibc's `mallopt`; elsewhere nothing is done).
+
+    A search's candidate arrays are ~200 KB each (GPT-3 175B on a100:1024: 25,623 float64s),
+    past glibc's 128 KiB mmap threshold, and its per-row arrays free and allocate around the
+    heap's top past the trim threshold: each such array is mapped and unmapped (or the top
+    trimmed and grown again), a page fault per 4 KiB touched and a system call per free. With
+    larger thresholds during the search they are reused from the heap (measured: GPT-3's search
+    ~9,400 -> ~7,200 minor faults, system time ~16-24 -> ~8-12 ms of ~75, benchmarks/README.md).
+    Afterwards glibc's default thresholds are set back (128 KiB each: the trim threshold
+    returns the kept memory at the next free near the top). The numbers are untouched."""
+
+    MMAP_THRESHOLD, TRIM_THRESHOLD = -3, -1  # mallopt parameters (malloc.h)
+    DEFAULT = 128 * 1024  # glibc's default for both (DEFAULT_MMAP_THRESHOLD_MIN, M_TRIM_THRESHOLD)
+    DURING = 64 * 1024 * 1024  # a search's arrays come from the heap up to this size
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self._mallopt: Callable[[int, int], int] | None | bool = False  # False: not looked up
+
+    def _fn(self) -> Callable[[int, int], int] | None:
+        if self._mallopt is False:
+            self._mallopt = None
+            if _glibc():
+                try:
+                    self._mallopt = ctypes.CDLL(None).mallopt
+                except (OSError, AttributeError):
+                    self._mallopt = None
+        return self._mallopt  # type: ignore[return-value]
+
+    def keep(self) -> None:
+        f = self._fn()
+        if f is not None:
+            f(self.MMAP_THRESHOLD, self.DURING)
+            f(self.TRIM_THRESHOLD, self.DURING)
+
+    def restore(self) -> None:
+        f = self._fn()
+        if f is not None:
+            f(self.TRIM_THRESHOLD, self.DEFAULT)
+            f(self.MMAP_THRESHOLD, self.DEFAULT)
+
+
+_HEAP = _Heap()
+
+
+def _glibc() -> bool:
+    """Whether this process runs on glibc (whose `mallopt` parameters `_Heap` sets)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")  # type: ignore[union-attr]
+    except (ValueError, OSError, AttributeError):
+        return False
 
 
 @_gc_paused
@@ -297,7 +361,10 @@ def plan_training(
         tie_tolerance=tie_tolerance,
         feasible_per_system={sy.name: int((ranked.chips == sy.n_chips).sum()) for sy in systems},
         algebra_alternative=_algebra_alternative(
-            top[0], ctx, _walked_as(families, ranked, rows[0], kept)
+            top[0],
+            ctx,
+            _walked_as(families, ranked, rows[0], kept),
+            _walked_cheapest(families, ranked, rows[0], kept),
         ),
         precisions=tuple(stack.precision_name(d, system.chip) for d in searched),
         precision_alternative=None if dtypes is not None else _precision_alternative(top[0], ctx),
@@ -413,16 +480,30 @@ def _walked_as(families, ranked: Ranked, row: int, kept: dict) -> Structure | No
     return families[fi].structure if fi in kept else None
 
 
+def _walked_cheapest(families, ranked: Ranked, row: int, kept: dict) -> bool:
+    """Whether the family walk `_cost` kept for a ranked row chose, at the row's plan, the
+    algebra's cheapest option for every einsum (`core.walk.cheapest_at`; False where the walk
+    was not kept)."""
+    fi = int(ranked.family[row])
+    r = kept.get(fi)
+    if r is None or r.walk is None:
+        return False
+    i = int(ranked.index[row])
+    return cheapest_at(r.walk, int(distinct_rows_of(families[fi].cand)[i]))
+
+
 def _algebra_alternative(
-    best: StepCost, ctx: _Costing, family: Structure | None = None
+    best: StepCost, ctx: _Costing, family: Structure | None = None, cheapest: bool = False
 ) -> StepCost | None:
     """The best plan costed with the algebra's cheapest options instead of the stack's (None
     for the idealised machine, or when that is not cheaper): what report.text words as advice.
     `family`: the structure of the best plan's family where its listed plans were read off
     its arrays (`_keeps`): the plan is walked on it, whose einsums the family walk has
     derived already, and its collectives listed as its own walk lists them
-    (`family_step_cost`); else on its own structure (`evaluate_plan`)."""
-    if ctx.stack.book:
+    (`family_step_cost`); else on its own structure (`evaluate_plan`). `cheapest`: that family
+    walk chose the algebra's cheapest option at every einsum of the plan (`_walked_cheapest`),
+    so the algebra's walk of it is the same walk, no cheaper: None without walking it."""
+    if ctx.stack.book or (family is not None and cheapest):
         return None
     plan = replace(best.plan, offload_activations=False)  # as `best` is, by _offloaded_like
     if family is None:
