@@ -4,11 +4,9 @@ rank them, and cost the few plans the report lists one by one.
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import functools
 import gc
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -201,74 +199,13 @@ def _gc_paused(fn: Callable[..., PlanResult]) -> Callable[..., PlanResult]:
     def run(*args: Any, **kwargs: Any) -> PlanResult:
         was = gc.isenabled()
         gc.disable()
-        outer = _HEAP.depth == 0
-        if outer:
-            _HEAP.keep()
-        _HEAP.depth += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            _HEAP.depth -= 1
-            if outer:
-                _HEAP.restore()
             if was:
                 gc.enable()
 
     return run
-
-
-class _Heap:
-    """The C heap's thresholds during a search (glibc's `mallopt`; elsewhere nothing is done).
-
-    A search's candidate arrays are ~200 KB each (GPT-3 175B on a100:1024: 25,623 float64s),
-    past glibc's 128 KiB mmap threshold, and its per-row arrays free and allocate around the
-    heap's top past the trim threshold: each such array is mapped and unmapped (or the top
-    trimmed and grown again), a page fault per 4 KiB touched and a system call per free. With
-    larger thresholds during the search they are reused from the heap (measured: GPT-3's search
-    ~9,400 -> ~7,200 minor faults, system time ~16-24 -> ~8-12 ms of ~75, benchmarks/README.md).
-    Afterwards glibc's default thresholds are set back (128 KiB each: the trim threshold
-    returns the kept memory at the next free near the top). The numbers are untouched."""
-
-    MMAP_THRESHOLD, TRIM_THRESHOLD = -3, -1  # mallopt parameters (malloc.h)
-    DEFAULT = 128 * 1024  # glibc's default for both (DEFAULT_MMAP_THRESHOLD_MIN, M_TRIM_THRESHOLD)
-    DURING = 64 * 1024 * 1024  # a search's arrays come from the heap up to this size
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self._mallopt: Callable[[int, int], int] | None | bool = False  # False: not looked up
-
-    def _fn(self) -> Callable[[int, int], int] | None:
-        if self._mallopt is False:
-            self._mallopt = None
-            if _glibc():
-                try:
-                    self._mallopt = ctypes.CDLL(None).mallopt
-                except (OSError, AttributeError):
-                    self._mallopt = None
-        return self._mallopt  # type: ignore[return-value]
-
-    def keep(self) -> None:
-        f = self._fn()
-        if f is not None:
-            f(self.MMAP_THRESHOLD, self.DURING)
-            f(self.TRIM_THRESHOLD, self.DURING)
-
-    def restore(self) -> None:
-        f = self._fn()
-        if f is not None:
-            f(self.TRIM_THRESHOLD, self.DEFAULT)
-            f(self.MMAP_THRESHOLD, self.DEFAULT)
-
-
-_HEAP = _Heap()
-
-
-def _glibc() -> bool:
-    """Whether this process runs on glibc (whose `mallopt` parameters `_Heap` sets)."""
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")  # type: ignore[union-attr]
-    except (ValueError, OSError, AttributeError):
-        return False
 
 
 @_gc_paused
