@@ -18,10 +18,15 @@ datasheet physics of the runs' chip families, plus fixed costs per framework:
 - `layer_overhead_s@FRAMEWORK`, `step_overhead_s@FRAMEWORK`: fixed time per layer per
   microbatch pass and per step of a framework (launches, host syncs, the optimizer's Python
   loop), on top of the framework profile's sourced overheads; stored as the framework's
-  overrides in the profile (`profile.for_framework`). A framework no run covers (in a
-  cross-validation fold: the held-out one) takes the median of the fitted frameworks' values
-  of each kind (`pooled_overheads`): the typical framework's fixed cost, not the idealised
-  machine's zero.
+  overrides in the profile (`profile.for_framework`). Each kind is partially pooled across
+  frameworks (`fit.Problem.pools`): a framework's value is pulled towards the mean of the
+  fitted frameworks' values as if by `POOL_RUNS` more of its typical runs measured there — the
+  same one pseudo-run the chip families' GEMM deviations get, in seconds rather than log
+  space because an overhead's natural value may be 0. What a framework's runs barely
+  constrain (which of its per-step and per-layer costs a lump of time is) then comes from the
+  typical framework rather than from the noise. A framework no run covers (in a cross-validation fold: the held-out one) takes the
+  mean of the fitted frameworks' values of each kind (`pooled_overheads`): the pool's value,
+  the typical framework's fixed cost, not the idealised machine's zero.
 
 Factors apply to a family's values and are clipped to the physical bounds of what they scale
 (`specs.efficiency.PARAMS`: a fraction never exceeds 1).
@@ -166,6 +171,18 @@ def candidates(families: Sequence[str], frameworks: Sequence[str]) -> list[FitPa
     return out
 
 
+def pool_mean(values: Mapping[str, float], members: Sequence[str]) -> float:
+    """A pool's value: the mean of its members' values (the hierarchical mean `fit` shrinks
+    them towards and a member without runs takes)."""
+    return float(np.mean([values[m] for m in members]))
+
+
+def pools(params: Sequence[FitParam]) -> dict[str, str]:
+    """{framework overhead: its kind}: the pool (fit.Problem.pools) each framework's value is
+    shrunk towards (the sensitivities are the runs', `runs.build_problem`)."""
+    return {p.name: p.kind for p in params if p.framework and p.kind in OVERHEADS}
+
+
 def prior_weights(params: Sequence[FitParam]) -> dict[str, float]:
     """Prior weights (fit.Problem.prior_weight): a family's deviation from a pooled shared scale."""
     w = float(np.sqrt(POOL_RUNS))
@@ -183,14 +200,15 @@ def products(params: Sequence[FitParam]) -> dict[str, str]:
 def pooled_overheads(
     values: Mapping[str, float], fitted: Sequence[str], frameworks: Sequence[str]
 ) -> dict[str, float]:
-    """`KIND@FW` for each framework in `frameworks` whose KIND was not fitted: the median of the
-    fitted frameworks' values of that kind (none when fewer than `POOL_MIN_FRAMEWORKS` were)."""
+    """`KIND@FW` for each framework in `frameworks` whose KIND was not fitted: the mean of the
+    fitted frameworks' values of that kind (the pool the fit shrinks each towards,
+    `pool_mean`; none when fewer than `POOL_MIN_FRAMEWORKS` were)."""
     out: dict[str, float] = {}
     for kind in OVERHEADS:
-        got = [float(values[n]) for n in fitted if n.partition("@")[0] == kind and "@" in n]
+        got = [n for n in fitted if n.partition("@")[0] == kind and "@" in n]
         if len(got) < POOL_MIN_FRAMEWORKS:
             continue
-        pooled = float(np.median(got))
+        pooled = pool_mean(values, got)
         out.update({f"{kind}@{fw}": pooled for fw in frameworks if f"{kind}@{fw}" not in fitted})
     return out
 
@@ -271,7 +289,9 @@ __all__ = [
     "fill_unfitted",
     "framework_values",
     "parse",
+    "pool_mean",
     "pooled_overheads",
+    "pools",
     "prior_weights",
     "products",
 ]
