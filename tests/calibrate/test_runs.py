@@ -405,3 +405,16 @@ def test_a_slope_that_moves_with_the_other_factors_is_caught_and_the_fit_runs_ag
     plain = fit_runs(BASE, cases, scaled, per_layer=False, **kw)
     assert any("fitting again without it" in s for s in said)
     assert fast.result.values == plain.result.values
+
+
+def test_low_precision_gemms_never_beat_bf16s_fraction_of_peak():
+    # fp8's speed-up over bf16 is at most the datasheet's peak ratio: lowp_scale moves the
+    # hopper fp8 fraction (0.709) up to bf16's (0.803), and no further
+    hopper = BASE.family_named("hopper")
+    bf16, fp8 = hopper.mm_fraction["bf16"], hopper.mm_fraction["fp8"]
+    got = scales.family_values(hopper, {"gemm_scale": 0.8, "lowp_scale": 1.05})
+    assert got["mm_fraction.fp8"] == pytest.approx(fp8 * 0.8 * 1.05)
+    got = scales.family_values(hopper, {"gemm_scale": 0.8, "lowp_scale": 1.25})
+    assert got["mm_fraction.fp8"] == pytest.approx(bf16 * 0.8)
+    assert got["mm_fraction.bf16"] == pytest.approx(bf16 * 0.8)
+    assert fp8 * 1.25 > bf16  # the cap binds

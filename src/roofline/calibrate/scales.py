@@ -29,7 +29,14 @@ datasheet physics of the runs' chip families, plus fixed costs per framework:
   the typical framework's fixed cost, not the idealised machine's zero.
 
 Factors apply to a family's values and are clipped to the physical bounds of what they scale
-(`specs.efficiency.PARAMS`: a fraction never exceeds 1).
+(`specs.efficiency.PARAMS`: a fraction never exceeds 1), and a low-precision GEMM's fraction
+of its own peak never exceeds the family's bf16 fraction of bf16's (`family_values`): fp8's
+GEMM speed-up over bf16 is at most the datasheet's peak ratio (H100 SXM 1979 / 989 dense
+TFLOPS = 2.0x, NVIDIA H100 Tensor Core GPU datasheet; B200 4.5 / 2.25 PFLOPS = 2.0x), which
+no measurement exceeds: the best fp8 GEMM the family's microbenchmark source found runs at a
+lower fraction of its peak than bf16 does (`[mamf]` in profiles/datasheet.toml: H100 SXM
+0.709 vs 0.803, B200 0.763 vs 0.776), and in a training step fp8 also pays the casts and
+amax/scale kernels bf16 does not. `lowp_scale` above that ratio moves no prediction.
 """
 
 from __future__ import annotations
@@ -240,10 +247,13 @@ def family_values(fam: FamilyPhysics, values: Mapping[str, float]) -> dict[str, 
     v = _factor(values, "vector_scale", fam.family)
     out: dict[str, float] = {}
     if g != 1.0 or low != 1.0:
+        bf16 = fam.mm_fraction.get("bf16")
         for d, x in fam.mm_fraction.items():
-            out[f"mm_fraction.{d}"] = _clip(
-                "mm_fraction", x * g * (low if d in LOW_PRECISION else 1.0)
-            )
+            frac = x * g
+            if d in LOW_PRECISION:
+                # fp8's speed-up over bf16 is at most the peak ratio (module docstring)
+                frac = x * g * low if bf16 is None else min(x * g * low, max(bf16, x) * g)
+            out[f"mm_fraction.{d}"] = _clip("mm_fraction", frac)
     if a != 1.0:
         out["attn_fwd"] = _clip("attn_fwd", fam.attn_fwd * a)
         out["attn_bwd"] = _clip("attn_bwd", fam.attn_bwd * a)
