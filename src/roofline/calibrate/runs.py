@@ -307,7 +307,7 @@ def calibrate_cases(
 
 def pooled_for_uncovered(values: Mapping[str, float], cases: Sequence[RunCase]) -> dict[str, float]:
     """Overheads for the catalog's frameworks no run covers (`ideal`, the book's machine, keeps
-    none): the median of the fitted frameworks' (`scales.pooled_overheads`)."""
+    none): the mean of the fitted frameworks' (`scales.pooled_overheads`)."""
     from roofline.specs.framework import framework_names
 
     covered = {c.framework for c in cases}
