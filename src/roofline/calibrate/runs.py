@@ -130,7 +130,7 @@ def build_problem(
         scope_name=lambda n: by_name[n].scope_name(),
         fill=scales.fill_unfitted,
         pools=_sensitivities(evaluator, prior, scales.pools(params), by_name),
-        pool_runs=scales.POOL_RUNS,
+        pool_runs=scales.OVERHEAD_POOL_RUNS,
     )
 
 
