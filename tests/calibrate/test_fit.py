@@ -183,3 +183,47 @@ def test_held_out_error_is_honest_when_groups_differ():
 def test_problem_rejects_bad_measurements():
     with pytest.raises(ValueError):
         Problem(("a",), np.array([-1.0]), lambda v, i: np.ones(len(i)), {})
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_pooled_parameter_moves_k_over_k_plus_one_of_the_way_from_its_pools_mean(k):
+    # two groups of k observations, each moved only by its own parameter (log prediction
+    # linear in it, sensitivity s); their truths differ by 2*delta: one pseudo-run at the pool's
+    # mean leaves each k/(k+1) of the way from the mean to its own truth (k=3: 3/4), as a chip
+    # family's GEMM deviation moves in log space
+    from roofline.specs.efficiency import Param
+
+    s, truth = 2.0, {"a": 0.3, "b": 0.1}
+    names = ["a", "b"]
+    group = np.array([0] * k + [1] * k)
+    masks = {"a": group == 0, "b": group == 1}
+
+    def predict(values, idx):
+        v = np.array([values[names[g]] - truth[names[g]] for g in group[idx]])
+        return np.exp(s * v)
+
+    problem = Problem(
+        tuple(f"r{i}" for i in range(2 * k)),
+        np.ones(2 * k),
+        predict,
+        {"a": 0.2, "b": 0.2},
+        scope=lambda n: masks[n],
+        bounds=lambda n: Param(0.0, 1.0, "s", "a fixed time"),
+        pools={n: ("overhead", np.where(masks[n], s, 0.0)) for n in names},
+    )
+    r = fit(problem, names)
+    mean, delta = 0.2, 0.1
+    assert r.values["a"] == pytest.approx(mean + delta * k / (k + 1), abs=1e-4)
+    assert r.values["b"] == pytest.approx(mean - delta * k / (k + 1), abs=1e-4)
+    unpooled = fit(
+        Problem(
+            problem.ids,
+            problem.measured,
+            predict,
+            problem.prior,
+            scope=problem.scope,
+            bounds=problem.bounds,
+        ),
+        names,
+    )
+    assert unpooled.values["a"] == pytest.approx(0.3, abs=1e-4)

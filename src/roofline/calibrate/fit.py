@@ -15,6 +15,13 @@ local accelerator's microbenchmarks (`calibrate --device`) and published trainin
   observations' log errors, i.e. the prior counts as w^2 observations at the prior value
   (partial pooling: a chip family's deviation from a shared scale is pulled towards 1 as if
   by one more run, unless its runs say otherwise).
+- A parameter may belong to a pool (`Problem.pools`: its group and, per observation, how much
+  log(prediction) moves per unit of it): the residual w * (value - the group's mean) joins
+  the log errors, w = `pool_runs`^0.5 x the median sensitivity of the parameter's fitted
+  observations — the group's mean counts as `pool_runs` typical runs of that parameter
+  (partial pooling in the parameter's own units, for parameters whose natural value may be 0,
+  such as a framework's fixed overhead; the mean, `scales.pool_mean`, is the unweighted one
+  over the group's members in the fit, the value a member without observations takes).
 - A parameter moves only the observations of its `scope`; one whose scope holds fewer than
   `min_rows` fitted observations is refused ("k runs of ... in the fit").
 - Identifiability, before fitting: the Jacobian of the residuals in those unit coordinates
@@ -34,6 +41,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from roofline.calibrate.scales import pool_mean
 from roofline.specs.efficiency import Param
 from roofline.specs.efficiency import bounds_of as _bounds
 
@@ -78,6 +86,10 @@ class Problem:
     # values a fit could not identify, derived from those it did (fill(values, fitted)): a
     # cross-validation fold's held-out group takes them instead of the prior
     fill: Callable[[Mapping[str, float], Sequence[str]], Mapping[str, float]] | None = None
+    # {parameter: (group, |d log(pred) / d value| per observation)}: shrunk towards its group's
+    # mean by `pool_runs` pseudo-runs of its typical sensitivity (see the module docstring)
+    pools: Mapping[str, tuple[str, np.ndarray]] = field(default_factory=dict)
+    pool_runs: float = 1.0
 
     def __post_init__(self) -> None:
         m = np.asarray(self.measured, float)
@@ -156,18 +168,45 @@ def _residuals(
 ):
     """log(predicted / measured) of observations `idx`, then the prior terms of `unit`'s names."""
     pri = [n for n in unit.names if n in problem.prior_weight] if priors else []
+    pools = pool_weights(problem, unit.names, idx) if priors else {}
 
     def fun(z: np.ndarray) -> np.ndarray:
         values = unit.to_values(z, base)
         pred = np.asarray(problem.predict(values, idx), float)
         r = np.log(np.maximum(pred, 1e-300) / problem.measured[idx])
-        if not pri:
+        if not pri and not pools:
             return r
         w = problem.prior_weight
         p = [w[n] * np.log(values[n] / problem.prior[n]) for n in pri]
-        return np.concatenate([r, p])
+        return np.concatenate([r, p, _pool_residuals(problem, pools, values)])
 
     return fun
+
+
+def pool_weights(problem: Problem, names: Sequence[str], idx: np.ndarray) -> dict[str, float]:
+    """Pool weight of each of `names` in a pool, on observations `idx`: sqrt(pool_runs) x the
+    median |d log(pred)/d value| of its observations there (none without any)."""
+    out = {}
+    for n in names:
+        if n in problem.pools:
+            rows = idx[problem.mask(n)[idx]]
+            if len(rows):
+                sens = np.abs(np.asarray(problem.pools[n][1], float)[rows])
+                out[n] = float(np.sqrt(problem.pool_runs) * np.median(sens))
+    return out
+
+
+def _pool_residuals(
+    problem: Problem, weights: Mapping[str, float], values: Mapping[str, float]
+) -> np.ndarray:
+    groups: dict[str, list[str]] = {}
+    for n in weights:
+        groups.setdefault(problem.pools[n][0], []).append(n)
+    out = []
+    for members in groups.values():
+        mean = pool_mean(values, members)
+        out += [weights[n] * (values[n] - mean) for n in members]
+    return np.array(out, float)
 
 
 def _colors(problem: Problem, names: Sequence[str], idx: np.ndarray) -> list[list[int]]:
@@ -374,11 +413,17 @@ def _components(
     problem: Problem, names: Sequence[str], idx: np.ndarray
 ) -> list[tuple[list[str], np.ndarray]]:
     """Independent sub-fits: parameters linked by the observations they share (e.g. one chip
-    family's), each with its observations. One component when a parameter moves every row."""
+    family's) or by a pool, each with its observations. One component when a parameter moves
+    every row."""
     masks = [problem.mask(n)[idx] for n in names]
     comps: list[tuple[list[str], np.ndarray]] = []
+    pool = {n: problem.pools[n][0] for n in names if n in problem.pools}
     for n, m in zip(names, masks, strict=True):
-        hit = [c for c in comps if np.any(c[1] & m)]
+        hit = [
+            c
+            for c in comps
+            if np.any(c[1] & m) or (n in pool and any(pool.get(x) == pool[n] for x in c[0]))
+        ]
         merged_names, merged = [n], m.copy()
         for c in hit:
             merged_names = c[0] + merged_names

@@ -129,7 +129,36 @@ def build_problem(
         min_rows=MIN_RUNS,
         scope_name=lambda n: by_name[n].scope_name(),
         fill=scales.fill_unfitted,
+        pools=_sensitivities(evaluator, prior, scales.pools(params), by_name),
+        pool_runs=scales.OVERHEAD_POOL_RUNS,
     )
+
+
+# Step (a fraction of a parameter's bound range) of the pooled parameters' sensitivities.
+SENSITIVITY_STEP = 1e-4
+
+
+def _sensitivities(
+    evaluator: Evaluator,
+    prior: Mapping[str, float],
+    pools: Mapping[str, str],
+    by_name: Mapping[str, scales.FitParam],
+) -> dict[str, tuple[str, np.ndarray]]:
+    """{pooled parameter: (its pool, |d log(predicted) / d value| per run at the prior)}: how
+    much a second of a framework's overhead moves each of its runs (0 outside its scope)."""
+    out = {}
+    for n, group in pools.items():
+        rows = np.flatnonzero(evaluator.masks[n])
+        sens = np.zeros(len(evaluator.cases))
+        if len(rows):
+            b = by_name[n].bounds
+            h = SENSITIVITY_STEP * (b.hi - b.lo)
+            v = prior[n] + h if prior[n] + h <= b.hi else prior[n] - h
+            p0 = np.asarray(evaluator(prior, rows), float)
+            p1 = np.asarray(evaluator({**prior, n: v}, rows), float)
+            sens[rows] = np.abs(np.log(p1 / p0)) / h
+        out[n] = (group, sens)
+    return out
 
 
 def _start(base: Efficiency, p: scales.FitParam) -> float:
@@ -278,7 +307,7 @@ def calibrate_cases(
 
 def pooled_for_uncovered(values: Mapping[str, float], cases: Sequence[RunCase]) -> dict[str, float]:
     """Overheads for the catalog's frameworks no run covers (`ideal`, the book's machine, keeps
-    none): the median of the fitted frameworks' (`scales.pooled_overheads`)."""
+    none): the mean of the fitted frameworks' (`scales.pooled_overheads`)."""
     from roofline.specs.framework import framework_names
 
     covered = {c.framework for c in cases}

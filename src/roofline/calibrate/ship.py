@@ -35,7 +35,8 @@ from roofline.specs.efficiency import PROFILE_DIR, load_profile
 
 BEGIN, END = "<!-- calibrate:cv-table:begin -->", "<!-- calibrate:cv-table:end -->"
 POOLED_WHY = (
-    "no runs of this framework: the median of the fitted frameworks' overheads (provenance.pooled)"
+    "no runs of this framework: the mean of the fitted frameworks' overheads, the pool the fit"
+    " shrinks each framework's towards (provenance.pooled)"
 )
 
 
@@ -231,7 +232,7 @@ def runs_text(res: RunsCalibration, docs: bool = False) -> str:
 
 def _cv_title(by: str) -> str:
     what = {
-        "source": "a held-out source's framework, when no other source runs it, takes the median of the fitted frameworks' overheads",
+        "source": "a held-out source's framework, when no other source runs it, takes the mean of the fitted frameworks' overheads",
         "chip family": "a held-out family takes the shared factors (its own deviation is not fitted)",
     }[by]
     return f"Leave-one-{by}-out ({what}); before = datasheet, after = the fold's fit:"
