@@ -906,6 +906,7 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str, xd: str | None = None)
         nl = m.n_moe_layers
         sz = dict(sizes)
         sz.update(experts=mo.n_experts, expert_mlp=mo.d_ff_expert, top_k=mo.top_k)
+        sz["capacity"] = expert_capacity(mo, sizes["batch"], sizes["seq"])
         sz_ = MappingProxyType(sz)
         # the router's expert dim is `routes`, not `experts`: its weight is replicated over the
         # expert-parallel ranks like a dense weight (Megatron-Core TopKRouter's weight is not
@@ -962,17 +963,27 @@ def _ffn(
     return ops
 
 
+def expert_capacity(moe: Any, batch: float, seq: float) -> float:
+    """Token slots per expert over `batch` sequences of `seq` tokens: B·T·k/E (balanced,
+    dropless), or with a capacity factor c each sequence's int(T·k/E·c) slots, computed whether
+    filled or not (MaxText dense_matmul: maxtext@261a8be0 MaxText/layers/linears.py:461
+    expert_capacity_per_batch = int((seq_len·k / E)·capacity_factor), the dispatch einsum
+    'BSM,BSEC -> EBCM' pads every expert of every sequence to C)."""
+    E, k, c = moe.n_experts, moe.top_k, moe.capacity_factor
+    if c > 0:
+        return batch * max(1, int(seq * k / E * c))
+    return batch * seq * k / E
+
+
 def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op]:
     """Routed experts as einsums over [experts, tokens-per-expert, ...].
 
     The dispatched activation is xe[experts, batch, seq, top_k?]: we model it as
     xe[experts, capacity, embed] with capacity = B·T·k/E tokens per expert (balanced
-    routing), so FLOPs = 2·B·T·k·D·F per matrix and weights are [E, D, F].
+    routing; `expert_capacity`: a capacity factor's padded slots where the model drops tokens),
+    so FLOPs = 2·capacity·E·D·F per matrix and weights are [E, D, F].
     """
-    E, k = sizes["experts"], sizes["top_k"]
-    sz = dict(sizes)
-    sz["capacity"] = sizes["batch"] * sizes["seq"] * k / E
-    sz_ = MappingProxyType(sz)
+    sz_ = sizes
     # the expert FFN width is its own logical dim: tensor parallelism splits it only where the
     # stack splits experts over the tensor ranks (rules.moe_rules)
     xe = _t("xe", "experts capacity embed", ad)

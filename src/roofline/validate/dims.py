@@ -102,6 +102,7 @@ def _moe(moe: dict[str, Any]) -> MoESpec:
         dense_layers=int(moe.get("first_dense_layers") or 0),
         n_groups=int(moe.get("routing_groups") or 1),
         topk_groups=int(moe.get("topk_routing_groups") or 1),
+        capacity_factor=float(moe.get("capacity_factor") or 0.0),
     )
 
 
