@@ -887,8 +887,10 @@ class _Walker:
         if shape is not None and self.tape is not None:
             compute_s = None
         else:
-            rate = None if shape is None else self.ctx.gemm_flops_per_s(
-                _rate_class(op, op_class), dtype, shape
+            rate = (
+                None
+                if shape is None
+                else self.ctx.gemm_flops_per_s(_rate_class(op, op_class), dtype, shape)
             )
             compute_s = gemm_compute_s(ep, rate)
         if shape is not None and not op.batched:

@@ -131,7 +131,11 @@ class MoESpec:
         for f, (lo, hi) in _MOE_INT.items():
             check_int("[moe]", f, getattr(self, f), lo, hi)
         cf = self.capacity_factor
-        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0.0 <= cf <= MAX_CAPACITY_FACTOR:
+        if (
+            isinstance(cf, bool)
+            or not isinstance(cf, (int, float))
+            or not 0.0 <= cf <= MAX_CAPACITY_FACTOR
+        ):
             raise SpecError(
                 f"[moe]: capacity_factor={cf!r}",
                 rule=f"the capacity factor is 0 (dropless) or a number up to {MAX_CAPACITY_FACTOR:g} (tokens per expert over the balanced share)",
