@@ -336,3 +336,26 @@ def test_capacity_factor_pads_each_sequence_experts_to_int_T_k_over_E_times_cf()
 def test_capacity_factor_out_of_range_is_a_spec_error(cf):
     with pytest.raises(SpecError, match="capacity_factor"):
         MoESpec(n_experts=8, top_k=2, d_ff_expert=64, capacity_factor=cf)
+
+
+def test_dropping_path_dispatch_and_combine_are_one_hot_einsums():
+    # MaxText dense_matmul: 'BSM,BSEC -> EBCM' and 'EBCM,BSEC -> BSM', 2·B·T·E·C·D FLOPs each;
+    # the dispatch mask (bool one-hots) takes no gradient, the combine mask (router weights) does
+    E, k, Fe, B, T = 8, 2, 768, 2, 64
+    led = build_ledger(
+        small(moe=MoESpec(n_experts=E, top_k=k, d_ff_expert=Fe, capacity_factor=1.25)),
+        batch=B,
+        seq=T,
+    )
+    ops = {o.name: o for o in led.ops}
+    C = int(T * k / E * 1.25)
+    for name in ("moe/dispatch", "moe/combine"):
+        assert ops[name].flops == pytest.approx(2 * B * T * E * C * D * ops[name].count)
+    assert ops["moe/dispatch"].backward_flops == pytest.approx(ops["moe/dispatch"].flops)
+    assert ops["moe/combine"].backward_flops == pytest.approx(2 * ops["moe/combine"].flops)
+    assert all(o.batched for o in led.ops if o.name in ("moe/gate", "moe/up", "moe/down"))
+    dropless = build_ledger(
+        small(moe=MoESpec(n_experts=E, top_k=k, d_ff_expert=Fe)), batch=B, seq=T
+    )
+    assert not {"moe/dispatch", "moe/combine"} & {o.name for o in dropless.ops}
+    assert not any(o.batched for o in dropless.ops)
