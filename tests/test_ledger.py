@@ -316,3 +316,46 @@ def test_rows_are_itemised_and_sum_to_totals():
     )
     assert math.isclose(sum(r["flops"] for r in rows), led.flops)
     assert math.isclose(sum(r["params"] for r in rows), led.params)
+
+
+def test_capacity_factor_pads_each_sequence_experts_to_int_T_k_over_E_times_cf():
+    # MaxText dense_matmul (capacity_factor > 0): every expert of every sequence gets
+    # int(T·k/E·cf) slots, all computed; dropless (0) computes B·T·k/E on average
+    E, k, Fe, B, T = 8, 2, 768, 3, 100
+    base = dict(n_experts=E, top_k=k, d_ff_expert=Fe)
+    drop = build_ledger(small(moe=MoESpec(**base, capacity_factor=1.25)), batch=B, seq=T)
+    free = build_ledger(small(moe=MoESpec(**base)), batch=B, seq=T)
+    up_d = next(o for o in drop.ops if o.name == "moe/up")
+    up_f = next(o for o in free.ops if o.name == "moe/up")
+    assert up_f.sizes["capacity"] == pytest.approx(B * T * k / E)
+    assert up_d.sizes["capacity"] == B * int(T * k / E * 1.25) == 3 * 31
+    assert up_d.flops / up_f.flops == pytest.approx(31 / 25)
+
+
+@pytest.mark.parametrize("cf", [-1.0, 100.0, True, "1.25"])
+def test_capacity_factor_out_of_range_is_a_spec_error(cf):
+    with pytest.raises(SpecError, match="capacity_factor"):
+        MoESpec(n_experts=8, top_k=2, d_ff_expert=64, capacity_factor=cf)
+
+
+def test_dropping_path_dispatch_and_combine_are_one_hot_einsums():
+    # MaxText dense_matmul: 'BSM,BSEC -> EBCM' and 'EBCM,BSEC -> BSM', 2·B·T·E·C·D FLOPs each;
+    # the dispatch mask (bool one-hots) takes no gradient, the combine mask (router weights) does
+    E, k, Fe, B, T = 8, 2, 768, 2, 64
+    led = build_ledger(
+        small(moe=MoESpec(n_experts=E, top_k=k, d_ff_expert=Fe, capacity_factor=1.25)),
+        batch=B,
+        seq=T,
+    )
+    ops = {o.name: o for o in led.ops}
+    C = int(T * k / E * 1.25)
+    for name in ("moe/dispatch", "moe/combine"):
+        assert ops[name].flops == pytest.approx(2 * B * T * E * C * D * ops[name].count)
+    assert ops["moe/dispatch"].backward_flops == pytest.approx(ops["moe/dispatch"].flops)
+    assert ops["moe/combine"].backward_flops == pytest.approx(2 * ops["moe/combine"].flops)
+    assert all(o.batched for o in led.ops if o.name in ("moe/gate", "moe/up", "moe/down"))
+    dropless = build_ledger(
+        small(moe=MoESpec(n_experts=E, top_k=k, d_ff_expert=Fe)), batch=B, seq=T
+    )
+    assert not {"moe/dispatch", "moe/combine"} & {o.name for o in dropless.ops}
+    assert not any(o.batched for o in dropless.ops)

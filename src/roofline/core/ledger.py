@@ -141,6 +141,12 @@ class Op:
     flops_per_element: float = 0.0  # elementwise ops only
     routed: bool = False  # routed-expert row: a pass reads only the experts its tokens chose
     window: float | None = None  # attention rows of sliding-window layers: keys per query ≤ window
+    # the second operand takes no gradient (a one-hot mask built from integer routing indices):
+    # the backward pass computes d_lhs only
+    frozen_rhs: bool = False
+    # a routed-expert row computed as a plain batched einsum over a fixed, padded capacity
+    # (the dropping path) rather than a grouped kernel over each expert's own token count
+    batched: bool = False
 
     @property
     def contracting(self) -> tuple[str, ...]:
@@ -182,7 +188,7 @@ class Op:
     def backward_flops(self) -> float:
         """dL/dlhs and dL/drhs: two contractions of the same size (book: 4NPM); none for gathers."""
         if self.kind in (OpKind.MATMUL, OpKind.ATTENTION):
-            return 2.0 * self.flops
+            return (1.0 if self.frozen_rhs else 2.0) * self.flops
         return self.flops
 
     @property
@@ -976,6 +982,7 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str, xd: str | None = None)
         nl = m.n_moe_layers
         sz = dict(sizes)
         sz.update(experts=mo.n_experts, expert_mlp=mo.d_ff_expert, top_k=mo.top_k)
+        sz["capacity"] = expert_capacity(mo, sizes["batch"], sizes["seq"])
         sz_ = MappingProxyType(sz)
         # the router's expert dim is `routes`, not `experts`: its weight is replicated over the
         # expert-parallel ranks like a dense weight (Megatron-Core TopKRouter's weight is not
@@ -994,7 +1001,9 @@ def _mlp_ops(m: ModelSpec, sizes: dict, wd: str, ad: str, xd: str | None = None)
         )
         # routed experts: each token visits top_k experts; weights [E, D, F]. FLOPs use the
         # routed token count B·T·k (tokens × top_k), parameters all E experts.
-        ops += _experts(sz_, nl, gated, xd, ad)
+        if mo.capacity_factor > 0:
+            ops += _dense_dispatch(sz_, nl, ad)
+        ops += _experts(sz_, nl, gated, xd, ad, batched=mo.capacity_factor > 0)
         if mo.n_shared_experts:
             F_sh = (mo.d_ff_shared or mo.d_ff_expert) * mo.n_shared_experts
             sz2 = dict(sizes)
@@ -1032,17 +1041,51 @@ def _ffn(
     return ops
 
 
-def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op]:
+def expert_capacity(moe: Any, batch: float, seq: float) -> float:
+    """Token slots per expert over `batch` sequences of `seq` tokens: B·T·k/E (balanced,
+    dropless), or with a capacity factor c each sequence's int(T·k/E·c) slots, computed whether
+    filled or not (MaxText dense_matmul: maxtext@261a8be0 MaxText/layers/linears.py:461
+    expert_capacity_per_batch = int((seq_len·k / E)·capacity_factor), the dispatch einsum
+    'BSM,BSEC -> EBCM' pads every expert of every sequence to C)."""
+    E, k, c = moe.n_experts, moe.top_k, moe.capacity_factor
+    if c > 0:
+        return batch * max(1, int(seq * k / E * c))
+    return batch * seq * k / E
+
+
+def _dense_dispatch(sizes: Mapping, n: float, ad: str) -> list[Op]:
+    """The dropping path's dispatch and combine as the one-hot einsums MaxText runs
+    (maxtext@261a8be0 MaxText/layers/linears.py:558 'BSM,BSEC -> EBCM' and :602
+    'EBCM,BSEC -> BSM'): each sequence's [T, E, C] mask contracts over its T tokens
+    (dispatch) or its E·C slots (combine), 2·B·T·E·C·D FLOPs each, C = `slots` the slots of
+    one sequence (`expert_capacity` at batch 1). Open: under expert parallelism the `experts`
+    dim of the mask and of xe is split over the expert axis, so the algebra adds its own
+    all-to-all/all-gathers beside the expert rows' dispatch (MaxText runs both einsums
+    batch-sharded, mask_axes ("activation_batch", "activation_length", None, None)); naming the
+    dim `routes` (never sharded) fixes that but prices them as dense GEMMs, and held out by
+    source went 4.98% -> 5.11%, so it is not done here."""
+    sz = MappingProxyType({**sizes, "slots": sizes["capacity"] / sizes["batch"]})
+    x = _t("x", "batch seq embed", ad)
+    mask = _t("mask", "batch seq experts slots", ad)
+    xe = _t("xe", "experts batch slots embed", ad)
+    return [
+        # the dispatch mask is a bool cast of integer one-hots: no gradient flows into it
+        replace(_mm("moe/dispatch", x, mask, xe, sz, n), frozen_rhs=True),
+        _mm("moe/combine", replace(xe, name="ye"), mask, x, sz, n),
+    ]
+
+
+def _experts(
+    sizes: Mapping, n: float, gated: bool, wd: str, ad: str, *, batched: bool = False
+) -> list[Op]:
     """Routed experts as einsums over [experts, tokens-per-expert, ...].
 
     The dispatched activation is xe[experts, batch, seq, top_k?]: we model it as
     xe[experts, capacity, embed] with capacity = B·T·k/E tokens per expert (balanced
-    routing), so FLOPs = 2·B·T·k·D·F per matrix and weights are [E, D, F].
+    routing; `expert_capacity`: a capacity factor's padded slots where the model drops tokens),
+    so FLOPs = 2·capacity·E·D·F per matrix and weights are [E, D, F].
     """
-    E, k = sizes["experts"], sizes["top_k"]
-    sz = dict(sizes)
-    sz["capacity"] = sizes["batch"] * sizes["seq"] * k / E
-    sz_ = MappingProxyType(sz)
+    sz_ = sizes
     # the expert FFN width is its own logical dim: tensor parallelism splits it only where the
     # stack splits experts over the tensor ranks (rules.moe_rules)
     xe = _t("xe", "experts capacity embed", ad)
@@ -1070,7 +1113,9 @@ def _experts(sizes: Mapping, n: float, gated: bool, wd: str, ad: str) -> list[Op
         )
     )
     ops[-1] = replace(ops[-1], routed=True)
-    return ops
+    # dropping: MaxText's 'EBCM,EMH -> EBCH' einsums, one batched dot over E at capacity C
+    # (maxtext@261a8be0 MaxText/layers/linears.py:567-597), no grouped kernel
+    return [replace(o, batched=batched) if o.kind == OpKind.MATMUL else o for o in ops]
 
 
 def moe_token_rows(up: Op, dtype: str) -> tuple[Op, Op]:

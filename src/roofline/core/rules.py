@@ -56,6 +56,7 @@ LOGICAL_DIMS = (
     "routes",  # the router's output width (= experts), never sharded: the router is replicated
     "expert_mlp",
     "capacity",
+    "slots",  # one sequence's expert slots on the dropping path (ledger._dense_dispatch); never sharded
     "layers",
     "q_lora",
     "kv_lora",

@@ -681,12 +681,14 @@ class _Walker:
             self.einsums.append((op.name, *plans))
         reruns = self.rerun_by(op)
         for label, ep, base in zip(self.passes, plans, chosen, strict=True):
+            if label == Pass.D_RHS and op.frozen_rhs:
+                continue  # the second operand takes no gradient (Op.frozen_rhs)
             rr = reruns if label == Pass.FORWARD else NO_RERUN
             shape = gemm_shape_of(ep, self.pricing.compute)
             rec = self.op_record(op, label, op_class, dtype, copies, ep, rr, shape)
             self.ops.append(rec)
             if self.tape is not None:
-                self.tape.gemm(rec, base, ep, shape)
+                self.tape.gemm(rec, base, ep, shape, _rate_class(op, op_class))
             self.einsum_collectives(op, label, ep, block, copies, rr, dtype)
         if self.phase == Phase.TRAIN and dtype in _QUANTISED and not self.stack.book:
             self.quantise(op, sizes, dtype, copies, reruns)
@@ -904,9 +906,13 @@ class _Walker:
         if shape is not None and self.tape is not None:
             compute_s = None
         else:
-            rate = None if shape is None else self.ctx.gemm_flops_per_s(op_class, dtype, shape)
+            rate = (
+                None
+                if shape is None
+                else self.ctx.gemm_flops_per_s(_rate_class(op, op_class), dtype, shape)
+            )
             compute_s = gemm_compute_s(ep, rate)
-        if shape is not None:
+        if shape is not None and not op.batched:
             if op.routed and cm.expert_overhead_s and dtype_bytes(op.weight.dtype) >= 1:
                 memory_s = memory_s + self.touched_experts(op) * cm.expert_overhead_s
         return OpRecord(
@@ -1403,6 +1409,12 @@ def attention_compute_s(
 _GEMM, _VECTOR, _ATTENTION = "gemm", "vector", "attention"  # kinds of _Tape recipes
 
 
+def _rate_class(op: Op, op_class: OpClass) -> OpClass:
+    """The class a GEMM's rate is read for: a routed-expert row of the dropping path is one
+    batched dot at a fixed capacity (`Op.batched`), priced as a dense GEMM, not a grouped one."""
+    return OpClass.DENSE_GEMM if op.batched else op_class
+
+
 class _Tape:
     """What a single-plan float walk's records owe the profile's repriced numbers
     (`core.pricing.REPRICED`): per einsum plan the walk made, its option choice's inputs
@@ -1449,12 +1461,16 @@ class _Tape:
             self.listed = [self.recipes.get(id(r)) for r in walk.ops]
         return self.listed
 
-    def gemm(self, rec: OpRecord, chosen: EinsumPlan, ep: EinsumPlan, shape) -> None:
+    def gemm(
+        self, rec: OpRecord, chosen: EinsumPlan, ep: EinsumPlan, shape, rate_class: Any = None
+    ) -> None:
         """A matmul pass's record: `ep` its plan, `chosen` the plan as the policy chose it,
-        `shape` its GEMM (None: priced at the option choice's rate)."""
+        `shape` its GEMM (None: priced at the option choice's rate), `rate_class` the class
+        its rate is read for (default the record's)."""
         if id(chosen) not in self.plans:
             self.ok = False
-        self.recipes[id(rec)] = (_GEMM, id(chosen), ep, rec.op_class, rec.dtype, shape)
+        cls = rec.op_class if rate_class is None else rate_class
+        self.recipes[id(rec)] = (_GEMM, id(chosen), ep, cls, rec.dtype, shape)
 
     def fill(self, walk: Walk, ctx: PricingContext) -> None:
         """Set the compute seconds `_Walker.op_record` left to the tape: each GEMM at its

@@ -244,9 +244,11 @@ RERUN_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "mlp_act": ("mlp/act",),
         "mlp_out": ("mlp/down",),
         "router": ("moe/router",),
-        "moe_in": ("moe/gate", "moe/up"),
+        # the dropping path's dispatch/combine einsums (ledger._dense_dispatch) go with the
+        # expert matmuls they feed and drain
+        "moe_in": ("moe/dispatch", "moe/gate", "moe/up"),
         "moe_act": ("moe/act",),
-        "moe_out": ("moe/down",),
+        "moe_out": ("moe/down", "moe/combine"),
         "shared_experts": ("moe/shared/*",),
     }
 )

@@ -54,6 +54,7 @@ _OPT_INT_FIELDS = {"sliding_window": (1, MAX_SEQ)}
 _BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "qk_norm", "attn_output_gate")
 _STR_FIELDS = ("name", "family", "source")
 _OPT_NUMBER_FIELDS = ("published_params", "published_active_params")
+MAX_CAPACITY_FACTOR = 64.0  # an expert holding 64x its balanced share is no real setting
 _MOE_INT = {
     "n_experts": (1, MAX_EXPERTS),
     "top_k": (1, MAX_EXPERTS),
@@ -121,10 +122,27 @@ class MoESpec:
     # groups. 1 / 1 = unlimited.
     n_groups: int = 1
     topk_groups: int = 1
+    # token dropping (GShard/Switch capacity factor): each sequence gives every expert
+    # int(T·k/E·capacity_factor) token slots and the expert matmuls run over all of them, padded
+    # or not (MaxText's dense_matmul with capacity_factor > 0: maxtext@261a8be0
+    # MaxText/layers/linears.py:457-505 generate_masks, :549-605). 0 = dropless (every routed
+    # token computed, B·T·k/E per expert on average).
+    capacity_factor: float = 0.0
 
     def __post_init__(self) -> None:
         for f, (lo, hi) in _MOE_INT.items():
             check_int("[moe]", f, getattr(self, f), lo, hi)
+        cf = self.capacity_factor
+        if (
+            isinstance(cf, bool)
+            or not isinstance(cf, (int, float))
+            or not 0.0 <= cf <= MAX_CAPACITY_FACTOR
+        ):
+            raise SpecError(
+                f"[moe]: capacity_factor={cf!r}",
+                rule=f"the capacity factor is 0 (dropless) or a number up to {MAX_CAPACITY_FACTOR:g} (tokens per expert over the balanced share)",
+                fix="write e.g. capacity_factor = 1.25 (MaxText's dropping recipes), or 0 for dropless",
+            )
         if self.d_ff_shared is not None:
             check_int("[moe]", "d_ff_shared", self.d_ff_shared, 1, MAX_FF)
         check_bool("[moe]", "router_bias", self.router_bias)

@@ -120,6 +120,7 @@ def _moe(moe: dict[str, Any], expert_bias: bool = False) -> MoESpec:
         n_groups=int(moe.get("routing_groups") or 1),
         topk_groups=int(moe.get("topk_routing_groups") or 1),
         expert_bias=expert_bias,
+        capacity_factor=float(moe.get("capacity_factor") or 0.0),
     )
 
 
