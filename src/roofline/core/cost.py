@@ -52,6 +52,8 @@ class ComputeModel:
         self.vector_hbm_bytes_per_s = chip.hbm_bw_bytes_per_s * eff.vector_fraction(chip)
         # fixed memory-side time per routed expert a grouped expert GEMM touches
         self.expert_overhead_s = float(eff.expert_overhead_s(chip))
+        # fixed time per MoE layer pass of a 4-bit-expert MoE path's extra kernels
+        self.w4_moe_overhead_s = float(eff.w4_moe_overhead_s(chip))
         # fixed time per kernel launch, added once per op per pass (0 for constant profiles)
         self.kernel_overhead_s = float(eff.kernel_overhead_s(chip))
         self._large: dict[str, float] = {}  # a large GEMM's fraction by dtype, resolved once

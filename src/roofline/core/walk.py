@@ -915,6 +915,10 @@ class _Walker:
         if shape is not None and not op.batched:
             if op.routed and cm.expert_overhead_s and dtype_bytes(op.weight.dtype) >= 1:
                 memory_s = memory_s + self.touched_experts(op) * cm.expert_overhead_s
+            # once per MoE layer pass (on its last routed row, where the combine runs): the
+            # 4-bit-expert path's own kernels beyond the walked rows (Efficiency.w4_moe_overhead_s)
+            if op.name == "moe/down" and cm.w4_moe_overhead_s and dtype_bytes(op.weight.dtype) < 1:
+                memory_s = memory_s + cm.w4_moe_overhead_s
         return OpRecord(
             op.name,
             label,

@@ -116,6 +116,13 @@ PARAMS: dict[str, Param] = {
         "s",
         "fixed memory-side time per routed expert a grouped expert GEMM touches (weight stream start)",
     ),
+    "w4_moe_fixed_s": Param(
+        0.0,
+        2e-4,
+        "s",
+        "fixed time per MoE layer pass of an engine's 4-bit-expert MoE path beyond the walked rows "
+        "(routing sort, ragged metadata, gather/scatter kernels)",
+    ),
     "attn_fwd": Param(
         0.2, 1.0, "fraction", "flash-attention forward matmul efficiency at infinite head dim"
     ),
@@ -214,6 +221,7 @@ class FamilyPhysics:
     kernel_fixed_s: float = 0.0
     grouped_fraction: float = 1.0
     expert_fixed_s: float = 0.0
+    w4_moe_fixed_s: float = 0.0
     attn_fwd: float = 1.0
     attn_bwd: float = 1.0
     attn_softmax_flops: float = 0.0
@@ -426,6 +434,13 @@ class Efficiency:
         kernel times at decode). Hidden under the compute of a compute-bound grouped GEMM."""
         fam = self.family_for(chip)
         return 0.0 if fam is None else float(fam.expert_fixed_s)
+
+    def w4_moe_overhead_s(self, chip: Any) -> float:
+        """Fixed seconds per MoE layer pass an engine's 4-bit-expert MoE path spends beyond the
+        walked rows (datasheet.toml [framework.trtllm]: TensorRT-LLM's Triton MoE backend on
+        Hopper, its routing and ragged-metadata kernels). 0 unless a profile sets it."""
+        fam = self.family_for(chip)
+        return 0.0 if fam is None else float(fam.w4_moe_fixed_s)
 
     def vector_fraction(self, chip: Any) -> float:
         """Fraction of HBM bandwidth memory-bound elementwise / norm kernels reach."""
