@@ -1,8 +1,9 @@
 """Routed-expert GEMMs at decode: a fixed memory-side cost per touched expert (`expert_fixed_s`).
 
 The datasheet profile derives the constant from two published benchmarks of the Triton fused_moe
-kernel (datasheet.toml [moeh], [moeb]) and sets it for the engines that run that kernel (vLLM,
-SGLang); here the walk's priced expert rows reproduce those kernel times on the shapes that were
+kernel (datasheet.toml [moeh], [moeb]) and sets it for the engines that run that kernel (vLLM;
+SGLang on Hopper; SGLang on Blackwell runs FP8 experts through flashinfer_trtllm instead,
+datasheet.toml [sgl11816]/[sgl13489]); here the walk's priced expert rows reproduce those kernel times on the shapes that were
 measured, and the added time has its closed form (touched experts x expert_fixed_s per
 expert-GEMM row, touched = E(1 - (1 - k/E)^T) per chip).
 """
@@ -66,8 +67,10 @@ def expert_time_per_layer(model, system: str, tokens: int, eff) -> float:
 
 
 def triton_moe_profile():
-    """The datasheet profile as an engine running the Triton fused_moe kernel sees it."""
-    return load_profile("datasheet").for_framework("sglang")
+    """The datasheet profile as an engine running the Triton fused_moe kernel on Hopper and
+    Blackwell sees it (vLLM; the [moeb] timing is SGLang's Triton run on B200, the kernel SGLang
+    itself replaced there by flashinfer_trtllm)."""
+    return load_profile("datasheet").for_framework("vllm")
 
 
 def without_expert_cost(eff, family: str):
@@ -126,9 +129,14 @@ def test_only_the_engines_that_run_the_triton_kernel_pay_it():
     for chip in (load_chip("h200"), load_chip("b200")):
         assert base.expert_overhead_s(chip) == 0.0  # no engine named: no kernel assumed
         assert base.for_framework("trtllm").expert_overhead_s(chip) == 0.0  # own CUTLASS MoE
-        for engine in ("vllm", "sglang"):
-            assert base.for_framework(engine).expert_overhead_s(chip) == pytest.approx(1.5e-7)
+        assert base.for_framework("vllm").expert_overhead_s(chip) == pytest.approx(1.5e-7)
     assert base.for_framework("vllm").expert_overhead_s(load_chip("a100-40gb")) == 0.0
+    # SGLang: Triton on Hopper; on Blackwell (SM100) its `auto` MoE runner is flashinfer_trtllm
+    # for FP8 checkpoints (sglang #11816 DeepSeek, #13489 Qwen3-MoE family): nothing charged
+    sgl = base.for_framework("sglang")
+    assert sgl.expert_overhead_s(load_chip("h200")) == pytest.approx(1.5e-7)
+    for chip in ("b200", "b300"):
+        assert sgl.expert_overhead_s(load_chip(chip)) == 0.0
 
 
 def test_four_bit_expert_weights_run_other_kernels_and_pay_nothing():
