@@ -239,7 +239,7 @@ class ShardedStep:
             options=self.options,
         )
 
-    def _table(self, walk, seqs: np.ndarray, ledger, idx: np.ndarray) -> _Tab:
+    def _table(self, walk, seqs: np.ndarray, ledger, idx: np.ndarray, decode: bool = False) -> _Tab:
         """Sum the walk's forward records by op (collectives by the op that pays them)."""
         from roofline.core.rules import Structure, rules_of
 
@@ -266,7 +266,25 @@ class ShardedStep:
             wb[i] += r.copies * _weight_read(op, rules, mesh, seqs)
         for c in walk.collectives:
             comm[at[c.op]] += np.asarray(c.copies, float) * np.asarray(c.time_s, float)
+        if decode:
+            self._mla_decode_kernel(ops, at, mem, mesh)
         return _Tab(names, comp, mem, fl, by, kv, wb, comm, launch)
+
+    def _mla_decode_kernel(self, ops: dict, at: dict, mem: np.ndarray, mesh: dict) -> None:
+        """An absorbed MLA decode's latent-cache read at the engine's decode kernel's achieved
+        bandwidth (`Efficiency.mla_decode_fraction`, 1 unless the engine's profile entry lists
+        a published kernel timing), where the tensor axis splits the heads: the timings are of
+        tensor-parallel head counts (16 of DeepSeek's 128 at tp 8), not of attention DP's
+        whole head set on one rank."""
+        if "attn/q_absorb" not in ops:
+            return
+        eta = self.efficiency.mla_decode_fraction(self.chip)
+        if eta >= 1.0:
+            return
+        split = np.asarray(mesh.get("tensor", 1), float) > 1
+        for name in ("attn/scores", "attn/context"):
+            if name in at:
+                mem[at[name]] = np.where(split, mem[at[name]] / eta, mem[at[name]])
 
     def _ep_imbalance(self, ledger, seqs: np.ndarray, idx: np.ndarray) -> dict:
         """The routed expert GEMMs' compute time scale per row (`ledger.expert_parallel_imbalance`):
@@ -294,7 +312,7 @@ class ShardedStep:
             )
             idx = np.tile(np.arange(self.n), len(GRID))
             seqs = np.repeat(GRID, self.n) / self.pp_plan[idx]
-            t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx)
+            t = self._table(self._walk(led, Phase.DECODE, seqs, idx), seqs, led, idx, decode=True)
             self._cache[key] = t.reshaped(len(GRID), self.n)
         return self._cache[key]
 

@@ -123,6 +123,13 @@ PARAMS: dict[str, Param] = {
         "fixed time per MoE layer pass of an engine's 4-bit-expert MoE path beyond the walked rows "
         "(routing sort, ragged metadata, gather/scatter kernels)",
     ),
+    "mla_decode": Param(
+        0.1,
+        1.0,
+        "fraction",
+        "achieved bandwidth of the engine's MLA decode attention kernel (absorbed, latent cache "
+        "read) over the family's hbm copy bandwidth, at tensor-parallel head counts",
+    ),
     "attn_fwd": Param(
         0.2, 1.0, "fraction", "flash-attention forward matmul efficiency at infinite head dim"
     ),
@@ -222,6 +229,7 @@ class FamilyPhysics:
     grouped_fraction: float = 1.0
     expert_fixed_s: float = 0.0
     w4_moe_fixed_s: float = 0.0
+    mla_decode: float = 1.0
     attn_fwd: float = 1.0
     attn_bwd: float = 1.0
     attn_softmax_flops: float = 0.0
@@ -441,6 +449,13 @@ class Efficiency:
         Hopper, its routing and ragged-metadata kernels). 0 unless a profile sets it."""
         fam = self.family_for(chip)
         return 0.0 if fam is None else float(fam.w4_moe_fixed_s)
+
+    def mla_decode_fraction(self, chip: Any) -> float:
+        """The engine's MLA decode kernel's achieved latent-cache bandwidth over the family's
+        hbm copy bandwidth (1 where no kernel number is listed: it reads at the hbm rate);
+        datasheet.toml's per-engine entries hold the published kernel timings it comes from."""
+        fam = self.family_for(chip)
+        return 1.0 if fam is None else float(fam.mla_decode)
 
     def vector_fraction(self, chip: Any) -> float:
         """Fraction of HBM bandwidth memory-bound elementwise / norm kernels reach."""
