@@ -45,7 +45,10 @@ def _sms(n: int):
 
 def _cost(plan: str, fw=MEGATRON, chips: int = 8, seqs: int = 128, model=WIDE):
     return evaluate_plan(
-        model, parse_system(f"h100:{chips}"), Workload(seqs * SEQ, SEQ), parse_plan(plan),
+        model,
+        parse_system(f"h100:{chips}"),
+        Workload(seqs * SEQ, SEQ),
+        parse_plan(plan),
         framework=fw,
     )
 
@@ -85,12 +88,18 @@ def test_overlap_never_loses_and_comm_bound_phases_show_their_excess():
     phases: the schedule still shows no more than the serial all-to-alls, and more than the
     SM share alone."""
     narrow = dataclasses.replace(
-        WIDE, d_ff=512, n_heads=16, n_kv_heads=2, moe=MoESpec(n_experts=64, top_k=8, d_ff_expert=128)
+        WIDE,
+        d_ff=512,
+        n_heads=16,
+        n_kv_heads=2,
+        moe=MoESpec(n_experts=64, top_k=8, d_ff_expert=128),
     )
     on = _cost("ep=16,microbatch=8,remat=none,overlap_ep=1", chips=16, model=narrow)
     off = _cost("ep=16,microbatch=8,remat=none,overlap_ep=0", chips=16, model=narrow)
     share = 20 / 132
-    assert on.exposed_time_s["ep"] < off.exposed_time_s["ep"] == pytest.approx(off.comm_time_s["ep"])
+    assert (
+        on.exposed_time_s["ep"] < off.exposed_time_s["ep"] == pytest.approx(off.comm_time_s["ep"])
+    )
     assert on.exposed_time_s["ep"] > on.comm_time_s["ep"] * (1 / 8 + (1 - 1 / 8) * share) * 1.01
     assert on.step_time_s < off.step_time_s
 

@@ -416,7 +416,9 @@ def _titan_70b_tp(training_entries, recipe, async_tp):
     from roofline.training.step import evaluate_plan
 
     x = map_training_run(training_entries["tt-h100-llama3-70b-tp8-bf16-vanilla-256gpu"]).inputs
-    plan = x.plan if recipe is None else replace(x.plan, dtypes=stack_of("torchtitan").dtypes(recipe))
+    plan = (
+        x.plan if recipe is None else replace(x.plan, dtypes=stack_of("torchtitan").dtypes(recipe))
+    )
     c = evaluate_plan(
         x.model, x.system, x.workload, replace(plan, collective_matmul=async_tp),
         framework=x.stack or x.framework,
