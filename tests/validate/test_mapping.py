@@ -405,7 +405,13 @@ def test_runs_between_the_marketed_and_the_allocatable_hbm_fit(training_entries)
         x = map_training_run(training_entries[rid]).inputs
         c = evaluate_plan(x.model, x.system, x.workload, x.plan, framework=x.stack or x.framework)
         chip = x.system.chip
-        assert chip.hbm_bytes < c.memory_per_chip_bytes <= chip.fit_hbm_bytes and c.fits, rid
+        assert c.memory_per_chip_bytes <= chip.fit_hbm_bytes and c.fits, rid
+        if rid == "maxtext-v5p-128-64b":
+            # the fp32 logits are no longer counted beside a rebuilt layer (they die at the
+            # loss's backward, before any layer's): 95.8 GB, just inside the marketed 96 GB
+            assert c.memory_per_chip_bytes > 0.99 * chip.hbm_bytes, rid
+        else:
+            assert chip.hbm_bytes < c.memory_per_chip_bytes, rid
 
 
 def _titan_70b_tp(training_entries, recipe, async_tp):

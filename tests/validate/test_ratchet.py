@@ -72,3 +72,14 @@ def test_the_ratchet_file_is_consistent():
     stored = json.loads(RATCHET.read_text())
     assert stored["n_total"] == 78 and stored["n"] == len(stored["covered"])
     assert 0 < stored["median_abs_error"] < 10
+
+
+def test_every_measured_run_is_predicted_to_fit(training_report):
+    """A run that ran must fit (issue 19): the memory model may not refuse a published plan that
+    ran. Memory is not fitted, so this checks the memory model itself on every covered run."""
+    refused = {
+        r.run.id: r.prediction.get("memory_note")
+        for r in training_report.results
+        if r.covered and r.prediction.get("fits") is False
+    }
+    assert not refused, refused

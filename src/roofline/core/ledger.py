@@ -1066,12 +1066,16 @@ def _dense_dispatch(sizes: Mapping, n: float, ad: str) -> list[Op]:
     source went 4.98% -> 5.11%, so it is not done here."""
     sz = MappingProxyType({**sizes, "slots": sizes["capacity"] / sizes["batch"]})
     x = _t("x", "batch seq embed", ad)
-    mask = _t("mask", "batch seq experts slots", ad)
+    # the combine mask carries the router's weights (softmax_probs x one-hot); the dispatch
+    # mask is its bool cast (`dispatch_mask = combine_mask.astype(bool)`, linears.py
+    # generate_masks): one byte an element, int8's width here
+    combine_mask = _t("mask", "batch seq experts slots", ad)
+    dispatch_mask = replace(combine_mask, name="dispatch_mask", dtype="int8")
     xe = _t("xe", "experts batch slots embed", ad)
     return [
         # the dispatch mask is a bool cast of integer one-hots: no gradient flows into it
-        replace(_mm("moe/dispatch", x, mask, xe, sz, n), frozen_rhs=True),
-        _mm("moe/combine", replace(xe, name="ye"), mask, x, sz, n),
+        replace(_mm("moe/dispatch", x, dispatch_mask, xe, sz, n), frozen_rhs=True),
+        _mm("moe/combine", replace(xe, name="ye"), combine_mask, x, sz, n),
     ]
 
 

@@ -879,12 +879,12 @@ def _memory(
         ctx.reuse,
     )
     # without remat the forward's gathered weights stay alive until their backward pass;
-    # with it, one layer's intermediates are rebuilt next to two layers' gathered weights
-    temps = (
-        gathered
-        + np.where(ctx.reuse, 0.0, one_layer)
-        + np.broadcast_to(np.asarray(mp.logits_bytes, float), (w.n,))[inv]
-    )
+    # with it, one layer's intermediates are rebuilt next to two layers' gathered weights.
+    # The fp32 logits live from the output head's forward to the loss's backward, which runs
+    # before any layer's backward: they are never alive beside a rebuilt layer, so the peak
+    # holds the larger of the two, not both
+    logits = np.broadcast_to(np.asarray(mp.logits_bytes, float), (w.n,))[inv]
+    temps = gathered + np.maximum(np.where(ctx.reuse, 0.0, one_layer), logits)
     return TrainingMemory(p, g, o, acts, temps)
 
 
