@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ from roofline.training.step import evaluate_plan
 from roofline.validate.dims import build_model
 
 MEGATRON = load_framework("megatron")
-HF = FRAMEWORK_DIR.parents[2].parent / "tests" / "data" / "hf"
+HF = Path(__file__).parent / "data" / "hf"
 
 
 def _model(bias: bool) -> ModelSpec:
