@@ -175,6 +175,21 @@ def test_in_process_nothing_is_drawn_and_items_pass_through(capsys):
     assert capsys.readouterr().err == "a line\n"
 
 
+def test_a_new_description_waits_out_the_delay(monkeypatch, capsys):
+    """Stages quicker than the delay draw nothing, a new description included: tqdm's
+    set_description draws at once, and close() erases only a bar drawn after the delay, so a
+    report quicker than the delay used to leave its half-finished frame on the terminal."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(progress, "DELAY_S", 60.0)
+    monkeypatch.delenv("ROOFLINE_PROGRESS_DELAY", raising=False)
+    with progress.bar(2, "a", unit="stage") as b:
+        b.update(1)
+        b.set_description("b")
+        b.update(1)
+    assert capsys.readouterr().err == ""
+
+
 def test_allowed_nests_and_never_reenables(monkeypatch):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
@@ -211,8 +226,10 @@ def test_the_serving_search_draws_its_bar_and_erases_it():
 def test_report_draws_its_stages(tmp_path):
     pytest.importorskip("vl_convert")
     out_file = tmp_path / "r.html"
-    rc, out, err = run_in_pty(["report", "--out", str(out_file)], size=(30, 100))
+    # no delay: the bar draws whatever the machine's speed (the report takes ~0.3-1 s)
+    rc, out, err = run_in_pty(["report", "--out", str(out_file)], size=(30, 100), delay=0)
     assert rc == 0, err
     seen = meters(err, "report: ")
     assert seen and seen[-1] == (2, 2) and out_file.is_file()
+    assert err.endswith("\r")  # erased when done
     assert out.startswith("wrote ")

@@ -89,6 +89,22 @@ def _finish(b: Any) -> None:
         b.refresh()
 
 
+class _Staged:
+    """A drawn bar for `bar`: tqdm's own, but a new description waits out the bar's delay like
+    any other redraw (tqdm's set_description draws at once, so a step quicker than the delay
+    left a half-finished frame behind that close() never cleared: it erases only bars it drew)."""
+
+    def __init__(self, b: Any) -> None:
+        self._b = b
+
+    def update(self, n: float = 1) -> None:
+        self._b.update(n)
+
+    def set_description(self, desc: str) -> None:
+        b = self._b
+        b.set_description(desc, refresh=b._time() - b.start_t >= b.delay)
+
+
 class _Silent:
     """What `bar` yields when no bar is drawn: the same calls, doing nothing."""
 
@@ -122,7 +138,7 @@ def bar(total: float | None, desc: str, *, unit: str = "it") -> Iterator[Any]:
         yield _Silent()
         return
     with _bar(total, desc, unit) as b:
-        yield b
+        yield _Staged(b)
         _finish(b)
 
 
