@@ -491,7 +491,8 @@ def _attention_ops(
     if m.mla is not None:
         mla = _mla_ops(m, sizes, T, S, wd, ad, kvd, causal, flash, mla_absorb)
         if m.dsa is not None:
-            mla = _with_dsa(m, mla, sizes, T, S, ad, wd, causal, elementwise)
+            idx = _dsa_indexer_ops(m, sizes, T, S, ad, wd, causal, elementwise)
+            mla = _with_dsa(m, mla, idx, T, S, causal)
         return ops + mla
     S_ = MappingProxyType(sizes)
     qkv_bias = 1  # bias vectors are counted under attn/bias below
@@ -789,22 +790,14 @@ def _dsa_indexer_elementwise(
 
 
 def _with_dsa(
-    m: ModelSpec,
-    mla: list[Op],
-    sizes: dict,
-    T: float,
-    S: float,
-    ad: str,
-    wd: str,
-    causal: Causal,
-    elementwise: bool = True,
+    m: ModelSpec, mla: list[Op], indexer: list[Op], T: float, S: float, causal: Causal
 ) -> list[Op]:
-    """MLA rows under DSA: the indexer after the KV projection, attention over the top-k."""
+    """MLA rows under DSA: the indexer's rows (`_dsa_indexer_ops`) after the KV projection,
+    attention over the top-k."""
     assert m.dsa is not None
     at = next(i for i, o in enumerate(mla) if o.name == "attn/kv_a") + 1
     rows = [_sparse(o, m.dsa.index_topk, T, S, causal) for o in mla]
-    idx = _dsa_indexer_ops(m, sizes, T, S, ad, wd, causal, elementwise)
-    return rows[:at] + idx + rows[at:]
+    return rows[:at] + indexer + rows[at:]
 
 
 def _sparse(op: Op, topk: int, T: float, S: float, causal: Causal) -> Op:

@@ -408,12 +408,16 @@ class Efficiency:
             eta = np.where(grouped, eta * _routed_tile_factor(fam, m), eta)
         return np.where(grouped, eta * fam.grouped_fraction, eta)
 
+    def _family_value(self, chip: Any, name: str, default: float) -> float:
+        """A family field of `chip`'s family as a float; `default` for a chip no family covers."""
+        fam = self.family_for(chip)
+        return default if fam is None else float(getattr(fam, name))
+
     def kernel_overhead_s(self, chip: Any) -> float:
         """Fixed seconds per kernel launch (ramp-up and tail), added once per kernel whatever
         bounds it: a GEMM, a grouped expert GEMM (one launch for all experts), an attention or
         an elementwise kernel. Not inside the fractions, so a memory-bound kernel pays it too."""
-        fam = self.family_for(chip)
-        return 0.0 if fam is None else float(fam.kernel_fixed_s)
+        return self._family_value(chip, "kernel_fixed_s", 0.0)
 
     def attention_fraction(
         self, chip: Any, dtype: str, backward: Any, head_dim: Any, causal: Any
@@ -440,22 +444,19 @@ class Efficiency:
         """Fixed seconds per routed expert a grouped expert GEMM touches, on the memory side (each
         touched expert's weight stream starts cold; datasheet.toml derives it from fused-MoE
         kernel times at decode). Hidden under the compute of a compute-bound grouped GEMM."""
-        fam = self.family_for(chip)
-        return 0.0 if fam is None else float(fam.expert_fixed_s)
+        return self._family_value(chip, "expert_fixed_s", 0.0)
 
     def w4_moe_overhead_s(self, chip: Any) -> float:
         """Fixed seconds per MoE layer pass an engine's 4-bit-expert MoE path spends beyond the
         walked rows (datasheet.toml [framework.trtllm]: TensorRT-LLM's Triton MoE backend on
         Hopper, its routing and ragged-metadata kernels). 0 unless a profile sets it."""
-        fam = self.family_for(chip)
-        return 0.0 if fam is None else float(fam.w4_moe_fixed_s)
+        return self._family_value(chip, "w4_moe_fixed_s", 0.0)
 
     def mla_decode_fraction(self, chip: Any) -> float:
         """The engine's MLA decode kernel's achieved latent-cache bandwidth over the family's
         hbm copy bandwidth (1 where no kernel number is listed: it reads at the hbm rate);
         datasheet.toml's per-engine entries hold the published kernel timings it comes from."""
-        fam = self.family_for(chip)
-        return 1.0 if fam is None else float(fam.mla_decode)
+        return self._family_value(chip, "mla_decode", 1.0)
 
     def vector_fraction(self, chip: Any) -> float:
         """Fraction of HBM bandwidth memory-bound elementwise / norm kernels reach."""
@@ -867,7 +868,7 @@ def _family_over(fam: FamilyPhysics, t: Mapping[str, Any], origin: str) -> Famil
         plain["tile"] = _tile(t["tile"], where)
     for side in _TILE_SIDES:
         if side in t:
-            plain[side] = _tile_m_min(t[side], where, side)
+            plain[side] = _tile_side(t[side], where, side)
     if "sources" in t:
         plain["sources"] = MappingProxyType({**fam.sources, **dict(t["sources"])})
     out = replace(fam, **plain) if plain else fam
@@ -903,8 +904,8 @@ def _family_from_dict(name: str, t: Mapping[str, Any], origin: str) -> FamilyPhy
         tile=_tile(t["tile"], where),
         mm_fraction=MappingProxyType({}),
         wave_units=t.get("wave_units"),
-        tile_m_min=_tile_m_min(t.get("tile_m_min"), where),
-        head_dim_tile=_tile_m_min(t.get("head_dim_tile"), where, "head_dim_tile"),
+        tile_m_min=_tile_side(t.get("tile_m_min"), where),
+        head_dim_tile=_tile_side(t.get("head_dim_tile"), where, "head_dim_tile"),
         sources=MappingProxyType(dict(t.get("sources", {}))),
     )
     values = {f"mm_fraction.{d}": v for d, v in t["mm_fraction"].items()}
@@ -919,7 +920,7 @@ _TILE_SIDES = {
 }
 
 
-def _tile_m_min(v: Any, where: str, key: str = "tile_m_min") -> int | None:
+def _tile_side(v: Any, where: str, key: str = "tile_m_min") -> int | None:
     """A family's tile side (`tile_m_min`, `head_dim_tile`): None or an integer 1..4096."""
     if v is None:
         return None
