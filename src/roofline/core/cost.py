@@ -17,7 +17,7 @@ the per-shape arithmetic; a physics profile prices every GEMM by its shape and d
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -144,19 +144,27 @@ def unique_rows(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cols[first], inv.reshape(-1)
 
 
-def _unit(kind: CollectiveKind, present: tuple[str, ...], ukey: tuple, m: Mesh) -> UnitCost:
+def _unit(
+    kind: CollectiveKind,
+    present: tuple[str, ...],
+    ukey: tuple,
+    system: System,
+    mesh: Callable[[], Mesh],
+) -> UnitCost:
+    """The unit cost of `kind` over the group placed as `ukey` says on `system`, priced on
+    `mesh()` (built only where a unit is not remembered)."""
     hit = _UNIT_CACHE.get(ukey)
     if hit is not None:
         return hit
-    if kind in _DERIVED and not m.system.sharp:
+    if kind in _DERIVED and not system.sharp:
         agkey = (CollectiveKind.ALL_GATHER, ukey[1])
         ag = _UNIT_CACHE.get(agkey)
         if ag is None:
-            ag = _UNIT_CACHE[agkey] = unit_cost(CollectiveKind.ALL_GATHER, present, m)
+            ag = _UNIT_CACHE[agkey] = unit_cost(CollectiveKind.ALL_GATHER, present, mesh())
         f = _DERIVED[kind]
         hit = UnitCost(ag.latency_s * f, ag.seconds_per_byte * f, ag.tier)
     else:
-        hit = unit_cost(kind, present, m)
+        hit = unit_cost(kind, present, mesh())
     _UNIT_CACHE[ukey] = hit
     return hit
 
@@ -191,6 +199,10 @@ class CommModel:
         self.pid: dict[str, np.ndarray] = {}
         self.sig_of: list[tuple] = []
         self.segs_of: list[tuple[System, tuple[Segment, ...]]] = []  # by interned id
+        # (latency, seconds per byte over the link fraction) by (kind, interned placements):
+        # a group's placement recurs under other axes (absent axes add nothing to it)
+        self._priced: dict[tuple[CollectiveKind, tuple[int, ...]], tuple[float, float]] = {}
+        self._gmeshes: dict[tuple, Mesh] = {}  # `_group_mesh` by (axes, placements)
         intern: dict[tuple, int] = {}
         # the placements' segment tuples are shared between meshes (`core.mesh._auto_placed`
         # remembers each step), so a tuple seen before (alive in its mesh) is not read again
@@ -252,28 +264,45 @@ class CommModel:
             groups = self._groups[axes] = self._placements(axes)
         vidx, where, placed = groups
         if placed:
-            vals = np.zeros((len(placed), 2))
-            for c, (present, sigs, js) in enumerate(placed):
-                ukey = (kind, sigs)
-                u = _UNIT_CACHE.get(ukey)
-                if u is None:
-                    u = _unit(kind, present, ukey, self._group_mesh(present, js))
-                link = self.link(self.segs_of[js[0]][0].chip, u.tier)
-                vals[c] = (u.latency_s, u.seconds_per_byte / link)
-            lat[vidx] = vals[where, 0]
-            spb[vidx] = vals[where, 1]
+            mine = self._priced
+            vals = []
+            for present, sigs, js in placed:
+                hit = mine.get((kind, js))
+                if hit is None:
+                    ukey = (kind, sigs)
+                    system = self.segs_of[js[0]][0]
+                    u = _UNIT_CACHE.get(ukey)
+                    if u is None:
+                        u = _unit(
+                            kind,
+                            present,
+                            ukey,
+                            system,
+                            lambda p=present, j=js: self._group_mesh(p, j),
+                        )
+                    link = self.link(system.chip, u.tier)
+                    hit = mine[(kind, js)] = (u.latency_s, u.seconds_per_byte / link)
+                vals.append(hit)
+            v = np.array(vals)
+            lat[vidx] = v[where, 0]
+            spb[vidx] = v[where, 1]
         return lat[self.inv], spb[self.inv]
 
     def _group_mesh(self, present: tuple[str, ...], js: tuple[int, ...]) -> Mesh:
         """The mesh of a group's own axes (`present`, placed as the interned placements `js`):
         what `unit_cost` reads of any mesh holding that placement (the system, the axes'
         sizes and segments), so the group is priced without the whole mesh."""
+        hit = self._gmeshes.get((present, js))
+        if hit is not None:
+            return hit
         system = self.segs_of[js[0]][0]
         segs = [self.segs_of[j][1] for j in js]
         axes = tuple(
             (a, math.prod(g.size for g in sg)) for a, sg in zip(present, segs, strict=True)
         )
-        return Mesh(system, axes, MappingProxyType(dict(zip(present, segs, strict=True))))
+        m = Mesh(system, axes, MappingProxyType(dict(zip(present, segs, strict=True))))
+        self._gmeshes[(present, js)] = m
+        return m
 
     def _placements(self, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
         """The meshes' distinct placements of a group over `axes` (the same for every kind of
@@ -307,7 +336,7 @@ class CommModel:
         m = self.meshes[0]
         if combo and m is not None:
             ukey = (kind, tuple(self.sig_of[j] for _, j in combo))
-            u = _unit(kind, tuple(a for a, _ in combo), ukey, m)
+            u = _unit(kind, tuple(a for a, _ in combo), ukey, m.system, lambda: m)
             lat[0], spb[0] = u.latency_s, u.seconds_per_byte / self.link(m.system.chip, u.tier)
         return lat[self.inv], spb[self.inv]
 
