@@ -107,3 +107,30 @@ def test_comm_model_from_columns_prices_as_from_meshes(system, monkeypatch):
     ):
         np.testing.assert_array_equal(a(kind, nbytes, axes), b(kind, nbytes, axes))
     assert (a(CollectiveKind.ALL_GATHER, nbytes, ("data", "fsdp")) > 0).sum() > 100
+
+
+@pytest.mark.parametrize("system", ["a100:1024", "tpu-v5p:16x16x16", "tpu-v5e:16x16"])
+def test_a_groups_own_mesh_prices_as_the_whole_mesh(system):
+    """`CommModel` prices a group on a mesh of the group's own axes (`mesh.group_mesh`): every
+    kind over every group of every mesh costs what it costs on the whole mesh."""
+    from roofline.core.collectives import unit_cost
+    from roofline.core.mesh import group_mesh
+
+    s = parse_system(system)
+    rng = np.random.default_rng(11)
+    checked = 0
+    for row in _degree_rows(s.n_chips, rng, 40).tolist():
+        items = [(a, d) for a, d in zip(AXIS_ORDER, row, strict=True) if d > 1]
+        try:
+            m = place_mesh(s, items)
+        except PlanError:
+            continue
+        names = [a for a, _ in items]
+        for r in range(1, len(names) + 1):
+            for group in itertools.combinations(names, r):
+                own = group_mesh(s, {a: m.placement[a] for a in group})
+                assert own.sizes == {a: m.sizes[a] for a in group}
+                for kind in CollectiveKind:
+                    assert unit_cost(kind, group, own) == unit_cost(kind, group, m)
+                    checked += 1
+    assert checked > 100

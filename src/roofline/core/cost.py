@@ -16,15 +16,13 @@ the per-shape arithmetic; a physics profile prices every GEMM by its shape and d
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from roofline.core.collectives import CollectiveKind, UnitCost, collective_time, unit_cost
-from roofline.core.mesh import Mesh, Segment, place_mesh
+from roofline.core.mesh import Mesh, Segment, group_mesh, place_mesh
 from roofline.core.rules import Structure as Structure  # re-exported: the walk's family of plans
 from roofline.core.sharding import GemmShape
 from roofline.errors import PlanError
@@ -290,19 +288,14 @@ class CommModel:
 
     def _group_mesh(self, present: tuple[str, ...], js: tuple[int, ...]) -> Mesh:
         """The mesh of a group's own axes (`present`, placed as the interned placements `js`):
-        what `unit_cost` reads of any mesh holding that placement (the system, the axes'
-        sizes and segments), so the group is priced without the whole mesh."""
+        what `unit_cost` reads of any mesh holding that placement (`core.mesh.group_mesh`),
+        so a group is priced without placing a whole mesh; one per (axes, placements)."""
         hit = self._gmeshes.get((present, js))
-        if hit is not None:
-            return hit
-        system = self.segs_of[js[0]][0]
-        segs = [self.segs_of[j][1] for j in js]
-        axes = tuple(
-            (a, math.prod(g.size for g in sg)) for a, sg in zip(present, segs, strict=True)
-        )
-        m = Mesh(system, axes, MappingProxyType(dict(zip(present, segs, strict=True))))
-        self._gmeshes[(present, js)] = m
-        return m
+        if hit is None:
+            system = self.segs_of[js[0]][0]
+            segs = {a: self.segs_of[j][1] for a, j in zip(present, js, strict=True)}
+            hit = self._gmeshes[(present, js)] = group_mesh(system, segs)
+        return hit
 
     def _placements(self, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
         """The meshes' distinct placements of a group over `axes` (the same for every kind of

@@ -182,6 +182,29 @@ class Mesh:
         }
 
 
+# each system's dims by name -> position, outermost first (`Mesh._dim_rank`), shared by the
+# group meshes of one system (`group_mesh`); by identity, the system kept to check it
+_DIM_RANKS = IdentityMemo(256)
+
+
+def group_mesh(sys_: System, placement: Mapping[str, tuple[Segment, ...]]) -> Mesh:
+    """The mesh of a collective group's own axes, placed as `placement` says (each axis' size
+    the product of its segments'): what `collectives.unit_cost` reads of any mesh holding
+    that placement (the system, the axes' sizes and segments). Built without the dataclass's
+    field-by-field `__init__` and with its cached lookups filled (the dims' ranks shared per
+    system): the planner prices hundreds of groups a search, each on its own mesh."""
+    axes = tuple((a, math.prod(g.size for g in segs)) for a, segs in placement.items())
+    m = object.__new__(Mesh)
+    m.__dict__.update(
+        system=sys_,
+        axes=axes,
+        placement=MappingProxyType(dict(placement)),
+        sizes=MappingProxyType(dict(axes)),
+        _dim_rank=_DIM_RANKS((sys_,), (), lambda: {d.name: i for i, d in enumerate(sys_.dims)}),
+    )
+    return m
+
+
 def _as_axis_tuple(axes: str | Iterable[str], known: Sequence[str]) -> tuple[str, ...]:
     if isinstance(axes, str):
         s = axes.strip()
