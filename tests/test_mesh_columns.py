@@ -1,7 +1,7 @@
 """A family's meshes placed one axis at a time (`mesh.auto_placed_columns`, the planner's
 `walk._meshes`) are the meshes `place_mesh` builds one by one (issue 21: the planner's rate;
-benchmarks/README.md, ninth pass): the same Segment tuples per axis, the same meshes that do
-not fit, and a family walk priced from them gives the same steps to the bit."""
+benchmarks/README.md, ninth pass): the same Segment tuples per axis, and collectives priced
+from them cost what they cost on the whole meshes, to the bit."""
 
 from __future__ import annotations
 
