@@ -61,6 +61,9 @@ def test_unit_cost_is_the_collectives_unit():
         ("tpu-v5p:8x8x16", (("data", 4), ("fsdp", 16), ("seq", 2), ("tensor", 8))),
         ("h100:256", (("data", 2), ("fsdp", 16), ("tensor", 8))),
         ("a100:1024", (("data", 32), ("fsdp", 16), ("tensor", 2))),
+        # the same system again: its remembered switched stages (`_stage_terms`' memo) shared
+        ("a100:1024", (("data", 8), ("stage", 4), ("seq", 4), ("tensor", 8))),
+        ("a100:1024", (("data", 2), ("fsdp", 64), ("expert", 8))),
     ):
         s = parse_system(system)
         mesh = place_mesh(s, list(axes))

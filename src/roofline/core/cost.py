@@ -16,12 +16,13 @@ the per-shape arithmetic; a physics profile prices every GEMM by its shape and d
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from roofline.core.collectives import CollectiveKind, UnitCost, collective_time, unit_cost
-from roofline.core.mesh import Mesh, place_mesh
+from roofline.core.mesh import Mesh, Segment, group_mesh, place_mesh
 from roofline.core.rules import Structure as Structure  # re-exported: the walk's family of plans
 from roofline.core.sharding import GemmShape
 from roofline.errors import PlanError
@@ -141,19 +142,27 @@ def unique_rows(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cols[first], inv.reshape(-1)
 
 
-def _unit(kind: CollectiveKind, present: tuple[str, ...], ukey: tuple, m: Mesh) -> UnitCost:
+def _unit(
+    kind: CollectiveKind,
+    present: tuple[str, ...],
+    ukey: tuple,
+    system: System,
+    mesh: Callable[[], Mesh],
+) -> UnitCost:
+    """The unit cost of `kind` over the group placed as `ukey` says on `system`, priced on
+    `mesh()` (built only where a unit is not remembered)."""
     hit = _UNIT_CACHE.get(ukey)
     if hit is not None:
         return hit
-    if kind in _DERIVED and not m.system.sharp:
+    if kind in _DERIVED and not system.sharp:
         agkey = (CollectiveKind.ALL_GATHER, ukey[1])
         ag = _UNIT_CACHE.get(agkey)
         if ag is None:
-            ag = _UNIT_CACHE[agkey] = unit_cost(CollectiveKind.ALL_GATHER, present, m)
+            ag = _UNIT_CACHE[agkey] = unit_cost(CollectiveKind.ALL_GATHER, present, mesh())
         f = _DERIVED[kind]
         hit = UnitCost(ag.latency_s * f, ag.seconds_per_byte * f, ag.tier)
     else:
-        hit = unit_cost(kind, present, m)
+        hit = unit_cost(kind, present, mesh())
     _UNIT_CACHE[ukey] = hit
     return hit
 
@@ -167,8 +176,18 @@ class CommModel:
     """
 
     def __init__(
-        self, inverse: np.ndarray, meshes: list[Mesh | None], eff: Efficiency, floats: bool = False
+        self,
+        inverse: np.ndarray,
+        meshes: Sequence[Mesh | None],
+        eff: Efficiency,
+        floats: bool = False,
+        placed: tuple[Mapping[str, tuple[list, np.ndarray]], Sequence[System], list[int]]
+        | None = None,
     ) -> None:
+        """`placed`: the meshes' placements already found column by column
+        (`core.mesh.auto_placed_columns`: per axis the distinct (system index, segments) and
+        each mesh's index into them), the systems, and the meshes placed on their own instead
+        (their placements read from the Mesh objects); None: every mesh read from its object."""
         self.inv, self.meshes, self.eff = inverse, meshes, eff
         self.single = floats and len(inverse) == 1  # one row asked as floats (`__call__`)
         self.scalar: dict[tuple[CollectiveKind, tuple[str, ...]], tuple[float, float]] = {}
@@ -177,30 +196,46 @@ class CommModel:
         self._groups: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, list[tuple]]] = {}
         self.pid: dict[str, np.ndarray] = {}
         self.sig_of: list[tuple] = []
+        self.segs_of: list[tuple[System, tuple[Segment, ...]]] = []  # by interned id
+        # (latency, seconds per byte over the link fraction) by (kind, interned placements):
+        # a group's placement recurs under other axes (absent axes add nothing to it)
+        self._priced: dict[tuple[CollectiveKind, tuple[int, ...]], tuple[float, float]] = {}
+        self._gmeshes: dict[tuple, Mesh] = {}  # `_group_mesh` by (axes, placements)
         intern: dict[tuple, int] = {}
         # the placements' segment tuples are shared between meshes (`core.mesh._auto_placed`
         # remembers each step), so a tuple seen before (alive in its mesh) is not read again
         seen: dict[tuple[int, int], int] = {}
-        axes = sorted({a for m in meshes if m is not None for a in m.placement})
+
+        def interned(system: System, segs: tuple[Segment, ...]) -> int:
+            j = seen.get((id(system), id(segs)))
+            if j is None:
+                sig = (id(system), tuple((g.dim.name, g.size, g.full, g.stride) for g in segs))
+                j = intern.get(sig)
+                if j is None:
+                    j = intern[sig] = len(self.sig_of)
+                    self.sig_of.append(sig)
+                    self.segs_of.append((system, segs))
+                seen[(id(system), id(segs))] = j
+            return j
+
+        own: Sequence[int] = range(len(meshes))
+        if placed is not None:
+            columns, systems, own = placed
+            for a, (segs_list, idx) in columns.items():
+                if not segs_list:
+                    continue
+                ids = np.array([interned(systems[si], segs) for si, segs in segs_list] + [-1])
+                self.pid[a] = ids[idx]  # -1 (absent) reads the appended -1
+        axes = sorted({a for i in own if (m := meshes[i]) is not None for a in m.placement})
         for a in axes:
-            ids = np.full(len(meshes), -1, dtype=np.int64)
-            for i, m in enumerate(meshes):
+            ids = self.pid.get(a)
+            if ids is None:
+                ids = self.pid[a] = np.full(len(meshes), -1, dtype=np.int64)
+            for i in own:
+                m = meshes[i]
                 if m is None or a not in m.placement:
                     continue
-                segs = m.placement[a]
-                j = seen.get((id(m.system), id(segs)))
-                if j is None:
-                    sig = (
-                        id(m.system),
-                        tuple((g.dim.name, g.size, g.full, g.stride) for g in segs),
-                    )
-                    j = intern.get(sig)
-                    if j is None:
-                        j = intern[sig] = len(self.sig_of)
-                        self.sig_of.append(sig)
-                    seen[(id(m.system), id(segs))] = j
-                ids[i] = j
-            self.pid[a] = ids
+                ids[i] = interned(m.system, m.placement[a])
 
     def link(self, chip: Chip, tier: str) -> float:
         """The profile's link fraction for a chip and tier (looked up once per search)."""
@@ -227,20 +262,46 @@ class CommModel:
             groups = self._groups[axes] = self._placements(axes)
         vidx, where, placed = groups
         if placed:
-            vals = np.zeros((len(placed), 2))
-            for c, (present, sigs, m) in enumerate(placed):
-                u = _unit(kind, present, (kind, sigs), m)
-                link = self.link(m.system.chip, u.tier)
-                vals[c] = (u.latency_s, u.seconds_per_byte / link)
-            lat[vidx] = vals[where, 0]
-            spb[vidx] = vals[where, 1]
+            mine = self._priced
+            vals = []
+            for present, sigs, js in placed:
+                hit = mine.get((kind, js))
+                if hit is None:
+                    ukey = (kind, sigs)
+                    system = self.segs_of[js[0]][0]
+                    u = _UNIT_CACHE.get(ukey)
+                    if u is None:
+                        u = _unit(
+                            kind,
+                            present,
+                            ukey,
+                            system,
+                            lambda p=present, j=js: self._group_mesh(p, j),
+                        )
+                    link = self.link(system.chip, u.tier)
+                    hit = mine[(kind, js)] = (u.latency_s, u.seconds_per_byte / link)
+                vals.append(hit)
+            v = np.array(vals)
+            lat[vidx] = v[where, 0]
+            spb[vidx] = v[where, 1]
         return lat[self.inv], spb[self.inv]
+
+    def _group_mesh(self, present: tuple[str, ...], js: tuple[int, ...]) -> Mesh:
+        """The mesh of a group's own axes (`present`, placed as the interned placements `js`):
+        what `unit_cost` reads of any mesh holding that placement (`core.mesh.group_mesh`),
+        so a group is priced without placing a whole mesh; one per (axes, placements)."""
+        hit = self._gmeshes.get((present, js))
+        if hit is None:
+            system = self.segs_of[js[0]][0]
+            segs = {a: self.segs_of[j][1] for a, j in zip(present, js, strict=True)}
+            hit = self._gmeshes[(present, js)] = group_mesh(system, segs)
+        return hit
 
     def _placements(self, axes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
         """The meshes' distinct placements of a group over `axes` (the same for every kind of
         collective over them, so found once per axes): the meshes where the group spans any
         axis, each one's placement index, and per placement (its axes present, their segment
-        signatures, the first mesh that has it)."""
+        signatures, their interned ids)."""
         n = len(self.meshes)
         # an axis of size 1 is absent from a mesh (pid -1): it adds nothing to the group
         cols = np.stack([self.pid.get(a, np.full(n, -1, dtype=np.int64)) for a in axes], axis=1)
@@ -250,14 +311,11 @@ class CommModel:
         combos, where = unique_rows(cols[valid] + 1)  # absent (-1) as 0
         combos = combos - 1
         vidx = np.nonzero(valid)[0]
-        first = np.zeros(len(combos), dtype=int)
-        first[where[::-1]] = vidx[::-1]
         placed = []
-        for c, combo in enumerate(combos.tolist()):  # Python ints
+        for combo in combos.tolist():  # Python ints
             present = tuple(a for a, j in zip(axes, combo, strict=True) if j >= 0)
-            m = self.meshes[first[c]]
-            assert m is not None
-            placed.append((present, tuple(self.sig_of[j] for j in combo if j >= 0), m))
+            js = tuple(j for j in combo if j >= 0)
+            placed.append((present, tuple(self.sig_of[j] for j in js), js))
         return vidx, where, placed
 
     def _coef_one(
@@ -271,7 +329,7 @@ class CommModel:
         m = self.meshes[0]
         if combo and m is not None:
             ukey = (kind, tuple(self.sig_of[j] for _, j in combo))
-            u = _unit(kind, tuple(a for a, _ in combo), ukey, m)
+            u = _unit(kind, tuple(a for a, _ in combo), ukey, m.system, lambda: m)
             lat[0], spb[0] = u.latency_s, u.seconds_per_byte / self.link(m.system.chip, u.tier)
         return lat[self.inv], spb[self.inv]
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from roofline.errors import PlanError
 from roofline.memo import IdentityMemo
 from roofline.specs.system import DimKind, PhysDim, System, parse_system
@@ -178,6 +180,29 @@ class Mesh:
             "axes": {n: s for n, s in self.axes},
             "placement": {n: [seg.to_dict() for seg in self.placement[n]] for n, _ in self.axes},
         }
+
+
+# each system's dims by name -> position, outermost first (`Mesh._dim_rank`), shared by the
+# group meshes of one system (`group_mesh`); by identity, the system kept to check it
+_DIM_RANKS = IdentityMemo(256)
+
+
+def group_mesh(sys_: System, placement: Mapping[str, tuple[Segment, ...]]) -> Mesh:
+    """The mesh of a collective group's own axes, placed as `placement` says (each axis' size
+    the product of its segments'): what `collectives.unit_cost` reads of any mesh holding
+    that placement (the system, the axes' sizes and segments). Built without the dataclass's
+    field-by-field `__init__` and with its cached lookups filled (the dims' ranks shared per
+    system): the planner prices hundreds of groups a search, each on its own mesh."""
+    axes = tuple((a, math.prod(g.size for g in segs)) for a, segs in placement.items())
+    m = object.__new__(Mesh)
+    m.__dict__.update(
+        system=sys_,
+        axes=axes,
+        placement=MappingProxyType(dict(placement)),
+        sizes=MappingProxyType(dict(axes)),
+        _dim_rank=_DIM_RANKS((sys_,), (), lambda: {d.name: i for i, d in enumerate(sys_.dims)}),
+    )
+    return m
 
 
 def _as_axis_tuple(axes: str | Iterable[str], known: Sequence[str]) -> tuple[str, ...]:
@@ -382,6 +407,77 @@ def _auto_placed(sys_: System, items: list[tuple[str, int]]) -> dict[str, tuple[
             steps[(free, size)] = hit
         result[a], free = hit
     return result
+
+
+def auto_placed_columns(
+    systems: Sequence[System],
+    system_idx: Any,
+    columns: Sequence[tuple[str, Any]],
+) -> tuple[dict[str, tuple[list[tuple[int, tuple[Segment, ...]]], Any]], Any]:
+    """`_auto_placed` of many meshes at once, one axis (column) at a time: mesh i lives on
+    `systems[system_idx[i]]` with axis sizes `columns` ((name, int array) pairs, outermost
+    first; an axis of size 1 is absent and takes nothing).
+
+    Auto-placement walks the axes innermost first, and where an axis goes depends only on its
+    size and what the axes inside it left free (`_take`, remembered in the system's table of
+    `_auto_placed`), so the meshes are grouped per axis by (what is free, size) and each
+    distinct step is taken once, not once per mesh: the same steps, the same Segment tuples.
+    Returns, per axis, (the distinct (system index, segment tuple) pairs, each mesh's index
+    into them: -1 where
+    the axis has size 1 or the mesh did not fit), and which meshes did not fit (an axis that
+    cannot be placed: `place_mesh` says why)."""
+    sidx = np.asarray(system_idx, dtype=np.int64)
+    n = len(sidx)
+    tables = [_TAKES((s,), (), dict) for s in systems]
+    # a state is (system index, what each of its dims has free); meshes start with all free
+    states: list[tuple[int, tuple[int, ...]]] = [
+        (i, tuple(d.size for d in s.dims)) for i, s in enumerate(systems)
+    ]
+    state_id = {st: j for j, st in enumerate(states)}
+    state = sidx.copy()
+    bad = np.zeros(n, dtype=bool)
+    out: dict[str, tuple[list[tuple[int, tuple[Segment, ...]]], Any]] = {}
+    for a, col in reversed(columns):
+        size = np.asarray(col, dtype=np.int64)
+        idx = np.full(n, -1, dtype=np.int64)
+        segs_list: list[tuple[int, tuple[Segment, ...]]] = []
+        live = (size > 1) & ~bad
+        if live.any():
+            rows = np.flatnonzero(live)
+            radix = int(size[rows].max()) + 1
+            keys, inv = np.unique(state[rows] * radix + size[rows], return_inverse=True)
+            step_seg = np.full(len(keys), -1, dtype=np.int64)
+            step_state = np.full(len(keys), -1, dtype=np.int64)
+            for k, key in enumerate(keys.tolist()):
+                st, sz = divmod(key, radix)
+                si, free = states[st]
+                steps = tables[si]
+                hit = steps.get((free, sz))
+                if hit is None:
+                    try:
+                        hit = _take(systems[si], free, a, sz)
+                    except PlanError:
+                        continue  # not remembered; the mesh's own placement says why
+                    if len(steps) >= _TAKES_MAX:
+                        steps.clear()
+                    steps[(free, sz)] = hit
+                segs, left = hit
+                nxt = (si, left)
+                j = state_id.get(nxt)
+                if j is None:
+                    j = state_id[nxt] = len(states)
+                    states.append(nxt)
+                step_seg[k], step_state[k] = len(segs_list), j
+                segs_list.append((si, segs))
+            got = step_seg[inv]
+            failed = got < 0
+            idx[rows] = got
+            state[rows] = np.where(failed, state[rows], step_state[inv])
+            bad[rows[failed]] = True
+        out[a] = (segs_list, idx)
+    for _, idx in out.values():
+        idx[bad] = -1
+    return out, bad
 
 
 def _take(sys_: System, free: tuple[int, ...], a: str, size: int) -> tuple:

@@ -27,6 +27,7 @@ import enum
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -43,9 +44,9 @@ from roofline.core.ledger import (
     moe_token_rows,
 )
 from roofline.core.memory import NON_LAYER_ROWS, reruns_module, saved_bytes
-from roofline.core.mesh import Mesh
+from roofline.core.mesh import Mesh, auto_placed_columns
 from roofline.core.pricing import PricingContext, pricing_context, profile_key
-from roofline.core.rules import AXIS_OF, Rules, Strategy, Structure, rules_of
+from roofline.core.rules import AXIS_OF, AXIS_ORDER, Rules, Strategy, Structure, rules_of
 from roofline.core.sharding import (
     CHEAPEST,
     Comm,
@@ -1803,8 +1804,8 @@ def _with(rec: Any, **changes: Any) -> Any:
 
 def _pricing(systems, rows, eff, options) -> tuple[AlgebraPricing, np.ndarray]:
     """How a walk of `rows` on `systems` prices under `eff`, and each row's mesh reason."""
-    meshes, minv, reason = _meshes(systems, rows)
-    comm = CommModel(minv, meshes, eff, floats=options.floats)
+    meshes, minv, reason, placed = _meshes(systems, rows)
+    comm = CommModel(minv, meshes, eff, floats=options.floats, placed=placed)
     return _rates(systems, eff, options, comm), reason
 
 
@@ -1868,21 +1869,83 @@ def _scale_up(system: System) -> float:
     return float(inner.size)
 
 
-def _meshes(
-    systems: list[System], rows: MeshRows
-) -> tuple[list[Mesh | None], np.ndarray, np.ndarray]:
+# a family with fewer distinct meshes than this places each on its own (`mesh_for`)
+_COLUMNS_FROM = 8
+
+
+def _meshes(systems: list[System], rows: MeshRows) -> tuple[Any, np.ndarray, np.ndarray, Any]:
     """One mesh per distinct (system, degrees) — microbatches do not matter — with each row's
-    index into them and the reason a mesh does not fit ("" where it does)."""
+    index into them, the reason a mesh does not fit ("" where it does), and the placements
+    found column by column (`CommModel`'s `placed`; None where each mesh was placed alone).
+
+    A family's meshes are placed one axis at a time over all of them
+    (`mesh.auto_placed_columns`: each distinct step once); a Mesh object is built only where
+    a collective's unit cost asks for it (`_FamilyMeshes`). A mesh whose sizes miss its
+    system's chip count, whose every axis has size 1, or that does not fit is placed alone
+    (`mesh_for`), so its reason is `place_mesh`'s own."""
     cols = np.column_stack(
         [rows.system_idx] + [np.asarray(rows.degrees[s]) for s in Strategy]
     ).astype(np.int64)
     mesh_rows, minv = unique_rows(cols)
-    found = []
-    for row in mesh_rows.tolist():  # Python ints: numpy scalars are slow to convert one by one
-        found.append(mesh_for(systems[row[0]], mesh_axes_of(tuple(row[1:]))))
-    meshes = [m if isinstance(m, Mesh) else None for m in found]
-    reason = np.array([(m if isinstance(m, str) else "") for m in found], dtype=object)
-    return meshes, minv, reason[minv]
+    if len(mesh_rows) < _COLUMNS_FROM:
+        found = []
+        for row in mesh_rows.tolist():  # Python ints: numpy scalars are slow to convert
+            found.append(mesh_for(systems[row[0]], mesh_axes_of(tuple(row[1:]))))
+        meshes = [m if isinstance(m, Mesh) else None for m in found]
+        reason = np.array([(m if isinstance(m, str) else "") for m in found], dtype=object)
+        return meshes, minv, reason[minv], None
+    sidx = mesh_rows[:, 0]
+    by_axis = {AXIS_OF[s]: mesh_rows[:, 1 + k] for k, s in enumerate(Strategy)}
+    columns = [(a, by_axis[a]) for a in AXIS_ORDER]
+    placed, bad = auto_placed_columns(systems, sidx, columns)
+    chips = np.array([s.n_chips for s in systems], dtype=np.int64)[sidx]
+    alone = bad | (np.prod(mesh_rows[:, 1:], axis=1) != chips) | np.all(mesh_rows[:, 1:] == 1, 1)
+    own = np.flatnonzero(alone).tolist()
+    reason = np.full(len(mesh_rows), "", dtype=object)
+    for i in own:
+        for _, idx in placed.values():
+            idx[i] = -1
+    meshes = _FamilyMeshes(systems, mesh_rows, placed)
+    for i in own:
+        reason[i] = meshes.reason(i)
+    return meshes, minv, reason[minv], (placed, systems, own)
+
+
+class _FamilyMeshes:
+    """A family's meshes by index, each built when first asked for: from its axes' placements
+    found column by column (the Mesh `place_mesh` builds: the same system, axes and Segment
+    tuples), or placed alone (`mesh_for`) where the columns have none; None where it does not
+    fit (`reason` says why)."""
+
+    def __init__(self, systems: list[System], mesh_rows: np.ndarray, placed: Mapping) -> None:
+        self.systems, self.rows = systems, mesh_rows
+        self.placed = [(a, segs, idx.tolist()) for a, (segs, idx) in placed.items()]
+        self._made: dict[int, Mesh | str] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _placed(self, i: int) -> Mesh | str:
+        m = self._made.get(i)
+        if m is None:
+            row = self.rows[i].tolist()
+            system, axes = self.systems[row[0]], mesh_axes_of(tuple(row[1:]))
+            where = {a: segs[idx[i]][1] for a, segs, idx in self.placed if idx[i] >= 0}
+            if len(where) == len(axes):
+                m = Mesh(system, axes, MappingProxyType({a: where[a] for a, _ in axes}))
+            else:
+                m = mesh_for(system, axes)
+            self._made[i] = m
+        return m
+
+    def __getitem__(self, i: int) -> Mesh | None:
+        m = self._placed(i)
+        return m if isinstance(m, Mesh) else None
+
+    def reason(self, i: int) -> str:
+        """Why mesh `i` does not fit the topology ("" where it does)."""
+        m = self._placed(i)
+        return m if isinstance(m, str) else ""
 
 
 __all__ = [
