@@ -71,12 +71,29 @@ def layer_input(ledger: Ledger) -> Tensor:
     return Tensor("x", ("batch", "seq", "embed"), ledger.ops[0].out.dtype if ledger.ops else "bf16")
 
 
-def saved_bytes(ledger: Ledger, remat: Remat, tensor_bytes: TensorBytes) -> Any:
+def saved_bytes(
+    ledger: Ledger, remat: Remat, tensor_bytes: TensorBytes, *, keeps_layer_input: bool = False
+) -> Any:
     """Activation bytes all layers keep for the backward pass (the one home of the rule).
 
     FULL / CHECKPOINTS: N copies of the layer input per layer (book: 2·B·T·D·L at bf16);
     NONE, MATMULS and MODULES: the tensors of `saved_tensors`, and NONE (MODULES unless it
     recomputes the layernorms) adds the normalised copies of x the norms keep. `tensor_bytes` says how a tensor is counted (whole, or per chip).
+
+    `keeps_layer_input` (a real stack; the book's "checkpoint the big matmuls" counts the
+    matmuls' outputs only): a MATMULS policy keeps each layer's input x, the point its recompute
+    of the norms and attention starts from, and not the outputs of the layer's last projections
+    (`LAST_PROJECTIONS`), which only enter the residual sum, whose backward reads nothing. MaxText
+    saves x under every remat policy (AI-Hypercomputer/maxtext@e591f30c
+    src/maxtext/configs/base.yml:361, decoder_layer_input 'device': "cannot be rematerialized -
+    it serves as periodic checkpoints that act as the remat start points"; jax.checkpoint keeps
+    the inputs of the function it wraps and the scan over layers stacks each iteration's carry),
+    while its 'minimal' list naming mlpwo (src/maxtext/layers/decoders.py:326-345) saves nothing
+    for it: a checkpoint policy only chooses among the residuals the backward reads, and
+    mlpwo's output is not one. Autograd likewise keeps what a backward reads (torch.utils.checkpoint
+    the wrapped block's inputs; Megatron's input layernorm its input). For a dense layer the two
+    are the same size (x for the down projection's output); a MoE layer, whose routed down
+    projection is not kept either way (`saved_tensors`), keeps x on top.
     """
     m = ledger.model
     assert m is not None
@@ -85,8 +102,13 @@ def saved_bytes(ledger: Ledger, remat: Remat, tensor_bytes: TensorBytes) -> Any:
         n = 1 if remat.kind == RematKind.FULL else remat.n
         return n * tensor_bytes(None, x) * m.n_layers
     total: Any = 0.0
+    real_matmuls = remat.kind == RematKind.MATMULS and keeps_layer_input
     for op, t in saved_tensors(ledger, remat):
+        if real_matmuls and op.name in LAST_PROJECTIONS and t is op.out:
+            continue
         total = total + tensor_bytes(op, t) * op.count
+    if real_matmuls:
+        total = total + tensor_bytes(None, x) * m.n_layers
     if remat.kind == RematKind.NONE or (
         remat.kind == RematKind.MODULES and "layernorm" not in remat.modules
     ):

@@ -308,6 +308,22 @@ class Stack:
 
         return dtype_bytes(self.framework.data_parallel.grad_reduce.dtype) / 2.0
 
+    def accumulator_bytes(self, param_bytes: float, zero: Any, dp: Any) -> Any:
+        """Bytes per local parameter of the stack's gradient accumulator under ZeRO stage
+        `zero` over `dp` replicas (arrays broadcast), 0 where the stack keeps none (the
+        idealised machine, and stacks that accumulate into their one gradient buffer).
+        `param_bytes` is the dtype of the parameters the loss differentiates
+        (`OptimizerPolicy.param_bytes`); ZeRO-1/2 applies only with replicas."""
+        from roofline.units import dtype_bytes
+
+        ga = self.framework.grad_accumulation
+        z = np.asarray(zero)
+        if ga is None or self.book:
+            return 0.0 * np.asarray(z * dp, float)
+        own = param_bytes if ga.buffer == "params" else dtype_bytes(ga.buffer)
+        under_zero = own if ga.zero_buffer is None else dtype_bytes(ga.zero_buffer)
+        return np.where((z >= 1) & (z <= 2) & (np.asarray(dp) > 1), under_zero, own)
+
     @property
     def param_gather(self) -> bool:
         """ZeRO-1/2 all-gather the updated parameters over the replicas after each step."""

@@ -1295,7 +1295,10 @@ class _Walker:
         attn_outs = {op.out.name for op in led if op.kind == OpKind.ATTENTION}
 
         remats = dict.fromkeys((*self.opts.remats, Remat(RematKind.NONE)))
-        saved = {r: saved_bytes(led, r, local) / m.n_layers for r in remats}
+        keeps_x = not self.stack.book  # a real stack's MATMULS policy keeps the layer input
+        saved = {
+            r: saved_bytes(led, r, local, keeps_layer_input=keeps_x) / m.n_layers for r in remats
+        }
         logits = (
             self.seqs
             * seq

@@ -631,6 +631,21 @@ class Kernels:
 
 
 @dataclass(frozen=True)
+class GradAccumulation:
+    """How a stack accumulates the gradients of the microbatches of one step where it keeps a
+    separate accumulator (optional table): `buffer` is the accumulator's dtype ("params": the
+    dtype of the parameters the loss differentiates, `OptimizerPolicy.param_bytes`), and
+    `zero_buffer` its dtype under ZeRO-1 where the stack differentiates a cast copy of the
+    parameters instead (None: as `buffer`). With more than one microbatch the step keeps the
+    accumulator beside each microbatch's gradient and adds every microbatch into it."""
+
+    buffer: str
+    source: str
+    zero_buffer: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Eager:
     """A stack that runs uncompiled (eager) by default or on request: `traffic` is, per ledger
     row (a glob over op names), the HBM bytes its eager kernels move over the bytes of the one
@@ -678,6 +693,7 @@ class Framework:
     notes: str = ""
     kernels: Kernels | None = None
     eager: Eager | None = None
+    grad_accumulation: GradAccumulation | None = None
 
     def move(self, family: Family | str, axis: AxisRole | str) -> Move:
         return self.options.move(family, axis)
@@ -1177,6 +1193,32 @@ def _parse_kernels(t: _Table | None) -> Kernels | None:
     return k
 
 
+def _parse_grad_accumulation(t: _Table | None) -> GradAccumulation | None:
+    if t is None:
+        return None
+    g = GradAccumulation(
+        buffer=_accumulator_dtype(t, "buffer", params=True),
+        source=t.source(),
+        zero_buffer=_accumulator_dtype(t, "zero_buffer", params=False),
+        note=t.text("note", ""),
+    )
+    return g
+
+
+def _accumulator_dtype(t: _Table, key: str, *, params: bool) -> str | None:
+    """A gradient accumulator's dtype: a dtype name, or (where `params`) "params"."""
+    v = t.get(key, None)
+    if v is None:
+        return None if not params else t.text(key)  # a missing buffer is "has no"
+    if params and v == "params":
+        return v
+    try:
+        return parse_dtype(v)
+    except SpecError as e:
+        words = "'params' (the parameters' own dtype) or a dtype" if params else "a dtype"
+        raise t.error(key, v, f"{key} is {words}: {e.rule}", f"write {key} = \"fp32\" or \"bf16\"") from None
+
+
 def _parse_eager(t: _Table | None) -> Eager | None:
     if t is None:
         return None
@@ -1242,6 +1284,7 @@ def framework_from_dict(raw: dict, origin: str = "<dict>") -> Framework:
         notes=t.text("notes", ""),
         kernels=_parse_kernels(t.sub("kernels", None)),
         eager=_parse_eager(t.sub("eager", None)),
+        grad_accumulation=_parse_grad_accumulation(t.sub("gradient_accumulation", None)),
     )
     return fw
 
@@ -1312,6 +1355,7 @@ def framework_for_source(text: str) -> str | None:
 __all__ = [
     "AttentionKernel",
     "Eager",
+    "GradAccumulation",
     "Kernels",
     "COLLECTIVE_KINDS",
     "REMAT_MEMORY_KINDS",

@@ -864,6 +864,8 @@ def _memory(
     p, g, o = persistent_bytes(total - expert, opt, dense_group, ctx.zero)
     pe, ge, oe = persistent_bytes(expert, opt, expert_group, ctx.zero)
     p, g, o = p + pe, g + ge, o + oe
+    acc, copy = _accumulator(total, ctx, opt)
+    p, g = p + copy, g + acc
     saved = [np.broadcast_to(np.asarray(mp.saved_per_layer[r], float), (w.n,)) for r in remats]
     act_layer = np.choose(ctx.remat_idx, [s[inv] for s in saved])
     layers_per_stage = np.ceil(model.n_layers / pp)
@@ -886,6 +888,34 @@ def _memory(
     logits = np.broadcast_to(np.asarray(mp.logits_bytes, float), (w.n,))[inv]
     temps = gathered + np.maximum(np.where(ctx.reuse, 0.0, one_layer), logits)
     return TrainingMemory(p, g, o, acts, temps)
+
+
+def _accumulator(params_local: Any, ctx: _Context, opt: OptimizerPolicy) -> tuple[Any, Any]:
+    """(accumulator bytes, cast-parameter bytes) per chip of a stack that accumulates the
+    microbatches' gradients in a buffer of its own (`Stack.accumulator_bytes`; MaxText's
+    jax.lax.scan carry, specs/frameworks/maxtext.toml [gradient_accumulation]): present with
+    more than one accumulation step, beside each microbatch's own gradient. Where the
+    accumulator is narrower than the parameters the stack differentiates a cast copy of them
+    (MaxText's shard_optimizer_over_data: bf16 `ga_params`, kept for the whole loop). Under
+    pipeline parallelism the microbatches are the pipeline's, not accumulation steps (MaxText:
+    gradient_accumulation_steps 1, launch/maxtext.py `_batch_overrides`)."""
+    per = ctx.stack.accumulator_bytes(opt.param_bytes, ctx.zero, ctx.deg[Strategy.DP])
+    many = (ctx.M > 1) & (ctx.deg[Strategy.PP] == 1)
+    acc = np.where(many, params_local * per, 0.0)
+    copy = np.where(many & (per < opt.param_bytes), params_local * per, 0.0)
+    return acc, copy
+
+
+def _accumulation_s(
+    params_local: Any, acc: Any, copy: Any, opt: OptimizerPolicy, hbm_bytes_per_s: Any
+) -> tuple[Any, Any]:
+    """(seconds per microbatch, seconds per step) of the accumulator's HBM passes
+    (`_accumulator`'s bytes): each microbatch's add reads the accumulator and the new
+    gradient and writes the sum (3 x its bytes, MaxText gradient_accumulation.py:136); once
+    per step it is zeroed (:148) and divided by the weights (read and write, :184-187), and
+    the cast copy of the parameters is made (read the parameters, write the copy, :93-100)."""
+    cast = np.where(copy > 0, params_local * opt.param_bytes + copy, 0.0)
+    return 3.0 * acc / hbm_bytes_per_s, (3.0 * acc + cast) / hbm_bytes_per_s
 
 
 def _memory_of(model: ModelSpec, w: Walk, ctx: _Context, opt, key: tuple | None):
@@ -1068,6 +1098,11 @@ def _step(
     layer_s = eff.layer_overhead_s + ctx.stack.layer_overhead_s
     step_s = eff.step_overhead_s + ctx.stack.step_overhead_s
     overhead_mb = layer_s * 2 * layers
+    hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
+    params_local = _per_candidate(w.memory.params_local, w, ctx.inv)
+    acc, copy = _accumulator(params_local, ctx, opt)
+    acc_mb, acc_step = _accumulation_s(params_local, acc, copy, opt, hbm)
+    compute = compute + acc_mb  # the accumulator's add: an elementwise pass per microbatch
     t_mb = compute + sum(exposed.values()) + overhead_mb
     edge = np.broadcast_to(np.asarray(tot.edge_s, float), ctx.n_rows)[ctx.inv]
     t_mb = _balanced_stage(t_mb, edge, model.n_layers, ctx)
@@ -1076,8 +1111,9 @@ def _step(
     p2p = 2 * hop * np.maximum(pp - 1, 0)
     grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
     mem = _memory_of(model, w, ctx, opt, key)
-    hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
-    opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
+    # the update streams the parameters, one gradient and the state once; an accumulating
+    # stack also zeroes and divides its accumulator (and casts the parameters) once per step
+    opt_t = ((mem.params - copy) * 2 + (mem.grads - acc) + mem.optimizer * 2) / hbm + acc_step
     step = t_pipe + p2p + sync_exposed + opt_t + step_s
     exposed_comm = sum(exposed.values()) * M + p2p + sync_exposed
     n_chips = np.array([sy.n_chips for sy in systems], dtype=float)[ctx.sys_idx]
