@@ -4,6 +4,7 @@ rank them, and cost the few plans the report lists one by one.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import functools
 import gc
@@ -24,7 +25,7 @@ from roofline.report.text import (
     why_it_wins,
 )
 from roofline.specs.efficiency import Efficiency
-from roofline.specs.framework import Framework
+from roofline.specs.framework import Framework, parse_stack_date
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import ComputeDtypes, Plan, Workload, parse_optimizer
 from roofline.specs.system import System
@@ -53,6 +54,7 @@ from roofline.training.planner.space import (
     activation_offload_rescue,
     enumerate_plans,
     offload_rescue,
+    stack_as_of,
 )
 from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import (
@@ -229,6 +231,7 @@ def plan_training(
     efficient_size: bool = True,
     launch_stack: str | None = None,
     compiled: bool | None = None,
+    as_of: datetime.date | str | None = None,
 ) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
 
@@ -242,10 +245,13 @@ def plan_training(
     the stack named to launch the plans (None: any), whose configuration must say them
     (`planner.launchable`). `compiled` pins compile as `dtypes` pins the precision: plans
     left unset and costed so (`Stack.compiling_by_default`; validate's planner mode states the
-    run's); None searches it where the stack runs eager by default (`space.searches_compile`)."""
+    run's); None searches it where the stack runs eager by default (`space.searches_compile`).
+    `as_of`: the stack's date (a date, or 'YYYY-MM[-DD]'; None: today): the features its
+    framework record dates later are not searched (`space.stack_as_of`, `Framework.lacks`)."""
     t0 = time.perf_counter()
+    when = None if as_of is None else parse_stack_date(as_of)
     stack, space = _pinned(stack_of(framework), space or SearchSpace(), compiled)
-    space = space.for_stack(stack, model)
+    stack, space = stack_as_of(space.for_stack(stack, model), stack, when)
     eff = training_profile(efficiency)
     opt = parse_optimizer(optimizer)
     _check_objective(objective)
