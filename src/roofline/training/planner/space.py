@@ -39,7 +39,7 @@ import numpy as np
 
 from roofline.core.rules import Structure, kv_heads_replicated
 from roofline.core.stack import Stack
-from roofline.specs.framework import Feature, FeatureSince, Move, OverlapClass
+from roofline.specs.framework import Feature, FeatureSince, Move, OverlapClass, parse_stack_date
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload, flag_code
 from roofline.specs.system import System
@@ -530,7 +530,7 @@ def _replicates_beside_fsdp(a: Arrays) -> np.ndarray:
 
 
 def stack_as_of(
-    space: SearchSpace, stack: Stack, when: datetime.date | None
+    space: SearchSpace, stack: Stack, when: datetime.date | str | None
 ) -> tuple[Stack, SearchSpace]:
     """`stack` and `space` (already `for_stack`) as they stood at `when` (None: today, both
     unchanged): every feature the stack's framework record dates after `when` leaves the
@@ -539,7 +539,8 @@ def stack_as_of(
     expert overlap mechanisms are off in the stack (`Stack.without_overlap`: that version had
     none) and not searched; gradient accumulation without a pipeline and replicas beside FSDP
     become bounds rejecting the plans that need them. The idealised machine and features
-    without a recorded date are never gated."""
+    without a recorded date are never gated. `when`: a date or 'YYYY-MM[-DD]'."""
+    when = None if when is None else parse_stack_date(when)  # a bad date is an error anywhere
     if when is None or stack.book:
         return stack, space
     gone = stack.framework.lacks(when)
