@@ -620,8 +620,8 @@ class Precision:
 class Feature(enum.StrEnum):
     """A capability the planner chooses that a stack shipped at some date (`[features]`).
 
-    Each gates one choice of the search (training.planner.space.as_of): fsdp, tensor_parallel,
-    pipeline, context_parallel and expert_parallel the strategy of that name (context_parallel
+    Each gates one choice of the search (training.planner.space.stack_as_of): fsdp, pipeline,
+    context_parallel and expert_parallel the strategy of that name (context_parallel
     is Strategy.SP); distributed_optimizer ZeRO-1 over the data axis (zero=1);
     selective_recompute remat=matmuls; sequence_parallel megatron_sp=1; interleaved_pipeline
     the interleaved schedule; tp_comm_overlap collective_matmul=1; ep_overlap overlap_ep=1;
@@ -629,7 +629,6 @@ class Feature(enum.StrEnum):
     dp > 1 beside fsdp > 1 (replicas of a sharded model, HSDP)."""
 
     FSDP = "fsdp"
-    TENSOR_PARALLEL = "tensor_parallel"
     PIPELINE = "pipeline"
     INTERLEAVED_PIPELINE = "interleaved_pipeline"
     CONTEXT_PARALLEL = "context_parallel"

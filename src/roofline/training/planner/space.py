@@ -508,7 +508,6 @@ def activation_offload_rescue(
 # the strategy each dated feature is (context parallelism is the seq mesh axis, Strategy.SP)
 _STRATEGY_FEATURE = {
     Strategy.FSDP: Feature.FSDP,
-    Strategy.TP: Feature.TENSOR_PARALLEL,
     Strategy.PP: Feature.PIPELINE,
     Strategy.SP: Feature.CONTEXT_PARALLEL,
     Strategy.EP: Feature.EXPERT_PARALLEL,
