@@ -54,8 +54,11 @@ def _run(entries, rid):
 def test_the_planner_gets_the_runs_date(training_entries, monkeypatch):
     seen = []
 
+    stacks = []
+
     def fake(*a, **kw):
         seen.append(kw.get("as_of"))
+        stacks.append(kw.get("framework"))
         raise scoreboard.RooflineError("stop")
 
     monkeypatch.setattr(scoreboard, "plan_training", fake)
@@ -64,6 +67,8 @@ def test_the_planner_gets_the_runs_date(training_entries, monkeypatch):
     assert r.run.stack_date == D(2021, 4, 8)
     out = planner_check(r, None)
     assert seen == [D(2021, 4, 8)] and out.planner["stack_date"] == "2021-04-08"
+    # on the stack as the run's document ran it (predict_run's): 2021's unfused attention
+    assert stacks[-1] is r.run.inputs.stack and stacks[-1].framework.kernels.attention == "unfused"
     # a run on a stack the profile stands in for (Meta's, costed as torchtitan): not gated
     r = _run(training_entries, "llama3-405b-h100-8192gpu-cp1")
     assert r.run.stack_date is not None and stack_date_of(r.run) is None

@@ -112,7 +112,7 @@ def _planner_best(
         workload.seq_len,
         repr(eff),
         optimizer,
-        framework,
+        (framework[0].name, framework[1]) if isinstance(framework, tuple) else framework,
         dtypes,
         compiled,
         as_of,
@@ -121,7 +121,7 @@ def _planner_best(
         return _PLANNER_CACHE[key]
     kw: dict[str, Any] = {}
     if framework and PLANNER_TAKES_FRAMEWORK:
-        kw["framework"] = framework
+        kw["framework"] = framework[0] if isinstance(framework, tuple) else framework
         kw["compiled"] = compiled  # the run's stated compile, pinned (None: searched)
         if as_of is not None and PLANNER_TAKES_AS_OF:
             kw["as_of"] = as_of
@@ -158,6 +158,8 @@ def planner_check(
     assert x is not None and run.measured is not None and run.measured.tokens_per_s_per_chip
     eff = training_profile(efficiency)
     as_of = stack_date_of(run, framework)
+    fw = _framework_for(run, framework)
+    own = framework in ("auto", "") and x.stack is not None and PLANNER_TAKES_FRAMEWORK
     t0 = time.perf_counter()
     try:
         best, plan, n = _planner_best(
@@ -166,7 +168,9 @@ def planner_check(
             x.workload,
             eff,
             x.plan.optimizer.name,
-            _framework_for(run, framework),
+            # the run's own stack as its document ran it (an older version), as predict_run
+            # costs its plan: (the stack, the document naming it for the cache)
+            (x.stack, run.source.document) if own else fw,
             effective_dtypes(x.plan, x.system.chip),
             x.plan.compiled,
             as_of,
