@@ -39,7 +39,7 @@ def _space(name: str, when: datetime.date | None):
 
 
 def test_every_dated_feature_has_a_date_and_a_source():
-    for name in ("megatron", "maxtext", "torchtitan"):
+    for name in ("megatron", "maxtext", "torchtitan", "llm-foundry"):
         fw = load_framework(name)
         assert fw.features, name
         for f, s in fw.features.items():
@@ -47,7 +47,7 @@ def test_every_dated_feature_has_a_date_and_a_source():
             assert "@" in s.source or "arXiv" in s.source, (name, f)
 
 
-@pytest.mark.parametrize("name", ["megatron", "maxtext", "torchtitan"])
+@pytest.mark.parametrize("name", ["megatron", "maxtext", "torchtitan", "llm-foundry"])
 def test_lacks_is_exactly_the_features_dated_after(name):
     fw = load_framework(name)
     assert fw.lacks(None) == {}
