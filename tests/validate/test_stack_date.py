@@ -84,3 +84,39 @@ def test_a_dated_run_gets_no_later_feature(training_entries):
     plan = r.planner["plan"]
     assert "fsdp=" not in plan and "zero=1" not in plan and "megatron_sp=1" not in plan
     assert "remat=matmuls" not in plan and "collective_matmul=1" not in plan
+
+
+def test_no_published_run_uses_a_feature_its_stack_lacked_at_its_date():
+    """The dates and the run-date rule agree with the published plans: a run that used a
+    feature its stack had not shipped by the run's date would show one of them wrong."""
+    from roofline.specs.framework import Feature as F
+    from roofline.specs.framework import load_framework
+    from roofline.specs.plan import RematKind, Schedule
+    from roofline.validate import mapped_runs
+    from roofline.validate.runfile import load_runs
+
+    dated = 0
+    for r in mapped_runs(load_runs("training")):
+        when = stack_date_of(r) if r.mapped else None
+        if when is None:
+            continue
+        dated += 1
+        p = r.inputs.plan
+        g = p.degrees
+        uses = {
+            F.FSDP: g.fsdp > 1,
+            F.CONTEXT_PARALLEL: g.sp > 1,
+            F.EXPERT_PARALLEL: g.ep > 1,
+            F.PIPELINE: g.pp > 1,
+            F.DISTRIBUTED_OPTIMIZER: p.zero == 1 and g.dp > 1,
+            F.SELECTIVE_RECOMPUTE: p.remat.kind == RematKind.MATMULS,
+            F.SEQUENCE_PARALLEL: bool(p.sequence_parallel) and g.tp > 1,
+            F.TP_COMM_OVERLAP: p.collective_matmul is True,
+            F.EP_OVERLAP: p.overlap_ep is True,
+            F.INTERLEAVED_PIPELINE: p.schedule == Schedule.INTERLEAVED,
+            F.GRADIENT_ACCUMULATION: g.pp <= 1 and p.microbatches > 1,
+            F.HYBRID_SHARDING: g.dp > 1 and g.fsdp > 1,
+        }
+        gone = load_framework(r.inputs.framework).lacks(when)
+        assert not [f for f, used in uses.items() if used and f in gone], (r.id, when)
+    assert dated >= 50
