@@ -9,6 +9,7 @@ reference stack runs it (`--framework auto`: maxtext on TPU, megatron on NVIDIA 
 from __future__ import annotations
 
 import argparse
+import datetime
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from roofline.launch.lines import launch_text, training_launch
 from roofline.progress import counter
 from roofline.report.table import kv, table
 from roofline.report.text import precisions_phrase, profile_assumptions, stack_note, term_phrase
+from roofline.specs.framework import parse_stack_date
 from roofline.specs.model_catalog import load_model
 from roofline.specs.plan import DEFAULT_OPTIMIZER
 from roofline.specs.system import parse_system
@@ -88,6 +90,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "stack, maxtext on TPU and megatron on NVIDIA and AMD GPUs), megatron, torchtitan, "
         "deepspeed, maxtext, llm-foundry, ideal (the idealised machine of the book) or a TOML "
         "profile (docs/frameworks.md)",
+    )
+    p.add_argument(
+        "--stack-date",
+        metavar="YYYY-MM[-DD]",
+        help="plan for the stack as it stood at this date (a month counts to its end): the "
+        "features its framework record dates later are not searched, e.g. 2022-06 leaves "
+        "Megatron-LM without FSDP, context parallelism and TP communication overlap "
+        "(specs/frameworks/*.toml [features]); default today",
     )
     p.add_argument(
         "--precision",
@@ -157,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_quantity(args.batch_tokens, what="batch-tokens")
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
+    as_of_date(args)  # a bad --stack-date is a one-paragraph error before any work
     stack, eff = _stack_and_profile(args, system.chip)
     optimizer_from = stack_optimizer(args, stack)
     dtypes = stack.dtypes(args.precision) if args.precision else None
@@ -165,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
     if args.objective is None:
         args.objective = "cost" if system.usd_per_chip_hour is not None else "time"
     inputs = _inputs(args, model, system, work, stack) | {"profile": eff.to_dict()}
+    if as_of_date(args) is not None:
+        inputs["stack_date"] = as_of_date(args).isoformat()
     inputs["optimizer_default"] = optimizer_from
 
     if args.assume_mfu is not None and not args.plan:
@@ -188,6 +201,10 @@ def run(args: argparse.Namespace) -> int:
         )
     text = _render_search(model, system, work, res, auto=_auto(args, system.chip))
     doc = res.to_dict() | {"pipeline_comm": pipeline_traffic(res.best).to_dict()}
+    dated = _stack_date_doc(args, stack)
+    if dated is not None:
+        doc["stack_date"] = dated
+        text += "\n\n" + _stack_date_text(dated)
     doc |= _offload_doc(args, model, res.best)
     text += _offload_text(args, model, res.best)
     if res.best.plan.offload_activations:  # the search kept it on the host (space.py)
@@ -293,7 +310,40 @@ def search_plans(
         framework=stack,
         dtypes=dtypes,
         launch_stack=launch_stack(args, stack),
+        as_of=as_of_date(args),
     )
+
+
+def _stack_date_doc(args: argparse.Namespace, stack: Stack) -> dict[str, Any] | None:
+    """What `--stack-date` left out of the search: each feature the stack shipped later, with
+    its date and source (None without --stack-date)."""
+    when = as_of_date(args)
+    if when is None:
+        return None
+    gone = {} if stack.book else stack.framework.lacks(when)
+    return {
+        "as_of": when.isoformat(),
+        "not_searched": {
+            f.value: {"since": s.since.isoformat(), "source": s.source} for f, s in gone.items()
+        },
+    }
+
+
+def _stack_date_text(doc: dict[str, Any]) -> str:
+    gone = doc["not_searched"]
+    if not gone:
+        return f"Stack as of {doc['as_of']}: every feature searched had shipped by then."
+    items = ", ".join(f"{k.replace('_', ' ')} ({v['since']})" for k, v in gone.items())
+    return (
+        f"Stack as of {doc['as_of']}: not searched, shipped later: {items} "
+        "(specs/frameworks/*.toml [features])."
+    )
+
+
+def as_of_date(args: argparse.Namespace) -> datetime.date | None:
+    """`--stack-date` as a date (None: not given, today's stack); a bad one is a SpecError."""
+    text = getattr(args, "stack_date", None)
+    return None if not text else parse_stack_date(text, "--stack-date")
 
 
 def launch_stack(args: argparse.Namespace, stack: Stack) -> str | None:
@@ -415,6 +465,7 @@ def _deadline(args, model, system, work: Workload, eff, inputs, stack, dtypes) -
         dtypes=dtypes,
         space=launch_space(SearchSpace(), launch_stack(args, stack)),
         launch_stack=launch_stack(args, stack),
+        as_of=as_of_date(args),
     )
     tried = table(
         [[s, n, "-" if t == float("inf") else f"{t / DAY:.1f}"] for s, n, t in res.tried],

@@ -16,7 +16,10 @@ reruns the whole layer, a2a dispatch is exposed unless a schedule hides it. A pr
 - `remat`: each activation-recompute policy by the stack's own name and what it reruns;
 - `pipeline`, `context_parallel`, `expert_parallel`: what the stack supports;
 - `precision`: recipes and which op families run in which dtype;
-- `overheads`: fixed per-step / per-layer costs where the stack documents them.
+- `overheads`: fixed per-step / per-layer costs where the stack documents them;
+- `features`: the date each feature the planner may choose first shipped in the stack, with its
+  source (`Framework.lacks(as_of)`: what a stack of that date could not run; a feature not
+  listed is never gated).
 
 Everything here is data and vocabulary; the step model (walk/timeline) applies it. The
 fractions are defaults with their evidence; calibration may refit them.
@@ -24,6 +27,8 @@ fractions are defaults with their evidence; calibration may refit them.
 
 from __future__ import annotations
 
+import calendar
+import datetime
 import enum
 import fnmatch
 import re
@@ -612,6 +617,69 @@ class Precision:
         )
 
 
+class Feature(enum.StrEnum):
+    """A capability the planner chooses that a stack shipped at some date (`[features]`).
+
+    Each gates one choice of the search (training.planner.space.stack_as_of): fsdp, pipeline,
+    context_parallel and expert_parallel the strategy of that name (context_parallel
+    is Strategy.SP); distributed_optimizer ZeRO-1 over the data axis (zero=1);
+    selective_recompute remat=matmuls; sequence_parallel megatron_sp=1; interleaved_pipeline
+    the interleaved schedule; tp_comm_overlap collective_matmul=1; ep_overlap overlap_ep=1;
+    gradient_accumulation microbatches > 1 without a pipeline (pp = 1); hybrid_sharding
+    dp > 1 beside fsdp > 1 (replicas of a sharded model, HSDP)."""
+
+    FSDP = "fsdp"
+    PIPELINE = "pipeline"
+    INTERLEAVED_PIPELINE = "interleaved_pipeline"
+    CONTEXT_PARALLEL = "context_parallel"
+    EXPERT_PARALLEL = "expert_parallel"
+    DISTRIBUTED_OPTIMIZER = "distributed_optimizer"
+    SELECTIVE_RECOMPUTE = "selective_recompute"
+    SEQUENCE_PARALLEL = "sequence_parallel"
+    TP_COMM_OVERLAP = "tp_comm_overlap"
+    EP_OVERLAP = "ep_overlap"
+    GRADIENT_ACCUMULATION = "gradient_accumulation"
+    HYBRID_SHARDING = "hybrid_sharding"
+
+
+@dataclass(frozen=True)
+class FeatureSince:
+    """When a feature first shipped in the stack (`since`: the date of the first commit of the
+    stack's public repository that let a user run it) and where that is read."""
+
+    since: datetime.date
+    source: str
+    note: str = ""
+
+
+_STACK_DATE = re.compile(r"(\d{4})-(\d{2})(?:-(\d{2}))?")
+
+
+def parse_stack_date(text: str | datetime.date, what: str = "stack date") -> datetime.date:
+    """A stack's date from 'YYYY-MM-DD' or 'YYYY-MM' (a month names the stack as it stood at
+    the month's end: whatever shipped in that month counts as shipped); a one-paragraph
+    SpecError otherwise."""
+    if isinstance(text, datetime.date):
+        return text
+    m = _STACK_DATE.fullmatch(str(text).strip())
+    err = SpecError(
+        f"{what} {str(text)!r} is not a date",
+        rule="a stack date is YYYY-MM-DD or YYYY-MM (a month means its last day), "
+        "e.g. 2022-06 or 2022-06-15",
+        fix="write the date of the stack version the plans must run on, e.g. 2022-06",
+    )
+    if m is None:
+        raise err
+    y, mo = int(m[1]), int(m[2])
+    if not 1 <= mo <= 12 or not 1900 <= y <= 9999:
+        raise err
+    d = int(m[3]) if m[3] else calendar.monthrange(y, mo)[1]
+    try:
+        return datetime.date(y, mo, d)
+    except ValueError:
+        raise err from None
+
+
 @dataclass(frozen=True)
 class Overhead:
     """A fixed cost; `value_s` is None where no source gives one (never invented)."""
@@ -694,9 +762,17 @@ class Framework:
     kernels: Kernels | None = None
     eager: Eager | None = None
     grad_accumulation: GradAccumulation | None = None
+    features: Mapping[Feature, FeatureSince] = field(default_factory=lambda: MappingProxyType({}))
 
     def move(self, family: Family | str, axis: AxisRole | str) -> Move:
         return self.options.move(family, axis)
+
+    def lacks(self, as_of: datetime.date | None) -> dict[Feature, FeatureSince]:
+        """The features this stack had not shipped by `as_of` (None: today, nothing lacking);
+        a feature without a recorded date is never lacking."""
+        if as_of is None:
+            return {}
+        return {f: s for f, s in self.features.items() if s.since > as_of}
 
     def overlap_fraction(
         self,
@@ -1240,6 +1316,23 @@ def _parse_eager(t: _Table | None) -> Eager | None:
     return e
 
 
+def _parse_features(t: _Table | None) -> Mapping[Feature, FeatureSince]:
+    if t is None:
+        return MappingProxyType({})
+    out: dict[Feature, FeatureSince] = {}
+    for key in t.raw:
+        feature = _parse_enum(t, key, key, Feature)
+        sub = t.sub(key)
+        assert sub is not None
+        raw = sub.get("since")
+        try:
+            since = parse_stack_date(raw, "since")
+        except SpecError as e:
+            raise sub.error("since", raw, e.rule, 'write since = "YYYY-MM-DD"') from None
+        out[feature] = FeatureSince(since, sub.source(), sub.text("note", ""))
+    return MappingProxyType(out)
+
+
 def _parse_overheads(t: _Table) -> Overheads:
     step, layer = t.sub("step"), t.sub("layer")
     assert step is not None and layer is not None
@@ -1285,6 +1378,7 @@ def framework_from_dict(raw: dict, origin: str = "<dict>") -> Framework:
         kernels=_parse_kernels(t.sub("kernels", None)),
         eager=_parse_eager(t.sub("eager", None)),
         grad_accumulation=_parse_grad_accumulation(t.sub("gradient_accumulation", None)),
+        features=_parse_features(t.sub("features", None)),
     )
     return fw
 
@@ -1370,6 +1464,8 @@ __all__ = [
     "Exposed",
     "FAMILY_PATTERNS",
     "Family",
+    "Feature",
+    "FeatureSince",
     "Framework",
     "Fsdp",
     "LoadBalance",
@@ -1399,4 +1495,5 @@ __all__ = [
     "framework_from_dict",
     "framework_names",
     "load_framework",
+    "parse_stack_date",
 ]

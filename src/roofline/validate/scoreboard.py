@@ -11,6 +11,7 @@ above the measured throughput of the run's own plan.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ from roofline.validate.training_runs import TrainingRun
 
 TAKES_FRAMEWORK = "framework" in inspect.signature(evaluate_plan).parameters
 PLANNER_TAKES_FRAMEWORK = "framework" in inspect.signature(plan_training).parameters
+PLANNER_TAKES_AS_OF = "as_of" in inspect.signature(plan_training).parameters
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,12 @@ _PLANNER_CACHE: dict[tuple, tuple[float, str, int]] = {}
 
 
 def _planner_best(
-    model, system, workload, eff, optimizer, framework, dtypes, compiled=None
+    model, system, workload, eff, optimizer, framework, dtypes, compiled=None, as_of=None
 ) -> tuple[float, str, int]:
     """The planner's fastest plan on exactly this system in the run's compute dtypes, and
     with the run's compile pinned where it states one (else the planner searches it where the
-    stack runs eager by default; cached per process: CI and repeated validate calls reuse searches)."""
+    stack runs eager by default), on the stack as it stood at `as_of` (the run's date; None:
+    today); cached per process: CI and repeated validate calls reuse searches."""
     key = (
         repr(model),
         system.name,
@@ -109,16 +112,19 @@ def _planner_best(
         workload.seq_len,
         repr(eff),
         optimizer,
-        framework,
+        (framework[0].name, framework[1]) if isinstance(framework, tuple) else framework,
         dtypes,
         compiled,
+        as_of,
     )
     if key in _PLANNER_CACHE:
         return _PLANNER_CACHE[key]
     kw: dict[str, Any] = {}
     if framework and PLANNER_TAKES_FRAMEWORK:
-        kw["framework"] = framework
+        kw["framework"] = framework[0] if isinstance(framework, tuple) else framework
         kw["compiled"] = compiled  # the run's stated compile, pinned (None: searched)
+        if as_of is not None and PLANNER_TAKES_AS_OF:
+            kw["as_of"] = as_of
     res = plan_training(
         model,
         system,
@@ -151,6 +157,9 @@ def planner_check(
     x = run.inputs
     assert x is not None and run.measured is not None and run.measured.tokens_per_s_per_chip
     eff = training_profile(efficiency)
+    as_of = stack_date_of(run, framework)
+    fw = _framework_for(run, framework)
+    own = framework in ("auto", "") and x.stack is not None and PLANNER_TAKES_FRAMEWORK
     t0 = time.perf_counter()
     try:
         best, plan, n = _planner_best(
@@ -159,9 +168,12 @@ def planner_check(
             x.workload,
             eff,
             x.plan.optimizer.name,
-            _framework_for(run, framework),
+            # the run's own stack as its document ran it (an older version), as predict_run
+            # costs its plan: (the stack, the document naming it for the cache)
+            (x.stack, run.source.document) if own else fw,
             effective_dtypes(x.plan, x.system.chip),
             x.plan.compiled,
+            as_of,
         )
     except RooflineError as e:
         info = {"skipped_reason": f"planner found no plan: {e}"}
@@ -175,6 +187,9 @@ def planner_check(
             else None,
             "candidates_evaluated": n,
         }
+    info["stack_date"] = as_of.isoformat() if as_of else None
+    if as_of:
+        info["stack_date_from"] = run.stack_date_from
     info["search_time_s"] = time.perf_counter() - t0
     return TrainingResult(
         run,
@@ -184,6 +199,17 @@ def planner_check(
         result.prediction,
         info,
     )
+
+
+def stack_date_of(run: TrainingRun, framework: str = "auto") -> datetime.date | None:
+    """The date the planner searches the run's stack at: the run's own (`stack_date`) where it
+    ran on the stack it is costed on (its source's stack is the profile's, `--framework auto`);
+    None otherwise (another stack, or a run on a stack the profile stands in for, e.g. Meta's
+    for the Llama 3 paper, is searched as it is today)."""
+    x = run.inputs
+    if run.stack_date is None or x is None or framework not in ("auto", ""):
+        return None
+    return run.stack_date if run.source.stack == x.framework else None
 
 
 def result_dict(r: TrainingResult) -> dict[str, Any]:

@@ -12,6 +12,8 @@ Every default below carries the reason a reader can check; docs/validate.md list
 
 from __future__ import annotations
 
+import calendar
+import datetime
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -529,3 +531,71 @@ def recipe_for(family: str, model: str, chip_family: str, precision: str) -> Rec
         ):
             return r
     return None
+
+
+# ---- the date of the stack a run ran on ---------------------------------------------------
+# A published run ran on its stack as it stood on or before the date its source names: the
+# planner (validate --planner) searches only what that stack had shipped by then
+# (specs/frameworks/*.toml [features]). The rule, applied to the source block's title, location
+# and url: the earliest date named there, read as
+#   an ISO day 2024-07-15; an ISO month 2025-06, a named one (June 2025) or a file name's
+#   202412 (the month's last day);
+#   an NVIDIA container or release version YY.MM ('NeMo 24.07', 'v24.11.1', '25.09 NeMo
+#   container': the month's last day); an arXiv identifier YYMM.NNNNN (its month's last day).
+# A month counts whatever shipped in it (an upper bound: the run cannot be later than its
+# publication, so nothing it could have run is left out). An entry's own `measured.date`
+# (YYYY-MM[-DD]) wins; a run whose source names no date is not gated.
+_ISO_DAY = re.compile(r"(?<![\w-])(20\d\d)-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?!\d)")
+_ISO_MONTH = re.compile(r"(?<![\d-])(20\d\d)-(0[1-9]|1[0-2])(?![\d-])")
+_MONTHS = "january february march april may june july august september october november december"
+_NAMED_MONTH = re.compile(r"\b(" + "|".join(_MONTHS.split()) + r")\s+(20\d\d)\b")
+_FILE_MONTH = re.compile(r"(?<=[_-])(20\d\d)(0[1-9]|1[0-2])(?=[_.-])")
+_CONTAINER = re.compile(
+    r"(?:\bnemo\s+|\brelease\s+v?|\bv)(2\d)\.(0[1-9]|1[0-2])\b"
+    r"|\b(2\d)\.(0[1-9]|1[0-2])(?:\.\d+)?\s+nemo\s+container"
+)
+_ARXIV = re.compile(r"(?:arxiv[:\s]*|abs/)(\d\d)(0[1-9]|1[0-2])\.\d{4,5}")
+
+
+def _month_end(year: int, month: int) -> datetime.date:
+    return datetime.date(year, month, calendar.monthrange(year, month)[1])
+
+
+def dates_named(text: str) -> list[datetime.date]:
+    """Every date `text` names by the rule above (days as given, months as their last day)."""
+    low = str(text).lower()
+    out = [datetime.date(int(y), int(m), int(d)) for y, m, d in _ISO_DAY.findall(low)]
+    out += [_month_end(int(y), int(m)) for y, m in _ISO_MONTH.findall(low)]
+    out += [_month_end(int(y), int(m)) for y, m in _FILE_MONTH.findall(low)]
+    months = _MONTHS.split()
+    out += [_month_end(int(y), months.index(m) + 1) for m, y in _NAMED_MONTH.findall(low)]
+    for a, b, c, d in _CONTAINER.findall(low):
+        yy, mm = (a, b) if a else (c, d)
+        out.append(_month_end(2000 + int(yy), int(mm)))
+    out += [_month_end(2000 + int(yy), int(mm)) for yy, mm in _ARXIV.findall(low)]
+    return out
+
+
+def stack_date(entry: Any) -> tuple[datetime.date | None, str]:
+    """The date of the stack a run ran on (None: not known) and where it was read."""
+    if not isinstance(entry, dict):
+        return None, ""
+    measured = entry.get("measured")
+    stated = measured.get("date") if isinstance(measured, dict) else None
+    if stated:
+        from roofline.specs.framework import parse_stack_date
+
+        try:
+            return parse_stack_date(str(stated)), "the entry's measured.date"
+        except Exception:  # an unreadable stated date falls back to the source's
+            pass
+    block = entry.get("source")
+    text = (
+        " ".join(str(block.get(k, "")) for k in ("title", "location", "url"))
+        if isinstance(block, dict)
+        else str(block or "")
+    )
+    found = dates_named(text)
+    if not found:
+        return None, ""
+    return min(found), "the earliest date its source names"

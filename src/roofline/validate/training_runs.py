@@ -11,6 +11,7 @@ filled from the stack's documented defaults (sources.py), each default written i
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from dataclasses import dataclass, replace
@@ -40,6 +41,7 @@ from roofline.validate.sources import (
     defaults_for,
     identify,
     recipe_for,
+    stack_date,
 )
 from roofline.validate.systems import chip_for_family, power_limited, system_for
 
@@ -76,6 +78,10 @@ class TrainingRun:
     checks: tuple[dict[str, Any], ...] = ()  # the other published metrics, converted
     params: float | None = None  # parameter count used by conventions (published or counted)
     layout_defaulted: bool = False  # the layout is the stack's default (not published)
+    # the date of the stack the run ran on (sources.stack_date; None: its source names none),
+    # where it was read; the planner searches only what the stack had shipped by then
+    stack_date: datetime.date | None = None
+    stack_date_from: str = ""
 
     @property
     def mapped(self) -> bool:
@@ -475,6 +481,7 @@ def map_training_run(entry: Any) -> TrainingRun:
         return TrainingRun(
             **base, measured=None, inputs=None, defaults=tuple(notes), skipped_reason=str(e)
         )
+    when, when_from = stack_date(entry)
     return TrainingRun(
         **{**base, "seq_len": inputs.workload.seq_len},
         measured=measured,
@@ -483,6 +490,8 @@ def map_training_run(entry: Any) -> TrainingRun:
         checks=checks,
         params=params,
         layout_defaulted=defaulted,
+        stack_date=when,
+        stack_date_from=when_from,
     )
 
 

@@ -4,6 +4,7 @@ rank them, and cost the few plans the report lists one by one.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import functools
 import gc
@@ -53,6 +54,7 @@ from roofline.training.planner.space import (
     activation_offload_rescue,
     enumerate_plans,
     offload_rescue,
+    stack_as_of,
 )
 from roofline.training.planner.systems import sub_slices, systems_for_counts
 from roofline.training.step import (
@@ -229,23 +231,23 @@ def plan_training(
     efficient_size: bool = True,
     launch_stack: str | None = None,
     compiled: bool | None = None,
+    as_of: datetime.date | str | None = None,
 ) -> PlanResult:
     """Search every legal plan; rank by `objective` ('time' = step time, 'cost' = $ per token).
 
-    `framework` is the stack the plans run on (None: the idealised machine): the search keeps
-    only what it can run (strategies, schedules, remat policies, ZeRO stages, overlap switches)
-    and costs what it does. `policy` overrides its option policy; `dtypes` pins the compute
-    dtypes, else every precision the stack runs faster than 16-bit on the chip is searched
-    beside the chip's 16-bit default (`Stack.searchable_dtypes`). `efficient_size`: where the
-    best plan on the whole system spends most of its step not computing, halvings of the system
-    are costed too and the cheapest per token is named (`smaller_efficient`). `launch_stack`:
-    the stack named to launch the plans (None: any), whose configuration must say them
-    (`planner.launchable`). `compiled` pins compile as `dtypes` pins the precision: plans
-    left unset and costed so (`Stack.compiling_by_default`; validate's planner mode states the
-    run's); None searches it where the stack runs eager by default (`space.searches_compile`)."""
+    `framework` is the stack the plans run on (None: the idealised machine) as of `as_of`
+    ('YYYY-MM[-DD]', None: today): the search keeps only what it can run (strategies, schedules,
+    remats, ZeRO stages, overlap switches) and costs what it does. `policy` overrides its option
+    policy; `dtypes` pins the compute dtypes, else each precision the stack runs faster than 16-bit
+    on the chip is searched beside its 16-bit one (`Stack.searchable_dtypes`). `efficient_size`:
+    where the best plan on the whole system mostly does not compute, halvings of the system are
+    costed too and the cheapest per token is named (`smaller_efficient`). `launch_stack`: the stack
+    named to launch the plans (None: any), whose configuration must say them (`planner.launchable`).
+    `compiled` pins compile as `dtypes` pins the precision: plans left unset and costed so
+    (`Stack.compiling_by_default`; validate's planner mode states the run's); None searches it where
+    the stack runs eager by default (`space.searches_compile`)."""
     t0 = time.perf_counter()
-    stack, space = _pinned(stack_of(framework), space or SearchSpace(), compiled)
-    space = space.for_stack(stack, model)
+    stack, space = _searched(framework, space, compiled, model, as_of)
     eff = training_profile(efficiency)
     opt = parse_optimizer(optimizer)
     _check_objective(objective)
@@ -309,6 +311,15 @@ def plan_training(
         if efficient_size and allow_sub_slices and not chips
         else None,
     )
+
+
+def _searched(
+    framework: Any, space: SearchSpace | None, compiled: bool | None, model: ModelSpec, as_of: Any
+) -> tuple[Stack, SearchSpace]:
+    """The stack and space a search runs on: compile pinned (`_pinned`), restricted to what the
+    stack runs (`SearchSpace.for_stack`) as it stood at `as_of` (`space.stack_as_of`)."""
+    stack, space = _pinned(stack_of(framework), space or SearchSpace(), compiled)
+    return stack_as_of(space.for_stack(stack, model), stack, as_of)
 
 
 def _pinned(stack: Stack, space: SearchSpace, compiled: bool | None) -> tuple[Stack, SearchSpace]:

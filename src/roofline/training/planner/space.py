@@ -18,10 +18,17 @@ launch file can say it, launch/defaults/capabilities.toml) is the same kind of a
 optimizer's: a candidate without a pipeline that still misses HBM by no more than its saved
 activations (all but the last layer's) is costed with them in host memory
 (`activation_offload_rescue`, `training.offload.offload_activations`).
+
+A stack's date (`as_of`: `train --stack-date`, and validate's planner mode with each run's
+date) narrows the space to what the stack had shipped by then: the features its framework
+record dates later (`[features]`, `Framework.lacks`) are left out, each choice it gates named
+on `Feature`; gradient accumulation without a pipeline and replicas beside FSDP are bounds
+(named rules, counted like the others).
 """
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import math
 from collections import Counter
@@ -32,7 +39,7 @@ import numpy as np
 
 from roofline.core.rules import Structure, kv_heads_replicated
 from roofline.core.stack import Stack
-from roofline.specs.framework import Move, OverlapClass
+from roofline.specs.framework import Feature, FeatureSince, Move, OverlapClass, parse_stack_date
 from roofline.specs.model import ModelSpec
 from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload, flag_code
 from roofline.specs.system import System
@@ -494,3 +501,90 @@ def activation_offload_rescue(
     ok &= (np.asarray(cand.deg[Strategy.PP]) <= 1) & np.asarray(remats_ok, bool)[ri]
     step = np.where(ok, r.step_time_s + exposed, r.step_time_s)
     return _rescued(r, ok, step, exposed, acts)
+
+
+# ---- a stack's date ------------------------------------------------------------------------
+
+# the strategy each dated feature is (context parallelism is the seq mesh axis, Strategy.SP)
+_STRATEGY_FEATURE = {
+    Strategy.FSDP: Feature.FSDP,
+    Strategy.PP: Feature.PIPELINE,
+    Strategy.SP: Feature.CONTEXT_PARALLEL,
+    Strategy.EP: Feature.EXPERT_PARALLEL,
+}
+
+
+def _lacking(name: str, feature: Feature, since: FeatureSince, bad) -> Rule:
+    """A bound of a dated stack: plans that need `feature`, which shipped only at `since`."""
+    why = f"{name} before {since.since.isoformat()} had no {feature.value.replace('_', ' ')}"
+    return Rule(why, lambda m, w, a: bad(a), lambda m, w, a, i: why)
+
+
+def _accumulates_without_pipeline(a: Arrays) -> np.ndarray:
+    return (a.deg[Strategy.PP] <= 1) & (a.microbatches > 1)
+
+
+def _replicates_beside_fsdp(a: Arrays) -> np.ndarray:
+    return (a.deg[Strategy.DP] > 1) & (a.deg[Strategy.FSDP] > 1)
+
+
+def stack_as_of(
+    space: SearchSpace, stack: Stack, when: datetime.date | str | None
+) -> tuple[Stack, SearchSpace]:
+    """`stack` and `space` (already `for_stack`) as they stood at `when` (None: today, both
+    unchanged): every feature the stack's framework record dates after `when` leaves the
+    search — a strategy, ZeRO-1 over the data axis (zero=0 stays), selective recompute
+    (remat=matmuls), Megatron sequence parallelism, the interleaved schedule — and the TP and
+    expert overlap mechanisms are off in the stack (`Stack.without_overlap`: that version had
+    none) and not searched; gradient accumulation without a pipeline and replicas beside FSDP
+    become bounds rejecting the plans that need them. The idealised machine and features
+    without a recorded date are never gated. `when`: a date or 'YYYY-MM[-DD]'."""
+    when = None if when is None else parse_stack_date(when)  # a bad date is an error anywhere
+    if when is None or stack.book:
+        return stack, space
+    gone = stack.framework.lacks(when)
+    if not gone:
+        return stack, space
+    name = stack.framework.name
+    strategies = tuple(s for s in space.strategies if _STRATEGY_FEATURE.get(s) not in gone)
+    remats = space.remats
+    if Feature.SELECTIVE_RECOMPUTE in gone:
+        remats = tuple(r for r in remats if r.kind != RematKind.MATMULS) or (Remat(RematKind.NONE),)
+    zeros = space.zero_stages
+    if Feature.DISTRIBUTED_OPTIMIZER in gone:
+        zeros = tuple(z for z in zeros if z != 1) or (0,)
+    schedules = space.schedules
+    if Feature.INTERLEAVED_PIPELINE in gone:
+        schedules = tuple(s for s in schedules if s != Schedule.INTERLEAVED) or (
+            Schedule.ONE_F_ONE_B,
+        )
+    cm, oe = space.collective_matmul, space.overlap_ep
+    for feature, cls in (
+        (Feature.TP_COMM_OVERLAP, OverlapClass.TENSOR),
+        (Feature.EP_OVERLAP, OverlapClass.EXPERT),
+    ):
+        if feature in gone:
+            f = gone[feature]
+            stack = stack.without_overlap(cls, f"{name} before {f.since.isoformat()}: {f.source}")
+            if cls == OverlapClass.TENSOR:
+                cm = (None,)
+            else:
+                oe = (None,)
+    bounds = list(space.bounds)
+    for feature, bad in (
+        (Feature.GRADIENT_ACCUMULATION, _accumulates_without_pipeline),
+        (Feature.HYBRID_SHARDING, _replicates_beside_fsdp),
+    ):
+        if feature in gone:
+            bounds.append(_lacking(name, feature, gone[feature], bad))
+    return stack, replace(
+        space,
+        strategies=strategies,
+        remats=remats,
+        zero_stages=zeros,
+        schedules=schedules,
+        megatron_sp=(False,) if Feature.SEQUENCE_PARALLEL in gone else space.megatron_sp,
+        collective_matmul=cm,
+        overlap_ep=oe,
+        bounds=tuple(bounds),
+    )
