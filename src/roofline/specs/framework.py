@@ -314,6 +314,10 @@ class OptionPolicy:
     moves: Mapping[Family, Mapping[AxisRole, Move]]
     source: str
     note: str = ""
+    # tensor parallelism always leaves the residual stream between blocks split over the
+    # sequence (Megatron's sequence parallelism, without a switch): the planner searches only
+    # megatron_sp=1 on such a stack, as validate's mapping costs its runs
+    tp_shards_sequence: bool = False
 
     def move(self, family: Family | str, axis: AxisRole | str) -> Move:
         by_axis = self.moves.get(Family(family), {})
@@ -941,7 +945,12 @@ def _parse_options(t: _Table) -> OptionPolicy:
         moves[fam] = MappingProxyType(
             {_parse_enum(sub, k, k, AxisRole): sub.enum(k, Move) for k in list(sub.raw)}
         )
-    p = OptionPolicy(MappingProxyType(moves), t.source(), t.text("note", ""))
+    p = OptionPolicy(
+        MappingProxyType(moves),
+        t.source(),
+        t.text("note", ""),
+        t.flag("tp_shards_sequence", False),
+    )
     return p
 
 
@@ -1292,7 +1301,9 @@ def _accumulator_dtype(t: _Table, key: str, *, params: bool) -> str | None:
         return parse_dtype(v)
     except SpecError as e:
         words = "'params' (the parameters' own dtype) or a dtype" if params else "a dtype"
-        raise t.error(key, v, f"{key} is {words}: {e.rule}", f"write {key} = \"fp32\" or \"bf16\"") from None
+        raise t.error(
+            key, v, f"{key} is {words}: {e.rule}", f'write {key} = "fp32" or "bf16"'
+        ) from None
 
 
 def _parse_eager(t: _Table | None) -> Eager | None:

@@ -182,7 +182,7 @@ class SearchSpace:
             zero_stages=zeros or (fw.data_parallel.default_zero,),
             schedules=tuple(s for s in self.schedules if stack.supports_schedule(s))
             or (Schedule.ONE_F_ONE_B,),
-            megatron_sp=(True,) if sp_with_tp else (False,),
+            megatron_sp=(True,) if sp_with_tp or fw.options.tp_shards_sequence else (False,),
             collective_matmul=(None, True) if tensor.plan_key else (None,),
             overlap_ep=(None, True) if expert.plan_key and model.moe is not None else (None,),
             uneven_stages=stack.uneven_stages,

@@ -1,0 +1,38 @@
+"""A stack whose tensor parallelism always splits the residual stream over the sequence
+(MaxText's logical axis rules) is searched with megatron_sp=1 only, as validate's mapping
+costs its runs; a stack with a switch (Megatron: its TP overlap needs --sequence-parallel)
+or without the layout (DeepSpeed) keeps its own rule."""
+
+from __future__ import annotations
+
+from roofline.core.stack import stack_of
+from roofline.specs.model_catalog import load_model
+from roofline.specs.plan import Workload
+from roofline.specs.system import parse_system
+from roofline.specs.plan import Strategy
+from roofline.training.planner.space import SearchSpace, enumerate_plans
+
+
+def _space(name: str) -> SearchSpace:
+    return SearchSpace().for_stack(stack_of(name), load_model("llama-3-8b"))
+
+
+def test_record_says_which_stacks_split_the_sequence_under_tp():
+    assert stack_of("maxtext").framework.options.tp_shards_sequence
+    assert not stack_of("deepspeed").framework.options.tp_shards_sequence
+    assert not stack_of("megatron").framework.options.tp_shards_sequence
+
+
+def test_searched_megatron_sp_follows_the_record():
+    assert _space("maxtext").megatron_sp == (True,)
+    assert _space("megatron").megatron_sp == (True,)  # its TP overlap requires it
+    assert _space("deepspeed").megatron_sp == (False,)
+
+
+def test_maxtext_tp_candidates_carry_megatron_sp():
+    model, workload = load_model("llama-3-70b"), Workload(2**22, 2048)
+    space = SearchSpace().for_stack(stack_of("maxtext"), model)
+    found = enumerate_plans(model, workload, [parse_system("tpu-v5e:16x16")], space)
+    with_tp = [st for st, cand in found.groups if (cand.deg[Strategy.TP] > 1).any()]
+    assert with_tp
+    assert all(st.sequence_parallel for st in with_tp)
