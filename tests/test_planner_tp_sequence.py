@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from roofline.core.stack import stack_of
 from roofline.specs.model_catalog import load_model
-from roofline.specs.plan import Workload
+from roofline.specs.plan import Strategy, Workload
 from roofline.specs.system import parse_system
-from roofline.specs.plan import Strategy
 from roofline.training.planner.space import SearchSpace, enumerate_plans
 
 
