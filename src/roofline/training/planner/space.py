@@ -2,8 +2,8 @@
 enumeration of candidate plans into families the walk costs in one pass each.
 
 Search space (every legal combination): system or sub-slices × mesh factorisation
-dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule ×
-Megatron sequence parallelism × collective matmul × compile × optimizer offload. Degrees come from the divisors of the
+dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule (and, for
+the interleaved one, its virtual stages per rank) × Megatron sequence parallelism × collective matmul × compile × optimizer offload. Degrees come from the divisors of the
 bounds `feasibility` checks (a degree outside them is never tried); combinations are then
 rejected by the named rules of `feasibility.RULES` and the space's own bounds, each counted.
 
@@ -56,6 +56,18 @@ from roofline.training.offload import (
 from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+# The virtual stages (model chunks per pipeline rank) the interleaved schedule tries: every
+# count from 2 to 12. 12 is the most the published plans use (NeMo's Nemotron-4 340B, 96
+# layers on pp=8: one layer per chunk; the others 3 to 10, validate's measured_training.yaml)
+# and, at one layer per chunk, the finest split Megatron lays out for the deepest models it
+# publishes at pp=8 (`--num-layers-per-virtual-pipeline-stage 1`, the 530B's choice). The
+# feasibility rules then keep the counts a model's layers allow: pp·v dividing the layers, or,
+# on a stack that lays out uneven stages, at most the layers + 2 (`feasibility.rules_for`).
+# Only the pipeline timeline reads v (bubble, the interleaved warm-up's activations, the
+# combined-1F1B warm-up, uneven-stage rounding, the P2P overlap's condition), not the walk:
+# the extra candidates share their family's walk rows (`step._distinct_rows`).
+MAX_VIRTUAL_STAGES = 12
+VIRTUAL_STAGES = tuple(range(2, MAX_VIRTUAL_STAGES + 1))
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
 
 
@@ -130,8 +142,8 @@ class SearchSpace:
     remats: tuple[Remat, ...] = REMATS
     zero_stages: tuple[int, ...] = (1, 2)  # over the data axis (fsdp is ZeRO-3 by definition)
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
-    # model chunks per stage of the interleaved schedule (Megatron's usual choice)
-    interleaved_virtual_stages: int = 2
+    # model chunks per stage the interleaved schedule tries (VIRTUAL_STAGES: 2 to 12)
+    virtual_stages: tuple[int, ...] = VIRTUAL_STAGES
     # context parallelism beyond 16-way spends more on K/V gathers than it saves
     max_sp: int = 16
     # deeper pipelines than 64 stages are not run in practice (bubble and p2p latency)
@@ -282,8 +294,8 @@ def enumerate_plans(
 ) -> Enumeration:
     """Every plan of the space, filtered by the named rules, grouped into Structures."""
     F, domains_txt = _meshes(model, workload, systems, space)
-    # stage 1: mesh × microbatches × schedule, where the divisibility rules act
-    mb, sc, rows = _stage_one(F, workload, space)
+    # stage 1: mesh × microbatches × schedule (× virtual stages), where the divisibility rules act
+    mb, sc, virtual, rows = _stage_one(F, workload, space)
     deg = {s: rows[:, 1 + j] for j, s in enumerate(Strategy)}
     # how many full candidates each stage-1 row stands for (choices that apply to it)
     tp1, dp1 = deg[Strategy.TP] > 1, deg[Strategy.DP] > 1
@@ -295,7 +307,6 @@ def enumerate_plans(
         * len(space.remats)
         * len(space.compile)
     )
-    virtual = np.where(sc == Schedule.INTERLEAVED.code, space.interleaved_virtual_stages, 1)
     arrays = Arrays(deg, mb, sc, virtual)
     rejected: Counter = Counter()
     ok = np.ones(len(mb), dtype=bool)
@@ -308,19 +319,32 @@ def enumerate_plans(
     return Enumeration(tuple(groups), int(weight.sum()), rejected, domains_txt)
 
 
+def pipeline_choices(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
+    """(schedule code, virtual stages) of every pipeline choice of the space, in order: each
+    schedule with 1, the interleaved one with each of `space.virtual_stages` instead."""
+    pairs = [
+        (s.code, v)
+        for s in space.schedules
+        for v in (space.virtual_stages if s == Schedule.INTERLEAVED else (1,))
+    ]
+    sc, v = zip(*pairs, strict=True)
+    return np.array(sc), np.array(v)
+
+
 def _stage_one(F: np.ndarray, workload: Workload, space: SearchSpace) -> tuple[np.ndarray, ...]:
-    """(microbatches, schedule code, mesh row) of every mesh × microbatch count × schedule,
-    in that nested order, the schedules only where there is a pipeline (elsewhere the first):
-    the schedule matters only with one."""
+    """(microbatches, schedule code, virtual stages, mesh row) of every mesh × microbatch count
+    × pipeline choice (`pipeline_choices`), in that nested order, the choices only where there
+    is a pipeline (elsewhere the first): the schedule matters only with one."""
     mbs = np.array(microbatch_counts(space.microbatches, workload))
-    scheds = np.array([s.code for s in space.schedules])
+    scheds, virt = pipeline_choices(space)
     pp = F[:, 1 + list(Strategy).index(Strategy.PP)]
-    per = np.where(pp > 1, len(scheds), 1)  # schedules tried per mesh
+    per = np.where(pp > 1, len(scheds), 1)  # pipeline choices tried per mesh
     count = per * len(mbs)
     fi = np.repeat(np.arange(len(F)), count)
     k = np.arange(len(fi)) - np.repeat(np.cumsum(count) - count, count)  # index within the mesh
     per = per[fi]
-    return mbs[k // per], scheds[k % per], F[fi]
+    j = k % per
+    return mbs[k // per], scheds[j], virt[j], F[fi]
 
 
 def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
