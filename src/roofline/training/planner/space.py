@@ -37,6 +37,7 @@ from roofline.specs.model import ModelSpec
 from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload, flag_code
 from roofline.specs.system import System
 from roofline.training.feasibility import (
+    EDGE_LAYERS,
     Arrays,
     Rule,
     ep_must_divide,
@@ -349,10 +350,47 @@ def _stage_one(F: np.ndarray, workload: Workload, space: SearchSpace) -> tuple[n
 
 def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
     """The feasibility rules the domains do not already guarantee (the batch split and the
-    interleaved stages), with the space's own bounds between them. A rejected plan is counted
-    under the first rule it breaks, in this order."""
+    interleaved stages), with the space's own bounds between them and, last, the bound on
+    unequal virtual stages (`unequal_chunks`). A rejected plan is counted under the first rule
+    it breaks, in this order."""
     rules = rules_for(space.uneven_stages)
-    return (rules[0], *space.bounds, rules[-1])
+    return (rules[0], *space.bounds, rules[-1], unequal_chunks(space))
+
+
+def chunk_imbalance(units: int, chunks: np.ndarray) -> np.ndarray:
+    """The fullest of `chunks` equal-as-can-be parts of `units` layers against the average:
+    ceil(units/chunks) / (units/chunks)."""
+    return np.ceil(units / chunks) * chunks / units
+
+
+def unequal_chunks(space: SearchSpace) -> Rule:
+    """A bound of the search on the interleaved schedule's virtual stages, the pipeline
+    degree's own bound (`max_stage_imbalance`) one level down: the fullest model chunk at most
+    that much above the average. The timeline prices the fill as p − 1 chunks of a stage's
+    time / v, exact for equal chunks; with unequal ones it runs at the pace of the fullest
+    (96 layers on pp=8 in v=8 chunks of 1 or 2 layers fills like v=6), which it does not
+    price, so the planner does not search them (a plan may still say them). A stack that lays
+    out uneven stages splits the layers with the embedding and the loss as one each
+    (`feasibility.EDGE_LAYERS`), whichever of the two splits is more equal."""
+    lim = space.max_stage_imbalance
+
+    def bad(m: ModelSpec, w: Workload, a: Arrays) -> np.ndarray:
+        pp = a.deg[Strategy.PP]
+        il = (pp > 1) & (a.schedule == Schedule.INTERLEAVED.code)
+        n = pp * np.where(il, a.virtual, 1)
+        worst = chunk_imbalance(m.n_layers, n)
+        if space.uneven_stages:
+            worst = np.minimum(worst, chunk_imbalance(m.n_layers + EDGE_LAYERS, n))
+        return il & (worst > lim)
+
+    return Rule(
+        UNEQUAL_CHUNKS,
+        bad,
+        lambda m, w, a, i: f"{UNEQUAL_CHUNKS} (pp·virtual={int(a.deg[Strategy.PP][i] * a.virtual[i])})",
+    )
+
+
+UNEQUAL_CHUNKS = "virtual stages more unequal than the stage bound"
 
 
 def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Structure, Candidates]]:
