@@ -376,12 +376,18 @@ def unequal_chunks(space: SearchSpace) -> Rule:
 
     def bad(m: ModelSpec, w: Workload, a: Arrays) -> np.ndarray:
         pp = a.deg[Strategy.PP]
-        il = (pp > 1) & (a.schedule == Schedule.INTERLEAVED.code)
-        n = pp * np.where(il, a.virtual, 1)
-        worst = chunk_imbalance(m.n_layers, n)
+        il = np.nonzero((a.schedule == Schedule.INTERLEAVED.code) & (pp > 1))[0]
+        out = np.zeros(len(pp), dtype=bool)
+        if not len(il):
+            return out
+        n = pp[il] * a.virtual[il]  # chunks: judged once per distinct count, then looked up
+        counts = np.arange(int(n.max()) + 1)
+        counts[0] = 1
+        worst = chunk_imbalance(m.n_layers, counts)
         if space.uneven_stages:
-            worst = np.minimum(worst, chunk_imbalance(m.n_layers + EDGE_LAYERS, n))
-        return il & (worst > lim)
+            worst = np.minimum(worst, chunk_imbalance(m.n_layers + EDGE_LAYERS, counts))
+        out[il] = (worst > lim)[n]
+        return out
 
     return Rule(
         UNEQUAL_CHUNKS,
