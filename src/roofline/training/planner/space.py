@@ -422,32 +422,38 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
                         parts.append((idx, msp_v, cm_c, z_v, ri_v, oe_c, flag_code(co_v)))
     sel = np.concatenate([p[0] for p in parts])
 
-    def col(k: int, dtype=None):
-        return np.concatenate([np.full(len(p[0]), p[k]) for p in parts]).astype(dtype or int)
+    sizes = [len(p[0]) for p in parts]
+
+    def col(k: int, dtype=None):  # each part's choice k, once per row of the part
+        return np.repeat(np.array([p[k] for p in parts], dtype=dtype or int), sizes)
 
     msp, cmv, zv, ri, oev = col(1, bool), col(2, np.int8), col(3), col(4), col(5, np.int8)
     cov = col(6, np.int8)
-    rows, mb, sc, virtual = rows[sel], mb[sel], sc[sel], virtual[sel]
-    tp = rows[:, j[Strategy.TP]]
+    # the surviving rows' columns, each contiguous, read out per family by `take` (not the
+    # rows copied out whole per candidate first); every row is in the first part, whose
+    # choices apply to all, so the columns hold the values the candidates have
+    R = np.ascontiguousarray(rows.T)
+    tp = R[j[Strategy.TP]].take(sel)
     kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, tp)
     # One structure for every mesh: a strategy of degree 1 is a mesh axis of size 1, which the
     # algebra already prices at zero (no split, no communication), so all candidates that share
     # the Megatron-SP flag and the KV-head replication are costed in one vectorised pass.
     # (tests/test_training.py checks this against the minimal structure of each plan.)
-    active = frozenset(s for s in Strategy if (rows[:, j[s]] > 1).any())
+    active = frozenset(s for s in Strategy if (R[j[s]] > 1).any())
     # a family shares the Megatron-SP flag, the KV-head replication and compile (one walk
     # costs one compile setting: Candidates.compile_flag)
     gkey = ((cov.astype(np.int64) + 1) * 2 + msp) * 2 + np.asarray(kv_rep, dtype=np.int64)
     groups = []
     for key in np.unique(gkey):
         g = np.nonzero(gkey == key)[0]
+        src = sel.take(g)  # the family's candidates' rows of stage one
         cand = Candidates(
-            {s: rows[g, j[s]] for s in Strategy},
-            mb[g],
+            {s: R[j[s]].take(src) for s in Strategy},
+            mb.take(src),
             zv[g],
-            sc[g],
-            virtual[g],
-            system_idx=rows[g, 0],
+            sc.take(src),
+            virtual.take(src),
+            system_idx=R[0].take(src),
             remat_idx=ri[g],
             collective_matmul=cmv[g],
             overlap_ep=oev[g],
