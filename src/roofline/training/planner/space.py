@@ -58,15 +58,16 @@ from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 # The virtual stages (model chunks per pipeline rank) the interleaved schedule tries: every
-# count from 2 to 12. 12 is the most the published plans use (NeMo's Nemotron-4 340B, 96
-# layers on pp=8: one layer per chunk; the others 3 to 10, validate's measured_training.yaml)
-# and, at one layer per chunk, the finest split Megatron lays out for the deepest models it
-# publishes at pp=8 (`--num-layers-per-virtual-pipeline-stage 1`, the 530B's choice). The
-# feasibility rules then keep the counts a model's layers allow: pp·v dividing the layers, or,
-# on a stack that lays out uneven stages, at most the layers + 2 (`feasibility.rules_for`).
-# Only the pipeline timeline reads v (bubble, the interleaved warm-up's activations, the
-# combined-1F1B warm-up, uneven-stage rounding, the P2P overlap's condition), not the walk:
-# the extra candidates share their family's walk rows (`step._distinct_rows`).
+# count from 2 to 12, the most any published plan uses (NeMo's Nemotron-4 340B: 96 layers on
+# pp=8, one layer per chunk; the others use 3 to 10: validate's measured_training.yaml). Past
+# it the fill, (p − 1)/v of a stage's time, shrinks by under 1/12 − 1/13 of it per count while
+# the hops the fill and drain wait grow by 2·p (`step._fill_hops`). The feasibility rules keep
+# the counts a model's layers allow (pp·v dividing them, or at most layers + 2 on a stack that
+# lays out uneven stages: `feasibility.rules_for`), the space's bound the counts whose chunks
+# are about equal (`unequal_chunks`). Only the pipeline timeline reads v (the fill, its hops,
+# the interleaved warm-up's activations, the combined-1F1B warm-up, uneven-stage rounding, the
+# P2P overlap's condition), never the walk: the extra candidates share their family's walk
+# rows (`step._distinct_rows`: system, degrees, microbatches).
 MAX_VIRTUAL_STAGES = 12
 VIRTUAL_STAGES = tuple(range(2, MAX_VIRTUAL_STAGES + 1))
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
@@ -149,7 +150,8 @@ class SearchSpace:
     max_sp: int = 16
     # deeper pipelines than 64 stages are not run in practice (bubble and p2p latency)
     max_pp: int = 64
-    max_stage_imbalance: float = 1.10  # uneven pipeline stages: fullest / average layers per stage
+    # uneven pipeline stages (and the interleaved schedule's chunks): fullest / average layers
+    max_stage_imbalance: float = 1.10
     megatron_sp: tuple[bool, ...] = (False, True)
     # tri-state overlap flags searched (specs.plan.TRISTATE_FLAGS): None, the stack's default,
     # and True, the mechanism on where the stack has the switch
@@ -392,7 +394,9 @@ def unequal_chunks(space: SearchSpace) -> Rule:
     return Rule(
         UNEQUAL_CHUNKS,
         bad,
-        lambda m, w, a, i: f"{UNEQUAL_CHUNKS} (pp·virtual={int(a.deg[Strategy.PP][i] * a.virtual[i])})",
+        lambda m, w, a, i: (
+            f"{UNEQUAL_CHUNKS} (pp·virtual={int(a.deg[Strategy.PP][i] * a.virtual[i])})"
+        ),
     )
 
 
