@@ -127,3 +127,37 @@ def test_planner_finds_a_published_style_interleaved_plan_with_more_than_two_vir
     assert best.step_time_s <= fastest * (1 + res.tie_tolerance)
     assert f"virtual={best.plan.virtual_stages}" in best.plan.describe()
     assert best.to_dict()["plan"]["virtual_stages"] == best.plan.virtual_stages
+
+
+@pytest.mark.parametrize("stack", ["megatron", "nemo"])
+def test_the_searched_virtual_stages_are_written_and_read_back(stack):
+    """The count the planner chose reaches the launch file (Megatron's
+    --num-virtual-stages-per-pipeline-rank, NeMo's virtual_pipeline_model_parallel_size) and
+    reads back as the same plan."""
+    from roofline.launch import LaunchConfig, LaunchKind, LaunchWorkload, read_launch, write_launch
+
+    m, s, w = load_model("llama-3-70b"), parse_system("h100:64"), Workload(2**21, 4096)
+    space = SearchSpace(strategies=(Strategy.DP, Strategy.TP, Strategy.PP))
+    res = plan_training(
+        m, s, w, space=space, framework="megatron", allow_sub_slices=False, top_k=1,
+        efficient_size=False, launch_stack=stack, optimizer="adam-fp32-master",
+    )  # fmt: skip
+    plan = res.best.plan
+    assert plan.virtual_stages > 2
+    config = LaunchConfig(
+        stack=stack,
+        kind=LaunchKind.TRAINING,
+        model="llama-3-70b",
+        plan=plan,
+        workload=LaunchWorkload(seq_len=w.seq_len, global_batch_sequences=int(w.sequences)),
+    )
+    text = write_launch(config, stack)
+    key = {
+        "megatron": "--num-virtual-stages-per-pipeline-rank ",
+        "nemo": "virtual_pipeline_model_parallel_size: ",
+    }
+    assert f"{key[stack]}{plan.virtual_stages}" in text
+    back = read_launch(text, source=f"<{stack} export>")
+    assert back.problems == ()
+    assert back.plan.schedule == Schedule.INTERLEAVED
+    assert back.plan.virtual_stages == plan.virtual_stages
