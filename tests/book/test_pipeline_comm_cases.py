@@ -71,16 +71,6 @@ def test_interleaved_chunks_multiply_the_boundaries():
     assert t.sends_per_chip == 2 * 8 * 2
 
 
-@pytest.mark.parametrize("v", [2, 4, 8])
-def test_interleaved_fill_and_drain_cross_every_chunk_boundary(v):
-    """Under the interleaved schedule the first microbatch comes round all p ranks before the
-    first rank runs its next chunk of it: the fill and the drain each wait p·v − 1 hops."""
-    t = pipeline_traffic(
-        _cost("h100:16", f"dp=4,pp=4,microbatch=8,schedule=interleaved,virtual={v}")
-    )
-    assert t.exposed_hops == pytest.approx(t.hops_per_microbatch) == 2 * (4 * v - 1)
-
-
 def test_tensor_parallel_shards_the_hop_only_with_sequence_parallelism():
     """Megatron SP keeps the block boundary's activations split over tensor: the hop shrinks by tp."""
     plain = pipeline_traffic(_cost("h100:16", "tp=2,dp=2,pp=4,microbatch=8"))

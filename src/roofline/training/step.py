@@ -816,19 +816,6 @@ def _pipeline(t_mb: Any, ctx: _Context) -> tuple[Any, Any, Any]:
     return t_mb * (M + fill), t_mb * fill, fill / (M + fill)
 
 
-def _fill_hops(ctx: _Context) -> Any:
-    """Pipeline hops on the critical path of the fill (the drain's are as many): p·v − 1.
-    The first microbatch's forward crosses every one of the p·v chunk boundaries but the last
-    before the pipeline is full: under the interleaved schedule the first rank runs its next
-    chunk of a microbatch only once that microbatch has come round all p ranks (microbatch
-    groups of p, Megatron-LM megatron/core/pipeline_parallel/schedules.py
-    forward_backward_pipelining_with_interleaving), so each of the v rounds waits p hops;
-    1F1B (v = 1) waits p − 1. The steady state's hops hide behind other microbatches."""
-    pp = ctx.deg[Strategy.PP]
-    v = np.where(ctx.schedule == Schedule.INTERLEAVED.code, np.maximum(ctx.virtual, 1), 1)
-    return np.where(pp > 1, pp * v - 1, 0)
-
-
 def _in_flight(ctx: _Context) -> Any:
     """Microbatches whose activations a stage holds at once: GPipe all M, 1F1B at most pp.
     The interleaved schedule's warm-up runs (pp − 1) more virtual-stage chunks on the first
@@ -1086,9 +1073,7 @@ def _step(
     t_mb = _balanced_stage(t_mb, edge, model.n_layers, ctx)
     t_pipe, bubble_t, bubble_frac = _pipeline(t_mb, ctx)
     hop = s.comm((Overlap.PIPELINE,), forward=True)
-    # fill and drain: the first microbatch's forward and the last one's backward cross every
-    # chunk boundary on the critical path, 2·(p·v − 1) hops (`_fill_hops`)
-    p2p = 2 * hop * _fill_hops(ctx)
+    p2p = 2 * hop * np.maximum(pp - 1, 0)
     grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
     mem = _memory_of(model, w, ctx, opt, key)
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
