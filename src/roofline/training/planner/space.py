@@ -59,15 +59,19 @@ from roofline.training.step import Candidates, StepArrays
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 # The virtual stages (model chunks per pipeline rank) the interleaved schedule tries: every
 # count from 2 to 12, the most any published plan uses (NeMo's Nemotron-4 340B: 96 layers on
-# pp=8, one layer per chunk; the others use 3 to 10: validate's measured_training.yaml). Past
-# it the fill, (p − 1)/v of a stage's time, shrinks by under 1/12 − 1/13 of it per count while
-# the hops the fill and drain wait grow by 2·p (`step._fill_hops`). The feasibility rules keep
-# the counts a model's layers allow (pp·v dividing them, or at most layers + 2 on a stack that
-# lays out uneven stages: `feasibility.rules_for`), the space's bound the counts whose chunks
-# are about equal (`unequal_chunks`). Only the pipeline timeline reads v (the fill, its hops,
-# the interleaved warm-up's activations, the combined-1F1B warm-up, uneven-stage rounding, the
-# P2P overlap's condition), never the walk: the extra candidates share their family's walk
-# rows (`step._distinct_rows`: system, degrees, microbatches).
+# pp=8, one layer per chunk; the others use 3 to 10: validate's measured_training.yaml). The
+# timeline credits every count with a shorter fill, (p − 1)/v of a stage's time, and charges
+# nothing for the chunk boundaries a microbatch then crosses (2·(p·v − 1) hops, docs/book.md:
+# the step exposes the fill and drain's 2·(p − 1); counting 2·(p·v − 1) was measured worse
+# held out, benchmarks/README.md), so the search takes the largest count the layers allow and
+# this bound is where it stops: past 12 the fill shrinks by under 1/156 of (p − 1) stages per
+# count. The feasibility rules keep the counts a model's layers allow (pp·v dividing them, or
+# at most layers + 2 on a stack that lays out uneven stages: `feasibility.rules_for`), the
+# space's bound the counts whose chunks are about equal (`unequal_chunks`). Only the pipeline
+# timeline reads v (the fill, the interleaved warm-up's activations, the combined-1F1B
+# warm-up, uneven-stage rounding, the P2P overlap's condition), never the walk: the extra
+# candidates share their family's walk rows (`step._distinct_rows`: system, degrees,
+# microbatches).
 MAX_VIRTUAL_STAGES = 12
 VIRTUAL_STAGES = tuple(range(2, MAX_VIRTUAL_STAGES + 1))
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
