@@ -91,21 +91,27 @@ def test_switched_bandwidth_remembered_equals_a_fresh_system():
 @pytest.mark.parametrize("model,chips", [("llama-3.1-405b", 2048), ("gpt-3-175b", 96)])
 @pytest.mark.parametrize("sequences", [1024, 3840])
 def test_stage_one_rows_are_the_grid_with_schedules_only_under_a_pipeline(model, chips, sequences):
-    """Every mesh × microbatch count × schedule in nested order, a schedule other than the
-    first only where pp > 1: the meshgrid of the three, filtered."""
+    """Every mesh × microbatch count × pipeline choice (each schedule, the interleaved one with
+    each virtual-stage count) in nested order, a choice other than the first only where
+    pp > 1: the meshgrid of the three, filtered."""
     import numpy as np
 
-    from roofline.training.planner.space import _stage_one, microbatch_counts
+    from roofline.training.planner.space import _stage_one, microbatch_counts, pipeline_choices
 
     w = Workload(sequences * 4096, 4096)
     space = SearchSpace()
     dom = space.domains(load_model(model), w, chips)
     F = np.column_stack([np.zeros(len(f := factorisations(chips, dom)), dtype=np.int64), f])
     mbs = np.array(microbatch_counts(space.microbatches, w))
-    scheds = np.array([s.code for s in space.schedules])
-    fi, mb, sc = (x.reshape(-1) for x in np.meshgrid(np.arange(len(F)), mbs, scheds, indexing="ij"))
-    keep = (F[fi, 1 + list(Strategy).index(Strategy.PP)] > 1) | (sc == scheds[0])
+    scheds, virt = pipeline_choices(space)
+    assert len(scheds) == len(space.schedules) - 1 + len(space.virtual_stages)
+    fi, mb, pc = (
+        x.reshape(-1)
+        for x in np.meshgrid(np.arange(len(F)), mbs, np.arange(len(scheds)), indexing="ij")
+    )
+    keep = (F[fi, 1 + list(Strategy).index(Strategy.PP)] > 1) | (pc == 0)
     got = _stage_one(F, w, space)
     assert (F[fi, 1 + list(Strategy).index(Strategy.PP)] > 1).any()  # pipelines present
-    for a, b in zip(got, (mb[keep], sc[keep], F[fi][keep]), strict=True):
+    want = (mb[keep], scheds[pc][keep], virt[pc][keep], F[fi][keep])
+    for a, b in zip(got, want, strict=True):
         assert np.array_equal(a, b)

@@ -191,14 +191,16 @@ def test_megatrons_hybrid_sharding_is_searched_and_launched():
 
 def test_torchtitans_replicas_are_searched_as_it_runs_them():
     """torchtitan's replicas keep whole optimizer states: the space's ZeRO-1/2 over dp would
-    all be skipped, so with torchtitan named the replicas are searched at zero=0 instead."""
+    all be skipped, so with torchtitan named the replicas are searched at zero=0 instead; its
+    looped schedules run 2 stages per rank, so only that virtual-stage count is searched."""
     assert SearchSpace().zero_stages == (1, 2)
     space = launch_space(SearchSpace(), "torchtitan")
-    assert space.zero_stages == (0,)
-    assert launch_space(SearchSpace(), "megatron").zero_stages == (1,)
+    assert space.zero_stages == (0,) and space.virtual_stages == (2,)
+    megatron = launch_space(SearchSpace(), "megatron")
+    assert megatron.zero_stages == (1,) and megatron.virtual_stages == SearchSpace().virtual_stages
     assert launch_space(SearchSpace(), None) == SearchSpace()
     free, skipping, named = (
-        _search("torchtitan", False),
+        _search("torchtitan", False, replace(SearchSpace(), virtual_stages=(2,))),
         _search("torchtitan", True),
         _search("torchtitan", True, space),
     )

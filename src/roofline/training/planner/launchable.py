@@ -43,15 +43,19 @@ def _take(cand: Candidates, keep: np.ndarray) -> Candidates:
 
 
 def launch_space(space: SearchSpace, stack: str | None) -> SearchSpace:
-    """`space` with the ZeRO stages over replicas the named stack can launch: the space's own
-    where the stack has some of them, else the stack's (torchtitan's DDP/HSDP replicas keep
-    whole optimizer states, zero=0, which the default (1, 2) would never search)."""
+    """`space` with the ZeRO stages over replicas and the virtual stages the named stack can
+    launch: the space's own where the stack has some of them, else the stack's (torchtitan's
+    DDP/HSDP replicas keep whole optimizer states, zero=0, which the default (1, 2) would never
+    search; its looped schedules run 2 stages per rank, so its writer says no other count)."""
     cap = capabilities(stack) if stack else None
-    rule = cap.rules.get("replica_zero") if cap else None
-    if rule is None:
+    if cap is None:
         return space
-    zeros = tuple(z for z in space.zero_stages if z in rule["allowed"])
-    return replace(space, zero_stages=zeros or tuple(rule["allowed"]))
+    for rule, field in (("replica_zero", "zero_stages"), ("virtual", "virtual_stages")):
+        allowed = cap.rules.get(rule, {}).get("allowed")
+        if allowed is not None:
+            kept = tuple(x for x in getattr(space, field) if x in allowed)
+            space = replace(space, **{field: kept or tuple(allowed)})
+    return space
 
 
 def launchable(found: Enumeration, space: SearchSpace, stack: str | None) -> Enumeration:

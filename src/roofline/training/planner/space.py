@@ -2,8 +2,8 @@
 enumeration of candidate plans into families the walk costs in one pass each.
 
 Search space (every legal combination): system or sub-slices × mesh factorisation
-dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule ×
-Megatron sequence parallelism × collective matmul × compile × optimizer offload. Degrees come from the divisors of the
+dp·fsdp·tp·sp·ep·pp = chips × microbatches × remat × ZeRO stage × pipeline schedule (and, for
+the interleaved one, its virtual stages per rank) × Megatron sequence parallelism × collective matmul × compile × optimizer offload. Degrees come from the divisors of the
 bounds `feasibility` checks (a degree outside them is never tried); combinations are then
 rejected by the named rules of `feasibility.RULES` and the space's own bounds, each counted.
 
@@ -44,6 +44,7 @@ from roofline.specs.model import ModelSpec
 from roofline.specs.plan import Remat, RematKind, Schedule, Strategy, Workload, flag_code
 from roofline.specs.system import System
 from roofline.training.feasibility import (
+    EDGE_LAYERS,
     Arrays,
     Rule,
     ep_must_divide,
@@ -63,6 +64,23 @@ from roofline.training.offload import (
 from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+# The virtual stages (model chunks per pipeline rank) the interleaved schedule tries: every
+# count from 2 to 12, the most any published plan uses (NeMo's Nemotron-4 340B: 96 layers on
+# pp=8, one layer per chunk; the others use 3 to 10: validate's measured_training.yaml). The
+# timeline credits every count with a shorter fill, (p − 1)/v of a stage's time, and charges
+# nothing for the chunk boundaries a microbatch then crosses (2·(p·v − 1) hops, docs/book.md:
+# the step exposes the fill and drain's 2·(p − 1); counting 2·(p·v − 1) was measured worse
+# held out, benchmarks/README.md), so the search takes the largest count the layers allow and
+# this bound is where it stops: past 12 the fill shrinks by under 1/156 of (p − 1) stages per
+# count. The feasibility rules keep the counts a model's layers allow (pp·v dividing them, or
+# at most layers + 2 on a stack that lays out uneven stages: `feasibility.rules_for`), the
+# space's bound the counts whose chunks are about equal (`unequal_chunks`). Only the pipeline
+# timeline reads v (the fill, the interleaved warm-up's activations, the combined-1F1B
+# warm-up, uneven-stage rounding, the P2P overlap's condition), never the walk: the extra
+# candidates share their family's walk rows (`step._distinct_rows`: system, degrees,
+# microbatches).
+MAX_VIRTUAL_STAGES = 12
+VIRTUAL_STAGES = tuple(range(2, MAX_VIRTUAL_STAGES + 1))
 REMATS = (Remat(RematKind.NONE), Remat(RematKind.MATMULS), Remat(RematKind.FULL))
 
 
@@ -137,13 +155,14 @@ class SearchSpace:
     remats: tuple[Remat, ...] = REMATS
     zero_stages: tuple[int, ...] = (1, 2)  # over the data axis (fsdp is ZeRO-3 by definition)
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
-    # model chunks per stage of the interleaved schedule (Megatron's usual choice)
-    interleaved_virtual_stages: int = 2
+    # model chunks per stage the interleaved schedule tries (VIRTUAL_STAGES: 2 to 12)
+    virtual_stages: tuple[int, ...] = VIRTUAL_STAGES
     # context parallelism beyond 16-way spends more on K/V gathers than it saves
     max_sp: int = 16
     # deeper pipelines than 64 stages are not run in practice (bubble and p2p latency)
     max_pp: int = 64
-    max_stage_imbalance: float = 1.10  # uneven pipeline stages: fullest / average layers per stage
+    # uneven pipeline stages (and the interleaved schedule's chunks): fullest / average layers
+    max_stage_imbalance: float = 1.10
     megatron_sp: tuple[bool, ...] = (False, True)
     # tri-state overlap flags searched (specs.plan.TRISTATE_FLAGS): None, the stack's default,
     # and True, the mechanism on where the stack has the switch
@@ -289,8 +308,8 @@ def enumerate_plans(
 ) -> Enumeration:
     """Every plan of the space, filtered by the named rules, grouped into Structures."""
     F, domains_txt = _meshes(model, workload, systems, space)
-    # stage 1: mesh × microbatches × schedule, where the divisibility rules act
-    mb, sc, rows = _stage_one(F, workload, space)
+    # stage 1: mesh × microbatches × schedule (× virtual stages), where the divisibility rules act
+    mb, sc, virtual, rows = _stage_one(F, workload, space)
     deg = {s: rows[:, 1 + j] for j, s in enumerate(Strategy)}
     # how many full candidates each stage-1 row stands for (choices that apply to it)
     tp1, dp1 = deg[Strategy.TP] > 1, deg[Strategy.DP] > 1
@@ -302,7 +321,6 @@ def enumerate_plans(
         * len(space.remats)
         * len(space.compile)
     )
-    virtual = np.where(sc == Schedule.INTERLEAVED.code, space.interleaved_virtual_stages, 1)
     arrays = Arrays(deg, mb, sc, virtual)
     rejected: Counter = Counter()
     ok = np.ones(len(mb), dtype=bool)
@@ -315,27 +333,85 @@ def enumerate_plans(
     return Enumeration(tuple(groups), int(weight.sum()), rejected, domains_txt)
 
 
+def pipeline_choices(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
+    """(schedule code, virtual stages) of every pipeline choice of the space, in order: each
+    schedule with 1, the interleaved one with each of `space.virtual_stages` instead."""
+    pairs = [
+        (s.code, v)
+        for s in space.schedules
+        for v in (space.virtual_stages if s == Schedule.INTERLEAVED else (1,))
+    ]
+    sc, v = zip(*pairs, strict=True)
+    return np.array(sc), np.array(v)
+
+
 def _stage_one(F: np.ndarray, workload: Workload, space: SearchSpace) -> tuple[np.ndarray, ...]:
-    """(microbatches, schedule code, mesh row) of every mesh × microbatch count × schedule,
-    in that nested order, the schedules only where there is a pipeline (elsewhere the first):
-    the schedule matters only with one."""
+    """(microbatches, schedule code, virtual stages, mesh row) of every mesh × microbatch count
+    × pipeline choice (`pipeline_choices`), in that nested order, the choices only where there
+    is a pipeline (elsewhere the first): the schedule matters only with one."""
     mbs = np.array(microbatch_counts(space.microbatches, workload))
-    scheds = np.array([s.code for s in space.schedules])
+    scheds, virt = pipeline_choices(space)
     pp = F[:, 1 + list(Strategy).index(Strategy.PP)]
-    per = np.where(pp > 1, len(scheds), 1)  # schedules tried per mesh
+    per = np.where(pp > 1, len(scheds), 1)  # pipeline choices tried per mesh
     count = per * len(mbs)
     fi = np.repeat(np.arange(len(F)), count)
     k = np.arange(len(fi)) - np.repeat(np.cumsum(count) - count, count)  # index within the mesh
     per = per[fi]
-    return mbs[k // per], scheds[k % per], F[fi]
+    j = k % per
+    return mbs[k // per], scheds[j], virt[j], F[fi]
 
 
 def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
     """The feasibility rules the domains do not already guarantee (the batch split and the
-    interleaved stages), with the space's own bounds between them. A rejected plan is counted
-    under the first rule it breaks, in this order."""
+    interleaved stages), with the space's own bounds between them and, last, the bound on
+    unequal virtual stages (`unequal_chunks`). A rejected plan is counted under the first rule
+    it breaks, in this order."""
     rules = rules_for(space.uneven_stages)
-    return (rules[0], *space.bounds, rules[-1])
+    return (rules[0], *space.bounds, rules[-1], unequal_chunks(space))
+
+
+def chunk_imbalance(units: int, chunks: np.ndarray) -> np.ndarray:
+    """The fullest of `chunks` equal-as-can-be parts of `units` layers against the average:
+    ceil(units/chunks) / (units/chunks)."""
+    return np.ceil(units / chunks) * chunks / units
+
+
+def unequal_chunks(space: SearchSpace) -> Rule:
+    """A bound of the search on the interleaved schedule's virtual stages, the pipeline
+    degree's own bound (`max_stage_imbalance`) one level down: the fullest model chunk at most
+    that much above the average. The timeline prices the fill as p − 1 chunks of a stage's
+    time / v, exact for equal chunks; with unequal ones it runs at the pace of the fullest
+    (96 layers on pp=8 in v=8 chunks of 1 or 2 layers fills like v=6), which it does not
+    price, so the planner does not search them (a plan may still say them). A stack that lays
+    out uneven stages splits the layers with the embedding and the loss as one each
+    (`feasibility.EDGE_LAYERS`), whichever of the two splits is more equal."""
+    lim = space.max_stage_imbalance
+
+    def bad(m: ModelSpec, w: Workload, a: Arrays) -> np.ndarray:
+        pp = a.deg[Strategy.PP]
+        il = np.nonzero((a.schedule == Schedule.INTERLEAVED.code) & (pp > 1))[0]
+        out = np.zeros(len(pp), dtype=bool)
+        if not len(il):
+            return out
+        n = pp[il] * a.virtual[il]  # chunks: judged once per distinct count, then looked up
+        counts = np.arange(int(n.max()) + 1)
+        counts[0] = 1
+        worst = chunk_imbalance(m.n_layers, counts)
+        if space.uneven_stages:
+            worst = np.minimum(worst, chunk_imbalance(m.n_layers + EDGE_LAYERS, counts))
+        out[il] = (worst > lim)[n]
+        return out
+
+    return Rule(
+        UNEQUAL_CHUNKS,
+        bad,
+        lambda m, w, a, i: (
+            f"{UNEQUAL_CHUNKS} (pp·virtual={int(a.deg[Strategy.PP][i] * a.virtual[i])})"
+        ),
+    )
+
+
+UNEQUAL_CHUNKS = "virtual stages more unequal than the stage bound"
 
 
 def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Structure, Candidates]]:
@@ -361,32 +437,38 @@ def _expand(model, space: SearchSpace, rows, mb, sc, virtual) -> list[tuple[Stru
                         parts.append((idx, msp_v, cm_c, z_v, ri_v, oe_c, flag_code(co_v)))
     sel = np.concatenate([p[0] for p in parts])
 
-    def col(k: int, dtype=None):
-        return np.concatenate([np.full(len(p[0]), p[k]) for p in parts]).astype(dtype or int)
+    sizes = [len(p[0]) for p in parts]
+
+    def col(k: int, dtype=None):  # each part's choice k, once per row of the part
+        return np.repeat(np.array([p[k] for p in parts], dtype=dtype or int), sizes)
 
     msp, cmv, zv, ri, oev = col(1, bool), col(2, np.int8), col(3), col(4), col(5, np.int8)
     cov = col(6, np.int8)
-    rows, mb, sc, virtual = rows[sel], mb[sel], sc[sel], virtual[sel]
-    tp = rows[:, j[Strategy.TP]]
+    # the surviving rows' columns, each contiguous, read out per family by `take` (not the
+    # rows copied out whole per candidate first); every row is in the first part, whose
+    # choices apply to all, so the columns hold the values the candidates have
+    R = np.ascontiguousarray(rows.T)
+    tp = R[j[Strategy.TP]].take(sel)
     kv_rep = kv_heads_replicated(model.n_kv_heads, model.mla is not None, tp)
     # One structure for every mesh: a strategy of degree 1 is a mesh axis of size 1, which the
     # algebra already prices at zero (no split, no communication), so all candidates that share
     # the Megatron-SP flag and the KV-head replication are costed in one vectorised pass.
     # (tests/test_training.py checks this against the minimal structure of each plan.)
-    active = frozenset(s for s in Strategy if (rows[:, j[s]] > 1).any())
+    active = frozenset(s for s in Strategy if (R[j[s]] > 1).any())
     # a family shares the Megatron-SP flag, the KV-head replication and compile (one walk
     # costs one compile setting: Candidates.compile_flag)
     gkey = ((cov.astype(np.int64) + 1) * 2 + msp) * 2 + np.asarray(kv_rep, dtype=np.int64)
     groups = []
     for key in np.unique(gkey):
         g = np.nonzero(gkey == key)[0]
+        src = sel.take(g)  # the family's candidates' rows of stage one
         cand = Candidates(
-            {s: rows[g, j[s]] for s in Strategy},
-            mb[g],
+            {s: R[j[s]].take(src) for s in Strategy},
+            mb.take(src),
             zv[g],
-            sc[g],
-            virtual[g],
-            system_idx=rows[g, 0],
+            sc.take(src),
+            virtual.take(src),
+            system_idx=R[0].take(src),
             remat_idx=ri[g],
             collective_matmul=cmv[g],
             overlap_ep=oev[g],
