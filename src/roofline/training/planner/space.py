@@ -64,6 +64,7 @@ from roofline.training.offload import (
 from roofline.training.step import Candidates, StepArrays
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+PIPELINE_MICROBATCHES = (128, 256, 512)
 # The virtual stages (model chunks per pipeline rank) the interleaved schedule tries: every
 # count from 2 to 12, the most any published plan uses (NeMo's Nemotron-4 340B: 96 layers on
 # pp=8, one layer per chunk; the others use 3 to 10: validate's measured_training.yaml). The
@@ -152,6 +153,10 @@ class SearchSpace:
     strategies: tuple[Strategy, ...] = tuple(Strategy)
     # gradient accumulation steps tried (powers of two up to 64: more only shrinks microbatches)
     microbatches: tuple[int, ...] = MICROBATCHES
+    # counts tried only under a pipeline, where more microbatches shrink the bubble: published
+    # Megatron plans run 63-512 (Korthikanti et al. 2022: 530B pp=35 with 280, 1T pp=64 with
+    # 512; Megatron-Bridge's 405B 192); without a pipeline more than 64 only shrinks the matmuls
+    pipeline_microbatches: tuple[int, ...] = PIPELINE_MICROBATCHES
     remats: tuple[Remat, ...] = REMATS
     zero_stages: tuple[int, ...] = (1, 2)  # over the data axis (fsdp is ZeRO-3 by definition)
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
@@ -348,8 +353,10 @@ def pipeline_choices(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
 def _stage_one(F: np.ndarray, workload: Workload, space: SearchSpace) -> tuple[np.ndarray, ...]:
     """(microbatches, schedule code, virtual stages, mesh row) of every mesh × microbatch count
     × pipeline choice (`pipeline_choices`), in that nested order, the choices only where there
-    is a pipeline (elsewhere the first): the schedule matters only with one."""
-    mbs = np.array(microbatch_counts(space.microbatches, workload))
+    is a pipeline (elsewhere the first): the schedule matters only with one; the counts above
+    the plain ones (`pipeline_microbatches`) also only there."""
+    counts = (*space.microbatches, *space.pipeline_microbatches)
+    mbs = np.array(microbatch_counts(counts, workload))
     scheds, virt = pipeline_choices(space)
     pp = F[:, 1 + list(Strategy).index(Strategy.PP)]
     per = np.where(pp > 1, len(scheds), 1)  # pipeline choices tried per mesh
@@ -358,7 +365,10 @@ def _stage_one(F: np.ndarray, workload: Workload, space: SearchSpace) -> tuple[n
     k = np.arange(len(fi)) - np.repeat(np.cumsum(count) - count, count)  # index within the mesh
     per = per[fi]
     j = k % per
-    return mbs[k // per], scheds[j], virt[j], F[fi]
+    mb = mbs[k // per]
+    # beyond the plain counts only under a pipeline (`SearchSpace.pipeline_microbatches`)
+    keep = (mb <= max(space.microbatches)) | (pp[fi] > 1)
+    return mb[keep], scheds[j][keep], virt[j][keep], F[fi[keep]]
 
 
 def _searched_rules(space: SearchSpace) -> tuple[Rule, ...]:
