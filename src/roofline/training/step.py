@@ -193,7 +193,8 @@ class Candidates:
 class Reasons:
     """Why each candidate is infeasible, rendered lazily (most candidates never need the text)."""
 
-    def __init__(self, mesh_reason, mesh_bad, over, mem, cap: float) -> None:
+    def __init__(self, mesh_reason, mesh_bad, over, mem, cap: float, inv=None) -> None:
+        # the walk's mesh reasons by row, `inv` each candidate's row (None: by candidate)
         self.mesh_reason, self.mesh_bad, self.over, self.mem, self.cap = (
             mesh_reason,
             mesh_bad,
@@ -201,10 +202,11 @@ class Reasons:
             mem,
             cap,
         )
+        self.inv = inv
 
     def __getitem__(self, i: int) -> str:
         if self.mesh_bad[i]:
-            return str(self.mesh_reason[i])
+            return str(self.mesh_reason[i if self.inv is None else self.inv[i]])
         if self.over[i]:
             return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB allocatable"
         return ""
@@ -855,6 +857,16 @@ def _zero_groups(ctx: _Context) -> tuple[Any, Any]:
 def _memory(
     model: ModelSpec, w: Walk, ctx: _Context, opt: OptimizerPolicy, remats
 ) -> TrainingMemory:
+    p, g, o, stacked, temps = _memory_parts(model, w, ctx, opt, remats)
+    return TrainingMemory(p, g, o, stacked * _in_flight(ctx), temps)
+
+
+def _memory_parts(
+    model: ModelSpec, w: Walk, ctx: _Context, opt: OptimizerPolicy, remats
+) -> tuple[Any, Any, Any, Any, Any]:
+    """`_memory`'s parameters, gradients, optimizer state, one microbatch's saved activations
+    on the fullest stage (times the microbatches in flight: the activations) and temporaries:
+    none of them reads the schedule (`_timeline_context`)."""
     mp = w.memory
     assert mp is not None
     inv, pp = ctx.inv, ctx.deg[Strategy.PP]
@@ -867,7 +879,7 @@ def _memory(
     saved = [np.broadcast_to(np.asarray(mp.saved_per_layer[r], float), (w.n,)) for r in remats]
     act_layer = np.choose(ctx.remat_idx, [s[inv] for s in saved])
     layers_per_stage = np.ceil(model.n_layers / pp)
-    acts = act_layer * layers_per_stage * _in_flight(ctx)  # the fullest stage
+    stacked = act_layer * layers_per_stage  # the fullest stage, times the in-flight microbatches
     one_layer = np.broadcast_to(
         np.asarray(mp.saved_per_layer[Remat(RematKind.NONE)], float), (w.n,)
     )[inv]
@@ -885,7 +897,7 @@ def _memory(
     # holds the larger of the two, not both
     logits = np.broadcast_to(np.asarray(mp.logits_bytes, float), (w.n,))[inv]
     temps = gathered + np.maximum(np.where(ctx.reuse, 0.0, one_layer), logits)
-    return TrainingMemory(p, g, o, acts, temps)
+    return p, g, o, stacked, temps
 
 
 def _memory_of(model: ModelSpec, w: Walk, ctx: _Context, opt, key: tuple | None):
@@ -943,8 +955,7 @@ def _microbatch_exposure(
                 hidden, cap = hidden + h, np.maximum(cap, w_c)
                 total = total + comm
             exposed[g.name] = exposed.get(g.name, 0.0) + total - np.minimum(hidden, cap)
-    ep = ctx.stack.overlap(FRAMEWORK_CLASS[Overlap.EXPERT]).on
-    if ep.window == Window.COMBINED_1F1B and modes[Overlap.EXPERT].on.any():
+    if _pairs_experts(ctx.stack, modes):
         fwd = s.comm((Overlap.EXPERT,), forward=True)
         sm = ctx.stack.dispatch_sm_share(chip)
         paired = _combined_1f1b(s, ctx, fwd, comm_all[Overlap.EXPERT] - fwd, sm)
@@ -1055,67 +1066,224 @@ def _replica_sync(
 def _step(
     model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep, with_terms
 ) -> StepArrays:
-    s = _sums_of(tot, ctx)
     chip = systems[0].chip
-    M = ctx.M
-    pp = ctx.deg[Strategy.PP]
-    layers = np.ceil(model.n_layers / pp)
     key = _context_key(ctx)
-    modes = _modes_of(ctx, chip, key)
-    compute = s.compute() - _host_idle_hidden(s, modes)
-    comm, exposed = _microbatch_exposure(s, ctx, modes, layers, chip)
-    # fixed costs: per layer per microbatch pass (forward and backward), per step
     layer_s = eff.layer_overhead_s + ctx.stack.layer_overhead_s
     step_s = eff.step_overhead_s + ctx.stack.step_overhead_s
-    overhead_mb = layer_s * 2 * layers
-    t_mb = compute + sum(exposed.values()) + overhead_mb
+    # the timeline of one microbatch and the per-step collectives, once per distinct choice of
+    # what they read (`_timeline_context`), then read out to the candidates
+    tctx, tinv = _timeline_context(ctx)
+    modes = _modes_of(tctx, chip, key)
+    if tinv is not None and _pairs_experts(tctx.stack, modes):  # reads the schedules
+        tctx, tinv = ctx, None
+        modes = _modes_of(ctx, chip, key)
+    tl = _timeline(model, tot, tctx, eff, opt, chip, modes, layer_s, step_s, with_terms)
+
+    def out(v: Any) -> Any:
+        return v if tinv is None or np.ndim(v) == 0 else v.take(tinv)
+
+    def per_candidate(d: dict[str, Any]) -> Mapping[str, Any]:
+        return d if tinv is None else _Gathered(d, tinv)
+
     edge = np.broadcast_to(np.asarray(tot.edge_s, float), ctx.n_rows)[ctx.inv]
-    t_mb = _balanced_stage(t_mb, edge, model.n_layers, ctx)
+    t_mb = _balanced_stage(out(tl["t_mb"]), edge, model.n_layers, ctx)
     t_pipe, bubble_t, bubble_frac = _pipeline(t_mb, ctx)
-    hop = s.comm((Overlap.PIPELINE,), forward=True)
-    p2p = 2 * hop * np.maximum(pp - 1, 0)
-    grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
-    mem = _memory_of(model, w, ctx, opt, key)
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
-    opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
-    step = t_pipe + p2p + sync_exposed + opt_t + step_s
-    exposed_comm = sum(exposed.values()) * M + p2p + sync_exposed
+    if tinv is None:
+        mem = _memory_of(model, w, ctx, opt, key)
+        opt_t = (mem.params * 2 + mem.grads + mem.optimizer * 2) / hbm
+    else:  # the parts without the schedule once per timeline
+        p, g, o, stacked, temps = _memory_parts(model, w, tctx, opt, _remats(w))
+        opt_t = out((p * 2 + g + o * 2) / hbm)
+        mem = TrainingMemory(out(p), out(g), out(o), out(stacked) * _in_flight(ctx), out(temps))
+    step = t_pipe + out(tl["p2p"]) + out(tl["sync_exposed"]) + opt_t + step_s
     n_chips = np.array([sy.n_chips for sy in systems], dtype=float)[ctx.sys_idx]
     mf = model_flops(model, workload.batch_tokens)
     peak = mfu_peak(chip)
-    flops_mb = s.flops()
+    flops = out(tl["flops"])
+    mem_total = mem.total
+    mesh_bad = w.mesh_bad[ctx.inv]
+    over = (mem_total > chip.fit_hbm_bytes) & ~mesh_bad
+    return StepArrays(
+        step_time_s=step,
+        compute_time_s=out(tl["compute"]),
+        exposed_comm_time_s=out(tl["exposed_comm"]),
+        bubble_time_s=bubble_t,
+        bubble_fraction=bubble_frac,
+        optimizer_time_s=opt_t,
+        overhead_time_s=out(tl["overhead"]),
+        comm=per_candidate(tl["comm"]),
+        exposed=per_candidate(tl["exposed"]),
+        memory=mem.as_dict(),
+        memory_total=mem_total,
+        flops_per_chip=flops,
+        model_flops=mf,
+        mfu=mf / (step * n_chips * peak),
+        mfu_compute_dtype=mf / (step * n_chips * compute_peak(chip, ctx.dtypes)),
+        hfu=flops / (step * peak),
+        tokens_per_s=workload.batch_tokens / step,
+        infeasible=mesh_bad | over,
+        reason=Reasons(w.mesh_reason, mesh_bad, over, mem_total, chip.fit_hbm_bytes, ctx.inv),
+        walk=w if keep else None,
+        terms=per_candidate(tl["terms"]),
+    )
+
+
+class _Gathered(Mapping):
+    """Per-candidate arrays read out of a timeline's (`_timeline_context`) when first asked:
+    the planner reads one sum of them per candidate (`comm_total`) and every class only for
+    the plans it lists."""
+
+    def __init__(self, rows: Mapping[str, Any], inv: np.ndarray) -> None:
+        self._rows, self._inv, self._out = rows, inv, {}
+
+    def __getitem__(self, k: str) -> Any:
+        hit = self._out.get(k)
+        if hit is None:
+            v = self._rows[k]
+            hit = self._out[k] = v if np.ndim(v) == 0 else v.take(self._inv)
+        return hit
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def total(self) -> Any:
+        """sum(self.values()), summed per timeline and read out once."""
+        v = sum(self._rows.values())
+        return v if np.ndim(v) == 0 else v.take(self._inv)
+
+
+def comm_total(r: StepArrays) -> Any:
+    """The collectives' time per step of each candidate if nothing overlapped:
+    sum(r.comm.values())."""
+    c = r.comm
+    return c.total() if isinstance(c, _Gathered) else sum(c.values())
+
+
+def _timeline(
+    model, tot: Totals, ctx: _Context, eff, opt, chip, modes, layer_s, step_s, with_terms
+) -> dict[str, Any]:
+    """What `_step` reads of one microbatch's timeline and the per-step collectives, per
+    candidate of `ctx`: `t_mb` (one microbatch's compute, exposed collectives and fixed costs,
+    before the stage layout), the pipeline hops `p2p` and the replicas' exposed sync per step,
+    and the per-step figures (compute, exposed communication, overhead, FLOPs, raw and exposed
+    time by class and group, `terms`)."""
+    s = _sums_of(tot, ctx)
+    M = ctx.M
+    pp = ctx.deg[Strategy.PP]
+    layers = np.ceil(model.n_layers / pp)
+    compute = s.compute() - _host_idle_hidden(s, modes)
+    comm, exposed = _microbatch_exposure(s, ctx, modes, layers, chip)
+    # fixed costs: per layer per microbatch pass (forward and backward), per step
+    overhead_mb = layer_s * 2 * layers
+    exposed_mb = sum(exposed.values())
+    hop = s.comm((Overlap.PIPELINE,), forward=True)
+    p2p = 2 * hop * np.maximum(pp - 1, 0)
+    grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
     comm_step = {c.value: v * M for c, v in comm.items()}
     comm_step[Overlap.GRAD_REDUCE_STEP.value] = grad_step + param_gather
     comm_step[Overlap.PIPELINE.value] = p2p
     exposed_step = {k: v * M for k, v in exposed.items()}
     exposed_step["grad_step"] = sync_exposed
     exposed_step["pp"] = p2p
-    mem_total = mem.total
-    mesh_bad = w.mesh_bad[ctx.inv]
-    over = (mem_total > chip.fit_hbm_bytes) & ~mesh_bad
-    return StepArrays(
-        step_time_s=step,
-        compute_time_s=compute * M,
-        exposed_comm_time_s=exposed_comm,
-        bubble_time_s=bubble_t,
-        bubble_fraction=bubble_frac,
-        optimizer_time_s=opt_t,
-        overhead_time_s=overhead_mb * M + step_s,
-        comm=comm_step,
-        exposed=exposed_step,
-        memory=mem.as_dict(),
-        memory_total=mem_total,
-        flops_per_chip=flops_mb * M,
-        model_flops=mf,
-        mfu=mf / (step * n_chips * peak),
-        mfu_compute_dtype=mf / (step * n_chips * compute_peak(chip, ctx.dtypes)),
-        hfu=flops_mb * M / (step * peak),
-        tokens_per_s=workload.batch_tokens / step,
-        infeasible=mesh_bad | over,
-        reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.fit_hbm_bytes),
-        walk=w if keep else None,
-        terms=_terms(s, M, mfu_peak(chip) * eff.matmul, grad_step) if with_terms else {},
+    return {
+        "t_mb": compute + exposed_mb + overhead_mb,
+        "p2p": p2p,
+        "sync_exposed": sync_exposed,
+        "compute": compute * M,
+        "exposed_comm": exposed_mb * M + p2p + sync_exposed,
+        "overhead": overhead_mb * M + step_s,
+        "flops": s.flops() * M,
+        "comm": comm_step,
+        "exposed": exposed_step,
+        "terms": _terms(s, M, mfu_peak(chip) * eff.matmul, grad_step) if with_terms else {},
+    }
+
+
+def _timeline_context(ctx: _Context) -> tuple[_Context, np.ndarray | None]:
+    """The candidates `_timeline` tells apart, and each candidate's one of them (None: all).
+
+    The timeline of a microbatch and the per-step collectives read a candidate's walk row
+    (degrees, microbatches, system), remat choice, ZeRO stage, plan flags, and of its schedule
+    only whether it is interleaved with virtual stages > 1 (an overlap condition); the stage
+    layout, the bubble and the in-flight activations (read per candidate in `_step` and
+    `_memory`) read the schedule and the virtual stages themselves. Candidates that differ
+    only there (1F1B against GPipe, interleaved schedules of several virtual-stage counts)
+    share one timeline. The exception, Megatron's combined-1F1B expert overlap, counts the
+    warm-up passes of each schedule (`_pairs_experts`: `_step` then times every candidate)."""
+    n = len(ctx.inv)
+    if n < 2:
+        return ctx, None
+    sched = np.asarray(ctx.schedule, dtype=np.int64)
+    virt = np.asarray(ctx.virtual, dtype=np.int64)
+    # which (schedule, virtual stages) pairs occur: the timeline can share only if two pairs
+    # of the same interleaved bit do
+    vr = int(virt.max()) + 1
+    pairs = (
+        np.flatnonzero(np.bincount(sched * vr + virt))
+        if sched.min() >= 0 and virt.min() >= 0
+        else None
     )
+    if pairs is not None:
+        interleaved = (pairs // vr == Schedule.INTERLEAVED.code) & (pairs % vr > 1)
+        if interleaved.sum() <= 1 and (~interleaved).sum() <= 1:
+            return ctx, None
+    il = (sched == Schedule.INTERLEAVED.code) & (virt > 1)
+    cols = [ctx.inv, ctx.remat_idx, ctx.zero, *ctx.flags.values(), il]
+    key = np.zeros(n, dtype=np.int64)
+    space = 1
+    for c in cols:
+        c = np.asarray(c).astype(np.int64, copy=False)
+        lo = int(c.min())
+        radix = int(c.max()) - lo + 1
+        key *= radix
+        key += c - lo if lo else c
+        space *= radix
+    if space <= 4 * n:  # a table of the key space, no sort
+        seen = np.zeros(space, dtype=bool)
+        seen[key] = True
+        k = int(np.count_nonzero(seen))
+        if k == n:
+            return ctx, None
+        ids = np.cumsum(seen, dtype=np.int64)
+        ids -= 1
+        tinv = ids.take(key)
+    else:
+        _, tinv = np.unique(key, return_inverse=True)
+        tinv = tinv.reshape(-1)
+        k = int(tinv.max()) + 1
+        if k == n:
+            return ctx, None
+    first = np.empty(k, dtype=np.int64)
+    first[tinv] = np.arange(n, dtype=np.int64)  # one candidate of each (any: they agree)
+    return _subset(ctx, first), tinv
+
+
+def _subset(ctx: _Context, idx: np.ndarray) -> _Context:
+    """`ctx` for candidates `idx` only."""
+    return replace(
+        ctx,
+        inv=ctx.inv.take(idx),
+        deg={s: v.take(idx) for s, v in ctx.deg.items()},
+        M=ctx.M.take(idx),
+        zero=np.asarray(ctx.zero).take(idx),
+        schedule=np.asarray(ctx.schedule).take(idx),
+        virtual=np.asarray(ctx.virtual).take(idx),
+        sys_idx=np.asarray(ctx.sys_idx).take(idx),
+        remat_idx=np.asarray(ctx.remat_idx).take(idx),
+        reuse=ctx.reuse.take(idx),
+        flags={k: np.asarray(v).take(idx) for k, v in ctx.flags.items()},
+    )
+
+
+def _pairs_experts(stack: Stack, modes: Mapping[Overlap, ModeArrays]) -> bool:
+    """Whether the expert all-to-alls run under Megatron's combined 1F1B for some candidate
+    (`_combined_1f1b`, which reads each candidate's schedule)."""
+    ep = stack.overlap(FRAMEWORK_CLASS[Overlap.EXPERT]).on
+    return ep.window == Window.COMBINED_1F1B and bool(modes[Overlap.EXPERT].on.any())
 
 
 def _host_idle_hidden(s: _Sums, modes: Mapping[Overlap, ModeArrays]) -> Any:

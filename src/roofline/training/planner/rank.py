@@ -14,7 +14,7 @@ import numpy as np
 from roofline.errors import PlanError
 from roofline.specs.plan import ComputeDtypes, Plan, Strategy, flag_codes
 from roofline.specs.system import System
-from roofline.training.step import Candidates, StepArrays, Structure, run_cost_usd
+from roofline.training.step import Candidates, StepArrays, Structure, comm_total, run_cost_usd
 
 # Plans beyond the near-ties kept in rank order for the top list and the runner-up search
 # (the top list needs at most top_k distinct shapes; 200 more rows always hold them).
@@ -44,7 +44,7 @@ class Family:
             structure,
             cand,
             r.step_time_s,
-            sum(r.comm.values()),
+            comm_total(r),
             r.infeasible,
             r.reason.counts(),
             dtypes,
