@@ -22,6 +22,7 @@ the details kept.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -1700,9 +1701,13 @@ def without_unit_axes(rows: tuple[dict, ...], unit: frozenset[str]) -> tuple[dic
         axes = [a for a in d["axes"] if a not in unit]
         if not axes:
             continue
-        before, after = (without_axes_text(d[k], unit) for k in ("before", "after"))
+        before, after = (_without_axes_text(d[k], unit) for k in ("before", "after"))
         out.append({**d, "axes": axes, "before": before, "after": after})
     return tuple(out)
+
+
+# a walk's array texts recur in every listed plan of a family: each (text, axes) rewritten once
+_without_axes_text = functools.lru_cache(maxsize=4096)(without_axes_text)
 
 
 def _step_cost(
