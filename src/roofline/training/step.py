@@ -400,10 +400,38 @@ def _tail(m: OverlapMode, comm: Any, cls: Overlap, ctx: _Context, layers: Any) -
         return comm
     if e == Exposed.FIRST_CHUNK:
         chunks = ctx.deg[_CHUNKS[cls]] if cls in _CHUNKS else 1.0
-        return comm / np.maximum(chunks, 1.0)
+        return comm / _at_least_one(chunks)
     if e == Exposed.FILL_DRAIN:
-        return comm / np.maximum(ctx.M, 1.0)
-    return comm / np.maximum(layers, 1.0)  # one_layer, one_bucket: the last (or first) layer
+        return comm / _at_least_one(ctx.M)
+    return comm / _at_least_one(layers)  # one_layer, one_bucket: the last (or first) layer
+
+
+def _at_least_one(x: Any) -> Any:
+    """np.maximum(x, 1.0), of a candidate array once per timeline (`_timeline` divides by the
+    same degrees, microbatches and layers for several classes and both passes)."""
+    if type(x) is not np.ndarray:
+        return np.maximum(x, 1.0)
+    return _AT_LEAST_ONE((x,), (), lambda: np.maximum(x, 1.0))
+
+
+_AT_LEAST_ONE = IdentityMemo(16)
+
+
+@functools.lru_cache(maxsize=8)
+def _zeros(n: int) -> np.ndarray:
+    """n zeros, read-only: numpy's maximum of an array and the scalar 0.0 runs ~3x slower
+    than of two arrays (the same values: no operand here is ever -0.0, the one case where the
+    two could pick a different zero)."""
+    z = np.zeros(n)
+    z.flags.writeable = False
+    return z
+
+
+def _at_least_zero(x: Any) -> Any:
+    """np.maximum(x, 0.0) of an x that is never -0.0."""
+    if type(x) is not np.ndarray or x.ndim != 1:
+        return np.maximum(x, 0.0)
+    return np.maximum(x, _zeros(len(x)))
 
 
 def _window(m: OverlapMode, cls: Overlap, win: Mapping[str, Any], ctx: _Context) -> Any:
@@ -413,7 +441,7 @@ def _window(m: OverlapMode, cls: Overlap, win: Mapping[str, Any], ctx: _Context)
             cls, win["pass"]
         )
     if m.window == Window.LOCAL_CHUNK:
-        return win["attention"] / np.maximum(ctx.deg[Strategy.SP], 1.0)
+        return win["attention"] / _at_least_one(ctx.deg[Strategy.SP])
     return win["pass"]
 
 
@@ -424,8 +452,8 @@ def _hidden(mode: ModeArrays, cls, comm, forward: bool, win, ctx, layers) -> tup
     def one(m: OverlapMode) -> Any:
         if m.fraction("forward" if forward else "backward") == 0.0:
             return 0.0 * comm
-        tail = _tail(m, comm, cls, ctx, layers)
-        hideable = m.fraction("forward" if forward else "backward") * np.maximum(comm - tail, 0.0)
+        tail = _tail(m, comm, cls, ctx, layers)  # comm's sign and zero: comm - tail is never -0.0
+        hideable = m.fraction("forward" if forward else "backward") * _at_least_zero(comm - tail)
         return np.minimum(hideable, _window(m, cls, win, ctx))
 
     return mode.pick(one), mode.pick(lambda m: _window(m, cls, win, ctx))
@@ -984,7 +1012,11 @@ def _microbatch_exposure(
                 comm = comm if forward else comm_all[c] - comm
                 comm = _shared(comm, share[c])
                 h, w_c = _hidden(modes[c], c, comm, forward, win, ctx, layers)
-                hidden, cap = hidden + h, np.maximum(cap, w_c)
+                # a window is a sum of compute seconds (never -0.0)
+                hidden, cap = (
+                    hidden + h,
+                    _at_least_zero(w_c) if c is g.classes[0] else np.maximum(cap, w_c),
+                )
                 total = total + comm
             exposed[g.name] = exposed.get(g.name, 0.0) + total - np.minimum(hidden, cap)
     if _pairs_experts(ctx.stack, modes):
@@ -1203,6 +1235,15 @@ def _timeline(
     before the stage layout), the pipeline hops `p2p` and the replicas' exposed sync per step,
     and the per-step figures (compute, exposed communication, overhead, FLOPs, raw and exposed
     time by class and group, `terms`)."""
+    try:
+        return _timeline_of(model, tot, ctx, eff, opt, chip, modes, layer_s, step_s, with_terms)
+    finally:
+        _AT_LEAST_ONE.clear()  # the candidates' arrays are not kept past their timeline
+
+
+def _timeline_of(
+    model, tot: Totals, ctx: _Context, eff, opt, chip, modes, layer_s, step_s, with_terms
+) -> dict[str, Any]:
     s = _sums_of(tot, ctx)
     M = ctx.M
     pp = ctx.deg[Strategy.PP]
