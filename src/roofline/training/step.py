@@ -1305,15 +1305,19 @@ def _timeline_context(ctx: _Context) -> tuple[_Context, np.ndarray | None]:
         if interleaved.sum() <= 1 and (~interleaved).sum() <= 1:
             return ctx, None
     il = (sched == Schedule.INTERLEAVED.code) & (virt > 1)
-    cols = [ctx.inv, ctx.remat_idx, ctx.zero, *ctx.flags.values(), il]
-    key = np.zeros(n, dtype=np.int64)
-    space = 1
-    for c in cols:
-        c = np.asarray(c).astype(np.int64, copy=False)
-        lo = int(c.min())
-        radix = int(c.max()) - lo + 1
+    # one mixed-radix key, built in place; a column of one value adds no digit
+    key = np.array(ctx.inv, dtype=np.int64)
+    space = int(key.max()) + 1
+    for c in (ctx.remat_idx, ctx.zero, *ctx.flags.values(), il):
+        c = np.asarray(c)
+        lo, hi = int(c.min()), int(c.max())
+        if lo == hi:
+            continue
+        radix = hi - lo + 1
         key *= radix
-        key += c - lo if lo else c
+        key += c
+        if lo:
+            key -= lo
         space *= radix
     if space <= 4 * n:  # a table of the key space, no sort
         seen = np.zeros(space, dtype=bool)
