@@ -101,3 +101,25 @@ def test_shared_timeline_is_the_per_candidate_one(model, system, stack, monkeypa
         assert [r.reason[i] for i in range(len(cand))] == [ref.reason[i] for i in range(len(cand))]
     if stack != "maxtext":
         assert shared_somewhere
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("n_varying", [0, 1, 5, 17])
+def test_packed_condition_sets_are_np_unique(seed, n_varying):
+    """`step._packed_sets` (constant conditions left out of the packing, the rest counted in
+    a table) gives np.unique's sorted keys and inverse of every condition packed as bits."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    names = tuple(f"c{j}" for j in range(n_varying + 4))
+    cond = {k: rng.random(n) < 0.3 for k in names[:n_varying]}
+    cond |= {names[n_varying]: np.ones(n, bool), names[n_varying + 1]: np.zeros(n, bool)}
+    cond |= {names[n_varying + 2]: np.ones(n, bool), names[n_varying + 3]: rng.random(n) < 0.01}
+    order = list(rng.permutation(len(names)))
+    names = tuple(names[j] for j in order)
+    packed = np.zeros(n, dtype=np.int64)
+    for j, k in enumerate(names):
+        packed |= cond[k].astype(np.int64) << j
+    uniq, where = np.unique(packed, return_inverse=True)
+    got_uniq, got_where = step_mod._packed_sets(cond, names, n)
+    assert got_uniq.tolist() == uniq.tolist()
+    assert got_where.tolist() == where.reshape(-1).tolist()

@@ -317,13 +317,13 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
     or off) and the stack has that switch, else the stack's default given the conditions that
     hold (specs.framework.Overlap.mode)."""
     names = tuple(cond)
-    packed = np.zeros(len(ctx.inv), dtype=np.int64)
-    for j, k in enumerate(names):
-        packed |= cond[k].astype(np.int64) << j
-    if len(packed) == 1:  # one plan: its own conditions
+    if len(ctx.inv) == 1:  # one plan: its own conditions
+        packed = np.zeros(1, dtype=np.int64)
+        for j, k in enumerate(names):
+            packed |= cond[k].astype(np.int64) << j
         uniq, where = packed, np.zeros(1, dtype=np.int64)
     else:
-        uniq, where = np.unique(packed, return_inverse=True)
+        uniq, where = _packed_sets(cond, names, len(ctx.inv))
     sets = [frozenset(k for j, k in enumerate(names) if (int(u) >> j) & 1) for u in uniq]
     flag_of = {c: k for k, c in _PLAN_KEY_CLASSES.items()}
     on_by_set = [_defaults_on(ctx.stack, c) for c in sets]
@@ -337,6 +337,41 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
             on = np.where(flag == FLAG_UNSET, default_on, flag == FLAG_ON)
         out[cls] = ModeArrays(np.broadcast_to(on, default_on.shape), ov.on, ov.off)
     return out
+
+
+def _packed_sets(
+    cond: Mapping[str, np.ndarray], names: tuple[str, ...], n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(packed, return_inverse=True) of each candidate's conditions packed as bits
+    (bit j: condition `names[j]`), without packing or sorting the conditions that hold for
+    every candidate or none: those are one constant bit or none; the varying ones are packed
+    into consecutive bits in the same order (so the same order of keys), counted by a bincount
+    and numbered in order."""
+    const, varying = 0, []
+    for j, k in enumerate(names):
+        c = cond[k]
+        if c.all():
+            const |= 1 << j
+        elif c.any():
+            varying.append((j, c))
+    if len(varying) > 16:  # a table of 2^16 keys at most
+        packed = np.full(n, const, dtype=np.int64)
+        for j, c in varying:
+            packed |= c.astype(np.int64) << j
+        uniq, where = np.unique(packed, return_inverse=True)
+        return uniq, where.reshape(-1)
+    small = np.zeros(n, dtype=np.int64)
+    for _, c in reversed(varying):  # the highest bit first
+        small <<= 1
+        small |= c
+    present = np.bincount(small, minlength=1 << len(varying)).astype(bool)
+    ranks = np.cumsum(present, dtype=np.int64)
+    ranks -= 1
+    small_uniq = np.flatnonzero(present)
+    uniq = np.full(len(small_uniq), const, dtype=np.int64)
+    for b, (j, _) in enumerate(varying):
+        uniq |= ((small_uniq >> b) & 1) << j
+    return uniq, ranks.take(small)
 
 
 # (stack, conditions) -> {class: its mechanism on by default}
