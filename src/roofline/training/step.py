@@ -444,9 +444,14 @@ def _tail(m: OverlapMode, comm: Any, cls: Overlap, ctx: _Context, layers: Any) -
 def _at_least_one(x: Any) -> Any:
     """np.maximum(x, 1.0), of a candidate array once per timeline (`_timeline` divides by the
     same degrees, microbatches and layers for several classes and both passes)."""
-    if type(x) is not np.ndarray:
+    if type(x) is not np.ndarray or x.size < _LARGE:
         return np.maximum(x, 1.0)
     return _AT_LEAST_ONE((x,), (), lambda: np.maximum(x, 1.0))
+
+
+# arrays shorter than this are computed as they are asked (one plan, the listed plans): the
+# lookups would cost more than the arithmetic
+_LARGE = 1024
 
 
 _AT_LEAST_ONE = IdentityMemo(16)
@@ -464,7 +469,7 @@ def _zeros(n: int) -> np.ndarray:
 
 def _at_least_zero(x: Any) -> Any:
     """np.maximum(x, 0.0) of an x that is never -0.0."""
-    if type(x) is not np.ndarray or x.ndim != 1:
+    if type(x) is not np.ndarray or x.ndim != 1 or len(x) < _LARGE:
         return np.maximum(x, 0.0)
     return np.maximum(x, _zeros(len(x)))
 
