@@ -1,7 +1,8 @@
 """The timeline is computed once per distinct choice of what it reads (`step._timeline_context`:
 walk row, remat, ZeRO stage, plan flags, interleaved or not) and read out to the candidates:
-candidates that differ only in their schedule or virtual-stage count share it. Every field of
-the StepArrays must be what the per-candidate timeline gives, to the bit."""
+candidates that differ only in their schedule or virtual-stage count share it; the walk's sums
+are weighed per (row, remat) cell. Every field of the StepArrays must be what the per-candidate
+timeline (a few candidates' paths, `step._LARGE`) gives, to the bit."""
 
 from __future__ import annotations
 
@@ -80,12 +81,15 @@ def test_shared_timeline_is_the_per_candidate_one(model, system, stack, monkeypa
     shared_somewhere = False
     for s, cand in widened:
         kw = dict(optimizer=parse_optimizer("adam-bf16"), remats=list(space.remats), framework=st)
-        r = evaluate_plans(m, [sy], WORK, s, cand, **kw)
+        with monkeypatch.context() as mp:  # every candidate set takes the large-set paths
+            mp.setattr(step_mod, "_LARGE", 1)
+            r = evaluate_plans(m, [sy], WORK, s, cand, **kw)
         inv = step_mod.distinct_rows_of(cand)
         ctx = step_mod._Context.of(cand, s, list(space.remats), inv, len(cand), st)
         shared_somewhere |= step_mod._timeline_context(ctx)[1] is not None
         with monkeypatch.context() as mp:
             mp.setattr(step_mod, "_timeline_context", lambda ctx: (ctx, None))
+            mp.setattr(step_mod, "_LARGE", 10**9)  # per candidate, no tables, no memo
             ref = evaluate_plans(m, [sy], WORK, s, cand, **kw)
         for f in ("step_time_s", "compute_time_s", "exposed_comm_time_s", "bubble_time_s",
                   "bubble_fraction", "optimizer_time_s", "overhead_time_s", "memory_total",

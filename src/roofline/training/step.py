@@ -749,7 +749,28 @@ class _Sums:
         return cell
 
     def _sum(self, items, forward_mult: bool, rerun_only: bool = False) -> Any:
+        if len(self.ctx.inv) < _LARGE:  # a few candidates: no table
+            return self._sum_per_candidate(items, forward_mult, rerun_only)
         return self._out(self._sum_cells(items, forward_mult, rerun_only))
+
+    def _sum_per_candidate(self, items, forward_mult: bool, rerun_only: bool) -> Any:
+        """`_sum`, each group indexed out to the candidates and weighed there."""
+        rows: dict[tuple[bool, frozenset], Any] = {}
+        for key, v in items:
+            rows[key] = rows.get(key, 0.0) + v
+        out: Any = np.zeros(len(self.ctx.inv))
+        for (fwd, rerun), v in rows.items():
+            if rerun_only:
+                if not fwd or not rerun:
+                    continue
+                m: Any = self.rr(rerun).take(self.ctx.remat_idx)
+            elif fwd and forward_mult and rerun:
+                m = 1.0 + self.rr(rerun).take(self.ctx.remat_idx)
+            else:
+                m = 1.0
+            x = self._row(v).take(self.ctx.inv)
+            out = out + (x if type(m) is float else x * m)  # x * 1.0 is x exactly
+        return out
 
     def _sum_cells(self, items, forward_mult: bool, rerun_only: bool) -> tuple[bool, Any]:
         """(by cell, the sum): per walk row where no remat policy weighs it, else per (row,
@@ -853,6 +874,14 @@ class _Sums:
             for (c, fwd, rr), v in self.tot.comm_s.items()
             if c in classes and (forward is None or fwd == forward)
         ]
+        if len(self.ctx.inv) < _LARGE:  # a few candidates: no table
+            out = self._sum_per_candidate(items, forward is None, rerun_only)
+            if not rerun_only and forward is not True:
+                for c in classes:
+                    if c in self.tot.reusable_s:
+                        reusable = self._row(self.tot.reusable_s[c]).take(self.ctx.inv)
+                        out = out - np.where(self.ctx.reuse, reusable, 0.0)
+            return out
         cells, out = self._sum_cells(items, forward is None, rerun_only)
         if not rerun_only and forward is not True:
             reused = [c for c in classes if c in self.tot.reusable_s]
