@@ -457,7 +457,7 @@ _LARGE = 1024
 _AT_LEAST_ONE = IdentityMemo(16)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)  # a search has one or two candidate counts
 def _zeros(n: int) -> np.ndarray:
     """n zeros, read-only: numpy's maximum of an array and the scalar 0.0 runs ~3x slower
     than of two arrays (the same values: no operand here is ever -0.0, the one case where the
