@@ -141,7 +141,11 @@ def _raw() -> dict:
 
 @pytest.mark.parametrize(
     ("key", "value", "words"),
-    [("buffer", "fp33", "'params'"), ("zero_buffer", "params", "a dtype"), ("source", " ", "source")],
+    [
+        ("buffer", "fp33", "'params'"),
+        ("zero_buffer", "params", "a dtype"),
+        ("source", " ", "source"),
+    ],
 )
 def test_a_bad_accumulation_table_is_one_paragraph(key, value, words):
     raw = copy.deepcopy(_raw())

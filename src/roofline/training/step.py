@@ -22,6 +22,7 @@ the details kept.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -193,7 +194,8 @@ class Candidates:
 class Reasons:
     """Why each candidate is infeasible, rendered lazily (most candidates never need the text)."""
 
-    def __init__(self, mesh_reason, mesh_bad, over, mem, cap: float) -> None:
+    def __init__(self, mesh_reason, mesh_bad, over, mem, cap: float, inv=None) -> None:
+        # the walk's mesh reasons by row, `inv` each candidate's row (None: by candidate)
         self.mesh_reason, self.mesh_bad, self.over, self.mem, self.cap = (
             mesh_reason,
             mesh_bad,
@@ -201,10 +203,11 @@ class Reasons:
             mem,
             cap,
         )
+        self.inv = inv
 
     def __getitem__(self, i: int) -> str:
         if self.mesh_bad[i]:
-            return str(self.mesh_reason[i])
+            return str(self.mesh_reason[i if self.inv is None else self.inv[i]])
         if self.over[i]:
             return f"does not fit HBM: needs {self.mem[i] / 1e9:.1f} GB per chip, chip has {self.cap / 1e9:.1f} GB allocatable"
         return ""
@@ -314,13 +317,13 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
     or off) and the stack has that switch, else the stack's default given the conditions that
     hold (specs.framework.Overlap.mode)."""
     names = tuple(cond)
-    packed = np.zeros(len(ctx.inv), dtype=np.int64)
-    for j, k in enumerate(names):
-        packed |= cond[k].astype(np.int64) << j
-    if len(packed) == 1:  # one plan: its own conditions
+    if len(ctx.inv) == 1:  # one plan: its own conditions
+        packed = np.zeros(1, dtype=np.int64)
+        for j, k in enumerate(names):
+            packed |= cond[k].astype(np.int64) << j
         uniq, where = packed, np.zeros(1, dtype=np.int64)
     else:
-        uniq, where = np.unique(packed, return_inverse=True)
+        uniq, where = _packed_sets(cond, names, len(ctx.inv))
     sets = [frozenset(k for j, k in enumerate(names) if (int(u) >> j) & 1) for u in uniq]
     flag_of = {c: k for k, c in _PLAN_KEY_CLASSES.items()}
     on_by_set = [_defaults_on(ctx.stack, c) for c in sets]
@@ -334,6 +337,41 @@ def _modes(ctx: _Context, cond: Mapping[str, np.ndarray]) -> dict[Overlap, ModeA
             on = np.where(flag == FLAG_UNSET, default_on, flag == FLAG_ON)
         out[cls] = ModeArrays(np.broadcast_to(on, default_on.shape), ov.on, ov.off)
     return out
+
+
+def _packed_sets(
+    cond: Mapping[str, np.ndarray], names: tuple[str, ...], n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(packed, return_inverse=True) of each candidate's conditions packed as bits
+    (bit j: condition `names[j]`), without packing or sorting the conditions that hold for
+    every candidate or none: those are one constant bit or none; the varying ones are packed
+    into consecutive bits in the same order (so the same order of keys), counted by a bincount
+    and numbered in order."""
+    const, varying = 0, []
+    for j, k in enumerate(names):
+        c = cond[k]
+        if c.all():
+            const |= 1 << j
+        elif c.any():
+            varying.append((j, c))
+    if len(varying) > 16:  # a table of 2^16 keys at most
+        packed = np.full(n, const, dtype=np.int64)
+        for j, c in varying:
+            packed |= c.astype(np.int64) << j
+        uniq, where = np.unique(packed, return_inverse=True)
+        return uniq, where.reshape(-1)
+    small = np.zeros(n, dtype=np.int64)
+    for _, c in reversed(varying):  # the highest bit first
+        small <<= 1
+        small |= c
+    present = np.bincount(small, minlength=1 << len(varying)).astype(bool)
+    ranks = np.cumsum(present, dtype=np.int64)
+    ranks -= 1
+    small_uniq = np.flatnonzero(present)
+    uniq = np.full(len(small_uniq), const, dtype=np.int64)
+    for b, (j, _) in enumerate(varying):
+        uniq |= ((small_uniq >> b) & 1) << j
+    return uniq, ranks.take(small)
 
 
 # (stack, conditions) -> {class: its mechanism on by default}
@@ -397,10 +435,43 @@ def _tail(m: OverlapMode, comm: Any, cls: Overlap, ctx: _Context, layers: Any) -
         return comm
     if e == Exposed.FIRST_CHUNK:
         chunks = ctx.deg[_CHUNKS[cls]] if cls in _CHUNKS else 1.0
-        return comm / np.maximum(chunks, 1.0)
+        return comm / _at_least_one(chunks)
     if e == Exposed.FILL_DRAIN:
-        return comm / np.maximum(ctx.M, 1.0)
-    return comm / np.maximum(layers, 1.0)  # one_layer, one_bucket: the last (or first) layer
+        return comm / _at_least_one(ctx.M)
+    return comm / _at_least_one(layers)  # one_layer, one_bucket: the last (or first) layer
+
+
+def _at_least_one(x: Any) -> Any:
+    """np.maximum(x, 1.0), of a candidate array once per timeline (`_timeline` divides by the
+    same degrees, microbatches and layers for several classes and both passes)."""
+    if type(x) is not np.ndarray or x.size < _LARGE:
+        return np.maximum(x, 1.0)
+    return _AT_LEAST_ONE((x,), (), lambda: np.maximum(x, 1.0))
+
+
+# arrays shorter than this are computed as they are asked (one plan, the listed plans): the
+# lookups would cost more than the arithmetic
+_LARGE = 1024
+
+
+_AT_LEAST_ONE = IdentityMemo(16)
+
+
+@functools.lru_cache(maxsize=4)  # a search has one or two candidate counts
+def _zeros(n: int) -> np.ndarray:
+    """n zeros, read-only: numpy's maximum of an array and the scalar 0.0 runs ~3x slower
+    than of two arrays (the same values: no operand here is ever -0.0, the one case where the
+    two could pick a different zero)."""
+    z = np.zeros(n)
+    z.flags.writeable = False
+    return z
+
+
+def _at_least_zero(x: Any) -> Any:
+    """np.maximum(x, 0.0) of an x that is never -0.0."""
+    if type(x) is not np.ndarray or x.ndim != 1 or len(x) < _LARGE:
+        return np.maximum(x, 0.0)
+    return np.maximum(x, _zeros(len(x)))
 
 
 def _window(m: OverlapMode, cls: Overlap, win: Mapping[str, Any], ctx: _Context) -> Any:
@@ -410,7 +481,7 @@ def _window(m: OverlapMode, cls: Overlap, win: Mapping[str, Any], ctx: _Context)
             cls, win["pass"]
         )
     if m.window == Window.LOCAL_CHUNK:
-        return win["attention"] / np.maximum(ctx.deg[Strategy.SP], 1.0)
+        return win["attention"] / _at_least_one(ctx.deg[Strategy.SP])
     return win["pass"]
 
 
@@ -421,8 +492,8 @@ def _hidden(mode: ModeArrays, cls, comm, forward: bool, win, ctx, layers) -> tup
     def one(m: OverlapMode) -> Any:
         if m.fraction("forward" if forward else "backward") == 0.0:
             return 0.0 * comm
-        tail = _tail(m, comm, cls, ctx, layers)
-        hideable = m.fraction("forward" if forward else "backward") * np.maximum(comm - tail, 0.0)
+        tail = _tail(m, comm, cls, ctx, layers)  # comm's sign and zero: comm - tail is never -0.0
+        hideable = m.fraction("forward" if forward else "backward") * _at_least_zero(comm - tail)
         return np.minimum(hideable, _window(m, cls, win, ctx))
 
     return mode.pick(one), mode.pick(lambda m: _window(m, cls, win, ctx))
@@ -627,15 +698,6 @@ class _Context:
             dtypes=dtypes if dtypes is not None else ComputeDtypes(),
         )
 
-    def reruns(self, rerun_by: frozenset[RematKind]) -> np.ndarray:
-        """1.0 where the candidate's remat policy reruns ops of `rerun_by` (its kind, or the
-        partial recompute itself: `Walker.rerun_by`), else 0.0."""
-        if not rerun_by:
-            return np.zeros(len(self.inv))
-        return np.array([float(r.kind in rerun_by or r in rerun_by) for r in self.remats])[
-            self.remat_idx
-        ]
-
 
 def _reuses_gathers(stack: Stack, pipelined: np.ndarray, no_remat: np.ndarray) -> np.ndarray:
     """Whether the backward pass reuses the forward's FSDP gathers: never where the stack
@@ -670,12 +732,29 @@ class _Sums:
         return hit
 
     def rr(self, s: frozenset) -> np.ndarray:
+        """1.0 for each remat policy that reruns ops of `s`, else 0.0 (`_Context.reruns`)."""
         if s not in self._rr:
-            self._rr[s] = self.ctx.reruns(s)
+            self._rr[s] = np.array([float(r.kind in s or r in s) for r in self.ctx.remats])
         return self._rr[s]
 
+    @property
+    def _cell(self) -> np.ndarray:
+        """Each candidate's (walk row, remat policy) cell of a (rows, remats) table, flat."""
+        cell = self._memo.get("cell")
+        if cell is None:
+            ctx = self.ctx
+            cell = ctx.inv * len(ctx.remats)
+            cell += ctx.remat_idx
+            self._memo["cell"] = cell
+        return cell
+
     def _sum(self, items, forward_mult: bool, rerun_only: bool = False) -> Any:
-        # add the walk's rows first (few), then index out to the candidates once per group
+        if len(self.ctx.inv) < _LARGE:  # a few candidates: no table
+            return self._sum_per_candidate(items, forward_mult, rerun_only)
+        return self._out(self._sum_cells(items, forward_mult, rerun_only))
+
+    def _sum_per_candidate(self, items, forward_mult: bool, rerun_only: bool) -> Any:
+        """`_sum`, each group indexed out to the candidates and weighed there."""
         rows: dict[tuple[bool, frozenset], Any] = {}
         for key, v in items:
             rows[key] = rows.get(key, 0.0) + v
@@ -684,19 +763,57 @@ class _Sums:
             if rerun_only:
                 if not fwd or not rerun:
                     continue
-                m: Any = self.rr(rerun)
+                m: Any = self.rr(rerun).take(self.ctx.remat_idx)
+            elif fwd and forward_mult and rerun:
+                m = 1.0 + self.rr(rerun).take(self.ctx.remat_idx)
             else:
-                m = (1.0 + self.rr(rerun)) if (fwd and forward_mult and rerun) else 1.0
-            x = self.per_candidate(v)
-            out = out + (x if type(m) is float and m == 1.0 else x * m)  # x * 1.0 is x exactly
+                m = 1.0
+            x = self._row(v).take(self.ctx.inv)
+            out = out + (x if type(m) is float else x * m)  # x * 1.0 is x exactly
         return out
 
-    def per_candidate(self, v: Any) -> np.ndarray:
-        """A per-row sum indexed out to the candidates (Totals' arrays have the rows' shape
-        already; anything else is broadcast to it first)."""
+    def _sum_cells(self, items, forward_mult: bool, rerun_only: bool) -> tuple[bool, Any]:
+        """(by cell, the sum): per walk row where no remat policy weighs it, else per (row,
+        remat policy) cell (`_cell`), each group weighed by its policy's reruns — per
+        candidate the same products and sums in the same order, once per row or cell."""
+        # add the walk's rows first (few)
+        rows: dict[tuple[bool, frozenset], Any] = {}
+        for key, v in items:
+            rows[key] = rows.get(key, 0.0) + v
+        terms = []
+        for (fwd, rerun), v in rows.items():
+            if rerun_only:
+                if not fwd or not rerun:
+                    continue
+                m: Any = self.rr(rerun)
+            else:
+                m = (1.0 + self.rr(rerun)) if (fwd and forward_mult and rerun) else None
+            terms.append((self._row(v), m))
+        if not terms:
+            return False, np.zeros(self.ctx.n_rows)
+        cells = any(m is not None for _, m in terms)
+        out: Any = None
+        for v, m in terms:
+            if cells:  # x * 1.0 is x exactly: a group without reruns is not multiplied
+                v = np.multiply.outer(v, m) if m is not None else v[:, None]
+            out = 0.0 + v if out is None else out + v
+        if cells and out.shape[1] != len(self.ctx.remats):
+            out = np.broadcast_to(out, (len(out), len(self.ctx.remats)))
+        return cells, out
+
+    def _out(self, cells_sum: tuple[bool, Any]) -> np.ndarray:
+        """A `_sum_cells` sum read out to the candidates (one take)."""
+        cells, v = cells_sum
+        if cells:
+            return np.ascontiguousarray(v).reshape(-1).take(self._cell)
+        return v.take(self.ctx.inv)  # v[inv]: the same values, numpy's take ~1.5x faster
+
+    def _row(self, v: Any) -> np.ndarray:
+        """A per-row sum with the rows' shape (Totals' arrays have it already; anything else
+        is broadcast to it)."""
         if type(v) is not np.ndarray or v.shape != self.ctx.n_rows or v.dtype != np.float64:
             v = np.broadcast_to(np.asarray(v, float), self.ctx.n_rows)
-        return v.take(self.ctx.inv)  # v[inv]: the same values, numpy's take ~1.5x faster
+        return v
 
     def compute(
         self,
@@ -757,12 +874,26 @@ class _Sums:
             for (c, fwd, rr), v in self.tot.comm_s.items()
             if c in classes and (forward is None or fwd == forward)
         ]
-        out = self._sum(items, forward is None, rerun_only)
+        if len(self.ctx.inv) < _LARGE:  # a few candidates: no table
+            out = self._sum_per_candidate(items, forward is None, rerun_only)
+            if not rerun_only and forward is not True:
+                for c in classes:
+                    if c in self.tot.reusable_s:
+                        reusable = self._row(self.tot.reusable_s[c]).take(self.ctx.inv)
+                        out = out - np.where(self.ctx.reuse, reusable, 0.0)
+            return out
+        cells, out = self._sum_cells(items, forward is None, rerun_only)
         if not rerun_only and forward is not True:
-            for c in classes:
-                if c in self.tot.reusable_s:
-                    out = out - np.where(self.ctx.reuse, self.tot.reusable_s[c][self.ctx.inv], 0.0)
-        return out
+            reused = [c for c in classes if c in self.tot.reusable_s]
+            if reused:  # the reuse is the remat policy's on the row's pipeline: per cell
+                R = len(self.ctx.remats)
+                if not cells:
+                    cells, out = True, np.broadcast_to(out[:, None], (len(out), R))
+                reuse = np.zeros(out.shape, dtype=bool)
+                reuse.reshape(-1)[self._cell] = self.ctx.reuse
+                for c in reused:
+                    out = out - np.where(reuse, self._row(self.tot.reusable_s[c])[:, None], 0.0)
+        return self._out((cells, out))
 
 
 # one plan's sums by (its walk's Totals, what of the context they read): a remembered walk's
@@ -855,6 +986,16 @@ def _zero_groups(ctx: _Context) -> tuple[Any, Any]:
 def _memory(
     model: ModelSpec, w: Walk, ctx: _Context, opt: OptimizerPolicy, remats
 ) -> TrainingMemory:
+    p, g, o, stacked, temps = _memory_parts(model, w, ctx, opt, remats)
+    return TrainingMemory(p, g, o, stacked * _in_flight(ctx), temps)
+
+
+def _memory_parts(
+    model: ModelSpec, w: Walk, ctx: _Context, opt: OptimizerPolicy, remats
+) -> tuple[Any, Any, Any, Any, Any]:
+    """`_memory`'s parameters, gradients, optimizer state, one microbatch's saved activations
+    on the fullest stage (times the microbatches in flight: the activations) and temporaries:
+    none of them reads the schedule (`_timeline_context`)."""
     mp = w.memory
     assert mp is not None
     inv, pp = ctx.inv, ctx.deg[Strategy.PP]
@@ -869,7 +1010,7 @@ def _memory(
     saved = [np.broadcast_to(np.asarray(mp.saved_per_layer[r], float), (w.n,)) for r in remats]
     act_layer = np.choose(ctx.remat_idx, [s[inv] for s in saved])
     layers_per_stage = np.ceil(model.n_layers / pp)
-    acts = act_layer * layers_per_stage * _in_flight(ctx)  # the fullest stage
+    stacked = act_layer * layers_per_stage  # the fullest stage, times the in-flight microbatches
     one_layer = np.broadcast_to(
         np.asarray(mp.saved_per_layer[Remat(RematKind.NONE)], float), (w.n,)
     )[inv]
@@ -887,7 +1028,7 @@ def _memory(
     # holds the larger of the two, not both
     logits = np.broadcast_to(np.asarray(mp.logits_bytes, float), (w.n,))[inv]
     temps = gathered + np.maximum(np.where(ctx.reuse, 0.0, one_layer), logits)
-    return TrainingMemory(p, g, o, acts, temps)
+    return p, g, o, stacked, temps
 
 
 def _accumulator(params_local: Any, ctx: _Context, opt: OptimizerPolicy) -> tuple[Any, Any]:
@@ -970,11 +1111,14 @@ def _microbatch_exposure(
                 comm = comm if forward else comm_all[c] - comm
                 comm = _shared(comm, share[c])
                 h, w_c = _hidden(modes[c], c, comm, forward, win, ctx, layers)
-                hidden, cap = hidden + h, np.maximum(cap, w_c)
+                # a window is a sum of compute seconds (never -0.0)
+                hidden, cap = (
+                    hidden + h,
+                    _at_least_zero(w_c) if c is g.classes[0] else np.maximum(cap, w_c),
+                )
                 total = total + comm
             exposed[g.name] = exposed.get(g.name, 0.0) + total - np.minimum(hidden, cap)
-    ep = ctx.stack.overlap(FRAMEWORK_CLASS[Overlap.EXPERT]).on
-    if ep.window == Window.COMBINED_1F1B and modes[Overlap.EXPERT].on.any():
+    if _pairs_experts(ctx.stack, modes):
         fwd = s.comm((Overlap.EXPERT,), forward=True)
         sm = ctx.stack.dispatch_sm_share(chip)
         paired = _combined_1f1b(s, ctx, fwd, comm_all[Overlap.EXPERT] - fwd, sm)
@@ -1085,73 +1229,247 @@ def _replica_sync(
 def _step(
     model, systems, workload, w: Walk, tot: Totals, ctx: _Context, eff, opt, keep, with_terms
 ) -> StepArrays:
-    s = _sums_of(tot, ctx)
     chip = systems[0].chip
-    M = ctx.M
-    pp = ctx.deg[Strategy.PP]
-    layers = np.ceil(model.n_layers / pp)
     key = _context_key(ctx)
-    modes = _modes_of(ctx, chip, key)
-    compute = s.compute() - _host_idle_hidden(s, modes)
-    comm, exposed = _microbatch_exposure(s, ctx, modes, layers, chip)
-    # fixed costs: per layer per microbatch pass (forward and backward), per step
     layer_s = eff.layer_overhead_s + ctx.stack.layer_overhead_s
     step_s = eff.step_overhead_s + ctx.stack.step_overhead_s
-    overhead_mb = layer_s * 2 * layers
+    # the timeline of one microbatch and the per-step collectives, once per distinct choice of
+    # what they read (`_timeline_context`), then read out to the candidates
+    tctx, tinv = _timeline_context(ctx)
+    modes = _modes_of(tctx, chip, key)
+    if tinv is not None and _pairs_experts(tctx.stack, modes):  # reads the schedules
+        tctx, tinv = ctx, None
+        modes = _modes_of(ctx, chip, key)
+    # a stack that accumulates into a buffer of its own (MaxText) passes over it per
+    # microbatch and once per step (`_accumulator`): per candidate of the timeline
     hbm = chip.hbm_bw_bytes_per_s * eff.hbm_fraction(chip)
-    params_local = _per_candidate(w.memory.params_local, w, ctx.inv)
-    acc, copy = _accumulator(params_local, ctx, opt)
+    params_local = _per_candidate(w.memory.params_local, w, tctx.inv)
+    acc, copy = _accumulator(params_local, tctx, opt)
     acc_mb, acc_step = _accumulation_s(params_local, acc, copy, opt, hbm)
-    compute = compute + acc_mb  # the accumulator's add: an elementwise pass per microbatch
-    t_mb = compute + sum(exposed.values()) + overhead_mb
+    tl = _timeline(model, tot, tctx, eff, opt, chip, modes, layer_s, step_s, with_terms, acc_mb)
+
+    def out(v: Any) -> Any:
+        return v if tinv is None or np.ndim(v) == 0 else v.take(tinv)
+
+    def per_candidate(d: dict[str, Any]) -> Mapping[str, Any]:
+        return d if tinv is None else _Gathered(d, tinv)
+
     edge = np.broadcast_to(np.asarray(tot.edge_s, float), ctx.n_rows)[ctx.inv]
-    t_mb = _balanced_stage(t_mb, edge, model.n_layers, ctx)
+    t_mb = _balanced_stage(out(tl["t_mb"]), edge, model.n_layers, ctx)
     t_pipe, bubble_t, bubble_frac = _pipeline(t_mb, ctx)
-    hop = s.comm((Overlap.PIPELINE,), forward=True)
-    p2p = 2 * hop * np.maximum(pp - 1, 0)
-    grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
-    mem = _memory_of(model, w, ctx, opt, key)
     # the update streams the parameters, one gradient and the state once; an accumulating
     # stack also zeroes and divides its accumulator (and casts the parameters) once per step
-    opt_t = ((mem.params - copy) * 2 + (mem.grads - acc) + mem.optimizer * 2) / hbm + acc_step
-    step = t_pipe + p2p + sync_exposed + opt_t + step_s
-    exposed_comm = sum(exposed.values()) * M + p2p + sync_exposed
+    if tinv is None:
+        mem = _memory_of(model, w, ctx, opt, key)
+        opt_t = ((mem.params - copy) * 2 + (mem.grads - acc) + mem.optimizer * 2) / hbm + acc_step
+    else:  # the parts without the schedule once per timeline
+        p, g, o, stacked, temps = _memory_parts(model, w, tctx, opt, _remats(w))
+        opt_t = out(((p - copy) * 2 + (g - acc) + o * 2) / hbm + acc_step)
+        mem = TrainingMemory(out(p), out(g), out(o), out(stacked) * _in_flight(ctx), out(temps))
+    step = t_pipe + out(tl["p2p"]) + out(tl["sync_exposed"]) + opt_t + step_s
     n_chips = np.array([sy.n_chips for sy in systems], dtype=float)[ctx.sys_idx]
     mf = model_flops(model, workload.batch_tokens)
     peak = mfu_peak(chip)
-    flops_mb = s.flops()
+    flops = out(tl["flops"])
+    mem_total = mem.total
+    mesh_bad = w.mesh_bad[ctx.inv]
+    over = (mem_total > chip.fit_hbm_bytes) & ~mesh_bad
+    return StepArrays(
+        step_time_s=step,
+        compute_time_s=out(tl["compute"]),
+        exposed_comm_time_s=out(tl["exposed_comm"]),
+        bubble_time_s=bubble_t,
+        bubble_fraction=bubble_frac,
+        optimizer_time_s=opt_t,
+        overhead_time_s=out(tl["overhead"]),
+        comm=per_candidate(tl["comm"]),
+        exposed=per_candidate(tl["exposed"]),
+        memory=mem.as_dict(),
+        memory_total=mem_total,
+        flops_per_chip=flops,
+        model_flops=mf,
+        mfu=mf / (step * n_chips * peak),
+        mfu_compute_dtype=mf / (step * n_chips * compute_peak(chip, ctx.dtypes)),
+        hfu=flops / (step * peak),
+        tokens_per_s=workload.batch_tokens / step,
+        infeasible=mesh_bad | over,
+        reason=Reasons(w.mesh_reason, mesh_bad, over, mem_total, chip.fit_hbm_bytes, ctx.inv),
+        walk=w if keep else None,
+        terms=per_candidate(tl["terms"]),
+    )
+
+
+class _Gathered(Mapping):
+    """Per-candidate arrays read out of a timeline's (`_timeline_context`) when first asked:
+    the planner reads one sum of them per candidate (`comm_total`) and every class only for
+    the plans it lists."""
+
+    def __init__(self, rows: Mapping[str, Any], inv: np.ndarray) -> None:
+        self._rows, self._inv, self._out = rows, inv, {}
+
+    def __getitem__(self, k: str) -> Any:
+        hit = self._out.get(k)
+        if hit is None:
+            v = self._rows[k]
+            hit = self._out[k] = v if np.ndim(v) == 0 else v.take(self._inv)
+        return hit
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def total(self) -> Any:
+        """sum(self.values()), summed per timeline and read out once."""
+        v = sum(self._rows.values())
+        return v if np.ndim(v) == 0 else v.take(self._inv)
+
+
+def comm_total(r: StepArrays) -> Any:
+    """The collectives' time per step of each candidate if nothing overlapped:
+    sum(r.comm.values())."""
+    c = r.comm
+    return c.total() if isinstance(c, _Gathered) else sum(c.values())
+
+
+def _timeline(
+    model, tot: Totals, ctx: _Context, eff, opt, chip, modes, layer_s, step_s, with_terms, acc_mb
+) -> dict[str, Any]:
+    """What `_step` reads of one microbatch's timeline and the per-step collectives, per
+    candidate of `ctx`: `t_mb` (one microbatch's compute, exposed collectives and fixed costs,
+    before the stage layout), the pipeline hops `p2p` and the replicas' exposed sync per step,
+    and the per-step figures (compute, exposed communication, overhead, FLOPs, raw and exposed
+    time by class and group, `terms`)."""
+    try:
+        return _timeline_of(
+            model, tot, ctx, eff, opt, chip, modes, layer_s, step_s, with_terms, acc_mb
+        )
+    finally:
+        _AT_LEAST_ONE.clear()  # the candidates' arrays are not kept past their timeline
+
+
+def _timeline_of(
+    model, tot: Totals, ctx: _Context, eff, opt, chip, modes, layer_s, step_s, with_terms, acc_mb
+) -> dict[str, Any]:
+    s = _sums_of(tot, ctx)
+    M = ctx.M
+    pp = ctx.deg[Strategy.PP]
+    layers = np.ceil(model.n_layers / pp)
+    compute = s.compute() - _host_idle_hidden(s, modes)
+    compute = compute + acc_mb  # the accumulator's add: an elementwise pass per microbatch
+    comm, exposed = _microbatch_exposure(s, ctx, modes, layers, chip)
+    # fixed costs: per layer per microbatch pass (forward and backward), per step
+    overhead_mb = layer_s * 2 * layers
+    exposed_mb = sum(exposed.values())
+    hop = s.comm((Overlap.PIPELINE,), forward=True)
+    p2p = 2 * hop * np.maximum(pp - 1, 0)
+    grad_step, param_gather, sync_exposed = _replica_sync(s, ctx, modes, layers, opt)
     comm_step = {c.value: v * M for c, v in comm.items()}
     comm_step[Overlap.GRAD_REDUCE_STEP.value] = grad_step + param_gather
     comm_step[Overlap.PIPELINE.value] = p2p
     exposed_step = {k: v * M for k, v in exposed.items()}
     exposed_step["grad_step"] = sync_exposed
     exposed_step["pp"] = p2p
-    mem_total = mem.total
-    mesh_bad = w.mesh_bad[ctx.inv]
-    over = (mem_total > chip.fit_hbm_bytes) & ~mesh_bad
-    return StepArrays(
-        step_time_s=step,
-        compute_time_s=compute * M,
-        exposed_comm_time_s=exposed_comm,
-        bubble_time_s=bubble_t,
-        bubble_fraction=bubble_frac,
-        optimizer_time_s=opt_t,
-        overhead_time_s=overhead_mb * M + step_s,
-        comm=comm_step,
-        exposed=exposed_step,
-        memory=mem.as_dict(),
-        memory_total=mem_total,
-        flops_per_chip=flops_mb * M,
-        model_flops=mf,
-        mfu=mf / (step * n_chips * peak),
-        mfu_compute_dtype=mf / (step * n_chips * compute_peak(chip, ctx.dtypes)),
-        hfu=flops_mb * M / (step * peak),
-        tokens_per_s=workload.batch_tokens / step,
-        infeasible=mesh_bad | over,
-        reason=Reasons(w.mesh_reason[ctx.inv], mesh_bad, over, mem_total, chip.fit_hbm_bytes),
-        walk=w if keep else None,
-        terms=_terms(s, M, mfu_peak(chip) * eff.matmul, grad_step) if with_terms else {},
+    return {
+        "t_mb": compute + exposed_mb + overhead_mb,
+        "p2p": p2p,
+        "sync_exposed": sync_exposed,
+        "compute": compute * M,
+        "exposed_comm": exposed_mb * M + p2p + sync_exposed,
+        "overhead": overhead_mb * M + step_s,
+        "flops": s.flops() * M,
+        "comm": comm_step,
+        "exposed": exposed_step,
+        "terms": _terms(s, M, mfu_peak(chip) * eff.matmul, grad_step) if with_terms else {},
+    }
+
+
+def _timeline_context(ctx: _Context) -> tuple[_Context, np.ndarray | None]:
+    """The candidates `_timeline` tells apart, and each candidate's one of them (None: all).
+
+    The timeline of a microbatch and the per-step collectives read a candidate's walk row
+    (degrees, microbatches, system), remat choice, ZeRO stage, plan flags, and of its schedule
+    only whether it is interleaved with virtual stages > 1 (an overlap condition); the stage
+    layout, the bubble and the in-flight activations (read per candidate in `_step` and
+    `_memory`) read the schedule and the virtual stages themselves. Candidates that differ
+    only there (1F1B against GPipe, interleaved schedules of several virtual-stage counts)
+    share one timeline. The exception, Megatron's combined-1F1B expert overlap, counts the
+    warm-up passes of each schedule (`_pairs_experts`: `_step` then times every candidate)."""
+    n = len(ctx.inv)
+    if n < 2:
+        return ctx, None
+    sched = np.asarray(ctx.schedule, dtype=np.int64)
+    virt = np.asarray(ctx.virtual, dtype=np.int64)
+    # which (schedule, virtual stages) pairs occur: the timeline can share only if two pairs
+    # of the same interleaved bit do
+    vr = int(virt.max()) + 1
+    pairs = (
+        np.flatnonzero(np.bincount(sched * vr + virt))
+        if sched.min() >= 0 and virt.min() >= 0
+        else None
     )
+    if pairs is not None:
+        interleaved = (pairs // vr == Schedule.INTERLEAVED.code) & (pairs % vr > 1)
+        if interleaved.sum() <= 1 and (~interleaved).sum() <= 1:
+            return ctx, None
+    il = (sched == Schedule.INTERLEAVED.code) & (virt > 1)
+    # one mixed-radix key, built in place; a column of one value adds no digit
+    key = np.array(ctx.inv, dtype=np.int64)
+    space = int(key.max()) + 1
+    for c in (ctx.remat_idx, ctx.zero, *ctx.flags.values(), il):
+        c = np.asarray(c)
+        lo, hi = int(c.min()), int(c.max())
+        if lo == hi:
+            continue
+        radix = hi - lo + 1
+        key *= radix
+        key += c
+        if lo:
+            key -= lo
+        space *= radix
+    if space <= 4 * n:  # a table of the key space, no sort
+        seen = np.zeros(space, dtype=bool)
+        seen[key] = True
+        k = int(np.count_nonzero(seen))
+        if k == n:
+            return ctx, None
+        ids = np.cumsum(seen, dtype=np.int64)
+        ids -= 1
+        tinv = ids.take(key)
+    else:
+        _, tinv = np.unique(key, return_inverse=True)
+        tinv = tinv.reshape(-1)
+        k = int(tinv.max()) + 1
+        if k == n:
+            return ctx, None
+    first = np.empty(k, dtype=np.int64)
+    first[tinv] = np.arange(n, dtype=np.int64)  # one candidate of each (any: they agree)
+    return _subset(ctx, first), tinv
+
+
+def _subset(ctx: _Context, idx: np.ndarray) -> _Context:
+    """`ctx` for candidates `idx` only."""
+    return replace(
+        ctx,
+        inv=ctx.inv.take(idx),
+        deg={s: v.take(idx) for s, v in ctx.deg.items()},
+        M=ctx.M.take(idx),
+        zero=np.asarray(ctx.zero).take(idx),
+        schedule=np.asarray(ctx.schedule).take(idx),
+        virtual=np.asarray(ctx.virtual).take(idx),
+        sys_idx=np.asarray(ctx.sys_idx).take(idx),
+        remat_idx=np.asarray(ctx.remat_idx).take(idx),
+        reuse=ctx.reuse.take(idx),
+        flags={k: np.asarray(v).take(idx) for k, v in ctx.flags.items()},
+    )
+
+
+def _pairs_experts(stack: Stack, modes: Mapping[Overlap, ModeArrays]) -> bool:
+    """Whether the expert all-to-alls run under Megatron's combined 1F1B for some candidate
+    (`_combined_1f1b`, which reads each candidate's schedule)."""
+    ep = stack.overlap(FRAMEWORK_CLASS[Overlap.EXPERT]).on
+    return ep.window == Window.COMBINED_1F1B and bool(modes[Overlap.EXPERT].on.any())
 
 
 def _host_idle_hidden(s: _Sums, modes: Mapping[Overlap, ModeArrays]) -> Any:
@@ -1537,9 +1855,13 @@ def without_unit_axes(rows: tuple[dict, ...], unit: frozenset[str]) -> tuple[dic
         axes = [a for a in d["axes"] if a not in unit]
         if not axes:
             continue
-        before, after = (without_axes_text(d[k], unit) for k in ("before", "after"))
+        before, after = (_without_axes_text(d[k], unit) for k in ("before", "after"))
         out.append({**d, "axes": axes, "before": before, "after": after})
     return tuple(out)
+
+
+# a walk's array texts recur in every listed plan of a family: each (text, axes) rewritten once
+_without_axes_text = functools.lru_cache(maxsize=4096)(without_axes_text)
 
 
 def _step_cost(

@@ -14,7 +14,7 @@ import numpy as np
 from roofline.errors import PlanError
 from roofline.specs.plan import ComputeDtypes, Plan, Strategy, flag_codes
 from roofline.specs.system import System
-from roofline.training.step import Candidates, StepArrays, Structure, run_cost_usd
+from roofline.training.step import Candidates, StepArrays, Structure, comm_total, run_cost_usd
 
 # Plans beyond the near-ties kept in rank order for the top list and the runner-up search
 # (the top list needs at most top_k distinct shapes; 200 more rows always hold them).
@@ -44,7 +44,7 @@ class Family:
             structure,
             cand,
             r.step_time_s,
-            sum(r.comm.values()),
+            comm_total(r),
             r.infeasible,
             r.reason.counts(),
             dtypes,
@@ -127,14 +127,30 @@ def rank(
         )
     score = np.nan_to_num(A["score"], nan=np.inf)
     near = score <= score.min() * (1 + tie_tolerance)
-    order_idx = np.lexsort((A["step"], score, ~near))  # near first, then by score
-    n_near = int(near.sum())
-    near_idx = order_idx[:n_near]
-    near_idx = near_idx[np.lexsort((score[near_idx], A["comm"][near_idx], A["nstrat"][near_idx]))]
-    order = np.concatenate([near_idx, order_idx[n_near:][:KEEP_AFTER_TIES]])[:SCAN_LIMIT]
+    order = rank_order(score, A["step"], A["comm"], A["nstrat"], near)
     return Ranked(
         score, A["g"], A["i"], A["step"], A["chips"], A["usd"], A["comm"], A["nstrat"], order
     )
+
+
+def rank_order(
+    score: np.ndarray, step: np.ndarray, comm: np.ndarray, nstrat: np.ndarray, near: np.ndarray
+) -> np.ndarray:
+    """The rows in rank order, at most SCAN_LIMIT: the near-ties first, the fewer strategies
+    first among them, then the less communication, then the score; then the other rows by
+    score, then step time, at most KEEP_AFTER_TIES of them (ties in row order).
+
+    Of the others only those within the KEEP_AFTER_TIES-th lowest score are sorted: lexsort
+    is stable, so sorting a subset orders it as sorting every row does."""
+    near_idx = np.flatnonzero(near)
+    near_idx = near_idx[np.lexsort((step[near_idx], score[near_idx]))]
+    near_idx = near_idx[np.lexsort((score[near_idx], comm[near_idx], nstrat[near_idx]))]
+    rest = np.flatnonzero(~near)
+    if len(rest) > KEEP_AFTER_TIES:
+        s_rest = score[rest]
+        rest = rest[s_rest <= np.partition(s_rest, KEEP_AFTER_TIES - 1)[KEEP_AFTER_TIES - 1]]
+    rest = rest[np.lexsort((step[rest], score[rest]))][:KEEP_AFTER_TIES]
+    return np.concatenate([near_idx, rest])[:SCAN_LIMIT]
 
 
 def shape_key(deg: dict[Strategy, int], n_chips: int) -> tuple:
