@@ -35,3 +35,24 @@ def test_maxtext_tp_candidates_carry_megatron_sp():
     with_tp = [st for st, cand in found.groups if (cand.deg[Strategy.TP] > 1).any()]
     assert with_tp
     assert all(st.sequence_parallel for st in with_tp)
+
+
+def test_a_launch_file_that_cannot_say_megatron_sp_searches_it_off():
+    from roofline.training.planner.launchable import launch_space
+
+    space = launch_space(SearchSpace(), "maxtext").for_stack(
+        stack_of("maxtext"), load_model("llama-3-8b")
+    )
+    assert space.megatron_sp == (False,)
+
+
+def test_maxtext_partial_pipeline_keeps_equal_chunks():
+    # its partial pipeline runs leftover layers outside it: the planner keeps pp·v | layers
+    assert stack_of("maxtext").uneven_stages and not stack_of("maxtext").spreads_uneven_stages
+    assert stack_of("megatron").spreads_uneven_stages
+    model = load_model("llama-3-70b")  # 80 layers
+    space = SearchSpace().for_stack(stack_of("maxtext"), model)
+    found = enumerate_plans(model, Workload(2**22, 4096), [parse_system("tpu-v5p:8x8x8")], space)
+    for _, cand in found.groups:
+        pp = cand.deg[Strategy.PP] * cand.virtual
+        assert (model.n_layers % pp == 0).all()

@@ -423,6 +423,16 @@ class Stack:
         return any(u != Uneven.NONE for u in self.framework.pipeline.uneven)
 
     @property
+    def spreads_uneven_stages(self) -> bool:
+        """Stages may hold unequal shares of the layers within the pipeline (Megatron's
+        first/last or layout, torchtitan's balanced split): what the planner's chunk bound and
+        the timeline's fullest stage model. MaxText's partial pipeline is not this: it pipelines
+        pp·repeats equal chunks and runs the layers left over outside the pipeline with the
+        stage axis as data parallelism, which neither the timeline nor its launch writer
+        (pipeline_parallel_layers unset) expresses, so its plans keep pp·v dividing the layers."""
+        return any(u not in (Uneven.NONE, Uneven.PARTIAL) for u in self.framework.pipeline.uneven)
+
+    @property
     def cp_method(self) -> CPMethod | None:
         return self.framework.context_parallel.default
 

@@ -55,6 +55,8 @@ def launch_space(space: SearchSpace, stack: str | None) -> SearchSpace:
         if allowed is not None:
             kept = tuple(x for x in getattr(space, field) if x in allowed)
             space = replace(space, **{field: kept or tuple(allowed)})
+    if "tp_refuses_sp" in cap.rules:  # its file cannot say megatron_sp (MaxText)
+        space = replace(space, megatron_sp=(False,))
     return space
 
 

@@ -206,10 +206,14 @@ class SearchSpace:
             zero_stages=zeros or (fw.data_parallel.default_zero,),
             schedules=tuple(s for s in self.schedules if stack.supports_schedule(s))
             or (Schedule.ONE_F_ONE_B,),
-            megatron_sp=(True,) if sp_with_tp or fw.options.tp_shards_sequence else (False,),
+            # a stack that always splits the sequence under TP searches it on, unless the space
+            # asks it off (`launch_space`: MaxText's launch file cannot say megatron_sp)
+            megatron_sp=(True,)
+            if sp_with_tp or (fw.options.tp_shards_sequence and True in self.megatron_sp)
+            else (False,),
             collective_matmul=(None, True) if tensor.plan_key else (None,),
             overlap_ep=(None, True) if expert.plan_key and model.moe is not None else (None,),
-            uneven_stages=stack.uneven_stages,
+            uneven_stages=stack.spreads_uneven_stages,
             compile=self.compile if searches_compile(stack) else (None,),
             # searched where the stack's record says it offloads (and its launch writer writes it)
             offload_optimizer=self.offload_optimizer
