@@ -92,8 +92,9 @@ def test_switched_bandwidth_remembered_equals_a_fresh_system():
 @pytest.mark.parametrize("sequences", [1024, 3840])
 def test_stage_one_rows_are_the_grid_with_schedules_only_under_a_pipeline(model, chips, sequences):
     """Every mesh × microbatch count × pipeline choice (each schedule, the interleaved one with
-    each virtual-stage count) in nested order, a choice other than the first only where
-    pp > 1: the meshgrid of the three, filtered."""
+    each virtual-stage count) in nested order, a choice other than the first and a count above
+    the plain ones (`pipeline_microbatches`) only where pp > 1: the meshgrid of the three,
+    filtered."""
     import numpy as np
 
     from roofline.training.planner.space import _stage_one, microbatch_counts, pipeline_choices
@@ -102,14 +103,16 @@ def test_stage_one_rows_are_the_grid_with_schedules_only_under_a_pipeline(model,
     space = SearchSpace()
     dom = space.domains(load_model(model), w, chips)
     F = np.column_stack([np.zeros(len(f := factorisations(chips, dom)), dtype=np.int64), f])
-    mbs = np.array(microbatch_counts(space.microbatches, w))
+    counts = (*space.microbatches, *space.pipeline_microbatches)
+    mbs = np.array(microbatch_counts(counts, w))
     scheds, virt = pipeline_choices(space)
     assert len(scheds) == len(space.schedules) - 1 + len(space.virtual_stages)
     fi, mb, pc = (
         x.reshape(-1)
         for x in np.meshgrid(np.arange(len(F)), mbs, np.arange(len(scheds)), indexing="ij")
     )
-    keep = (F[fi, 1 + list(Strategy).index(Strategy.PP)] > 1) | (pc == 0)
+    piped = F[fi, 1 + list(Strategy).index(Strategy.PP)] > 1
+    keep = piped | ((pc == 0) & (mb <= max(space.microbatches)))
     got = _stage_one(F, w, space)
     assert (F[fi, 1 + list(Strategy).index(Strategy.PP)] > 1).any()  # pipelines present
     want = (mb[keep], scheds[pc][keep], virt[pc][keep], F[fi][keep])
