@@ -659,6 +659,11 @@ class FeatureSince:
 _STACK_DATE = re.compile(r"(\d{4})-(\d{2})(?:-(\d{2}))?")
 
 
+def month_end(year: int, month: int) -> datetime.date:
+    """A month named as a stack's date: its last day (whatever shipped in it counts)."""
+    return datetime.date(year, month, calendar.monthrange(year, month)[1])
+
+
 def parse_stack_date(text: str | datetime.date, what: str = "stack date") -> datetime.date:
     """A stack's date from 'YYYY-MM-DD' or 'YYYY-MM' (a month names the stack as it stood at
     the month's end: whatever shipped in that month counts as shipped); a one-paragraph
@@ -677,9 +682,8 @@ def parse_stack_date(text: str | datetime.date, what: str = "stack date") -> dat
     y, mo = int(m[1]), int(m[2])
     if not 1 <= mo <= 12 or not 1900 <= y <= 9999:
         raise err
-    d = int(m[3]) if m[3] else calendar.monthrange(y, mo)[1]
     try:
-        return datetime.date(y, mo, d)
+        return datetime.date(y, mo, int(m[3])) if m[3] else month_end(y, mo)
     except ValueError:
         raise err from None
 

@@ -12,11 +12,13 @@ Every default below carries the reason a reader can check; docs/validate.md list
 
 from __future__ import annotations
 
-import calendar
 import datetime
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from roofline.errors import SpecError
+from roofline.specs.framework import month_end, parse_stack_date
 
 
 @dataclass(frozen=True)
@@ -557,22 +559,18 @@ _CONTAINER = re.compile(
 _ARXIV = re.compile(r"(?:arxiv[:\s]*|abs/)(\d\d)(0[1-9]|1[0-2])\.\d{4,5}")
 
 
-def _month_end(year: int, month: int) -> datetime.date:
-    return datetime.date(year, month, calendar.monthrange(year, month)[1])
-
-
 def dates_named(text: str) -> list[datetime.date]:
     """Every date `text` names by the rule above (days as given, months as their last day)."""
     low = str(text).lower()
     out = [datetime.date(int(y), int(m), int(d)) for y, m, d in _ISO_DAY.findall(low)]
-    out += [_month_end(int(y), int(m)) for y, m in _ISO_MONTH.findall(low)]
-    out += [_month_end(int(y), int(m)) for y, m in _FILE_MONTH.findall(low)]
+    out += [month_end(int(y), int(m)) for y, m in _ISO_MONTH.findall(low)]
+    out += [month_end(int(y), int(m)) for y, m in _FILE_MONTH.findall(low)]
     months = _MONTHS.split()
-    out += [_month_end(int(y), months.index(m) + 1) for m, y in _NAMED_MONTH.findall(low)]
+    out += [month_end(int(y), months.index(m) + 1) for m, y in _NAMED_MONTH.findall(low)]
     for a, b, c, d in _CONTAINER.findall(low):
         yy, mm = (a, b) if a else (c, d)
-        out.append(_month_end(2000 + int(yy), int(mm)))
-    out += [_month_end(2000 + int(yy), int(mm)) for yy, mm in _ARXIV.findall(low)]
+        out.append(month_end(2000 + int(yy), int(mm)))
+    out += [month_end(2000 + int(yy), int(mm)) for yy, mm in _ARXIV.findall(low)]
     return out
 
 
@@ -583,11 +581,9 @@ def stack_date(entry: Any) -> tuple[datetime.date | None, str]:
     measured = entry.get("measured")
     stated = measured.get("date") if isinstance(measured, dict) else None
     if stated:
-        from roofline.specs.framework import parse_stack_date
-
         try:
             return parse_stack_date(str(stated)), "the entry's measured.date"
-        except Exception:  # an unreadable stated date falls back to the source's
+        except SpecError:  # an unreadable stated date falls back to the source's
             pass
     block = entry.get("source")
     text = (
