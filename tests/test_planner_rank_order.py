@@ -35,3 +35,20 @@ def test_rank_order_is_the_full_sort(seed, n):
     near = score <= score.min() * (1 + tol)
     got = rank_order(score, step, comm, nstrat, near)
     assert got.tolist() == _full_sort(score, step, comm, nstrat, near).tolist()
+
+
+def test_near_ties_name_the_fewer_chunks_per_stage():
+    import numpy as np
+
+    from roofline.training.planner.rank import rank_order
+
+    # three near-tied plans of two strategies: 12, 4 and 1 chunks per stage; the 12-chunk
+    # plan is the fastest and communicates least, yet the 1-chunk (1F1B) plan is named first
+    score = np.array([1.000, 1.004, 1.008, 1.5])
+    comm = np.array([0.1, 0.2, 0.3, 0.0])
+    nstrat = np.array([2, 2, 2, 1])
+    chunks = np.array([12, 4, 1, 1])
+    near = score <= score.min() * 1.01
+    order = rank_order(score, score, comm, nstrat, near, chunks)
+    assert list(order[:3]) == [2, 1, 0]
+    assert list(rank_order(score, score, comm, nstrat, near)[:3]) == [0, 1, 2]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from roofline.errors import PlanError
-from roofline.specs.plan import ComputeDtypes, Plan, Strategy, flag_codes
+from roofline.specs.plan import ComputeDtypes, Plan, Schedule, Strategy, flag_codes
 from roofline.specs.system import System
 from roofline.training.step import Candidates, StepArrays, Structure, comm_total, run_cost_usd
 
@@ -77,7 +77,7 @@ def _columns(
     )
     chips = np.array([sy.n_chips for sy in systems], dtype=float)
     cols: dict[str, list] = {
-        k: [] for k in ("score", "g", "i", "step", "chips", "usd", "comm", "nstrat")
+        k: [] for k in ("score", "g", "i", "step", "chips", "usd", "comm", "nstrat", "chunks")
     }
     for gi, f in enumerate(families):
         ok = ~f.infeasible
@@ -97,6 +97,9 @@ def _columns(
         cols["usd"].append(usd)
         cols["comm"].append(f.comm_s[ok])
         cols["nstrat"].append(np.asarray(n_strat)[ok])
+        # model chunks per pipeline stage: the interleaved schedule's virtual stages, else 1
+        il = np.asarray(f.cand.schedule) == Schedule.INTERLEAVED.code
+        cols["chunks"].append(np.where(il, np.asarray(f.cand.virtual), 1)[ok])
     return {k: np.concatenate(v) if v else np.array([]) for k, v in cols.items()}
 
 
@@ -127,24 +130,35 @@ def rank(
         )
     score = np.nan_to_num(A["score"], nan=np.inf)
     near = score <= score.min() * (1 + tie_tolerance)
-    order = rank_order(score, A["step"], A["comm"], A["nstrat"], near)
+    order = rank_order(score, A["step"], A["comm"], A["nstrat"], near, A["chunks"])
     return Ranked(
         score, A["g"], A["i"], A["step"], A["chips"], A["usd"], A["comm"], A["nstrat"], order
     )
 
 
 def rank_order(
-    score: np.ndarray, step: np.ndarray, comm: np.ndarray, nstrat: np.ndarray, near: np.ndarray
+    score: np.ndarray,
+    step: np.ndarray,
+    comm: np.ndarray,
+    nstrat: np.ndarray,
+    near: np.ndarray,
+    chunks: np.ndarray | None = None,
 ) -> np.ndarray:
     """The rows in rank order, at most SCAN_LIMIT: the near-ties first, the fewer strategies
-    first among them, then the less communication, then the score; then the other rows by
-    score, then step time, at most KEEP_AFTER_TIES of them (ties in row order).
+    first among them, then the fewer model chunks per pipeline stage (`chunks`: the
+    interleaved schedule's virtual stages; the step model charges nothing per chunk, so within
+    the model's accuracy the simpler schedule is named), then the less communication, then the
+    score; then the other rows by score, then step time, at most KEEP_AFTER_TIES of them (ties
+    in row order).
 
     Of the others only those within the KEEP_AFTER_TIES-th lowest score are sorted: lexsort
     is stable, so sorting a subset orders it as sorting every row does."""
     near_idx = np.flatnonzero(near)
     near_idx = near_idx[np.lexsort((step[near_idx], score[near_idx]))]
-    near_idx = near_idx[np.lexsort((score[near_idx], comm[near_idx], nstrat[near_idx]))]
+    keys = (score[near_idx], comm[near_idx], nstrat[near_idx])
+    if chunks is not None:
+        keys = (*keys[:2], chunks[near_idx], keys[2])
+    near_idx = near_idx[np.lexsort(keys)]
     rest = np.flatnonzero(~near)
     if len(rest) > KEEP_AFTER_TIES:
         s_rest = score[rest]
