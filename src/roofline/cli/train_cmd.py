@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_quantity(args.batch_tokens, what="batch-tokens")
     tokens = parse_quantity(args.tokens, what="tokens")
     work = Workload(batch, args.seq, tokens)
-    as_of_date(args)  # a bad --stack-date is a one-paragraph error before any work
+    when = as_of_date(args)  # a bad --stack-date is a one-paragraph error before any work
     stack, eff = _stack_and_profile(args, system.chip)
     optimizer_from = stack_optimizer(args, stack)
     dtypes = stack.dtypes(args.precision) if args.precision else None
@@ -176,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
     if args.objective is None:
         args.objective = "cost" if system.usd_per_chip_hour is not None else "time"
     inputs = _inputs(args, model, system, work, stack) | {"profile": eff.to_dict()}
-    if as_of_date(args) is not None:
-        inputs["stack_date"] = as_of_date(args).isoformat()
+    if when is not None:
+        inputs["stack_date"] = when.isoformat()
     inputs["optimizer_default"] = optimizer_from
 
     if args.assume_mfu is not None and not args.plan:

@@ -399,14 +399,22 @@ def _auto_placed(sys_: System, items: list[tuple[str, int]]) -> dict[str, tuple[
     free = tuple(d.size for d in sys_.dims)
     result: dict[str, tuple[Segment, ...]] = {}
     for a, size in reversed(items):
-        hit = steps.get((free, size))
-        if hit is None:
-            hit = _take(sys_, free, a, size)  # PlanError: not remembered
-            if len(steps) >= _TAKES_MAX:
-                steps.clear()
-            steps[(free, size)] = hit
-        result[a], free = hit
+        result[a], free = _remembered_take(steps, sys_, free, a, size)
     return result
+
+
+def _remembered_take(
+    steps: dict, sys_: System, free: tuple[int, ...], axis: str, size: int
+) -> tuple[tuple[Segment, ...], tuple[int, ...]]:
+    """`_take` of `axis` (`size`) on the dims `free`, from the system's table `steps` or
+    taken and remembered there (a PlanError is not remembered)."""
+    hit = steps.get((free, size))
+    if hit is None:
+        hit = _take(sys_, free, axis, size)
+        if len(steps) >= _TAKES_MAX:
+            steps.clear()
+        steps[(free, size)] = hit
+    return hit
 
 
 def auto_placed_columns(
@@ -451,17 +459,10 @@ def auto_placed_columns(
             for k, key in enumerate(keys.tolist()):
                 st, sz = divmod(key, radix)
                 si, free = states[st]
-                steps = tables[si]
-                hit = steps.get((free, sz))
-                if hit is None:
-                    try:
-                        hit = _take(systems[si], free, a, sz)
-                    except PlanError:
-                        continue  # not remembered; the mesh's own placement says why
-                    if len(steps) >= _TAKES_MAX:
-                        steps.clear()
-                    steps[(free, sz)] = hit
-                segs, left = hit
+                try:
+                    segs, left = _remembered_take(tables[si], systems[si], free, a, sz)
+                except PlanError:
+                    continue  # the mesh's own placement says why
                 nxt = (si, left)
                 j = state_id.get(nxt)
                 if j is None:

@@ -753,34 +753,14 @@ class _Sums:
             return self._sum_per_candidate(items, forward_mult, rerun_only)
         return self._out(self._sum_cells(items, forward_mult, rerun_only))
 
-    def _sum_per_candidate(self, items, forward_mult: bool, rerun_only: bool) -> Any:
-        """`_sum`, each group indexed out to the candidates and weighed there."""
+    def _groups(self, items, forward_mult: bool, rerun_only: bool) -> list[tuple[Any, Any]]:
+        """`items` added per (pass, rerun set) group over the walk's rows first (few), each
+        group with its weight per remat policy (its reruns, or one plus them for a forward
+        the policy reruns; None: weight 1, not multiplied: x * 1.0 is x exactly)."""
         rows: dict[tuple[bool, frozenset], Any] = {}
         for key, v in items:
             rows[key] = rows.get(key, 0.0) + v
-        out: Any = np.zeros(len(self.ctx.inv))
-        for (fwd, rerun), v in rows.items():
-            if rerun_only:
-                if not fwd or not rerun:
-                    continue
-                m: Any = self.rr(rerun).take(self.ctx.remat_idx)
-            elif fwd and forward_mult and rerun:
-                m = 1.0 + self.rr(rerun).take(self.ctx.remat_idx)
-            else:
-                m = 1.0
-            x = self._row(v).take(self.ctx.inv)
-            out = out + (x if type(m) is float else x * m)  # x * 1.0 is x exactly
-        return out
-
-    def _sum_cells(self, items, forward_mult: bool, rerun_only: bool) -> tuple[bool, Any]:
-        """(by cell, the sum): per walk row where no remat policy weighs it, else per (row,
-        remat policy) cell (`_cell`), each group weighed by its policy's reruns — per
-        candidate the same products and sums in the same order, once per row or cell."""
-        # add the walk's rows first (few)
-        rows: dict[tuple[bool, frozenset], Any] = {}
-        for key, v in items:
-            rows[key] = rows.get(key, 0.0) + v
-        terms = []
+        out = []
         for (fwd, rerun), v in rows.items():
             if rerun_only:
                 if not fwd or not rerun:
@@ -788,7 +768,22 @@ class _Sums:
                 m: Any = self.rr(rerun)
             else:
                 m = (1.0 + self.rr(rerun)) if (fwd and forward_mult and rerun) else None
-            terms.append((self._row(v), m))
+            out.append((self._row(v), m))
+        return out
+
+    def _sum_per_candidate(self, items, forward_mult: bool, rerun_only: bool) -> Any:
+        """`_sum`, each group indexed out to the candidates and weighed there."""
+        out: Any = np.zeros(len(self.ctx.inv))
+        for v, m in self._groups(items, forward_mult, rerun_only):
+            x = v.take(self.ctx.inv)
+            out = out + (x if m is None else x * m.take(self.ctx.remat_idx))
+        return out
+
+    def _sum_cells(self, items, forward_mult: bool, rerun_only: bool) -> tuple[bool, Any]:
+        """(by cell, the sum): per walk row where no remat policy weighs it, else per (row,
+        remat policy) cell (`_cell`), each group weighed by its policy's reruns — per
+        candidate the same products and sums in the same order, once per row or cell."""
+        terms = self._groups(items, forward_mult, rerun_only)
         if not terms:
             return False, np.zeros(self.ctx.n_rows)
         cells = any(m is not None for _, m in terms)

@@ -30,7 +30,6 @@ from roofline.validate.training_runs import TrainingRun
 
 TAKES_FRAMEWORK = "framework" in inspect.signature(evaluate_plan).parameters
 PLANNER_TAKES_FRAMEWORK = "framework" in inspect.signature(plan_training).parameters
-PLANNER_TAKES_AS_OF = "as_of" in inspect.signature(plan_training).parameters
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ def _planner_best(
     if framework and PLANNER_TAKES_FRAMEWORK:
         kw["framework"] = framework[0] if isinstance(framework, tuple) else framework
         kw["compiled"] = compiled  # the run's stated compile, pinned (None: searched)
-        if as_of is not None and PLANNER_TAKES_AS_OF:
+        if as_of is not None:
             kw["as_of"] = as_of
     res = plan_training(
         model,

@@ -71,8 +71,9 @@ PIPELINE_MICROBATCHES = (128, 256, 512)
 # timeline credits every count with a shorter fill, (p − 1)/v of a stage's time, and charges
 # nothing for the chunk boundaries a microbatch then crosses (2·(p·v − 1) hops, docs/book.md:
 # the step exposes the fill and drain's 2·(p − 1); counting 2·(p·v − 1) was measured worse
-# held out, benchmarks/README.md), so the search takes the largest count the layers allow and
-# this bound is where it stops: past 12 the fill shrinks by under 1/156 of (p − 1) stages per
+# held out, benchmarks/README.md), so more chunks never cost more in the model: among plans
+# within the tie tolerance the ranking names the fewest (`rank.rank_order`), and this bound is
+# where the search stops: past 12 the fill shrinks by under 1/156 of (p − 1) stages per
 # count. The feasibility rules keep the counts a model's layers allow (pp·v dividing them, or
 # at most layers + 2 on a stack that lays out uneven stages: `feasibility.rules_for`), the
 # space's bound the counts whose chunks are about equal (`unequal_chunks`). Only the pipeline
